@@ -1,0 +1,5 @@
+"""Entry point for ``python -m hyv_lib``."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,114 @@
+"""Command line: ``python -m hyv_lib info|stage1|stage2|stage3|generate`` (flag names of the gpu-tpu-pedia staged scripts)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .errors import HyvInputError
+
+
+def _add_stage1(p: argparse.ArgumentParser, output_dir: bool = True) -> None:
+    g = p.add_argument_group("stage 1: text encoders")
+    g.add_argument("--preset", default="tiny", help="tiny | 480p_t2v | 720p_t2v (default: tiny)")
+    g.add_argument("--model_path", default=None,
+                   help="diffusers-format folder or hub id; required for real presets")
+    g.add_argument("--prompt", default="", help="text prompt; quoted text also goes to ByT5 (default: empty)")
+    g.add_argument("--negative_prompt", default="", help="negative prompt for CFG (default: empty)")
+    if output_dir:
+        g.add_argument("--output_dir", default="stage_outputs", help="where the stage files go")
+    g.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16 (default: the preset's)")
+
+
+def _add_stage2(p: argparse.ArgumentParser, dirs: bool = True) -> None:
+    g = p.add_argument_group("stage 2: denoising")
+    if dirs:
+        g.add_argument("--input_dir", default="stage_outputs", help="folder with stage1_embeddings.safetensors")
+        g.add_argument("--output_dir", default=None, help="where stage2_latents.safetensors goes (default: input_dir)")
+    g.add_argument("--aspect_ratio", default="16:9", help="W:H, picks the preset's resolution bucket (default 16:9)")
+    g.add_argument("--height", type=int, default=None, help="pixels, multiple of 16 (overrides --aspect_ratio)")
+    g.add_argument("--width", type=int, default=None, help="pixels, multiple of 16 (overrides --aspect_ratio)")
+    g.add_argument("--video_length", type=int, default=None, help="frames, 4n+1 (default: the preset's)")
+    g.add_argument("--num_inference_steps", type=int, default=None, help="denoising steps (default: the preset's)")
+    g.add_argument("--guidance_scale", type=float, default=None, help="CFG scale >= 1 (default: the preset's)")
+    g.add_argument("--flow_shift", type=float, default=None, help="sigma shift (default: the preset's)")
+    g.add_argument("--seed", type=int, default=42, help="seed of the initial noise (default 42)")
+    g.add_argument("--warmup_steps", type=int, default=0,
+                   help="untimed transformer calls before the loop; never change the result (default 0)")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _add_stage3(p: argparse.ArgumentParser, input_dir: bool = True) -> None:
+    g = p.add_argument_group("stage 3: VAE decode")
+    if input_dir:
+        g.add_argument("--input_dir", default="stage_outputs", help="folder with stage2_latents.safetensors")
+    g.add_argument("--output_video", default=None, help="mp4 path (default: <dir>/output_video.mp4)")
+    g.add_argument("--fps", type=float, default=None, help="frames per second (default: the preset's)")
+    g.add_argument("--disable_tiling", action="store_true", help="decode without spatial VAE tiles")
+    g.add_argument("--save_frames", action="store_true", help="also write stage3_frames.safetensors")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m hyv_lib", description=__doc__.split(":")[0] + ".")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    info = sub.add_parser("info", help="print a preset")
+    info.add_argument("--preset", default="tiny")
+    info.add_argument("--json", action="store_true", help="machine-readable JSON")
+    _add_stage1(sub.add_parser("stage1", help="text -> stage1_embeddings.safetensors"))
+    _add_stage2(sub.add_parser("stage2", help="embeddings -> stage2_latents.safetensors"))
+    _add_stage3(sub.add_parser("stage3", help="latents -> output_video.mp4"))
+    gen = sub.add_parser("generate", help="run all three stages")
+    _add_stage1(gen)
+    _add_stage2(gen, dirs=False)
+    _add_stage3(gen, input_dir=False)
+    return parser
+
+
+def _stage2_kwargs(args: argparse.Namespace) -> dict:
+    names = ("aspect_ratio", "height", "width", "video_length", "num_inference_steps", "guidance_scale",
+             "flow_shift", "seed", "warmup_steps", "quiet")
+    return {n: getattr(args, n) for n in names}
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` and run one command; returns the exit code (bad input: 2)."""
+    args = build_parser().parse_args(argv)
+    from . import pipeline
+    from .presets import get_preset
+
+    try:
+        if args.command == "info":
+            preset = get_preset(args.preset)
+            data = preset.to_json()
+            print(json.dumps(data, indent=2) if args.json else
+                  "\n".join(f"{k}: {v}" for k, v in data.items() if not isinstance(v, dict)))
+        elif args.command == "stage1":
+            pipeline.stage1(preset=args.preset, prompt=args.prompt, negative_prompt=args.negative_prompt,
+                            output_dir=args.output_dir, model_path=args.model_path, dtype=args.dtype)
+        elif args.command == "stage2":
+            pipeline.stage2(input_dir=args.input_dir, output_dir=args.output_dir, **_stage2_kwargs(args))
+        elif args.command == "stage3":
+            pipeline.stage3(input_dir=args.input_dir, output_video=args.output_video, fps=args.fps,
+                            disable_tiling=args.disable_tiling, save_frames=args.save_frames)
+        elif args.command == "generate":
+            pipeline.generate(preset=args.preset, prompt=args.prompt, negative_prompt=args.negative_prompt,
+                              output_dir=args.output_dir, model_path=args.model_path, dtype=args.dtype,
+                              output_video=args.output_video, fps=args.fps, disable_tiling=args.disable_tiling,
+                              save_frames=args.save_frames, **_stage2_kwargs(args))
+    except HyvInputError as err:
+        print(f"error: {err.argument}: {err.message}", file=sys.stderr)
+        return 2
+    if args.command != "info" and not getattr(args, "quiet", False):
+        out = getattr(args, "output_dir", None) or getattr(args, "input_dir", None)
+        print(f"{args.command}: done, files in {os.path.abspath(out)}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point. Exits without waiting on JAX/torch background threads once output is flushed."""
+    code = run(argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(code)

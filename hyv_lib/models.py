@@ -1,0 +1,188 @@
+"""Build the tiny components in code, or load real ones from a diffusers-format folder; save a pipeline folder."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Iterable
+
+import torch
+
+from .errors import HyvInputError
+from .presets import Preset
+
+#: Component names of a diffusers ``HunyuanVideo15Pipeline`` folder (model_index.json).
+COMPONENTS = ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "transformer", "vae", "scheduler", "guider")
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+# The tiny MLLM tokenizer uses the ChatML layout of Qwen2.5-VL's chat template (system, user, then the
+# assistant generation prompt), so diffusers' template + crop recipe runs on it unchanged.
+TINY_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """'fp32' | 'bf16' | 'fp16' -> torch dtype; anything else is a HyvInputError naming --dtype."""
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise HyvInputError("--dtype", f"must be one of {', '.join(DTYPES)}, got {name!r}") from None
+
+
+def build_tiny_tokenizer():
+    """An offline byte-level Qwen2 tokenizer: 256 byte tokens + the ChatML special tokens, no merges.
+
+    The real Qwen2.5-VL tokenizer needs a download; a merge-free byte-level BPE (built with the
+    ``tokenizers`` library) covers any text, never emits an unknown token and round-trips through
+    ``save_pretrained``/``from_pretrained`` as a Qwen2Tokenizer.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import Qwen2TokenizerFast
+
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = byte_level
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = Qwen2TokenizerFast(
+        tokenizer_object=backend, unk_token=None, bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    return tokenizer
+
+
+def _seeded(seed: int, build):
+    # fork_rng keeps the caller's global RNG untouched while making the weights depend on `seed` only.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
+
+
+def build_tiny_components(preset: Preset, seed: int = 0, names: Iterable[str] = COMPONENTS) -> dict[str, Any]:
+    """Build the requested tiny components with seeded random weights (fp32, eval mode)."""
+    from diffusers import AutoencoderKLHunyuanVideo15, FlowMatchEulerDiscreteScheduler, HunyuanVideo15Transformer3DModel
+    from diffusers.guiders import ClassifierFreeGuidance
+    from transformers import ByT5Tokenizer, Qwen2_5_VLTextModel, T5Config, T5EncoderModel
+    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLTextConfig
+
+    if not preset.is_tiny:
+        raise HyvInputError("--preset", f"{preset.name} is a real preset: its weights load from --model_path")
+    names = set(names)
+    out: dict[str, Any] = {}
+    tokenizer = build_tiny_tokenizer()
+    if "tokenizer" in names:
+        out["tokenizer"] = tokenizer
+    if "text_encoder" in names:
+        config = Qwen2_5_VLTextConfig(
+            vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+            eos_token_id=tokenizer.eos_token_id, **preset.text_encoder,
+        )
+        out["text_encoder"] = _seeded(seed + 1, lambda: Qwen2_5_VLTextModel(config))
+    if "tokenizer_2" in names:
+        out["tokenizer_2"] = ByT5Tokenizer()
+    if "text_encoder_2" in names:
+        out["text_encoder_2"] = _seeded(seed + 2, lambda: T5EncoderModel(T5Config(**preset.text_encoder_2)))
+    if "transformer" in names:
+        out["transformer"] = _seeded(seed + 3, lambda: HunyuanVideo15Transformer3DModel(**preset.transformer))
+    if "vae" in names:
+        out["vae"] = _seeded(seed + 4, lambda: AutoencoderKLHunyuanVideo15(**preset.vae))
+    if "scheduler" in names:
+        out["scheduler"] = FlowMatchEulerDiscreteScheduler(shift=preset.flow_shift)
+    if "guider" in names:
+        out["guider"] = ClassifierFreeGuidance(guidance_scale=preset.guidance_scale)
+    for module in out.values():
+        if isinstance(module, torch.nn.Module):
+            module.eval().requires_grad_(False)
+    return out
+
+
+def _loader(name: str):
+    from diffusers import AutoencoderKLHunyuanVideo15, FlowMatchEulerDiscreteScheduler, HunyuanVideo15Transformer3DModel
+    from diffusers.guiders import ClassifierFreeGuidance
+    from transformers import ByT5Tokenizer, Qwen2_5_VLTextModel, Qwen2Tokenizer, T5EncoderModel
+
+    return {
+        "text_encoder": Qwen2_5_VLTextModel, "tokenizer": Qwen2Tokenizer, "text_encoder_2": T5EncoderModel,
+        "tokenizer_2": ByT5Tokenizer, "transformer": HunyuanVideo15Transformer3DModel,
+        "vae": AutoencoderKLHunyuanVideo15, "scheduler": FlowMatchEulerDiscreteScheduler,
+        "guider": ClassifierFreeGuidance,
+    }[name]
+
+
+def check_model_path(model_path: str, names: Iterable[str]) -> None:
+    """Fail early, naming --model_path, when a local folder lacks a needed component subfolder.
+
+    A string that is not an existing path is treated as a hub id and left to ``from_pretrained``.
+    """
+    if not os.path.exists(model_path):
+        if re.fullmatch(r"[\w.-]+/[\w.-]+", model_path):
+            return  # a hub id (owner/name): from_pretrained resolves it
+        raise HyvInputError("--model_path", f"{model_path!r} does not exist and is not a hub id (owner/name)")
+    if not os.path.isdir(model_path):
+        raise HyvInputError("--model_path", f"{model_path!r} is not a folder")
+    missing = [n for n in names if not os.path.isdir(os.path.join(model_path, n))]
+    if missing:
+        raise HyvInputError(
+            "--model_path",
+            f"{model_path!r} is not a diffusers-format HunyuanVideo-1.5 folder: missing {', '.join(missing)} "
+            "(expected model_index.json plus one subfolder per component)",
+        )
+
+
+def load_components(
+    preset: Preset, model_path: str | None, names: Iterable[str], dtype: str = "fp32", seed: int = 0
+) -> dict[str, Any]:
+    """Load components by name: ``from_pretrained(model_path, subfolder=name)`` when a path is given
+    (real weights, or a saved tiny folder), else build the tiny ones in code.
+
+    Neural networks are cast to ``dtype``, except the VAE, which stays fp32 on CPU for exact decoding.
+    """
+    names = list(names)
+    if model_path is None:
+        if not preset.is_tiny:
+            raise HyvInputError(
+                "--model_path",
+                f"preset {preset.name} needs real weights: pass a diffusers-format folder or hub id "
+                f"(e.g. {preset.hub_id})",
+            )
+        components = build_tiny_components(preset, seed=seed, names=names)
+    else:
+        check_model_path(model_path, names)
+        components = {}
+        for name in names:
+            cls = _loader(name)
+            kwargs = {"subfolder": name}
+            if name in ("text_encoder", "text_encoder_2", "transformer"):
+                kwargs["torch_dtype"] = torch_dtype(dtype)
+            try:
+                components[name] = cls.from_pretrained(model_path, **kwargs)
+            except (OSError, ValueError) as err:  # missing files, no network, corrupt weights
+                first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise HyvInputError("--model_path", f"cannot load {name} from {model_path!r}: {first_line}") from err
+    for name, module in components.items():
+        if isinstance(module, torch.nn.Module):
+            module.eval().requires_grad_(False)
+            if name != "vae" and module.dtype != torch_dtype(dtype):
+                module.to(torch_dtype(dtype))
+    return components
+
+
+def save_pipeline(components: dict[str, Any], path: str) -> None:
+    """Write a diffusers-format HunyuanVideo15Pipeline folder (model_index.json + one subfolder each)."""
+    from diffusers import HunyuanVideo15Pipeline
+
+    missing = [n for n in COMPONENTS if n not in components]
+    if missing:
+        raise ValueError(f"save_pipeline needs every component; missing {missing}")
+    HunyuanVideo15Pipeline(**{n: components[n] for n in COMPONENTS}).save_pretrained(path, safe_serialization=True)
+
+
+def save_tiny_pipeline(path: str, seed: int = 0) -> None:
+    """Save the tiny preset as a diffusers-format folder loadable with ``--preset tiny --model_path``."""
+    from .presets import TINY
+
+    save_pipeline(build_tiny_components(TINY, seed=seed), path)

@@ -1,0 +1,319 @@
+"""The three stages (text -> embeddings -> latents -> video), the denoising loop and input validation."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from . import __version__
+from .errors import HyvInputError
+from .models import load_components, torch_dtype
+from .presets import Preset, bucket_size, get_preset
+from .stage_io import (
+    CONFIG_FILE, FRAMES_FILE, STAGE1_FILE, STAGE2_FILE, VIDEO_FILE, ensure_output_dir, load_stage1, load_stage2,
+    read_config, save_tensors, update_config,
+)
+
+#: A transformer step: called with the keyword arguments of HunyuanVideo15Transformer3DModel.forward
+#: (hidden_states, timestep, encoder_hidden_states, ...), returns the noise prediction tensor. Every
+#: runtime (eager torch, JAX jit, sharded, cached) implements this one interface; the loop never
+#: branches on platform.
+TransformerStep = Callable[..., torch.Tensor]
+
+
+def torch_step(transformer) -> TransformerStep:
+    """The eager-torch transformer step: diffusers' own forward (the oracle)."""
+
+    def step(**kwargs) -> torch.Tensor:
+        return transformer(**kwargs, return_dict=False)[0]
+
+    return step
+
+
+# ----------------------------------------------------------------------------------------------- validation
+def resolve_settings(
+    preset: Preset, *, aspect_ratio: str = "16:9", height: int | None = None, width: int | None = None,
+    video_length: int | None = None, num_inference_steps: int | None = None, guidance_scale: float | None = None,
+    flow_shift: float | None = None, seed: int = 42, warmup_steps: int = 0,
+) -> dict[str, Any]:
+    """Fill unset stage-2 settings from the preset, validate them, and resolve (height, width).
+
+    Bad values raise HyvInputError naming the flag. Height and width come from the ``aspect_ratio``
+    bucket unless both are given.
+    """
+    video_length = preset.default_video_length if video_length is None else video_length
+    num_inference_steps = preset.default_steps if num_inference_steps is None else num_inference_steps
+    guidance_scale = preset.guidance_scale if guidance_scale is None else guidance_scale
+    flow_shift = preset.flow_shift if flow_shift is None else flow_shift
+    if video_length < 1 or (video_length - 1) % preset.temporal_compression:
+        raise HyvInputError("--video_length", f"must be 4n+1 (e.g. 9, 33, 61, 121), got {video_length}")
+    if (height is None) != (width is None):
+        raise HyvInputError("--height" if height is None else "--width",
+                            "give both --height and --width, or neither (then --aspect_ratio picks a bucket)")
+    stride = preset.spatial_compression
+    for name, value in (("--height", height), ("--width", width)):
+        if value is not None and (value <= 0 or value % stride):
+            raise HyvInputError(name, f"must be a positive multiple of {stride}, got {value}")
+    if num_inference_steps < 1:
+        raise HyvInputError("--num_inference_steps", f"must be >= 1, got {num_inference_steps}")
+    if not guidance_scale >= 1.0:
+        raise HyvInputError("--guidance_scale", f"must be >= 1 (1 disables CFG's effect), got {guidance_scale}")
+    if not flow_shift > 0:
+        raise HyvInputError("--flow_shift", f"must be > 0, got {flow_shift}")
+    if not 0 <= seed < 2**63:
+        raise HyvInputError("--seed", f"must be in [0, 2**63), got {seed}")
+    if warmup_steps < 0:
+        raise HyvInputError("--warmup_steps", f"must be >= 0, got {warmup_steps}")
+    bucket = bucket_size(preset, aspect_ratio)  # validates --aspect_ratio even when a size is given
+    height, width = bucket if height is None else (height, width)
+    return dict(aspect_ratio=aspect_ratio, height=height, width=width, video_length=video_length,
+                num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
+                seed=seed, warmup_steps=warmup_steps)
+
+
+def _preset_from_config(config: dict[str, Any], input_dir: str) -> Preset:
+    if "preset" not in config:
+        raise HyvInputError("--input_dir", f"{os.path.join(input_dir, CONFIG_FILE)!r} is missing or has no "
+                                           "'preset'; run stage1 into this folder first")
+    return get_preset(config["preset"])
+
+
+# ------------------------------------------------------------------------------------------------- stage 1
+def stage1(
+    preset: str = "tiny", prompt: str = "", negative_prompt: str = "", output_dir: str = "stage_outputs",
+    model_path: str | None = None, dtype: str | None = None,
+) -> dict[str, torch.Tensor]:
+    """Encode the prompt and negative prompt; write stage1_embeddings.safetensors + generation_config.json."""
+    start = time.perf_counter()
+    spec = get_preset(preset)
+    dtype = dtype or spec.default_dtype
+    torch_dtype(dtype)  # validates --dtype
+    if not isinstance(prompt, str) or not isinstance(negative_prompt, str):
+        raise HyvInputError("--prompt", "prompt and negative prompt must be strings")
+    if model_path is None and not spec.is_tiny:
+        load_components(spec, None, [])  # raises the "needs --model_path" error before any work
+    ensure_output_dir(output_dir)
+    from .text import encode_prompts
+
+    names = ["tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2"]
+    components = load_components(spec, model_path, names, dtype=dtype)
+    encoded = encode_prompts(components, spec, [negative_prompt, prompt])  # batch [negative, positive]
+    tensors = {}
+    for index, prefix in ((0, "negative_"), (1, "")):
+        for name, value in encoded.items():
+            value = value[index : index + 1]
+            tensors[prefix + name] = value.to(torch_dtype(dtype)) if value.is_floating_point() else value
+    save_tensors(tensors, os.path.join(output_dir, STAGE1_FILE), metadata={"preset": spec.name})
+    update_config(
+        output_dir, base={}, prompt=prompt, negative_prompt=negative_prompt, preset=spec.name,
+        model_path=model_path, dtype=dtype, hyv_lib_version=__version__,
+        stage1_time_s=round(time.perf_counter() - start, 3),
+    )
+    return tensors
+
+
+# ------------------------------------------------------------------------------------------------- stage 2
+def prepare_conditioning(embeds: dict[str, torch.Tensor], preset: Preset, dtype: torch.dtype) -> dict[str, Any]:
+    """Stage-1 tensors -> the forward's conditioning kwargs as a CFG batch of 2 ([negative, positive]).
+
+    t2v passes all-zero image embeddings (the model then masks those tokens out), as diffusers does.
+    """
+
+    def pair(name: str) -> torch.Tensor:
+        return torch.cat([embeds["negative_" + name], embeds[name]], dim=0)
+
+    return {
+        "encoder_hidden_states": pair("prompt_embeds").to(dtype),
+        "encoder_attention_mask": pair("prompt_embeds_mask").to(torch.int64),
+        "encoder_hidden_states_2": pair("prompt_embeds_2").to(dtype),
+        "encoder_attention_mask_2": pair("prompt_embeds_mask_2").to(torch.int64),
+        "image_embeds": torch.zeros(2, preset.image_tokens, preset.image_dim, dtype=dtype),
+    }
+
+
+def initial_latents(shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """Gaussian starting latents from a CPU generator: the same seed gives the same bits anywhere."""
+    return torch.randn(shape, generator=torch.Generator("cpu").manual_seed(seed), dtype=torch.float32)
+
+
+@torch.no_grad()
+def denoise(
+    step: TransformerStep, latents: torch.Tensor, conditioning: dict[str, Any], scheduler, *,
+    num_inference_steps: int, guidance_scale: float, model_dtype: torch.dtype = torch.float32,
+    warmup_steps: int = 0, progress: bool = True,
+) -> torch.Tensor:
+    """Flow-matching Euler loop with CFG as one batch of 2; returns fp32 latents.
+
+    Sigmas are linspace(1, 0, N+1)[:-1] shifted by the scheduler (as diffusers' pipeline sets them).
+    Warmup calls run the step on the first input and discard the result without touching the
+    scheduler, so they cannot change the latents (gpu-tpu-pedia's warmup advanced the step index).
+    """
+    from tqdm.auto import tqdm
+
+    scheduler.set_timesteps(sigmas=np.linspace(1.0, 0.0, num_inference_steps + 1)[:-1], device=latents.device)
+    latents = latents.float()
+    # t2v: 32 zero condition channels + a zero mask channel after the noisy latents.
+    b, c, f, h, w = latents.shape
+    condition = torch.zeros(b, c + 1, f, h, w, dtype=latents.dtype, device=latents.device)
+
+    def model_kwargs(x: torch.Tensor, t: torch.Tensor) -> dict[str, Any]:
+        hidden = torch.cat([x, condition], dim=1).to(model_dtype)
+        return {"hidden_states": hidden.repeat(2, 1, 1, 1, 1), "timestep": t.expand(2).to(model_dtype),
+                **conditioning}
+
+    for _ in range(warmup_steps):
+        step(**model_kwargs(latents, scheduler.timesteps[0]))
+    for t in tqdm(scheduler.timesteps, desc="denoising", disable=not progress, leave=False):
+        noise_uncond, noise_cond = step(**model_kwargs(latents, t)).float().chunk(2)
+        guided = noise_uncond + guidance_scale * (noise_cond - noise_uncond)
+        latents = scheduler.step(guided, t, latents, return_dict=False)[0]
+    return latents
+
+
+def stage2(
+    input_dir: str = "stage_outputs", output_dir: str | None = None, aspect_ratio: str = "16:9",
+    height: int | None = None, width: int | None = None, video_length: int | None = None,
+    num_inference_steps: int | None = None, guidance_scale: float | None = None, flow_shift: float | None = None,
+    seed: int = 42, warmup_steps: int = 0, quiet: bool = False, step: TransformerStep | None = None,
+) -> torch.Tensor:
+    """Denoise from the stage-1 embeddings; write stage2_latents.safetensors and extend the config.
+
+    Unset settings take the preset's defaults. ``step`` overrides the eager-torch transformer step.
+    """
+    start = time.perf_counter()
+    config = read_config(input_dir) if os.path.isdir(input_dir) else {}
+    embeds = load_stage1(input_dir)
+    spec = _preset_from_config(config, input_dir)
+    settings = resolve_settings(
+        spec, aspect_ratio=aspect_ratio, height=height, width=width, video_length=video_length,
+        num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift, seed=seed,
+        warmup_steps=warmup_steps,
+    )
+    output_dir = ensure_output_dir(output_dir or input_dir)
+    dtype = config.get("dtype", spec.default_dtype)
+    model_dtype = torch_dtype(dtype)
+    components = load_components(spec, config.get("model_path"), ["transformer", "scheduler"], dtype=dtype)
+    transformer = components["transformer"]
+    for key, dim in (("prompt_embeds", transformer.config.text_embed_dim),
+                     ("prompt_embeds_2", transformer.config.text_embed_2_dim)):
+        if embeds[key].shape[-1] != dim:
+            raise HyvInputError("--input_dir", f"{STAGE1_FILE}: {key} has width {embeds[key].shape[-1]} but the "
+                                               f"transformer expects {dim}; stage1 used a different model")
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    scheduler = FlowMatchEulerDiscreteScheduler.from_config(components["scheduler"].config,
+                                                            shift=settings["flow_shift"])
+    shape = spec.latent_shape(settings["height"], settings["width"], settings["video_length"])
+    latents = denoise(
+        step or torch_step(transformer), initial_latents(shape, settings["seed"]),
+        prepare_conditioning(embeds, spec, model_dtype), scheduler,
+        num_inference_steps=settings["num_inference_steps"], guidance_scale=settings["guidance_scale"],
+        model_dtype=model_dtype, warmup_steps=settings["warmup_steps"], progress=not quiet,
+    )
+    save_tensors({"latents": latents}, os.path.join(output_dir, STAGE2_FILE), metadata={"preset": spec.name})
+    update_config(output_dir, base=config, **settings, runtime="torch",
+                  stage2_time_s=round(time.perf_counter() - start, 3))
+    return latents
+
+
+def stage2(
+    input_dir: str = "stage_outputs", output_dir: str | None = None, aspect_ratio: str = "16:9",
+    height: int | None = None, width: int | None = None, video_length: int | None = None,
+    num_inference_steps: int | None = None, guidance_scale: float | None = None, flow_shift: float | None = None,
+    seed: int = 42, warmup_steps: int = 0, quiet: bool = False, step: TransformerStep | None = None,
+) -> torch.Tensor:
+    """Denoise from the stage-1 embeddings; write stage2_latents.safetensors and extend the config.
+
+    Unset settings take the preset's defaults. ``step`` overrides the eager-torch transformer step.
+    """
+    start = time.perf_counter()
+    config = read_config(input_dir) if os.path.isdir(input_dir) else {}
+    embeds = load_stage1(input_dir)
+    spec = _preset_from_config(config, input_dir)
+    settings = resolve_settings(
+        spec, aspect_ratio=aspect_ratio, height=height, width=width, video_length=video_length,
+        num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift, seed=seed,
+        warmup_steps=warmup_steps,
+    )
+    output_dir = ensure_output_dir(output_dir or input_dir)
+    dtype = config.get("dtype", spec.default_dtype)
+    model_dtype = torch_dtype(dtype)
+    components = load_components(spec, config.get("model_path"), ["transformer", "scheduler"], dtype=dtype)
+    transformer = components["transformer"]
+    for key, dim in (("prompt_embeds", transformer.config.text_embed_dim),
+                     ("prompt_embeds_2", transformer.config.text_embed_2_dim)):
+        if embeds[key].shape[-1] != dim:
+            raise HyvInputError("--input_dir", f"{STAGE1_FILE}: {key} has width {embeds[key].shape[-1]} but the "
+                                               f"transformer expects {dim}; stage1 used a different model")
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    scheduler = FlowMatchEulerDiscreteScheduler.from_config(components["scheduler"].config,
+                                                            shift=settings["flow_shift"])
+    shape = spec.latent_shape(settings["height"], settings["width"], settings["video_length"])
+    latents = denoise(
+        step or torch_step(transformer), initial_latents(shape, settings["seed"]),
+        prepare_conditioning(embeds, spec, model_dtype), scheduler,
+        num_inference_steps=settings["num_inference_steps"], guidance_scale=settings["guidance_scale"],
+        model_dtype=model_dtype, warmup_steps=settings["warmup_steps"], progress=not quiet,
+    )
+    save_tensors({"latents": latents}, os.path.join(output_dir, STAGE2_FILE), metadata={"preset": spec.name})
+    update_config(output_dir, base=config, **settings, runtime="torch",
+                  stage2_time_s=round(time.perf_counter() - start, 3))
+    return latents
+
+
+# ------------------------------------------------------------------------------------------------- stage 3
+def stage3(
+    input_dir: str = "stage_outputs", output_video: str | None = None, fps: float | None = None,
+    disable_tiling: bool = False, save_frames: bool = False,
+) -> torch.Tensor:
+    """Decode the stage-2 latents with the VAE and write the mp4 (and optionally the frames)."""
+    start = time.perf_counter()
+    if fps is not None and not fps > 0:
+        raise HyvInputError("--fps", f"must be > 0, got {fps}")
+    config = read_config(input_dir) if os.path.isdir(input_dir) else {}
+    latents = load_stage2(input_dir)
+    spec = _preset_from_config(config, input_dir)
+    fps = spec.fps if fps is None else fps
+    output_video = output_video or os.path.join(input_dir, VIDEO_FILE)
+    out_dir = os.path.dirname(os.path.abspath(output_video))
+    ensure_output_dir(out_dir, "--output_video")
+    vae = load_components(spec, config.get("model_path"), ["vae"], dtype=config.get("dtype", "fp32"))["vae"]
+    if latents.shape[1] != vae.config.latent_channels:
+        raise HyvInputError("--input_dir", f"{STAGE2_FILE}: latents have {latents.shape[1]} channels but the VAE "
+                                           f"expects {vae.config.latent_channels}")
+    from .video import decode_latents, write_mp4
+
+    frames = decode_latents(vae, latents, tiling=not disable_tiling)
+    write_mp4(frames.numpy(), output_video, fps)
+    fields = {"output_video": os.path.abspath(output_video), "fps": fps, "vae_tiling": not disable_tiling}
+    if save_frames:
+        frames_path = os.path.join(out_dir, FRAMES_FILE)
+        save_tensors({"frames": frames.permute(3, 0, 1, 2).unsqueeze(0)}, frames_path)  # [1,3,F,H,W] uint8
+        fields["frames_file"] = frames_path
+    update_config(input_dir, base=config, **fields, stage3_time_s=round(time.perf_counter() - start, 3))
+    return frames
+
+
+def generate(
+    preset: str = "tiny", prompt: str = "", negative_prompt: str = "", output_dir: str = "stage_outputs",
+    model_path: str | None = None, dtype: str | None = None, output_video: str | None = None,
+    fps: float | None = None, disable_tiling: bool = False, save_frames: bool = False, **stage2_kwargs: Any,
+) -> torch.Tensor:
+    """Run stage 1, 2 and 3 into ``output_dir``; returns the uint8 frames [F,H,W,3].
+
+    Stage-2 settings are checked before the text encoders run, so bad input fails fast.
+    """
+    stage2_settings = {k: v for k, v in stage2_kwargs.items() if k not in ("quiet", "step")}
+    resolve_settings(get_preset(preset), **stage2_settings)
+    if fps is not None and not fps > 0:
+        raise HyvInputError("--fps", f"must be > 0, got {fps}")
+    stage1(preset=preset, prompt=prompt, negative_prompt=negative_prompt, output_dir=output_dir,
+           model_path=model_path, dtype=dtype)
+    stage2(input_dir=output_dir, **stage2_kwargs)
+    return stage3(input_dir=output_dir, output_video=output_video, fps=fps, disable_tiling=disable_tiling,
+                  save_frames=save_frames)

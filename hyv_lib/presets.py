@@ -1,0 +1,221 @@
+"""Named model presets: the real HunyuanVideo-1.5 configs and a tiny CPU-sized one."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import HyvInputError
+
+# Flow shift and CFG per variant follow the official PIPELINE_CONFIGS
+# (Tencent-Hunyuan/HunyuanVideo-1.5, hyvideo/commons/__init__.py): 480p shift 5, 720p t2v shift 9, CFG 6.
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Everything that fixes shapes and defaults for one model variant.
+
+    Real presets describe checkpoints loaded with ``from_pretrained`` from a diffusers-format folder;
+    the tiny preset builds the same diffusers/transformers classes with small configs in code.
+    """
+
+    name: str
+    description: str
+    is_tiny: bool
+    hub_id: str | None
+    text_len: int  # MLLM tokens after cropping the chat template
+    text_dim: int
+    byt5_len: int
+    byt5_dim: int
+    image_tokens: int  # SigLIP tokens (zeros for t2v)
+    image_dim: int
+    latent_channels: int
+    spatial_compression: int
+    temporal_compression: int
+    target_size: int  # pixel "base size" of the aspect-ratio buckets
+    default_video_length: int
+    default_steps: int
+    flow_shift: float
+    guidance_scale: float
+    fps: int
+    default_dtype: str
+    crop_start: int | None  # template tokens to drop; None = compute from the tokenizer
+    transformer: dict[str, Any] = field(default_factory=dict)
+    vae: dict[str, Any] = field(default_factory=dict)
+    text_encoder: dict[str, Any] | None = None  # tiny only: Qwen2.5-VL text config kwargs
+    text_encoder_2: dict[str, Any] | None = None  # tiny only: T5 (ByT5) encoder config kwargs
+
+    @property
+    def default_height(self) -> int:
+        return default_size(self)[0]
+
+    @property
+    def default_width(self) -> int:
+        return default_size(self)[1]
+
+    def latent_shape(self, height: int, width: int, video_length: int) -> tuple[int, int, int, int, int]:
+        """Shape of ``latents`` in stage2_latents.safetensors for a video of this size."""
+        return (
+            1,
+            self.latent_channels,
+            (video_length - 1) // self.temporal_compression + 1,
+            height // self.spatial_compression,
+            width // self.spatial_compression,
+        )
+
+    def stage1_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Name -> shape of the 8 tensors in stage1_embeddings.safetensors."""
+        shapes = {
+            "prompt_embeds": (1, self.text_len, self.text_dim),
+            "prompt_embeds_mask": (1, self.text_len),
+            "prompt_embeds_2": (1, self.byt5_len, self.byt5_dim),
+            "prompt_embeds_mask_2": (1, self.byt5_len),
+        }
+        return {**shapes, **{f"negative_{k}": v for k, v in shapes.items()}}
+
+    def to_json(self) -> dict[str, Any]:
+        """The preset as plain JSON-able data (what ``python -m hyv_lib info --json`` prints)."""
+        data = dataclasses.asdict(self)
+        data["default_height"] = self.default_height
+        data["default_width"] = self.default_width
+        return data
+
+
+def _real(name: str, target_size: int, flow_shift: float, description: str) -> Preset:
+    return Preset(
+        name=name,
+        description=description,
+        is_tiny=False,
+        hub_id=f"hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-{name}",
+        text_len=1000,
+        text_dim=3584,
+        byt5_len=256,
+        byt5_dim=1472,
+        image_tokens=729,
+        image_dim=1152,
+        latent_channels=32,
+        spatial_compression=16,
+        temporal_compression=4,
+        target_size=target_size,
+        default_video_length=121,
+        default_steps=50,
+        flow_shift=flow_shift,
+        guidance_scale=6.0,
+        fps=24,
+        default_dtype="bf16",
+        crop_start=108,  # diffusers HunyuanVideo15Pipeline.prompt_template_encode_start_idx
+        transformer=dict(
+            in_channels=65, out_channels=32, num_attention_heads=16, attention_head_dim=128, num_layers=54,
+            num_refiner_layers=2, mlp_ratio=4.0, patch_size=1, patch_size_t=1, qk_norm="rms_norm",
+            text_embed_dim=3584, text_embed_2_dim=1472, image_embed_dim=1152, rope_theta=256.0,
+            rope_axes_dim=[16, 56, 56], target_size=target_size, task_type="t2v", use_meanflow=False,
+        ),
+        vae=dict(
+            in_channels=3, out_channels=3, latent_channels=32, block_out_channels=[128, 256, 512, 1024, 1024],
+            layers_per_block=2, spatial_compression_ratio=16, temporal_compression_ratio=4,
+            scaling_factor=1.03682,
+        ),
+    )
+
+
+_TINY_LATENT = 8
+TINY = Preset(
+    name="tiny",
+    description="The real diffusers/transformers classes with small configs and seeded random weights (CPU, seconds).",
+    is_tiny=True,
+    hub_id=None,
+    text_len=128,
+    text_dim=32,
+    byt5_len=32,
+    byt5_dim=24,
+    image_tokens=16,
+    image_dim=16,
+    latent_channels=_TINY_LATENT,
+    spatial_compression=16,
+    temporal_compression=4,
+    target_size=128,
+    default_video_length=9,
+    default_steps=8,
+    flow_shift=5.0,
+    guidance_scale=6.0,
+    fps=8,
+    default_dtype="fp32",
+    crop_start=None,
+    transformer=dict(
+        in_channels=2 * _TINY_LATENT + 1, out_channels=_TINY_LATENT, num_attention_heads=2, attention_head_dim=16,
+        num_layers=2, num_refiner_layers=1, mlp_ratio=4.0, patch_size=1, patch_size_t=1, qk_norm="rms_norm",
+        text_embed_dim=32, text_embed_2_dim=24, image_embed_dim=16, rope_theta=256.0, rope_axes_dim=[4, 6, 6],
+        target_size=128, task_type="t2v", use_meanflow=False,
+    ),
+    vae=dict(
+        in_channels=3, out_channels=3, latent_channels=_TINY_LATENT, block_out_channels=[8, 16, 16, 32, 32],
+        layers_per_block=1, spatial_compression_ratio=16, temporal_compression_ratio=4, scaling_factor=1.03682,
+    ),
+    # hidden_states[-3] needs >= 2 layers; mrope_section must sum to head_dim / 2 = 4.
+    text_encoder=dict(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [2, 1, 1]},
+    ),
+    text_encoder_2=dict(
+        vocab_size=384, d_model=24, d_kv=8, d_ff=48, num_layers=2, num_heads=3, feed_forward_proj="gated-gelu",
+    ),
+)
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        TINY,
+        _real("480p_t2v", 640, 5.0, "HunyuanVideo-1.5 480p text-to-video (8.3B DiT), diffusers format."),
+        _real("720p_t2v", 960, 9.0, "HunyuanVideo-1.5 720p text-to-video (8.3B DiT), diffusers format."),
+    )
+}
+
+
+def get_preset(name: str) -> Preset:
+    """Look a preset up by name; an unknown name raises HyvInputError listing the valid ones."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise HyvInputError("--preset", f"unknown preset {name!r}; valid: {', '.join(PRESETS)}") from None
+
+
+def parse_aspect_ratio(aspect_ratio: str) -> tuple[int, int]:
+    """'16:9' -> (16, 9) as (width, height), the official CLI's W:H convention."""
+    try:
+        w, h = (int(x) for x in aspect_ratio.split(":"))
+        if w <= 0 or h <= 0:
+            raise ValueError
+    except ValueError:
+        raise HyvInputError(
+            "--aspect_ratio", f"must be W:H with positive integers (e.g. 16:9, 9:16, 4:3, 1:1), got {aspect_ratio!r}"
+        ) from None
+    return w, h
+
+
+def bucket_size(preset: Preset, aspect_ratio: str = "16:9") -> tuple[int, int]:
+    """(height, width) of the preset's resolution bucket closest to ``aspect_ratio``, as diffusers picks it.
+
+    Uses diffusers' HunyuanVideo15ImageProcessor.calculate_default_height_width, whose bucket list and
+    one-sided nearest-ratio match differ from the official repo for some ratios (e.g. 9:16 at 720p).
+    """
+    w, h = parse_aspect_ratio(aspect_ratio)
+    if max(w, h) / min(w, h) > 4:
+        raise HyvInputError("--aspect_ratio", f"ratio must be at most 4 (buckets stop at 4:1), got {aspect_ratio!r}")
+    return _bucket(preset.target_size, preset.spatial_compression, w, h)
+
+
+@functools.lru_cache(maxsize=None)
+def _bucket(target_size: int, stride: int, w: int, h: int) -> tuple[int, int]:
+    from diffusers.pipelines.hunyuan_video1_5.image_processor import HunyuanVideo15ImageProcessor
+
+    processor = HunyuanVideo15ImageProcessor(vae_scale_factor=stride)
+    height, width = processor.calculate_default_height_width(h, w, target_size)
+    return int(height), int(width)
+
+
+def default_size(preset: Preset) -> tuple[int, int]:
+    """The 16:9 bucket: 480x848 for 480p, 720x1280 for 720p (diffusers' T2V default)."""
+    return bucket_size(preset, "16:9")

@@ -1,0 +1,152 @@
+"""Stage hand-off files: names, validation on load, and atomic writes (temp name, then rename)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from typing import Any, Iterator
+
+import torch
+
+from .errors import HyvInputError
+
+STAGE1_FILE = "stage1_embeddings.safetensors"
+STAGE2_FILE = "stage2_latents.safetensors"
+FRAMES_FILE = "stage3_frames.safetensors"
+VIDEO_FILE = "output_video.mp4"
+CONFIG_FILE = "generation_config.json"
+
+_EMBEDS = ("prompt_embeds", "prompt_embeds_2")
+_MASKS = ("prompt_embeds_mask", "prompt_embeds_mask_2")
+STAGE1_NAMES = tuple(p + n for p in ("", "negative_") for n in ("prompt_embeds", "prompt_embeds_mask",
+                                                                 "prompt_embeds_2", "prompt_embeds_mask_2"))
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+_INTS = (torch.int64, torch.int32, torch.bool)
+
+
+def ensure_output_dir(path: str, argument: str = "--output_dir") -> str:
+    """Create ``path`` if needed and check it is writable; a HyvInputError names ``argument`` otherwise."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".hyv-write-test-"):
+            pass
+    except OSError as err:
+        raise HyvInputError(argument, f"cannot write to {path!r}: {err.strerror or err}") from None
+    return path
+
+
+@contextlib.contextmanager
+def atomic_path(final_path: str) -> Iterator[str]:
+    """Yield a temporary path next to ``final_path``; rename it into place only if the block succeeds.
+
+    The temporary name keeps the extension, so tools that infer the format from it (ffmpeg) still work.
+    """
+    directory, base = os.path.split(os.path.abspath(final_path))
+    stem, ext = os.path.splitext(base)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{stem}.", suffix=f".partial{ext}")
+    os.close(fd)
+    try:
+        yield tmp
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; finished files get the usual permissions
+        os.replace(tmp, final_path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def save_tensors(tensors: dict[str, torch.Tensor], path: str, metadata: dict[str, str] | None = None) -> None:
+    """Write a safetensors file atomically (contiguous CPU copies)."""
+    from safetensors.torch import save_file
+
+    with atomic_path(path) as tmp:
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, tmp, metadata=metadata)
+
+
+def _load_tensors(path: str, argument: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    if not os.path.isfile(path):
+        raise HyvInputError(argument, f"{os.path.basename(path)} not found in {os.path.dirname(path) or '.'!r}; "
+                                      "run the previous stage first")
+    try:
+        return load_file(path)
+    except Exception as err:  # safetensors raises its own SafetensorError for truncated/garbled files
+        raise HyvInputError(argument, f"{path!r} is not a readable safetensors file ({err})") from None
+
+
+def _require_input_dir(input_dir: str) -> None:
+    if not os.path.isdir(input_dir):
+        raise HyvInputError("--input_dir", f"folder {input_dir!r} does not exist")
+
+
+def load_stage1(input_dir: str) -> dict[str, torch.Tensor]:
+    """Load and validate stage1_embeddings.safetensors: exactly the 8 names, ranks 3/2, float embeds,
+    integer/bool masks, batch 1, and masks as long as their embeddings."""
+    _require_input_dir(input_dir)
+    path = os.path.join(input_dir, STAGE1_FILE)
+    tensors = _load_tensors(path, "--input_dir")
+    if set(tensors) != set(STAGE1_NAMES):
+        missing = sorted(set(STAGE1_NAMES) - set(tensors))
+        extra = sorted(set(tensors) - set(STAGE1_NAMES))
+        raise HyvInputError("--input_dir", f"{STAGE1_FILE} must hold exactly {', '.join(STAGE1_NAMES)}; "
+                                           f"missing {missing or 'none'}, unexpected {extra or 'none'}")
+    for prefix in ("", "negative_"):
+        for embeds_name, mask_name in zip(_EMBEDS, _MASKS):
+            embeds, mask = tensors[prefix + embeds_name], tensors[prefix + mask_name]
+            if embeds.ndim != 3 or embeds.dtype not in _FLOATS:
+                raise HyvInputError("--input_dir", f"{STAGE1_FILE}: {prefix + embeds_name} must be a float tensor "
+                                                   f"[1, L, D], got {embeds.dtype} {list(embeds.shape)}")
+            if mask.ndim != 2 or mask.dtype not in _INTS:
+                raise HyvInputError("--input_dir", f"{STAGE1_FILE}: {prefix + mask_name} must be an integer or bool "
+                                                   f"tensor [1, L], got {mask.dtype} {list(mask.shape)}")
+            if embeds.shape[0] != 1 or mask.shape != embeds.shape[:2]:
+                raise HyvInputError("--input_dir", f"{STAGE1_FILE}: {prefix + mask_name} {list(mask.shape)} does not "
+                                                   f"match {prefix + embeds_name} {list(embeds.shape)} (batch must be 1)")
+    for name in STAGE1_NAMES[4:]:  # the negative_* tensors must match their positive counterparts
+        if tensors[name].shape != tensors[name.removeprefix("negative_")].shape:
+            raise HyvInputError("--input_dir", f"{STAGE1_FILE}: {name} and its positive counterpart differ in shape")
+    return tensors
+
+
+def load_stage2(input_dir: str) -> torch.Tensor:
+    """Load and validate stage2_latents.safetensors: one float tensor ``latents`` [1, C, T, H, W]."""
+    _require_input_dir(input_dir)
+    tensors = _load_tensors(os.path.join(input_dir, STAGE2_FILE), "--input_dir")
+    if set(tensors) != {"latents"}:
+        raise HyvInputError("--input_dir", f"{STAGE2_FILE} must hold exactly one tensor 'latents', "
+                                           f"got {sorted(tensors)}")
+    latents = tensors["latents"]
+    if latents.ndim != 5 or latents.shape[0] != 1 or latents.dtype not in _FLOATS:
+        raise HyvInputError("--input_dir", f"{STAGE2_FILE}: latents must be a float tensor [1, C, T, H, W], "
+                                           f"got {latents.dtype} {list(latents.shape)}")
+    return latents
+
+
+def read_config(directory: str) -> dict[str, Any]:
+    """generation_config.json of a stage folder ({} if absent); a corrupt file names --input_dir."""
+    path = os.path.join(directory, CONFIG_FILE)
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError) as err:
+        raise HyvInputError("--input_dir", f"{path!r} is not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise HyvInputError("--input_dir", f"{path!r} must hold a JSON object")
+    return data
+
+
+def update_config(directory: str, base: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
+    """Merge ``fields`` into ``base`` (default: the folder's current config) and write it atomically."""
+    data = dict(read_config(directory) if base is None else base)
+    data.update(fields)
+    with atomic_path(os.path.join(directory, CONFIG_FILE)) as tmp:
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+            f.write("\n")
+    return data

@@ -1,0 +1,56 @@
+"""Stage-3 helpers: VAE decode to uint8 frames and mp4 read/write through imageio-ffmpeg."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .stage_io import atomic_path
+
+
+@torch.no_grad()
+def decode_latents(vae, latents: torch.Tensor, tiling: bool = True) -> torch.Tensor:
+    """Decode ``latents`` [1,C,T,h,w] to uint8 frames [F,H,W,3] with diffusers' VAE.
+
+    Tiling uses diffusers' spatial tiles (256 px, overlap 0.25 by default) and bounds peak memory at
+    720p; videos smaller than one tile decode identically either way.
+    """
+    if tiling:
+        vae.enable_tiling()
+    else:
+        vae.disable_tiling()
+    param = next(vae.parameters())
+    video = vae.decode(latents.to(param.device, param.dtype) / vae.config.scaling_factor).sample
+    # [-1, 1] -> [0, 255], as diffusers' VideoProcessor.postprocess_video does.
+    frames = ((video[0].float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    return frames.permute(1, 2, 3, 0).contiguous().cpu()
+
+
+def write_mp4(frames: torch.Tensor | np.ndarray, path: str, fps: float) -> None:
+    """Write uint8 frames [F,H,W,3] as H.264 mp4 (yuv420p, playable everywhere), atomically."""
+    import imageio_ffmpeg
+
+    array = np.ascontiguousarray(np.asarray(frames, dtype=np.uint8))
+    if array.ndim != 4 or array.shape[-1] != 3:
+        raise ValueError(f"frames must be uint8 [F, H, W, 3], got {array.shape}")
+    num_frames, height, width, _ = array.shape
+    with atomic_path(path) as tmp:
+        writer = imageio_ffmpeg.write_frames(
+            tmp, (width, height), fps=fps, codec="libx264", pix_fmt_out="yuv420p",
+            macro_block_size=16, ffmpeg_log_level="error", output_params=["-crf", "18"],
+        )
+        writer.send(None)
+        for frame in array:
+            writer.send(frame)
+        writer.close()
+
+
+def read_mp4(path: str) -> tuple[np.ndarray, dict]:
+    """Read an mp4 back as uint8 frames [F,H,W,3] plus ffmpeg's metadata (fps, size, ...)."""
+    import imageio_ffmpeg
+
+    reader = imageio_ffmpeg.read_frames(path)
+    meta = reader.__next__()
+    width, height = meta["size"]
+    frames = [np.frombuffer(buf, dtype=np.uint8).reshape(height, width, 3) for buf in reader]
+    return np.stack(frames), meta
