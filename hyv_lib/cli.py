@@ -37,7 +37,6 @@ def _add_stage2(p: argparse.ArgumentParser, dirs: bool = True) -> None:
     g.add_argument("--seed", type=int, default=42, help="seed of the initial noise (default 42)")
     g.add_argument("--warmup_steps", type=int, default=0,
                    help="untimed transformer calls before the loop; never change the result (default 0)")
-    g.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def _add_stage3(p: argparse.ArgumentParser, input_dir: bool = True) -> None:
@@ -51,24 +50,33 @@ def _add_stage3(p: argparse.ArgumentParser, input_dir: bool = True) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m hyv_lib", description=__doc__.split(":")[0] + ".")
+    parser = argparse.ArgumentParser(
+        prog="python -m hyv_lib",
+        description="HunyuanVideo-1.5 in three stages: text encoders -> DiT denoising -> VAE decode.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     info = sub.add_parser("info", help="print a preset")
     info.add_argument("--preset", default="tiny")
     info.add_argument("--json", action="store_true", help="machine-readable JSON")
-    _add_stage1(sub.add_parser("stage1", help="text -> stage1_embeddings.safetensors"))
-    _add_stage2(sub.add_parser("stage2", help="embeddings -> stage2_latents.safetensors"))
-    _add_stage3(sub.add_parser("stage3", help="latents -> output_video.mp4"))
+    stages = {
+        "stage1": (sub.add_parser("stage1", help="text -> stage1_embeddings.safetensors"), _add_stage1),
+        "stage2": (sub.add_parser("stage2", help="embeddings -> stage2_latents.safetensors"), _add_stage2),
+        "stage3": (sub.add_parser("stage3", help="latents -> output_video.mp4"), _add_stage3),
+    }
+    for stage_parser, add in stages.values():
+        add(stage_parser)
     gen = sub.add_parser("generate", help="run all three stages")
     _add_stage1(gen)
     _add_stage2(gen, dirs=False)
     _add_stage3(gen, input_dir=False)
+    for p in [gen, *(sp for sp, _ in stages.values())]:
+        p.add_argument("--quiet", action="store_true", help="no progress bar or summary line")
     return parser
 
 
 def _stage2_kwargs(args: argparse.Namespace) -> dict:
     names = ("aspect_ratio", "height", "width", "video_length", "num_inference_steps", "guidance_scale",
-             "flow_shift", "seed", "warmup_steps", "quiet")
+             "flow_shift", "seed", "warmup_steps", "quiet")  # stage2() takes quiet too
     return {n: getattr(args, n) for n in names}
 
 

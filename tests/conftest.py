@@ -1,0 +1,28 @@
+"""Shared fixtures: one tiny end-to-end run and one saved tiny pipeline folder per test session."""
+
+import os
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """A full tiny generation (stage 1-3) into a session folder; returns the folder."""
+    from hyv_lib import pipeline
+
+    out = tmp_path_factory.mktemp("tiny_run")
+    pipeline.generate(preset="tiny", prompt='a red ball and the word "HI"', output_dir=str(out), quiet=True,
+                      save_frames=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory):
+    """The tiny pipeline saved as a diffusers-format folder (model_index.json + subfolders)."""
+    from hyv_lib.models import save_tiny_pipeline
+
+    path = tmp_path_factory.mktemp("tiny_model") / "hyv-tiny"
+    save_tiny_pipeline(str(path))
+    return path

@@ -1,0 +1,113 @@
+"""The three stages: file formats, determinism, warmup, the oracle loop, and the real-weights load path."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hyv_lib import pipeline
+from hyv_lib.models import build_tiny_components, load_components
+from hyv_lib.presets import get_preset
+from hyv_lib.stage_io import STAGE1_NAMES, load_stage1
+from hyv_lib.video import read_mp4
+
+TINY = get_preset("tiny")
+
+
+def test_stage_files_have_the_documented_names_shapes_dtypes(tiny_run):
+    s1 = load_file(tiny_run / "stage1_embeddings.safetensors")
+    assert set(s1) == set(STAGE1_NAMES)
+    for name, shape in TINY.stage1_shapes().items():
+        assert tuple(s1[name].shape) == shape, name
+        assert s1[name].dtype == (torch.int64 if "mask" in name else torch.float32), name
+    s2 = load_file(tiny_run / "stage2_latents.safetensors")
+    h, w = TINY.default_height, TINY.default_width
+    assert set(s2) == {"latents"} and tuple(s2["latents"].shape) == TINY.latent_shape(h, w, 9)
+    assert torch.isfinite(s2["latents"]).all()
+    frames = load_file(tiny_run / "stage3_frames.safetensors")["frames"]
+    assert frames.shape == (1, 3, 9, h, w) and frames.dtype == torch.uint8
+    video, meta = read_mp4(str(tiny_run / "output_video.mp4"))
+    assert video.shape == (9, h, w, 3) and meta["fps"] == TINY.fps
+
+
+def test_generation_config_records_every_stage(tiny_run):
+    cfg = json.loads((tiny_run / "generation_config.json").read_text())
+    for key in ("prompt", "negative_prompt", "preset", "model_path", "height", "width", "video_length",
+                "num_inference_steps", "guidance_scale", "flow_shift", "seed", "dtype", "hyv_lib_version",
+                "stage1_time_s", "stage2_time_s", "stage3_time_s"):
+        assert key in cfg, key
+    assert cfg["preset"] == "tiny" and cfg["video_length"] == 9 and cfg["model_path"] is None
+
+
+def test_same_seed_gives_bitwise_identical_latents_and_warmup_changes_nothing(tiny_run, tmp_path):
+    reference = load_file(tiny_run / "stage2_latents.safetensors")["latents"]
+    again = pipeline.stage2(str(tiny_run), output_dir=str(tmp_path / "a"), quiet=True)
+    warm = pipeline.stage2(str(tiny_run), output_dir=str(tmp_path / "b"), warmup_steps=2, quiet=True)
+    other = pipeline.stage2(str(tiny_run), output_dir=str(tmp_path / "c"), seed=7, quiet=True)
+    assert torch.equal(again, reference)
+    assert torch.equal(warm, reference)
+    assert not torch.allclose(other, reference)
+
+
+def test_output_dir_gets_the_config_of_the_input_dir(tiny_run, tmp_path):
+    pipeline.stage2(str(tiny_run), output_dir=str(tmp_path), quiet=True, num_inference_steps=2)
+    cfg = json.loads((tmp_path / "generation_config.json").read_text())
+    assert cfg["prompt"] == 'a red ball and the word "HI"' and cfg["num_inference_steps"] == 2
+
+
+def test_denoise_matches_the_diffusers_pipeline(tiny_run):
+    """Our loop (CFG as one batch of 2) equals HunyuanVideo15Pipeline's own loop on the same inputs."""
+    from diffusers import HunyuanVideo15Pipeline
+
+    components = build_tiny_components(TINY)
+    pipe = HunyuanVideo15Pipeline(**components)
+    pipe.set_progress_bar_config(disable=True)
+    embeds = load_stage1(str(tiny_run))
+    start = pipeline.initial_latents(TINY.latent_shape(64, 96, 9), seed=3)
+    ours = pipeline.denoise(
+        pipeline.torch_step(components["transformer"]), start,
+        pipeline.prepare_conditioning(embeds, TINY, torch.float32), components["scheduler"],
+        num_inference_steps=4, guidance_scale=6.0, progress=False)
+    pipe.vision_num_semantic_tokens = TINY.image_tokens
+    theirs = pipe(
+        **{k: v.float() if v.is_floating_point() else v for k, v in embeds.items()},
+        height=64, width=96, num_frames=9, num_inference_steps=4, latents=start.clone(), output_type="latent",
+    ).frames
+    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
+
+
+def test_saved_tiny_folder_loads_through_the_real_weights_path(tiny_folder, tiny_run, tmp_path):
+    """Saving the tiny pipeline and loading it with from_pretrained gives bit-identical results."""
+    assert (tiny_folder / "model_index.json").is_file()
+    built = build_tiny_components(TINY)
+    loaded = load_components(TINY, str(tiny_folder), ["transformer", "vae", "text_encoder", "text_encoder_2"])
+    for name, module in loaded.items():
+        ref = built[name].state_dict()
+        assert all(torch.equal(v, ref[k]) for k, v in module.state_dict().items()), name
+    pipeline.generate(preset="tiny", model_path=str(tiny_folder), prompt='a red ball and the word "HI"',
+                      output_dir=str(tmp_path), quiet=True)
+    for f in ("stage1_embeddings.safetensors", "stage2_latents.safetensors"):
+        a, b = load_file(tmp_path / f), load_file(tiny_run / f)
+        assert all(torch.equal(a[k], b[k]) for k in a), f
+    assert json.loads((tmp_path / "generation_config.json").read_text())["model_path"] == str(tiny_folder)
+
+
+def test_empty_prompt_gives_finite_latents(tmp_path):
+    pipeline.stage1(preset="tiny", prompt="", output_dir=str(tmp_path))
+    latents = pipeline.stage2(str(tmp_path), num_inference_steps=2, quiet=True)
+    assert torch.isfinite(latents).all()
+
+
+def test_bf16_run_is_finite_and_saved_in_bf16(tmp_path):
+    pipeline.stage1(preset="tiny", prompt="a cat", output_dir=str(tmp_path), dtype="bf16")
+    assert load_file(tmp_path / "stage1_embeddings.safetensors")["prompt_embeds"].dtype == torch.bfloat16
+    latents = pipeline.stage2(str(tmp_path), num_inference_steps=2, quiet=True)
+    assert latents.dtype == torch.float32 and torch.isfinite(latents).all()
+
+
+@pytest.mark.parametrize("size", [(64, 96), (48, 48)])
+def test_explicit_size_overrides_the_bucket(tiny_run, tmp_path, size):
+    latents = pipeline.stage2(str(tiny_run), output_dir=str(tmp_path), height=size[0], width=size[1],
+                              video_length=5, num_inference_steps=1, quiet=True)
+    assert latents.shape == TINY.latent_shape(*size, 5)

@@ -1,0 +1,79 @@
+"""Presets: the real configs, the tiny one, buckets and the info command."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hyv_lib import HyvInputError
+from hyv_lib.presets import PRESETS, bucket_size, get_preset
+
+INFO_KEYS = {"text_len", "text_dim", "byt5_len", "byt5_dim", "latent_channels", "spatial_compression",
+             "temporal_compression", "default_height", "default_width", "default_video_length", "default_steps",
+             "flow_shift", "guidance_scale", "transformer"}
+
+
+def test_info_json_cli_has_required_keys():
+    out = subprocess.run([sys.executable, "-m", "hyv_lib", "info", "--preset", "720p_t2v", "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    data = json.loads(out)
+    assert INFO_KEYS <= set(data)
+    assert data["default_height"] == 720 and data["default_width"] == 1280
+    assert data["transformer"]["num_layers"] == 54
+
+
+@pytest.mark.parametrize("name,shift,size", [("480p_t2v", 5.0, (480, 848)), ("720p_t2v", 9.0, (720, 1280))])
+def test_real_presets_match_the_published_configs(name, shift, size):
+    p = get_preset(name)
+    t = p.transformer
+    assert (t["num_layers"], t["num_attention_heads"], t["attention_head_dim"]) == (54, 16, 128)
+    assert t["num_attention_heads"] * t["attention_head_dim"] == 2048
+    assert (p.text_len, p.text_dim, p.byt5_len, p.byt5_dim) == (1000, 3584, 256, 1472)
+    assert (p.latent_channels, p.spatial_compression, p.temporal_compression) == (32, 16, 4)
+    assert p.vae["scaling_factor"] == pytest.approx(1.03682)
+    assert (p.flow_shift, p.guidance_scale, p.default_video_length, p.fps) == (shift, 6.0, 121, 24)
+    assert (p.default_height, p.default_width) == size
+    assert t["in_channels"] == 2 * p.latent_channels + 1
+
+
+def test_real_transformer_config_has_8_3b_parameters():
+    """Instantiating the real config on the meta device gives the published parameter count."""
+    import torch
+    from diffusers import HunyuanVideo15Transformer3DModel
+
+    with torch.device("meta"):
+        model = HunyuanVideo15Transformer3DModel(**get_preset("720p_t2v").transformer)
+    assert sum(p.numel() for p in model.parameters()) == 8_326_608_160
+
+
+def test_720p_121_frame_latent_shape():
+    assert get_preset("720p_t2v").latent_shape(720, 1280, 121) == (1, 32, 31, 45, 80)
+
+
+def test_buckets_follow_diffusers():
+    p = get_preset("720p_t2v")
+    assert bucket_size(p, "1:1") == (960, 960)
+    assert bucket_size(p, "4:3") == (832, 1104)
+    assert bucket_size(p, "9:16") == (1264, 720)  # diffusers' one-sided match; the official repo gives 1280x720
+    assert bucket_size(get_preset("480p_t2v"), "9:16") == (848, 480)
+
+
+@pytest.mark.parametrize("bad", ["16x9", "0:9", "-1:2", "a:b", "9:1"])
+def test_bad_aspect_ratio(bad):
+    with pytest.raises(HyvInputError) as err:
+        bucket_size(get_preset("tiny"), bad)
+    assert err.value.argument == "--aspect_ratio"
+
+
+def test_unknown_preset_lists_valid_names():
+    with pytest.raises(HyvInputError) as err:
+        get_preset("1080p")
+    assert err.value.argument == "--preset" and all(n in err.value.message for n in PRESETS)
+
+
+def test_tiny_stage1_shapes_follow_the_real_layout():
+    tiny, real = get_preset("tiny"), get_preset("720p_t2v")
+    assert set(tiny.stage1_shapes()) == set(real.stage1_shapes())
+    assert real.stage1_shapes()["prompt_embeds"] == (1, 1000, 3584)
+    assert all(len(tiny.stage1_shapes()[k]) == len(v) for k, v in real.stage1_shapes().items())

@@ -1,0 +1,55 @@
+"""Stage-3 helpers: mp4 round trip, decoding, atomic writes."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from hyv_lib.models import build_tiny_components
+from hyv_lib.presets import get_preset
+from hyv_lib.stage_io import atomic_path
+from hyv_lib.video import decode_latents, read_mp4, write_mp4
+
+
+def smooth_clip(frames=9, height=96, width=160):
+    """A moving colour gradient: content H.264 compresses well, unlike random-weight VAE noise."""
+    y, x = np.mgrid[0:height, 0:width]
+    clip = [np.stack([(x * 255 // width + 8 * t) % 256, y * 255 // height, np.full_like(x, 64 + 8 * t)], -1)
+            for t in range(frames)]
+    return np.stack(clip).astype(np.uint8)
+
+
+def test_mp4_round_trip_keeps_frames_size_and_fps(tmp_path):
+    clip = smooth_clip()
+    path = str(tmp_path / "clip.mp4")
+    write_mp4(clip, path, fps=24)
+    video, meta = read_mp4(path)
+    assert video.shape == clip.shape and meta["fps"] == 24
+    assert np.abs(video.astype(float) - clip.astype(float)).mean() < 3.0
+    assert os.listdir(tmp_path) == ["clip.mp4"]  # no temporary file left behind
+
+
+def test_write_mp4_rejects_wrong_layout(tmp_path):
+    with pytest.raises(ValueError, match="uint8"):
+        write_mp4(np.zeros((9, 3, 16, 16), np.uint8), str(tmp_path / "x.mp4"), fps=8)
+    assert not os.listdir(tmp_path)
+
+
+def test_atomic_path_leaves_nothing_when_the_writer_fails(tmp_path):
+    target = tmp_path / "out.safetensors"
+    with pytest.raises(RuntimeError):
+        with atomic_path(str(target)) as tmp:
+            open(tmp, "w").write("half")
+            raise RuntimeError("killed mid-write")
+    assert not os.listdir(tmp_path)
+
+
+def test_decode_gives_uint8_frames_and_tiling_is_exact_below_one_tile():
+    tiny = get_preset("tiny")
+    vae = build_tiny_components(tiny, names=["vae"])["vae"]
+    latents = torch.randn(tiny.latent_shape(96, 160, 9), generator=torch.Generator().manual_seed(0))
+    tiled = decode_latents(vae, latents, tiling=True)
+    plain = decode_latents(vae, latents, tiling=False)
+    assert tiled.shape == (9, 96, 160, 3) and tiled.dtype == torch.uint8
+    assert torch.equal(tiled, plain)
