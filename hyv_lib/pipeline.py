@@ -152,7 +152,7 @@ def denoise(
     Warmup calls run the step on the first input and discard the result without touching the
     scheduler, so they cannot change the latents (gpu-tpu-pedia's warmup advanced the step index).
     """
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # plain text bar: works in terminals and in executed notebooks alike
 
     scheduler.set_timesteps(sigmas=np.linspace(1.0, 0.0, num_inference_steps + 1)[:-1], device=latents.device)
     latents = latents.float()

@@ -1,0 +1,36 @@
+# Two commands set everything up on a fresh machine (Python 3.11):
+#   make test   - create .venv, install pinned requirements, run the test suite
+#   make book   - same install, then build the book, executing every notebook
+PYTHON ?= python3.11
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: test book check-book install clean
+
+$(BIN)/python:
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required; set PYTHON=...)"; exit 2; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): requirements.txt pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -r requirements.txt
+	$(BIN)/pip install --quiet --no-deps -e .
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (hyv_lib)" >/dev/null
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# pytest exits 5 when it collects no tests: say so and fail, rather than pass on nothing.
+test: $(STAMP)
+	@$(BIN)/python -m pytest tests -q || { rc=$$?; [ $$rc -eq 5 ] && echo "error: pytest collected no tests"; exit $$rc; }
+
+book: $(STAMP)
+	rm -rf _build/html _build/jupyter_execute
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/jupyter-book build . -W --keep-going
+
+check-book: $(STAMP)
+	$(BIN)/python tools/check_book.py _build/html
+
+clean:
+	rm -rf _build .pytest_cache

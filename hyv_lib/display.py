@@ -1,0 +1,77 @@
+"""Notebook presentation helpers: tensor tables, frame grids and inline video."""
+
+from __future__ import annotations
+
+import base64
+import math
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+
+def tensor_rows(shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, str] | str) -> list[dict[str, Any]]:
+    """Rows of name / shape / dtype / MiB for tensors described by shape and dtype name."""
+    import torch
+
+    rows = []
+    for name, shape in shapes.items():
+        dtype = dtypes if isinstance(dtypes, str) else dtypes[name]
+        itemsize = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+        rows.append({"name": name, "shape": list(shape), "dtype": dtype,
+                     "MiB": round(math.prod(shape) * itemsize / 2**20, 3)})
+    return rows
+
+
+def file_rows(path: str) -> list[dict[str, Any]]:
+    """The tensors of a safetensors file as rows (read from its header; no tensor data is loaded)."""
+    from safetensors import safe_open
+
+    names = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "I64": "int64", "I32": "int32",
+             "BOOL": "bool", "U8": "uint8"}
+    with safe_open(path, framework="pt") as f:
+        shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        dtypes = {k: names[f.get_slice(k).get_dtype()] for k in f.keys()}
+    return tensor_rows(shapes, dtypes)
+
+
+def markdown_table(rows: Iterable[Mapping[str, Any]]):
+    """Render rows (dicts with the same keys) as a Markdown table object for Jupyter."""
+    from IPython.display import Markdown
+
+    rows = list(rows)
+    if not rows:
+        return Markdown("*(empty)*")
+    keys = list(rows[0])
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(f"`{r[k]}`" if isinstance(r[k], list) else str(r[k]) for k in keys) + " |"
+              for r in rows]
+    return Markdown("\n".join(lines))
+
+
+def frame_grid(frames: np.ndarray, columns: int = 5, title: str | None = None, scale: float = 2.0):
+    """A matplotlib figure showing up to ``columns`` evenly spaced frames of a uint8 [F,H,W,3] video."""
+    import matplotlib.pyplot as plt
+
+    frames = np.asarray(frames)
+    picks = np.linspace(0, len(frames) - 1, min(columns, len(frames))).round().astype(int)
+    height, width = frames.shape[1:3]
+    fig, axes = plt.subplots(1, len(picks), figsize=(scale * len(picks) * width / height, scale + 0.4),
+                             squeeze=False)
+    for ax, i in zip(axes[0], picks):
+        ax.imshow(frames[i])
+        ax.set_title(f"frame {i}", fontsize=9)
+        ax.axis("off")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def video_html(path: str, width: int = 320):
+    """An HTML5 <video> with the mp4 embedded as a data URI, so the rendered book needs no extra file."""
+    from IPython.display import HTML
+
+    with open(path, "rb") as f:
+        data = base64.b64encode(f.read()).decode("ascii")
+    return HTML(f'<video width="{width}" controls loop muted playsinline '
+                f'src="data:video/mp4;base64,{data}"></video>')
