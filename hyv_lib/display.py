@@ -34,18 +34,27 @@ def file_rows(path: str) -> list[dict[str, Any]]:
     return tensor_rows(shapes, dtypes)
 
 
-def markdown_table(rows: Iterable[Mapping[str, Any]]):
-    """Render rows (dicts with the same keys) as a Markdown table object for Jupyter."""
-    from IPython.display import Markdown
+def html_table(rows: Iterable[Mapping[str, Any]]):
+    """Render rows (dicts with the same keys) as an HTML table for Jupyter and the rendered book.
+
+    HTML rather than Markdown: myst-nb renders Markdown outputs as CommonMark, which has no tables.
+    """
+    from html import escape
+
+    from IPython.display import HTML
 
     rows = list(rows)
     if not rows:
-        return Markdown("*(empty)*")
+        return HTML("<p><em>(empty)</em></p>")
     keys = list(rows[0])
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(f"`{r[k]}`" if isinstance(r[k], list) else str(r[k]) for k in keys) + " |"
-              for r in rows]
-    return Markdown("\n".join(lines))
+
+    def cell(value: Any) -> str:
+        text = escape(str(value))
+        return f"<code>{text}</code>" if isinstance(value, (list, tuple)) else text
+
+    head = "".join(f"<th>{escape(str(k))}</th>" for k in keys)
+    body = "".join("<tr>" + "".join(f"<td>{cell(r[k])}</td>" for k in keys) + "</tr>" for r in rows)
+    return HTML(f'<table class="table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')
 
 
 def frame_grid(frames: np.ndarray, columns: int = 5, title: str | None = None, scale: float = 2.0):

@@ -23,29 +23,37 @@ the shapes, files and code paths are exactly those of the real model. On a machi
 set `HYV_PRESET=720p_t2v` and `HYV_MODEL_PATH=<diffusers folder>` and run the same notebook."""))
 cells.append(code("""import os
 
-PRESET = os.environ.get("HYV_PRESET", "tiny")           # tiny | 480p_t2v | 720p_t2v
-MODEL_PATH = os.environ.get("HYV_MODEL_PATH") or None  # diffusers-format folder or hub id; None for tiny
-PROMPT = os.environ.get("HYV_PROMPT", 'A red ball bounces on a wooden floor, a sign reads "HELLO"')
+# tiny | 480p_t2v | 720p_t2v; real presets need a diffusers-format folder (or hub id)
+PRESET = os.environ.get("HYV_PRESET", "tiny")
+MODEL_PATH = os.environ.get("HYV_MODEL_PATH") or None
+PROMPT = os.environ.get(
+    "HYV_PROMPT", 'A red ball bounces on a wooden floor, a sign reads "HELLO"')
 OUTPUT_DIR = os.environ.get("HYV_OUTPUT_DIR", "stage_outputs/quickstart")
-VIDEO_LENGTH = int(os.environ["HYV_VIDEO_LENGTH"]) if "HYV_VIDEO_LENGTH" in os.environ else None  # None: preset default
-STEPS = int(os.environ["HYV_STEPS"]) if "HYV_STEPS" in os.environ else None""", metadata={"tags": ["parameters"]}))
+# None = the preset's default; set small values to smoke-test real weights on a CPU
+VIDEO_LENGTH = int(os.environ.get("HYV_VIDEO_LENGTH", 0)) or None
+STEPS = int(os.environ.get("HYV_STEPS", 0)) or None""", metadata={"tags": ["parameters"]}))
 cells.append(md("""## The preset
 
 A preset fixes every shape: how many text tokens, the latent channels, the compression of the VAE, the
 default resolution bucket, steps, flow shift and guidance scale. `python -m hyv_lib info --preset NAME --json`
 prints the same data."""))
 cells.append(code("""import time
+import warnings
+
+# diffusers imports tqdm.auto, which warns that ipywidgets is absent; text bars are fine here.
+warnings.filterwarnings("ignore", message="IProgress not found")
 
 import hyv_lib
 from hyv_lib import pipeline
-from hyv_lib.display import file_rows, frame_grid, markdown_table, tensor_rows, video_html
+from hyv_lib.display import file_rows, frame_grid, html_table, tensor_rows, video_html
 
 preset = hyv_lib.get_preset(PRESET)
-keys = ["text_len", "text_dim", "byt5_len", "byt5_dim", "latent_channels", "spatial_compression",
-        "temporal_compression", "default_height", "default_width", "default_video_length", "default_steps",
-        "flow_shift", "guidance_scale"]
 real = hyv_lib.get_preset("720p_t2v")
-markdown_table([{"setting": k, PRESET: preset.to_json()[k], "720p_t2v": real.to_json()[k]} for k in keys])"""))
+keys = ["text_len", "text_dim", "byt5_len", "byt5_dim", "latent_channels",
+        "spatial_compression", "temporal_compression", "default_height", "default_width",
+        "default_video_length", "default_steps", "flow_shift", "guidance_scale"]
+html_table([{"setting": k, PRESET: preset.to_json()[k], "720p_t2v": real.to_json()[k]}
+            for k in keys])"""))
 cells.append(md("""## Stage 1: text encoders
 
 The MLLM branch wraps the prompt in Qwen2.5-VL's chat template with a long system prompt, runs the text
@@ -54,23 +62,24 @@ The ByT5 branch encodes only text inside quotes (glyphs to render); a prompt wit
 an all-zero mask. Both prompts of classifier-free guidance are encoded: the negative one (empty here) and
 the positive one."""))
 cells.append(code("""t0 = time.perf_counter()
-pipeline.stage1(preset=PRESET, model_path=MODEL_PATH, prompt=PROMPT, output_dir=OUTPUT_DIR)
+pipeline.stage1(preset=PRESET, model_path=MODEL_PATH, prompt=PROMPT,
+                output_dir=OUTPUT_DIR)
 print(f"stage 1: {time.perf_counter() - t0:.1f} s")
 stage1_file = os.path.join(OUTPUT_DIR, "stage1_embeddings.safetensors")
-markdown_table(file_rows(stage1_file))"""))
+html_table(file_rows(stage1_file))"""))
 cells.append(md("""The masks count the valid tokens. Everything after them is padding that attention must ignore;
 how to do that exactly and cheaply on every platform is the subject of the attention chapter."""))
 cells.append(code("""from safetensors.torch import load_file
 
 embeds = load_file(stage1_file)
-for name in ("prompt_embeds_mask", "prompt_embeds_mask_2", "negative_prompt_embeds_mask", "negative_prompt_embeds_mask_2"):
+for name in sorted(k for k in embeds if "mask" in k):
     mask = embeds[name]
-    print(f"{name:32s} {int(mask.sum()):5d} valid of {mask.shape[1]}")"""))
+    print(f"{name:30s} {int(mask.sum()):5d} valid of {mask.shape[1]}")"""))
 cells.append(md("""The same file for the real 720p model is far larger. This table is computed from the preset, not
 typed in: the shapes are `[1, text_len, text_dim]` and `[1, byt5_len, byt5_dim]`, stored in bf16 (the masks
 as int64)."""))
 cells.append(code("""real_dtypes = {k: "int64" if "mask" in k else "bfloat16" for k in real.stage1_shapes()}
-markdown_table(tensor_rows(real.stage1_shapes(), real_dtypes))"""))
+html_table(tensor_rows(real.stage1_shapes(), real_dtypes))"""))
 cells.append(md(r"""## Stage 2: denoising
 
 Stage 2 draws Gaussian latents from the seed and integrates the flow-matching ODE from $\sigma=1$ (noise) to
@@ -86,9 +95,10 @@ which spends more steps at high noise. The loop calls the transformer through on
 *transformer step*, so later chapters can swap in a jitted JAX step, a sharded one or a cached one without
 touching the loop."""))
 cells.append(code("""t0 = time.perf_counter()
-latents = pipeline.stage2(input_dir=OUTPUT_DIR, video_length=VIDEO_LENGTH, num_inference_steps=STEPS, seed=42)
+latents = pipeline.stage2(input_dir=OUTPUT_DIR, video_length=VIDEO_LENGTH,
+                          num_inference_steps=STEPS, seed=42)
 print(f"stage 2: {time.perf_counter() - t0:.1f} s")
-markdown_table(file_rows(os.path.join(OUTPUT_DIR, "stage2_latents.safetensors")))"""))
+html_table(file_rows(os.path.join(OUTPUT_DIR, "stage2_latents.safetensors")))"""))
 cells.append(md("""The latent is 16x smaller than the video in height and width and 4x shorter in time (plus the first
 frame, which the causal VAE encodes alone), hence the 4n+1 frame counts. Below: the shifted sigma schedule the
 loop used, and the spread of the latents it produced."""))
@@ -114,13 +124,14 @@ tiling (on by default) decodes overlapping 256-pixel tiles and blends them, whic
 at 720p; the tiny video fits in one tile."""))
 cells.append(code("""t0 = time.perf_counter()
 frames = pipeline.stage3(input_dir=OUTPUT_DIR)
-print(f"stage 3: {time.perf_counter() - t0:.1f} s, frames {tuple(frames.shape)} {frames.dtype}")
+print(f"stage 3: {time.perf_counter() - t0:.1f} s, "
+      f"frames {tuple(frames.shape)} {frames.dtype}")
 fig = frame_grid(frames.numpy(), columns=5, title=f"{PRESET}: {PROMPT!r}")"""))
 cells.append(code("""video_html(os.path.join(OUTPUT_DIR, "output_video.mp4"))"""))
 cells.append(md("""Every stage also extends `generation_config.json`, so a folder of stage files always says how it
 was made, including the time each stage took:"""))
 cells.append(code("""config = hyv_lib.stage_io.read_config(OUTPUT_DIR)
-markdown_table([{"key": k, "value": config[k]} for k in sorted(config)])"""))
+html_table([{"key": k, "value": config[k]} for k in sorted(config)])"""))
 cells.append(md("""The same run is one command line:
 
 ```bash
