@@ -1,0 +1,305 @@
+"""Attention with exact key-padding masks on every backend, and a diffusers processor that uses it.
+
+Semantics shared by every backend: q, k, v are [B, H, S, D]; ``kv_mask`` is bool [B, S] (True = valid).
+Query i of batch b attends to the keys j with kv_mask[b, j]; outputs where kv_mask[b, i] is False are
+exactly zero; no NaN, even when a batch element has no valid token. No backend except ``reference``
+builds an S x S tensor.
+
+diffusers' own dispatcher (``attention_dispatch``) was considered: its flash/Sage backends reject masks
+since v0.37 and its native path needs a dense [B,1,S,S] mask, so the varlen/gather logic lives here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+#: Exact backends, the lossy one (sage), and the teaching approximation (kv_zeroing).
+BACKENDS = ("reference", "sdpa", "flash", "flash3", "sage", "splash", "kv_zeroing")
+
+
+# ------------------------------------------------------------------------------------------ availability
+def _missing(package: str, how: str) -> str | None:
+    return None if importlib.util.find_spec(package) else f"package {package!r} is not installed ({how})"
+
+
+def _needs_cuda(package: str, how: str) -> str | None:
+    reason = _missing(package, how)
+    if reason is None and not torch.cuda.is_available():
+        reason = "needs an NVIDIA GPU (torch.cuda.is_available() is False)"
+    return reason
+
+
+def available_backends() -> dict[str, str | None]:
+    """Backend name -> None if it can run here, else the reason it cannot (and how to get it)."""
+    gpu_extras = "pip install -r requirements-gpu.txt on a CUDA machine"
+    return {
+        "reference": None,
+        "sdpa": None,
+        "flash": _needs_cuda("flash_attn", gpu_extras),
+        "flash3": _needs_cuda("flash_attn_interface", "build FlashAttention-3 from the flash-attention repo's hopper/ "
+                                                      "folder on an H100/H800"),
+        "sage": _needs_cuda("sageattention", gpu_extras),
+        "splash": _missing("jax", "pip install -r requirements.txt; on a TPU VM also requirements-tpu.txt"),
+        "kv_zeroing": None,
+    }
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """``auto`` -> the best backend for tensors on ``device``; any other name is checked and returned."""
+    available = available_backends()
+    if backend == "auto":
+        order = ("flash3", "flash", "sdpa") if device.type == "cuda" else ("sdpa",)
+        return next(name for name in order if available[name] is None)
+    if backend not in available:
+        raise ValueError(f"backend must be 'auto' or one of {', '.join(BACKENDS)}; got {backend!r}")
+    if available[backend] is not None:
+        raise RuntimeError(f"attention backend {backend!r} cannot run here: {available[backend]}")
+    return backend
+
+
+# ------------------------------------------------------------------------------------------------ kernels
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_mask: torch.Tensor) -> torch.Tensor:
+    """The oracle: plain softmax(QK^T/sqrt(D)) V in fp32 over valid keys. Materialises [B,H,S,S] (O(S^2))."""
+    scores = torch.einsum("bhqd,bhkd->bhqk", q.float(), k.float()) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~kv_mask[:, None, None, :], float("-inf"))
+    # A row with no valid key is all -inf: give it zero weights instead of NaN.
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    out = torch.einsum("bhqk,bhkd->bhqd", probs, v.float())
+    return (out * kv_mask[:, None, :, None]).to(q.dtype)
+
+
+def _per_batch_valid(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_mask: torch.Tensor,
+    kernel: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """Run an unmasked ``kernel`` on each batch element's valid tokens only; invalid rows stay zero.
+
+    Valid tokens are a prefix after HunyuanVideo's valid-first reorder, so this is usually a slice
+    (no copy); scattered masks fall back to a gather. Extra memory is O(S), never O(S^2).
+    """
+    out = torch.zeros_like(q)
+    for b in range(q.shape[0]):
+        valid = kv_mask[b]
+        n = int(valid.sum())
+        if n == 0:
+            continue
+        if bool(valid[:n].all()):
+            idx = slice(0, n)
+        else:
+            idx = valid.nonzero(as_tuple=True)[0]
+        out[b : b + 1, :, idx] = kernel(q[b : b + 1, :, idx], k[b : b + 1, :, idx], v[b : b + 1, :, idx]).to(q.dtype)
+    return out
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_mask: torch.Tensor) -> torch.Tensor:
+    """torch SDPA with no mask argument on the valid tokens (lets torch pick its fused kernel)."""
+    return _per_batch_valid(q, k, v, kv_mask, lambda q_, k_, v_: F.scaled_dot_product_attention(q_, k_, v_))
+
+
+def varlen_inputs(kv_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """flash-attn varlen inputs from a [B, S] mask: flat indices of valid tokens (into B*S, row-major),
+    cumulative sequence lengths ``cu_seqlens`` (int32, [B+1], starting at 0) and the longest length."""
+    lengths = kv_mask.sum(dim=1, dtype=torch.int32)
+    cu_seqlens = F.pad(torch.cumsum(lengths, dim=0, dtype=torch.int32), (1, 0))
+    indices = kv_mask.flatten().nonzero(as_tuple=True)[0]
+    return indices, cu_seqlens, int(lengths.max()) if lengths.numel() else 0
+
+
+def unpad(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """[B, H, S, D] -> [total_valid, H, D], the packed layout of flash-attn's varlen functions."""
+    b, h, s, d = x.shape
+    return x.transpose(1, 2).reshape(b * s, h, d).index_select(0, indices)
+
+
+def pad(packed: torch.Tensor, indices: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """Inverse of :func:`unpad`: scatter [total_valid, H, D] into zeros of [B, H, S, D]."""
+    b, h, s, d = shape
+    out = packed.new_zeros(b * s, h, d)
+    out[indices] = packed
+    return out.view(b, s, h, d).transpose(1, 2)
+
+
+def flash_attention(q, k, v, kv_mask, *, version: int = 2) -> torch.Tensor:
+    """flash-attn varlen (FlashAttention-2, or 3 via flash_attn_interface) on the packed valid tokens."""
+    if version == 3:
+        from flash_attn_interface import flash_attn_varlen_func
+    else:
+        from flash_attn import flash_attn_varlen_func
+    indices, cu_seqlens, max_len = varlen_inputs(kv_mask)
+    if max_len == 0:
+        return torch.zeros_like(q)
+    qp, kp, vp = (unpad(x, indices) for x in (q, k, v))
+    out = flash_attn_varlen_func(qp, kp, vp, cu_seqlens, cu_seqlens, max_len, max_len,
+                                 softmax_scale=q.shape[-1] ** -0.5)
+    out = out[0] if isinstance(out, tuple) else out  # FA3 returns (out, lse)
+    return pad(out, indices, q.shape)
+
+
+def sage_attention(q, k, v, kv_mask) -> torch.Tensor:
+    """SageAttention (8-bit QK^T: LOSSY, not exact) on each batch element's valid tokens."""
+    from sageattention import sageattn
+
+    return _per_batch_valid(q, k, v, kv_mask,
+                            lambda q_, k_, v_: sageattn(q_, k_, v_, tensor_layout="HND", is_causal=False))
+
+
+def kv_zeroing_attention(q, k, v, kv_mask) -> torch.Tensor:
+    """TEACHING ONLY, inexact: gpu-tpu-pedia's TPU scheme. Padded K and V are zeroed and attention runs
+    with no mask, so each padded key still adds exp(0 - max) to every softmax denominator."""
+    keep = kv_mask[:, None, :, None].to(k.dtype)
+    return F.scaled_dot_product_attention(q, k * keep, v * keep)
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_mask: torch.Tensor | None = None, *,
+    backend: str = "auto", **options: Any,
+) -> torch.Tensor:
+    """Masked attention over [B, H, S, D] tensors with a [B, S] key-padding mask (True = valid).
+
+    ``backend``: ``auto`` (flash3 > flash > sdpa on CUDA, sdpa on CPU), ``reference`` (the fp32
+    oracle, O(S^2) memory), ``sdpa``, ``flash``/``flash3`` (varlen via cu_seqlens), ``sage`` (lossy),
+    ``splash`` (JAX Pallas Splash with segment ids; interpret mode off TPU; ``options`` are its block
+    sizes), ``kv_zeroing`` (the inexact teaching scheme). Returns [B, H, S, D] in q's dtype.
+    """
+    if q.ndim != 4 or k.shape != q.shape or v.shape[:3] != q.shape[:3]:
+        raise ValueError(f"q, k, v must be [B, H, S, D] of one shape; got {list(q.shape)}, {list(k.shape)}, "
+                         f"{list(v.shape)}")
+    b, _, s, _ = q.shape
+    if kv_mask is None:
+        kv_mask = torch.ones(b, s, dtype=torch.bool, device=q.device)
+    if kv_mask.shape != (b, s):
+        raise ValueError(f"kv_mask must be [B, S] = [{b}, {s}], got {list(kv_mask.shape)}")
+    kv_mask = kv_mask.to(device=q.device, dtype=torch.bool)
+    name = resolve_backend(backend, q.device)
+    if options and name != "splash":
+        raise TypeError(f"backend {name!r} takes no options; got {sorted(options)}")
+    if name == "reference":
+        return reference_attention(q, k, v, kv_mask)
+    if name == "sdpa":
+        return sdpa_attention(q, k, v, kv_mask)
+    if name in ("flash", "flash3"):
+        return flash_attention(q, k, v, kv_mask, version=3 if name == "flash3" else 2)
+    if name == "sage":
+        return sage_attention(q, k, v, kv_mask)
+    if name == "splash":
+        from .splash import splash_attention
+
+        return splash_attention(q, k, v, kv_mask, **options)
+    return kv_zeroing_attention(q, k, v, kv_mask)
+
+
+# ---------------------------------------------------------------------------------- diffusers processors
+class _Processor:
+    def __init__(self, backend: str = "auto", **options: Any):
+        self.backend = backend
+        self.options = options
+
+    def _attend(self, q, k, v, kv_mask):  # q, k, v: [B, S, H, D] as diffusers lays them out
+        out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), kv_mask,
+                        backend=self.backend, **self.options)
+        return out.transpose(1, 2).flatten(2, 3)
+
+
+class JointAttnProcessor(_Processor):
+    """Replaces HunyuanVideo15AttnProcessor2_0 in the dual-stream blocks.
+
+    Same projections, QK-norm and RoPE as diffusers; the [B, L_ctx] context mask is extended with True
+    for the video tokens to a [B, S] key-padding mask instead of a dense [B, 1, S, S] one.
+    """
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                 image_rotary_emb=None):
+        from diffusers.models.embeddings import apply_rotary_emb
+
+        def heads(x):
+            return x.unflatten(2, (attn.heads, -1))
+
+        query = attn.norm_q(heads(attn.to_q(hidden_states)))
+        key = attn.norm_k(heads(attn.to_k(hidden_states)))
+        value = heads(attn.to_v(hidden_states))
+        if image_rotary_emb is not None:
+            query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
+            key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
+        if encoder_hidden_states is not None:
+            enc_q = heads(attn.add_q_proj(encoder_hidden_states))
+            enc_k = heads(attn.add_k_proj(encoder_hidden_states))
+            enc_v = heads(attn.add_v_proj(encoder_hidden_states))
+            if attn.norm_added_q is not None:
+                enc_q = attn.norm_added_q(enc_q)
+            if attn.norm_added_k is not None:
+                enc_k = attn.norm_added_k(enc_k)
+            query, key, value = (torch.cat(pair, dim=1) for pair in ((query, enc_q), (key, enc_k), (value, enc_v)))
+        batch, seq_len = query.shape[:2]
+        if attention_mask is None:
+            kv_mask = None
+        else:
+            kv_mask = F.pad(attention_mask.bool(), (seq_len - attention_mask.shape[1], 0), value=True)
+        out = self._attend(query, key, value, kv_mask).to(query.dtype)
+        if encoder_hidden_states is None:
+            return out, None
+        video, context = out[:, : -encoder_hidden_states.shape[1]], out[:, -encoder_hidden_states.shape[1] :]
+        video = attn.to_out[1](attn.to_out[0](video))
+        if getattr(attn, "to_add_out", None) is not None:
+            context = attn.to_add_out(context)
+        return video, context
+
+
+class SelfAttnProcessor(_Processor):
+    """Replaces AttnProcessor2_0 in the token refiner's self-attention.
+
+    diffusers' refiner passes a dense [B, 1, L, L] mask built as m_i & m_j (L = 1000 text tokens, built
+    outside the processor); its diagonal is the 1-D mask m, which is all this processor uses.
+    """
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None):
+        batch = hidden_states.shape[0]
+
+        def heads(x):
+            return x.view(batch, -1, attn.heads, x.shape[-1] // attn.heads)
+
+        query, key, value = (heads(proj(hidden_states)) for proj in (attn.to_q, attn.to_k, attn.to_v))
+        if attn.norm_q is not None:
+            query = attn.norm_q(query)
+        if attn.norm_k is not None:
+            key = attn.norm_k(key)
+        kv_mask = None
+        if attention_mask is not None:
+            kv_mask = attention_mask.reshape(batch, -1, *attention_mask.shape[-2:])[:, 0].diagonal(dim1=-2, dim2=-1)
+        out = self._attend(query, key, value, kv_mask).to(query.dtype)
+        return attn.to_out[1](attn.to_out[0](out)) / attn.rescale_output_factor
+
+
+def use_attention(model: torch.nn.Module, backend: str = "auto", **options: Any) -> int:
+    """Install hyv_lib's masked attention on every attention of a HunyuanVideo15Transformer3DModel
+    (dual-stream blocks and token refiner). Returns how many processors were installed.
+
+    The backend is checked now, so a missing package fails here rather than mid-forward.
+    """
+    from diffusers.models.attention_processor import Attention, AttnProcessor2_0
+    from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
+
+    if backend != "auto":
+        resolve_backend(backend, next(model.parameters()).device)
+    installed = 0
+    for name, module in model.named_modules():
+        if not isinstance(module, Attention):
+            continue
+        processor = module.processor
+        if isinstance(processor, (HunyuanVideo15AttnProcessor2_0, JointAttnProcessor)):
+            module.set_processor(JointAttnProcessor(backend, **options))
+        elif isinstance(processor, (AttnProcessor2_0, SelfAttnProcessor)):
+            unsupported = [a for a in ("group_norm", "spatial_norm", "norm_cross") if getattr(module, a, None)]
+            if unsupported or module.residual_connection:
+                raise NotImplementedError(f"{name}: SelfAttnProcessor does not support {unsupported or 'residual'}")
+            module.set_processor(SelfAttnProcessor(backend, **options))
+        else:
+            raise NotImplementedError(f"{name}: unexpected attention processor {type(processor).__name__}")
+        installed += 1
+    if installed == 0:
+        raise ValueError("use_attention found no diffusers Attention module in the model")
+    return installed

@@ -1,0 +1,225 @@
+"""Masked attention backends against float64, the processor against diffusers' oracle, and no S x S tensors."""
+
+import copy
+import sys
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from hyv_lib import attention as A
+from hyv_lib.models import build_tiny_components
+from hyv_lib.presets import get_preset
+
+TINY = get_preset("tiny")
+TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2}  # max abs error vs float64, inputs ~N(0, 1)
+
+
+def float64_attention(q, k, v, kv_mask):
+    """Independent oracle: per batch element, softmax over valid keys only; invalid rows zero."""
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for b in range(q.shape[0]):
+        idx = kv_mask[b].nonzero(as_tuple=True)[0]
+        if len(idx) == 0:
+            continue
+        qb, kb, vb = (x[b][:, idx].double() for x in (q, k, v))
+        w = torch.softmax(qb @ kb.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1)
+        out[b][:, idx] = w @ vb
+    return out
+
+
+def random_case(seed, b, h, s, d, lengths=None, scattered=False, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, h, s, d, generator=g).to(dtype) for _ in range(3))
+    if scattered:
+        mask = torch.rand(b, s, generator=g) < 0.6
+    else:
+        lengths = lengths or torch.randint(0, s + 1, (b,), generator=g).tolist()
+        mask = torch.arange(s)[None, :] < torch.tensor(lengths)[:, None]
+    return q, k, v, mask
+
+
+CASES = [  # (b, h, s, d, lengths, scattered)
+    (2, 2, 37, 16, [0, 37], False),  # no valid token in one element, all valid in the other
+    (3, 1, 130, 32, None, False),  # random prefix lengths, S not a block multiple
+    (2, 2, 64, 8, None, True),  # a scattered (non-prefix) mask
+    (1, 4, 200, 64, [129], False),
+]
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_backends_match_float64(backend, dtype, case):
+    b, h, s, d, lengths, scattered = CASES[case]
+    q, k, v, mask = random_case(case, b, h, s, d, lengths, scattered, dtype)
+    out = A.attention(q, k, v, mask, backend=backend)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert torch.isfinite(out).all()
+    expected = float64_attention(q, k, v, mask)
+    assert (out.double() - expected).abs().max() <= TOL[dtype]
+    assert (out[~mask[:, None, :].expand(b, h, s)] == 0).all()  # invalid rows exactly zero
+
+
+def test_splash_through_the_common_api():
+    pytest.importorskip("jax")
+    q, k, v, mask = random_case(5, 2, 2, 150, 16, [0, 97])
+    out = A.attention(q, k, v, mask, backend="splash", block_q=128, block_kv=128, block_kv_compute=128)
+    assert (out.double() - float64_attention(q, k, v, mask)).abs().max() <= TOL[torch.float32]
+
+
+def test_kv_zeroing_is_not_exact():
+    q, k, v, mask = random_case(1, 1, 2, 64, 16, [20])
+    exact = float64_attention(q, k, v, mask)
+    approx = A.attention(q, k, v, mask, backend="kv_zeroing").double()
+    assert (approx - exact)[:, :, :20].abs().max() > 1e-2  # padded keys dilute every valid row
+
+
+def test_default_mask_means_all_valid_and_bad_shapes_are_rejected():
+    q, k, v, _ = random_case(2, 1, 2, 10, 8)
+    torch.testing.assert_close(A.attention(q, k, v), F.scaled_dot_product_attention(q, k, v))
+    with pytest.raises(ValueError, match="kv_mask"):
+        A.attention(q, k, v, torch.ones(1, 9, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"\[B, H, S, D\]"):
+        A.attention(q[0], k[0], v[0])
+    with pytest.raises(TypeError, match="options"):
+        A.attention(q, k, v, backend="sdpa", block_q=128)
+
+
+def test_unknown_and_unavailable_backends_say_why():
+    with pytest.raises(ValueError, match="one of"):
+        A.attention(*random_case(0, 1, 1, 4, 4)[:3], backend="xformers")
+    reasons = A.available_backends()
+    assert reasons["reference"] is None and reasons["sdpa"] is None
+    for name in ("flash", "flash3", "sage"):
+        if reasons[name] is not None:
+            with pytest.raises(RuntimeError, match=name):
+                A.attention(*random_case(0, 1, 1, 4, 4)[:3], backend=name)
+            assert "install" in reasons[name] or "GPU" in reasons[name]
+
+
+def test_varlen_inputs_from_the_mask():
+    mask = torch.tensor([[1, 1, 1, 0, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    indices, cu_seqlens, max_len = A.varlen_inputs(mask)
+    assert cu_seqlens.dtype == torch.int32 and cu_seqlens.tolist() == [0, 3, 3, 8]
+    assert indices.tolist() == [0, 1, 2, 10, 11, 12, 13, 14] and max_len == 5
+    x = torch.randn(3, 2, 5, 4)
+    packed = A.unpad(x, indices)
+    assert packed.shape == (8, 2, 4)
+    restored = A.pad(packed, indices, x.shape)
+    torch.testing.assert_close(restored, x * mask[:, None, :, None])
+
+
+@pytest.fixture()
+def fake_flash_attn(monkeypatch):
+    """A CPU stand-in for flash_attn.flash_attn_varlen_func: SDPA per packed sequence. It lets the
+    unpad -> varlen -> pad path run here; the real kernel is tested on GPUs below."""
+
+    def flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None):
+        assert cu_q.dtype == torch.int32 and torch.equal(cu_q, cu_k) and q.ndim == 3
+        out = torch.empty_like(q)
+        for start, end in zip(cu_q[:-1].tolist(), cu_q[1:].tolist()):
+            if end > start:
+                seg = [x[start:end].transpose(0, 1)[None] for x in (q, k, v)]
+                out[start:end] = F.scaled_dot_product_attention(*seg, scale=softmax_scale)[0].transpose(0, 1)
+        return out
+
+    monkeypatch.setitem(sys.modules, "flash_attn", types.SimpleNamespace(flash_attn_varlen_func=flash_attn_varlen_func))
+
+
+def test_flash_path_packing_on_cpu(fake_flash_attn):
+    q, k, v, mask = random_case(3, 3, 2, 50, 16, [0, 50, 17])
+    out = A.flash_attention(q, k, v, mask)
+    assert (out.double() - float64_attention(q, k, v, mask)).abs().max() <= TOL[torch.float32]
+
+
+@pytest.mark.parametrize("backend", ["flash", "flash3", "sage"])
+def test_gpu_backends(backend):
+    reason = A.available_backends()[backend]
+    if reason is not None:
+        pytest.skip(reason)
+    q, k, v, mask = (x.cuda() for x in random_case(4, 2, 2, 300, 128, [300, 123], dtype=torch.bfloat16))
+    out = A.attention(q, k, v, mask, backend=backend)
+    tol = 0.1 if backend == "sage" else TOL[torch.bfloat16]  # SageAttention quantises QK^T to int8
+    assert (out.double().cpu() - float64_attention(q.cpu(), k.cpu(), v.cpu(), mask.cpu())).abs().max() <= tol
+
+
+# ------------------------------------------------------------------------------------------ on the model
+def model_inputs(text_lengths=(14, 40), byt5_lengths=(0, 9), seed=0, latent_hw=(6, 10)):
+    g = torch.Generator().manual_seed(seed)
+    b = len(text_lengths)
+    c = TINY.latent_channels
+    text_mask = (torch.arange(TINY.text_len)[None] < torch.tensor(text_lengths)[:, None]).long()
+    byt5_mask = (torch.arange(TINY.byt5_len)[None] < torch.tensor(byt5_lengths)[:, None]).long()
+    return dict(
+        hidden_states=torch.randn(b, 2 * c + 1, 3, *latent_hw, generator=g),
+        timestep=torch.full((b,), 700.0),
+        encoder_hidden_states=torch.randn(b, TINY.text_len, TINY.text_dim, generator=g),
+        encoder_attention_mask=text_mask,
+        encoder_hidden_states_2=torch.randn(b, TINY.byt5_len, TINY.byt5_dim, generator=g) * byt5_mask[..., None],
+        encoder_attention_mask_2=byt5_mask,
+        image_embeds=torch.zeros(b, TINY.image_tokens, TINY.image_dim),
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_transformer():
+    return build_tiny_components(TINY, names=["transformer"])["transformer"]
+
+
+def runnable_backends():
+    return [n for n, why in A.available_backends().items() if why is None and n not in ("kv_zeroing", "sage")]
+
+
+@pytest.mark.parametrize("backend", runnable_backends())
+def test_model_with_our_processor_equals_the_oracle(tiny_transformer, backend):
+    kwargs = model_inputs()
+    with torch.no_grad():
+        oracle = tiny_transformer(**kwargs).sample
+        model = copy.deepcopy(tiny_transformer)
+        assert A.use_attention(model, backend) == TINY.transformer["num_layers"] + TINY.transformer["num_refiner_layers"]
+        ours = model(**kwargs).sample
+    assert (ours - oracle).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("lengths", [dict(text_lengths=(0, 0), byt5_lengths=(0, 0)),  # all padding
+                                     dict(text_lengths=(1, 128), byt5_lengths=(32, 0)),  # extremes
+                                     dict(text_lengths=(14, 14), byt5_lengths=(0, 0))])  # empty prompt
+def test_edge_masks_give_no_nan(tiny_transformer, lengths):
+    model = copy.deepcopy(tiny_transformer)
+    A.use_attention(model, "sdpa")
+    with torch.no_grad():
+        assert torch.isfinite(model(**model_inputs(**lengths)).sample).all()
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the largest new tensor any aten op produces (views, e.g. a weight's transpose, are skipped)."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.is_view:
+            return out
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def test_processor_never_builds_an_s_by_s_tensor(tiny_transformer):
+    # Long enough that S^2 dwarfs every activation (the ByT5 projection is 2048 wide even in tiny).
+    kwargs = model_inputs(latent_hw=(12, 20))
+    s = 3 * 12 * 20 + TINY.image_tokens + TINY.byt5_len + TINY.text_len  # joint sequence length
+    model = copy.deepcopy(tiny_transformer)
+    with torch.no_grad(), LargestTensor() as diffusers_run:
+        model(**kwargs)
+    A.use_attention(model, "sdpa")
+    with torch.no_grad(), LargestTensor() as our_run:
+        model(**kwargs)
+    assert diffusers_run.largest >= 2 * s * s  # its [B, 1, S, S] mask
+    assert our_run.largest < s * s
