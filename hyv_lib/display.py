@@ -84,3 +84,37 @@ def video_html(path: str, width: int = 320):
         data = base64.b64encode(f.read()).decode("ascii")
     return HTML(f'<video width="{width}" controls loop muted playsinline '
                 f'src="data:video/mp4;base64,{data}"></video>')
+
+
+def token_layout_figure(video_tokens: int, parts: Mapping[str, Any], order=None, title: str | None = None):
+    """Bars of one sample's joint sequence: video tokens, then the context parts in order, invalid tokens
+    pale. With ``order`` (the valid-first gather indices of the context), a second bar shows the result."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgb
+    from matplotlib.patches import Patch
+
+    colors = {"video": "0.35", **{name: f"C{i}" for i, name in enumerate(parts)}}
+
+    def rgb(name: str, valid: np.ndarray) -> np.ndarray:
+        base = np.array(to_rgb(colors[name]))
+        pale = 0.25 * base + 0.75  # invalid tokens: the same hue, mostly white
+        return np.where(valid[:, None], base, pale)
+
+    context = np.concatenate([rgb(n, np.asarray(m, dtype=bool)) for n, m in parts.items()])
+    video = rgb("video", np.ones(video_tokens, dtype=bool))
+    bars = [("as concatenated", np.concatenate([video, context]))]
+    if order is not None:
+        bars.append(("valid first", np.concatenate([video, context[np.asarray(order)]])))
+    fig, axes = plt.subplots(len(bars), 1, figsize=(10, 0.9 * len(bars) + 0.9), squeeze=False)
+    for ax, (label, row) in zip(axes[:, 0], bars):
+        ax.imshow(row[None], aspect="auto", interpolation="nearest")
+        ax.set_yticks([])
+        ax.set_ylabel(label, rotation=0, ha="right", va="center", fontsize=9)
+        ax.axvline(video_tokens - 0.5, color="k", lw=1)
+    axes[-1, 0].set_xlabel("token position (pale = padding)")
+    handles = [Patch(color=colors[n], label=n) for n in colors]
+    fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=8, frameon=False)
+    if title:
+        axes[0, 0].set_title(title, fontsize=10, pad=18)
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
+    return fig
