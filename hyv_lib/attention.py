@@ -19,7 +19,9 @@ import torch
 import torch.nn.functional as F
 
 #: Exact backends, the lossy one (sage), and the teaching approximation (kv_zeroing).
-BACKENDS = ("reference", "sdpa", "flash", "flash3", "sage", "splash", "kv_zeroing")
+BACKENDS = ("reference", "sdpa", "flash", "flash3", "sage", "splash", "xla", "kv_zeroing")
+#: Backends that accept torchax tensors (device "jax") inside a jitted step.
+JAX_BACKENDS = ("splash", "xla")
 
 
 # ------------------------------------------------------------------------------------------ availability
@@ -45,6 +47,7 @@ def available_backends() -> dict[str, str | None]:
                                                       "folder on an H100/H800"),
         "sage": _needs_cuda("sageattention", gpu_extras),
         "splash": _missing("jax", "pip install -r requirements.txt; on a TPU VM also requirements-tpu.txt"),
+        "xla": _missing("jax", "pip install -r requirements.txt"),
         "kv_zeroing": None,
     }
 
@@ -53,12 +56,19 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     """``auto`` -> the best backend for tensors on ``device``; any other name is checked and returned."""
     available = available_backends()
     if backend == "auto":
+        if device.type == "jax":
+            import jax
+
+            return "splash" if jax.default_backend() == "tpu" else "xla"
         order = ("flash3", "flash", "sdpa") if device.type == "cuda" else ("sdpa",)
         return next(name for name in order if available[name] is None)
     if backend not in available:
         raise ValueError(f"backend must be 'auto' or one of {', '.join(BACKENDS)}; got {backend!r}")
     if available[backend] is not None:
         raise RuntimeError(f"attention backend {backend!r} cannot run here: {available[backend]}")
+    if device.type == "jax" and backend not in JAX_BACKENDS:
+        raise ValueError(f"torchax tensors (device 'jax') need a JAX backend: {', '.join(JAX_BACKENDS)}; "
+                         f"got {backend!r}")
     return backend
 
 
@@ -164,7 +174,9 @@ def attention(
     ``backend``: ``auto`` (flash3 > flash > sdpa on CUDA, sdpa on CPU), ``reference`` (the fp32
     oracle, O(S^2) memory), ``sdpa``, ``flash``/``flash3`` (varlen via cu_seqlens), ``sage`` (lossy),
     ``splash`` (JAX Pallas Splash with segment ids; interpret mode off TPU; ``options`` are its block
-    sizes), ``kv_zeroing`` (the inexact teaching scheme). Returns [B, H, S, D] in q's dtype.
+    sizes), ``xla`` (jax.nn.dot_product_attention), ``kv_zeroing`` (the inexact teaching scheme).
+    torchax tensors (device ``jax``, inside a jitted step) go to ``splash`` or ``xla`` without leaving
+    JAX; ``auto`` picks Splash on TPU, XLA elsewhere. Returns [B, H, S, D] in q's dtype.
     """
     if q.ndim != 4 or k.shape != q.shape or v.shape[:3] != q.shape[:3]:
         raise ValueError(f"q, k, v must be [B, H, S, D] of one shape; got {list(q.shape)}, {list(k.shape)}, "
@@ -178,6 +190,8 @@ def attention(
     name = resolve_backend(backend, q.device)
     if options and name != "splash":
         raise TypeError(f"backend {name!r} takes no options; got {sorted(options)}")
+    if q.device.type == "jax":
+        return _call_jax_backend(name, q, k, v, kv_mask, options)
     if name == "reference":
         return reference_attention(q, k, v, kv_mask)
     if name == "sdpa":
@@ -190,7 +204,32 @@ def attention(
         from .splash import splash_attention
 
         return splash_attention(q, k, v, kv_mask, **options)
+    if name == "xla":
+        return _call_jax_backend(name, q, k, v, kv_mask, options, from_torch=True)
     return kv_zeroing_attention(q, k, v, kv_mask)
+
+
+def _call_jax_backend(name, q, k, v, kv_mask, options, from_torch=False):
+    """Run a JAX kernel on torchax tensors (zero-copy views) or, ``from_torch``, on CPU torch tensors."""
+    import functools
+
+    from torchax.interop import call_jax
+
+    if name == "splash":
+        from .splash import splash_attention_jax as kernel
+    else:
+        from .xla_attention import xla_attention_jax as kernel
+    fn = functools.partial(kernel, **options)
+    if not from_torch:
+        return call_jax(fn, q, k, v, kv_mask)
+    import jax.numpy as jnp
+    import numpy as np
+
+    def to_jax(t):  # float32 round trip keeps bf16 exact; the result is cast back to q's dtype
+        return jnp.asarray(t.detach().cpu().float().numpy() if t.is_floating_point() else t.cpu().numpy())
+
+    out = fn(*(to_jax(t) for t in (q, k, v, kv_mask)))
+    return torch.tensor(np.asarray(out, dtype=np.float32)).to(device=q.device, dtype=q.dtype)
 
 
 # ---------------------------------------------------------------------------------- diffusers processors

@@ -37,6 +37,8 @@ def _add_stage2(p: argparse.ArgumentParser, dirs: bool = True) -> None:
     g.add_argument("--seed", type=int, default=42, help="seed of the initial noise (default 42)")
     g.add_argument("--warmup_steps", type=int, default=0,
                    help="untimed transformer calls before the loop; never change the result (default 0)")
+    g.add_argument("--runtime", default="torch",
+                   help="torch (eager diffusers) | tpu (torchax/JAX jit on the present JAX backend)")
 
 
 def _add_stage3(p: argparse.ArgumentParser, input_dir: bool = True) -> None:
@@ -76,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _stage2_kwargs(args: argparse.Namespace) -> dict:
     names = ("aspect_ratio", "height", "width", "video_length", "num_inference_steps", "guidance_scale",
-             "flow_shift", "seed", "warmup_steps", "quiet")  # stage2() takes quiet too
+             "flow_shift", "seed", "warmup_steps", "runtime", "quiet")  # stage2() takes quiet too
     return {n: getattr(args, n) for n in names}
 
 
@@ -115,8 +117,11 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point. Exits without waiting on JAX/torch background threads once output is flushed."""
+    """Console entry point. Once output is flushed, a process that imported JAX exits with os._exit:
+    JAX/torchax background threads can otherwise keep interpreter shutdown waiting."""
     code = run(argv)
     sys.stdout.flush()
     sys.stderr.flush()
+    if "jax" in sys.modules:
+        os._exit(code)
     sys.exit(code)

@@ -34,11 +34,27 @@ def torch_step(transformer) -> TransformerStep:
     return step
 
 
+RUNTIMES = ("torch", "tpu")
+
+
+def make_step(transformer, runtime: str = "torch") -> TransformerStep:
+    """The transformer step of a runtime: ``torch`` (eager diffusers) or ``tpu`` (torchax/JAX jit on
+    whatever JAX backend is present: the TPU on a TPU VM, the CPU here; compile cache enabled)."""
+    if runtime == "torch":
+        return torch_step(transformer)
+    if runtime == "tpu":
+        from .tpu import TpuTransformer, enable_compile_cache
+
+        enable_compile_cache(os.environ.get("HYV_COMPILE_CACHE_DIR"))
+        return TpuTransformer(transformer)
+    raise HyvInputError("--runtime", f"must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+
+
 # ----------------------------------------------------------------------------------------------- validation
 def resolve_settings(
     preset: Preset, *, aspect_ratio: str = "16:9", height: int | None = None, width: int | None = None,
     video_length: int | None = None, num_inference_steps: int | None = None, guidance_scale: float | None = None,
-    flow_shift: float | None = None, seed: int = 42, warmup_steps: int = 0,
+    flow_shift: float | None = None, seed: int = 42, warmup_steps: int = 0, runtime: str = "torch",
 ) -> dict[str, Any]:
     """Fill unset stage-2 settings from the preset, validate them, and resolve (height, width).
 
@@ -68,11 +84,13 @@ def resolve_settings(
         raise HyvInputError("--seed", f"must be in [0, 2**63), got {seed}")
     if warmup_steps < 0:
         raise HyvInputError("--warmup_steps", f"must be >= 0, got {warmup_steps}")
+    if runtime not in RUNTIMES:
+        raise HyvInputError("--runtime", f"must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
     bucket = bucket_size(preset, aspect_ratio)  # validates --aspect_ratio even when a size is given
     height, width = bucket if height is None else (height, width)
     return dict(aspect_ratio=aspect_ratio, height=height, width=width, video_length=video_length,
                 num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
-                seed=seed, warmup_steps=warmup_steps)
+                seed=seed, warmup_steps=warmup_steps, runtime=runtime)
 
 
 def _preset_from_config(config: dict[str, Any], input_dir: str) -> Preset:
@@ -178,11 +196,13 @@ def stage2(
     input_dir: str = "stage_outputs", output_dir: str | None = None, aspect_ratio: str = "16:9",
     height: int | None = None, width: int | None = None, video_length: int | None = None,
     num_inference_steps: int | None = None, guidance_scale: float | None = None, flow_shift: float | None = None,
-    seed: int = 42, warmup_steps: int = 0, quiet: bool = False, step: TransformerStep | None = None,
+    seed: int = 42, warmup_steps: int = 0, quiet: bool = False, runtime: str = "torch",
+    step: TransformerStep | None = None,
 ) -> torch.Tensor:
     """Denoise from the stage-1 embeddings; write stage2_latents.safetensors and extend the config.
 
-    Unset settings take the preset's defaults. ``step`` overrides the eager-torch transformer step.
+    Unset settings take the preset's defaults. ``runtime`` picks the transformer step (see
+    :func:`make_step`); ``step`` overrides it with any callable of the same interface.
     """
     start = time.perf_counter()
     config = read_config(input_dir) if os.path.isdir(input_dir) else {}
@@ -191,7 +211,7 @@ def stage2(
     settings = resolve_settings(
         spec, aspect_ratio=aspect_ratio, height=height, width=width, video_length=video_length,
         num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift, seed=seed,
-        warmup_steps=warmup_steps,
+        warmup_steps=warmup_steps, runtime=runtime,
     )
     output_dir = ensure_output_dir(output_dir or input_dir)
     dtype = config.get("dtype", spec.default_dtype)
@@ -209,60 +229,13 @@ def stage2(
                                                             shift=settings["flow_shift"])
     shape = spec.latent_shape(settings["height"], settings["width"], settings["video_length"])
     latents = denoise(
-        step or torch_step(transformer), initial_latents(shape, settings["seed"]),
+        step or make_step(transformer, runtime), initial_latents(shape, settings["seed"]),
         prepare_conditioning(embeds, spec, model_dtype), scheduler,
         num_inference_steps=settings["num_inference_steps"], guidance_scale=settings["guidance_scale"],
         model_dtype=model_dtype, warmup_steps=settings["warmup_steps"], progress=not quiet,
     )
     save_tensors({"latents": latents}, os.path.join(output_dir, STAGE2_FILE), metadata={"preset": spec.name})
-    update_config(output_dir, base=config, **settings, runtime="torch",
-                  stage2_time_s=round(time.perf_counter() - start, 3))
-    return latents
-
-
-def stage2(
-    input_dir: str = "stage_outputs", output_dir: str | None = None, aspect_ratio: str = "16:9",
-    height: int | None = None, width: int | None = None, video_length: int | None = None,
-    num_inference_steps: int | None = None, guidance_scale: float | None = None, flow_shift: float | None = None,
-    seed: int = 42, warmup_steps: int = 0, quiet: bool = False, step: TransformerStep | None = None,
-) -> torch.Tensor:
-    """Denoise from the stage-1 embeddings; write stage2_latents.safetensors and extend the config.
-
-    Unset settings take the preset's defaults. ``step`` overrides the eager-torch transformer step.
-    """
-    start = time.perf_counter()
-    config = read_config(input_dir) if os.path.isdir(input_dir) else {}
-    embeds = load_stage1(input_dir)
-    spec = _preset_from_config(config, input_dir)
-    settings = resolve_settings(
-        spec, aspect_ratio=aspect_ratio, height=height, width=width, video_length=video_length,
-        num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift, seed=seed,
-        warmup_steps=warmup_steps,
-    )
-    output_dir = ensure_output_dir(output_dir or input_dir)
-    dtype = config.get("dtype", spec.default_dtype)
-    model_dtype = torch_dtype(dtype)
-    components = load_components(spec, config.get("model_path"), ["transformer", "scheduler"], dtype=dtype)
-    transformer = components["transformer"]
-    for key, dim in (("prompt_embeds", transformer.config.text_embed_dim),
-                     ("prompt_embeds_2", transformer.config.text_embed_2_dim)):
-        if embeds[key].shape[-1] != dim:
-            raise HyvInputError("--input_dir", f"{STAGE1_FILE}: {key} has width {embeds[key].shape[-1]} but the "
-                                               f"transformer expects {dim}; stage1 used a different model")
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
-    scheduler = FlowMatchEulerDiscreteScheduler.from_config(components["scheduler"].config,
-                                                            shift=settings["flow_shift"])
-    shape = spec.latent_shape(settings["height"], settings["width"], settings["video_length"])
-    latents = denoise(
-        step or torch_step(transformer), initial_latents(shape, settings["seed"]),
-        prepare_conditioning(embeds, spec, model_dtype), scheduler,
-        num_inference_steps=settings["num_inference_steps"], guidance_scale=settings["guidance_scale"],
-        model_dtype=model_dtype, warmup_steps=settings["warmup_steps"], progress=not quiet,
-    )
-    save_tensors({"latents": latents}, os.path.join(output_dir, STAGE2_FILE), metadata={"preset": spec.name})
-    update_config(output_dir, base=config, **settings, runtime="torch",
-                  stage2_time_s=round(time.perf_counter() - start, 3))
+    update_config(output_dir, base=config, **settings, stage2_time_s=round(time.perf_counter() - start, 3))
     return latents
 
 

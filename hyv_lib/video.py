@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -34,7 +36,9 @@ def write_mp4(frames: torch.Tensor | np.ndarray, path: str, fps: float) -> None:
     if array.ndim != 4 or array.shape[-1] != 3:
         raise ValueError(f"frames must be uint8 [F, H, W, 3], got {array.shape}")
     num_frames, height, width, _ = array.shape
-    with atomic_path(path) as tmp:
+    with atomic_path(path) as tmp, warnings.catch_warnings():
+        # ffmpeg is a fork+exec child; Python warns about fork() whenever JAX's threads exist.
+        warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
         writer = imageio_ffmpeg.write_frames(
             tmp, (width, height), fps=fps, codec="libx264", pix_fmt_out="yuv420p",
             macro_block_size=16, ffmpeg_log_level="error", output_params=["-crf", "18"],

@@ -1,0 +1,179 @@
+"""Run the HunyuanVideo-1.5 DiT on JAX through torchax: prompt-only work in eager, one jitted step, compile cache."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from .attention import use_attention
+from .layout import valid_first_order
+
+DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "hyv_lib", "jax")
+
+
+def enable_compile_cache(path: str | None = None) -> str:
+    """Turn on JAX's persistent compilation cache (default ~/.cache/hyv_lib/jax); returns the folder.
+
+    Every compiled executable is stored (no minimum size or compile time), so a second process that
+    jits the same step with the same shapes, JAX version and devices loads it instead of compiling.
+    """
+    import jax
+
+    path = os.path.abspath(os.path.expanduser(path or DEFAULT_CACHE_DIR))
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    return path
+
+
+class _Step(torch.nn.Module):
+    """The per-step part of diffusers' forward, written with static shapes.
+
+    Everything data-dependent was decided outside (t2v vs i2v as a 0/1 scale, the valid-first reorder
+    as gather indices, RoPE tables), so this traces once per input shape. It reuses the model's own
+    submodules; only the top-level glue of HunyuanVideo15Transformer3DModel.forward is restated.
+    """
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.traces = 0  # Python here runs only while JAX traces: one trace = one compilation
+
+    def forward(self, hidden_states, timestep, text_states, text_mask, byt5_states, byt5_mask, image_embeds,
+                image_scale, order, context_mask, rope_cos, rope_sin):
+        self.traces += 1
+        m = self.model
+        batch, _, frames, height, width = hidden_states.shape
+        cond = m.cond_type_embed.weight  # rows: 0 text, 1 ByT5, 2 image
+        temb = m.time_embed(timestep)
+        video = m.x_embedder(hidden_states)
+        text = m.context_embedder(text_states, timestep, text_mask) + cond[0]
+        byt5 = m.context_embedder_2(byt5_states) + cond[1]
+        image = m.image_embedder(image_embeds) * image_scale + cond[2]
+        # diffusers zeroes padded ByT5 and text tokens (not image ones), then puts valid tokens first.
+        keep = torch.cat([torch.ones_like(image[..., 0]), byt5_mask.to(image.dtype), text_mask.to(image.dtype)], 1)
+        context = torch.cat([image, byt5, text], dim=1) * keep[..., None]
+        context = torch.gather(context, 1, order[..., None].expand(-1, -1, context.shape[-1]))
+        for block in m.transformer_blocks:
+            video, context = block(video, context, temb, context_mask, (rope_cos, rope_sin))
+        video = m.proj_out(m.norm_out(video, temb))
+        # patch size 1 x 1 x 1 (checked in TpuTransformer): tokens back to [B, C, T, H, W]
+        return video.reshape(batch, frames, height, width, -1).permute(0, 4, 1, 2, 3)
+
+
+class TpuTransformer:
+    """A HunyuanVideo15Transformer3DModel on JAX via torchax, callable like the model's forward.
+
+    Prompt-only work runs once per conditioning in eager torch: t2v vs i2v (decided in Python from the
+    concrete image embeddings), the valid-first reorder as gather indices, RoPE tables per latent shape.
+    The per-step function is jitted once and reused. Returns the noise prediction as a CPU torch tensor.
+
+    ``attention``: a backend of :func:`hyv_lib.attention.attention` that runs on torchax tensors
+    (``splash``, ``xla``) or ``auto`` (Splash on TPU, XLA elsewhere); ``attention_options`` are its
+    options (Splash block sizes). ``mesh``/``sharding`` are reserved for the sharding chapter.
+    """
+
+    def __init__(self, model, *, mesh=None, sharding=None, attention: str = "auto",
+                 attention_options: dict[str, Any] | None = None):
+        import torchax
+        from torchax.interop import JittableModule
+
+        if mesh is not None or sharding is not None:
+            raise NotImplementedError("mesh/sharding placement arrives with the sharding chapter")
+        config = model.config
+        if config.patch_size != 1 or config.patch_size_t != 1:
+            raise ValueError("TpuTransformer supports patch size 1x1x1 (every HunyuanVideo-1.5 checkpoint)")
+        if config.use_meanflow:
+            raise NotImplementedError("meanflow (step-distilled) checkpoints need timestep_r; not supported yet")
+        self.model = model
+        self.env = torchax.default_env()
+        self.dtype = next(model.parameters()).dtype
+        self._rope_cache: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._prepared: tuple[tuple, dict] | None = None
+        # Installs hyv_lib's masked processors on `model` (callers comparing with the oracle keep a copy).
+        use_attention(model, attention, **(attention_options or {}))
+        with self.env:
+            self.step_module = _Step(model)
+            self.jitted = JittableModule(self.step_module)
+            self.jitted.params = {k: self._to_jax(v) for k, v in self.jitted.params.items()}
+            self.jitted.buffers = {k: self._to_jax(v) for k, v in self.jitted.buffers.items()}
+
+    @property
+    def compilations(self) -> int:
+        """How many times the step was traced (and so compiled) so far."""
+        return self.step_module.traces
+
+    def _to_jax(self, tensor: torch.Tensor) -> torch.Tensor:
+        if getattr(tensor, "device", None) is not None and tensor.device.type == "jax":
+            return tensor
+        with self.env:
+            return tensor.detach().to("cpu").to("jax")
+
+    def _rope(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        if shape not in self._rope_cache:
+            # RoPE depends only on the latent shape: compute it once in eager torch on the CPU.
+            with torch.no_grad():
+                cos, sin = self.model.rope(torch.zeros(()).expand(shape))  # only the shape is read
+            self._rope_cache[shape] = (self._to_jax(cos), self._to_jax(sin))
+        return self._rope_cache[shape]
+
+    @torch.no_grad()
+    def prepare(self, encoder_hidden_states, encoder_attention_mask, encoder_hidden_states_2=None,
+                encoder_attention_mask_2=None, image_embeds=None) -> dict[str, torch.Tensor]:
+        """The prompt-only inputs of the jitted step (cached for the last conditioning seen)."""
+        key = tuple((id(t), getattr(t, "_version", 0)) for t in (encoder_hidden_states, encoder_attention_mask,
+                                                                  encoder_hidden_states_2, encoder_attention_mask_2,
+                                                                  image_embeds))
+        if self._prepared is not None and self._prepared[0] == key:
+            return self._prepared[1]
+        cpu = {name: None if t is None else t.detach().to("cpu") for name, t in dict(
+            text=encoder_hidden_states, text_mask=encoder_attention_mask, byt5=encoder_hidden_states_2,
+            byt5_mask=encoder_attention_mask_2, image=image_embeds).items()}
+        batch = cpu["text"].shape[0]
+        cfg = self.model.config
+        if cpu["byt5"] is None:  # no glyph branch: zeros with an all-padding mask, as an empty ByT5 prompt
+            cpu["byt5"] = torch.zeros(batch, 1, cfg.text_embed_2_dim)
+            cpu["byt5_mask"] = torch.zeros(batch, 1, dtype=torch.long)
+        if cpu["image"] is None:
+            cpu["image"] = torch.zeros(batch, 1, cfg.image_embed_dim)
+        is_t2v = bool(torch.all(cpu["image"] == 0))  # concrete here, so an ordinary Python branch
+        image_mask = torch.full(cpu["image"].shape[:2], not is_t2v, dtype=torch.bool)
+        order, context_mask = valid_first_order(image_mask, cpu["byt5_mask"], cpu["text_mask"])
+        prepared = {
+            "text_states": cpu["text"].to(self.dtype), "text_mask": cpu["text_mask"].long(),
+            "byt5_states": cpu["byt5"].to(self.dtype), "byt5_mask": cpu["byt5_mask"].long(),
+            "image_embeds": cpu["image"].to(self.dtype),
+            "image_scale": torch.tensor(0.0 if is_t2v else 1.0, dtype=self.dtype),
+            "order": order, "context_mask": context_mask,
+        }
+        prepared = {k: self._to_jax(v) for k, v in prepared.items()}
+        self._prepared = (key, prepared)
+        return prepared
+
+    def __call__(self, hidden_states, timestep, encoder_hidden_states, encoder_attention_mask,
+                 encoder_hidden_states_2=None, encoder_attention_mask_2=None, image_embeds=None,
+                 timestep_r=None, attention_kwargs=None, return_dict: bool = False) -> torch.Tensor:
+        if timestep_r is not None:
+            raise NotImplementedError("timestep_r (meanflow) is not supported")
+        prepared = self.prepare(encoder_hidden_states, encoder_attention_mask, encoder_hidden_states_2,
+                                encoder_attention_mask_2, image_embeds)
+        cos, sin = self._rope(tuple(hidden_states.shape))
+        timestep = torch.as_tensor(timestep).reshape(-1).expand(hidden_states.shape[0])
+        with self.env, torch.no_grad():
+            out = self.jitted(self._to_jax(hidden_states.to(self.dtype)), self._to_jax(timestep.to(self.dtype)),
+                              rope_cos=cos, rope_sin=sin, **prepared)
+            return _to_cpu(out)
+
+
+def _to_cpu(tensor: torch.Tensor) -> torch.Tensor:
+    """torchax tensor -> CPU torch tensor (a writable copy of the JAX array)."""
+    import numpy as np
+    from torchax.interop import jax_view
+
+    array = np.array(jax_view(tensor))
+    if array.dtype.name == "bfloat16":  # ml_dtypes bf16: reinterpret the bits for torch
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)

@@ -1,0 +1,144 @@
+"""The torchax/JAX runtime: equal to diffusers' forward, compiled once, the stage-2 runtime, the compile cache."""
+
+import copy
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+pytest.importorskip("torchax")
+
+from hyv_lib import pipeline  # noqa: E402
+from hyv_lib.models import build_tiny_components  # noqa: E402
+from hyv_lib.presets import get_preset  # noqa: E402
+from hyv_lib.tpu import TpuTransformer  # noqa: E402
+
+TINY = get_preset("tiny")
+
+
+def inputs(seed=0, image=False, text_lengths=(14, 40), byt5_lengths=(0, 9)):
+    g = torch.Generator().manual_seed(seed)
+    b, c = len(text_lengths), TINY.latent_channels
+    text_mask = (torch.arange(TINY.text_len)[None] < torch.tensor(text_lengths)[:, None]).long()
+    byt5_mask = (torch.arange(TINY.byt5_len)[None] < torch.tensor(byt5_lengths)[:, None]).long()
+    image_embeds = torch.randn(b, TINY.image_tokens, TINY.image_dim, generator=g) if image else \
+        torch.zeros(b, TINY.image_tokens, TINY.image_dim)
+    return dict(hidden_states=torch.randn(b, 2 * c + 1, 2, 6, 10, generator=g), timestep=torch.tensor([700.0] * b),
+                encoder_hidden_states=torch.randn(b, TINY.text_len, TINY.text_dim, generator=g),
+                encoder_attention_mask=text_mask,
+                encoder_hidden_states_2=torch.randn(b, TINY.byt5_len, TINY.byt5_dim, generator=g),
+                encoder_attention_mask_2=byt5_mask, image_embeds=image_embeds)
+
+
+@pytest.fixture(scope="module")
+def models():
+    oracle = build_tiny_components(TINY, names=["transformer"])["transformer"]
+    return oracle, TpuTransformer(copy.deepcopy(oracle))
+
+
+def test_fp32_equals_the_oracle_for_t2v_and_i2v_and_compiles_once(models):
+    oracle, tpu = models
+    for kwargs in (inputs(0), inputs(1, image=True), inputs(2, text_lengths=(128, 1), byt5_lengths=(32, 0))):
+        with torch.no_grad():
+            expected = oracle(**kwargs).sample
+        out = tpu(**kwargs)
+        assert out.device.type == "cpu" and out.shape == expected.shape
+        assert (out - expected).abs().max() <= 1e-5
+    assert tpu.compilations == 1  # new masks, t2v/i2v and timesteps are data, not new programs
+
+
+def test_ten_step_loop_compiles_once(models, tiny_run):
+    oracle, _ = models
+    tpu = TpuTransformer(copy.deepcopy(oracle))
+    embeds = pipeline.load_stage1(str(tiny_run))
+    scheduler = build_tiny_components(TINY, names=["scheduler"])["scheduler"]
+    latents = pipeline.denoise(tpu, pipeline.initial_latents(TINY.latent_shape(64, 96, 9), 0),
+                               pipeline.prepare_conditioning(embeds, TINY, torch.float32), scheduler,
+                               num_inference_steps=10, guidance_scale=6.0, progress=False)
+    assert torch.isfinite(latents).all()
+    assert tpu.compilations == 1
+
+
+def test_bf16_error_is_reported_and_small(models):
+    oracle, _ = models
+    model16 = copy.deepcopy(oracle).to(torch.bfloat16)
+    kwargs = inputs(3)
+    with torch.no_grad():
+        expected = oracle(**kwargs).sample
+    out = TpuTransformer(model16)(**kwargs).float()
+    err = ((out - expected).abs().max() / expected.abs().max()).item()
+    print(f"bf16 relative max error vs the fp32 oracle: {err:.2e}")
+    assert err < 5e-2
+
+
+def test_works_inside_a_torchax_environment(models):
+    import torchax
+
+    oracle, tpu = models
+    kwargs = inputs(4)
+    with torch.no_grad():
+        expected = oracle(**kwargs).sample
+    with torchax.default_env():
+        jax_kwargs = {k: v.to("jax") for k, v in kwargs.items()}
+        out = tpu(**jax_kwargs)
+    assert (out - expected).abs().max() <= 1e-5
+
+
+def test_stage2_tpu_runtime_matches_torch_and_warmup_is_neutral(tiny_run, tmp_path, monkeypatch):
+    monkeypatch.setenv("HYV_COMPILE_CACHE_DIR", str(tmp_path / "cache"))
+    common = dict(num_inference_steps=4, video_length=5, quiet=True)
+    runs = {(rt, w): pipeline.stage2(str(tiny_run), output_dir=str(tmp_path / f"{rt}{w}"), runtime=rt,
+                                     warmup_steps=w, **common)
+            for rt in ("torch", "tpu") for w in (0, 2)}
+    assert torch.equal(runs["torch", 0], runs["torch", 2])
+    assert torch.equal(runs["tpu", 0], runs["tpu", 2])
+    assert (runs["tpu", 0] - runs["torch", 0]).abs().max() <= 1e-4
+    assert json.loads((tmp_path / "tpu0" / "generation_config.json").read_text())["runtime"] == "tpu"
+
+
+CACHE_PROBE = textwrap.dedent("""
+    import sys, jax, torch
+    from jax import monitoring
+    hits = []
+    monitoring.register_event_listener(lambda e, **kw: hits.append(e) if e.endswith("cache_hits") else None)
+    from hyv_lib.tpu import TpuTransformer, enable_compile_cache
+    from hyv_lib.models import build_tiny_components
+    from hyv_lib.presets import get_preset
+    enable_compile_cache(sys.argv[1])
+    tiny = get_preset("tiny")
+    model = build_tiny_components(tiny, names=["transformer"])["transformer"]
+    c = tiny.latent_channels
+    TpuTransformer(model)(hidden_states=torch.zeros(2, 2 * c + 1, 1, 2, 2), timestep=torch.tensor([10.0, 10.0]),
+        encoder_hidden_states=torch.zeros(2, tiny.text_len, tiny.text_dim),
+        encoder_attention_mask=torch.ones(2, tiny.text_len, dtype=torch.long),
+        encoder_hidden_states_2=torch.zeros(2, tiny.byt5_len, tiny.byt5_dim),
+        encoder_attention_mask_2=torch.zeros(2, tiny.byt5_len, dtype=torch.long),
+        image_embeds=torch.zeros(2, tiny.image_tokens, tiny.image_dim))
+    print(len(hits))
+""")
+
+
+def test_second_process_hits_the_compile_cache(tmp_path):
+    def run():
+        out = subprocess.run([sys.executable, "-c", CACHE_PROBE, str(tmp_path)], capture_output=True, text=True,
+                             timeout=300, check=True)
+        return int(out.stdout.strip().splitlines()[-1])
+
+    assert run() == 0  # cold: everything compiles and is written to the cache
+    assert any(tmp_path.iterdir())
+    assert run() > 0  # warm: the step (and small helpers) load from the cache
+
+
+def test_cli_with_the_tpu_runtime_exits_cleanly(tmp_path):
+    env_cache = {"HYV_COMPILE_CACHE_DIR": str(tmp_path / "cache")}
+    import os
+
+    r = subprocess.run([sys.executable, "-m", "hyv_lib", "generate", "--runtime", "tpu", "--video_length", "5",
+                        "--num_inference_steps", "2", "--output_dir", str(tmp_path / "out"), "--quiet"],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, **env_cache})
+    assert r.returncode == 0, r.stderr
+    assert load_file(tmp_path / "out" / "stage2_latents.safetensors")["latents"].shape == TINY.latent_shape(96, 160, 5)
