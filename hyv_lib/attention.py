@@ -174,7 +174,7 @@ def attention(
     ``backend``: ``auto`` (flash3 > flash > sdpa on CUDA, sdpa on CPU), ``reference`` (the fp32
     oracle, O(S^2) memory), ``sdpa``, ``flash``/``flash3`` (varlen via cu_seqlens), ``sage`` (lossy),
     ``splash`` (JAX Pallas Splash with segment ids; interpret mode off TPU; ``options`` are its block
-    sizes), ``xla`` (jax.nn.dot_product_attention), ``kv_zeroing`` (the inexact teaching scheme).
+    sizes), ``xla`` (blockwise online softmax in JAX; option ``block_kv``), ``kv_zeroing`` (the inexact teaching scheme).
     torchax tensors (device ``jax``, inside a jitted step) go to ``splash`` or ``xla`` without leaving
     JAX; ``auto`` picks Splash on TPU, XLA elsewhere. Returns [B, H, S, D] in q's dtype.
     """
@@ -188,7 +188,7 @@ def attention(
         raise ValueError(f"kv_mask must be [B, S] = [{b}, {s}], got {list(kv_mask.shape)}")
     kv_mask = kv_mask.to(device=q.device, dtype=torch.bool)
     name = resolve_backend(backend, q.device)
-    if options and name != "splash":
+    if options and name not in JAX_BACKENDS:
         raise TypeError(f"backend {name!r} takes no options; got {sorted(options)}")
     if q.device.type == "jax":
         return _call_jax_backend(name, q, k, v, kv_mask, options)

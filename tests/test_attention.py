@@ -49,7 +49,7 @@ CASES = [  # (b, h, s, d, lengths, scattered)
 ]
 
 
-@pytest.mark.parametrize("backend", ["reference", "sdpa"])
+@pytest.mark.parametrize("backend", ["reference", "sdpa", "xla"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_backends_match_float64(backend, dtype, case):
@@ -223,3 +223,13 @@ def test_processor_never_builds_an_s_by_s_tensor(tiny_transformer):
         model(**kwargs)
     assert diffusers_run.largest >= 2 * s * s  # its [B, 1, S, S] mask
     assert our_run.largest < s * s
+
+
+@pytest.mark.parametrize("block_kv", [16, 48, None])
+def test_xla_blockwise_online_softmax_across_blocks(block_kv):
+    """Several KV blocks (S not a multiple of the block), an empty element and a scattered mask."""
+    for case in range(len(CASES)):
+        b, h, s, d, lengths, scattered = CASES[case]
+        q, k, v, mask = random_case(10 + case, b, h, s, d, lengths, scattered)
+        out = A.attention(q, k, v, mask, backend="xla", block_kv=block_kv)
+        assert (out.double() - float64_attention(q, k, v, mask)).abs().max() <= TOL[torch.float32]

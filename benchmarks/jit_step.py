@@ -1,0 +1,118 @@
+"""Per-step time of the jitted torchax/JAX step vs diffusers' eager forward, and cold vs cached compile time.
+
+A "bench" configuration larger than tiny: width 256 (2 heads x 128), 4 dual-stream blocks, 4 x 24 x 40
+latents (3,840 video tokens + 176 context tokens), CFG batch of 2, fp32 on this CPU. Not a unit test:
+
+    .venv/bin/python benchmarks/jit_step.py [--repeats 5]
+
+Goal of the torch->JAX chapter: jitted >= 1.5x faster than eager. Absolute times only compare within
+one run on one machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+LATENT = [4, 24, 40]
+HEADS = [2]
+
+
+def bench_model():
+    import torch
+    from diffusers import HunyuanVideo15Transformer3DModel
+
+    from hyv_lib.presets import get_preset
+
+    config = dict(get_preset("tiny").transformer, num_attention_heads=HEADS[0], attention_head_dim=128, num_layers=4,
+                  rope_axes_dim=[16, 56, 56])
+    torch.manual_seed(0)
+    return HunyuanVideo15Transformer3DModel(**config).eval().requires_grad_(False)
+
+
+def bench_inputs():
+    import torch
+
+    from hyv_lib.presets import get_preset
+
+    tiny = get_preset("tiny")
+    g = torch.Generator().manual_seed(0)
+    c = tiny.latent_channels
+    return dict(
+        hidden_states=torch.randn(2, 2 * c + 1, *LATENT, generator=g), timestep=torch.tensor([500.0, 500.0]),
+        encoder_hidden_states=torch.randn(2, tiny.text_len, tiny.text_dim, generator=g),
+        encoder_attention_mask=(torch.arange(tiny.text_len)[None] < torch.tensor([[14], [60]])).long(),
+        encoder_hidden_states_2=torch.zeros(2, tiny.byt5_len, tiny.byt5_dim),
+        encoder_attention_mask_2=torch.zeros(2, tiny.byt5_len, dtype=torch.long),
+        image_embeds=torch.zeros(2, tiny.image_tokens, tiny.image_dim),
+    )
+
+
+def timed(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def compile_probe(cache_dir: str) -> dict:
+    """In a child process: time the first call (trace + compile, or cache load) of the jitted step."""
+    from hyv_lib.tpu import TpuTransformer, enable_compile_cache
+
+    enable_compile_cache(cache_dir)
+    tpu = TpuTransformer(bench_model())
+    kwargs = bench_inputs()
+    start = time.perf_counter()
+    tpu(**kwargs)
+    return {"first_call_s": time.perf_counter() - start}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--heads", type=int, default=2, help="attention heads of 128 (width = 128 x heads)")
+    parser.add_argument("--frames", type=int, default=4, help="latent frames of 24 x 40 tokens")
+    parser.add_argument("--compile-probe", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    HEADS[0], LATENT[0] = args.heads, args.frames
+    if args.compile_probe:
+        print(json.dumps(compile_probe(args.compile_probe)))
+        return
+    import torch
+
+    from hyv_lib.tpu import TpuTransformer
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    model, kwargs = bench_model(), bench_inputs()
+    tokens = LATENT[0] * LATENT[1] * LATENT[2]
+    print(f"bench config: width {128 * args.heads}, 4 blocks, {tokens} video tokens + 176 context, batch 2, fp32")
+    with torch.no_grad():
+        oracle = model(**kwargs).sample
+        eager = timed(lambda: model(**kwargs), args.repeats)
+    tpu = TpuTransformer(copy.deepcopy(model))
+    out = tpu(**kwargs)
+    jitted = timed(lambda: tpu(**kwargs), args.repeats)
+    print(f"diffusers eager : {eager * 1e3:8.1f} ms/step")
+    print(f"torchax jit     : {jitted * 1e3:8.1f} ms/step   (max |diff| vs eager {(out - oracle).abs().max():.1e}, "
+          f"{tpu.compilations} compilation)")
+    print(f"speed-up        : {eager / jitted:8.2f}x  (goal >= 1.5x)")
+    with tempfile.TemporaryDirectory() as cache:
+        probe = [sys.executable, __file__, "--compile-probe", cache, "--heads", str(args.heads),
+                 "--frames", str(args.frames)]
+        cold = json.loads(subprocess.run(probe, capture_output=True, text=True, check=True).stdout.splitlines()[-1])
+        warm = json.loads(subprocess.run(probe, capture_output=True, text=True, check=True).stdout.splitlines()[-1])
+    print(f"first call, cold cache : {cold['first_call_s']:6.2f} s (trace + compile)")
+    print(f"first call, warm cache : {warm['first_call_s']:6.2f} s (trace + cache load), "
+          f"{cold['first_call_s'] / warm['first_call_s']:.1f}x faster")
+
+
+if __name__ == "__main__":
+    main()
