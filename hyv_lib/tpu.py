@@ -92,7 +92,7 @@ class TpuTransformer:
         self.env = torchax.default_env()
         self.dtype = next(model.parameters()).dtype
         self._rope_cache: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
-        self._prepared: tuple[tuple, dict] | None = None
+        self._prepared: tuple[tuple, dict] | None = None  # ((input tensors, versions), prepared inputs)
         # Installs hyv_lib's masked processors on `model` (callers comparing with the oracle keep a copy).
         use_attention(model, attention, **(attention_options or {}))
         with self.env:
@@ -124,11 +124,15 @@ class TpuTransformer:
     def prepare(self, encoder_hidden_states, encoder_attention_mask, encoder_hidden_states_2=None,
                 encoder_attention_mask_2=None, image_embeds=None) -> dict[str, torch.Tensor]:
         """The prompt-only inputs of the jitted step (cached for the last conditioning seen)."""
-        key = tuple((id(t), getattr(t, "_version", 0)) for t in (encoder_hidden_states, encoder_attention_mask,
-                                                                  encoder_hidden_states_2, encoder_attention_mask_2,
-                                                                  image_embeds))
-        if self._prepared is not None and self._prepared[0] == key:
-            return self._prepared[1]
+        # The cache holds the tensors themselves (so their ids cannot be reused) and their versions
+        # (so an in-place edit invalidates it): the denoising loop passes the same conditioning each step.
+        tensors = (encoder_hidden_states, encoder_attention_mask, encoder_hidden_states_2, encoder_attention_mask_2,
+                   image_embeds)
+        versions = tuple(getattr(t, "_version", 0) for t in tensors)
+        if self._prepared is not None:
+            (cached, cached_versions), prepared = self._prepared
+            if all(a is b for a, b in zip(cached, tensors)) and cached_versions == versions:
+                return prepared
         cpu = {name: None if t is None else t.detach().to("cpu") for name, t in dict(
             text=encoder_hidden_states, text_mask=encoder_attention_mask, byt5=encoder_hidden_states_2,
             byt5_mask=encoder_attention_mask_2, image=image_embeds).items()}
@@ -150,7 +154,7 @@ class TpuTransformer:
             "order": order, "context_mask": context_mask,
         }
         prepared = {k: self._to_jax(v) for k, v in prepared.items()}
-        self._prepared = (key, prepared)
+        self._prepared = ((tensors, versions), prepared)
         return prepared
 
     def __call__(self, hidden_states, timestep, encoder_hidden_states, encoder_attention_mask,

@@ -142,3 +142,13 @@ def test_cli_with_the_tpu_runtime_exits_cleanly(tmp_path):
                        capture_output=True, text=True, timeout=300, env={**os.environ, **env_cache})
     assert r.returncode == 0, r.stderr
     assert load_file(tmp_path / "out" / "stage2_latents.safetensors")["latents"].shape == TINY.latent_shape(96, 160, 5)
+
+
+def test_prompt_cache_notices_in_place_edits(models):
+    oracle, tpu = models
+    kwargs = inputs(5)
+    tpu(**kwargs)
+    kwargs["encoder_attention_mask"][:, 3:] = 0  # same tensor object, new contents
+    with torch.no_grad():
+        expected = oracle(**kwargs).sample
+    assert (tpu(**kwargs) - expected).abs().max() <= 1e-5
