@@ -2,12 +2,14 @@
 
 import importlib.util
 import pathlib
+import sys
 
 import nbformat
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((ROOT / "tools" / "notebooks").glob("[0-9]*.py"))
+sys.path.insert(0, str(ROOT / "tools" / "notebooks"))  # the scripts import their shared _nbtools
 
 
 def test_every_notebook_has_a_script():

@@ -3,11 +3,8 @@
 Notebooks are authored as these scripts so reviews read plain Python; tests/test_notebooks.py checks
 that every committed notebook equals what its script builds (and carries no outputs).
 """
-import sys
+from _nbtools import code, main, md, notebook
 
-import nbformat as nbf
-
-md, code = nbf.v4.new_markdown_cell, nbf.v4.new_code_cell
 cells = []
 cells.append(md("""# Quickstart: the three-stage pipeline
 
@@ -192,12 +189,8 @@ is why attention dominates the cost at 720p.
 
 
 def build():
-    for i, cell in enumerate(cells):
-        cell.id = f"c{i:02d}"  # stable ids keep regenerated notebooks diff-free
-    return nbf.v4.new_notebook(cells=cells, metadata={
-        "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-        "language_info": {"name": "python"}})
+    return notebook(cells)
 
 
 if __name__ == "__main__":
-    nbf.write(build(), sys.argv[1] if len(sys.argv) > 1 else "notebooks/00_quickstart.ipynb")
+    main(build, "notebooks/00_quickstart.ipynb")
