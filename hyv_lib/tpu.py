@@ -157,19 +157,38 @@ class TpuTransformer:
         self._prepared = ((tensors, versions), prepared)
         return prepared
 
+    def _step_args(self, hidden_states, timestep, **conditioning) -> dict[str, torch.Tensor]:
+        prepared = self.prepare(**conditioning)
+        cos, sin = self._rope(tuple(hidden_states.shape))
+        timestep = torch.as_tensor(timestep).reshape(-1).expand(hidden_states.shape[0])
+        return dict(hidden_states=self._to_jax(hidden_states.to(self.dtype)),
+                    timestep=self._to_jax(timestep.to(self.dtype)), rope_cos=cos, rope_sin=sin, **prepared)
+
+    def lower(self, hidden_states, timestep, **conditioning):
+        """``jax.jit(...).lower(...)`` of the step for these inputs: ``.compile().cost_analysis()`` gives
+        XLA's FLOP and byte counts, ``.as_text()`` the HLO (what the planner cross-checks against)."""
+        import functools
+
+        import jax
+        from torchax.interop import jax_view
+
+        args = self._step_args(hidden_states, timestep, **conditioning)
+        with self.env:
+            fn = jax_view(functools.partial(self.jitted.functional_call, "forward"))
+            return jax.jit(fn).lower(jax_view(self.jitted.params), jax_view(self.jitted.buffers),
+                                     **jax_view(args))
+
     def __call__(self, hidden_states, timestep, encoder_hidden_states, encoder_attention_mask,
                  encoder_hidden_states_2=None, encoder_attention_mask_2=None, image_embeds=None,
                  timestep_r=None, attention_kwargs=None, return_dict: bool = False) -> torch.Tensor:
         if timestep_r is not None:
             raise NotImplementedError("timestep_r (meanflow) is not supported")
-        prepared = self.prepare(encoder_hidden_states, encoder_attention_mask, encoder_hidden_states_2,
-                                encoder_attention_mask_2, image_embeds)
-        cos, sin = self._rope(tuple(hidden_states.shape))
-        timestep = torch.as_tensor(timestep).reshape(-1).expand(hidden_states.shape[0])
+        args = self._step_args(hidden_states, timestep, encoder_hidden_states=encoder_hidden_states,
+                               encoder_attention_mask=encoder_attention_mask,
+                               encoder_hidden_states_2=encoder_hidden_states_2,
+                               encoder_attention_mask_2=encoder_attention_mask_2, image_embeds=image_embeds)
         with self.env, torch.no_grad():
-            out = self.jitted(self._to_jax(hidden_states.to(self.dtype)), self._to_jax(timestep.to(self.dtype)),
-                              rope_cos=cos, rope_sin=sin, **prepared)
-            return _to_cpu(out)
+            return _to_cpu(self.jitted(**args))
 
 
 def _to_cpu(tensor: torch.Tensor) -> torch.Tensor:
