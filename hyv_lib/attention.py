@@ -221,7 +221,9 @@ def _call_jax_backend(name, q, k, v, kv_mask, options, from_torch=False):
         from .xla_attention import xla_attention_jax as kernel
     fn = functools.partial(kernel, **options)
     if not from_torch:
-        return call_jax(fn, q, k, v, kv_mask)
+        from .sharding import per_shard
+
+        return call_jax(per_shard(fn), q, k, v, kv_mask)
     import jax.numpy as jnp
     import numpy as np
 

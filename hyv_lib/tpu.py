@@ -37,10 +37,22 @@ class _Step(torch.nn.Module):
     submodules; only the top-level glue of HunyuanVideo15Transformer3DModel.forward is restated.
     """
 
-    def __init__(self, model):
+    def __init__(self, model, mesh=None):
         super().__init__()
         self.model = model
+        self.mesh = mesh
         self.traces = 0  # Python here runs only while JAX traces: one trace = one compilation
+
+    def _shard_sequence(self, tokens):
+        """On a mesh with a sequence axis, keep the video tokens split along the sequence between blocks."""
+        if self.mesh is None or self.mesh.shape["sequence"] == 1:
+            return tokens
+        import jax
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        from torchax.interop import call_jax
+
+        spec = NamedSharding(self.mesh, P("data", "sequence", None))
+        return call_jax(jax.lax.with_sharding_constraint, tokens, spec)
 
     def forward(self, hidden_states, timestep, text_states, text_mask, byt5_states, byt5_mask, image_embeds,
                 image_scale, order, context_mask, rope_cos, rope_sin):
@@ -49,7 +61,7 @@ class _Step(torch.nn.Module):
         batch, _, frames, height, width = hidden_states.shape
         cond = m.cond_type_embed.weight  # rows: 0 text, 1 ByT5, 2 image
         temb = m.time_embed(timestep)
-        video = m.x_embedder(hidden_states)
+        video = self._shard_sequence(m.x_embedder(hidden_states))
         text = m.context_embedder(text_states, timestep, text_mask) + cond[0]
         byt5 = m.context_embedder_2(byt5_states) + cond[1]
         image = m.image_embedder(image_embeds) * image_scale + cond[2]
@@ -59,6 +71,7 @@ class _Step(torch.nn.Module):
         context = torch.gather(context, 1, order[..., None].expand(-1, -1, context.shape[-1]))
         for block in m.transformer_blocks:
             video, context = block(video, context, temb, context_mask, (rope_cos, rope_sin))
+            video = self._shard_sequence(video)
         video = m.proj_out(m.norm_out(video, temb))
         # patch size 1 x 1 x 1 (checked in TpuTransformer): tokens back to [B, C, T, H, W]
         return video.reshape(batch, frames, height, width, -1).permute(0, 4, 1, 2, 3)
@@ -73,7 +86,12 @@ class TpuTransformer:
 
     ``attention``: a backend of :func:`hyv_lib.attention.attention` that runs on torchax tensors
     (``splash``, ``xla``) or ``auto`` (Splash on TPU, XLA elsewhere); ``attention_options`` are its
-    options (Splash block sizes). ``mesh``/``sharding`` are reserved for the sharding chapter.
+    options (Splash block sizes).
+
+    ``mesh`` (:func:`hyv_lib.sharding.make_mesh`) and ``sharding`` (a rule set of
+    :data:`hyv_lib.sharding.RULE_SETS`, default ``tp``): weights are placed by the rules, the CFG batch
+    goes on the ``data`` axis, video tokens on the ``sequence`` axis between blocks, and attention runs
+    per shard with heads on ``tensor``. ``placement`` holds the per-rule report.
     """
 
     def __init__(self, model, *, mesh=None, sharding=None, attention: str = "auto",
@@ -81,36 +99,59 @@ class TpuTransformer:
         import torchax
         from torchax.interop import JittableModule
 
-        if mesh is not None or sharding is not None:
-            raise NotImplementedError("mesh/sharding placement arrives with the sharding chapter")
+        if sharding is not None and mesh is None:
+            raise ValueError("sharding needs a mesh (hyv_lib.sharding.make_mesh)")
         config = model.config
         if config.patch_size != 1 or config.patch_size_t != 1:
             raise ValueError("TpuTransformer supports patch size 1x1x1 (every HunyuanVideo-1.5 checkpoint)")
         if config.use_meanflow:
             raise NotImplementedError("meanflow (step-distilled) checkpoints need timestep_r; not supported yet")
         self.model = model
+        self.mesh = mesh
+        self.placement: list[dict] = []
         self.env = torchax.default_env()
         self.dtype = next(model.parameters()).dtype
         self._rope_cache: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
         self._prepared: tuple[tuple, dict] | None = None  # ((input tensors, versions), prepared inputs)
         # Installs hyv_lib's masked processors on `model` (callers comparing with the oracle keep a copy).
         use_attention(model, attention, **(attention_options or {}))
+        specs: dict[str, tuple] = {}
+        if mesh is not None:
+            from .sharding import plan
+
+            if config.num_attention_heads % mesh.shape["tensor"]:
+                raise ValueError(f"{config.num_attention_heads} attention heads cannot be split over the mesh's "
+                                 f"tensor axis of size {mesh.shape['tensor']}")
+            shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+            specs, self.placement = plan(shapes, sharding or "tp", mesh)
+            element = torch.empty((), dtype=self.dtype).element_size()
+            for row in self.placement:
+                row["bytes_per_device"] = row.pop("per_device") * element
         with self.env:
-            self.step_module = _Step(model)
+            self.step_module = _Step(model, mesh)
             self.jitted = JittableModule(self.step_module)
-            self.jitted.params = {k: self._to_jax(v) for k, v in self.jitted.params.items()}
-            self.jitted.buffers = {k: self._to_jax(v) for k, v in self.jitted.buffers.items()}
+            # JittableModule names tensors "model.<diffusers name>"; frozen weights land in `buffers`.
+            for store in ("params", "buffers"):
+                setattr(self.jitted, store, {k: self._to_jax(v, specs.get(k.removeprefix("model."), ()))
+                                             for k, v in getattr(self.jitted, store).items()})
 
     @property
     def compilations(self) -> int:
         """How many times the step was traced (and so compiled) so far."""
         return self.step_module.traces
 
-    def _to_jax(self, tensor: torch.Tensor) -> torch.Tensor:
-        if getattr(tensor, "device", None) is not None and tensor.device.type == "jax":
+    def _to_jax(self, tensor: torch.Tensor, spec: tuple | None = None) -> torch.Tensor:
+        """To a torchax tensor; on a mesh, placed with PartitionSpec(*spec) (None: replicated)."""
+        if tensor.device.type != "jax":
+            with self.env:
+                tensor = tensor.detach().to("cpu").to("jax")
+        if self.mesh is None:
             return tensor
-        with self.env:
-            return tensor.detach().to("cpu").to("jax")
+        import jax
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        from torchax.interop import jax_view, torch_view
+
+        return torch_view(jax.device_put(jax_view(tensor), NamedSharding(self.mesh, P(*(spec or ())))))
 
     def _rope(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         if shape not in self._rope_cache:
@@ -153,7 +194,8 @@ class TpuTransformer:
             "image_scale": torch.tensor(0.0 if is_t2v else 1.0, dtype=self.dtype),
             "order": order, "context_mask": context_mask,
         }
-        prepared = {k: self._to_jax(v) for k, v in prepared.items()}
+        # Per-sample inputs go on the data axis (one CFG prompt per data shard); scalars are replicated.
+        prepared = {k: self._to_jax(v, ("data",) if v.ndim else ()) for k, v in prepared.items()}
         self._prepared = ((tensors, versions), prepared)
         return prepared
 
@@ -161,8 +203,12 @@ class TpuTransformer:
         prepared = self.prepare(**conditioning)
         cos, sin = self._rope(tuple(hidden_states.shape))
         timestep = torch.as_tensor(timestep).reshape(-1).expand(hidden_states.shape[0])
-        return dict(hidden_states=self._to_jax(hidden_states.to(self.dtype)),
-                    timestep=self._to_jax(timestep.to(self.dtype)), rope_cos=cos, rope_sin=sin, **prepared)
+        if self.mesh is not None and hidden_states.shape[0] % self.mesh.shape["data"]:
+            raise ValueError(f"batch {hidden_states.shape[0]} cannot be split over the mesh's data axis "
+                             f"of size {self.mesh.shape['data']}")
+        return dict(hidden_states=self._to_jax(hidden_states.to(self.dtype), ("data",)),
+                    timestep=self._to_jax(timestep.to(self.dtype), ("data",)), rope_cos=cos, rope_sin=sin,
+                    **prepared)
 
     def lower(self, hidden_states, timestep, **conditioning):
         """``jax.jit(...).lower(...)`` of the step for these inputs: ``.compile().cost_analysis()`` gives
@@ -173,7 +219,9 @@ class TpuTransformer:
         from torchax.interop import jax_view
 
         args = self._step_args(hidden_states, timestep, **conditioning)
-        with self.env:
+        from .sharding import active_mesh
+
+        with self.env, active_mesh(self.mesh):
             fn = jax_view(functools.partial(self.jitted.functional_call, "forward"))
             return jax.jit(fn).lower(jax_view(self.jitted.params), jax_view(self.jitted.buffers),
                                      **jax_view(args))
@@ -187,7 +235,9 @@ class TpuTransformer:
                                encoder_attention_mask=encoder_attention_mask,
                                encoder_hidden_states_2=encoder_hidden_states_2,
                                encoder_attention_mask_2=encoder_attention_mask_2, image_embeds=image_embeds)
-        with self.env, torch.no_grad():
+        from .sharding import active_mesh
+
+        with self.env, torch.no_grad(), active_mesh(self.mesh):
             return _to_cpu(self.jitted(**args))
 
 

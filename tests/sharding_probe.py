@@ -1,0 +1,64 @@
+"""Run by tests/test_sharding.py in a fresh process with 8 emulated CPU devices (XLA_FLAGS set first).
+
+For each (rule set, mesh, attention backend) case: the sharded TpuTransformer's output vs diffusers'
+eager forward, the local shard shape of a few weights, and the placement report. Prints one JSON line.
+"""
+
+import copy
+import json
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+
+import torch  # noqa: E402
+from diffusers import HunyuanVideo15Transformer3DModel  # noqa: E402
+
+from hyv_lib.presets import get_preset  # noqa: E402
+from hyv_lib.sharding import make_mesh  # noqa: E402
+from hyv_lib.tpu import TpuTransformer  # noqa: E402
+
+WEIGHTS = ("transformer_blocks.0.attn.to_q.weight", "transformer_blocks.0.attn.to_out.0.weight",
+           "transformer_blocks.1.ff.net.2.weight", "transformer_blocks.1.ff_context.net.0.proj.weight")
+
+
+def main(cases):
+    tiny = get_preset("tiny")
+    torch.manual_seed(0)
+    # tiny with 8 heads of 16, so every mesh below can split the heads
+    oracle = HunyuanVideo15Transformer3DModel(**dict(tiny.transformer, num_attention_heads=8,
+                                                     attention_head_dim=16)).eval().requires_grad_(False)
+    g = torch.Generator().manual_seed(1)
+    c = tiny.latent_channels
+    kwargs = dict(
+        hidden_states=torch.randn(2, 2 * c + 1, 2, 4, 6, generator=g), timestep=torch.tensor([600.0, 600.0]),
+        encoder_hidden_states=torch.randn(2, tiny.text_len, tiny.text_dim, generator=g),
+        encoder_attention_mask=(torch.arange(tiny.text_len)[None] < torch.tensor([[14], [50]])).long(),
+        encoder_hidden_states_2=torch.randn(2, tiny.byt5_len, tiny.byt5_dim, generator=g),
+        encoder_attention_mask_2=(torch.arange(tiny.byt5_len)[None] < torch.tensor([[0], [7]])).long(),
+        image_embeds=torch.zeros(2, tiny.image_tokens, tiny.image_dim))
+    with torch.no_grad():
+        expected = oracle(**kwargs).sample
+    results = []
+    for rules, mesh_kwargs, attention in cases:
+        mesh = make_mesh(**mesh_kwargs)
+        tpu = TpuTransformer(copy.deepcopy(oracle), mesh=mesh, sharding=rules, attention=attention)
+        out = tpu(**kwargs)
+        params = {k.removeprefix("model."): v for k, v in {**tpu.jitted.params, **tpu.jitted.buffers}.items()}
+        from torchax.interop import jax_view
+
+        shards = {w: list(jax_view(params[w]).addressable_shards[0].data.shape) for w in WEIGHTS}
+        full = {w: list(params[w].shape) for w in WEIGHTS}
+        results.append({"rules": rules, "mesh": mesh_kwargs, "attention": attention,
+                        "max_err": (out - expected).abs().max().item(), "shards": shards, "full": full,
+                        "placement": tpu.placement, "compilations": tpu.compilations})
+    try:  # the real tiny preset has 2 heads: 8-way tensor parallelism cannot split them
+        TpuTransformer(HunyuanVideo15Transformer3DModel(**tiny.transformer), mesh=make_mesh(tensor=8))
+        head_error = None
+    except ValueError as err:
+        head_error = str(err)
+    print(json.dumps({"cases": results, "head_error": head_error}))
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
