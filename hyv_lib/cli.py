@@ -39,6 +39,10 @@ def _add_stage2(p: argparse.ArgumentParser, dirs: bool = True) -> None:
                    help="untimed transformer calls before the loop; never change the result (default 0)")
     g.add_argument("--runtime", default="torch",
                    help="torch (eager diffusers) | tpu (torchax/JAX jit on the present JAX backend)")
+    g.add_argument("--mesh", default=None,
+                   help="tpu runtime: device mesh, e.g. tensor=8 or data=2,tensor=4 (default: one device)")
+    g.add_argument("--sharding", default="tp_replicated_out",
+                   help="tpu runtime with --mesh: tp | tp_replicated_out | fsdp (default tp_replicated_out)")
 
 
 def _add_stage3(p: argparse.ArgumentParser, input_dir: bool = True) -> None:
@@ -78,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _stage2_kwargs(args: argparse.Namespace) -> dict:
     names = ("aspect_ratio", "height", "width", "video_length", "num_inference_steps", "guidance_scale",
-             "flow_shift", "seed", "warmup_steps", "runtime", "quiet")  # stage2() takes quiet too
+             "flow_shift", "seed", "warmup_steps", "runtime", "mesh", "sharding", "quiet")
     return {n: getattr(args, n) for n in names}
 
 

@@ -37,16 +37,44 @@ def torch_step(transformer) -> TransformerStep:
 RUNTIMES = ("torch", "tpu")
 
 
-def make_step(transformer, runtime: str = "torch") -> TransformerStep:
+def parse_mesh(text: str | None) -> dict[str, int] | None:
+    """'data=2,tensor=4' -> {'data': 2, 'tensor': 4}; None or '' -> None (one device)."""
+    if not text:
+        return None
+    from .sharding import AXES
+
+    axes = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        if name.strip() not in AXES or not value.strip().isdigit() or int(value) < 1:
+            raise HyvInputError("--mesh", f"must be comma-separated AXIS=SIZE with AXIS in {', '.join(AXES)} "
+                                          f"(e.g. tensor=8 or data=2,tensor=4), got {text!r}")
+        axes[name.strip()] = int(value)
+    return axes
+
+
+def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
+              sharding: str = "tp_replicated_out") -> TransformerStep:
     """The transformer step of a runtime: ``torch`` (eager diffusers) or ``tpu`` (torchax/JAX jit on
-    whatever JAX backend is present: the TPU on a TPU VM, the CPU here; compile cache enabled)."""
+    whatever JAX backend is present: the TPU on a TPU VM, the CPU here; compile cache enabled).
+
+    ``mesh`` ('tensor=8', 'data=2,tensor=4', ...) shards the tpu step with the rule set ``sharding``.
+    """
     if runtime == "torch":
         return torch_step(transformer)
     if runtime == "tpu":
+        from .sharding import make_mesh
         from .tpu import TpuTransformer, enable_compile_cache
 
+        axes = parse_mesh(mesh)
         enable_compile_cache(os.environ.get("HYV_COMPILE_CACHE_DIR"))
-        return TpuTransformer(transformer)
+        if axes is None:
+            return TpuTransformer(transformer)
+        try:
+            device_mesh = make_mesh(**axes)
+            return TpuTransformer(transformer, mesh=device_mesh, sharding=sharding)
+        except ValueError as err:  # device count, head or batch splits
+            raise HyvInputError("--mesh", str(err)) from None
     raise HyvInputError("--runtime", f"must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
 
 
@@ -55,6 +83,7 @@ def resolve_settings(
     preset: Preset, *, aspect_ratio: str = "16:9", height: int | None = None, width: int | None = None,
     video_length: int | None = None, num_inference_steps: int | None = None, guidance_scale: float | None = None,
     flow_shift: float | None = None, seed: int = 42, warmup_steps: int = 0, runtime: str = "torch",
+    mesh: str | None = None, sharding: str = "tp_replicated_out",
 ) -> dict[str, Any]:
     """Fill unset stage-2 settings from the preset, validate them, and resolve (height, width).
 
@@ -86,11 +115,24 @@ def resolve_settings(
         raise HyvInputError("--warmup_steps", f"must be >= 0, got {warmup_steps}")
     if runtime not in RUNTIMES:
         raise HyvInputError("--runtime", f"must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    axes = parse_mesh(mesh)
+    if axes and runtime != "tpu":
+        raise HyvInputError("--mesh", "needs --runtime tpu")
+    from .sharding import RULE_SETS, make_mesh
+
+    if axes:
+        try:
+            make_mesh(**axes)  # the device count must match before any stage writes a file
+        except ValueError as err:
+            raise HyvInputError("--mesh", str(err)) from None
+    if sharding not in RULE_SETS:
+        raise HyvInputError("--sharding", f"must be one of {', '.join(RULE_SETS)}, got {sharding!r}")
     bucket = bucket_size(preset, aspect_ratio)  # validates --aspect_ratio even when a size is given
     height, width = bucket if height is None else (height, width)
     return dict(aspect_ratio=aspect_ratio, height=height, width=width, video_length=video_length,
                 num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
-                seed=seed, warmup_steps=warmup_steps, runtime=runtime)
+                seed=seed, warmup_steps=warmup_steps, runtime=runtime, mesh=mesh,
+                sharding=sharding if mesh else None)
 
 
 def _preset_from_config(config: dict[str, Any], input_dir: str) -> Preset:
@@ -197,12 +239,12 @@ def stage2(
     height: int | None = None, width: int | None = None, video_length: int | None = None,
     num_inference_steps: int | None = None, guidance_scale: float | None = None, flow_shift: float | None = None,
     seed: int = 42, warmup_steps: int = 0, quiet: bool = False, runtime: str = "torch",
-    step: TransformerStep | None = None,
+    mesh: str | None = None, sharding: str = "tp_replicated_out", step: TransformerStep | None = None,
 ) -> torch.Tensor:
     """Denoise from the stage-1 embeddings; write stage2_latents.safetensors and extend the config.
 
-    Unset settings take the preset's defaults. ``runtime`` picks the transformer step (see
-    :func:`make_step`); ``step`` overrides it with any callable of the same interface.
+    Unset settings take the preset's defaults. ``runtime``, ``mesh`` and ``sharding`` pick the
+    transformer step (see :func:`make_step`); ``step`` overrides it with any callable of that interface.
     """
     start = time.perf_counter()
     config = read_config(input_dir) if os.path.isdir(input_dir) else {}
@@ -211,7 +253,7 @@ def stage2(
     settings = resolve_settings(
         spec, aspect_ratio=aspect_ratio, height=height, width=width, video_length=video_length,
         num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift, seed=seed,
-        warmup_steps=warmup_steps, runtime=runtime,
+        warmup_steps=warmup_steps, runtime=runtime, mesh=mesh, sharding=sharding,
     )
     output_dir = ensure_output_dir(output_dir or input_dir)
     dtype = config.get("dtype", spec.default_dtype)
@@ -229,7 +271,7 @@ def stage2(
                                                             shift=settings["flow_shift"])
     shape = spec.latent_shape(settings["height"], settings["width"], settings["video_length"])
     latents = denoise(
-        step or make_step(transformer, runtime), initial_latents(shape, settings["seed"]),
+        step or make_step(transformer, runtime, mesh, sharding), initial_latents(shape, settings["seed"]),
         prepare_conditioning(embeds, spec, model_dtype), scheduler,
         num_inference_steps=settings["num_inference_steps"], guidance_scale=settings["guidance_scale"],
         model_dtype=model_dtype, warmup_steps=settings["warmup_steps"], progress=not quiet,

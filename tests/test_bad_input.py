@@ -42,6 +42,11 @@ def run_dir(tiny_run, tmp_path):
     (["--fps", "0"], "--fps"),
     (["--preset", "huge"], "--preset"),
     (["--dtype", "fp8"], "--dtype"),
+    (["--runtime", "gpu"], "--runtime"),
+    (["--mesh", "tensor=1"], "--mesh"),  # a mesh needs the tpu runtime
+    (["--runtime", "tpu", "--mesh", "tensr=8"], "--mesh"),
+    (["--runtime", "tpu", "--mesh", "tensor=8"], "--mesh"),  # one CPU device here
+    (["--runtime", "tpu", "--sharding", "zero3"], "--sharding"),
 ])
 def test_generate_rejects_bad_settings_before_writing_anything(capsys, tmp_path, flags, argument):
     out = tmp_path / "out"

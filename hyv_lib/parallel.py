@@ -1,0 +1,335 @@
+"""Ulysses sequence parallelism for the HunyuanVideo-1.5 DiT on torch.distributed (nccl on GPUs, gloo on CPU)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any, Callable, NamedTuple
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .attention import attention, use_attention
+from .layout import valid_first_order
+
+
+# --------------------------------------------------------------------------------------------- layout
+def check_heads(heads: int, world_size: int) -> None:
+    """Ulysses gives each rank ``heads / world_size`` whole heads: raise ValueError unless that divides."""
+    if world_size < 1 or heads % world_size:
+        valid = ", ".join(str(n) for n in range(1, heads + 1) if heads % n == 0)
+        raise ValueError(f"{heads} heads cannot be split over {world_size} ranks: Ulysses sequence parallelism "
+                         f"needs a world size that divides the head count ({valid})")
+
+
+def shard_length(tokens: int, world_size: int) -> int:
+    """Video tokens per rank: ``ceil(tokens / world_size)``; the last shard(s) are padded up to it."""
+    return -(-tokens // world_size)
+
+
+class VideoShard(NamedTuple):
+    """What each dual-stream block receives as ``freqs_cis`` under Ulysses.
+
+    ``cos``/``sin`` are this rank's rows of the RoPE tables (zeros on padding rows); ``tokens`` is the
+    real video length of the full sequence, so the attention processor knows which of the
+    ``world_size * shard`` gathered video rows are padding.
+    """
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    tokens: int
+
+
+# ---------------------------------------------------------------------------------------- collectives
+def _sequence_to_heads(x: torch.Tensor, group, world: int) -> torch.Tensor:
+    """[N, B, shard, H, D] (this rank's tokens, all heads) -> [N, B, world * shard, H / world, D] (all
+    tokens, this rank's heads). Chunk j of the send buffer holds heads of rank j; chunk j of the receive
+    buffer holds rank j's tokens, so concatenating the received chunks restores the sequence order."""
+    n, b, s, h, d = x.shape
+    send = x.reshape(n, b, s, world, h // world, d).permute(3, 0, 1, 2, 4, 5).contiguous()
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    return recv.permute(1, 2, 0, 3, 4, 5).reshape(n, b, world * s, h // world, d)
+
+
+def _heads_to_sequence(x: torch.Tensor, group, world: int) -> torch.Tensor:
+    """Inverse of :func:`_sequence_to_heads` for one tensor: [B, world * shard, h, D] -> [B, shard, world * h, D]."""
+    b, s_full, h, d = x.shape
+    send = x.reshape(b, world, s_full // world, h, d).transpose(0, 1).contiguous()
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    return recv.permute(1, 2, 0, 3, 4).reshape(b, s_full // world, world * h, d)
+
+
+def _all_gather(x: torch.Tensor, dim: int, group, world: int) -> torch.Tensor:
+    """Concatenate every rank's ``x`` (same shape on all ranks) along ``dim``, in rank order."""
+    parts = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts, dim=dim)
+
+
+# ------------------------------------------------------------------------------------------ processor
+class UlyssesJointAttnProcessor:
+    """Joint attention of a dual-stream block with the video sequence sharded over ``group``.
+
+    Receives this rank's video shard [B, shard, C], the full (replicated) context [B, L, C], the
+    valid-first context mask [B, L] and a :class:`VideoShard`. Projections, QK-norm and RoPE run on the
+    local tokens; one all_to_all turns the video q/k/v from sequence shards into head shards; the
+    context q/k/v are narrowed to the local heads; attention runs over
+    ``[real video ; context ; video padding]`` with :func:`hyv_lib.attention.attention` (so the valid
+    keys stay a prefix); the video output goes back to sequence shards with a second all_to_all and
+    the context output is all_gathered over heads, leaving the same full context on every rank.
+    """
+
+    def __init__(self, group=None, backend: str = "auto"):
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.backend = backend
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                 image_rotary_emb=None):
+        from diffusers.models.embeddings import apply_rotary_emb
+
+        world, heads = self.world, attn.heads
+        check_heads(heads, world)
+        local = heads // world
+        first = self.rank * local
+
+        def split(x):
+            return x.unflatten(2, (heads, -1))
+
+        query = attn.norm_q(split(attn.to_q(hidden_states)))
+        key = attn.norm_k(split(attn.to_k(hidden_states)))
+        value = split(attn.to_v(hidden_states))
+        shard = hidden_states.shape[1]
+        tokens = world * shard  # a plain (cos, sin) pair means no padding
+        if image_rotary_emb is not None:
+            rope = (image_rotary_emb[0], image_rotary_emb[1])
+            query = apply_rotary_emb(query, rope, sequence_dim=1)
+            key = apply_rotary_emb(key, rope, sequence_dim=1)
+            tokens = getattr(image_rotary_emb, "tokens", tokens)
+        # [3, B, shard, H, D] -> [3, B, world * shard, H / world, D]: one collective for q, k and v.
+        video_q, video_k, video_v = _sequence_to_heads(torch.stack([query, key, value]), self.group, world)
+
+        batch = hidden_states.shape[0]
+        context_len = 0 if encoder_hidden_states is None else encoder_hidden_states.shape[1]
+        if encoder_hidden_states is not None:
+            enc_q = split(attn.add_q_proj(encoder_hidden_states))
+            enc_k = split(attn.add_k_proj(encoder_hidden_states))
+            enc_v = split(attn.add_v_proj(encoder_hidden_states))
+            if attn.norm_added_q is not None:
+                enc_q = attn.norm_added_q(enc_q)
+            if attn.norm_added_k is not None:
+                enc_k = attn.norm_added_k(enc_k)
+            enc_q, enc_k, enc_v = (x.narrow(2, first, local) for x in (enc_q, enc_k, enc_v))
+        else:
+            enc_q = enc_k = enc_v = video_q.new_zeros(batch, 0, local, video_q.shape[-1])
+
+        def joint(video, context):  # [real video ; context ; padding], [B, S, h, D] -> [B, h, S, D]
+            return torch.cat([video[:, :tokens], context, video[:, tokens:]], dim=1).transpose(1, 2)
+
+        device = hidden_states.device
+        context_mask = (torch.ones(batch, context_len, dtype=torch.bool, device=device) if attention_mask is None
+                        else attention_mask.to(device=device, dtype=torch.bool))
+        padding = world * shard - tokens
+        kv_mask = torch.cat([torch.ones(batch, tokens, dtype=torch.bool, device=device), context_mask,
+                             torch.zeros(batch, padding, dtype=torch.bool, device=device)], dim=1)
+        out = attention(joint(video_q, enc_q), joint(video_k, enc_k), joint(video_v, enc_v), kv_mask,
+                        backend=self.backend).transpose(1, 2).to(query.dtype)  # [B, S, h, D]
+
+        # Padding rows are invalid queries, so their outputs are exactly zero: they go back as they are.
+        video = torch.cat([out[:, :tokens], out[:, tokens + context_len:]], dim=1)
+        video = _heads_to_sequence(video, self.group, world).flatten(2, 3)
+        video = attn.to_out[1](attn.to_out[0](video))
+        if encoder_hidden_states is None:
+            return video, None
+        context = _all_gather(out[:, tokens:tokens + context_len], 2, self.group, world).flatten(2, 3)
+        if getattr(attn, "to_add_out", None) is not None:
+            context = attn.to_add_out(context)
+        return video, context
+
+
+# ------------------------------------------------------------------------------------------- wrapper
+class UlyssesTransformer:
+    """A HunyuanVideo15Transformer3DModel run with Ulysses sequence parallelism over ``group``.
+
+    Call it on every rank of ``group`` (default: the whole world) with identical full inputs and the
+    keyword arguments of the model's forward; every rank gets the full noise prediction back, on the
+    device of ``hidden_states``. The video tokens are split along the sequence (``ceil(S / world)``
+    per rank, the last shard padded); the context tokens are replicated. The head count must be
+    divisible by the world size.
+
+    The model is modified in place: the dual-stream blocks get :class:`UlyssesJointAttnProcessor`,
+    the token refiner hyv_lib's ``SelfAttnProcessor`` (it sees only the text and stays unsharded).
+    ``attention_backend`` is a backend of :func:`hyv_lib.attention.attention` for torch tensors.
+    """
+
+    def __init__(self, model, group=None, attention_backend: str = "auto"):
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("UlyssesTransformer needs torch.distributed initialised: call "
+                               "hyv_lib.parallel.init_distributed() (under torchrun) or "
+                               "torch.distributed.init_process_group first")
+        config = model.config
+        if config.patch_size != 1 or config.patch_size_t != 1:
+            raise ValueError("UlyssesTransformer supports patch size 1x1x1 (every HunyuanVideo-1.5 checkpoint)")
+        if config.use_meanflow:
+            raise NotImplementedError("meanflow (step-distilled) checkpoints need timestep_r; not supported yet")
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        check_heads(config.num_attention_heads, self.world)
+        self.model = model
+        parameter = next(model.parameters())
+        self.device, self.dtype = parameter.device, parameter.dtype
+        use_attention(model, attention_backend)  # refiner: SelfAttnProcessor (also checks the backend)
+        self.processor = UlyssesJointAttnProcessor(group, attention_backend)
+        for block in model.transformer_blocks:
+            block.attn.set_processor(self.processor)
+        self._rope_cache: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _rope(self, frames: int, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's rows of the RoPE tables (padding rows zero), computed once per latent shape."""
+        key = (frames, height, width)
+        if key not in self._rope_cache:
+            tokens = frames * height * width
+            shard = shard_length(tokens, self.world)
+            cos, sin = self.model.rope(torch.zeros(()).expand(1, 1, frames, height, width))  # reads the shape
+            local = [F.pad(t, (0, 0, 0, shard * self.world - tokens))[self.rank * shard:(self.rank + 1) * shard]
+                     for t in (cos, sin)]
+            self._rope_cache[key] = tuple(t.to(self.device).contiguous() for t in local)
+        return self._rope_cache[key]
+
+    def _context(self, timestep, text, text_mask, byt5, byt5_mask, image):
+        """The joint context [B, L, C] (valid tokens first) and its mask, as diffusers builds them,
+        with the reorder as a gather and t2v vs i2v decided once from the concrete image embeddings."""
+        m, batch = self.model, text.shape[0]
+        if byt5 is None:  # no glyph branch: one zero token with an all-padding mask
+            byt5 = text.new_zeros(batch, 1, m.config.text_embed_2_dim)
+            byt5_mask = torch.zeros(batch, 1, dtype=torch.long, device=text.device)
+        if image is None:
+            image = text.new_zeros(batch, 1, m.config.image_embed_dim)
+        is_t2v = bool(torch.all(image == 0))
+        image_mask = torch.full(image.shape[:2], not is_t2v, dtype=torch.bool, device=text.device)
+        order, context_mask = valid_first_order(image_mask, byt5_mask, text_mask)
+        cond = m.cond_type_embed.weight  # rows: 0 text, 1 ByT5, 2 image
+        text = m.context_embedder(text, timestep, text_mask) + cond[0]
+        byt5 = m.context_embedder_2(byt5) + cond[1]
+        image = m.image_embedder(image) * (0.0 if is_t2v else 1.0) + cond[2]
+        # diffusers zeroes padded ByT5 and text tokens (image tokens keep their values), then reorders.
+        keep = torch.cat([torch.ones_like(image[..., 0]), byt5_mask.to(image.dtype), text_mask.to(image.dtype)], 1)
+        context = torch.cat([image, byt5, text], dim=1) * keep[..., None]
+        context = torch.gather(context, 1, order[..., None].expand(-1, -1, context.shape[-1]))
+        return context, context_mask
+
+    @torch.no_grad()
+    def __call__(self, hidden_states, timestep, encoder_hidden_states, encoder_attention_mask,
+                 encoder_hidden_states_2=None, encoder_attention_mask_2=None, image_embeds=None,
+                 timestep_r=None, attention_kwargs=None, return_dict: bool = False) -> torch.Tensor:
+        if timestep_r is not None:
+            raise NotImplementedError("timestep_r (meanflow) is not supported")
+        m, world, rank = self.model, self.world, self.rank
+        out_device = hidden_states.device
+
+        def put(t, dtype=None):
+            return None if t is None else t.to(device=self.device, dtype=dtype)
+
+        latents = put(hidden_states, self.dtype)
+        batch, channels, frames, height, width = latents.shape
+        tokens = frames * height * width
+        shard = shard_length(tokens, world)
+        timestep = put(torch.as_tensor(timestep).reshape(-1).expand(batch), self.dtype)
+        temb = m.time_embed(timestep)
+        context, context_mask = self._context(
+            timestep, put(encoder_hidden_states, self.dtype), put(encoder_attention_mask),
+            put(encoder_hidden_states_2, self.dtype), put(encoder_attention_mask_2), put(image_embeds, self.dtype))
+
+        # Patch 1x1x1: x_embedder is a per-token linear map, so embed only this rank's (row-major)
+        # tokens, laid out as a [B, C, shard, 1, 1] volume; padding tokens are zeros.
+        flat = F.pad(latents.flatten(2), (0, shard * world - tokens))[..., rank * shard:(rank + 1) * shard]
+        video = m.x_embedder(flat[..., None, None])  # [B, shard, C]
+        cos, sin = self._rope(frames, height, width)
+        rope = VideoShard(cos, sin, tokens)
+        for block in m.transformer_blocks:
+            video, context = block(video, context, temb, context_mask, rope)
+        video = m.proj_out(m.norm_out(video, temb))  # per token, so still sharded: [B, shard, C_out]
+        video = _all_gather(video, 1, self.group, world)[:, :tokens]
+        out = video.reshape(batch, frames, height, width, -1).permute(0, 4, 1, 2, 3)
+        return out.to(out_device)
+
+
+# --------------------------------------------------------------------------------------------- launch
+def init_distributed(backend: str | None = None) -> tuple[int, int]:
+    """Initialise the default process group from the environment torchrun sets (RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT, LOCAL_RANK). ``backend`` defaults to nccl when CUDA is available (and
+    selects GPU LOCAL_RANK), else gloo. Already initialised: nothing changes. Returns (rank, world_size)."""
+    if not dist.is_initialized():
+        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for MASTER_PORT)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_entry(rank, world_size, port, backend, fn, args, results, received):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world_size))
+    if backend == "gloo":  # share the cores instead of oversubscribing them
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    else:
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
+    try:
+        result = fn(*args)
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        results.put(result)
+        received.wait()  # tensors travel as shared memory: stay alive until the parent has them
+
+
+def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
+                    timeout: float = 600.0) -> Any:
+    """Run ``fn(*args)`` on ``world_size`` new processes joined in a process group; return rank 0's result.
+
+    Processes are spawned with torch.multiprocessing (so ``fn`` must be importable: a module-level
+    function), rendezvous on 127.0.0.1 at a free port, and use ``backend`` (gloo: CPU processes;
+    nccl: rank i on GPU i). ``fn`` finds its rank with ``torch.distributed.get_rank()``. An exception
+    on any rank is re-raised here with that rank's traceback; past ``timeout`` seconds all processes
+    are terminated and TimeoutError is raised.
+    """
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results, received = ctx.SimpleQueue(), ctx.Event()
+    procs = mp.start_processes(_rank_entry, args=(world_size, free_port(), backend, fn, args, results, received),
+                               nprocs=world_size, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout
+    result, have_result = None, False
+    try:
+        while not procs.join(timeout=0.05):  # raises ProcessRaisedException if a rank failed
+            if not have_result and not results.empty():
+                result, have_result = results.get(), True
+                received.set()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"run_distributed: {world_size} processes did not finish in {timeout} s")
+    finally:
+        received.set()
+        for process in procs.processes:
+            if process.is_alive():
+                process.terminate()
+                process.join(5)
+    if not have_result and not results.empty():
+        result, have_result = results.get(), True
+    if not have_result:
+        raise RuntimeError("run_distributed: rank 0 finished without a result")
+    return result

@@ -1,0 +1,546 @@
+"""Analytic performance and memory planner: FLOPs, bytes, per-chip bounds and MFU for a preset, size and mesh."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from .errors import HyvInputError
+from .layout import context_tokens
+from .presets import Preset, get_preset
+
+# ------------------------------------------------------------------------------------------------ hardware
+NO_INTERCONNECT_SOURCE = (
+    "interconnect bandwidth: no sourced per-chip ICI/NVLink figure in the project's reference notes "
+    "(/work/shared/reference), so it is None and the interconnect bound is not computed"
+)
+
+
+@dataclass(frozen=True)
+class Chip:
+    """Peak numbers of one accelerator chip, as published (see ``source``). Units: FLOP/s, bytes, bytes/s.
+
+    ``interconnect_bandwidth`` is ICI (TPU) or NVLink (GPU) bytes/s per chip, None where no sourced
+    figure was available. ``devices_per_chip`` is how many JAX devices the chip shows (2 on TPU7x).
+    """
+
+    name: str
+    peak_bf16_flops: float
+    hbm_bytes: float
+    hbm_bandwidth: float
+    interconnect_bandwidth: float | None
+    devices_per_chip: int
+    source: str
+
+
+GIB = 2**30
+
+CHIPS: dict[str, Chip] = {
+    "v5e": Chip("TPU v5e", 197e12, 16e9, 819e9, None, 1,
+                "Google Cloud TPU docs, docs.cloud.google.com/tpu/docs/v5e: 197 TFLOP/s bf16, 16 GB HBM, 819 GB/s."),
+    "v5p": Chip("TPU v5p", 459e12, 95 * GIB, 2765e9, None, 1,
+                "Google Cloud TPU docs, docs.cloud.google.com/tpu/docs/v5p: 459 TFLOP/s bf16, 95 GiB usable HBM "
+                "(96 physical), 2,765 GB/s."),
+    "v6e": Chip("TPU v6e (Trillium)", 918e12, 32e9, 1638e9, None, 1,
+                "Google Cloud TPU docs, docs.cloud.google.com/tpu/docs/v6e: 918 TFLOP/s bf16, 32 GB HBM, 1,638 GB/s."),
+    "v7x": Chip("TPU7x (Ironwood)", 2307e12, 192 * GIB, 7.37e12, None, 2,
+                "Google Cloud TPU docs, docs.cloud.google.com/tpu/docs/tpu7x: 2,307 TFLOP/s bf16, 192 GiB HBM; "
+                "bandwidth ~7.37 TB/s from Hot Chips reporting (7.3 TB/s) and gpu-tpu-pedia (7,380 GB/s) "
+                "[secondary]. Caveat: JAX shows each of the 2 chiplets as its own device, so a 'v7x-8' slice in "
+                "maxdiffusion/gpu-tpu-pedia is 4 chips = 8 devices; this planner counts physical chips."),
+    "H100": Chip("NVIDIA H100 SXM", 989.4e12, 80e9, 3.35e12, None, 1,
+                 "NVIDIA H100 datasheet figures as quoted by glennklockwood.com/garden/processors/h100 "
+                 "[secondary]: 989.4 TFLOP/s dense bf16 (1,978.9 with 2:4 sparsity), 80 GB HBM3, 3.35 TB/s."),
+    "H200": Chip("NVIDIA H200 SXM", 989e12, 141e9, 4.8e12, None, 1,
+                 "third-party spec pages (itkb.uw.cz, saulelectric) [secondary]: ~989 TFLOP/s dense bf16 (same "
+                 "GH100 die as H100), 141 GB HBM3e, 4.8 TB/s."),
+}
+
+#: Published HunyuanVideo-1.5 step times (720p, 121 frames, 50 steps, CFG 6, one CFG step = batch 2).
+#: All from the gpu-tpu-pedia project (single author, unverified; its hardware labels are partly inconsistent).
+CITED_STEP_TIMES: list[dict[str, Any]] = [
+    dict(preset="720p_t2v", chip="v6e", n_chips=8, seconds=8.12, label="plain Megatron TP, stock Splash",
+         source="gpu-tpu-pedia tpu/HunyuanVideo-1.5/README.md (v6e-8) [U]"),
+    dict(preset="720p_t2v", chip="v6e", n_chips=8, seconds=7.29, label="TP with fc2/proj replicated, stock Splash",
+         source="gpu-tpu-pedia tpu/HunyuanVideo-1.5/README.md (v6e-8) [U]"),
+    dict(preset="720p_t2v", chip="v6e", n_chips=8, seconds=5.81, label="custom exp2 Splash kernel",
+         source="gpu-tpu-pedia tpu/HunyuanVideo-1.5/README.md (v6e-8) [U]"),
+    dict(preset="720p_t2v", chip="H100", n_chips=8, seconds=5.10, label="FlashAttention-2 (the project's DESIGN "
+         "notes quote 5.2)", source="gpu-tpu-pedia tpu/HunyuanVideo-1.5/README.md (8xH100) [U]"),
+]
+
+
+def get_chip(chip: str | Chip) -> Chip:
+    """A chip by key (``v5e``, ``v5p``, ``v6e``, ``v7x``, ``H100``, ``H200``) or a Chip passed through."""
+    if isinstance(chip, Chip):
+        return chip
+    try:
+        return CHIPS[chip]
+    except KeyError:
+        raise HyvInputError("chip", f"unknown chip {chip!r}; valid: {', '.join(CHIPS)}") from None
+
+
+def _preset(preset: Preset | str) -> Preset:
+    return get_preset(preset) if isinstance(preset, str) else preset
+
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+
+def dtype_bytes(dtype: str) -> int:
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise HyvInputError("dtype", f"must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}") from None
+
+
+# --------------------------------------------------------------------------------------------------- FLOPs
+#: Constants of diffusers' HunyuanVideo-1.5 classes that are not config fields.
+TIME_PROJ_DIM = 256  # Timesteps(num_channels=256) in the time embedding and the refiner's time_text_embed
+BYT5_HIDDEN = 2048  # HunyuanVideo15ByT5TextProjection(text_embed_2_dim, 2048, inner_dim): fixed width
+REFINER_MLP_RATIO = 4.0  # HunyuanVideo15TokenRefiner is built with its default mlp_ratio, not the model's
+
+
+def _dims(preset: Preset) -> dict[str, int]:
+    c = preset.transformer
+    heads, head_dim = c["num_attention_heads"], c["attention_head_dim"]
+    hidden = heads * head_dim
+    return dict(heads=heads, head_dim=head_dim, hidden=hidden, mlp=int(hidden * c["mlp_ratio"]),
+                refiner_mlp=int(hidden * REFINER_MLP_RATIO), layers=c["num_layers"],
+                refiner_layers=c["num_refiner_layers"], patch=c["patch_size"], patch_t=c["patch_size_t"],
+                in_channels=c["in_channels"], out_channels=c["out_channels"], text_dim=c["text_embed_dim"],
+                byt5_dim=c["text_embed_2_dim"], image_dim=c["image_embed_dim"])
+
+
+def token_counts(preset: Preset | str, height: int, width: int, video_length: int) -> dict[str, int]:
+    """Tokens of one sample: video (after patching), context (image + ByT5 + text), joint = video + context."""
+    preset = _preset(preset)
+    d = _dims(preset)
+    _, _, t, h, w = preset.latent_shape(height, width, video_length)
+    video = (t // d["patch_t"]) * (h // d["patch"]) * (w // d["patch"])
+    context = context_tokens(preset)
+    return dict(video=video, context=context, joint=video + context, text=preset.text_len,
+                byt5=preset.byt5_len, image=preset.image_tokens)
+
+
+def _pad(n: int, block: int | None) -> int:
+    return n if not block else -(-n // block) * block
+
+
+def step_flops(preset: Preset | str, height: int, width: int, video_length: int, batch: int = 2, *,
+               valid_context: int | None = None, kv_block: int | None = None) -> dict[str, Any]:
+    """Analytic FLOPs of ONE transformer forward over a batch (CFG: batch 2 = one denoising step).
+
+    Counts matmuls only, 2 FLOPs per multiply-add; elementwise work (norms, activations, softmax, RoPE,
+    bias adds) is left out: it is ~1% at the real sizes. Shapes come from ``preset.transformer``:
+    hidden h = heads x head_dim, MLP width f = h x mlp_ratio, tokens from the latent shape.
+
+    - ``attention``: QK^T and PV, 4 B H S S_k D per joint block (S = video + all 1985 context tokens),
+      plus the token refiner's self-attention over the text tokens. By default every context token is
+      counted, valid or padding: Splash with segment ids, hyv_lib's XLA kernel and a dense mask all
+      compute the padded positions. ``valid_context=n`` counts only n context tokens (what varlen
+      flash-attn skips to). ``kv_block`` rounds the key length up to a multiple of it, as a blockwise
+      kernel pads (hyv_lib's XLA kernel: 512).
+    - ``linear``: 2 x tokens x weights per stream in the joint blocks (video tokens through the img
+      weights to_q/k/v, to_out.0, ff; context tokens through add_*_proj, to_add_out, ff_context),
+      the AdaLN modulation linears on the B timestep embeddings, the token refiner, the embedders
+      (patch embed, time, ByT5, image) and the output head. The last block's context projections
+      after attention are dead code (only video tokens reach the head): they are left out of the
+      total, as XLA drops them, and reported as ``eager_extra`` (what eager torch spends on top).
+
+    Returns ``attention``, ``linear``, ``total``, ``attention_share``, ``parts`` (summing to total),
+    ``eager_extra`` and ``tokens``.
+    """
+    preset = _preset(preset)
+    d = _dims(preset)
+    tok = token_counts(preset, height, width, video_length)
+    b, h, f, heads, hd = batch, d["hidden"], d["mlp"], d["heads"], d["head_dim"]
+    nv, nc = tok["video"], tok["context"]
+    if valid_context is not None and not 0 <= valid_context <= nc:
+        raise HyvInputError("valid_context", f"must be between 0 and {nc}, got {valid_context}")
+    s_attn = nv + (nc if valid_context is None else valid_context)
+    per_token_block = 4 * h * h + 2 * h * f  # q, k, v, out + MLP in/out, per stream
+    lt = preset.text_len
+    per_token_refiner = 4 * h * h + 2 * h * d["refiner_mlp"]
+    # The last block's context stream after attention (to_add_out, ff_context) feeds nothing: a compiler
+    # drops it (XLA does), eager torch computes it. Reported as ``eager_extra``, not in the total.
+    dead = 2 * b * nc * (h * h + 2 * h * f) if d["layers"] else 0
+    parts = {
+        "blocks_attention": d["layers"] * 4 * b * heads * s_attn * _pad(s_attn, kv_block) * hd,
+        "blocks_linear": d["layers"] * 2 * b * (nv + nc) * per_token_block - dead,
+        "blocks_modulation": d["layers"] * 2 * (2 * b * h * 6 * h),  # norm1 + norm1_context: h -> 6h on temb
+        "refiner_attention": d["refiner_layers"] * 4 * b * heads * lt * _pad(lt, kv_block) * hd,
+        "refiner_linear": (2 * b * lt * d["text_dim"] * h  # proj_in
+                           + d["refiner_layers"] * (2 * b * lt * per_token_refiner + 2 * b * h * 2 * h)  # + AdaNorm
+                           + 2 * b * (TIME_PROJ_DIM * h + h * h) + 2 * b * (d["text_dim"] * h + h * h)),
+        "embedders": (2 * b * nv * d["in_channels"] * d["patch_t"] * d["patch"] ** 2 * h  # x_embedder (conv)
+                      + 2 * b * (TIME_PROJ_DIM * h + h * h)  # time_embed
+                      + 2 * b * preset.byt5_len * (d["byt5_dim"] * BYT5_HIDDEN + BYT5_HIDDEN ** 2 + BYT5_HIDDEN * h)
+                      + 2 * b * preset.image_tokens * (d["image_dim"] ** 2 + d["image_dim"] * h)),
+        "output": 2 * b * h * 2 * h + 2 * b * nv * h * d["out_channels"] * d["patch_t"] * d["patch"] ** 2,
+    }
+    attention = parts["blocks_attention"] + parts["refiner_attention"]
+    total = sum(parts.values())
+    return dict(attention=attention, linear=total - attention, total=total, attention_share=attention / total,
+                parts=parts, eager_extra=dead, tokens=dict(tok, batch=batch, attended=s_attn))
+
+
+def xla_flops(compiled) -> dict[str, Any]:
+    """XLA's own counts for a compiled JAX program (``jax.jit(f).lower(...).compile()``).
+
+    ``cost_analysis`` is XLA's HloCostAnalysis: dots as 2 MNK, every elementwise op and reduction as
+    1 FLOP per element, exp/tanh/rsqrt under ``transcendentals``; it counts a while loop's body ONCE,
+    whatever its trip count (jax 0.10.2), so a ``lax.scan`` over key blocks is undercounted.
+    ``matmul`` re-counts only dots and convolutions from the optimised HLO text (2 x output elements x
+    contracted size) with while bodies multiplied by their known trip count: the number to compare
+    with :func:`step_flops`. ``unknown_trip_counts`` counts loops whose body was counted once.
+    """
+    text = compiled.as_text()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    computations: dict[str, list[str]] = {}
+    entry, current = None, None
+    for line in text.splitlines():
+        head = re.match(r"^(ENTRY )?%([\w.\-]+) .*\{$", line)
+        if head:
+            current = head.group(2)
+            computations[current] = []
+            entry = current if head.group(1) else entry
+        elif line.startswith("}"):
+            current = None
+        elif current is not None:
+            computations[current].append(line)
+    operand = r"(?:\w+\[[\d,]*\]\S* )?%([\w.\-]+)"
+    unknown = 0
+
+    @functools.lru_cache(maxsize=None)
+    def count(name: str) -> int:
+        nonlocal unknown
+        shapes, own, calls = {}, 0, []
+        for line in computations.get(name, ()):
+            m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = \w+\[([\d,]*)\]", line)
+            if m:
+                shapes[m.group(1)] = [int(v) for v in m.group(2).split(",") if v]
+            out = [int(v) for v in m.group(2).split(",") if v] if m else None
+            dot = re.search(rf" dot\({operand}, {operand}\).*lhs_contracting_dims=\{{([\d,]*)\}}", line)
+            if dot and out is not None:
+                lhs = shapes[dot.group(1)]
+                own += 2 * math.prod(out) * math.prod(lhs[int(i)] for i in dot.group(3).split(",") if i)
+            conv = re.search(rf" convolution\({operand}, {operand}\).*dim_labels=\w+_(\w+)->", line)
+            if conv and out is not None:
+                rhs = shapes[conv.group(2)]
+                groups = re.search(r"feature_group_count=(\d+)", line)
+                own += 2 * math.prod(out) * math.prod(rhs) // rhs[conv.group(3).index("o")] // (
+                    int(groups.group(1)) if groups else 1)
+            trips = 1
+            if re.search(r" while\(", line):
+                known = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', line)
+                trips = int(known.group(1)) if known else 1
+                unknown += 0 if known else 1
+            for kind, callee in re.findall(r"(calls|to_apply|body|condition)=%([\w.\-]+)", line):
+                calls.append((callee, trips if kind == "body" else 1))
+            for group in re.findall(r"branch_computations=\{([^}]*)\}", line):
+                calls.extend((c.strip().lstrip("%"), 1) for c in group.split(","))
+        return own + sum(t * count(c) for c, t in calls)
+
+    if entry is None:
+        raise ValueError("no ENTRY computation in the compiled HLO text")
+    matmul = count(entry)
+    return dict(cost_analysis=float(cost["flops"]), transcendentals=float(cost.get("transcendentals", 0.0)),
+                bytes_accessed=float(cost.get("bytes accessed", 0.0)), matmul=matmul, unknown_trip_counts=unknown)
+
+
+def mfu(flops: float, seconds: float, chip: str | Chip, n_chips: int) -> float:
+    """Model FLOP utilisation: ``flops / (seconds x n_chips x peak bf16 FLOP/s)``."""
+    if seconds <= 0 or n_chips <= 0:
+        raise HyvInputError("seconds/n_chips", f"must be positive, got {seconds}, {n_chips}")
+    return flops / (seconds * n_chips * get_chip(chip).peak_bf16_flops)
+
+
+# ----------------------------------------------------------------------------------- parameters and rules
+_COLUMN = r".*\.(attn\.(to_q|to_k|to_v|add_q_proj|add_k_proj|add_v_proj)|ff(_context)?\.net\.0\.proj)\.(weight|bias)"
+_ROW = r".*\.(attn\.(to_out\.0|to_add_out)|ff(_context)?\.net\.2)\.weight"
+
+#: Named rule sets: ordered (regex fullmatched on diffusers parameter names, kind); first match wins,
+#: unmatched parameters are replicated. Kinds: ``column`` (shard dim 0, the output features, over tp),
+#: ``row`` (shard dim 1, the input features, over tp; its bias stays replicated), ``replicate``,
+#: ``fsdp`` (shard the largest dim of every >= 2-D tensor over all devices; 1-D ones replicated).
+#: The Megatron patterns cover the joint blocks and the token refiner's blocks (same module names).
+RULE_SETS: dict[str, list[tuple[str, str]]] = {
+    "replicated": [],
+    "tp": [(_COLUMN, "column"), (_ROW, "row")],
+    "tp_replicated_out": [(_COLUMN, "column"), (_ROW, "replicate")],
+    "fsdp": [(r".*", "fsdp")],
+}
+RULE_KINDS = ("column", "row", "replicate", "fsdp")
+
+
+@functools.lru_cache(maxsize=8)
+def _meta_params(config_json: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    import torch
+    from diffusers import HunyuanVideo15Transformer3DModel
+
+    with torch.device("meta"):
+        model = HunyuanVideo15Transformer3DModel(**json.loads(config_json))
+    return tuple((name, tuple(p.shape)) for name, p in model.named_parameters())
+
+
+def parameter_shapes(preset: Preset | str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(name, shape) of every parameter of the preset's transformer, from a meta-device instance (no memory)."""
+    return _meta_params(json.dumps(_preset(preset).transformer, sort_keys=True))
+
+
+def _mesh(mesh_shape: int | Mapping[str, int] | None) -> dict[str, int]:
+    if mesh_shape is None:
+        return {"tp": 1}
+    if isinstance(mesh_shape, int):
+        mesh = {"tp": mesh_shape}
+    else:
+        mesh = dict(mesh_shape)
+    bad = {k: v for k, v in mesh.items() if k not in ("dp", "tp", "sp") or not isinstance(v, int) or v < 1}
+    if bad:
+        raise HyvInputError("mesh_shape", f"axes must be dp, tp, sp with positive integer sizes; got {mesh_shape!r}")
+    return mesh
+
+
+def _rules(rules: str | Sequence[tuple[str, str]] | None) -> tuple[str, list[tuple[str, str]]]:
+    if rules is None:
+        rules = "replicated"
+    if isinstance(rules, str):
+        if rules not in RULE_SETS:
+            raise HyvInputError("rules", f"unknown rule set {rules!r}; valid: {', '.join(RULE_SETS)}")
+        return rules, RULE_SETS[rules]
+    out = []
+    for pattern, kind in rules:
+        if kind not in RULE_KINDS:
+            raise HyvInputError("rules", f"unknown rule kind {kind!r} for {pattern!r}; valid: {', '.join(RULE_KINDS)}")
+        re.compile(pattern)
+        out.append((pattern, kind))
+    return "custom", out
+
+
+def param_bytes(preset: Preset | str, dtype: str = "bf16", rules: str | Sequence[tuple[str, str]] | None = None,
+                mesh_shape: int | Mapping[str, int] | None = None) -> dict[str, Any]:
+    """Per-device weight bytes of the transformer under a sharding rule set.
+
+    ``rules``: a name of :data:`RULE_SETS` (``replicated``, ``tp``, ``tp_replicated_out``, ``fsdp``)
+    or a list of (regex, kind). ``mesh_shape``: an int (all devices on the tensor axis) or a dict of
+    ``dp``/``tp``/``sp`` sizes; column/row shard over ``tp``, fsdp over all devices, a dimension that
+    does not divide is padded (ceil). A rule that matches no parameter raises (the names drifted).
+    Returns ``bytes_per_device`` and one row per rule (tensors, params, bytes per device).
+    """
+    preset = _preset(preset)
+    bpe = dtype_bytes(dtype)
+    name, rule_list = _rules(rules)
+    mesh = _mesh(mesh_shape)
+    tp = mesh.get("tp", 1)
+    n_devices = math.prod(mesh.values())
+    compiled = [(pattern, kind, re.compile(pattern)) for pattern, kind in rule_list]
+    rows = [dict(rule=p, kind=k, tensors=0, params=0, bytes_per_device=0) for p, k, _ in compiled]
+    rows.append(dict(rule="(unmatched)", kind="replicate", tensors=0, params=0, bytes_per_device=0))
+    for pname, shape in parameter_shapes(preset):
+        index = next((i for i, (_, _, rx) in enumerate(compiled) if rx.fullmatch(pname)), len(compiled))
+        kind = rows[index]["kind"]
+        local = list(shape)
+        if kind == "column":
+            local[0] = -(-shape[0] // tp)
+        elif kind == "row":
+            if len(shape) < 2:
+                raise HyvInputError("rules", f"row-parallel rule {rows[index]['rule']!r} matched 1-D {pname}")
+            local[1] = -(-shape[1] // tp)
+        elif kind == "fsdp" and len(shape) >= 2:
+            axis = max(range(len(shape)), key=lambda i: shape[i])
+            local[axis] = -(-shape[axis] // n_devices)
+        row = rows[index]
+        row["tensors"] += 1
+        row["params"] += math.prod(shape)
+        row["bytes_per_device"] += math.prod(local) * bpe
+    unused = [r["rule"] for r in rows[:-1] if r["tensors"] == 0]
+    if unused:
+        raise HyvInputError("rules", f"rule(s) {unused} of {name!r} match no parameter of {preset.name}")
+    total = sum(r["params"] for r in rows)
+    per_device = sum(r["bytes_per_device"] for r in rows)
+    return dict(rules=name, dtype=dtype, mesh=mesh, n_devices=n_devices, rows=rows, params=total,
+                bytes_per_device=per_device, replicated_bytes=total * bpe)
+
+
+# ------------------------------------------------------------------------------------------- activations
+def activation_bytes(preset: Preset | str, height: int, width: int, video_length: int, batch: int = 2, *,
+                     dtype: str = "bf16", mesh_shape: int | Mapping[str, int] | None = None,
+                     attention: str = "flash") -> dict[str, Any]:
+    """Estimated per-device activation working set of ONE joint block (weights excluded).
+
+    With b = ceil(B / dp) local samples, s = ceil(S / sp) local tokens (S = joint sequence, all context
+    tokens), heads split over tp x sp (h_loc = ceil(H / (tp sp))), x = dtype bytes:
+
+    - hidden: 2 b s h x  (the residual stream and its normalised copy)
+    - qkv: 3 b s (h / tp) x  (after a Ulysses all_to_all: b S h_loc D x each, the same size)
+    - attn_out: b s (h / tp) x
+    - mlp: b s (f / tp) x  (the MLP intermediate)
+    - attention working set, ``flash`` (Splash / FlashAttention): a fp32 output accumulator plus running
+      max and sum per query, b h_loc S (D + 2) 4 bytes, i.e. O(S D) per head (tiles are O(1));
+      ``dense``: fp32 logits b h_loc S^2 4 plus diffusers' boolean [B, 1, S, S] mask b S^2 (a lower
+      estimate: softmax usually keeps another S^2 copy).
+    """
+    preset = _preset(preset)
+    if attention not in ("flash", "dense"):
+        raise HyvInputError("attention", f"must be 'flash' or 'dense', got {attention!r}")
+    x = dtype_bytes(dtype)
+    mesh = _mesh(mesh_shape)
+    dp, tp, sp = mesh.get("dp", 1), mesh.get("tp", 1), mesh.get("sp", 1)
+    d = _dims(preset)
+    s_full = token_counts(preset, height, width, video_length)["joint"]
+    b, s = -(-batch // dp), -(-s_full // sp)
+    h, f, hd = d["hidden"], d["mlp"], d["head_dim"]
+    h_loc = -(-d["heads"] // (tp * sp))
+    parts = {
+        "hidden": 2 * b * s * h * x,
+        "qkv": 3 * b * s * -(-h // tp) * x,
+        "attn_out": b * s * -(-h // tp) * x,
+        "mlp": b * s * -(-f // tp) * x,
+    }
+    if attention == "flash":
+        parts["attention"] = b * h_loc * s_full * (hd + 2) * 4
+    else:
+        parts["attention"] = b * h_loc * s_full * s_full * 4 + b * s_full * s_full
+    return dict(parts=parts, bytes_per_device=sum(parts.values()), attention=attention, mesh=mesh,
+                tokens_per_device=s, samples_per_device=b)
+
+
+# ------------------------------------------------------------------------------------------- collectives
+STRATEGIES = ("tp", "ulysses", "fsdp", "dp")
+
+
+def collective_bytes(preset: Preset | str, height: int, width: int, video_length: int, batch: int = 2, *,
+                     dtype: str = "bf16", strategy: str = "tp",
+                     mesh_shape: int | Mapping[str, int] | None = None) -> dict[str, Any]:
+    """Bytes each device sends over the interconnect in one forward (one CFG step), by strategy.
+
+    n = the parallel axis size (``tp`` for tp, ``sp`` for ulysses; an int mesh_shape is that axis),
+    b = ceil(B / dp), x = dtype bytes, N_v/N_c/L_t = video/context/text tokens, L = joint blocks.
+
+    - ``tp`` (Megatron): each row-parallel output (to_out.0/to_add_out and ff.net.2, per stream) is
+      all-reduced; a ring all-reduce of a message of m bytes sends 2 (n-1)/n m per device. Per joint
+      block: 2 x 2 (n-1)/n b (N_v + N_c) h x; the refiner blocks add 2 x 2 (n-1)/n b L_t h x each.
+    - ``ulysses`` (sequence parallel): per joint block, all_to_all of q, k, v (sequence -> heads) and
+      of the output (heads -> sequence); each device holds m = b S h x / n of a tensor and sends
+      (n-1)/n m, so 4 (n-1)/n b S h x / n per block; plus a final all-gather of the output latents.
+    - ``fsdp``: every >= 2-D weight is all-gathered once per forward: (n-1)/n of the weight bytes.
+    - ``dp`` (CFG-parallel, each device a whole sample): only the final gather of the noise prediction.
+    """
+    preset = _preset(preset)
+    if strategy not in STRATEGIES:
+        raise HyvInputError("strategy", f"must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    x = dtype_bytes(dtype)
+    d = _dims(preset)
+    tok = token_counts(preset, height, width, video_length)
+    if isinstance(mesh_shape, int):
+        mesh = {{"ulysses": "sp", "dp": "dp"}.get(strategy, "tp"): mesh_shape}
+    else:
+        mesh = _mesh(mesh_shape)
+    b = -(-batch // mesh.get("dp", 1))
+    h = d["hidden"]
+    output = b * tok["video"] * d["out_channels"] * x  # the noise prediction of the local samples
+    if strategy == "tp":
+        n = mesh.get("tp", 1)
+        ring = 2 * (n - 1) / n
+        per_block = 2 * ring * b * (tok["video"] + tok["context"]) * h * x
+        refiner = d["refiner_layers"] * 2 * ring * b * tok["text"] * h * x
+        total = d["layers"] * per_block + refiner
+        ops = dict(per_block=per_block, blocks=d["layers"] * per_block, refiner=refiner)
+    elif strategy == "ulysses":
+        n = mesh.get("sp", 1)
+        per_block = 4 * (n - 1) / n * b * tok["joint"] * h * x / n
+        gather = (n - 1) / n * output
+        total = d["layers"] * per_block + gather
+        ops = dict(per_block=per_block, blocks=d["layers"] * per_block, output_gather=gather)
+    elif strategy == "fsdp":
+        n = math.prod(mesh.values())
+        weights = sum(math.prod(s) for _, s in parameter_shapes(preset) if len(s) >= 2) * x
+        total = (n - 1) / n * weights
+        ops = dict(weight_all_gather=total)
+    else:
+        n = mesh.get("dp", 1)
+        total = (n - 1) * output  # all-gather: each device sends its b samples to the n - 1 others
+        ops = dict(output_gather=total)
+    return dict(strategy=strategy, n=n, bytes_per_device=total, ops=ops, mesh=mesh)
+
+
+# ---------------------------------------------------------------------------------------------- bounds
+_DEFAULT_STRATEGY = {"tp": "tp", "tp_replicated_out": "tp", "fsdp": "fsdp", "replicated": "ulysses"}
+
+
+def bounds(preset: Preset | str, height: int, width: int, video_length: int, chip: str | Chip, n_chips: int,
+           rules: str = "tp", *, batch: int = 2, dtype: str = "bf16", strategy: str | None = None,
+           attention: str = "flash") -> dict[str, Any]:
+    """Lower bounds on the time of one CFG step on ``n_chips`` chips, and whether it fits in HBM.
+
+    - compute: total FLOPs / (n x peak bf16 FLOP/s)
+    - hbm: per-chip bytes that must cross HBM at least once / bandwidth = the chip's weights (under
+      ``rules``) + per block the attention kernel's q, k, v reads and output write (4 B S h x / n)
+    - interconnect: :func:`collective_bytes` of ``strategy`` / per-chip interconnect bandwidth; None
+      when the chip has no sourced bandwidth (all chips in :data:`CHIPS` today).
+    ``strategy`` defaults from ``rules``: tp and tp_replicated_out -> tp (the all-reduce count of plain TP;
+    GSPMD chooses the real collectives when outputs are replicated), fsdp -> fsdp, replicated -> ulysses.
+    ``step_s`` is the largest known bound, ``limit`` which one it is.
+    """
+    preset = _preset(preset)
+    spec = get_chip(chip)
+    rule_name, _ = _rules(rules)
+    strategy = strategy or _DEFAULT_STRATEGY.get(rule_name, "tp")
+    x = dtype_bytes(dtype)
+    flops = step_flops(preset, height, width, video_length, batch)
+    weights = param_bytes(preset, dtype, rules, n_chips)["bytes_per_device"]
+    s = flops["tokens"]["joint"]
+    attention_io = _dims(preset)["layers"] * 4 * batch * s * _dims(preset)["hidden"] * x / n_chips
+    axis = {"tp": "tp", "ulysses": "sp", "fsdp": "tp", "dp": "dp"}[strategy]
+    acts = activation_bytes(preset, height, width, video_length, batch, dtype=dtype, attention=attention,
+                            mesh_shape={axis: n_chips} if strategy != "fsdp" else {"dp": min(batch, n_chips)})
+    comm = collective_bytes(preset, height, width, video_length, batch, dtype=dtype, strategy=strategy,
+                            mesh_shape=n_chips)
+    times = {
+        "compute_s": flops["total"] / (n_chips * spec.peak_bf16_flops),
+        "hbm_s": (weights + attention_io) / spec.hbm_bandwidth,
+        "interconnect_s": (comm["bytes_per_device"] / spec.interconnect_bandwidth
+                           if spec.interconnect_bandwidth else None),
+    }
+    known = {k: v for k, v in times.items() if v is not None}
+    limit = max(known, key=known.get)
+    memory = weights + acts["bytes_per_device"]
+    return dict(times, step_s=known[limit], limit=limit, flops=flops["total"], weights_bytes=weights,
+                activation_bytes=acts["bytes_per_device"], hbm_traffic_bytes=weights + attention_io,
+                collective_bytes=comm["bytes_per_device"], strategy=strategy, rules=rule_name,
+                fits=memory <= spec.hbm_bytes, hbm_bytes=spec.hbm_bytes, chip=spec.name, n_chips=n_chips,
+                notes=None if spec.interconnect_bandwidth else NO_INTERCONNECT_SOURCE)
+
+
+def plan_table(presets: Sequence[str] = ("480p_t2v", "720p_t2v"), chips: Sequence[str] = tuple(CHIPS),
+               n_chips: int = 8, video_length: int = 121, rules: str = "tp", batch: int = 2,
+               dtype: str = "bf16") -> list[dict[str, Any]]:
+    """Rows for the book: per preset (16:9 default size) and chip, FLOPs, memory per chip, bounds and the
+    cited step time with its implied MFU where one exists (:data:`CITED_STEP_TIMES`)."""
+    rows = []
+    for name in presets:
+        preset = get_preset(name)
+        height, width = preset.default_height, preset.default_width
+        flops = step_flops(preset, height, width, video_length, batch)
+        for chip in chips:
+            b = bounds(preset, height, width, video_length, chip, n_chips, rules, batch=batch, dtype=dtype)
+            cited = [c for c in CITED_STEP_TIMES
+                     if c["preset"] == name and c["chip"] == chip and c["n_chips"] == n_chips]
+            best = min(cited, key=lambda c: c["seconds"]) if cited else None
+            rows.append(dict(
+                preset=name, height=height, width=width, frames=video_length, chip=chip, n_chips=n_chips,
+                pflop_per_step=flops["total"] / 1e15, attention_share=flops["attention_share"],
+                weights_gb_per_chip=b["weights_bytes"] / 1e9, activations_gb_per_chip=b["activation_bytes"] / 1e9,
+                hbm_gb_per_chip=b["hbm_bytes"] / 1e9, fits=b["fits"], compute_s=b["compute_s"], hbm_s=b["hbm_s"],
+                interconnect_s=b["interconnect_s"], bound_s=b["step_s"], limit=b["limit"],
+                cited_s=best["seconds"] if best else None,
+                cited_mfu=mfu(flops["total"], best["seconds"], chip, n_chips) if best else None,
+                cited_source=f"{best['label']}; {best['source']}" if best else None,
+            ))
+    return rows
