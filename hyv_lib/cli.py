@@ -38,7 +38,8 @@ def _add_stage2(p: argparse.ArgumentParser, dirs: bool = True) -> None:
     g.add_argument("--warmup_steps", type=int, default=0,
                    help="untimed transformer calls before the loop; never change the result (default 0)")
     g.add_argument("--runtime", default="torch",
-                   help="torch (eager diffusers) | tpu (torchax/JAX jit on the present JAX backend)")
+                   help="torch (eager diffusers) | tpu (torchax/JAX jit on the present JAX backend) | "
+                        "ulysses (sequence parallel; launch with torchrun --nproc_per_node=N)")
     g.add_argument("--mesh", default=None,
                    help="tpu runtime: device mesh, e.g. tensor=8 or data=2,tensor=4 (default: one device)")
     g.add_argument("--sharding", default="tp_replicated_out",

@@ -180,6 +180,8 @@ class UlyssesTransformer:
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
+        if self.rank < 0:
+            raise ValueError("this process is not a member of the group passed to UlyssesTransformer")
         check_heads(config.num_attention_heads, self.world)
         self.model = model
         parameter = next(model.parameters())
@@ -297,22 +299,35 @@ def _rank_entry(rank, world_size, port, backend, fn, args, results, received):
         received.wait()  # tensors travel as shared memory: stay alive until the parent has them
 
 
+#: Imported once by the fork server, so each rank starts with them loaded (diffusers alone takes seconds).
+PRELOAD = ("torch", "hyv_lib.parallel", "diffusers.models.transformers.transformer_hunyuan_video15")
+
+
 def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
-                    timeout: float = 600.0) -> Any:
+                    timeout: float = 600.0, start_method: str = "forkserver") -> Any:
     """Run ``fn(*args)`` on ``world_size`` new processes joined in a process group; return rank 0's result.
 
-    Processes are spawned with torch.multiprocessing (so ``fn`` must be importable: a module-level
+    Processes are started with torch.multiprocessing (so ``fn`` must be importable: a module-level
     function), rendezvous on 127.0.0.1 at a free port, and use ``backend`` (gloo: CPU processes;
     nccl: rank i on GPU i). ``fn`` finds its rank with ``torch.distributed.get_rank()``. An exception
     on any rank is re-raised here with that rank's traceback; past ``timeout`` seconds all processes
     are terminated and TimeoutError is raised.
+
+    ``start_method``: ``forkserver`` (default) forks the ranks from one clean server process that has
+    imported :data:`PRELOAD` once (the first call starts it and pays for the imports; later calls
+    reuse it); ``spawn`` starts fresh interpreters that import everything again in every rank.
+    Neither forks the caller itself, so a caller with threads or CUDA initialised is safe.
     """
     import torch.multiprocessing as mp
 
-    ctx = mp.get_context("spawn")
+    if start_method not in ("forkserver", "spawn"):
+        raise ValueError(f"start_method must be 'forkserver' or 'spawn', got {start_method!r}")
+    ctx = mp.get_context(start_method)
+    if start_method == "forkserver":
+        ctx.set_forkserver_preload(list(PRELOAD))  # used when the server starts (first call only)
     results, received = ctx.SimpleQueue(), ctx.Event()
     procs = mp.start_processes(_rank_entry, args=(world_size, free_port(), backend, fn, args, results, received),
-                               nprocs=world_size, join=False, start_method="spawn")
+                               nprocs=world_size, join=False, start_method=start_method)
     deadline = time.monotonic() + timeout
     result, have_result = None, False
     try:

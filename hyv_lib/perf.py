@@ -136,15 +136,16 @@ def step_flops(preset: Preset | str, height: int, width: int, video_length: int,
     """Analytic FLOPs of ONE transformer forward over a batch (CFG: batch 2 = one denoising step).
 
     Counts matmuls only, 2 FLOPs per multiply-add; elementwise work (norms, activations, softmax, RoPE,
-    bias adds) is left out: it is ~1% at the real sizes. Shapes come from ``preset.transformer``:
+    bias adds) is left out: about 1% at the real sizes (softmax costs ~5 ops per logit against
+    4 D = 512 matmul FLOPs). Shapes come from ``preset.transformer``:
     hidden h = heads x head_dim, MLP width f = h x mlp_ratio, tokens from the latent shape.
 
     - ``attention``: QK^T and PV, 4 B H S S_k D per joint block (S = video + all 1985 context tokens),
       plus the token refiner's self-attention over the text tokens. By default every context token is
       counted, valid or padding: Splash with segment ids, hyv_lib's XLA kernel and a dense mask all
       compute the padded positions. ``valid_context=n`` counts only n context tokens (what varlen
-      flash-attn skips to). ``kv_block`` rounds the key length up to a multiple of it, as a blockwise
-      kernel pads (hyv_lib's XLA kernel: 512).
+      flash-attn skips to; the refiner always counts all text tokens). ``kv_block`` rounds the key
+      length up to a multiple of it, as a blockwise kernel pads (hyv_lib's XLA kernel: 512).
     - ``linear``: 2 x tokens x weights per stream in the joint blocks (video tokens through the img
       weights to_q/k/v, to_out.0, ff; context tokens through add_*_proj, to_add_out, ff_context),
       the AdaLN modulation linears on the B timestep embeddings, the token refiner, the embedders
@@ -262,21 +263,12 @@ def mfu(flops: float, seconds: float, chip: str | Chip, n_chips: int) -> float:
 
 
 # ----------------------------------------------------------------------------------- parameters and rules
-_COLUMN = r".*\.(attn\.(to_q|to_k|to_v|add_q_proj|add_k_proj|add_v_proj)|ff(_context)?\.net\.0\.proj)\.(weight|bias)"
-_ROW = r".*\.(attn\.(to_out\.0|to_add_out)|ff(_context)?\.net\.2)\.weight"
+def rule_set_names() -> tuple[str, ...]:
+    """``replicated`` (no rule) plus the rule sets the TPU runtime places weights with
+    (:data:`hyv_lib.sharding.RULE_SETS`: ``tp``, ``tp_replicated_out``, ``fsdp``)."""
+    from .sharding import RULE_SETS
 
-#: Named rule sets: ordered (regex fullmatched on diffusers parameter names, kind); first match wins,
-#: unmatched parameters are replicated. Kinds: ``column`` (shard dim 0, the output features, over tp),
-#: ``row`` (shard dim 1, the input features, over tp; its bias stays replicated), ``replicate``,
-#: ``fsdp`` (shard the largest dim of every >= 2-D tensor over all devices; 1-D ones replicated).
-#: The Megatron patterns cover the joint blocks and the token refiner's blocks (same module names).
-RULE_SETS: dict[str, list[tuple[str, str]]] = {
-    "replicated": [],
-    "tp": [(_COLUMN, "column"), (_ROW, "row")],
-    "tp_replicated_out": [(_COLUMN, "column"), (_ROW, "replicate")],
-    "fsdp": [(r".*", "fsdp")],
-}
-RULE_KINDS = ("column", "row", "replicate", "fsdp")
+    return ("replicated", *RULE_SETS)
 
 
 @functools.lru_cache(maxsize=8)
@@ -294,78 +286,60 @@ def parameter_shapes(preset: Preset | str) -> tuple[tuple[str, tuple[int, ...]],
     return _meta_params(json.dumps(_preset(preset).transformer, sort_keys=True))
 
 
-def _mesh(mesh_shape: int | Mapping[str, int] | None) -> dict[str, int]:
+MESH_AXES = ("data", "tensor", "sequence")  # hyv_lib.sharding.AXES
+
+
+class _MeshShape:
+    """Stands in for a jax Mesh where only ``.shape`` is read (hyv_lib.sharding.plan): no devices needed."""
+
+    def __init__(self, shape: dict[str, int]):
+        self.shape = {axis: shape.get(axis, 1) for axis in MESH_AXES}
+
+
+def _mesh(mesh_shape: int | Mapping[str, int] | None, axis: str = "tensor") -> dict[str, int]:
+    """int n -> n devices on ``axis``; a dict of data/tensor/sequence sizes; None -> one device."""
     if mesh_shape is None:
-        return {"tp": 1}
-    if isinstance(mesh_shape, int):
-        mesh = {"tp": mesh_shape}
-    else:
-        mesh = dict(mesh_shape)
-    bad = {k: v for k, v in mesh.items() if k not in ("dp", "tp", "sp") or not isinstance(v, int) or v < 1}
-    if bad:
-        raise HyvInputError("mesh_shape", f"axes must be dp, tp, sp with positive integer sizes; got {mesh_shape!r}")
-    return mesh
+        mesh_shape = 1
+    mesh = {axis: mesh_shape} if isinstance(mesh_shape, int) else dict(mesh_shape)
+    if any(k not in MESH_AXES or not isinstance(v, int) or v < 1 for k, v in mesh.items()):
+        raise HyvInputError("mesh_shape", f"an int or a dict of {', '.join(MESH_AXES)} with positive integer "
+                                          f"sizes; got {mesh_shape!r}")
+    return {a: mesh.get(a, 1) for a in MESH_AXES}
 
 
-def _rules(rules: str | Sequence[tuple[str, str]] | None) -> tuple[str, list[tuple[str, str]]]:
-    if rules is None:
-        rules = "replicated"
-    if isinstance(rules, str):
-        if rules not in RULE_SETS:
-            raise HyvInputError("rules", f"unknown rule set {rules!r}; valid: {', '.join(RULE_SETS)}")
-        return rules, RULE_SETS[rules]
-    out = []
-    for pattern, kind in rules:
-        if kind not in RULE_KINDS:
-            raise HyvInputError("rules", f"unknown rule kind {kind!r} for {pattern!r}; valid: {', '.join(RULE_KINDS)}")
-        re.compile(pattern)
-        out.append((pattern, kind))
-    return "custom", out
-
-
-def param_bytes(preset: Preset | str, dtype: str = "bf16", rules: str | Sequence[tuple[str, str]] | None = None,
+def param_bytes(preset: Preset | str, dtype: str = "bf16", rules: str | Sequence[Any] | None = None,
                 mesh_shape: int | Mapping[str, int] | None = None) -> dict[str, Any]:
     """Per-device weight bytes of the transformer under a sharding rule set.
 
-    ``rules``: a name of :data:`RULE_SETS` (``replicated``, ``tp``, ``tp_replicated_out``, ``fsdp``)
-    or a list of (regex, kind). ``mesh_shape``: an int (all devices on the tensor axis) or a dict of
-    ``dp``/``tp``/``sp`` sizes; column/row shard over ``tp``, fsdp over all devices, a dimension that
-    does not divide is padded (ceil). A rule that matches no parameter raises (the names drifted).
-    Returns ``bytes_per_device`` and one row per rule (tensors, params, bytes per device).
+    ``rules``: ``replicated`` (the default: every weight whole on every device) or a rule set of
+    :mod:`hyv_lib.sharding`, exactly as the TPU runtime places them: ``tp`` (Megatron on the joint
+    blocks: to_q/k/v, add_*_proj, ff(.context).net.0.proj split by output features = column-parallel;
+    to_out.0, to_add_out, ff(.context).net.2 split by input features = row-parallel; the rest, including
+    the AdaLN modulation linears and the token refiner, replicated), ``tp_replicated_out`` (the
+    row-parallel ones replicated instead), ``fsdp`` (every joint-block weight split along its first
+    dimension over all devices), or a list of :class:`hyv_lib.sharding.Rule`. ``mesh_shape``: an int
+    (that many devices on the ``tensor`` axis) or a dict of ``data``/``tensor``/``sequence`` sizes.
+    Parameter names and shapes come from a meta-device instance of the diffusers class. A rule that
+    matches no parameter, or a split that does not divide its dimension, raises ValueError.
+    Returns ``bytes_per_device`` and one row per rule: tensors, params, bytes per device.
     """
+    from .sharding import RULE_SETS, plan
+
     preset = _preset(preset)
     bpe = dtype_bytes(dtype)
-    name, rule_list = _rules(rules)
+    if rules is None:
+        rules = "replicated"
+    if isinstance(rules, str) and rules not in rule_set_names():
+        raise HyvInputError("rules", f"unknown rule set {rules!r}; valid: {', '.join(rule_set_names())}")
+    name = rules if isinstance(rules, str) else "custom"
+    rule_list = [] if rules == "replicated" else RULE_SETS[rules] if isinstance(rules, str) else list(rules)
     mesh = _mesh(mesh_shape)
-    tp = mesh.get("tp", 1)
-    n_devices = math.prod(mesh.values())
-    compiled = [(pattern, kind, re.compile(pattern)) for pattern, kind in rule_list]
-    rows = [dict(rule=p, kind=k, tensors=0, params=0, bytes_per_device=0) for p, k, _ in compiled]
-    rows.append(dict(rule="(unmatched)", kind="replicate", tensors=0, params=0, bytes_per_device=0))
-    for pname, shape in parameter_shapes(preset):
-        index = next((i for i, (_, _, rx) in enumerate(compiled) if rx.fullmatch(pname)), len(compiled))
-        kind = rows[index]["kind"]
-        local = list(shape)
-        if kind == "column":
-            local[0] = -(-shape[0] // tp)
-        elif kind == "row":
-            if len(shape) < 2:
-                raise HyvInputError("rules", f"row-parallel rule {rows[index]['rule']!r} matched 1-D {pname}")
-            local[1] = -(-shape[1] // tp)
-        elif kind == "fsdp" and len(shape) >= 2:
-            axis = max(range(len(shape)), key=lambda i: shape[i])
-            local[axis] = -(-shape[axis] // n_devices)
-        row = rows[index]
-        row["tensors"] += 1
-        row["params"] += math.prod(shape)
-        row["bytes_per_device"] += math.prod(local) * bpe
-    unused = [r["rule"] for r in rows[:-1] if r["tensors"] == 0]
-    if unused:
-        raise HyvInputError("rules", f"rule(s) {unused} of {name!r} match no parameter of {preset.name}")
+    _, report = plan(dict(parameter_shapes(preset)), rule_list, _MeshShape(mesh))
+    rows = [dict(rule=r["rule"], tensors=r["tensors"], params=r["params"], bytes_per_device=r["per_device"] * bpe)
+            for r in report]
     total = sum(r["params"] for r in rows)
-    per_device = sum(r["bytes_per_device"] for r in rows)
-    return dict(rules=name, dtype=dtype, mesh=mesh, n_devices=n_devices, rows=rows, params=total,
-                bytes_per_device=per_device, replicated_bytes=total * bpe)
+    return dict(rules=name, dtype=dtype, mesh=mesh, n_devices=math.prod(mesh.values()), rows=rows, params=total,
+                bytes_per_device=sum(r["bytes_per_device"] for r in rows), replicated_bytes=total * bpe)
 
 
 # ------------------------------------------------------------------------------------------- activations
@@ -374,13 +348,15 @@ def activation_bytes(preset: Preset | str, height: int, width: int, video_length
                      attention: str = "flash") -> dict[str, Any]:
     """Estimated per-device activation working set of ONE joint block (weights excluded).
 
-    With b = ceil(B / dp) local samples, s = ceil(S / sp) local tokens (S = joint sequence, all context
-    tokens), heads split over tp x sp (h_loc = ceil(H / (tp sp))), x = dtype bytes:
+    ``mesh_shape``: an int (devices on ``tensor``) or a dict of ``data``/``tensor``/``sequence`` sizes.
+    With b = ceil(B / data) local samples, s = ceil(S / sequence) local tokens (S = joint sequence, all
+    context tokens), t = tensor, heads split over tensor x sequence (h_loc = ceil(H / (t sequence))),
+    x = dtype bytes:
 
     - hidden: 2 b s h x  (the residual stream and its normalised copy)
-    - qkv: 3 b s (h / tp) x  (after a Ulysses all_to_all: b S h_loc D x each, the same size)
-    - attn_out: b s (h / tp) x
-    - mlp: b s (f / tp) x  (the MLP intermediate)
+    - qkv: 3 b s (h / t) x  (after a Ulysses all_to_all each is b S h_loc D x, the same size)
+    - attn_out: b s (h / t) x
+    - mlp: b s (f / t) x  (the MLP intermediate)
     - attention working set, ``flash`` (Splash / FlashAttention): a fp32 output accumulator plus running
       max and sum per query, b h_loc S (D + 2) 4 bytes, i.e. O(S D) per head (tiles are O(1));
       ``dense``: fp32 logits b h_loc S^2 4 plus diffusers' boolean [B, 1, S, S] mask b S^2 (a lower
@@ -391,17 +367,17 @@ def activation_bytes(preset: Preset | str, height: int, width: int, video_length
         raise HyvInputError("attention", f"must be 'flash' or 'dense', got {attention!r}")
     x = dtype_bytes(dtype)
     mesh = _mesh(mesh_shape)
-    dp, tp, sp = mesh.get("dp", 1), mesh.get("tp", 1), mesh.get("sp", 1)
+    t, sp = mesh["tensor"], mesh["sequence"]
     d = _dims(preset)
     s_full = token_counts(preset, height, width, video_length)["joint"]
-    b, s = -(-batch // dp), -(-s_full // sp)
+    b, s = -(-batch // mesh["data"]), -(-s_full // sp)
     h, f, hd = d["hidden"], d["mlp"], d["head_dim"]
-    h_loc = -(-d["heads"] // (tp * sp))
+    h_loc = -(-d["heads"] // (t * sp))
     parts = {
         "hidden": 2 * b * s * h * x,
-        "qkv": 3 * b * s * -(-h // tp) * x,
-        "attn_out": b * s * -(-h // tp) * x,
-        "mlp": b * s * -(-f // tp) * x,
+        "qkv": 3 * b * s * -(-h // t) * x,
+        "attn_out": b * s * -(-h // t) * x,
+        "mlp": b * s * -(-f // t) * x,
     }
     if attention == "flash":
         parts["attention"] = b * h_loc * s_full * (hd + 2) * 4
@@ -412,7 +388,8 @@ def activation_bytes(preset: Preset | str, height: int, width: int, video_length
 
 
 # ------------------------------------------------------------------------------------------- collectives
-STRATEGIES = ("tp", "ulysses", "fsdp", "dp")
+#: Strategy -> the mesh axis an int ``mesh_shape`` goes on.
+STRATEGIES = {"tp": "tensor", "ulysses": "sequence", "fsdp": "tensor", "dp": "data"}
 
 
 def collective_bytes(preset: Preset | str, height: int, width: int, video_length: int, batch: int = 2, *,
@@ -420,17 +397,21 @@ def collective_bytes(preset: Preset | str, height: int, width: int, video_length
                      mesh_shape: int | Mapping[str, int] | None = None) -> dict[str, Any]:
     """Bytes each device sends over the interconnect in one forward (one CFG step), by strategy.
 
-    n = the parallel axis size (``tp`` for tp, ``sp`` for ulysses; an int mesh_shape is that axis),
-    b = ceil(B / dp), x = dtype bytes, N_v/N_c/L_t = video/context/text tokens, L = joint blocks.
+    ``mesh_shape``: an int (that many devices on the strategy's axis: tensor for tp and fsdp, sequence
+    for ulysses, data for dp) or a dict of data/tensor/sequence sizes. n = that axis' size,
+    b = ceil(B / data), x = dtype bytes, N_v / N_c = video / context tokens, S = N_v + N_c, h = hidden.
 
-    - ``tp`` (Megatron): each row-parallel output (to_out.0/to_add_out and ff.net.2, per stream) is
-      all-reduced; a ring all-reduce of a message of m bytes sends 2 (n-1)/n m per device. Per joint
-      block: 2 x 2 (n-1)/n b (N_v + N_c) h x; the refiner blocks add 2 x 2 (n-1)/n b L_t h x each.
-    - ``ulysses`` (sequence parallel): per joint block, all_to_all of q, k, v (sequence -> heads) and
-      of the output (heads -> sequence); each device holds m = b S h x / n of a tensor and sends
-      (n-1)/n m, so 4 (n-1)/n b S h x / n per block; plus a final all-gather of the output latents.
-    - ``fsdp``: every >= 2-D weight is all-gathered once per forward: (n-1)/n of the weight bytes.
-    - ``dp`` (CFG-parallel, each device a whole sample): only the final gather of the noise prediction.
+    - ``tp`` (Megatron, the ``tp`` rule set): each row-parallel output (to_out.0 / to_add_out and
+      ff.net.2, per stream) is all-reduced; a ring all-reduce of m bytes sends 2 (n-1)/n m per device.
+      Per joint block: 2 x 2 (n-1)/n b S h x. (With ``tp_replicated_out`` XLA chooses other
+      collectives; this is the plain-TP count.)
+    - ``ulysses`` (sequence parallel; XLA's resharding around head-sharded attention on a mesh with a
+      sequence axis is the same pattern): per joint block, all_to_all of q, k, v (sequence -> heads)
+      and of the output (heads -> sequence); a device holds m = b S h x / n of each and sends
+      (n-1)/n m: 4 (n-1)/n b S h x / n per block; plus a final all-gather of the output latents.
+    - ``fsdp``: every weight the ``fsdp`` rule set splits is all-gathered once per forward:
+      (n-1)/n of those weight bytes (n = all devices).
+    - ``dp`` (CFG-parallel, a whole sample per device): only the final gather of the noise prediction.
     """
     preset = _preset(preset)
     if strategy not in STRATEGIES:
@@ -438,33 +419,28 @@ def collective_bytes(preset: Preset | str, height: int, width: int, video_length
     x = dtype_bytes(dtype)
     d = _dims(preset)
     tok = token_counts(preset, height, width, video_length)
-    if isinstance(mesh_shape, int):
-        mesh = {{"ulysses": "sp", "dp": "dp"}.get(strategy, "tp"): mesh_shape}
-    else:
-        mesh = _mesh(mesh_shape)
-    b = -(-batch // mesh.get("dp", 1))
+    mesh = _mesh(mesh_shape, STRATEGIES[strategy])
+    b = -(-batch // mesh["data"])
     h = d["hidden"]
     output = b * tok["video"] * d["out_channels"] * x  # the noise prediction of the local samples
     if strategy == "tp":
-        n = mesh.get("tp", 1)
-        ring = 2 * (n - 1) / n
-        per_block = 2 * ring * b * (tok["video"] + tok["context"]) * h * x
-        refiner = d["refiner_layers"] * 2 * ring * b * tok["text"] * h * x
-        total = d["layers"] * per_block + refiner
-        ops = dict(per_block=per_block, blocks=d["layers"] * per_block, refiner=refiner)
+        n = mesh["tensor"]
+        per_block = 2 * (2 * (n - 1) / n) * b * tok["joint"] * h * x
+        total = d["layers"] * per_block
+        ops = dict(per_block=per_block, blocks=total)
     elif strategy == "ulysses":
-        n = mesh.get("sp", 1)
+        n = mesh["sequence"]
         per_block = 4 * (n - 1) / n * b * tok["joint"] * h * x / n
         gather = (n - 1) / n * output
         total = d["layers"] * per_block + gather
         ops = dict(per_block=per_block, blocks=d["layers"] * per_block, output_gather=gather)
     elif strategy == "fsdp":
         n = math.prod(mesh.values())
-        weights = sum(math.prod(s) for _, s in parameter_shapes(preset) if len(s) >= 2) * x
-        total = (n - 1) / n * weights
+        split = param_bytes(preset, dtype, "fsdp", mesh)["rows"]
+        total = (n - 1) / n * sum(r["params"] for r in split if r["rule"].startswith("fsdp")) * x
         ops = dict(weight_all_gather=total)
     else:
-        n = mesh.get("dp", 1)
+        n = mesh["data"]
         total = (n - 1) * output  # all-gather: each device sends its b samples to the n - 1 others
         ops = dict(output_gather=total)
     return dict(strategy=strategy, n=n, bytes_per_device=total, ops=ops, mesh=mesh)
@@ -490,16 +466,19 @@ def bounds(preset: Preset | str, height: int, width: int, video_length: int, chi
     """
     preset = _preset(preset)
     spec = get_chip(chip)
-    rule_name, _ = _rules(rules)
+    rule_name = rules if isinstance(rules, str) else "custom"
     strategy = strategy or _DEFAULT_STRATEGY.get(rule_name, "tp")
     x = dtype_bytes(dtype)
     flops = step_flops(preset, height, width, video_length, batch)
     weights = param_bytes(preset, dtype, rules, n_chips)["bytes_per_device"]
-    s = flops["tokens"]["joint"]
-    attention_io = _dims(preset)["layers"] * 4 * batch * s * _dims(preset)["hidden"] * x / n_chips
-    axis = {"tp": "tp", "ulysses": "sp", "fsdp": "tp", "dp": "dp"}[strategy]
+    d = _dims(preset)
+    attention_io = d["layers"] * 4 * batch * flops["tokens"]["joint"] * d["hidden"] * x / n_chips
+    if strategy not in STRATEGIES:
+        raise HyvInputError("strategy", f"must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    # Activations: fsdp keeps whole activations per sample (batch on data), the others split on their axis.
+    layout = {"data": min(batch, n_chips)} if strategy == "fsdp" else {STRATEGIES[strategy]: n_chips}
     acts = activation_bytes(preset, height, width, video_length, batch, dtype=dtype, attention=attention,
-                            mesh_shape={axis: n_chips} if strategy != "fsdp" else {"dp": min(batch, n_chips)})
+                            mesh_shape=layout)
     comm = collective_bytes(preset, height, width, video_length, batch, dtype=dtype, strategy=strategy,
                             mesh_shape=n_chips)
     times = {

@@ -34,7 +34,7 @@ def torch_step(transformer) -> TransformerStep:
     return step
 
 
-RUNTIMES = ("torch", "tpu")
+RUNTIMES = ("torch", "tpu", "ulysses")
 
 
 def parse_mesh(text: str | None) -> dict[str, int] | None:
@@ -55,8 +55,9 @@ def parse_mesh(text: str | None) -> dict[str, int] | None:
 
 def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
               sharding: str = "tp_replicated_out") -> TransformerStep:
-    """The transformer step of a runtime: ``torch`` (eager diffusers) or ``tpu`` (torchax/JAX jit on
-    whatever JAX backend is present: the TPU on a TPU VM, the CPU here; compile cache enabled).
+    """The transformer step of a runtime: ``torch`` (eager diffusers), ``tpu`` (torchax/JAX jit on
+    whatever JAX backend is present: the TPU on a TPU VM, the CPU here; compile cache enabled) or
+    ``ulysses`` (sequence parallel over the torchrun processes: nccl on GPUs, gloo on CPU).
 
     ``mesh`` ('tensor=8', 'data=2,tensor=4', ...) shards the tpu step with the rule set ``sharding``.
     """
@@ -75,7 +76,23 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
             return TpuTransformer(transformer, mesh=device_mesh, sharding=sharding)
         except ValueError as err:  # device count, head or batch splits
             raise HyvInputError("--mesh", str(err)) from None
+    if runtime == "ulysses":
+        from .parallel import UlyssesTransformer, init_distributed
+
+        if "RANK" not in os.environ and not torch.distributed.is_initialized():
+            raise HyvInputError("--runtime", "ulysses runs one process per device under torchrun: "
+                                             "torchrun --nproc_per_node=N -m hyv_lib stage2 --runtime ulysses ...")
+        init_distributed()
+        try:
+            return UlyssesTransformer(transformer)
+        except ValueError as err:  # heads that do not split over the ranks
+            raise HyvInputError("--nproc_per_node", str(err)) from None
     raise HyvInputError("--runtime", f"must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+
+
+def _rank() -> int:
+    """This process's rank under torch.distributed (0 when not distributed): only rank 0 writes files."""
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
 
 
 # ----------------------------------------------------------------------------------------------- validation
@@ -270,14 +287,23 @@ def stage2(
     scheduler = FlowMatchEulerDiscreteScheduler.from_config(components["scheduler"].config,
                                                             shift=settings["flow_shift"])
     shape = spec.latent_shape(settings["height"], settings["width"], settings["video_length"])
+    step = step or make_step(transformer, runtime, mesh, sharding)
+    device = torch.device("cpu")
+    if runtime == "ulysses" and torch.cuda.is_available():  # one GPU per rank (untested here: no GPU)
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        transformer.to(device)
+    conditioning = {k: v.to(device) for k, v in prepare_conditioning(embeds, spec, model_dtype).items()}
     latents = denoise(
-        step or make_step(transformer, runtime, mesh, sharding), initial_latents(shape, settings["seed"]),
-        prepare_conditioning(embeds, spec, model_dtype), scheduler,
+        step, initial_latents(shape, settings["seed"]).to(device), conditioning, scheduler,
         num_inference_steps=settings["num_inference_steps"], guidance_scale=settings["guidance_scale"],
-        model_dtype=model_dtype, warmup_steps=settings["warmup_steps"], progress=not quiet,
-    )
-    save_tensors({"latents": latents}, os.path.join(output_dir, STAGE2_FILE), metadata={"preset": spec.name})
-    update_config(output_dir, base=config, **settings, stage2_time_s=round(time.perf_counter() - start, 3))
+        model_dtype=model_dtype, warmup_steps=settings["warmup_steps"], progress=not quiet and _rank() == 0,
+    ).cpu()
+    if _rank() == 0:  # every rank holds the same latents; one writes them
+        save_tensors({"latents": latents}, os.path.join(output_dir, STAGE2_FILE), metadata={"preset": spec.name})
+        update_config(output_dir, base=config, **settings, stage2_time_s=round(time.perf_counter() - start, 3))
+    if runtime == "ulysses":
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
     return latents
 
 

@@ -7,7 +7,6 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hyv_lib.models import build_tiny_components
 from hyv_lib.parallel import UlyssesTransformer, check_heads, run_distributed, shard_length
 from hyv_lib.presets import get_preset
 
@@ -38,23 +37,23 @@ CASES = [
 
 
 def tiny_transformer(heads):
-    """The tiny preset's transformer (2 heads) or a variant with more heads of the same width."""
-    if heads == TINY.transformer["num_attention_heads"]:
-        return build_tiny_components(TINY, names=["transformer"])["transformer"]
-    from diffusers import HunyuanVideo15Transformer3DModel
+    """The tiny preset's transformer config (2 heads) with ``heads`` heads of the same size (16), seeded."""
+    from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15Transformer3DModel
 
     torch.manual_seed(3)
     return HunyuanVideo15Transformer3DModel(**{**TINY.transformer, "num_attention_heads": heads}).eval()
 
 
-def compare_with_oracle(heads):
-    """On every rank: Ulysses vs diffusers' forward for each case. Returns (max errors, max spread of
-    the outputs across ranks, a Ulysses-vs-eager 3-step denoise difference, seconds per Ulysses call)."""
+def compare_with_oracle(heads, group=None):
+    """On every rank of ``group``: Ulysses vs diffusers' forward for each case. Returns the max error per
+    case, the largest difference between ranks' outputs, the difference of a 3-step denoising loop
+    (eager diffusers vs Ulysses as the step) and the seconds per Ulysses call."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
     from hyv_lib import pipeline
 
-    world = dist.get_world_size()
     oracle = tiny_transformer(heads)
-    ulysses = UlyssesTransformer(copy.deepcopy(oracle))
+    ulysses = UlyssesTransformer(copy.deepcopy(oracle), group=group)
     errors, spreads, seconds = [], [], []
     for case in CASES:
         kwargs = inputs(**case)
@@ -65,58 +64,71 @@ def compare_with_oracle(heads):
         seconds.append(time.perf_counter() - start)
         assert out.shape == expected.shape
         errors.append((out - expected).abs().max().item())
-        every = [torch.empty_like(out) for _ in range(world)]
-        dist.all_gather(every, out)
+        every = [torch.empty_like(out) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(every, out, group=group)
         spreads.append(max((o - out).abs().max().item() for o in every))
 
-    # The pipeline's loop takes the wrapper as a transformer step unchanged.
+    # The pipeline's loop takes the wrapper as its transformer step unchanged.
     kwargs = inputs(seed=4, latent=(1, 3, 5))
     conditioning = {k: v for k, v in kwargs.items() if k not in ("hidden_states", "timestep")}
     latents = pipeline.initial_latents((1, TINY.latent_channels, 1, 3, 5), seed=0)
-    runs = []
-    for step in (pipeline.torch_step(oracle), ulysses):
-        scheduler = build_tiny_components(TINY, names=["scheduler"])["scheduler"]
-        runs.append(pipeline.denoise(step, latents, conditioning, scheduler, num_inference_steps=3,
-                                     guidance_scale=6.0, progress=False))
-    return errors, spreads, (runs[0] - runs[1]).abs().max().item(), seconds
+    runs = [pipeline.denoise(step, latents, conditioning, FlowMatchEulerDiscreteScheduler(shift=TINY.flow_shift),
+                             num_inference_steps=3, guidance_scale=6.0, progress=False)
+            for step in (pipeline.torch_step(oracle), ulysses)]
+    return dict(heads=heads, ranks=dist.get_world_size(group), errors=errors, spread=max(spreads),
+                loop=(runs[0] - runs[1]).abs().max().item(), seconds=seconds)
 
 
-def bad_split_message():
+def check_everything():
+    """One group of 4 processes: ranks {0,1} and {2,3} run 2-rank groups (2 and 4 heads), then all
+    four run a 4-rank group (4 heads) and try 2 heads on 4 ranks. Returns every rank's findings."""
+    rank = dist.get_rank()
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank takes part in creating both
+    found = {"two_ranks": compare_with_oracle(2 if rank < 2 else 4, group=pairs[rank // 2]),
+             "four_ranks": compare_with_oracle(4)}
     with pytest.raises(ValueError) as info:
         UlyssesTransformer(tiny_transformer(2))
-    return str(info.value)
+    found["bad_split"] = str(info.value)
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, found)
+    return everyone
 
 
-def check_world(heads, expect_bad_split):
-    result = {"oracle": compare_with_oracle(heads)}
-    if expect_bad_split:
-        result["bad_split"] = bad_split_message()
-    return result
+@pytest.fixture(scope="module")
+def findings():
+    start = time.perf_counter()
+    found = run_distributed(check_everything, 4, timeout=240)
+    print(f"\n4 gloo processes: {time.perf_counter() - start:.1f} s")
+    return found
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
-def test_ulysses_equals_the_oracle(world_size):
-    result = run_distributed(check_world, world_size, 4, world_size > 2, timeout=240)
-    errors, spreads, loop_error, seconds = result["oracle"]
-    print(f"world {world_size}: max errors per case {['%.1e' % e for e in errors]}, rank spread {max(spreads)}, "
-          f"3-step loop {loop_error:.1e}, seconds per call {['%.3f' % s for s in seconds]}")
-    assert max(errors) <= 1e-5
-    assert max(spreads) == 0.0  # every rank returns the same tensor
-    assert loop_error <= 1e-4
-    if world_size > 2:
-        assert result["bad_split"].startswith("2 heads cannot be split over 4 ranks")
+def report(result):
+    print(f"{result['ranks']} ranks, {result['heads']} heads: max errors {['%.1e' % e for e in result['errors']]}, "
+          f"rank spread {result['spread']}, 3-step loop {result['loop']:.1e}, "
+          f"seconds per call {['%.3f' % s for s in result['seconds']]}")
 
 
-def test_two_heads_on_two_ranks():
-    """The tiny preset itself (2 heads): one head per rank."""
-    errors = run_distributed(compare_with_oracle, 2, 2, timeout=240)[0]
-    assert max(errors) <= 1e-5
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_ulysses_equals_the_oracle(findings, ranks):
+    key = "two_ranks" if ranks == 2 else "four_ranks"
+    results = [found[key] for found in findings]
+    for result in (results[0], results[2]) if ranks == 2 else results[:1]:
+        report(result)
+    for result in results:
+        assert result["ranks"] == ranks
+        assert max(result["errors"]) <= 1e-5
+        assert result["spread"] == 0.0  # every rank returns the same tensor
+        assert result["loop"] <= 1e-4
 
 
-def test_head_check_and_shards():
+def test_bad_head_split_is_a_clear_error(findings):
+    assert all(found["bad_split"].startswith("2 heads cannot be split over 4 ranks") for found in findings)
     check_heads(16, 8)
-    with pytest.raises(ValueError, match=r"^16 heads cannot be split over 3 ranks.*1, 2, 4, 8, 16\)$"):
+    with pytest.raises(ValueError, match=r"^16 heads cannot be split over 3 ranks.*\(1, 2, 4, 8, 16\)$"):
         check_heads(16, 3)
+
+
+def test_shard_lengths():
     assert [shard_length(n, 4) for n in (120, 35, 3)] == [30, 9, 1]
 
 
@@ -124,4 +136,32 @@ def test_needs_an_initialised_process_group():
     if dist.is_initialized():
         pytest.skip("a process group is already initialised in this process")
     with pytest.raises(RuntimeError, match="init_process_group"):
-        UlyssesTransformer(tiny_transformer(2))
+        UlyssesTransformer(None)  # checked before the model is touched
+
+
+def test_torchrun_cli_with_the_ulysses_runtime_equals_torch(tiny_run, tmp_path):
+    """`torchrun --nproc_per_node=2 -m hyv_lib stage2 --runtime ulysses` on gloo: rank 0 writes the file."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    from hyv_lib import pipeline
+
+    common = ["--num_inference_steps", "3", "--video_length", "5", "--quiet"]
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "hyv_lib",
+                        "stage2", "--input_dir", str(tiny_run), "--output_dir", str(tmp_path / "uly"),
+                        "--runtime", "ulysses", *common], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    expected = pipeline.stage2(str(tiny_run), output_dir=str(tmp_path / "torch"), num_inference_steps=3,
+                               video_length=5, quiet=True)
+    got = load_file(tmp_path / "uly" / "stage2_latents.safetensors")["latents"]
+    assert (got - expected).abs().max() <= 1e-5
+
+
+def test_ulysses_outside_torchrun_is_a_clear_error(tiny_run, tmp_path, capsys):
+    from hyv_lib.cli import run
+
+    assert run(["stage2", "--input_dir", str(tiny_run), "--output_dir", str(tmp_path), "--runtime", "ulysses",
+                "--quiet"]) == 2
+    assert "torchrun --nproc_per_node" in capsys.readouterr().err

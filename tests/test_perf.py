@@ -1,0 +1,151 @@
+"""The analytic planner: FLOPs tied to the real classes and to XLA's counts, weight sharding, bounds, MFU."""
+
+import math
+
+import pytest
+import torch
+
+from hyv_lib import perf
+from hyv_lib.presets import get_preset
+
+TINY = get_preset("tiny")
+
+
+def test_720p_step_flops_and_attention_share():
+    f = perf.step_flops("720p_t2v", 720, 1280, 121, batch=2)
+    video_only = perf.step_flops("720p_t2v", 720, 1280, 121, batch=2, valid_context=0)
+    print(f"720p/121f CFG step: {f['total'] / 1e15:.2f} PFLOP, attention {f['attention_share']:.1%} "
+          f"(S = {f['tokens']['joint']}); attending video tokens only: {video_only['total'] / 1e15:.2f} PFLOP")
+    assert f["tokens"] == dict(video=31 * 45 * 80, context=1985, joint=113_585, text=1000, byt5=256, image=729,
+                               batch=2, attended=113_585)
+    # DESIGN.md: "about 12.6 PFLOP, about 90% attention"; anchors.md: ~12.2 PFLOP with 111,600 tokens [U].
+    assert 12.2e15 <= f["total"] <= 12.7e15
+    assert 0.88 <= f["attention_share"] <= 0.92
+    assert 12.2e15 <= video_only["total"] < f["total"]
+    assert sum(f["parts"].values()) == f["total"] == f["attention"] + f["linear"]
+
+
+def test_block_linear_flops_match_the_meta_model_shapes():
+    from diffusers import HunyuanVideo15Transformer3DModel
+
+    preset = get_preset("720p_t2v")
+    with torch.device("meta"):
+        model = HunyuanVideo15Transformer3DModel(**preset.transformer)
+    block = model.transformer_blocks[0]
+    img = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "ff.net.0.proj", "ff.net.2")
+    txt = ("attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out", "ff_context.net.0.proj",
+           "ff_context.net.2")
+    mod = ("norm1.linear", "norm1_context.linear")
+    weights = {n[: -len(".weight")]: p.numel() for n, p in block.named_parameters() if p.ndim >= 2}
+    assert set(weights) == set(img + txt + mod)  # every matmul of the block is counted exactly once
+    w_img, w_txt, w_mod = (sum(weights[n] for n in names) for names in (img, txt, mod))
+
+    f = perf.step_flops(preset, 720, 1280, 121, batch=2)
+    nv, nc, b, layers = f["tokens"]["video"], f["tokens"]["context"], 2, len(model.transformer_blocks)
+    assert f["parts"]["blocks_linear"] + f["eager_extra"] == layers * 2 * b * (nv * w_img + nc * w_txt)
+    assert f["parts"]["blocks_modulation"] == layers * 2 * b * w_mod
+    assert f["eager_extra"] == 2 * b * nc * sum(weights[n] for n in txt[3:])  # last block: to_add_out + ff_context
+
+
+def _tiny_kwargs(t, h, w, batch=2):
+    g = torch.Generator().manual_seed(0)
+    text_mask = (torch.arange(TINY.text_len)[None] < torch.tensor([14, 40])[:, None]).long()
+    byt5_mask = (torch.arange(TINY.byt5_len)[None] < torch.tensor([0, 9])[:, None]).long()
+    return dict(hidden_states=torch.randn(batch, 2 * TINY.latent_channels + 1, t, h, w, generator=g),
+                timestep=torch.tensor([700.0] * batch),
+                encoder_hidden_states=torch.randn(batch, TINY.text_len, TINY.text_dim, generator=g),
+                encoder_attention_mask=text_mask,
+                encoder_hidden_states_2=torch.randn(batch, TINY.byt5_len, TINY.byt5_dim, generator=g),
+                encoder_attention_mask_2=byt5_mask, image_embeds=torch.zeros(batch, TINY.image_tokens, TINY.image_dim))
+
+
+def test_tiny_analytic_flops_vs_xla_cost_analysis():
+    pytest.importorskip("torchax")
+    from hyv_lib.models import build_tiny_components
+    from hyv_lib.tpu import TpuTransformer
+    from hyv_lib.xla_attention import DEFAULT_BLOCK_KV
+
+    tpu = TpuTransformer(build_tiny_components(TINY, names=["transformer"])["transformer"], attention="xla")
+    # Latent 2 x 12 x 14 -> 336 video + 176 context = 512 tokens: one key block of the XLA kernel, so its
+    # lax.scan has one trip and cost_analysis sees the whole attention.
+    results = {}
+    for latent in ((2, 12, 14), (2, 20, 34)):
+        t, h, w = latent
+        x = perf.xla_flops(tpu.lower(**_tiny_kwargs(*latent)).compile())
+        f = perf.step_flops(TINY, 16 * h, 16 * w, 4 * (t - 1) + 1, batch=2, kv_block=DEFAULT_BLOCK_KV)
+        results[latent] = x, f
+        print(f"tiny {latent} S={f['tokens']['joint']}: analytic {f['total'] / 1e6:.1f} MFLOP; XLA matmuls "
+              f"{x['matmul'] / 1e6:.1f}; cost_analysis {x['cost_analysis'] / 1e6:.1f} "
+              f"({x['cost_analysis'] / f['total'] - 1:+.2%}); transcendentals {x['transcendentals'] / 1e6:.2f} M")
+        # Every dot XLA keeps is in the analytic count and nothing else is (dead last-block context dropped).
+        assert x["matmul"] == f["total"] and x["unknown_trip_counts"] == 0
+    x, f = results[2, 12, 14]
+    # cost_analysis adds elementwise ops (1 FLOP per element: norms, GELU, modulation, bias adds, softmax).
+    assert 0 < x["cost_analysis"] / f["total"] - 1 < 0.05
+    # With 3 key blocks cost_analysis counts the scan body once: it undercounts, the HLO re-count does not.
+    x, f = results[2, 20, 34]
+    assert x["cost_analysis"] < 0.7 * f["total"]
+
+
+def test_param_bytes_rules():
+    from hyv_lib.sharding import Rule
+
+    replicated = perf.param_bytes("720p_t2v", "bf16", "replicated", 8)
+    assert replicated["params"] == 8_326_608_160  # hunyuanvideo15_facts.md §1.5, meta-device count
+    assert replicated["bytes_per_device"] == 2 * 8_326_608_160
+    report = {}
+    for rules in ("tp", "tp_replicated_out", "fsdp"):
+        report[rules] = perf.param_bytes("720p_t2v", "bf16", rules, 8)
+        print(f"{rules} on 8 devices: {report[rules]['bytes_per_device'] / 1e9:.2f} GB per device "
+              f"(replicated {replicated['bytes_per_device'] / 1e9:.2f} GB)")
+        for row in report[rules]["rows"]:
+            print(f"    {row['rule']:40s} {row['tensors']:5d} tensors {row['params'] / 1e9:6.3f} B params "
+                  f"{row['bytes_per_device'] / 1e9:6.3f} GB/device")
+    tp = report["tp"]
+    split = [row for row in tp["rows"] if row["rule"].endswith(("column", "row"))]
+    assert len(split) == 4  # q/k/v, MLP in (column); attention out, MLP out (row)
+    for row in split:  # the block matmuls: exactly 1/8 of each on every device
+        assert row["tensors"] > 0 and row["bytes_per_device"] * 8 == row["params"] * 2
+        assert row["bytes_per_device"] < row["params"] * 2 / 4
+    assert tp["bytes_per_device"] < report["tp_replicated_out"]["bytes_per_device"] < replicated["bytes_per_device"]
+    # Replicating attention-out and MLP-out costs 7/8 of their 2.26 B params more per device: ~4.0 GB, as
+    # gpu_tpu_pedia_facts.md §2.5 recomputes the extra HBM of gpu-tpu-pedia's fc2/proj-replicated rules.
+    extra = report["tp_replicated_out"]["bytes_per_device"] - tp["bytes_per_device"]
+    assert 3.9e9 < extra < 4.1e9
+    assert report["fsdp"]["bytes_per_device"] < replicated["bytes_per_device"] / 6
+    for rules in report.values():
+        assert sum(r["params"] for r in rules["rows"]) == replicated["params"]
+
+    with pytest.raises(ValueError, match="megatron"):
+        perf.param_bytes("720p_t2v", rules="megatron")
+    with pytest.raises(ValueError, match="matched no parameter"):
+        perf.param_bytes(TINY, rules=[Rule("fused qkv", r".*\.to_qkv\.weight", ("tensor", None))], mesh_shape=2)
+
+
+def test_cited_mfu_on_v6e_8():
+    flops = perf.step_flops("720p_t2v", 720, 1280, 121)["total"]
+    for seconds in (7.29, 5.81):
+        value = perf.mfu(flops, seconds, "v6e", 8)
+        print(f"cited (gpu-tpu-pedia, v6e-8, 720p/121f, unverified): {seconds} s/step -> MFU {value:.1%}")
+        assert 0.20 <= value <= 0.40
+
+
+def test_memory_collectives_bounds_and_plan_table():
+    flash = perf.activation_bytes("720p_t2v", 720, 1280, 121, mesh_shape=8, attention="flash")
+    dense = perf.activation_bytes("720p_t2v", 720, 1280, 121, mesh_shape=8, attention="dense")
+    assert dense["parts"]["attention"] > perf.CHIPS["v6e"].hbm_bytes > 100 * flash["parts"]["attention"]
+    assert perf.collective_bytes("720p_t2v", 720, 1280, 121, strategy="tp", mesh_shape=1)["bytes_per_device"] == 0
+    tp = perf.collective_bytes("720p_t2v", 720, 1280, 121, strategy="tp", mesh_shape=8)
+    uly = perf.collective_bytes("720p_t2v", 720, 1280, 121, strategy="ulysses", mesh_shape=8)
+    assert tp["ops"]["per_block"] == 2 * 2 * 7 / 8 * 2 * 113_585 * 2048 * 2  # 2 ring all-reduces per block
+    assert uly["bytes_per_device"] < tp["bytes_per_device"]
+
+    b = perf.bounds("720p_t2v", 720, 1280, 121, "v6e", 8, "tp")
+    assert b["limit"] == "compute_s" and b["interconnect_s"] is None and b["fits"]
+    assert b["compute_s"] < 5.81  # every cited time is above the compute bound
+    rows = perf.plan_table()
+    assert len(rows) == 2 * 6 and {r["chip"] for r in rows} == set(perf.CHIPS)
+    v6e = next(r for r in rows if r["preset"] == "720p_t2v" and r["chip"] == "v6e")
+    assert v6e["cited_s"] == 5.81 and 0.2 < v6e["cited_mfu"] < 0.4
+    with pytest.raises(ValueError, match="chip"):
+        perf.bounds("720p_t2v", 720, 1280, 121, "v4", 8)
