@@ -348,3 +348,8 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, backend
     if not have_result:
         raise RuntimeError("run_distributed: rank 0 finished without a result")
     return result
+
+
+def ulysses_forward(model, kwargs: dict) -> torch.Tensor:
+    """One Ulysses forward of ``model`` on this rank (a picklable entry point for :func:`run_distributed`)."""
+    return UlyssesTransformer(model)(**kwargs)

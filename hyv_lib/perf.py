@@ -460,6 +460,7 @@ def bounds(preset: Preset | str, height: int, width: int, video_length: int, chi
       ``rules``) + per block the attention kernel's q, k, v reads and output write (4 B S h x / n)
     - interconnect: :func:`collective_bytes` of ``strategy`` / per-chip interconnect bandwidth; None
       when the chip has no sourced bandwidth (all chips in :data:`CHIPS` today).
+
     ``strategy`` defaults from ``rules``: tp and tp_replicated_out -> tp (the all-reduce count of plain TP;
     GSPMD chooses the real collectives when outputs are replicated), fsdp -> fsdp, replicated -> ulysses.
     ``step_s`` is the largest known bound, ``limit`` which one it is.
