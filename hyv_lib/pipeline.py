@@ -329,14 +329,24 @@ def stage3(
                                            f"expects {vae.config.latent_channels}")
     from .video import decode_latents, write_mp4
 
-    frames = decode_latents(vae, latents, tiling=not disable_tiling)
-    write_mp4(frames.numpy(), output_video, fps)
-    fields = {"output_video": os.path.abspath(output_video), "fps": fps, "vae_tiling": not disable_tiling}
-    if save_frames:
-        frames_path = os.path.join(out_dir, FRAMES_FILE)
-        save_tensors({"frames": frames.permute(3, 0, 1, 2).unsqueeze(0)}, frames_path)  # [1,3,F,H,W] uint8
-        fields["frames_file"] = frames_path
-    update_config(input_dir, base=config, **fields, stage3_time_s=round(time.perf_counter() - start, 3))
+    # Under torchrun (WORLD_SIZE > 1) the VAE tiles are spread over the ranks; rank 0 writes the files.
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if distributed:
+        from .parallel import init_distributed
+
+        init_distributed()
+    frames = decode_latents(vae, latents, tiling=not disable_tiling, tile_parallel=distributed)
+    if _rank() == 0:
+        write_mp4(frames.numpy(), output_video, fps)
+        fields = {"output_video": os.path.abspath(output_video), "fps": fps, "vae_tiling": not disable_tiling}
+        if save_frames:
+            frames_path = os.path.join(out_dir, FRAMES_FILE)
+            save_tensors({"frames": frames.permute(3, 0, 1, 2).unsqueeze(0)}, frames_path)  # [1,3,F,H,W] uint8
+            fields["frames_file"] = frames_path
+        update_config(input_dir, base=config, **fields, stage3_time_s=round(time.perf_counter() - start, 3))
+    if distributed:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
     return frames
 
 

@@ -11,18 +11,25 @@ from .stage_io import atomic_path
 
 
 @torch.no_grad()
-def decode_latents(vae, latents: torch.Tensor, tiling: bool = True) -> torch.Tensor:
+def decode_latents(vae, latents: torch.Tensor, tiling: bool = True, tile_parallel: bool = False) -> torch.Tensor:
     """Decode ``latents`` [1,C,T,h,w] to uint8 frames [F,H,W,3] with diffusers' VAE.
 
     Tiling uses diffusers' spatial tiles (256 px, overlap 0.25 by default) and bounds peak memory at
-    720p; videos smaller than one tile decode identically either way.
+    720p; videos smaller than one tile decode identically either way. ``tile_parallel`` spreads the
+    tiles over the torch.distributed ranks (:func:`hyv_lib.tile_parallel.tile_parallel_decode`).
     """
     if tiling:
         vae.enable_tiling()
     else:
         vae.disable_tiling()
     param = next(vae.parameters())
-    video = vae.decode(latents.to(param.device, param.dtype) / vae.config.scaling_factor).sample
+    z = latents.to(param.device, param.dtype) / vae.config.scaling_factor
+    if tiling and tile_parallel:
+        from .tile_parallel import tile_parallel_decode
+
+        video = tile_parallel_decode(vae, z)
+    else:
+        video = vae.decode(z).sample
     # [-1, 1] -> [0, 255], as diffusers' VideoProcessor.postprocess_video does.
     frames = ((video[0].float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
     return frames.permute(1, 2, 3, 0).contiguous().cpu()

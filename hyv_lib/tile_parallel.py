@@ -1,0 +1,67 @@
+"""VAE tile-parallel decode across torch.distributed ranks, reusing diffusers' own tiling and blending."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+class _TileDecoder(torch.nn.Module):
+    """Stands in for ``vae.decoder`` during diffusers' ``tiled_decode``: records the tiles it is asked
+    to decode (returning zeros of the right shape), or replays decoded tiles in the same order."""
+
+    def __init__(self, vae, replay: list[torch.Tensor] | None = None):
+        super().__init__()
+        self.spatial = vae.config.spatial_compression_ratio
+        self.temporal = vae.config.temporal_compression_ratio
+        self.out_channels = vae.config.out_channels
+        self.tiles: list[torch.Tensor] = []
+        self.replay = replay
+
+    def output_shape(self, tile: torch.Tensor) -> tuple[int, ...]:
+        b, _, t, h, w = tile.shape
+        return (b, self.out_channels, (t - 1) * self.temporal + 1, h * self.spatial, w * self.spatial)
+
+    def forward(self, tile: torch.Tensor) -> torch.Tensor:
+        self.tiles.append(tile)
+        if self.replay is None:
+            return tile.new_zeros(self.output_shape(tile))
+        out = self.replay[len(self.tiles) - 1]
+        if out.shape != self.output_shape(tile):  # the replay must follow the recorded order
+            raise RuntimeError(f"tile {len(self.tiles) - 1}: replayed {tuple(out.shape)}, "
+                               f"expected {self.output_shape(tile)}")
+        return out
+
+
+@torch.no_grad()
+def tile_parallel_decode(vae, z: torch.Tensor, group=None) -> torch.Tensor:
+    """``vae.decode(z).sample`` with spatial tiling, the tiles spread round-robin over the ranks of
+    ``group`` (default: WORLD); every rank returns the full decoded video [B, 3, F, H, W].
+
+    diffusers' ``tiled_decode`` runs three times: once with a recording stand-in for the decoder (which
+    tile, in which order), then each rank decodes its tiles and broadcasts them, then a replay feeds the
+    decoded tiles to diffusers' own blending. So the result equals the single-process tiled decode.
+    ``z`` is already divided by the scaling factor, as ``vae.decode`` expects.
+    """
+    world = dist.get_world_size(group) if dist.is_initialized() else 1
+    rank = dist.get_rank(group) if dist.is_initialized() else 0
+    vae.enable_tiling()
+    _, _, _, height, width = z.shape
+    if world == 1 or (height <= vae.tile_latent_min_height and width <= vae.tile_latent_min_width):
+        return vae.decode(z).sample  # one tile (or one process): nothing to spread
+    decoder = vae.decoder
+    try:
+        recorder = _TileDecoder(vae)
+        vae.decoder = recorder
+        vae.tiled_decode(z)
+        decoded = []
+        for index, tile in enumerate(recorder.tiles):
+            owner = index % world
+            out = decoder(tile) if owner == rank else tile.new_empty(recorder.output_shape(tile))
+            # broadcast's src is a global rank; map the group rank to it
+            dist.broadcast(out, src=dist.get_global_rank(group, owner) if group is not None else owner, group=group)
+            decoded.append(out)
+        vae.decoder = _TileDecoder(vae, replay=decoded)
+        return vae.tiled_decode(z)
+    finally:
+        vae.decoder = decoder
