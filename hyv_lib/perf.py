@@ -524,3 +524,27 @@ def plan_table(presets: Sequence[str] = ("480p_t2v", "720p_t2v"), chips: Sequenc
                 cited_source=f"{best['label']}; {best['source']}" if best else None,
             ))
     return rows
+
+
+# ----------------------------------------------------------------------------------- collectives in HLO
+HLO_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+_HLO_BYTES = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "s64": 8, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1}
+
+
+def hlo_collectives(hlo_text: str) -> dict[str, dict[str, int]]:
+    """Count the collectives of a compiled program (``compiled.as_text()``) and the bytes of their results.
+
+    What XLA actually inserted, to hold against :func:`collective_bytes`' prediction. ``count`` is HLO
+    instructions (async ``-start``/``-done`` pairs once), ``buffers`` the arrays they carry (XLA's
+    combiners merge several all-reduces into one instruction), ``bytes`` those arrays' total size.
+    """
+    found = {op: {"count": 0, "buffers": 0, "bytes": 0} for op in HLO_COLLECTIVES}
+    for line in hlo_text.splitlines():
+        for op in HLO_COLLECTIVES:
+            match = re.search(rf"= (.*?) {op}(?:-start)?\(", line)
+            if match:
+                found[op]["count"] += 1
+                for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", match.group(1)):
+                    found[op]["buffers"] += 1
+                    found[op]["bytes"] += math.prod(int(d) for d in dims.split(",") if d) * _HLO_BYTES.get(dtype, 4)
+    return found

@@ -14,6 +14,7 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_p
 import torch  # noqa: E402
 from diffusers import HunyuanVideo15Transformer3DModel  # noqa: E402
 
+from hyv_lib.perf import hlo_collectives  # noqa: E402
 from hyv_lib.presets import get_preset  # noqa: E402
 from hyv_lib.sharding import make_mesh  # noqa: E402
 from hyv_lib.tpu import TpuTransformer  # noqa: E402
@@ -51,7 +52,8 @@ def main(cases):
         full = {w: list(params[w].shape) for w in WEIGHTS}
         results.append({"rules": rules, "mesh": mesh_kwargs, "attention": attention,
                         "max_err": (out - expected).abs().max().item(), "shards": shards, "full": full,
-                        "placement": tpu.placement, "compilations": tpu.compilations})
+                        "placement": tpu.placement, "compilations": tpu.compilations,
+                        "collectives": hlo_collectives(tpu.lower(**kwargs).compile().as_text())})
     try:  # the real tiny preset has 2 heads: 8-way tensor parallelism cannot split them
         TpuTransformer(HunyuanVideo15Transformer3DModel(**tiny.transformer), mesh=make_mesh(tensor=8))
         head_error = None

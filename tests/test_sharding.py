@@ -31,7 +31,7 @@ def test_every_rule_set_and_mesh_equals_the_oracle(probe):
     assert len(probe["cases"]) == len(RULE_SETS) * len(MESHES) + 1
     for case in probe["cases"]:
         assert case["max_err"] <= 1e-5, case
-        assert case["compilations"] == 1, case
+        assert case["compilations"] == 1, case  # (lower() for the HLO traces once more, after this count)
 
 
 def test_weights_really_are_split(probe):
@@ -78,3 +78,23 @@ def test_plan_rejects_unknown_sets_unmatched_rules_and_bad_splits():
         plan({"transformer_blocks.0.attn.to_q.weight": (6, 8)}, [RULE_SETS["tp"][0]], FakeMesh())
     specs, rows = plan(shapes, [RULE_SETS["tp"][0]], FakeMesh())
     assert specs == {"transformer_blocks.0.attn.to_q.weight": ("tensor", None), "proj_out.weight": ()}
+
+
+def test_tp_all_reduces_in_the_hlo_are_the_ones_the_planner_predicts(probe):
+    """Plain TP all-reduces each row-parallel output (attention out, MLP out) of both streams per block.
+    XLA drops the last block's context stream (its output is unused), and nothing else."""
+    import dataclasses
+
+    from hyv_lib import perf
+    from hyv_lib.presets import get_preset
+
+    tiny = get_preset("tiny")
+    tiny = dataclasses.replace(tiny, transformer=dict(tiny.transformer, num_attention_heads=8))  # the probe's model
+    case = next(c for c in probe["cases"] if c["rules"] == "tp" and c["mesh"] == {"tensor": 8})
+    tokens = perf.token_counts(tiny, 4 * 16, 6 * 16, 5)  # the probe's latent: 2 x 4 x 6
+    n, layers, width = 8, tiny.transformer["num_layers"], 8 * 16
+    predicted = perf.collective_bytes(tiny, 64, 96, 5, dtype="fp32", strategy="tp", mesh_shape=n)
+    buffers = predicted["bytes_per_device"] / (2 * (n - 1) / n)  # undo the ring factor: bytes all-reduced
+    dead = 2 * 2 * tokens["context"] * width * 4  # last block: context attention-out and MLP-out
+    assert case["collectives"]["all-reduce"]["bytes"] == buffers - dead
+    assert case["collectives"]["all-reduce"]["buffers"] == 4 * layers - 2

@@ -31,7 +31,6 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + f" --xla_force_host_platform_device_count={N_DEVICES}")
 import copy
 import logging
-import re
 import warnings
 
 warnings.filterwarnings("ignore", message="IProgress not found")
@@ -124,11 +123,6 @@ because Splash is a Pallas kernel, which XLA's partitioner cannot split by itsel
 collective on its own."""))
 cells.append(code("""from torchax.interop import jax_view
 
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-
-def count_collectives(hlo_text):
-    return {op: len(re.findall(rf"\\b{op}(?:-start)?\\(", hlo_text)) for op in COLLECTIVES}
-
 cases = [("tp", dict(tensor=8), "xla"), ("tp_replicated_out", dict(tensor=8), "xla"),
          ("tp_replicated_out", dict(data=2, tensor=4), "splash"), ("fsdp", dict(sequence=2, tensor=4), "xla")]
 rows, steps = [], {}
@@ -142,15 +136,17 @@ for rules, axes, attention in cases:
     rows.append({"rules": rules, "mesh": ",".join(f"{k}={v}" for k, v in axes.items()), "attention": attention,
                  "max |out - oracle|": f"{(out - oracle).abs().max():.1e}",
                  "to_out.0 shard": str(list(weight.addressable_shards[0].data.shape)),
-                 **{op: n for op, n in count_collectives(hlo).items() if n}})
+                 **{op: c["count"] for op, c in perf.hlo_collectives(hlo).items() if c["count"]}})
 html_table(rows)"""))
 cells.append(md("""Every layout reproduces the oracle to float32 rounding. The shard shape of the attention output
 projection (full size 128×128) shows the rules at work: split by input features under `tp`, whole under
 `tp_replicated_out`, split by rows under `fsdp`. The collective counts come from the compiled program. They
 are what XLA decided, and a layout that looks cheaper on paper can still get extra reshards.
 
-The planner predicts the bytes these collectives move at full size (a ring all-reduce moves
-$2(n-1)/n$ of the buffer per device):"""))
+For plain `tp` the planner's prediction is exact: one all-reduce per row-parallel output and stream in every
+block, except the last block's context stream, whose output nothing reads (XLA drops it), and the bytes match
+(a test checks this). At full size, the planner predicts how much these collectives move (a ring all-reduce
+moves $2(n-1)/n$ of the buffer per device):"""))
 cells.append(code("""rows = []
 for strategy in ("tp", "ulysses", "fsdp"):
     cb = perf.collective_bytes(real, 720, 1280, 121, strategy=strategy, mesh_shape=8)
