@@ -246,6 +246,17 @@ class _Processor:
         return out.transpose(1, 2).flatten(2, 3)
 
 
+def context_qkv(attn, encoder_hidden_states: torch.Tensor):
+    """The context stream's q, k, v of a dual-stream block as [B, L, H, D], QK-normalised like diffusers."""
+    q, k, v = (proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
+               for proj in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))
+    if attn.norm_added_q is not None:
+        q = attn.norm_added_q(q)
+    if attn.norm_added_k is not None:
+        k = attn.norm_added_k(k)
+    return q, k, v
+
+
 class JointAttnProcessor(_Processor):
     """Replaces HunyuanVideo15AttnProcessor2_0 in the dual-stream blocks.
 
@@ -267,13 +278,7 @@ class JointAttnProcessor(_Processor):
             query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
             key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
         if encoder_hidden_states is not None:
-            enc_q = heads(attn.add_q_proj(encoder_hidden_states))
-            enc_k = heads(attn.add_k_proj(encoder_hidden_states))
-            enc_v = heads(attn.add_v_proj(encoder_hidden_states))
-            if attn.norm_added_q is not None:
-                enc_q = attn.norm_added_q(enc_q)
-            if attn.norm_added_k is not None:
-                enc_k = attn.norm_added_k(enc_k)
+            enc_q, enc_k, enc_v = context_qkv(attn, encoder_hidden_states)
             query, key, value = (torch.cat(pair, dim=1) for pair in ((query, enc_q), (key, enc_k), (value, enc_v)))
         batch, seq_len = query.shape[:2]
         if attention_mask is None:

@@ -40,3 +40,13 @@ def valid_first_order(*masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     valid = torch.cat([m.bool() for m in masks], dim=1)
     order = torch.argsort((~valid).to(torch.int8), dim=1, stable=True)
     return order, valid.gather(1, order)
+
+
+def check_supported(model, who: str) -> None:
+    """The restated forwards (TPU step, Ulysses) assume a 1x1x1 patch (one token per latent pixel, as in
+    every HunyuanVideo-1.5 checkpoint) and no meanflow ``timestep_r``; anything else is a clear error."""
+    config = model.config
+    if config.patch_size != 1 or config.patch_size_t != 1:
+        raise ValueError(f"{who} supports patch size 1x1x1 (every HunyuanVideo-1.5 checkpoint)")
+    if config.use_meanflow:
+        raise NotImplementedError("meanflow (step-distilled) checkpoints need timestep_r; not supported yet")

@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .attention import attention, use_attention
-from .layout import valid_first_order
+from .attention import attention, context_qkv, use_attention
+from .layout import check_supported, valid_first_order
 
 
 # --------------------------------------------------------------------------------------------- layout
@@ -117,13 +117,7 @@ class UlyssesJointAttnProcessor:
         batch = hidden_states.shape[0]
         context_len = 0 if encoder_hidden_states is None else encoder_hidden_states.shape[1]
         if encoder_hidden_states is not None:
-            enc_q = split(attn.add_q_proj(encoder_hidden_states))
-            enc_k = split(attn.add_k_proj(encoder_hidden_states))
-            enc_v = split(attn.add_v_proj(encoder_hidden_states))
-            if attn.norm_added_q is not None:
-                enc_q = attn.norm_added_q(enc_q)
-            if attn.norm_added_k is not None:
-                enc_k = attn.norm_added_k(enc_k)
+            enc_q, enc_k, enc_v = context_qkv(attn, encoder_hidden_states)
             enc_q, enc_k, enc_v = (x.narrow(2, first, local) for x in (enc_q, enc_k, enc_v))
         else:
             enc_q = enc_k = enc_v = video_q.new_zeros(batch, 0, local, video_q.shape[-1])
@@ -173,10 +167,7 @@ class UlyssesTransformer:
                                "hyv_lib.parallel.init_distributed() (under torchrun) or "
                                "torch.distributed.init_process_group first")
         config = model.config
-        if config.patch_size != 1 or config.patch_size_t != 1:
-            raise ValueError("UlyssesTransformer supports patch size 1x1x1 (every HunyuanVideo-1.5 checkpoint)")
-        if config.use_meanflow:
-            raise NotImplementedError("meanflow (step-distilled) checkpoints need timestep_r; not supported yet")
+        check_supported(model, "UlyssesTransformer")
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from .attention import use_attention
-from .layout import valid_first_order
+from .layout import check_supported, valid_first_order
 
 DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "hyv_lib", "jax")
 
@@ -102,10 +102,7 @@ class TpuTransformer:
         if sharding is not None and mesh is None:
             raise ValueError("sharding needs a mesh (hyv_lib.sharding.make_mesh)")
         config = model.config
-        if config.patch_size != 1 or config.patch_size_t != 1:
-            raise ValueError("TpuTransformer supports patch size 1x1x1 (every HunyuanVideo-1.5 checkpoint)")
-        if config.use_meanflow:
-            raise NotImplementedError("meanflow (step-distilled) checkpoints need timestep_r; not supported yet")
+        check_supported(model, "TpuTransformer")
         self.model = model
         self.mesh = mesh
         self.placement: list[dict] = []
