@@ -24,8 +24,9 @@ NO_INTERCONNECT_SOURCE = (
 class Chip:
     """Peak numbers of one accelerator chip, as published (see ``source``). Units: FLOP/s, bytes, bytes/s.
 
-    ``interconnect_bandwidth`` is ICI (TPU) or NVLink (GPU) bytes/s per chip, None where no sourced
-    figure was available. ``devices_per_chip`` is how many JAX devices the chip shows (2 on TPU7x).
+    ``interconnect_bandwidth`` is the published *bidirectional* ICI (TPU) or NVLink (GPU) bytes/s per
+    chip, None where no sourced figure was available; a chip can send at most half of it, which is what
+    :func:`bounds` divides the bytes sent by. ``devices_per_chip`` is how many JAX devices the chip shows (2 on TPU7x).
     """
 
     name: str
@@ -40,24 +41,28 @@ class Chip:
 GIB = 2**30
 
 CHIPS: dict[str, Chip] = {
-    "v5e": Chip("TPU v5e", 197e12, 16e9, 819e9, None, 1,
-                "Google Cloud TPU docs, docs.cloud.google.com/tpu/docs/v5e: 197 TFLOP/s bf16, 16 GB HBM, 819 GB/s."),
-    "v5p": Chip("TPU v5p", 459e12, 95 * GIB, 2765e9, None, 1,
+    "v5e": Chip("TPU v5e", 197e12, 16e9, 819e9, 400e9, 1,
+                "Google Cloud TPU docs, docs.cloud.google.com/tpu/docs/v5e: 197 TFLOP/s bf16, 16 GB HBM, 819 GB/s, "
+                "400 GB/s bidirectional ICI per chip."),
+    "v5p": Chip("TPU v5p", 459e12, 95 * GIB, 2765e9, 1200e9, 1,
                 "Google Cloud TPU docs, docs.cloud.google.com/tpu/docs/v5p: 459 TFLOP/s bf16, 95 GiB usable HBM "
-                "(96 physical), 2,765 GB/s."),
-    "v6e": Chip("TPU v6e (Trillium)", 918e12, 32e9, 1638e9, None, 1,
-                "Google Cloud TPU docs, docs.cloud.google.com/tpu/docs/v6e: 918 TFLOP/s bf16, 32 GB HBM, 1,638 GB/s."),
+                "(96 physical), 2,765 GB/s, 1,200 GB/s bidirectional ICI per chip."),
+    "v6e": Chip("TPU v6e (Trillium)", 918e12, 32e9, 1638e9, 800e9, 1,
+                "Google Cloud TPU docs, docs.cloud.google.com/tpu/docs/v6e: 918 TFLOP/s bf16, 32 GB HBM, 1,638 GB/s, "
+                "800 GB/s bidirectional ICI per chip."),
     "v7x": Chip("TPU7x (Ironwood)", 2307e12, 192 * GIB, 7.37e12, None, 2,
                 "Google Cloud TPU docs, docs.cloud.google.com/tpu/docs/tpu7x: 2,307 TFLOP/s bf16, 192 GiB HBM; "
                 "bandwidth ~7.37 TB/s from Hot Chips reporting (7.3 TB/s) and gpu-tpu-pedia (7,380 GB/s) "
                 "[secondary]. Caveat: JAX shows each of the 2 chiplets as its own device, so a 'v7x-8' slice in "
                 "maxdiffusion/gpu-tpu-pedia is 4 chips = 8 devices; this planner counts physical chips."),
-    "H100": Chip("NVIDIA H100 SXM", 989.4e12, 80e9, 3.35e12, None, 1,
+    "H100": Chip("NVIDIA H100 SXM", 989.4e12, 80e9, 3.35e12, 900e9, 1,
                  "NVIDIA H100 datasheet figures as quoted by glennklockwood.com/garden/processors/h100 "
-                 "[secondary]: 989.4 TFLOP/s dense bf16 (1,978.9 with 2:4 sparsity), 80 GB HBM3, 3.35 TB/s."),
-    "H200": Chip("NVIDIA H200 SXM", 989e12, 141e9, 4.8e12, None, 1,
+                 "[secondary]: 989.4 TFLOP/s dense bf16 (1,978.9 with 2:4 sparsity), 80 GB HBM3, 3.35 TB/s; "
+                 "NVLink 4: 900 GB/s bidirectional per GPU (18 links x 50 GB/s, NVIDIA)."),
+    "H200": Chip("NVIDIA H200 SXM", 989e12, 141e9, 4.8e12, 900e9, 1,
                  "third-party spec pages (itkb.uw.cz, saulelectric) [secondary]: ~989 TFLOP/s dense bf16 (same "
-                 "GH100 die as H100), 141 GB HBM3e, 4.8 TB/s."),
+                 "GH100 die as H100), 141 GB HBM3e, 4.8 TB/s; NVLink 4 900 GB/s (MLCommons inference v4.1 "
+                 "H200-SXM-141GBx8 system description)."),
 }
 
 #: Published HunyuanVideo-1.5 step times (720p, 121 frames, 50 steps, CFG 6, one CFG step = batch 2).
@@ -485,7 +490,8 @@ def bounds(preset: Preset | str, height: int, width: int, video_length: int, chi
     times = {
         "compute_s": flops["total"] / (n_chips * spec.peak_bf16_flops),
         "hbm_s": (weights + attention_io) / spec.hbm_bandwidth,
-        "interconnect_s": (comm["bytes_per_device"] / spec.interconnect_bandwidth
+        # bytes each chip sends / its egress bandwidth (half the published bidirectional figure)
+        "interconnect_s": (comm["bytes_per_device"] / (spec.interconnect_bandwidth / 2)
                            if spec.interconnect_bandwidth else None),
     }
     known = {k: v for k, v in times.items() if v is not None}

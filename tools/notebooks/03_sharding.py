@@ -80,14 +80,16 @@ inconsistently). About a third of the parameters (the AdaLN modulation linears, 
 block) stay replicated under both TP rule sets. They are a lever that neither rule set pulls.
 
 The planner turns this into per-chip rows for common 8-chip systems. The bounds are *lower* bounds: compute
-at peak bf16, and HBM for reading the weights once plus the attention's inputs and outputs. The interconnect
-bound is left empty because no sourced per-chip interconnect bandwidth is in the reference material yet."""))
+at peak bf16; HBM for reading the weights once plus the attention's inputs and outputs; interconnect for the
+bytes each chip must send, at half its published bidirectional ICI or NVLink bandwidth (v7x has no sourced
+figure here, so its bound stays empty)."""))
 cells.append(code("""rows = []
 for r in perf.plan_table(presets=("720p_t2v",), rules="tp_replicated_out"):
     needed = r["weights_gb_per_chip"] + r["activations_gb_per_chip"]
     rows.append({"chip x8": r["chip"], "GB needed per chip": round(needed, 1),
                  "HBM per chip, GB": round(r["hbm_gb_per_chip"], 1), "fits": r["fits"],
                  "compute bound s": round(r["compute_s"], 2), "HBM bound s": round(r["hbm_s"], 3),
+                 "interconnect bound s": round(r["interconnect_s"], 2) if r["interconnect_s"] else "",
                  "cited s/step": r["cited_s"] or "", "cited MFU": f"{r['cited_mfu']:.1%}" if r["cited_mfu"] else "",
                  "source": (r["cited_source"] or "")[:60]})
 html_table(rows)"""))
@@ -100,11 +102,14 @@ for rules in ("tp", "tp_replicated_out", "fsdp"):
     b = perf.bounds(real, 720, 1280, 121, "v6e", 8, rules)
     rows.append({"rule set": rules, "weights GB/chip": round(b["weights_bytes"] / 1e9, 2),
                  "activations GB/chip": round(b["activation_bytes"] / 1e9, 2),
-                 "compute bound s": round(b["compute_s"], 2), "measured s/step": cited.get(rules, ""),
+                 "compute bound s": round(b["compute_s"], 2),
+                 "interconnect bound s": round(b["interconnect_s"], 2), "measured s/step": cited.get(rules, ""),
                  "MFU": f"{perf.mfu(flops, cited[rules], 'v6e', 8):.1%}" if rules in cited else ""})
 html_table(rows)"""))
 cells.append(md("""Replicating the row-parallel weights costs 4 GB per chip and bought 10% in that measurement. In the planner,
-plain TP all-reduces about 176 GB per chip and step, which is the traffic that replication removes. Both runs
+plain TP all-reduces about 176 GB per chip and step, at least 0.44 s on v6e ICI, which is the traffic that
+replication removes. (The planner still counts plain-TP traffic for `tp_replicated_out`, because XLA picks the
+collectives there.) Both runs
 sit near a quarter of peak. The bounds say where the rest could go:
 compute dominates by far, so the levers are the attention kernel's efficiency (the custom exp2 Splash kernel
 went from 7.29 to 5.81 s/step on the v6e-8) and fewer collectives on the critical path.
