@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from hyv_lib import attention as A
 from hyv_lib.models import build_tiny_components
 from hyv_lib.presets import get_preset
+from tiny_inputs import forward_kwargs
 
 TINY = get_preset("tiny")
 TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2}  # max abs error vs float64, inputs ~N(0, 1)
@@ -148,20 +149,7 @@ def test_gpu_backends(backend):
 
 # ------------------------------------------------------------------------------------------ on the model
 def model_inputs(text_lengths=(14, 40), byt5_lengths=(0, 9), seed=0, latent_hw=(6, 10)):
-    g = torch.Generator().manual_seed(seed)
-    b = len(text_lengths)
-    c = TINY.latent_channels
-    text_mask = (torch.arange(TINY.text_len)[None] < torch.tensor(text_lengths)[:, None]).long()
-    byt5_mask = (torch.arange(TINY.byt5_len)[None] < torch.tensor(byt5_lengths)[:, None]).long()
-    return dict(
-        hidden_states=torch.randn(b, 2 * c + 1, 3, *latent_hw, generator=g),
-        timestep=torch.full((b,), 700.0),
-        encoder_hidden_states=torch.randn(b, TINY.text_len, TINY.text_dim, generator=g),
-        encoder_attention_mask=text_mask,
-        encoder_hidden_states_2=torch.randn(b, TINY.byt5_len, TINY.byt5_dim, generator=g) * byt5_mask[..., None],
-        encoder_attention_mask_2=byt5_mask,
-        image_embeds=torch.zeros(b, TINY.image_tokens, TINY.image_dim),
-    )
+    return forward_kwargs(seed=seed, text_lengths=text_lengths, byt5_lengths=byt5_lengths, latent=(3, *latent_hw))
 
 
 @pytest.fixture(scope="module")

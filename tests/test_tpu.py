@@ -15,23 +15,10 @@ pytest.importorskip("torchax")
 from hyv_lib import pipeline  # noqa: E402
 from hyv_lib.models import build_tiny_components  # noqa: E402
 from hyv_lib.presets import get_preset  # noqa: E402
+from tiny_inputs import forward_kwargs as inputs  # noqa: E402
 from hyv_lib.tpu import TpuTransformer  # noqa: E402
 
 TINY = get_preset("tiny")
-
-
-def inputs(seed=0, image=False, text_lengths=(14, 40), byt5_lengths=(0, 9)):
-    g = torch.Generator().manual_seed(seed)
-    b, c = len(text_lengths), TINY.latent_channels
-    text_mask = (torch.arange(TINY.text_len)[None] < torch.tensor(text_lengths)[:, None]).long()
-    byt5_mask = (torch.arange(TINY.byt5_len)[None] < torch.tensor(byt5_lengths)[:, None]).long()
-    image_embeds = torch.randn(b, TINY.image_tokens, TINY.image_dim, generator=g) if image else \
-        torch.zeros(b, TINY.image_tokens, TINY.image_dim)
-    return dict(hidden_states=torch.randn(b, 2 * c + 1, 2, 6, 10, generator=g), timestep=torch.tensor([700.0] * b),
-                encoder_hidden_states=torch.randn(b, TINY.text_len, TINY.text_dim, generator=g),
-                encoder_attention_mask=text_mask,
-                encoder_hidden_states_2=torch.randn(b, TINY.byt5_len, TINY.byt5_dim, generator=g),
-                encoder_attention_mask_2=byt5_mask, image_embeds=image_embeds)
 
 
 @pytest.fixture(scope="module")
