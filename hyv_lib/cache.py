@@ -1,8 +1,11 @@
-"""Step caches for the denoising loop: the DeepCache schedule (which steps run the full network)."""
+"""DeepCache for the denoising loop: the schedule, and a transformer step that skips the deep blocks."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -42,3 +45,94 @@ class DeepCacheSchedule:
         blocks run with it (cached steps still run ``uncached_blocks`` trailing blocks)."""
         cached = self.num_steps - len(self.full_steps)
         return self.num_steps * num_blocks / (len(self.full_steps) * num_blocks + cached * uncached_blocks)
+
+
+class CacheableRuntime(Protocol):
+    """What a runtime offers DeepCache: a full forward that also returns the cache, and a cached forward."""
+
+    def run_and_cache(self, uncached_blocks: int, **forward_kwargs) -> tuple[torch.Tensor, Any]: ...
+
+    def run_from_cache(self, cache: Any, uncached_blocks: int, **forward_kwargs) -> torch.Tensor: ...
+
+
+class TorchDeepCache:
+    """The eager-torch halves of DeepCache around diffusers' own forward.
+
+    A full step *is* ``model(**kwargs)``, with a pre-hook on the first uncached block recording what enters
+    it (video and context tokens, the 1-D mask, RoPE), so a schedule of only full steps gives exactly the
+    uncached latents. A cached step recomputes the timestep embedding, runs the last blocks on the recorded
+    tokens, and applies the output layer.
+    """
+
+    def __init__(self, model):
+        from .layout import check_supported
+
+        check_supported(model, "DeepCache")
+        self.model = model
+
+    def _tail(self, uncached_blocks: int):
+        blocks = self.model.transformer_blocks
+        return blocks[len(blocks) - uncached_blocks:]
+
+    @torch.no_grad()
+    def run_and_cache(self, uncached_blocks: int, **kwargs) -> tuple[torch.Tensor, Any]:
+        recorded = {}
+
+        def record(module, args):
+            recorded["inputs"] = args  # (video, context, temb, mask, rope): temb is recomputed per step
+        handle = self._tail(uncached_blocks)[0].register_forward_pre_hook(record)
+        try:
+            out = self.model(**kwargs, return_dict=False)[0]
+        finally:
+            handle.remove()
+        video, context, _, mask, rope = recorded["inputs"]
+        return out, (video, context, mask, rope)
+
+    @torch.no_grad()
+    def run_from_cache(self, cache: Any, uncached_blocks: int, hidden_states, timestep, **_) -> torch.Tensor:
+        video, context, mask, rope = cache
+        m = self.model
+        temb = m.time_embed(timestep)
+        for block in self._tail(uncached_blocks):
+            video, context = block(video, context, temb, mask, rope)
+        video = m.proj_out(m.norm_out(video, temb))
+        batch, _, frames, height, width = hidden_states.shape  # patch 1 x 1 x 1 (check_supported)
+        return video.reshape(batch, frames, height, width, -1).permute(0, 4, 1, 2, 3)
+
+
+class DeepCacheStep:
+    """A transformer step that runs every block only on the schedule's full steps (DeepCache).
+
+    On full steps the runtime runs the whole network and keeps the tokens entering the last
+    ``uncached_blocks`` blocks; on cached steps it recomputes only the timestep embedding, those blocks and
+    the output layer. CFG's two branches are one batch, so they are cached together. The step counts its
+    calls; the denoising loop calls :meth:`reset` before its first step, so warmup calls do not shift the
+    schedule. On the TPU runtime the full and cached steps are two jitted functions chosen by a Python
+    branch, so nothing recompiles from step to step.
+    """
+
+    def __init__(self, runtime: CacheableRuntime, schedule: DeepCacheSchedule, uncached_blocks: int = 1):
+        num_blocks = _num_blocks(runtime)
+        if not isinstance(uncached_blocks, int) or not 1 <= uncached_blocks <= num_blocks:
+            raise ValueError(f"uncached_blocks (--no_cache_blocks) must be an integer in 1..{num_blocks} "
+                             f"(the model has {num_blocks} blocks), got {uncached_blocks!r}")
+        self.runtime, self.schedule, self.uncached_blocks = runtime, schedule, uncached_blocks
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the cache and restart the step count (a new denoising run)."""
+        self.calls, self.full_calls, self.cached_calls, self.cache = 0, 0, 0, None
+
+    def __call__(self, **kwargs) -> torch.Tensor:
+        index, self.calls = self.calls, self.calls + 1
+        full = self.cache is None or index >= self.schedule.num_steps or self.schedule.is_full(index)
+        if full:
+            self.full_calls += 1
+            out, self.cache = self.runtime.run_and_cache(self.uncached_blocks, **kwargs)
+            return out
+        self.cached_calls += 1
+        return self.runtime.run_from_cache(self.cache, self.uncached_blocks, **kwargs)
+
+
+def _num_blocks(runtime) -> int:
+    return len(runtime.model.transformer_blocks)

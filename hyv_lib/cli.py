@@ -12,7 +12,8 @@ from .errors import HyvInputError
 
 def _add_stage1(p: argparse.ArgumentParser, output_dir: bool = True) -> None:
     g = p.add_argument_group("stage 1: text encoders")
-    g.add_argument("--preset", default="tiny", help="tiny | 480p_t2v | 720p_t2v (default: tiny)")
+    g.add_argument("--preset", default="tiny",
+                   help="tiny (random weights) | tiny_trained (hyv-tiny) | 480p_t2v | 720p_t2v (default: tiny)")
     g.add_argument("--model_path", default=None,
                    help="diffusers-format folder or hub id; required for real presets")
     g.add_argument("--prompt", default="", help="text prompt; quoted text also goes to ByT5 (default: empty)")
@@ -44,6 +45,14 @@ def _add_stage2(p: argparse.ArgumentParser, dirs: bool = True) -> None:
                    help="tpu runtime: device mesh, e.g. tensor=8 or data=2,tensor=4 (default: one device)")
     g.add_argument("--sharding", default="tp_replicated_out",
                    help="tpu runtime with --mesh: tp | tp_replicated_out | fsdp (default tp_replicated_out)")
+    c = p.add_argument_group("stage 2: DeepCache (torch and tpu runtimes)")
+    c.add_argument("--enable_cache", action="store_true", help="reuse deep features on the schedule's cached steps")
+    c.add_argument("--cache_start_step", type=int, default=11, help="first step of the cached range (default 11)")
+    c.add_argument("--cache_end_step", type=int, default=45, help="steps from here on are full again (default 45)")
+    c.add_argument("--cache_step_interval", type=int, default=4,
+                   help="in the range, every N-th step is full (default 4)")
+    c.add_argument("--no_cache_blocks", type=int, default=1,
+                   help="trailing blocks recomputed on cached steps (default 1)")
 
 
 def _add_stage3(p: argparse.ArgumentParser, input_dir: bool = True) -> None:
@@ -83,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _stage2_kwargs(args: argparse.Namespace) -> dict:
     names = ("aspect_ratio", "height", "width", "video_length", "num_inference_steps", "guidance_scale",
-             "flow_shift", "seed", "warmup_steps", "runtime", "mesh", "sharding", "quiet")
+             "flow_shift", "seed", "warmup_steps", "runtime", "mesh", "sharding", "enable_cache", "cache_start_step",
+             "cache_end_step", "cache_step_interval", "no_cache_blocks", "quiet")
     return {n: getattr(args, n) for n in names}
 
 

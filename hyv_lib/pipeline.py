@@ -54,13 +54,26 @@ def parse_mesh(text: str | None) -> dict[str, int] | None:
 
 
 def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
-              sharding: str = "tp_replicated_out") -> TransformerStep:
+              sharding: str = "tp_replicated_out", cache=None, uncached_blocks: int = 1) -> TransformerStep:
     """The transformer step of a runtime: ``torch`` (eager diffusers), ``tpu`` (torchax/JAX jit on
     whatever JAX backend is present: the TPU on a TPU VM, the CPU here; compile cache enabled) or
     ``ulysses`` (sequence parallel over the torchrun processes: nccl on GPUs, gloo on CPU).
 
     ``mesh`` ('tensor=8', 'data=2,tensor=4', ...) shards the tpu step with the rule set ``sharding``.
+    ``cache`` (a :class:`hyv_lib.cache.DeepCacheSchedule`) wraps the torch or tpu step in DeepCache,
+    recomputing the last ``uncached_blocks`` blocks on cached steps.
     """
+    if cache is not None:
+        from .cache import DeepCacheStep, TorchDeepCache
+
+        if runtime not in ("torch", "tpu"):
+            raise HyvInputError("--enable_cache", f"DeepCache runs on --runtime torch or tpu, not {runtime!r}")
+        runtime_impl = TorchDeepCache(transformer) if runtime == "torch" else make_step(transformer, runtime, mesh,
+                                                                                         sharding)
+        try:
+            return DeepCacheStep(runtime_impl, cache, uncached_blocks)
+        except ValueError as err:
+            raise HyvInputError("--no_cache_blocks", str(err)) from None
     if runtime == "torch":
         return torch_step(transformer)
     if runtime == "tpu":
@@ -100,7 +113,8 @@ def resolve_settings(
     preset: Preset, *, aspect_ratio: str = "16:9", height: int | None = None, width: int | None = None,
     video_length: int | None = None, num_inference_steps: int | None = None, guidance_scale: float | None = None,
     flow_shift: float | None = None, seed: int = 42, warmup_steps: int = 0, runtime: str = "torch",
-    mesh: str | None = None, sharding: str = "tp_replicated_out",
+    mesh: str | None = None, sharding: str = "tp_replicated_out", enable_cache: bool = False,
+    cache_start_step: int = 11, cache_end_step: int = 45, cache_step_interval: int = 4, no_cache_blocks: int = 1,
 ) -> dict[str, Any]:
     """Fill unset stage-2 settings from the preset, validate them, and resolve (height, width).
 
@@ -146,10 +160,38 @@ def resolve_settings(
         raise HyvInputError("--sharding", f"must be one of {', '.join(RULE_SETS)}, got {sharding!r}")
     bucket = bucket_size(preset, aspect_ratio)  # validates --aspect_ratio even when a size is given
     height, width = bucket if height is None else (height, width)
+    cache = {}
+    if enable_cache:
+        if runtime not in ("torch", "tpu"):
+            raise HyvInputError("--enable_cache", f"DeepCache runs on --runtime torch or tpu, not {runtime!r}")
+        for name, value, low in (("--cache_start_step", cache_start_step, 0), ("--cache_end_step", cache_end_step, 0),
+                                 ("--cache_step_interval", cache_step_interval, 1),
+                                 ("--no_cache_blocks", no_cache_blocks, 1)):
+            if not isinstance(value, int) or value < low:
+                raise HyvInputError(name, f"must be an integer >= {low}, got {value!r}")
+        if cache_end_step < cache_start_step:
+            raise HyvInputError("--cache_end_step", f"must be >= --cache_start_step ({cache_start_step}), "
+                                                    f"got {cache_end_step}")
+        num_layers = preset.transformer.get("num_layers")
+        if num_layers is not None and no_cache_blocks > num_layers:
+            raise HyvInputError("--no_cache_blocks", f"must be at most the model's {num_layers} blocks, "
+                                                     f"got {no_cache_blocks}")
+        cache = dict(cache_start_step=cache_start_step, cache_end_step=cache_end_step,
+                     cache_step_interval=cache_step_interval, no_cache_blocks=no_cache_blocks)
     return dict(aspect_ratio=aspect_ratio, height=height, width=width, video_length=video_length,
                 num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
                 seed=seed, warmup_steps=warmup_steps, runtime=runtime, mesh=mesh,
-                sharding=sharding if mesh else None)
+                sharding=sharding if mesh else None, enable_cache=bool(enable_cache), **cache)
+
+
+def cache_schedule(settings: dict[str, Any]):
+    """The DeepCacheSchedule of resolved settings, or None when the cache is off."""
+    if not settings.get("enable_cache"):
+        return None
+    from .cache import DeepCacheSchedule
+
+    return DeepCacheSchedule(settings["num_inference_steps"], settings["cache_start_step"],
+                             settings["cache_end_step"], settings["cache_step_interval"])
 
 
 def _preset_from_config(config: dict[str, Any], input_dir: str) -> Preset:
@@ -244,6 +286,8 @@ def denoise(
 
     for _ in range(warmup_steps):
         step(**model_kwargs(latents, scheduler.timesteps[0]))
+    if hasattr(step, "reset"):  # stateful steps (DeepCache) count steps from here: warmup must not shift them
+        step.reset()
     for t in tqdm(scheduler.timesteps, desc="denoising", disable=not progress, leave=False):
         noise_uncond, noise_cond = step(**model_kwargs(latents, t)).float().chunk(2)
         guided = noise_uncond + guidance_scale * (noise_cond - noise_uncond)
@@ -256,7 +300,9 @@ def stage2(
     height: int | None = None, width: int | None = None, video_length: int | None = None,
     num_inference_steps: int | None = None, guidance_scale: float | None = None, flow_shift: float | None = None,
     seed: int = 42, warmup_steps: int = 0, quiet: bool = False, runtime: str = "torch",
-    mesh: str | None = None, sharding: str = "tp_replicated_out", step: TransformerStep | None = None,
+    mesh: str | None = None, sharding: str = "tp_replicated_out", enable_cache: bool = False,
+    cache_start_step: int = 11, cache_end_step: int = 45, cache_step_interval: int = 4, no_cache_blocks: int = 1,
+    step: TransformerStep | None = None,
 ) -> torch.Tensor:
     """Denoise from the stage-1 embeddings; write stage2_latents.safetensors and extend the config.
 
@@ -270,7 +316,9 @@ def stage2(
     settings = resolve_settings(
         spec, aspect_ratio=aspect_ratio, height=height, width=width, video_length=video_length,
         num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift, seed=seed,
-        warmup_steps=warmup_steps, runtime=runtime, mesh=mesh, sharding=sharding,
+        warmup_steps=warmup_steps, runtime=runtime, mesh=mesh, sharding=sharding, enable_cache=enable_cache,
+        cache_start_step=cache_start_step, cache_end_step=cache_end_step, cache_step_interval=cache_step_interval,
+        no_cache_blocks=no_cache_blocks,
     )
     output_dir = ensure_output_dir(output_dir or input_dir)
     dtype = config.get("dtype", spec.default_dtype)
@@ -287,7 +335,8 @@ def stage2(
     scheduler = FlowMatchEulerDiscreteScheduler.from_config(components["scheduler"].config,
                                                             shift=settings["flow_shift"])
     shape = spec.latent_shape(settings["height"], settings["width"], settings["video_length"])
-    step = step or make_step(transformer, runtime, mesh, sharding)
+    step = step or make_step(transformer, runtime, mesh, sharding, cache=cache_schedule(settings),
+                             uncached_blocks=settings.get("no_cache_blocks", 1))
     device = torch.device("cpu")
     if runtime == "ulysses" and torch.cuda.is_available():  # one GPU per rank (untested here: no GPU)
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
@@ -300,7 +349,11 @@ def stage2(
     ).cpu()
     if _rank() == 0:  # every rank holds the same latents; one writes them
         save_tensors({"latents": latents}, os.path.join(output_dir, STAGE2_FILE), metadata={"preset": spec.name})
-        update_config(output_dir, base=config, **settings, stage2_time_s=round(time.perf_counter() - start, 3))
+        counts = {}
+        if settings["enable_cache"]:  # what the cache actually did, next to what was asked
+            counts = dict(cache_full_steps=step.full_calls, cache_cached_steps=step.cached_calls)
+        update_config(output_dir, base=config, **settings, **counts,
+                      stage2_time_s=round(time.perf_counter() - start, 3))
     if runtime == "ulysses":
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()

@@ -54,11 +54,10 @@ class _Step(torch.nn.Module):
         spec = NamedSharding(self.mesh, P("data", "sequence", None))
         return call_jax(jax.lax.with_sharding_constraint, tokens, spec)
 
-    def forward(self, hidden_states, timestep, text_states, text_mask, byt5_states, byt5_mask, image_embeds,
-                image_scale, order, context_mask, rope_cos, rope_sin):
-        self.traces += 1
+    def _embed(self, hidden_states, timestep, text_states, text_mask, byt5_states, byt5_mask, image_embeds,
+               image_scale, order):
+        """Timestep embedding, video tokens and the valid-first context tokens before the first block."""
         m = self.model
-        batch, _, frames, height, width = hidden_states.shape
         cond = m.cond_type_embed.weight  # rows: 0 text, 1 ByT5, 2 image
         temb = m.time_embed(timestep)
         video = self._shard_sequence(m.x_embedder(hidden_states))
@@ -69,12 +68,52 @@ class _Step(torch.nn.Module):
         keep = torch.cat([torch.ones_like(image[..., 0]), byt5_mask.to(image.dtype), text_mask.to(image.dtype)], 1)
         context = torch.cat([image, byt5, text], dim=1) * keep[..., None]
         context = torch.gather(context, 1, order[..., None].expand(-1, -1, context.shape[-1]))
-        for block in m.transformer_blocks:
+        return temb, video, context
+
+    def _blocks(self, blocks, video, context, temb, context_mask, rope_cos, rope_sin):
+        for block in blocks:
             video, context = block(video, context, temb, context_mask, (rope_cos, rope_sin))
             video = self._shard_sequence(video)
-        video = m.proj_out(m.norm_out(video, temb))
+        return video, context
+
+    def _head(self, video, temb, latent_shape):
+        batch, _, frames, height, width = latent_shape
+        video = self.model.proj_out(self.model.norm_out(video, temb))
         # patch size 1 x 1 x 1 (checked in TpuTransformer): tokens back to [B, C, T, H, W]
         return video.reshape(batch, frames, height, width, -1).permute(0, 4, 1, 2, 3)
+
+    def forward(self, hidden_states, timestep, text_states, text_mask, byt5_states, byt5_mask, image_embeds,
+                image_scale, order, context_mask, rope_cos, rope_sin):
+        self.traces += 1
+        temb, video, context = self._embed(hidden_states, timestep, text_states, text_mask, byt5_states, byt5_mask,
+                                           image_embeds, image_scale, order)
+        video, _ = self._blocks(self.model.transformer_blocks, video, context, temb, context_mask, rope_cos, rope_sin)
+        return self._head(video, temb, hidden_states.shape)
+
+    def forward_and_cache(self, hidden_states, timestep, text_states, text_mask, byt5_states, byt5_mask,
+                          image_embeds, image_scale, order, context_mask, rope_cos, rope_sin, uncached_blocks=1):
+        """DeepCache's full step: the forward, plus the video and context tokens entering the last
+        ``uncached_blocks`` blocks (what the cached steps start from)."""
+        self.traces += 1
+        temb, video, context = self._embed(hidden_states, timestep, text_states, text_mask, byt5_states, byt5_mask,
+                                           image_embeds, image_scale, order)
+        split = len(self.model.transformer_blocks) - uncached_blocks
+        deep = self.model.transformer_blocks[:split]
+        video, context = self._blocks(deep, video, context, temb, context_mask, rope_cos, rope_sin)
+        cache = (video, context)
+        video, _ = self._blocks(self.model.transformer_blocks[split:], video, context, temb, context_mask,
+                                rope_cos, rope_sin)
+        return self._head(video, temb, hidden_states.shape), cache
+
+    def forward_from_cache(self, hidden_states, timestep, video, context, context_mask, rope_cos, rope_sin,
+                           uncached_blocks=1):
+        """DeepCache's cached step: a fresh timestep embedding, the last ``uncached_blocks`` blocks on the
+        cached tokens, and the output layer (``hidden_states`` only gives the output shape)."""
+        self.traces += 1
+        temb = self.model.time_embed(timestep)
+        tail = self.model.transformer_blocks[len(self.model.transformer_blocks) - uncached_blocks:]
+        video, _ = self._blocks(tail, video, context, temb, context_mask, rope_cos, rope_sin)
+        return self._head(video, temb, hidden_states.shape)
 
 
 class TpuTransformer:
@@ -110,6 +149,7 @@ class TpuTransformer:
         self.dtype = next(model.parameters()).dtype
         self._rope_cache: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
         self._prepared: tuple[tuple, dict] | None = None  # ((input tensors, versions), prepared inputs)
+        self._methods: dict[tuple[str, int], Any] = {}  # DeepCache's jitted full / cached steps
         # Installs hyv_lib's masked processors on `model` (callers comparing with the oracle keep a copy).
         use_attention(model, attention, **(attention_options or {}))
         specs: dict[str, tuple] = {}
@@ -223,6 +263,41 @@ class TpuTransformer:
             return jax.jit(fn).lower(jax_view(self.jitted.params), jax_view(self.jitted.buffers),
                                      **jax_view(args))
 
+    def _method(self, name: str, uncached_blocks: int):
+        """One jitted function per (method of the step module, uncached block count): the count is static."""
+        key = (name, uncached_blocks)
+        if key not in self._methods:
+            import functools
+
+            from torchax.interop import jax_jit
+
+            method = functools.partial(getattr(_Step, name), uncached_blocks=uncached_blocks)
+            jitted = jax_jit(functools.partial(self.jitted.functional_call, method))
+            self._methods[key] = lambda *a, **kw: jitted(self.jitted.params, self.jitted.buffers, *a, **kw)
+        return self._methods[key]
+
+    def run_and_cache(self, uncached_blocks: int, hidden_states, timestep, **conditioning):
+        """DeepCache's full step on JAX: (noise prediction on the CPU, cache left on the device)."""
+        args = self._step_args(hidden_states, timestep, **_conditioning(conditioning))
+        from .sharding import active_mesh
+
+        with self.env, torch.no_grad(), active_mesh(self.mesh):
+            out, cache = self._method("forward_and_cache", uncached_blocks)(**args)
+            return _to_cpu(out), (cache, args["context_mask"], args["rope_cos"], args["rope_sin"])
+
+    def run_from_cache(self, cache, uncached_blocks: int, hidden_states, timestep, **conditioning):
+        """DeepCache's cached step on JAX: only the timestep embedding, the last blocks and the output layer."""
+        (video, context), context_mask, rope_cos, rope_sin = cache
+        hidden = self._to_jax(hidden_states.to(self.dtype), ("data",))
+        timestep = torch.as_tensor(timestep).reshape(-1).expand(hidden_states.shape[0])
+        from .sharding import active_mesh
+
+        with self.env, torch.no_grad(), active_mesh(self.mesh):
+            out = self._method("forward_from_cache", uncached_blocks)(
+                hidden, self._to_jax(timestep.to(self.dtype), ("data",)), video, context, context_mask, rope_cos,
+                rope_sin)
+            return _to_cpu(out)
+
     def __call__(self, hidden_states, timestep, encoder_hidden_states, encoder_attention_mask,
                  encoder_hidden_states_2=None, encoder_attention_mask_2=None, image_embeds=None,
                  timestep_r=None, attention_kwargs=None, return_dict: bool = False) -> torch.Tensor:
@@ -236,6 +311,15 @@ class TpuTransformer:
 
         with self.env, torch.no_grad(), active_mesh(self.mesh):
             return _to_cpu(self.jitted(**args))
+
+
+def _conditioning(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The forward's conditioning keyword arguments, minus the ones TpuTransformer ignores or refuses."""
+    if kwargs.pop("timestep_r", None) is not None:
+        raise NotImplementedError("timestep_r (meanflow) is not supported")
+    kwargs.pop("attention_kwargs", None)
+    kwargs.pop("return_dict", None)
+    return kwargs
 
 
 def _to_cpu(tensor: torch.Tensor) -> torch.Tensor:

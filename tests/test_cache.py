@@ -33,3 +33,110 @@ def test_bad_schedules_raise(kwargs):
 def test_step_outside_the_schedule():
     with pytest.raises(IndexError):
         DeepCacheSchedule(10).is_full(10)
+
+
+# ------------------------------------------------------------------------------------- the cached step
+import copy  # noqa: E402
+
+import torch  # noqa: E402
+from tiny_inputs import TINY, forward_kwargs  # noqa: E402
+
+from hyv_lib.cache import DeepCacheStep, TorchDeepCache  # noqa: E402
+from hyv_lib.pipeline import denoise, make_step, torch_step  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model():
+    from hyv_lib.models import build_tiny_components
+
+    return build_tiny_components(TINY, names=["transformer"])["transformer"]
+
+
+def run_loop(step, steps=8, warmup=0):
+    """The pipeline's own CFG loop on tiny latents with real padding in the masks."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    kwargs = forward_kwargs(seed=1)
+    conditioning = {k: v for k, v in kwargs.items() if k not in ("hidden_states", "timestep")}
+    latents = torch.randn(1, TINY.latent_channels, 2, 6, 10, generator=torch.Generator().manual_seed(3))
+    return denoise(step, latents, conditioning, FlowMatchEulerDiscreteScheduler(shift=5.0), num_inference_steps=steps,
+                   guidance_scale=6.0, warmup_steps=warmup, progress=False)
+
+
+def count_block_calls(model):
+    counts = [0] * len(model.transformer_blocks)
+    handles = [b.register_forward_hook(lambda *_, i=i: counts.__setitem__(i, counts[i] + 1))
+               for i, b in enumerate(model.transformer_blocks)]
+    return counts, handles
+
+
+def test_all_full_schedule_gives_exactly_the_uncached_latents(model):
+    every_step = DeepCacheSchedule(8, start=0, end=8, interval=1)
+    cached = make_step(model, "torch", cache=every_step)
+    assert torch.equal(run_loop(cached), run_loop(torch_step(model)))
+    assert (cached.full_calls, cached.cached_calls) == (8, 0)
+
+
+def test_cached_steps_skip_the_deep_blocks(model):
+    schedule = DeepCacheSchedule(8, start=2, end=8, interval=3)  # full: 0, 1, 2, 5
+    assert schedule.full_steps == [0, 1, 2, 5]
+    step = make_step(model, "torch", cache=schedule, uncached_blocks=1)
+    counts, handles = count_block_calls(model)
+    try:
+        run_loop(step, warmup=2)
+    finally:
+        for h in handles:
+            h.remove()
+    # warmup: 2 full calls; the loop: 4 full + 4 cached (the reset keeps warmup from shifting the schedule)
+    assert (step.full_calls, step.cached_calls) == (4, 4)
+    assert counts == [2 + 4, 2 + 8]  # block 0 runs on full steps only, the last block on every step
+
+
+def test_a_cached_step_on_the_same_input_reproduces_the_full_step(model):
+    runtime = TorchDeepCache(model)
+    kwargs = forward_kwargs(seed=2)
+    full, cache = runtime.run_and_cache(1, **kwargs)
+    torch.testing.assert_close(runtime.run_from_cache(cache, 1, **kwargs), full, rtol=0, atol=1e-6)
+    with torch.no_grad():
+        oracle = model(**kwargs).sample
+    assert torch.equal(full, oracle)
+
+
+def test_cache_changes_the_result_only_a_little_and_warmup_changes_nothing(model):
+    schedule = DeepCacheSchedule(8, start=2, end=8, interval=3)
+    plain = run_loop(torch_step(model))
+    cached = run_loop(make_step(model, "torch", cache=schedule))
+    assert not torch.equal(plain, cached)
+    assert (cached - plain).abs().max() < 0.5 * plain.abs().max()
+    assert torch.equal(cached, run_loop(make_step(model, "torch", cache=schedule), warmup=2))
+
+
+def test_tpu_runtime_agrees_and_compiles_two_programs(model):
+    from hyv_lib.tpu import TpuTransformer
+
+    schedule = DeepCacheSchedule(8, start=2, end=8, interval=3)
+    reference = run_loop(make_step(copy.deepcopy(model), "torch", cache=schedule))
+    tpu = TpuTransformer(copy.deepcopy(model), attention="xla")
+    step = DeepCacheStep(tpu, schedule)
+    latents = run_loop(step)
+    torch.testing.assert_close(latents, reference, rtol=0, atol=1e-5)
+    assert tpu.compilations == 2  # one full program, one cached program, for all 8 steps
+    every_step = DeepCacheStep(tpu, DeepCacheSchedule(8, start=0, end=8, interval=1))
+    torch.testing.assert_close(run_loop(every_step), run_loop(tpu), rtol=0, atol=1e-6)
+
+
+def test_bad_cache_settings_name_the_flag(model):
+    from hyv_lib.errors import HyvInputError
+    from hyv_lib.pipeline import resolve_settings
+
+    with pytest.raises(HyvInputError, match="no_cache_blocks"):
+        make_step(model, "torch", cache=DeepCacheSchedule(8), uncached_blocks=3)
+    with pytest.raises(HyvInputError, match="enable_cache"):
+        resolve_settings(TINY, enable_cache=True, runtime="ulysses")
+    with pytest.raises(HyvInputError, match="cache_end_step"):
+        resolve_settings(TINY, enable_cache=True, cache_start_step=5, cache_end_step=2)
+    with pytest.raises(HyvInputError, match="cache_step_interval"):
+        resolve_settings(TINY, enable_cache=True, cache_step_interval=0)
+    settings = resolve_settings(TINY, enable_cache=True, cache_start_step=1, cache_end_step=6)
+    assert settings["enable_cache"] and settings["cache_step_interval"] == 4 and settings["no_cache_blocks"] == 1
+    assert "cache_start_step" not in resolve_settings(TINY)

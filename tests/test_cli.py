@@ -50,3 +50,16 @@ def test_bad_input_exits_2_with_one_line(tmp_path):
     r = hyv("generate", "--video_length", "8", "--output_dir", str(tmp_path), check=False)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == ["error: --video_length: must be 4n+1 (e.g. 9, 33, 61, 121), got 8"]
+
+
+def test_deepcache_flags_land_in_the_config(tmp_path):
+    out = tmp_path / "cached"
+    hyv("generate", "--prompt", "a green square", "--output_dir", str(out), "--num_inference_steps", "8",
+        "--enable_cache", "--cache_start_step", "2", "--cache_end_step", "8", "--cache_step_interval", "3", "--quiet")
+    cfg = json.loads((out / "generation_config.json").read_text())
+    assert cfg["enable_cache"] is True
+    assert (cfg["cache_start_step"], cfg["cache_end_step"], cfg["cache_step_interval"], cfg["no_cache_blocks"]) == \
+        (2, 8, 3, 1)
+    assert (cfg["cache_full_steps"], cfg["cache_cached_steps"]) == (4, 4)
+    r = hyv("generate", "--enable_cache", "--no_cache_blocks", "5", "--output_dir", str(tmp_path / "bad"), check=False)
+    assert r.returncode == 2 and "--no_cache_blocks" in r.stderr and not (tmp_path / "bad").exists()
