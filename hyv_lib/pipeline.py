@@ -11,6 +11,7 @@ import torch
 
 from . import __version__
 from .errors import HyvInputError
+from .memory import PeakMemory
 from .models import load_components, torch_dtype
 from .presets import Preset, bucket_size, get_preset
 from .stage_io import (
@@ -194,6 +195,15 @@ def cache_schedule(settings: dict[str, Any]):
                              settings["cache_end_step"], settings["cache_step_interval"])
 
 
+def memory_fields(stage: str, memory: PeakMemory) -> dict[str, float]:
+    """generation_config.json fields of a stage's memory: the process's peak RSS while the stage's main work
+    ran (stage 1: loading and running the text encoders; stage 2: the denoising loop; stage 3: the VAE decode),
+    and how far it rose above the RSS at the start of that work."""
+    mib = 2**20
+    return {f"{stage}_peak_rss_mib": round(memory.peak_bytes / mib, 1),
+            f"{stage}_rss_growth_mib": round(memory.growth_bytes / mib, 1)}
+
+
 def _preset_from_config(config: dict[str, Any], input_dir: str) -> Preset:
     if "preset" not in config:
         raise HyvInputError("--input_dir", f"{os.path.join(input_dir, CONFIG_FILE)!r} is missing or has no "
@@ -219,8 +229,9 @@ def stage1(
     from .text import encode_prompts
 
     names = ["tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2"]
-    components = load_components(spec, model_path, names, dtype=dtype)
-    encoded = encode_prompts(components, spec, [negative_prompt, prompt])  # batch [negative, positive]
+    with PeakMemory() as memory:
+        components = load_components(spec, model_path, names, dtype=dtype)
+        encoded = encode_prompts(components, spec, [negative_prompt, prompt])  # batch [negative, positive]
     tensors = {}
     for index, prefix in ((0, "negative_"), (1, "")):
         for name, value in encoded.items():
@@ -230,7 +241,7 @@ def stage1(
     update_config(
         output_dir, base={}, prompt=prompt, negative_prompt=negative_prompt, preset=spec.name,
         model_path=model_path, dtype=dtype, hyv_lib_version=__version__,
-        stage1_time_s=round(time.perf_counter() - start, 3),
+        stage1_time_s=round(time.perf_counter() - start, 3), **memory_fields("stage1", memory),
     )
     return tensors
 
@@ -342,18 +353,19 @@ def stage2(
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         transformer.to(device)
     conditioning = {k: v.to(device) for k, v in prepare_conditioning(embeds, spec, model_dtype).items()}
-    latents = denoise(
-        step, initial_latents(shape, settings["seed"]).to(device), conditioning, scheduler,
-        num_inference_steps=settings["num_inference_steps"], guidance_scale=settings["guidance_scale"],
-        model_dtype=model_dtype, warmup_steps=settings["warmup_steps"], progress=not quiet and _rank() == 0,
-    ).cpu()
+    with PeakMemory() as memory:
+        latents = denoise(
+            step, initial_latents(shape, settings["seed"]).to(device), conditioning, scheduler,
+            num_inference_steps=settings["num_inference_steps"], guidance_scale=settings["guidance_scale"],
+            model_dtype=model_dtype, warmup_steps=settings["warmup_steps"], progress=not quiet and _rank() == 0,
+        ).cpu()
     if _rank() == 0:  # every rank holds the same latents; one writes them
         save_tensors({"latents": latents}, os.path.join(output_dir, STAGE2_FILE), metadata={"preset": spec.name})
         counts = {}
         if settings["enable_cache"]:  # what the cache actually did, next to what was asked
             counts = dict(cache_full_steps=step.full_calls, cache_cached_steps=step.cached_calls)
         update_config(output_dir, base=config, **settings, **counts,
-                      stage2_time_s=round(time.perf_counter() - start, 3))
+                      stage2_time_s=round(time.perf_counter() - start, 3), **memory_fields("stage2", memory))
     if runtime == "ulysses":
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
@@ -388,7 +400,8 @@ def stage3(
         from .parallel import init_distributed
 
         init_distributed()
-    frames = decode_latents(vae, latents, tiling=not disable_tiling, tile_parallel=distributed)
+    with PeakMemory() as memory:
+        frames = decode_latents(vae, latents, tiling=not disable_tiling, tile_parallel=distributed)
     if _rank() == 0:
         write_mp4(frames.numpy(), output_video, fps)
         fields = {"output_video": os.path.abspath(output_video), "fps": fps, "vae_tiling": not disable_tiling}
@@ -396,7 +409,8 @@ def stage3(
             frames_path = os.path.join(out_dir, FRAMES_FILE)
             save_tensors({"frames": frames.permute(3, 0, 1, 2).unsqueeze(0)}, frames_path)  # [1,3,F,H,W] uint8
             fields["frames_file"] = frames_path
-        update_config(input_dir, base=config, **fields, stage3_time_s=round(time.perf_counter() - start, 3))
+        update_config(input_dir, base=config, **fields, stage3_time_s=round(time.perf_counter() - start, 3),
+                      **memory_fields("stage3", memory))
     if distributed:
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()

@@ -1,6 +1,7 @@
 """The three stages: file formats, determinism, warmup, the oracle loop, and the real-weights load path."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -35,9 +36,23 @@ def test_generation_config_records_every_stage(tiny_run):
     cfg = json.loads((tiny_run / "generation_config.json").read_text())
     for key in ("prompt", "negative_prompt", "preset", "model_path", "height", "width", "video_length",
                 "num_inference_steps", "guidance_scale", "flow_shift", "seed", "dtype", "hyv_lib_version",
-                "stage1_time_s", "stage2_time_s", "stage3_time_s"):
+                "stage1_time_s", "stage2_time_s", "stage3_time_s", "stage1_peak_rss_mib", "stage2_peak_rss_mib",
+                "stage3_peak_rss_mib", "stage1_rss_growth_mib", "stage2_rss_growth_mib", "stage3_rss_growth_mib"):
         assert key in cfg, key
     assert cfg["preset"] == "tiny" and cfg["video_length"] == 9 and cfg["model_path"] is None
+    for stage in (1, 2, 3):  # a Python process with torch loaded holds well over 100 MiB
+        assert cfg[f"stage{stage}_peak_rss_mib"] > 100
+        assert 0 <= cfg[f"stage{stage}_rss_growth_mib"] <= cfg[f"stage{stage}_peak_rss_mib"]
+
+
+def test_peak_memory_sees_a_short_lived_allocation():
+    from hyv_lib.memory import PeakMemory
+
+    with PeakMemory() as memory:
+        block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+        time.sleep(0.05)
+        del block
+    assert memory.growth_bytes >= 48 * 2**20
 
 
 def test_same_seed_gives_bitwise_identical_latents_and_warmup_changes_nothing(tiny_run, tmp_path):
