@@ -247,10 +247,12 @@ def stage1(
 
 
 # ------------------------------------------------------------------------------------------------- stage 2
-def prepare_conditioning(embeds: dict[str, torch.Tensor], preset: Preset, dtype: torch.dtype) -> dict[str, Any]:
+def prepare_conditioning(embeds: dict[str, torch.Tensor], preset: Preset, dtype: torch.dtype,
+                         image_dim: int | None = None) -> dict[str, Any]:
     """Stage-1 tensors -> the forward's conditioning kwargs as a CFG batch of 2 ([negative, positive]).
 
-    t2v passes all-zero image embeddings (the model then masks those tokens out), as diffusers does.
+    t2v passes all-zero image embeddings (the model then masks those tokens out), as diffusers does;
+    ``image_dim`` (default: the preset's) is the transformer's ``image_embed_dim``.
     """
 
     def pair(name: str) -> torch.Tensor:
@@ -261,7 +263,7 @@ def prepare_conditioning(embeds: dict[str, torch.Tensor], preset: Preset, dtype:
         "encoder_attention_mask": pair("prompt_embeds_mask").to(torch.int64),
         "encoder_hidden_states_2": pair("prompt_embeds_2").to(dtype),
         "encoder_attention_mask_2": pair("prompt_embeds_mask_2").to(torch.int64),
-        "image_embeds": torch.zeros(2, preset.image_tokens, preset.image_dim, dtype=dtype),
+        "image_embeds": torch.zeros(2, preset.image_tokens, image_dim or preset.image_dim, dtype=dtype),
     }
 
 
@@ -346,13 +348,15 @@ def stage2(
     scheduler = FlowMatchEulerDiscreteScheduler.from_config(components["scheduler"].config,
                                                             shift=settings["flow_shift"])
     shape = spec.latent_shape(settings["height"], settings["width"], settings["video_length"])
+    shape = (shape[0], transformer.config.out_channels, *shape[2:])  # the folder's model decides the channels
     step = step or make_step(transformer, runtime, mesh, sharding, cache=cache_schedule(settings),
                              uncached_blocks=settings.get("no_cache_blocks", 1))
     device = torch.device("cpu")
     if runtime == "ulysses" and torch.cuda.is_available():  # one GPU per rank (untested here: no GPU)
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         transformer.to(device)
-    conditioning = {k: v.to(device) for k, v in prepare_conditioning(embeds, spec, model_dtype).items()}
+    conditioning = {k: v.to(device) for k, v in prepare_conditioning(
+        embeds, spec, model_dtype, image_dim=transformer.config.image_embed_dim).items()}
     with PeakMemory() as memory:
         latents = denoise(
             step, initial_latents(shape, settings["seed"]).to(device), conditioning, scheduler,

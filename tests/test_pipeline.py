@@ -108,6 +108,26 @@ def test_saved_tiny_folder_loads_through_the_real_weights_path(tiny_folder, tiny
     assert json.loads((tmp_path / "generation_config.json").read_text())["model_path"] == str(tiny_folder)
 
 
+def test_real_preset_runs_a_diffusers_folder_through_the_model_path(tiny_folder, tmp_path):
+    """`--preset 720p_t2v --model_path DIR`: the real preset's recipe (1000 text tokens after a 108-token crop,
+    256 ByT5 tokens, 729 image tokens) with whatever weights the folder holds; widths come from the models."""
+    from hyv_lib.cli import run
+
+    out = tmp_path / "real_layout"
+    code = run(["generate", "--preset", "720p_t2v", "--model_path", str(tiny_folder), "--prompt", "a red ball",
+                "--height", "64", "--width", "64", "--video_length", "5", "--num_inference_steps", "2",
+                "--output_dir", str(out), "--quiet"])
+    assert code == 0
+    embeds = load_file(out / "stage1_embeddings.safetensors")
+    assert embeds["prompt_embeds"].shape == (1, 1000, TINY.text_dim)
+    assert embeds["prompt_embeds_2"].shape == (1, 256, TINY.byt5_dim)
+    assert embeds["prompt_embeds"].dtype == torch.bfloat16  # the real preset's default dtype
+    video, _ = read_mp4(str(out / "output_video.mp4"))
+    assert video.shape == (5, 64, 64, 3)
+    cfg = json.loads((out / "generation_config.json").read_text())
+    assert cfg["preset"] == "720p_t2v" and cfg["model_path"] == str(tiny_folder) and cfg["dtype"] == "bf16"
+
+
 def test_empty_prompt_gives_finite_latents(tmp_path):
     pipeline.stage1(preset="tiny", prompt="", output_dir=str(tmp_path))
     latents = pipeline.stage2(str(tmp_path), num_inference_steps=2, quiet=True)
