@@ -352,7 +352,7 @@ def stage2(
     step = step or make_step(transformer, runtime, mesh, sharding, cache=cache_schedule(settings),
                              uncached_blocks=settings.get("no_cache_blocks", 1))
     device = torch.device("cpu")
-    if runtime == "ulysses" and torch.cuda.is_available():  # one GPU per rank (untested here: no GPU)
+    if runtime in ("torch", "ulysses") and torch.cuda.is_available():  # a GPU (per rank); untested here: no GPU
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         transformer.to(device)
     conditioning = {k: v.to(device) for k, v in prepare_conditioning(
@@ -393,6 +393,8 @@ def stage3(
     out_dir = os.path.dirname(os.path.abspath(output_video))
     ensure_output_dir(out_dir, "--output_video")
     vae = load_components(spec, config.get("model_path"), ["vae"], dtype=config.get("dtype", "fp32"))["vae"]
+    if torch.cuda.is_available():  # decode on this rank's GPU (nccl's tile exchange needs GPU tensors); untested here
+        vae.to(torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))
     if latents.shape[1] != vae.config.latent_channels:
         raise HyvInputError("--input_dir", f"{STAGE2_FILE}: latents have {latents.shape[1]} channels but the VAE "
                                            f"expects {vae.config.latent_channels}")
