@@ -13,7 +13,7 @@ from .errors import HyvInputError
 def _add_stage1(p: argparse.ArgumentParser, output_dir: bool = True) -> None:
     g = p.add_argument_group("stage 1: text encoders")
     g.add_argument("--preset", default="tiny",
-                   help="tiny (random weights) | tiny_trained (hyv-tiny) | 480p_t2v | 720p_t2v (default: tiny)")
+                   help="tiny (random weights) | 480p_t2v | 720p_t2v (default: tiny)")
     g.add_argument("--model_path", default=None,
                    help="diffusers-format folder or hub id; required for real presets")
     g.add_argument("--prompt", default="", help="text prompt; quoted text also goes to ByT5 (default: empty)")

@@ -142,6 +142,11 @@ def load_components(
     Neural networks are cast to ``dtype``, except the VAE, which stays fp32 on CPU for exact decoding.
     """
     names = list(names)
+    if model_path is None and preset.bundled_weights is not None:
+        model_path = preset.bundled_path
+        if not os.path.isdir(model_path):
+            raise HyvInputError("--preset", f"{preset.name}'s bundled weights are missing at {model_path!r}; "
+                                            "reinstall hyv_lib or run tools/train_hyv_tiny.py")
     if model_path is None:
         if not preset.is_tiny:
             raise HyvInputError(
@@ -166,8 +171,9 @@ def load_components(
     for name, module in components.items():
         if isinstance(module, torch.nn.Module):
             module.eval().requires_grad_(False)
-            if name != "vae" and module.dtype != torch_dtype(dtype):
-                module.to(torch_dtype(dtype))
+            wanted = torch.float32 if name == "vae" else torch_dtype(dtype)  # the VAE decodes in fp32
+            if module.dtype != wanted:
+                module.to(wanted)
     return components
 
 

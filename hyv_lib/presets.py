@@ -46,6 +46,16 @@ class Preset:
     vae: dict[str, Any] = field(default_factory=dict)
     text_encoder: dict[str, Any] | None = None  # tiny only: Qwen2.5-VL text config kwargs
     text_encoder_2: dict[str, Any] | None = None  # tiny only: T5 (ByT5) encoder config kwargs
+    bundled_weights: str | None = None  # a diffusers-format folder inside hyv_lib/weights used without --model_path
+
+    @property
+    def bundled_path(self) -> str | None:
+        """Absolute path of the bundled weights folder, or None when the preset builds random weights."""
+        if self.bundled_weights is None:
+            return None
+        import os
+
+        return os.path.join(os.path.dirname(os.path.abspath(__file__)), "weights", self.bundled_weights)
 
     @property
     def default_height(self) -> int:
@@ -162,6 +172,30 @@ TINY = Preset(
     text_encoder_2=dict(
         vocab_size=384, d_model=24, d_kv=8, d_ff=48, num_layers=2, num_heads=3, feed_forward_proj="gated-gelu",
     ),
+)
+
+_TRAINED_LATENT = 16
+# The config of hyv-tiny, the trained tiny model (issue 6). It joins PRESETS when its weights pass the quality
+# gates and ship in hyv_lib/weights/hyv-tiny; until then tools/train_hyv_tiny.py trains it from this config.
+TINY_TRAINED = dataclasses.replace(
+    TINY,
+    name="tiny_trained",
+    description="hyv-tiny: the tiny classes trained on procedural moving shapes (64x112, 9 frames); weights ship "
+    "in hyv_lib/weights/hyv-tiny once trained (tools/train_hyv_tiny.py).",
+    text_len=72,  # the longest caption is 66 tokens after the crop
+    byt5_len=16,  # captions quote nothing (all padding); 16 still fits a short quoted word
+    image_tokens=4,  # t2v only: image tokens are zeros and masked out
+    latent_channels=_TRAINED_LATENT,
+    target_size=96,  # 16:9 bucket 64 x 112, the training size
+    default_steps=20,
+    transformer=dict(
+        TINY.transformer, in_channels=2 * _TRAINED_LATENT + 1, out_channels=_TRAINED_LATENT, num_attention_heads=2,
+        attention_head_dim=32, num_layers=3, rope_axes_dim=[8, 12, 12], target_size=96,
+    ),
+    vae=dict(TINY.vae, latent_channels=_TRAINED_LATENT, block_out_channels=[8, 16, 32, 64, 64]),
+    flow_shift=3.0,  # 84 video tokens: far fewer than 720p, so less shift towards high noise
+    guidance_scale=4.5,
+    bundled_weights="hyv-tiny",
 )
 
 PRESETS: dict[str, Preset] = {

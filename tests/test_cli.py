@@ -63,3 +63,15 @@ def test_deepcache_flags_land_in_the_config(tmp_path):
     assert (cfg["cache_full_steps"], cfg["cache_cached_steps"]) == (4, 4)
     r = hyv("generate", "--enable_cache", "--no_cache_blocks", "5", "--output_dir", str(tmp_path / "bad"), check=False)
     assert r.returncode == 2 and "--no_cache_blocks" in r.stderr and not (tmp_path / "bad").exists()
+
+
+def test_generate_at_720p_writes_a_1280x720_mp4(tmp_path):
+    """The real output size on the CPU: 45 x 80 latents (3,600 video tokens per latent frame) and a tiled decode."""
+    out = tmp_path / "p720"
+    hyv("generate", "--preset", "tiny", "--prompt", "a red ball", "--aspect_ratio", "16:9", "--height", "720",
+        "--width", "1280", "--video_length", "5", "--num_inference_steps", "2", "--output_dir", str(out), "--quiet")
+    video, meta = read_mp4(str(out / "output_video.mp4"))
+    assert video.shape == (5, 720, 1280, 3) and meta["codec"] == "h264"
+    cfg = json.loads((out / "generation_config.json").read_text())
+    assert (cfg["height"], cfg["width"], cfg["vae_tiling"]) == (720, 1280, True)
+    assert cfg["stage3_peak_rss_mib"] > 0

@@ -19,7 +19,7 @@ them. This chapter does three things:
    the real TPU Splash kernel in Pallas interpret mode."""))
 cells.append(code("""import os
 
-PRESET = os.environ.get("HYV_PRESET", "tiny")           # tiny | 480p_t2v | 720p_t2v
+PRESET = os.environ.get("HYV_PRESET", "tiny_trained")   # tiny_trained | tiny | 480p_t2v | 720p_t2v
 MODEL_PATH = os.environ.get("HYV_MODEL_PATH") or None  # diffusers folder / hub id for real presets
 OUTPUT_DIR = os.environ.get("HYV_OUTPUT_DIR", "stage_outputs/attention")
 # Latent size of the model-level checks: small on purpose, even for real weights.
@@ -226,7 +226,7 @@ say nothing about TPU speed.
 ## On the model: every backend against diffusers
 
 `hyv_lib.attention.use_attention(model, backend)` installs the masked processor on every attention of a
-`HunyuanVideo15Transformer3DModel`: the 54 (here: 2) dual-stream blocks and the token refiner. The processor
+`HunyuanVideo15Transformer3DModel`: the dual-stream blocks (54 in the real model, a few here) and the token refiner. The processor
 receives diffusers' `[B, L_context]` mask, extends it with `True` for the video tokens, and passes the
 `[B, S]` vector to the backend. No `S x S` tensor is built. The oracle is diffusers' own eager forward:"""))
 cells.append(code("""import copy
@@ -253,8 +253,8 @@ for backend, options in (("reference", {}), ("sdpa", {}), ("kv_zeroing", {}),
                  "relative": f"{err / oracle.abs().max().item():.1e}"})
 html_table(rows)"""))
 cells.append(md("""The exact backends match the oracle to float32 rounding. K/V zeroing misses it by a margin that the
-tests would reject. In a 50-step loop that bias feeds back into the latents at every step. With random tiny
-weights, though, this single-forward number says nothing about how visible it is in a real video.
+tests would reject. In a 50-step loop that bias feeds back into the latents at every step. On a model this
+small, though, this single-forward number says little about how visible it would be in a real video.
 
 ## Memory: O(S) instead of O(S²)
 

@@ -1,0 +1,111 @@
+"""Measure generated moving-shape videos: foreground color, motion direction, background; the hyv-tiny gates."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import data
+
+MIN_FOREGROUND_PIXELS = 12  # fewer than this in a frame: no shape detected there
+FOREGROUND_DISTANCE = 0.25  # RGB distance (0..1 scale) from the background that counts as foreground
+MIN_MOTION_PX = 2.0  # centroid travel below this is "no motion"
+
+
+def _as_unit_float(video) -> np.ndarray:
+    """uint8 frames [F, H, W, 3] (what stage 3 writes) -> float [F, H, W, 3] in [0, 1]."""
+    video = np.asarray(video)
+    if video.ndim != 4 or video.shape[-1] != 3:
+        raise ValueError(f"video must be frames [F, H, W, 3], got shape {video.shape}")
+    return video.astype(np.float32) / 255.0 if video.dtype == np.uint8 else video.astype(np.float32)
+
+
+def _nearest(color: np.ndarray, palette: dict[str, tuple[float, float, float]]) -> str:
+    names = list(palette)
+    distances = [np.linalg.norm(color - np.array(palette[n])) for n in names]
+    return names[int(np.argmin(distances))]
+
+
+@dataclass(frozen=True)
+class VideoReading:
+    """What a video shows, read with simple image statistics (no learned classifier)."""
+
+    background: str
+    color: str | None  # None: no foreground found
+    direction: str | None  # None: no clear motion
+    travel_px: float
+
+
+def read_video(video, colors: dict[str, tuple[float, float, float]] | None = None) -> VideoReading:
+    """Background = median color of the border pixels; foreground = pixels far from it; its mean color is
+    matched to the nearest of ``colors`` (default: the training colors) and its centroid track (first to last
+    frame) gives the direction."""
+    frames = _as_unit_float(video)
+    border = np.concatenate([frames[:, 0], frames[:, -1], frames[:, :, 0], frames[:, :, -1]], axis=1).reshape(-1, 3)
+    background = np.median(border, axis=0)
+    foreground = np.linalg.norm(frames - background, axis=-1) > FOREGROUND_DISTANCE  # [F, H, W]
+    if foreground.sum() < MIN_FOREGROUND_PIXELS:
+        return VideoReading(_nearest(background, data.BACKGROUNDS), None, None, 0.0)
+    color = _nearest(frames[foreground].mean(axis=0), data.COLORS if colors is None else colors)
+    ys, xs = np.mgrid[0 : frames.shape[1], 0 : frames.shape[2]]
+    centroids = [(xs[m].mean(), ys[m].mean()) for m in foreground if m.sum() >= MIN_FOREGROUND_PIXELS]
+    direction, travel = None, 0.0
+    if len(centroids) >= 2:
+        dx, dy = np.subtract(centroids[-1], centroids[0])
+        travel = float(np.hypot(dx, dy))
+        if travel >= MIN_MOTION_PX:
+            direction = ("right" if dx > 0 else "left") if abs(dx) >= abs(dy) else ("down" if dy > 0 else "up")
+    return VideoReading(_nearest(background, data.BACKGROUNDS), color, direction, travel)
+
+
+def attribute_rates(readings: list[VideoReading], combos: list[data.Combo]) -> dict[str, float]:
+    """Fraction of videos whose reading matches the caption, per attribute (color, direction, background)."""
+    if len(readings) != len(combos) or not combos:
+        raise ValueError("need one reading per caption, and at least one")
+    return {
+        attr: float(np.mean([getattr(r, attr) == getattr(c, attr) for r, c in zip(readings, combos)]))
+        for attr in ("color", "direction", "background")
+    }
+
+
+@torch.no_grad()
+def generate_videos(components: dict[str, Any], preset, prompts: list[str], *, seed: int = 0,
+                    num_inference_steps: int | None = None, guidance_scale: float | None = None,
+                    progress: bool = True) -> list[np.ndarray]:
+    """Generate one video per prompt in memory with the pipeline's own pieces (stage 1 -> 2 -> 3 without
+    files): uint8 frames [F, H, W, 3] each, at the preset's default size and length."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from tqdm.auto import tqdm
+
+    from .pipeline import denoise, initial_latents, prepare_conditioning, torch_step
+    from .text import encode_prompts
+    from .video import decode_latents
+
+    step = torch_step(components["transformer"])
+    negative = encode_prompts(components, preset, [""])
+    shape = preset.latent_shape(preset.default_height, preset.default_width, preset.default_video_length)
+    videos = []
+    for i, prompt in enumerate(tqdm(prompts, desc="generate", disable=not progress)):
+        positive = encode_prompts(components, preset, [prompt])
+        embeds = {**positive, **{f"negative_{k}": v for k, v in negative.items()}}
+        scheduler = FlowMatchEulerDiscreteScheduler.from_config(components["scheduler"].config)
+        latents = denoise(step, initial_latents(shape, seed + i), prepare_conditioning(embeds, preset, torch.float32),
+                          scheduler, num_inference_steps=num_inference_steps or preset.default_steps,
+                          guidance_scale=preset.guidance_scale if guidance_scale is None else guidance_scale,
+                          progress=False)
+        videos.append(decode_latents(components["vae"], latents).numpy())
+    return videos
+
+
+def psnr(test, reference, peak: float | None = None) -> float:
+    """PSNR (dB) of ``test`` against ``reference``; ``peak`` defaults to the reference's value range
+    (255 suits uint8 frames; latents have no fixed range, so their spread is the natural peak)."""
+    test, reference = (np.asarray(x, dtype=np.float64) for x in (test, reference))
+    if test.shape != reference.shape:
+        raise ValueError(f"shapes differ: {test.shape} vs {reference.shape}")
+    peak = float(reference.max() - reference.min()) if peak is None else peak
+    mse = float(np.mean((test - reference) ** 2))
+    return float("inf") if mse == 0 else 10 * np.log10(peak**2 / mse)

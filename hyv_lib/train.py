@@ -1,0 +1,309 @@
+"""Train the tiny VAE and DiT on the procedural clips: the loops behind the hyv-tiny weights and chapter 06."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from . import data
+
+
+@contextlib.contextmanager
+def batched_vae_attention() -> Iterator[None]:
+    """Let AutoencoderKLHunyuanVideo15 run batches > 1 (diffusers 0.42.1 fails in the mid-block attention).
+
+    Its causal mask is [B, S, S] against queries [B, 1, S, C], so SDPA broadcasts the batch into the head
+    axis ("output with shape [B, 1, S, S] doesn't match the broadcast shape [B, B, S, S]"). Inference
+    (batch 1) is unaffected; training needs batches, so the mask gets its head axis for the duration.
+    """
+    from diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15 import HunyuanVideo15AttnBlock
+
+    original = HunyuanVideo15AttnBlock.prepare_causal_attention_mask
+    if getattr(original, "hyv_batched", False):  # already inside: nesting must not add a second axis
+        yield
+        return
+
+    def with_head_axis(n_frame, n_hw, dtype, device, batch_size=None):
+        mask = original(n_frame, n_hw, dtype, device, batch_size=batch_size)
+        return mask.unsqueeze(1) if batch_size is not None else mask
+
+    with_head_axis.hyv_batched = True
+    HunyuanVideo15AttnBlock.prepare_causal_attention_mask = staticmethod(with_head_axis)
+    try:
+        yield
+    finally:
+        HunyuanVideo15AttnBlock.prepare_causal_attention_mask = staticmethod(original)
+
+
+@contextlib.contextmanager
+def stable_vae_norms(eps: float = 1e-2) -> Iterator[None]:
+    """Train-time only: the VAE's RMS norm divides by ||x|| with no floor (F.normalize), so a feature vector near
+    zero (likely on our perfectly flat backgrounds, with 8 channels at full resolution) sends a gradient
+    1/||x|| times larger back; such spikes made our runs diverge. Inside this context the norm divides by
+    sqrt(||x||^2 + eps^2) instead, which caps that gain at 1/eps and changes outputs by < 0.01% where ||x|| >= 1.
+    Inference uses diffusers' unchanged class."""
+    from diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15 import HunyuanVideo15RMS_norm
+
+    original = HunyuanVideo15RMS_norm.forward
+
+    def forward(self, x):
+        dim = 1 if self.channel_first else -1
+        normalized = x * torch.rsqrt(x.pow(2).sum(dim=dim, keepdim=True) + eps**2)
+        return normalized * self.scale * self.gamma + self.bias
+
+    HunyuanVideo15RMS_norm.forward = forward
+    try:
+        yield
+    finally:
+        HunyuanVideo15RMS_norm.forward = original
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    """PSNR in dB of two videos in [-1, 1], measured on the [0, 1] scale (peak 1)."""
+    mse = ((a.float() - b.float()) / 2).pow(2).mean().item()
+    return float("inf") if mse == 0 else -10 * math.log10(mse)
+
+
+def cosine_lr(step: int, total: int, peak: float, warmup: int) -> float:
+    """Linear warmup, then cosine decay to 5% of the peak."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return peak * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+class SpikeGuard:
+    """Clip gradients to norm 1 and skip an update whose norm spikes above 5x the running mean (at most 3 in a
+    row, so a lasting change of scale is followed, not ignored)."""
+
+    def __init__(self, factor: float = 5.0, after_steps: int = 20, max_skips: int = 3):
+        self.factor, self.after_steps, self.max_skips = factor, after_steps, max_skips
+        self.steps, self.typical, self.skips_in_a_row = 0, 0.0, 0
+
+    def step(self, optimizer, parameters) -> tuple[float, bool]:
+        """Clip, then step ``optimizer`` unless the norm spiked; returns (gradient norm, skipped)."""
+        norm = torch.nn.utils.clip_grad_norm_(list(parameters), 1.0).item()
+        skipped = (self.steps >= self.after_steps and norm > self.factor * self.typical
+                   and self.skips_in_a_row < self.max_skips)
+        self.skips_in_a_row = self.skips_in_a_row + 1 if skipped else 0
+        if not skipped:
+            optimizer.step()
+            self.typical = norm if self.steps == 0 else 0.95 * self.typical + 0.05 * norm
+        self.steps += 1
+        return norm, skipped
+
+
+class ClipStream:
+    """An endless, seeded stream of training batches rendered on the fly from the training captions.
+
+    ``size`` = (frames, height, width) of the clips; the VAE trains on smaller ones than it is used on (it is
+    convolutional and causal in time), which buys more steps per CPU minute.
+    """
+
+    def __init__(self, combos: list[data.Combo], batch_size: int, seed: int = 0,
+                 size: tuple[int, int, int] = (data.FRAMES, data.HEIGHT, data.WIDTH)):
+        self.combos, self.batch_size, self.size = combos, batch_size, size
+        self.rng = np.random.default_rng(seed)
+
+    def next(self) -> tuple[torch.Tensor, list[str]]:
+        picks = self.rng.integers(len(self.combos), size=self.batch_size)
+        seeds = self.rng.integers(2**31, size=self.batch_size)
+        frames, height, width = self.size
+        clips = [data.render_clip(self.combos[i], seed=int(s), height=height, width=width, frames=frames)
+                 for i, s in zip(picks, seeds)]
+        return torch.from_numpy(np.stack(clips)), [self.combos[i].caption for i in picks]
+
+
+def vae_loss(vae, clips: torch.Tensor, kl_weight: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, reconstruction): MSE + 0.1 L1 on pixels of the decoded posterior mean, plus a small KL that keeps
+    the latents bounded. Decoding samples instead left the decoder a unit-variance noise to overcome at the
+    start (the KL pulls the variance towards 1) and plateaued near 17 dB in our runs; the DiT is trained on,
+    and generates, means anyway."""
+    posterior = vae.encode(clips).latent_dist
+    reconstruction = vae.decode(posterior.mode()).sample
+    error = reconstruction - clips
+    kl = posterior.kl().mean() / posterior.mean[0].numel()
+    return error.pow(2).mean() + 0.1 * error.abs().mean() + kl_weight * kl, reconstruction
+
+
+def evaluate_vae(vae, clips: torch.Tensor, batch_size: int = 4) -> float:
+    """Mean PSNR (dB) of encode -> posterior mode -> decode over ``clips``."""
+    scores = []
+    with torch.no_grad(), batched_vae_attention():
+        for i in range(0, len(clips), batch_size):
+            batch = clips[i : i + batch_size]
+            reconstruction = vae.decode(vae.encode(batch).latent_dist.mode()).sample
+            scores.append(psnr(reconstruction.clamp(-1, 1), batch))
+    return float(np.mean(scores))
+
+
+def train_vae(
+    vae, combos: list[data.Combo], *, steps: int, batch_size: int = 8, lr: float = 3e-4, kl_weight: float = 1e-4,
+    eval_clips: torch.Tensor | None = None, eval_every: int = 100, seed: int = 0,
+    log: Callable[[dict[str, Any]], None] | None = None, progress: bool = True,
+    clip_size: tuple[int, int, int] = (5, 64, 64),
+) -> list[dict[str, Any]]:
+    """Train ``vae`` in place with AdamW on fresh clips each step; returns the log records.
+
+    Training clips are ``clip_size`` = (frames, height, width): 5 x 64 x 64 costs a third of the 9 x 64 x 112
+    clips the model is used on; ``eval_clips`` can be any size."""
+    torch.manual_seed(seed)
+    stream = ClipStream(combos, batch_size, seed=seed, size=clip_size)
+    # beta2 = 0.95: with the default 0.999 the second moment lags a sudden rise of a gradient and the update
+    # of that parameter grows up to ~30x; our VAE runs diverged that way at learning rates of 4e-4 to 2e-3.
+    optimizer = torch.optim.AdamW(vae.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    records: list[dict[str, Any]] = []
+    vae.train().requires_grad_(True)
+    start = time.perf_counter()
+    guard = SpikeGuard()
+    with batched_vae_attention(), stable_vae_norms():
+        for step in tqdm(range(steps), desc="VAE", disable=not progress):
+            for group in optimizer.param_groups:
+                group["lr"] = cosine_lr(step, steps, lr, warmup=min(50, steps // 10 + 1))
+            clips, _ = stream.next()
+            loss, reconstruction = vae_loss(vae, clips, kl_weight)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm, skipped = guard.step(optimizer, vae.parameters())
+            record = {"stage": "vae", "step": step + 1, "loss": loss.item(), "grad_norm": grad_norm, "skipped": skipped,
+                      "psnr_train": psnr(reconstruction.detach().clamp(-1, 1), clips),
+                      "seconds": time.perf_counter() - start}
+            if eval_clips is not None and ((step + 1) % eval_every == 0 or step + 1 == steps):
+                vae.eval()
+                record["psnr_held_out"] = evaluate_vae(vae, eval_clips)  # with the train-time norm patch
+                vae.train()
+            records.append(record)
+            if log is not None:
+                log(record)
+    vae.eval().requires_grad_(False)
+    return records
+
+
+def jsonl_logger(path: str) -> Callable[[dict[str, Any]], None]:
+    """A ``log`` callback appending one JSON record per line (flushed, so a crash keeps the curve)."""
+
+    def log(record: dict[str, Any]) -> None:
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    return log
+
+
+def flow_matching_sigmas(batch_size: int, shift: float, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Training noise levels: u ~ U(0, 1) warped by the scheduler's shift, sigma = s*u / (1 + (s-1)*u).
+
+    The same warp the FlowMatchEulerDiscreteScheduler applies at inference, so training sees noise
+    levels as often as sampling visits them (high noise, where layout and color are decided, most).
+    """
+    u = torch.rand(batch_size, generator=generator)
+    return shift * u / (1 + (shift - 1) * u)
+
+
+def dit_loss(transformer, x0: torch.Tensor, conditioning: dict[str, torch.Tensor], shift: float,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+    """Flow-matching loss: x_t = (1 - sigma) x0 + sigma * noise, target velocity noise - x0 (the
+    scheduler's Euler step x += (sigma_next - sigma) * v then walks back towards x0). t2v input: the noisy
+    latents, then zero condition latents and a zero mask channel, as the pipeline builds it."""
+    b, c, f, h, w = x0.shape
+    noise = torch.randn(x0.shape, generator=generator)
+    sigma = flow_matching_sigmas(b, shift, generator)
+    s = sigma.view(b, 1, 1, 1, 1)
+    noisy = (1 - s) * x0 + s * noise
+    hidden = torch.cat([noisy, torch.zeros(b, c + 1, f, h, w)], dim=1)
+    prediction = transformer(hidden_states=hidden, timestep=sigma * 1000, **conditioning, return_dict=False)[0]
+    return (prediction.float() - (noise - x0)).pow(2).mean()
+
+
+def select_conditioning(embeds: dict[str, torch.Tensor], negative: dict[str, torch.Tensor], index: torch.Tensor,
+                        drop: torch.Tensor, image_tokens: int, image_dim: int) -> dict[str, torch.Tensor]:
+    """Forward kwargs for the captions ``index``; where ``drop`` is True the negative (empty) prompt's
+    embeddings replace them, which is what classifier-free guidance needs at sampling time."""
+    out = {}
+    for key, name in (("encoder_hidden_states", "prompt_embeds"), ("encoder_attention_mask", "prompt_embeds_mask"),
+                      ("encoder_hidden_states_2", "prompt_embeds_2"),
+                      ("encoder_attention_mask_2", "prompt_embeds_mask_2")):
+        chosen = embeds[name][index]
+        keep = (~drop).view(-1, *([1] * (chosen.dim() - 1)))
+        out[key] = torch.where(keep, chosen, negative[name].expand_as(chosen))
+    out["image_embeds"] = torch.zeros(len(index), image_tokens, image_dim)
+    return out
+
+
+def encode_latents(vae, clips: torch.Tensor, batch_size: int = 8, progress: bool = True) -> torch.Tensor:
+    """Posterior means of ``clips`` (unscaled), [N, C, T, h, w]."""
+    out = []
+    with torch.no_grad(), batched_vae_attention():
+        for i in tqdm(range(0, len(clips), batch_size), desc="encode", disable=not progress):
+            out.append(vae.encode(clips[i : i + batch_size]).latent_dist.mode())
+    return torch.cat(out)
+
+
+def train_dit(
+    transformer, latents: torch.Tensor, caption_index: torch.Tensor, embeds: dict[str, torch.Tensor],
+    negative: dict[str, torch.Tensor], *, steps: int, shift: float, image_tokens: int, image_dim: int,
+    batch_size: int = 32, lr: float = 5e-4, drop_prob: float = 0.1, seed: int = 0,
+    parameters: list[torch.nn.Parameter] | None = None, log: Callable[[dict[str, Any]], None] | None = None,
+    progress: bool = True, stage: str = "dit",
+) -> list[dict[str, Any]]:
+    """Flow-matching training of ``transformer`` (or only ``parameters`` of it, e.g. LoRA) on scaled latents.
+
+    ``latents`` [N, C, T, h, w] are already multiplied by the VAE's scaling factor; ``caption_index[i]``
+    names the row of ``embeds`` (stage-1 tensors of every caption) that describes clip i.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    params = list(parameters) if parameters is not None else list(transformer.parameters())
+    transformer.train()
+    for p in params:
+        p.requires_grad_(True)
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+    records: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    guard = SpikeGuard()
+    for step in tqdm(range(steps), desc=stage.upper(), disable=not progress):
+        for group in optimizer.param_groups:
+            group["lr"] = cosine_lr(step, steps, lr, warmup=min(100, steps // 10 + 1))
+        pick = torch.randint(len(latents), (batch_size,), generator=generator)
+        drop = torch.rand(batch_size, generator=generator) < drop_prob
+        conditioning = select_conditioning(embeds, negative, caption_index[pick], drop, image_tokens, image_dim)
+        loss = dit_loss(transformer, latents[pick], conditioning, shift, generator)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm, skipped = guard.step(optimizer, params)
+        record = {"stage": stage, "step": step + 1, "loss": loss.item(), "grad_norm": grad_norm, "skipped": skipped,
+                  "seconds": time.perf_counter() - start}
+        records.append(record)
+        if log is not None:
+            log(record)
+    transformer.eval().requires_grad_(False)
+    return records
+
+
+def encode_captions(text_components: dict, preset, captions: list[str], batch_size: int = 32) -> dict[str, torch.Tensor]:
+    """Stage-1 tensors for many captions (the frozen text encoders run once, in batches)."""
+    from .text import encode_prompts
+
+    parts = [encode_prompts(text_components, preset, captions[i : i + batch_size])
+             for i in range(0, len(captions), batch_size)]
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+
+def build_latent_dataset(vae, text_components: dict, preset, combos: list[data.Combo], clips_per_combo: int,
+                         seed: int = 0, progress: bool = True) -> dict[str, Any]:
+    """Render clips, encode them once with the (frozen) VAE and the captions once with the text encoders.
+
+    Returns ``latents`` (scaled by the VAE's scaling factor), ``caption_index``, ``embeds`` (one row per
+    combo) and ``negative`` (the empty prompt, used for caption dropout).
+    """
+    clips, _ = data.make_dataset(combos, clips_per_combo, seed=seed)
+    latents = encode_latents(vae, torch.from_numpy(clips), progress=progress) * vae.config.scaling_factor
+    caption_index = torch.arange(len(combos)).repeat_interleave(clips_per_combo)
+    embeds = encode_captions(text_components, preset, [c.caption for c in combos])
+    negative = encode_captions(text_components, preset, [""])
+    return {"latents": latents, "caption_index": caption_index, "embeds": embeds, "negative": negative}

@@ -1,0 +1,67 @@
+"""The procedural dataset: captions, the held-out split, rendering, and the reader that grades generations."""
+
+import numpy as np
+import pytest
+
+from hyv_lib import data, quality
+
+
+def to_frames(clip):
+    return ((clip.transpose(1, 2, 3, 0) + 1) * 127.5).round().astype(np.uint8)
+
+
+def test_split_is_disjoint_and_covers_every_word():
+    train, held = data.split_combos()
+    assert len(train) == 135 and len(held) == 45
+    assert not set(train) & set(held)
+    assert set(train) | set(held) == set(data.all_combos())
+    for attr, values in (("color", data.COLORS), ("shape", data.SHAPES), ("direction", data.DIRECTIONS),
+                         ("background", data.BACKGROUNDS)):
+        assert {getattr(c, attr) for c in train} == set(values)
+    assert data.split_combos() == (train, held)  # seeded
+
+
+def test_render_is_seeded_in_range_and_moves_the_right_way():
+    combo = data.Combo("red", "triangle", "up", "gray")
+    clip = data.render_clip(combo, seed=3)
+    assert clip.shape == (3, data.FRAMES, data.HEIGHT, data.WIDTH) and clip.dtype == np.float32
+    assert clip.min() >= -1 and clip.max() <= 1
+    np.testing.assert_array_equal(clip, data.render_clip(combo, seed=3))
+    assert not np.array_equal(clip, data.render_clip(combo, seed=4))
+    reading = quality.read_video(to_frames(clip))
+    assert (reading.color, reading.direction, reading.background) == ("red", "up", "gray")
+
+
+def test_reader_is_right_on_every_ground_truth_caption():
+    combos = data.all_combos()
+    readings = [quality.read_video(to_frames(data.render_clip(c, seed=i))) for i, c in enumerate(combos)]
+    assert quality.attribute_rates(readings, combos) == {"color": 1.0, "direction": 1.0, "background": 1.0}
+
+
+def test_unseen_color_renders_and_reads_only_with_its_palette():
+    clip = to_frames(data.render_clip(data.Combo("cyan", "circle", "left", "black"), seed=0))
+    assert quality.read_video(clip, colors={**data.COLORS, **data.UNSEEN_COLORS}).color == "cyan"
+    assert quality.read_video(clip).color != "cyan"
+
+
+def test_captions_round_trip_and_bad_input_is_named():
+    for combo in data.all_combos()[:20]:
+        assert data.parse_caption(combo.caption) == combo
+    with pytest.raises(ValueError, match="'orange'"):
+        data.parse_caption("a orange circle moving left on a black background")
+    with pytest.raises(ValueError, match="caption must read"):
+        data.parse_caption("a red circle")
+    with pytest.raises(ValueError, match="4n\\+1"):
+        data.render_clip(data.all_combos()[0], seed=0, frames=8)
+    with pytest.raises(ValueError, match="color must be one of"):
+        data.render_clip(data.Combo("orange", "circle", "left", "black"), seed=0)
+    with pytest.raises(ValueError, match="num_held_out"):
+        data.split_combos(num_held_out=0)
+
+
+def test_reader_reports_an_empty_video_as_no_shape():
+    blank = np.zeros((9, 64, 112, 3), np.uint8)
+    reading = quality.read_video(blank)
+    assert reading.color is None and reading.direction is None and reading.background == "black"
+    with pytest.raises(ValueError, match="frames"):
+        quality.read_video(blank[0])

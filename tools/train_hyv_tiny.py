@@ -1,0 +1,89 @@
+"""Reproduce the hyv-tiny weights: train the VAE, then the DiT, on the procedural clips (CPU, ~90 min).
+
+    .venv/bin/python tools/train_hyv_tiny.py --out runs/hyv-tiny [--stage vae|dit|all]
+
+Writes OUT/vae (diffusers format), OUT/train_log.jsonl (one record per step) and, after the DiT stage,
+the complete diffusers-format pipeline folder OUT/pipeline. hyv_lib/weights/hyv-tiny is a copy of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+
+def main() -> int:
+    from hyv_lib import data, train
+    from hyv_lib.presets import TINY_TRAINED
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--stage", choices=["vae", "dit", "all"], default="all")
+    parser.add_argument("--vae_steps", type=int, default=1500)
+    parser.add_argument("--vae_init", default=None, help="start the VAE from this diffusers folder")
+    parser.add_argument("--vae_lr", type=float, default=3e-4)
+    parser.add_argument("--dit_steps", type=int, default=2000)
+    parser.add_argument("--dit_batch", type=int, default=16)
+    parser.add_argument("--dit_lr", type=float, default=6e-4)
+    parser.add_argument("--clips_per_combo", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_num_threads(os.cpu_count() or 1)
+    os.makedirs(args.out, exist_ok=True)
+    log = train.jsonl_logger(os.path.join(args.out, "train_log.jsonl"))
+    preset = TINY_TRAINED
+    train_combos, held_out = data.split_combos()
+    eval_clips = torch.from_numpy(
+        __import__("numpy").stack([data.render_clip(c, seed=10_000 + i) for i, c in enumerate(held_out[:16])])
+    )
+    if args.stage in ("vae", "all"):
+        from diffusers import AutoencoderKLHunyuanVideo15
+
+        torch.manual_seed(args.seed)
+        if args.vae_init:  # continue from an earlier run (a fresh warmup and cosine schedule)
+            vae = AutoencoderKLHunyuanVideo15.from_pretrained(args.vae_init)
+        else:
+            vae = AutoencoderKLHunyuanVideo15(**preset.vae)
+        train.train_vae(vae, train_combos, steps=args.vae_steps, lr=args.vae_lr, eval_clips=eval_clips, log=log,
+                        seed=args.seed)
+        vae.save_pretrained(os.path.join(args.out, "vae"))
+    if args.stage in ("dit", "all"):
+        train_dit_stage(args, preset, train_combos, log)
+    return 0
+
+
+def train_dit_stage(args, preset, train_combos, log) -> None:
+    """Fix the VAE's scaling factor from the data, encode the dataset once, train the DiT, save the folder."""
+    import copy
+
+    from diffusers import AutoencoderKLHunyuanVideo15, HunyuanVideo15Transformer3DModel
+
+    from hyv_lib import data, train
+    from hyv_lib.models import COMPONENTS, build_tiny_components, save_pipeline
+
+    vae = AutoencoderKLHunyuanVideo15.from_pretrained(os.path.join(args.out, "vae")).eval().requires_grad_(False)
+    text = build_tiny_components(preset, seed=args.seed, names=["tokenizer", "text_encoder", "tokenizer_2",
+                                                                 "text_encoder_2"])
+    # Unit-variance latents, as the real VAE's 1.03682 gives for real videos.
+    probe = torch.from_numpy(data.make_dataset(train_combos[::9], 2, seed=args.seed + 7)[0])
+    vae.register_to_config(scaling_factor=float(1.0 / train.encode_latents(vae, probe, progress=False).std()))
+    print(f"VAE scaling factor {vae.config.scaling_factor:.4f}")
+    dataset = train.build_latent_dataset(vae, text, preset, train_combos, args.clips_per_combo, seed=args.seed)
+    torch.manual_seed(args.seed + 3)
+    transformer = HunyuanVideo15Transformer3DModel(**preset.transformer)
+    train.train_dit(transformer, dataset["latents"], dataset["caption_index"], dataset["embeds"], dataset["negative"],
+                    steps=args.dit_steps, shift=preset.flow_shift, image_tokens=preset.image_tokens,
+                    image_dim=preset.image_dim, batch_size=args.dit_batch, lr=args.dit_lr, seed=args.seed, log=log)
+    rest = build_tiny_components(preset, seed=args.seed, names=["scheduler", "guider"])
+    components = {**text, **rest, "transformer": transformer, "vae": vae}
+    # fp16 on disk keeps the folder under 30 MB (ByT5's projection alone is 4.4M parameters); loading
+    # casts back to fp32.
+    half = {n: copy.deepcopy(m).half() if isinstance(m, torch.nn.Module) else m for n, m in components.items()}
+    save_pipeline({n: half[n] for n in COMPONENTS}, os.path.join(args.out, "pipeline"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
