@@ -31,14 +31,12 @@ def bench_model(num_layers: int):
     return HunyuanVideo15Transformer3DModel(**config).eval().requires_grad_(False)
 
 
-def conditioning(preset, batch_text=(14, 40)):
-    g = torch.Generator().manual_seed(0)
-    mask = (torch.arange(preset.text_len)[None] < torch.tensor(batch_text)[:, None]).long()
-    return dict(encoder_hidden_states=torch.randn(2, preset.text_len, preset.text_dim, generator=g),
-                encoder_attention_mask=mask,
-                encoder_hidden_states_2=torch.zeros(2, preset.byt5_len, preset.byt5_dim),
-                encoder_attention_mask_2=torch.zeros(2, preset.byt5_len, dtype=torch.long),
-                image_embeds=torch.zeros(2, preset.image_tokens, preset.image_dim))
+def conditioning(preset):
+    """The conditioning half of a CFG batch of 2 with real padding (14 and 40 valid text tokens, t2v)."""
+    from hyv_lib.models import example_forward_kwargs
+
+    kwargs = example_forward_kwargs(preset, byt5_lengths=(0, 0))
+    return {k: v for k, v in kwargs.items() if k not in ("hidden_states", "timestep")}
 
 
 def run(step, latents, cond, steps=50, shift=5.0, guidance=6.0):

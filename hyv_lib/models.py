@@ -192,3 +192,24 @@ def save_tiny_pipeline(path: str, seed: int = 0) -> None:
     from .presets import TINY
 
     save_pipeline(build_tiny_components(TINY, seed=seed), path)
+
+
+def example_forward_kwargs(preset: Preset, *, seed: int = 0, latent: tuple[int, int, int] = (2, 6, 10),
+                           text_lengths: tuple[int, ...] = (14, 40), byt5_lengths: tuple[int, ...] = (0, 9),
+                           image: bool = False, timestep: float = 700.0) -> dict[str, torch.Tensor]:
+    """Keyword arguments for the transformer's forward with real padding: one sample per entry of
+    ``text_lengths`` (a CFG-style batch), valid text/ByT5 tokens first, t2v (zero image embeddings) unless
+    ``image``; ``latent`` is (frames, height, width). Tests, benchmarks and chapters share it."""
+    g = torch.Generator().manual_seed(seed)
+    b, c = len(text_lengths), preset.latent_channels
+
+    def mask(length: int, valid: tuple[int, ...]) -> torch.Tensor:
+        return (torch.arange(length)[None] < torch.tensor(valid)[:, None]).long()
+
+    image_embeds = (torch.randn(b, preset.image_tokens, preset.image_dim, generator=g) if image
+                    else torch.zeros(b, preset.image_tokens, preset.image_dim))
+    return dict(hidden_states=torch.randn(b, 2 * c + 1, *latent, generator=g), timestep=torch.tensor([timestep] * b),
+                encoder_hidden_states=torch.randn(b, preset.text_len, preset.text_dim, generator=g),
+                encoder_attention_mask=mask(preset.text_len, text_lengths),
+                encoder_hidden_states_2=torch.randn(b, preset.byt5_len, preset.byt5_dim, generator=g),
+                encoder_attention_mask_2=mask(preset.byt5_len, byt5_lengths), image_embeds=image_embeds)

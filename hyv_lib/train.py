@@ -42,29 +42,6 @@ def batched_vae_attention() -> Iterator[None]:
         HunyuanVideo15AttnBlock.prepare_causal_attention_mask = staticmethod(original)
 
 
-@contextlib.contextmanager
-def stable_vae_norms(eps: float = 1e-2) -> Iterator[None]:
-    """Train-time only: the VAE's RMS norm divides by ||x|| with no floor (F.normalize), so a feature vector near
-    zero (likely on our perfectly flat backgrounds, with 8 channels at full resolution) sends a gradient
-    1/||x|| times larger back; such spikes made our runs diverge. Inside this context the norm divides by
-    sqrt(||x||^2 + eps^2) instead, which caps that gain at 1/eps and changes outputs by < 0.01% where ||x|| >= 1.
-    Inference uses diffusers' unchanged class."""
-    from diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15 import HunyuanVideo15RMS_norm
-
-    original = HunyuanVideo15RMS_norm.forward
-
-    def forward(self, x):
-        dim = 1 if self.channel_first else -1
-        normalized = x * torch.rsqrt(x.pow(2).sum(dim=dim, keepdim=True) + eps**2)
-        return normalized * self.scale * self.gamma + self.bias
-
-    HunyuanVideo15RMS_norm.forward = forward
-    try:
-        yield
-    finally:
-        HunyuanVideo15RMS_norm.forward = original
-
-
 def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     """PSNR in dB of two videos in [-1, 1], measured on the [0, 1] scale (peak 1)."""
     mse = ((a.float() - b.float()) / 2).pow(2).mean().item()
@@ -163,7 +140,7 @@ def train_vae(
     vae.train().requires_grad_(True)
     start = time.perf_counter()
     guard = SpikeGuard()
-    with batched_vae_attention(), stable_vae_norms():
+    with batched_vae_attention():
         for step in tqdm(range(steps), desc="VAE", disable=not progress):
             for group in optimizer.param_groups:
                 group["lr"] = cosine_lr(step, steps, lr, warmup=min(50, steps // 10 + 1))
@@ -177,7 +154,7 @@ def train_vae(
                       "seconds": time.perf_counter() - start}
             if eval_clips is not None and ((step + 1) % eval_every == 0 or step + 1 == steps):
                 vae.eval()
-                record["psnr_held_out"] = evaluate_vae(vae, eval_clips)  # with the train-time norm patch
+                record["psnr_held_out"] = evaluate_vae(vae, eval_clips)
                 vae.train()
             records.append(record)
             if log is not None:

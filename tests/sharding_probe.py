@@ -14,6 +14,7 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_p
 import torch  # noqa: E402
 from diffusers import HunyuanVideo15Transformer3DModel  # noqa: E402
 
+from hyv_lib.models import example_forward_kwargs  # noqa: E402
 from hyv_lib.perf import hlo_collectives  # noqa: E402
 from hyv_lib.presets import get_preset  # noqa: E402
 from hyv_lib.sharding import make_mesh  # noqa: E402
@@ -29,15 +30,8 @@ def main(cases):
     # tiny with 8 heads of 16, so every mesh below can split the heads
     oracle = HunyuanVideo15Transformer3DModel(**dict(tiny.transformer, num_attention_heads=8,
                                                      attention_head_dim=16)).eval().requires_grad_(False)
-    g = torch.Generator().manual_seed(1)
-    c = tiny.latent_channels
-    kwargs = dict(
-        hidden_states=torch.randn(2, 2 * c + 1, 2, 4, 6, generator=g), timestep=torch.tensor([600.0, 600.0]),
-        encoder_hidden_states=torch.randn(2, tiny.text_len, tiny.text_dim, generator=g),
-        encoder_attention_mask=(torch.arange(tiny.text_len)[None] < torch.tensor([[14], [50]])).long(),
-        encoder_hidden_states_2=torch.randn(2, tiny.byt5_len, tiny.byt5_dim, generator=g),
-        encoder_attention_mask_2=(torch.arange(tiny.byt5_len)[None] < torch.tensor([[0], [7]])).long(),
-        image_embeds=torch.zeros(2, tiny.image_tokens, tiny.image_dim))
+    kwargs = example_forward_kwargs(tiny, seed=1, latent=(2, 4, 6), text_lengths=(14, 50), byt5_lengths=(0, 7),
+                                    timestep=600.0)
     with torch.no_grad():
         expected = oracle(**kwargs).sample
     results = []

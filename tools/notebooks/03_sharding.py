@@ -46,6 +46,7 @@ from diffusers import HunyuanVideo15Transformer3DModel
 import hyv_lib
 from hyv_lib import perf
 from hyv_lib.display import html_table
+from hyv_lib.models import example_forward_kwargs
 from hyv_lib.sharding import RULE_SETS, make_mesh
 from hyv_lib.tpu import TpuTransformer
 
@@ -133,15 +134,9 @@ cells.append(code("""tiny = hyv_lib.get_preset("tiny")
 torch.manual_seed(0)
 oracle_model = HunyuanVideo15Transformer3DModel(
     **dict(tiny.transformer, num_attention_heads=8, attention_head_dim=16)).eval().requires_grad_(False)
-g = torch.Generator().manual_seed(1)
-c = tiny.latent_channels
-inputs = dict(
-    hidden_states=torch.randn(2, 2 * c + 1, 2, 4, 6, generator=g), timestep=torch.tensor([600.0, 600.0]),
-    encoder_hidden_states=torch.randn(2, tiny.text_len, tiny.text_dim, generator=g),
-    encoder_attention_mask=(torch.arange(tiny.text_len)[None] < torch.tensor([[14], [50]])).long(),
-    encoder_hidden_states_2=torch.randn(2, tiny.byt5_len, tiny.byt5_dim, generator=g),
-    encoder_attention_mask_2=(torch.arange(tiny.byt5_len)[None] < torch.tensor([[0], [7]])).long(),
-    image_embeds=torch.zeros(2, tiny.image_tokens, tiny.image_dim))
+# A CFG batch of 2 with real padding: 14 and 50 valid text tokens, 0 and 7 ByT5 tokens, no image (t2v).
+inputs = example_forward_kwargs(tiny, seed=1, latent=(2, 4, 6), text_lengths=(14, 50), byt5_lengths=(0, 7),
+                                timestep=600.0)
 with torch.no_grad():
     oracle = oracle_model(**inputs).sample
 for rule in RULE_SETS["tp_replicated_out"]:

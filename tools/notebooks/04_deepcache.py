@@ -45,7 +45,7 @@ import hyv_lib
 from hyv_lib import quality
 from hyv_lib.cache import DeepCacheSchedule, DeepCacheStep
 from hyv_lib.display import frame_grid, html_table
-from hyv_lib.models import load_components
+from hyv_lib.models import example_forward_kwargs, load_components
 from hyv_lib.pipeline import denoise, make_step, prepare_conditioning, torch_step
 from hyv_lib.text import encode_prompts
 from hyv_lib.video import decode_latents
@@ -137,14 +137,9 @@ cells.append(code("""speed_model = HunyuanVideo15Transformer3DModel(**dict(
     hyv_lib.get_preset("tiny").transformer, num_attention_heads=2, attention_head_dim=32, num_layers=SPEED_LAYERS,
     rope_axes_dim=[8, 12, 12])).eval().requires_grad_(False)
 tiny = hyv_lib.get_preset("tiny")
-g = torch.Generator().manual_seed(0)
-speed_cond = dict(
-    encoder_hidden_states=torch.randn(2, tiny.text_len, tiny.text_dim, generator=g),
-    encoder_attention_mask=(torch.arange(tiny.text_len)[None] < torch.tensor([[14], [40]])).long(),
-    encoder_hidden_states_2=torch.zeros(2, tiny.byt5_len, tiny.byt5_dim),
-    encoder_attention_mask_2=torch.zeros(2, tiny.byt5_len, dtype=torch.long),
-    image_embeds=torch.zeros(2, tiny.image_tokens, tiny.image_dim))
-speed_latents = torch.randn(1, tiny.latent_channels, 2, 6, 10, generator=g)
+example = example_forward_kwargs(tiny, latent=(2, 6, 10))  # CFG batch of 2 with real padding
+speed_cond = {k: v for k, v in example.items() if k not in ("hidden_states", "timestep")}
+speed_latents = example["hidden_states"][:1, :tiny.latent_channels]
 
 def timed_run(step):
     t0 = time.perf_counter()
