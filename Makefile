@@ -26,7 +26,7 @@ test: $(STAMP)
 	@$(BIN)/python -m pytest tests -q || { rc=$$?; [ $$rc -eq 5 ] && echo "error: pytest collected no tests"; exit $$rc; }
 
 book: $(STAMP)
-	rm -rf _build/html _build/jupyter_execute
+	rm -rf _build  # doctrees too: otherwise Sphinx skips (and does not execute) unchanged notebooks
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/jupyter-book build . -W --keep-going
 
 check-book: $(STAMP)
