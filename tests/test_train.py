@@ -117,3 +117,25 @@ def test_missing_bundled_weights_name_the_preset():
     with pytest.raises(HyvInputError, match="bundled weights are missing") as err:
         load_components(broken, None, ["vae"])
     assert err.value.argument == "--preset"
+
+
+def test_zero_init_starts_the_vae_as_its_shortcut_path_and_the_latent_penalty_counts():
+    from diffusers import AutoencoderKLHunyuanVideo15
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLHunyuanVideo15(**get_preset("tiny").vae)
+    train.zero_init_residual_branches(vae)
+    zeroed = [n for n, p in vae.named_parameters() if p.abs().max() == 0]
+    resnets = [n for n, _ in vae.named_modules() if n.endswith("resnets.0")]
+    assert all(f"{r}.conv2.conv.weight" in zeroed for r in resnets) and resnets
+    assert any("downsamplers.0.conv.conv.weight" in n for n in zeroed)
+    assert any("upsamplers.0.conv.conv.weight" in n for n in zeroed)
+    assert any("attentions.0.proj_out.weight" in n for n in zeroed)
+    assert not any("conv1" in n or "conv_in" in n or "conv_out" in n for n in zeroed)  # the paths stay alive
+    clips = torch.from_numpy(np.stack([data.render_clip(data.all_combos()[0], seed=0)]))
+    with torch.no_grad():
+        loss_0, reconstruction = train.vae_loss(vae, clips, latent_weight=0.0)
+        loss_1, _ = train.vae_loss(vae, clips, latent_weight=1.0)
+        latent_mean = vae.encode(clips).latent_dist.mean
+    torch.testing.assert_close(loss_0, (reconstruction - clips).pow(2).mean())
+    torch.testing.assert_close(loss_1 - loss_0, latent_mean.pow(2).mean(), rtol=1e-4, atol=1e-6)

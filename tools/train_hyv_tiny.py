@@ -22,7 +22,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--stage", choices=["vae", "dit", "all"], default="all")
-    parser.add_argument("--vae_steps", type=int, default=1500)
+    parser.add_argument("--vae_steps", type=int, default=2500)
     parser.add_argument("--vae_init", default=None, help="start the VAE from this diffusers folder")
     parser.add_argument("--vae_lr", type=float, default=3e-4)
     parser.add_argument("--dit_steps", type=int, default=2000)
@@ -47,6 +47,7 @@ def main() -> int:
             vae = AutoencoderKLHunyuanVideo15.from_pretrained(args.vae_init)
         else:
             vae = AutoencoderKLHunyuanVideo15(**preset.vae)
+            train.zero_init_residual_branches(vae)
         train.train_vae(vae, train_combos, steps=args.vae_steps, lr=args.vae_lr, eval_clips=eval_clips, log=log,
                         seed=args.seed)
         vae.save_pretrained(os.path.join(args.out, "vae"))
