@@ -97,6 +97,41 @@ def main() -> None:
               f"{'  goal met' if eager / jitted >= 1.5 else ''}")
 
 
+def attention_breakdown(args, kwargs, eager: float, jitted: float) -> None:
+    """Time one joint attention alone on both sides and split the step into attention + the rest (Amdahl)."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    from hyv_lib.xla_attention import xla_attention_jax
+
+    batch, heads, dim = 2, args.heads, 128
+    seq = LATENT[0] * LATENT[1] * LATENT[2] + 176
+    valid = kwargs["encoder_attention_mask"].sum(1) + LATENT[0] * LATENT[1] * LATENT[2]
+    kv_mask = torch.arange(seq)[None] < valid[:, None]
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, seq, dim, generator=g) for _ in range(3))
+    dense = kv_mask[:, None, None, :]  # what diffusers hands SDPA: a broadcast boolean mask
+
+    def torch_attention():
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense)
+
+    xla = jax.jit(xla_attention_jax)
+    jq, jk, jv, jm = (jnp.asarray(t.numpy()) for t in (q, k, v, kv_mask))
+    xla(jq, jk, jv, jm).block_until_ready()
+    with torch.no_grad():
+        t_torch = timed(torch_attention, args.repeats)
+    t_xla = timed(lambda: xla(jq, jk, jv, jm).block_until_ready(), args.repeats)
+    calls = 4  # one joint attention per dual-stream block (the refiner's 2 x 128-token ones are negligible)
+    rest_eager, rest_jit = eager - calls * t_torch, jitted - calls * t_xla
+    print(f"attention alone : torch SDPA {t_torch * 1e3:6.1f} ms vs XLA blockwise {t_xla * 1e3:6.1f} ms "
+          f"({t_xla / t_torch:.2f}x slower); x{calls} = {calls * t_torch / eager:.0%} of the eager step")
+    print(f"rest of the step: eager {rest_eager * 1e3:6.1f} ms vs jit {rest_jit * 1e3:6.1f} ms "
+          f"({rest_eager / max(rest_jit, 1e-9):.2f}x faster jitted)")
+    print(f"bound           : with torch's attention speed the jitted step would be "
+          f"{eager / (rest_jit + calls * t_torch):.2f}x faster than eager")
+
+
 def run_config(args, frames: int) -> tuple[int, float, float]:
     import torch
 
@@ -117,6 +152,7 @@ def run_config(args, frames: int) -> tuple[int, float, float]:
     print(f"torchax jit     : {jitted * 1e3:8.1f} ms/step   (max |diff| vs eager {(out - oracle).abs().max():.1e}, "
           f"{tpu.compilations} compilation)")
     print(f"speed-up        : {eager / jitted:8.2f}x  (goal >= 1.5x)")
+    attention_breakdown(args, kwargs, eager, jitted)
     with tempfile.TemporaryDirectory() as cache:
         probe = [sys.executable, __file__, "--compile-probe", cache, "--heads", str(args.heads),
                  "--frames", str(frames)]

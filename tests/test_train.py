@@ -139,3 +139,19 @@ def test_zero_init_starts_the_vae_as_its_shortcut_path_and_the_latent_penalty_co
         latent_mean = vae.encode(clips).latent_dist.mean
     torch.testing.assert_close(loss_0, (reconstruction - clips).pow(2).mean())
     torch.testing.assert_close(loss_1 - loss_0, latent_mean.pow(2).mean(), rtol=1e-4, atol=1e-6)
+
+
+def test_rms_norm_floor_matches_diffusers_above_the_floor_and_is_undone():
+    from diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15 import HunyuanVideo15RMS_norm
+
+    norm = HunyuanVideo15RMS_norm(4, images=False)
+    x = torch.randn(2, 4, 3, 5, 5)
+    x[0, :, 0, 0, 0] = 1e-3  # one pixel with a tiny channel vector
+    plain = norm(x)
+    original = HunyuanVideo15RMS_norm.forward
+    with train.rms_norm_floor(0.3):
+        floored = norm(x)
+    assert HunyuanVideo15RMS_norm.forward is original
+    big = x.norm(dim=1, keepdim=True).expand_as(x) >= 0.3
+    torch.testing.assert_close(floored[big], plain[big], rtol=0, atol=0)
+    assert floored[0, :, 0, 0, 0].abs().max() < 0.1 < plain[0, :, 0, 0, 0].abs().max()  # shrunk, not blown up
