@@ -142,8 +142,8 @@ def vae_loss(vae, clips: torch.Tensor, latent_weight: float) -> tuple[torch.Tens
     """(loss, reconstruction): pixel MSE of the decoded posterior mean plus ``latent_weight`` x mean(mean^2).
 
     The latent penalty is what keeps training alive: without it the encoder grew a huge, spatially constant
-    offset in the latents (mean absolute value ~180 after 40 steps), the decoder's RMS norms then saw the same direction at
-    every pixel and the output froze at the mean colour. (A KL at weight 1e-4 was too weak to stop it, and
+    offset in the latents (mean absolute value ~180 after 40 steps), the decoder's RMS norms then saw the same
+    direction at every pixel and the output froze at the mean colour. (A KL at weight 1e-4 was too weak to stop it, and
     decoding samples instead of means plateaued the same way.) The DiT is trained on, and generates, means.
     """
     posterior = vae.encode(clips).latent_dist

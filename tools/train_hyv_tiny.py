@@ -22,7 +22,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--stage", choices=["vae", "dit", "all"], default="all")
-    parser.add_argument("--vae_steps", type=int, default=2500)
+    parser.add_argument("--vae_steps", type=int, default=1500)
     parser.add_argument("--vae_init", default=None, help="start the VAE from this diffusers folder")
     parser.add_argument("--vae_lr", type=float, default=1e-4)
     parser.add_argument("--vae_norm_floor", type=float, default=0.3)
