@@ -97,17 +97,19 @@ def main() -> None:
               f"{'  goal met' if eager / jitted >= 1.5 else ''}")
 
 
-def attention_breakdown(args, kwargs, eager: float, jitted: float) -> None:
+def attention_breakdown(args, kwargs, tokens: int, eager: float, jitted: float) -> None:
     """Time one joint attention alone on both sides and split the step into attention + the rest (Amdahl)."""
     import jax
     import jax.numpy as jnp
     import torch
 
+    from hyv_lib.layout import context_tokens
+    from hyv_lib.presets import get_preset
     from hyv_lib.xla_attention import xla_attention_jax
 
     batch, heads, dim = 2, args.heads, 128
-    seq = LATENT[0] * LATENT[1] * LATENT[2] + 176
-    valid = kwargs["encoder_attention_mask"].sum(1) + LATENT[0] * LATENT[1] * LATENT[2]
+    seq = tokens + context_tokens(get_preset("tiny"))  # bench_inputs' context: tiny's text + ByT5 + image slots
+    valid = kwargs["encoder_attention_mask"].sum(1) + tokens  # ByT5 and image tokens are all padding (t2v)
     kv_mask = torch.arange(seq)[None] < valid[:, None]
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(batch, heads, seq, dim, generator=g) for _ in range(3))
@@ -152,7 +154,7 @@ def run_config(args, frames: int) -> tuple[int, float, float]:
     print(f"torchax jit     : {jitted * 1e3:8.1f} ms/step   (max |diff| vs eager {(out - oracle).abs().max():.1e}, "
           f"{tpu.compilations} compilation)")
     print(f"speed-up        : {eager / jitted:8.2f}x  (goal >= 1.5x)")
-    attention_breakdown(args, kwargs, eager, jitted)
+    attention_breakdown(args, kwargs, tokens, eager, jitted)
     with tempfile.TemporaryDirectory() as cache:
         probe = [sys.executable, __file__, "--compile-probe", cache, "--heads", str(args.heads),
                  "--frames", str(frames)]

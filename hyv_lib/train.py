@@ -138,45 +138,54 @@ def zero_init_residual_branches(vae) -> None:
                 torch.nn.init.zeros_(parameter)
 
 
-def vae_loss(vae, clips: torch.Tensor, latent_weight: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss, reconstruction): pixel MSE of the decoded posterior mean plus ``latent_weight`` x mean(mean^2).
+def vae_loss(vae, clips: torch.Tensor, latent_weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, reconstruction, latents): pixel MSE of the decoded posterior mean + ``latent_weight`` x mean(mean^2).
 
     The latent penalty is what keeps training alive: without it the encoder grew a huge, spatially constant
     offset in the latents (mean absolute value ~180 after 40 steps), the decoder's RMS norms then saw the same
-    direction at every pixel and the output froze at the mean colour. (A KL at weight 1e-4 was too weak to stop it, and
-    decoding samples instead of means plateaued the same way.) The DiT is trained on, and generates, means.
+    direction at every pixel and the output froze at the mean colour. (A KL at weight 1e-4 was too weak to stop
+    it, and decoding samples instead of means plateaued the same way.) The DiT is trained on, and generates,
+    means.
     """
     posterior = vae.encode(clips).latent_dist
-    reconstruction = vae.decode(posterior.mode()).sample
-    return (reconstruction - clips).pow(2).mean() + latent_weight * posterior.mean.pow(2).mean(), reconstruction
+    latents = posterior.mode()
+    reconstruction = vae.decode(latents).sample
+    return (reconstruction - clips).pow(2).mean() + latent_weight * latents.pow(2).mean(), reconstruction, latents
+
+
+def reconstruct(vae, clips: torch.Tensor, batch_size: int = 4) -> torch.Tensor:
+    """encode -> posterior mode -> decode of ``clips`` in batches, clamped to [-1, 1] (no gradients)."""
+    with torch.no_grad(), batched_vae_attention():
+        return torch.cat([vae.decode(vae.encode(clips[i : i + batch_size]).latent_dist.mode()).sample.clamp(-1, 1)
+                          for i in range(0, len(clips), batch_size)])
 
 
 def evaluate_vae(vae, clips: torch.Tensor, batch_size: int = 4) -> float:
-    """Mean PSNR (dB) of encode -> posterior mode -> decode over ``clips``."""
-    scores = []
-    with torch.no_grad(), batched_vae_attention():
-        for i in range(0, len(clips), batch_size):
-            batch = clips[i : i + batch_size]
-            reconstruction = vae.decode(vae.encode(batch).latent_dist.mode()).sample
-            scores.append(psnr(reconstruction.clamp(-1, 1), batch))
-    return float(np.mean(scores))
+    """Mean over batches of the PSNR (dB) between ``clips`` and what ``reconstruct`` returns for them."""
+    reconstruction = reconstruct(vae, clips, batch_size)
+    return float(np.mean([psnr(reconstruction[i : i + batch_size], clips[i : i + batch_size])
+                          for i in range(0, len(clips), batch_size)]))
 
 
 def train_vae(
-    vae, combos: list[data.Combo], *, steps: int, batch_size: int = 8, lr: float = 3e-4, latent_weight: float = 1e-2,
+    vae, combos: list[data.Combo] | None, *, steps: int, batch_size: int = 8, lr: float = 3e-4,
+    latent_weight: float = 1e-2,
     eval_clips: torch.Tensor | None = None, eval_every: int = 100, seed: int = 0,
     log: Callable[[dict[str, Any]], None] | None = None, progress: bool = True,
     clip_size: tuple[int, int, int] = (5, 64, 64), norm_floor: float | None = None, weight_decay: float = 0.05,
-    keep_best: bool = True,
+    keep_best: bool = True, fixed_clips: torch.Tensor | None = None,
 ) -> list[dict[str, Any]]:
     """Train ``vae`` in place with AdamW on fresh clips each step; returns the log records.
 
     Training clips are ``clip_size`` = (frames, height, width): 5 x 64 x 64 costs a third of the 9 x 64 x 112
     clips the model is used on; ``eval_clips`` can be any size. With ``keep_best`` (and ``eval_clips``) the
     weights of the best held-out evaluation are restored at the end: our runs peaked and then lost PSNR to
-    loss spikes, so the last step is not the best one."""
+    loss spikes, so the last step is not the best one. ``fixed_clips`` trains on those clips every step instead
+    of fresh ones from ``combos``: the quick probe of whether a recipe can fit anything at all."""
+    if (combos is None) == (fixed_clips is None):
+        raise ValueError("pass exactly one of combos (fresh clips each step) and fixed_clips")
     torch.manual_seed(seed)
-    stream = ClipStream(combos, batch_size, seed=seed, size=clip_size)
+    stream = ClipStream(combos, batch_size, seed=seed, size=clip_size) if fixed_clips is None else None
     # beta2 = 0.95: with the default 0.999 the second moment lags a sudden rise of a gradient and the update
     # of that parameter grows up to ~30x; our VAE runs diverged that way at learning rates of 4e-4 to 2e-3.
     optimizer = torch.optim.AdamW(vae.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
@@ -189,15 +198,15 @@ def train_vae(
         for step in tqdm(range(steps), desc="VAE", disable=not progress):
             for group in optimizer.param_groups:
                 group["lr"] = cosine_lr(step, steps, lr, warmup=min(50, steps // 10 + 1))
-            clips, _ = stream.next()
+            clips = fixed_clips if stream is None else stream.next()[0]
             with rms_norm_floor(norm_floor) if norm_floor else contextlib.nullcontext():  # not while evaluating
-                loss, reconstruction = vae_loss(vae, clips, latent_weight)
+                loss, reconstruction, latents = vae_loss(vae, clips, latent_weight)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm, skipped = guard.step(optimizer, vae.parameters())
             record = {"stage": "vae", "step": step + 1, "loss": loss.item(), "grad_norm": grad_norm, "skipped": skipped,
                       "psnr_train": psnr(reconstruction.detach().clamp(-1, 1), clips),
-                      "seconds": time.perf_counter() - start}
+                      "latent_abs": latents.detach().abs().mean().item(), "seconds": time.perf_counter() - start}
             if eval_clips is not None and ((step + 1) % eval_every == 0 or step + 1 == steps):
                 vae.eval()
                 record["psnr_held_out"] = evaluate_vae(vae, eval_clips)
@@ -211,7 +220,7 @@ def train_vae(
     if best is not None:
         vae.load_state_dict(best[2])
         if log is not None:
-            log({"stage": "vae", "kept_step": best[1], "psnr_held_out": best[0]})
+            log({"stage": "vae_kept", "step": best[1], "psnr_held_out": best[0]})
     vae.eval().requires_grad_(False)
     return records
 

@@ -58,7 +58,11 @@ def test_vae_trains_on_batches_and_the_patch_is_undone():
     records = train.train_vae(vae, data.all_combos()[:4], steps=4, batch_size=2, lr=1e-3, eval_clips=clips,
                               eval_every=4, progress=False)
     assert [r["step"] for r in records] == [1, 2, 3, 4] and "psnr_held_out" in records[-1]
-    assert all(np.isfinite(r["loss"]) for r in records)
+    assert all(np.isfinite(r["loss"]) and r["latent_abs"] > 0 for r in records)
+    with pytest.raises(ValueError, match="exactly one"):
+        train.train_vae(vae, data.all_combos()[:4], steps=1, fixed_clips=clips)
+    fixed = train.train_vae(vae, None, steps=2, fixed_clips=clips[:1], progress=False)
+    assert len(fixed) == 2 and fixed[1]["psnr_train"] > 0
     assert HunyuanVideo15AttnBlock.prepare_causal_attention_mask is original or \
         HunyuanVideo15AttnBlock.__dict__["prepare_causal_attention_mask"].__func__ is original
     assert not vae.training and not any(p.requires_grad for p in vae.parameters())
@@ -134,9 +138,10 @@ def test_zero_init_starts_the_vae_as_its_shortcut_path_and_the_latent_penalty_co
     assert not any("conv1" in n or "conv_in" in n or "conv_out" in n for n in zeroed)  # the paths stay alive
     clips = torch.from_numpy(np.stack([data.render_clip(data.all_combos()[0], seed=0)]))
     with torch.no_grad():
-        loss_0, reconstruction = train.vae_loss(vae, clips, latent_weight=0.0)
-        loss_1, _ = train.vae_loss(vae, clips, latent_weight=1.0)
+        loss_0, reconstruction, latents = train.vae_loss(vae, clips, latent_weight=0.0)
+        loss_1, _, _ = train.vae_loss(vae, clips, latent_weight=1.0)
         latent_mean = vae.encode(clips).latent_dist.mean
+    torch.testing.assert_close(latents, latent_mean, rtol=0, atol=0)
     torch.testing.assert_close(loss_0, (reconstruction - clips).pow(2).mean())
     torch.testing.assert_close(loss_1 - loss_0, latent_mean.pow(2).mean(), rtol=1e-4, atol=1e-6)
 

@@ -15,7 +15,7 @@ cells.append(md("""# Appendix: training a tiny HunyuanVideo-1.5
 
 With random weights the tiny preset can only show noise. This appendix trains the *same* diffusers classes at a
 tiny size on a procedural dataset, on this 2-core CPU. The result is **hyv-tiny**, which ships with `hyv_lib`
-(`hyv_lib/weights/hyv-tiny`, about 18 MB) and which the other chapters load as their CPU default. With it, a
+(`hyv_lib/weights/hyv-tiny`, under the issue's 30 MB) and which the other chapters load as their CPU default. With it, a
 prompt such as "a red circle moving left on a gray background" gives a video you can check.
 
 The chapter covers:
@@ -94,7 +94,7 @@ print(f"VAE: {sum(p.numel() for p in vae.parameters()) / 1e6:.2f} M parameters, 
 print(f"clip {tuple(clip.shape[1:])} = {clip[0].numel():,} values -> latent {tuple(latent.shape[1:])} = "
       f"{latent[0].numel():,} values ({clip[0].numel() / latent[0].numel():.0f}x fewer)")"""))
 cells.append(md("""Trained from diffusers' default initialisation with a pixel loss (and the usual tiny KL), every run
-we tried stopped at about 17-18 dB. That is the PSNR of painting each clip in its mean color. The cause: the
+we tried stopped at the PSNR of painting each clip in its mean color. The cause: the
 encoder grew a large latent offset that was the same at every position. The decoder's RMS norms then saw the
 same direction at every pixel and could only produce one color. Two changes fixed it:
 
@@ -109,43 +109,32 @@ cells.append(code("""demo_clips = torch.from_numpy(np.stack([data.render_clip(c,
                                         for i, c in enumerate(train_combos[::17][:4])]))
 
 
-def vae_demo(fixed: bool, steps: int) -> dict:
+def vae_demo(fixed: bool) -> list[dict]:
     torch.manual_seed(0)
     model = AutoencoderKLHunyuanVideo15(**preset.vae)
     if fixed:
         train.zero_init_residual_branches(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
-    curve = {"psnr": [], "latent": []}
-    with train.batched_vae_attention():
-        for _ in range(steps):
-            loss, reconstruction = train.vae_loss(model, demo_clips, latent_weight=1e-2 if fixed else 0.0)
-            optimizer.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            with torch.no_grad():
-                curve["latent"].append(model.encode(demo_clips).latent_dist.mean.abs().mean().item())
-            curve["psnr"].append(train.psnr(reconstruction.detach().clamp(-1, 1), demo_clips))
-    return curve
+    return train.train_vae(model, None, fixed_clips=demo_clips, steps=DEMO_STEPS, lr=1e-3, weight_decay=0.0,
+                           latent_weight=1e-2 if fixed else 0.0, progress=False)
 
 
 start = time.perf_counter()
-demo = {"default init, no latent penalty": vae_demo(False, DEMO_STEPS),
-        "zero-init + latent penalty": vae_demo(True, DEMO_STEPS)}
+demo = {"default init, no latent penalty": vae_demo(False), "zero-init + latent penalty": vae_demo(True)}
 print(f"{2 * DEMO_STEPS} training steps in {time.perf_counter() - start:.0f} s")
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
-for name, curve in demo.items():
-    ax1.plot(curve["latent"], label=name)
-    ax2.plot(curve["psnr"], label=name)
+for name, log in demo.items():
+    ax1.plot([r["latent_abs"] for r in log], label=name)
+    ax2.plot([r["psnr_train"] for r in log], label=name)
 ax1.set(xlabel="step", ylabel="mean |latent|", yscale="log", title="latent magnitude")
 ax2.set(xlabel="step", ylabel="PSNR (dB)", title="reconstruction of the 4 training clips")
 ax1.legend(fontsize=8)
 fig.tight_layout()
-for name, curve in demo.items():
-    print(f"{name:32s}: mean |latent| {curve['latent'][-1]:7.2f}, PSNR {curve['psnr'][-1]:.2f} dB after {DEMO_STEPS} steps")"""))
+for name, log in demo.items():
+    print(f"{name:32s}: mean |latent| {log[-1]['latent_abs']:7.2f}, PSNR {log[-1]['psnr_train']:.2f} dB "
+          f"after {DEMO_STEPS} steps")"""))
 cells.append(md("""The run without the fixes has its latents drift far from zero: the collapse, live. Forty steps are
 too few to see the fixed recipe pull ahead in PSNR; the full run below shows that. Even with both fixes, the
-gradient norm spiked now and then, by 10-60x. `train.rms_norm_floor` raises the floor of the RMS norms' division
+gradient norm spiked now and then (the log's `grad_norm`). `train.rms_norm_floor` raises the floor of the RMS norms' division
 from 1e-12 to 0.3 *during training only*. Above the floor the layer computes exactly what diffusers computes,
 so the weights load into the unmodified class, and every PSNR below is measured without the floor."""))
 
@@ -162,9 +151,9 @@ cells.append(code("""log_path = os.path.join(weights, "train_log.jsonl")
 if not os.path.exists(log_path):
     raise FileNotFoundError(f"{log_path} is missing: the weights folder should carry its training log")
 records = [json.loads(line) for line in open(log_path)]
-vae_log = [r for r in records if r["stage"] == "vae" and "step" in r]
+vae_log = [r for r in records if r["stage"] == "vae"]
 dit_log = [r for r in records if r["stage"] == "dit"]
-kept = next((r for r in records if "kept_step" in r), None)  # train_vae restores its best held-out evaluation
+kept = next((r for r in records if r["stage"] == "vae_kept"), None)  # train_vae restores its best evaluation
 
 
 def smooth(values, window=50):
@@ -178,7 +167,7 @@ held = [(r["step"], r["psnr_held_out"]) for r in vae_log if "psnr_held_out" in r
 ax1.plot(*zip(*held), "o-", label="held-out clips")
 ax1.axhline(28, color="gray", ls="--", lw=1, label="gate: 28 dB")
 if kept:
-    ax1.plot([kept["kept_step"]], [kept["psnr_held_out"]], "r*", ms=12, label="weights kept")
+    ax1.plot([kept["step"]], [kept["psnr_held_out"]], "r*", ms=12, label="weights kept")
 ax1.set(xlabel="VAE step", ylabel="PSNR (dB)", title="VAE")
 ax1.legend(fontsize=8)
 ax2.plot(smooth([r["loss"] for r in dit_log]))
@@ -192,8 +181,7 @@ over 8 held-out clips. The causal VAE encodes frame 0 alone and then groups of 4
 5-frame clips (2 latent frames) to afford more steps, and the PSNR per frame shows what that costs on the
 9-frame clips the model is used on."""))
 cells.append(code("""eval_clips = torch.from_numpy(np.stack([data.render_clip(c, seed=10_000 + i) for i, c in enumerate(held_out[:8])]))
-with torch.no_grad(), train.batched_vae_attention():
-    reconstruction = vae.decode(vae.encode(eval_clips).latent_dist.mode()).sample.clamp(-1, 1)
+reconstruction = train.reconstruct(vae, eval_clips)
 per_frame = [train.psnr(reconstruction[:, :, t], eval_clips[:, :, t]) for t in range(eval_clips.shape[2])]
 fig, axes = plt.subplots(2, 5, figsize=(10, 2.8))
 for row, video, name in ((axes[0], eval_clips[0], "original"), (axes[1], reconstruction[0], "reconstruction")):
@@ -203,7 +191,7 @@ for row, video, name in ((axes[0], eval_clips[0], "original"), (axes[1], reconst
         ax.set_title(f"{name}, frame {t}", fontsize=7)
 fig.tight_layout()
 print("PSNR per frame (dB):", " ".join(f"{v:.1f}" for v in per_frame),
-      f"| whole clips: {train.evaluate_vae(vae, eval_clips):.2f} dB")"""))
+      f"| whole clips: {train.psnr(reconstruction, eval_clips):.2f} dB")"""))
 cells.append(md("""## The quality gates
 
 `tools/hyv_tiny_gates.py` measures the two gates of hyv-tiny on held-out data. The first is the VAE's PSNR on
@@ -234,7 +222,8 @@ cells.append(md("""## LoRA: teaching an unseen color
 Cyan never occurs in the training set. The frozen text encoders still give "cyan" its own embedding, but the
 DiT has never learned what it means. LoRA (Hu et al., 2021) trains low-rank updates to a few weight matrices;
 here rank 8 on the attention projections of both streams (video: `to_q/k/v/out`, text: `add_q/k/v_proj`,
-`to_add_out`), through `peft` as diffusers' training scripts do, and only the adapter is trained (`train.train_dit(..., parameters=adapter)`). The data: 36 cyan captions (3 shapes x 4 directions x 3
+`to_add_out`), through `peft` as diffusers' training scripts do, and only the adapter is trained
+(`train.train_dit(..., parameters=adapter)`). The data: 36 cyan captions (3 shapes x 4 directions x 3
 backgrounds), 4 clips each."""))
 cells.append(code("""from peft import LoraConfig
 
@@ -274,7 +263,8 @@ html_table([{"caption": c.caption, "color before LoRA": b.color, "color after Lo
 cells.append(code("""frame_grid(before_videos[0], columns=5, title=f"before LoRA: {probe[0].caption}", scale=1.3)
 frame_grid(after_videos[0], columns=5, title=f"after LoRA: {probe[0].caption}", scale=1.3);"""))
 cells.append(md("""The third probe is a color the model already knew. It shows whether the adapter broke what was there.
-`transformer.save_lora_adapter(path)` would save the adapter alone: a few hundred kB instead of the model.
+`transformer.save_lora_adapter(path)` would save the adapter alone (its size is printed above, in
+parameters) instead of the model.
 
 ## At real scale
 
