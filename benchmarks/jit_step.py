@@ -128,8 +128,11 @@ def attention_breakdown(args, kwargs, tokens: int, eager: float, jitted: float) 
     rest_eager, rest_jit = eager - calls * t_torch, jitted - calls * t_xla
     print(f"attention alone : torch SDPA {t_torch * 1e3:6.1f} ms vs XLA blockwise {t_xla * 1e3:6.1f} ms "
           f"({t_xla / t_torch:.2f}x slower); x{calls} = {calls * t_torch / eager:.0%} of the eager step")
+    if min(rest_eager, rest_jit) <= 0:  # timing noise larger than the rest of the step
+        print("rest of the step: attention alone timed longer than its share of a step; rerun with more --repeats")
+        return
     print(f"rest of the step: eager {rest_eager * 1e3:6.1f} ms vs jit {rest_jit * 1e3:6.1f} ms "
-          f"({rest_eager / max(rest_jit, 1e-9):.2f}x faster jitted)")
+          f"({rest_eager / rest_jit:.2f}x faster jitted)")
     print(f"bound           : with torch's attention speed the jitted step would be "
           f"{eager / (rest_jit + calls * t_torch):.2f}x faster than eager")
 
