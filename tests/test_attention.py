@@ -213,9 +213,10 @@ def test_processor_never_builds_an_s_by_s_tensor(tiny_transformer):
     assert our_run.largest < s * s
 
 
-@pytest.mark.parametrize("block_kv", [16, 48, None])
+@pytest.mark.parametrize("block_kv", [5, 16, 48, 1000, None])
 def test_xla_blockwise_online_softmax_across_blocks(block_kv):
-    """Several KV blocks (S not a multiple of the block), an empty element and a scattered mask."""
+    """Several KV blocks (S not a multiple of the block; 5 rounds up to 8, 1000 is one block), an empty element
+    and a scattered mask."""
     for case in range(len(CASES)):
         b, h, s, d, lengths, scattered = CASES[case]
         q, k, v, mask = random_case(10 + case, b, h, s, d, lengths, scattered)
