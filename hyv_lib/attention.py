@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 
 #: Exact backends, the lossy one (sage), and the teaching approximation (kv_zeroing).
-BACKENDS = ("reference", "sdpa", "flash", "flash3", "sage", "splash", "xla", "kv_zeroing")
+BACKENDS = ("reference", "sdpa", "flash", "flash3", "sage", "splash", "xla", "host_sdpa", "kv_zeroing")
 #: Backends that accept torchax tensors (device "jax") inside a jitted step.
-JAX_BACKENDS = ("splash", "xla")
+JAX_BACKENDS = ("splash", "xla", "host_sdpa")
 
 
 # ------------------------------------------------------------------------------------------ availability
@@ -36,6 +36,13 @@ def _needs_cuda(package: str, how: str) -> str | None:
     return reason
 
 
+def _needs_cpu_jax() -> str | None:
+    import jax
+
+    backend = jax.default_backend()
+    return None if backend == "cpu" else f"calls torch on the host from jitted code: JAX's backend must be the CPU, not {backend!r}"
+
+
 def available_backends() -> dict[str, str | None]:
     """Backend name -> None if it can run here, else the reason it cannot (and how to get it)."""
     gpu_extras = "pip install -r requirements-gpu.txt on a CUDA machine"
@@ -48,6 +55,7 @@ def available_backends() -> dict[str, str | None]:
         "sage": _needs_cuda("sageattention", gpu_extras),
         "splash": _missing("jax", "pip install -r requirements.txt; on a TPU VM also requirements-tpu.txt"),
         "xla": _missing("jax", "pip install -r requirements.txt"),
+        "host_sdpa": _missing("jax", "pip install -r requirements.txt") or _needs_cpu_jax(),
         "kv_zeroing": None,
     }
 
@@ -174,9 +182,10 @@ def attention(
     ``backend``: ``auto`` (flash3 > flash > sdpa on CUDA, sdpa on CPU), ``reference`` (the fp32
     oracle, O(S^2) memory), ``sdpa``, ``flash``/``flash3`` (varlen via cu_seqlens), ``sage`` (lossy),
     ``splash`` (JAX Pallas Splash with segment ids; interpret mode off TPU; ``options`` are its block
-    sizes), ``xla`` (blockwise online softmax in JAX; option ``block_kv``), ``kv_zeroing`` (the inexact teaching scheme).
-    torchax tensors (device ``jax``, inside a jitted step) go to ``splash`` or ``xla`` without leaving
-    JAX; ``auto`` picks Splash on TPU, XLA elsewhere. Returns [B, H, S, D] in q's dtype.
+    sizes), ``xla`` (blockwise online softmax in JAX; option ``block_kv``), ``host_sdpa`` (torch's CPU kernel
+    called back from jitted JAX on the CPU backend), ``kv_zeroing`` (the inexact teaching scheme).
+    torchax tensors (device ``jax``, inside a jitted step) go to ``splash``, ``xla`` or ``host_sdpa``;
+    ``auto`` picks Splash on TPU, XLA elsewhere. Returns [B, H, S, D] in q's dtype.
     """
     if q.ndim != 4 or k.shape != q.shape or v.shape[:3] != q.shape[:3]:
         raise ValueError(f"q, k, v must be [B, H, S, D] of one shape; got {list(q.shape)}, {list(k.shape)}, "
@@ -188,7 +197,7 @@ def attention(
         raise ValueError(f"kv_mask must be [B, S] = [{b}, {s}], got {list(kv_mask.shape)}")
     kv_mask = kv_mask.to(device=q.device, dtype=torch.bool)
     name = resolve_backend(backend, q.device)
-    if options and name not in JAX_BACKENDS:
+    if options and name not in ("splash", "xla"):
         raise TypeError(f"backend {name!r} takes no options; got {sorted(options)}")
     if q.device.type == "jax":
         return _call_jax_backend(name, q, k, v, kv_mask, options)
@@ -204,7 +213,7 @@ def attention(
         from .splash import splash_attention
 
         return splash_attention(q, k, v, kv_mask, **options)
-    if name == "xla":
+    if name in ("xla", "host_sdpa"):
         return _call_jax_backend(name, q, k, v, kv_mask, options, from_torch=True)
     return kv_zeroing_attention(q, k, v, kv_mask)
 
@@ -217,6 +226,8 @@ def _call_jax_backend(name, q, k, v, kv_mask, options, from_torch=False):
 
     if name == "splash":
         from .splash import splash_attention_jax as kernel
+    elif name == "host_sdpa":
+        from .host_attention import host_sdpa_attention_jax as kernel
     else:
         from .xla_attention import xla_attention_jax as kernel
     fn = functools.partial(kernel, **options)

@@ -124,7 +124,8 @@ class TpuTransformer:
     The per-step function is jitted once and reused. Returns the noise prediction as a CPU torch tensor.
 
     ``attention``: a backend of :func:`hyv_lib.attention.attention` that runs on torchax tensors
-    (``splash``, ``xla``) or ``auto`` (Splash on TPU, XLA elsewhere); ``attention_options`` are its
+    (``splash``, ``xla``, ``host_sdpa`` on the CPU backend) or ``auto`` (Splash on TPU, XLA elsewhere);
+    ``attention_options`` are its
     options (Splash block sizes).
 
     ``mesh`` (:func:`hyv_lib.sharding.make_mesh`) and ``sharding`` (a rule set of

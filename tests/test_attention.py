@@ -50,7 +50,7 @@ CASES = [  # (b, h, s, d, lengths, scattered)
 ]
 
 
-@pytest.mark.parametrize("backend", ["reference", "sdpa", "xla"])
+@pytest.mark.parametrize("backend", ["reference", "sdpa", "xla", "host_sdpa"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_backends_match_float64(backend, dtype, case):

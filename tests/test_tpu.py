@@ -38,6 +38,17 @@ def test_fp32_equals_the_oracle_for_t2v_and_i2v_and_compiles_once(models):
     assert tpu.compilations == 1  # new masks, t2v/i2v and timesteps are data, not new programs
 
 
+def test_host_sdpa_attention_inside_the_jitted_step_equals_the_oracle(models):
+    """torch's CPU kernel called back from the jitted step (the CPU benchmark's fast path), with real padding."""
+    oracle, _ = models
+    tpu = TpuTransformer(copy.deepcopy(oracle), attention="host_sdpa")
+    for kwargs in (inputs(0), inputs(2, text_lengths=(128, 1), byt5_lengths=(32, 0))):
+        with torch.no_grad():
+            expected = oracle(**kwargs).sample
+        assert (tpu(**kwargs) - expected).abs().max() <= 1e-5
+    assert tpu.compilations == 1
+
+
 def test_ten_step_loop_compiles_once(models, tiny_run):
     oracle, _ = models
     tpu = TpuTransformer(copy.deepcopy(oracle))

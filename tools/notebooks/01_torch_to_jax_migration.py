@@ -26,7 +26,7 @@ PRESET = os.environ.get("HYV_PRESET", "tiny")           # tiny | 480p_t2v | 720p
 MODEL_PATH = os.environ.get("HYV_MODEL_PATH") or None  # diffusers folder / hub id for real presets
 # Latent size of the experiments (frames, height, width in latent pixels): small, even for real weights.
 LATENT = (2, 6, 10)
-RUN_BENCHMARK = os.environ.get("HYV_RUN_BENCHMARK", "1") == "1"  # the bench-size timing (about a minute)""",
+RUN_BENCHMARK = os.environ.get("HYV_RUN_BENCHMARK", "1") == "1"  # the bench-size timing (about two minutes)""",
                   metadata={"tags": ["parameters"]}))
 cells.append(code("""import copy
 import time
@@ -189,16 +189,18 @@ import sys
 
 bench = os.path.join("..", "benchmarks", "jit_step.py")
 if RUN_BENCHMARK:
-    result = subprocess.run([sys.executable, bench, "--repeats", "2"], capture_output=True, text=True, check=True)
+    result = subprocess.run([sys.executable, bench, "--repeats", "2", "--frames", "2", "4"], capture_output=True, text=True, check=True)
     print(result.stdout)
 else:
     print("skipped (HYV_RUN_BENCHMARK=0)")"""))
 cells.append(md("""The same benchmark compares eager diffusers with the jitted step on a configuration larger than
-tiny (width 256, 4 blocks, about 4,000 tokens). On this 2-core CPU both runtimes spend most of their time in
-attention. XLA runs it as a blockwise online softmax (`hyv_lib.xla_attention`) and torch as its fused SDPA
-kernel, at similar speeds. The gain from `jit` comes from fusing the rest of the block, so the speed-up is
-modest. On a TPU the step runs the Splash kernel instead, and the later chapters estimate that cost with the
-planner.
+tiny (width 256, 4 blocks, 2,000 to 4,000 tokens). Attention is a third or more of the step. XLA fuses
+the rest of the block (norms, modulation, RoPE, gating) and runs it several times faster than eager torch, but
+XLA:CPU has no fused attention kernel: its blockwise online softmax (`hyv_lib.xla_attention`) is slower than
+torch's fused CPU flash kernel. So the benchmark times two jitted steps. `xla` keeps attention in XLA.
+`host_sdpa` (`hyv_lib.host_attention`) hands q, k and v from inside the jitted program to torch's kernel
+through `jax.pure_callback`; on the CPU backend both share host memory. Only on a CPU is that worth doing. On
+a TPU the step runs the Splash kernel instead, and the later chapters estimate that cost with the planner.
 
 ## Numerics against the oracle"""))
 cells.append(code("""rows = []
