@@ -99,7 +99,7 @@ def render_clip(combo: Combo, seed: int, height: int = HEIGHT, width: int = WIDT
     bg = np.array(BACKGROUNDS[combo.background], np.float32)[:, None, None]
     clip = np.empty((3, frames, height, width), np.float32)
     for t in range(frames):
-        step = distance * t / (frames - 1)
+        step = distance * t / max(frames - 1, 1)  # a 1-frame clip (an image) is the start frame
         alpha = _coverage(combo.shape, xs, ys, cx0 + dx * step, cy0 + dy * step, r)[None]
         clip[:, t] = bg * (1 - alpha) + fg * alpha
     return clip * 2 - 1

@@ -138,19 +138,42 @@ def zero_init_residual_branches(vae) -> None:
                 torch.nn.init.zeros_(parameter)
 
 
-def vae_loss(vae, clips: torch.Tensor, latent_weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def foreground_weights(clips: torch.Tensor, weight: float) -> torch.Tensor:
+    """Per-pixel loss weights [B, 1, F, H, W]: 1 + ``weight`` on and within 2 px of the shape, 1 elsewhere.
+
+    The background colour of a frame is the median of its border pixels; a pixel more than 0.1 (summed over
+    RGB, on the [-1, 1] scale) away from it is foreground. The shape covers ~5-10% of a frame, so plain MSE
+    is dominated by the easy background: our VAE learned to paint a blurred, desaturated blob (22.6 dB on
+    held-out images after 300 steps) and with ``weight`` 9 reached 26.5 dB in the same 300 steps.
+    """
+    border = torch.cat([clips[..., 0, :], clips[..., -1, :], clips[..., :, 0], clips[..., :, -1]], dim=-1)
+    background = border.median(dim=-1).values[..., None, None]  # [B, 3, F, 1, 1]
+    shape = ((clips - background).abs().sum(dim=1, keepdim=True) > 0.1).float()
+    shape = torch.nn.functional.max_pool3d(shape, kernel_size=(1, 5, 5), stride=1, padding=(0, 2, 2))
+    return 1 + weight * shape
+
+
+def vae_loss(vae, clips: torch.Tensor, latent_weight: float,
+             foreground_weight: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, reconstruction, latents): pixel MSE of the decoded posterior mean + ``latent_weight`` x mean(mean^2).
 
-    The latent penalty is what keeps training alive: without it the encoder grew a huge, spatially constant
-    offset in the latents (mean absolute value ~180 after 40 steps), the decoder's RMS norms then saw the same
-    direction at every pixel and the output froze at the mean colour. (A KL at weight 1e-4 was too weak to stop
-    it, and decoding samples instead of means plateaued the same way.) The DiT is trained on, and generates,
-    means.
+    With ``foreground_weight`` > 0 the MSE is weighted by :func:`foreground_weights` (normalised by their
+    mean, so the loss stays on the MSE's scale). The latent penalty is what keeps training alive: without it
+    the encoder grew a huge, spatially constant offset in the latents (mean absolute value ~180 after 40
+    steps), the decoder's RMS norms then saw the same direction at every pixel and the output froze at the
+    mean colour. (A KL at weight 1e-4 was too weak to stop it, and decoding samples instead of means
+    plateaued the same way.) The DiT is trained on, and generates, means.
     """
     posterior = vae.encode(clips).latent_dist
     latents = posterior.mode()
     reconstruction = vae.decode(latents).sample
-    return (reconstruction - clips).pow(2).mean() + latent_weight * latents.pow(2).mean(), reconstruction, latents
+    squared_error = (reconstruction - clips).pow(2)
+    if foreground_weight:
+        weights = foreground_weights(clips, foreground_weight)
+        mse = (weights * squared_error).mean() / weights.mean()
+    else:
+        mse = squared_error.mean()
+    return mse + latent_weight * latents.pow(2).mean(), reconstruction, latents
 
 
 def reconstruct(vae, clips: torch.Tensor, batch_size: int = 4) -> torch.Tensor:
@@ -173,7 +196,7 @@ def train_vae(
     eval_clips: torch.Tensor | None = None, eval_every: int = 100, seed: int = 0,
     log: Callable[[dict[str, Any]], None] | None = None, progress: bool = True,
     clip_size: tuple[int, int, int] = (5, 64, 64), norm_floor: float | None = None, weight_decay: float = 0.05,
-    keep_best: bool = True, fixed_clips: torch.Tensor | None = None,
+    keep_best: bool = True, fixed_clips: torch.Tensor | None = None, foreground_weight: float = 9.0,
 ) -> list[dict[str, Any]]:
     """Train ``vae`` in place with AdamW on fresh clips each step; returns the log records.
 
@@ -181,7 +204,8 @@ def train_vae(
     clips the model is used on; ``eval_clips`` can be any size. With ``keep_best`` (and ``eval_clips``) the
     weights of the best held-out evaluation are restored at the end: our runs peaked and then lost PSNR to
     loss spikes, so the last step is not the best one. ``fixed_clips`` trains on those clips every step instead
-    of fresh ones from ``combos``: the quick probe of whether a recipe can fit anything at all."""
+    of fresh ones from ``combos``: the quick probe of whether a recipe can fit anything at all.
+    ``foreground_weight``: see :func:`foreground_weights` (0 is plain MSE)."""
     if (combos is None) == (fixed_clips is None):
         raise ValueError("pass exactly one of combos (fresh clips each step) and fixed_clips")
     torch.manual_seed(seed)
@@ -200,7 +224,7 @@ def train_vae(
                 group["lr"] = cosine_lr(step, steps, lr, warmup=min(50, steps // 10 + 1))
             clips = fixed_clips if stream is None else stream.next()[0]
             with rms_norm_floor(norm_floor) if norm_floor else contextlib.nullcontext():  # not while evaluating
-                loss, reconstruction, latents = vae_loss(vae, clips, latent_weight)
+                loss, reconstruction, latents = vae_loss(vae, clips, latent_weight, foreground_weight)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm, skipped = guard.step(optimizer, vae.parameters())

@@ -32,6 +32,15 @@ def test_render_is_seeded_in_range_and_moves_the_right_way():
     assert (reading.color, reading.direction, reading.background) == ("red", "up", "gray")
 
 
+def test_a_one_frame_clip_is_the_first_frame_of_the_video():
+    """frames=1 (4n+1 with n=0) renders an image, its first frame: train_vae(clip_size=(1, H, W)) trains on images."""
+    combo = data.Combo("blue", "circle", "left", "black")
+    image = data.render_clip(combo, seed=5, frames=1)
+    np.testing.assert_array_equal(image[:, 0], data.render_clip(combo, seed=5)[:, 0])
+    with pytest.raises(ValueError, match="4n\\+1"):
+        data.render_clip(combo, seed=5, frames=2)
+
+
 def test_reader_is_right_on_every_ground_truth_caption():
     combos = data.all_combos()
     readings = [quality.read_video(to_frames(data.render_clip(c, seed=i))) for i, c in enumerate(combos)]

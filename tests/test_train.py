@@ -146,6 +146,34 @@ def test_zero_init_starts_the_vae_as_its_shortcut_path_and_the_latent_penalty_co
     torch.testing.assert_close(loss_1 - loss_0, latent_mean.pow(2).mean(), rtol=1e-4, atol=1e-6)
 
 
+def test_foreground_weights_cover_the_shape_and_its_edge_only():
+    combo = data.Combo("green", "square", "right", "purple")
+    clip = torch.from_numpy(data.render_clip(combo, seed=2))[None]
+    weights = train.foreground_weights(clip, 9.0)
+    assert weights.shape == (1, 1, data.FRAMES, data.HEIGHT, data.WIDTH)
+    assert set(weights.unique().tolist()) == {1.0, 10.0}
+    background = torch.tensor(data.BACKGROUNDS["purple"]).view(1, 3, 1, 1, 1) * 2 - 1
+    on_shape = (clip - background).abs().sum(dim=1, keepdim=True) > 0.1
+    assert (weights[on_shape] == 10).all()  # every shape pixel, and a 2-px ring around it
+    assert 0.02 < (weights == 10).float().mean() < 0.25
+    assert (weights[..., :2, :] == 1).all() or (weights[..., -2:, :] == 1).all()  # some border stays background
+
+
+def test_foreground_weighted_vae_loss_is_the_weighted_mean_of_squared_errors():
+    from diffusers import AutoencoderKLHunyuanVideo15
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLHunyuanVideo15(**get_preset("tiny").vae)
+    clips = torch.from_numpy(np.stack([data.render_clip(data.all_combos()[7], seed=1)]))
+    with torch.no_grad():
+        plain, reconstruction, _ = train.vae_loss(vae, clips, latent_weight=0.0)
+        weighted, _, _ = train.vae_loss(vae, clips, latent_weight=0.0, foreground_weight=9.0)
+        weights = train.foreground_weights(clips, 9.0)
+    expected = (weights * (reconstruction - clips).pow(2)).sum() / weights.expand_as(clips).sum()
+    torch.testing.assert_close(weighted, expected)
+    assert weighted != plain  # the error of a random VAE is not uniform
+
+
 def test_rms_norm_floor_matches_diffusers_above_the_floor_and_is_undone():
     from diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15 import HunyuanVideo15RMS_norm
 

@@ -27,6 +27,8 @@ def main() -> int:
     parser.add_argument("--vae_lr", type=float, default=1e-4)
     parser.add_argument("--vae_norm_floor", type=float, default=0.3)
     parser.add_argument("--vae_weight_decay", type=float, default=0.05)
+    parser.add_argument("--vae_foreground_weight", type=float, default=9.0,
+                        help="extra loss weight on the shape and its edge (0: plain MSE)")
     parser.add_argument("--dit_steps", type=int, default=2000)
     parser.add_argument("--dit_batch", type=int, default=16)
     parser.add_argument("--dit_lr", type=float, default=6e-4)
@@ -52,6 +54,7 @@ def main() -> int:
             train.zero_init_residual_branches(vae)
         train.train_vae(vae, train_combos, steps=args.vae_steps, lr=args.vae_lr, eval_clips=eval_clips, log=log,
                         norm_floor=args.vae_norm_floor, eval_every=50, weight_decay=args.vae_weight_decay,
+                        foreground_weight=args.vae_foreground_weight,
                         seed=args.seed)
         vae.save_pretrained(os.path.join(args.out, "vae"))
     if args.stage in ("dit", "all"):
