@@ -133,7 +133,13 @@ def token_counts(preset: Preset | str, height: int, width: int, video_length: in
 
 
 def _pad(n: int, block: int | None) -> int:
-    return n if not block else -(-n // block) * block
+    """Key length a blockwise kernel computes: hyv_lib's XLA kernel cuts n keys into near-``block`` blocks."""
+    if not block:
+        return n
+    from .xla_attention import kv_block_layout
+
+    n_blocks, size = kv_block_layout(n, block)
+    return n_blocks * size
 
 
 def step_flops(preset: Preset | str, height: int, width: int, video_length: int, batch: int = 2, *,
@@ -149,8 +155,8 @@ def step_flops(preset: Preset | str, height: int, width: int, video_length: int,
       plus the token refiner's self-attention over the text tokens. By default every context token is
       counted, valid or padding: Splash with segment ids, hyv_lib's XLA kernel and a dense mask all
       compute the padded positions. ``valid_context=n`` counts only n context tokens (what varlen
-      flash-attn skips to; the refiner always counts all text tokens). ``kv_block`` rounds the key
-      length up to a multiple of it, as a blockwise kernel pads (hyv_lib's XLA kernel: 512).
+      flash-attn skips to; the refiner always counts all text tokens). ``kv_block`` counts the key
+      length a blockwise kernel computes, padding included (hyv_lib's XLA kernel, target 512).
     - ``linear``: 2 x tokens x weights per stream in the joint blocks (video tokens through the img
       weights to_q/k/v, to_out.0, ff; context tokens through add_*_proj, to_add_out, ff_context),
       the AdaLN modulation linears on the B timestep embeddings, the token refiner, the embedders
