@@ -37,10 +37,13 @@ def _needs_cuda(package: str, how: str) -> str | None:
 
 
 def _needs_cpu_jax() -> str | None:
-    import jax
+    """host_sdpa's extra condition, checked only once JAX is imported (importing it costs torch-only users)."""
+    import sys
 
-    backend = jax.default_backend()
-    return None if backend == "cpu" else f"calls torch on the host from jitted code: JAX's backend must be the CPU, not {backend!r}"
+    if "jax" not in sys.modules:
+        return None
+    backend = sys.modules["jax"].default_backend()
+    return None if backend == "cpu" else f"calls torch from jitted code: needs JAX on the CPU, not {backend!r}"
 
 
 def available_backends() -> dict[str, str | None]:

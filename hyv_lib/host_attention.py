@@ -23,7 +23,7 @@ def host_sdpa_attention_jax(q, k, v, kv_mask):
     hyv_lib.attention.
 
     XLA:CPU has no fused attention: our best blockwise JAX formulation (``xla_attention_jax``) runs at
-    1.2-1.6x the time of torch's flash kernel on a 2-core CPU, and attention is 30-45% of a DiT step. Here
+    1.1-1.7x the time of torch's flash kernel on a 2-core CPU, and attention is 25-45% of a DiT step. Here
     the jitted step hands q, k, v to that kernel (``sdpa_attention``: each batch element's valid tokens,
     no mask tensor) and takes the output back; on the CPU backend both sides share host memory. For
     inference only (a callback has no gradient) and only where JAX runs on the CPU: on a TPU or GPU the

@@ -125,8 +125,7 @@ class TpuTransformer:
 
     ``attention``: a backend of :func:`hyv_lib.attention.attention` that runs on torchax tensors
     (``splash``, ``xla``, ``host_sdpa`` on the CPU backend) or ``auto`` (Splash on TPU, XLA elsewhere);
-    ``attention_options`` are its
-    options (Splash block sizes).
+    ``attention_options`` are its options (Splash block sizes, XLA's ``block_kv``).
 
     ``mesh`` (:func:`hyv_lib.sharding.make_mesh`) and ``sharding`` (a rule set of
     :data:`hyv_lib.sharding.RULE_SETS`, default ``tp``): weights are placed by the rules, the CFG batch

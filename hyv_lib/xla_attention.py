@@ -19,9 +19,10 @@ def xla_attention_jax(q, k, v, kv_mask, *, block_kv: int | None = DEFAULT_BLOCK_
     """q, k, v: [B, H, S, D] jax arrays; kv_mask: bool [B, S]. Same semantics as hyv_lib.attention.
 
     About ``block_kv`` keys at a time (see :func:`kv_block_layout`) with an online softmax (running max, sum
-    and output, the FlashAttention recurrence) under ``lax.scan``: memory O(S * block_kv) per head instead of the [B, H, S, S] logits,
-    and on a CPU about 1.7x faster than ``jax.nn.dot_product_attention`` at S ~ 4k. ``block_kv=None``
-    uses ``jax.nn.dot_product_attention`` (dense logits) instead. Rows without valid keys are zero.
+    and output, the FlashAttention recurrence) under ``lax.scan``: memory O(S * block_kv) per head instead
+    of the [B, H, S, S] logits, and on a CPU about 1.7x faster than ``jax.nn.dot_product_attention`` at
+    S ~ 4k. ``block_kv=None`` uses ``jax.nn.dot_product_attention`` (dense logits) instead. Rows without
+    valid keys are zero.
     """
     import jax
     import jax.numpy as jnp

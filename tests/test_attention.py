@@ -222,3 +222,12 @@ def test_xla_blockwise_online_softmax_across_blocks(block_kv):
         q, k, v, mask = random_case(10 + case, b, h, s, d, lengths, scattered)
         out = A.attention(q, k, v, mask, backend="xla", block_kv=block_kv)
         assert (out.double() - float64_attention(q, k, v, mask)).abs().max() <= TOL[torch.float32]
+
+
+def test_options_go_only_to_backends_that_take_them():
+    q, k, v, mask = random_case(3, 1, 2, 40, 16, [25])
+    with pytest.raises(TypeError, match="'host_sdpa' takes no options"):
+        A.attention(q, k, v, mask, backend="host_sdpa", block_kv=8)
+    with pytest.raises(TypeError, match="'sdpa' takes no options"):
+        A.attention(q, k, v, mask, backend="sdpa", block_kv=8)
+    assert A.available_backends()["host_sdpa"] is None  # JAX runs on this machine's CPU
