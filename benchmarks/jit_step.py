@@ -85,6 +85,13 @@ def eager_probe(repeats: int) -> dict:
         return {"eager_s": median_time(lambda: model(**kwargs), repeats), "jax_loaded": "jax" in sys.modules}
 
 
+def in_child(args, frames: int, *probe_args: str) -> dict:
+    """Run this script as a child process in probe mode (``probe_args``); its last stdout line is JSON."""
+    command = [sys.executable, __file__, "--heads", str(args.heads), "--frames", str(frames),
+               "--repeats", str(args.repeats), *probe_args]
+    return json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout.splitlines()[-1])
+
+
 def compile_probe(cache_dir: str) -> dict:
     """In a child process: time the first call (trace + compile, or cache load) of the jitted step."""
     from hyv_lib.tpu import TpuTransformer, enable_compile_cache
@@ -106,13 +113,9 @@ def main() -> None:
     parser.add_argument("--eager-probe", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     HEADS[0] = args.heads
-    if args.eager_probe:
+    if args.eager_probe or args.compile_probe:
         LATENT[0] = args.frames[0]
-        print(json.dumps(eager_probe(args.repeats)))
-        return
-    if args.compile_probe:
-        LATENT[0] = args.frames[0]
-        print(json.dumps(compile_probe(args.compile_probe)))
+        print(json.dumps(eager_probe(args.repeats) if args.eager_probe else compile_probe(args.compile_probe)))
         return
     rows = [run_config(args, frames) for frames in args.frames]
     print("\nvideo tokens | eager ms | jit (xla) ms | speed-up | jit (host_sdpa) ms | speed-up (goal >= 1.5x)")
@@ -172,19 +175,22 @@ def run_config(args, frames: int) -> tuple[int, float, float, float, dict]:
     torch.set_num_threads(os.cpu_count() or 1)
     model, kwargs = bench_model(), bench_inputs()
     tokens = LATENT[0] * LATENT[1] * LATENT[2]
-    print(f"\nbench config: width {128 * args.heads}, 4 blocks, {tokens} video tokens + 176 context, batch 2, fp32")
+    from hyv_lib.layout import context_tokens
+    from hyv_lib.presets import get_preset
+
+    print(f"\nbench config: width {128 * args.heads}, 4 blocks, {tokens} video tokens + "
+          f"{context_tokens(get_preset('tiny'))} context, batch 2, fp32")
     with torch.no_grad():
         oracle = model(**kwargs).sample
     tpu = TpuTransformer(copy.deepcopy(model))
     out = tpu(**kwargs)
     hosted_tpu = TpuTransformer(copy.deepcopy(model), attention="host_sdpa")
     hosted_out = hosted_tpu(**kwargs)
-    probe = [sys.executable, __file__, "--eager-probe", "--heads", str(args.heads), "--frames", str(frames),
-             "--repeats", str(args.repeats)]
 
     def eager_in_child() -> float:
-        result = json.loads(subprocess.run(probe, capture_output=True, text=True, check=True).stdout.splitlines()[-1])
-        assert not result["jax_loaded"]
+        result = in_child(args, frames, "--eager-probe")
+        if result["jax_loaded"]:
+            raise RuntimeError("the eager probe imported JAX; its timing would not be JAX-free")
         return result["eager_s"]
 
     # The machine's speed drifts within minutes: eager is timed before and after the jitted steps and averaged.
@@ -204,10 +210,8 @@ def run_config(args, frames: int) -> tuple[int, float, float, float, dict]:
     print(f"speed-up        : {max(ratios.values()):8.2f}x  (best jitted; goal >= 1.5x)")
     attention_breakdown(args, kwargs, tokens, eager, jitted)
     with tempfile.TemporaryDirectory() as cache:
-        probe = [sys.executable, __file__, "--compile-probe", cache, "--heads", str(args.heads),
-                 "--frames", str(frames)]
-        cold = json.loads(subprocess.run(probe, capture_output=True, text=True, check=True).stdout.splitlines()[-1])
-        warm = json.loads(subprocess.run(probe, capture_output=True, text=True, check=True).stdout.splitlines()[-1])
+        cold = in_child(args, frames, "--compile-probe", cache)
+        warm = in_child(args, frames, "--compile-probe", cache)
     print(f"first call, cold cache : {cold['first_call_s']:6.2f} s (trace + compile)")
     print(f"first call, warm cache : {warm['first_call_s']:6.2f} s (trace + cache load), "
           f"{cold['first_call_s'] / warm['first_call_s']:.1f}x faster")

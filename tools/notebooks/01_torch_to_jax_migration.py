@@ -189,13 +189,14 @@ import sys
 
 bench = os.path.join("..", "benchmarks", "jit_step.py")
 if RUN_BENCHMARK:
-    result = subprocess.run([sys.executable, bench, "--repeats", "2", "--frames", "2", "4"], capture_output=True, text=True, check=True)
+    result = subprocess.run([sys.executable, bench, "--repeats", "2", "--frames", "2", "4"],
+                            capture_output=True, text=True, check=True)
     print(result.stdout)
 else:
     print("skipped (HYV_RUN_BENCHMARK=0)")"""))
 cells.append(md("""The same benchmark compares eager diffusers with the jitted step on a configuration larger than
-tiny (width 256, 4 blocks, 2,000 to 4,000 tokens). Attention is a third or more of the step. XLA fuses
-the rest of the block (norms, modulation, RoPE, gating) and runs it several times faster than eager torch, but
+tiny (width 256, 4 blocks, 2,000 to 4,000 tokens); it prints attention's share of the step. XLA fuses
+the rest of the block (norms, modulation, RoPE, gating) and runs it faster than eager torch does, but
 XLA:CPU has no fused attention kernel: its blockwise online softmax (`hyv_lib.xla_attention`) is slower than
 torch's fused CPU flash kernel. So the benchmark times two jitted steps. `xla` keeps attention in XLA.
 `host_sdpa` (`hyv_lib.host_attention`) hands q, k and v from inside the jitted program to torch's kernel
