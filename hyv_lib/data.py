@@ -23,6 +23,10 @@ BACKGROUNDS = {"black": (0.0, 0.0, 0.0), "gray": (0.45, 0.45, 0.45), "purple": (
 SHAPES = ("circle", "square", "triangle")
 DIRECTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}  # (dx, dy), y grows downwards
 
+# Pixels per frame, as a fraction of the height: 1.6-2.6 px at 64 px, 13-20 px over 9 frames. Slow on purpose:
+# the VAE folds 4 frames into one latent frame, and at 6-10 px per frame (our first data) it could only paint
+# the shape smeared along its path. (At 720p this is 17-29 px per frame, brisk motion for a real video.)
+SPEED = (0.025, 0.04)
 HEIGHT, WIDTH, FRAMES = 64, 112, 9  # the 16:9 bucket of target size 96 (4 x 7 latents), 4n+1 frames
 
 
@@ -81,7 +85,7 @@ def render_clip(combo: Combo, seed: int, height: int = HEIGHT, width: int = WIDT
     r = rng.uniform(0.14, 0.2) * height
     dx, dy = DIRECTIONS[combo.direction]
     travel = (width if dx else height) - 2 * r - 4
-    distance = rng.uniform(0.55, 0.9) * travel
+    distance = min(rng.uniform(*SPEED) * height * (frames - 1), travel)  # 0 for an image (1 frame)
     # Start so the whole path stays inside the frame; the other axis is free.
     margin = r + 2
     start_along = margin + rng.uniform(0, travel - distance)

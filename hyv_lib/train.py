@@ -199,6 +199,7 @@ def train_vae(
     log: Callable[[dict[str, Any]], None] | None = None, progress: bool = True,
     clip_size: tuple[int, int, int] = (5, 64, 64), norm_floor: float | None = None, weight_decay: float = 0.05,
     keep_best: bool = True, fixed_clips: torch.Tensor | None = None, foreground_weight: float = 9.0,
+    stage: str = "vae",
 ) -> list[dict[str, Any]]:
     """Train ``vae`` in place with AdamW on fresh clips each step; returns the log records.
 
@@ -207,7 +208,8 @@ def train_vae(
     weights of the best held-out evaluation are restored at the end: our runs peaked and then lost PSNR to
     loss spikes, so the last step is not the best one. ``fixed_clips`` trains on those clips every step instead
     of fresh ones from ``combos``: the quick probe of whether a recipe can fit anything at all.
-    ``foreground_weight``: see :func:`foreground_weights` (0 is plain MSE)."""
+    ``foreground_weight``: see :func:`foreground_weights` (0 is plain MSE). ``stage`` names the records and the
+    progress bar (e.g. "vae_image" for a stage on 1-frame clips)."""
     if (combos is None) == (fixed_clips is None):
         raise ValueError("pass exactly one of combos (fresh clips each step) and fixed_clips")
     torch.manual_seed(seed)
@@ -221,7 +223,7 @@ def train_vae(
     start = time.perf_counter()
     guard = SpikeGuard()
     with batched_vae_attention():
-        for step in tqdm(range(steps), desc="VAE", disable=not progress):
+        for step in tqdm(range(steps), desc=stage.upper(), disable=not progress):
             for group in optimizer.param_groups:
                 group["lr"] = cosine_lr(step, steps, lr, warmup=min(50, steps // 10 + 1))
             clips = fixed_clips if stream is None else stream.next()[0]
@@ -230,7 +232,7 @@ def train_vae(
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm, skipped = guard.step(optimizer, vae.parameters())
-            record = {"stage": "vae", "step": step + 1, "loss": loss.item(), "grad_norm": grad_norm, "skipped": skipped,
+            record = {"stage": stage, "step": step + 1, "loss": loss.item(), "grad_norm": grad_norm, "skipped": skipped,
                       "psnr_train": psnr(reconstruction.detach().clamp(-1, 1), clips),
                       "latent_abs": latents.detach().abs().mean().item(), "seconds": time.perf_counter() - start}
             if eval_clips is not None and ((step + 1) % eval_every == 0 or step + 1 == steps):
@@ -246,7 +248,7 @@ def train_vae(
     if best is not None:
         vae.load_state_dict(best[2])
         if log is not None:
-            log({"stage": "vae_kept", "step": best[1], "psnr_held_out": best[0]})
+            log({"stage": f"{stage}_kept", "step": best[1], "psnr_held_out": best[0]})
     vae.eval().requires_grad_(False)
     return records
 

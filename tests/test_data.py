@@ -32,11 +32,17 @@ def test_render_is_seeded_in_range_and_moves_the_right_way():
     assert (reading.color, reading.direction, reading.background) == ("red", "up", "gray")
 
 
-def test_a_one_frame_clip_is_the_first_frame_of_the_video():
-    """frames=1 (4n+1 with n=0) renders an image, its first frame: train_vae(clip_size=(1, H, W)) trains on images."""
+def test_a_one_frame_clip_is_an_image_of_the_same_shape():
+    """frames=1 (4n+1 with n=0) renders an image (train_vae(clip_size=(1, H, W)) trains on images): the seed's
+    shape and size, placed anywhere along the direction's axis since a still image has no path to fit."""
     combo = data.Combo("blue", "circle", "left", "black")
     image = data.render_clip(combo, seed=5, frames=1)
-    np.testing.assert_array_equal(image[:, 0], data.render_clip(combo, seed=5)[:, 0])
+    video = data.render_clip(combo, seed=5)
+    assert image.shape == (3, 1, data.HEIGHT, data.WIDTH)
+    area = [float((clip[:, 0] > -1).any(axis=0).sum()) for clip in (image, video)]  # pixels touched by the shape
+    assert abs(area[0] - area[1]) <= 0.02 * area[1], area
+    reading = quality.read_video(to_frames(image))
+    assert (reading.color, reading.background) == ("blue", "black")
     with pytest.raises(ValueError, match="4n\\+1"):
         data.render_clip(combo, seed=5, frames=2)
 
@@ -74,3 +80,12 @@ def test_reader_reports_an_empty_video_as_no_shape():
     assert reading.color is None and reading.direction is None and reading.background == "black"
     with pytest.raises(ValueError, match="frames"):
         quality.read_video(blank[0])
+
+
+def test_shapes_move_at_the_documented_speed():
+    """SPEED bounds the travel: 13-20 px over the 9 frames at 64 px height, for every direction."""
+    low, high = (s * data.HEIGHT * (data.FRAMES - 1) for s in data.SPEED)
+    for i, combo in enumerate(data.all_combos()[::7]):
+        reading = quality.read_video(to_frames(data.render_clip(combo, seed=i)))
+        assert reading.direction == combo.direction
+        assert low - 1 <= reading.travel_px <= high + 1, (combo, reading.travel_px)

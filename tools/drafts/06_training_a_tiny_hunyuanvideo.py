@@ -65,7 +65,9 @@ cells.append(md("""## The dataset
 
 `hyv_lib.data` renders each clip from a seed: one shape (circle, square, triangle) of one color (red, green,
 blue, yellow, white) moving left, right, up or down on a black, gray or purple background; 9 frames of 64x112,
-the 16:9 bucket of the model's target size. The caption is exact:
+the 16:9 bucket of the model's target size. The shape moves 1.6-2.6 pixels per frame (`data.SPEED`, a fraction
+of the height): our first dataset moved it 6-10 pixels per frame, and a VAE that folds 4 frames into one latent
+frame could then only paint it smeared along its path. At 720p the same speed is 17-29 pixels per frame. The caption is exact:
 "a {color} {shape} moving {direction} on a {background} background". Of the 180 combinations, 45 are held out,
 chosen so that every single color, shape, direction and background still occurs in training. The model must
 combine attributes it has seen in combinations it has not."""))
@@ -106,7 +108,8 @@ same direction at every pixel and could only produce one color. Two changes fixe
 
 A third change made it learn fast enough: the shape covers only a few percent of the pixels, so with plain
 MSE the VAE first learns the background and paints the shape as a blurred, desaturated blob. The full run
-weights the squared error 10x on the shape and a 2-pixel ring around it (`train.foreground_weights`).
+weights the squared error 10x on the shape and a 2-pixel ring around it (`train.foreground_weights`). A fourth
+is the order of the data: images first, then clips (next section).
 
 The next cell shows the first two recipes live (plain MSE in both) on four fixed 5x32x32 clips. The number to watch is the mean |latent|."""))
 cells.append(code("""demo_clips = torch.from_numpy(np.stack([data.render_clip(c, seed=i, height=32, width=32, frames=5)
@@ -144,10 +147,17 @@ so the weights load into the unmodified class, and every PSNR below is measured 
 
 cells.append(md("""## The full run, from its log
 
-`tools/train_hyv_tiny.py` trains the VAE on fresh 5x64x64 clips each step (AdamW, peak learning rate 1e-4 with
-cosine decay, weight decay 0.05, the two fixes and the floor above). It evaluates 16 held-out clips every 50
-steps and keeps the best weights, because the held-out PSNR peaked and then sagged while the training batches
-kept improving. Then it fits the latent scaling factor, encodes the dataset once, and trains the DiT with flow
+`tools/train_hyv_tiny.py` trains the VAE in two stages on fresh renders of the training captions, with
+AdamW, cosine decay, weight decay 0.05, the fixes and the floor above:
+
+1. **images** (1-frame clips of 64x64, batch 16, peak learning rate 3e-4): a causal VAE encodes frame 0 on its
+   own, so images teach the spatial code (shape, color, edges) at a fifth of a clip's cost per sample;
+2. **clips of the size the model is used at** (9x64x112, batch 4, peak 1.5e-4): the temporal part. Shorter
+   clips were cheaper but did not transfer: a 5-frame model never sees the third latent frame's causal
+   context, and its held-out 9-frame PSNR *fell* while it trained.
+
+Each stage evaluates 16 held-out clips every 100 steps and keeps its best weights (a loss spike can cost a few
+dB late in a run). Then the script fits the latent scaling factor, encodes the dataset once, and trains the DiT with flow
 matching (`train.dit_loss`: x_σ = (1-σ)x₀ + σε,
 target ε - x₀, σ drawn with the scheduler's shift, 10% of captions dropped for classifier-free guidance). Every
 step is one line of `train_log.jsonl`, shipped next to the weights."""))
@@ -155,7 +165,8 @@ cells.append(code("""log_path = os.path.join(weights, "train_log.jsonl")
 if not os.path.exists(log_path):
     raise FileNotFoundError(f"{log_path} is missing: the weights folder should carry its training log")
 records = [json.loads(line) for line in open(log_path)]
-vae_log = [r for r in records if r["stage"] == "vae"]
+image_log = [r for r in records if r["stage"] == "vae_image"]
+vae_log = image_log + [{**r, "step": r["step"] + len(image_log)} for r in records if r["stage"] == "vae"]
 dit_log = [r for r in records if r["stage"] == "dit"]
 kept = next((r for r in records if r["stage"] == "vae_kept"), None)  # train_vae restores its best evaluation
 
@@ -168,22 +179,23 @@ def smooth(values, window=50):
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
 ax1.plot(smooth([r["psnr_train"] for r in vae_log]), label="training batch (smoothed)")
 held = [(r["step"], r["psnr_held_out"]) for r in vae_log if "psnr_held_out" in r]
-ax1.plot(*zip(*held), "o-", label="held-out clips")
+ax1.plot(*zip(*held), "o-", label="held-out (images, then clips)")
 ax1.axhline(28, color="gray", ls="--", lw=1, label="gate: 28 dB")
+ax1.axvline(len(image_log), color="k", lw=0.8)
 if kept:
-    ax1.plot([kept["step"]], [kept["psnr_held_out"]], "r*", ms=12, label="weights kept")
-ax1.set(xlabel="VAE step", ylabel="PSNR (dB)", title="VAE")
+    ax1.plot([kept["step"] + len(image_log)], [kept["psnr_held_out"]], "r*", ms=12, label="weights kept")
+ax1.set(xlabel="VAE step (images, then clips)", ylabel="PSNR (dB)", title="VAE")
 ax1.legend(fontsize=8)
 ax2.plot(smooth([r["loss"] for r in dit_log]))
 ax2.set(xlabel="DiT step", ylabel="flow-matching loss (smoothed)", title="DiT", yscale="log")
 fig.tight_layout()
-print(f"VAE: {len(vae_log)} steps in {vae_log[-1]['seconds'] / 60:.0f} min; "
+vae_minutes = (image_log[-1]["seconds"] if image_log else 0) + vae_log[-1]["seconds"]
+print(f"VAE: {len(image_log)} image + {len(vae_log) - len(image_log)} clip steps in {vae_minutes / 60:.0f} min; "
       f"DiT: {len(dit_log)} steps in {dit_log[-1]['seconds'] / 60:.0f} min (2 CPU cores)")"""))
 
 cells.append(md("""How good is the shipped VAE? Below, one held-out clip next to its reconstruction, and the PSNR of each frame
-over 8 held-out clips. The causal VAE encodes frame 0 alone and then groups of 4 frames; we trained it on
-5-frame clips (2 latent frames) to afford more steps, and the PSNR per frame shows what that costs on the
-9-frame clips the model is used on."""))
+over 8 held-out clips. The causal VAE encodes frame 0 alone and then groups of 4 frames into one latent frame
+each; the PSNR per frame shows what that temporal compression costs."""))
 cells.append(code("""eval_clips = torch.from_numpy(np.stack([data.render_clip(c, seed=10_000 + i) for i, c in enumerate(held_out[:8])]))
 reconstruction = train.reconstruct(vae, eval_clips)
 per_frame = [train.psnr(reconstruction[:, :, t], eval_clips[:, :, t]) for t in range(eval_clips.shape[2])]
@@ -288,6 +300,7 @@ The scale is what differs:
   this CPU. Its weights, log and gate results ship with `hyv_lib`, and the other chapters load it by default.
 * The VAE only trained after two changes: zero-initialised residual branches and a latent-mean penalty.
   Without them the latents drift to a constant offset that the RMS norms turn into a one-color output.
+  A foreground-weighted loss and an image stage before the clip stage made it good enough to pass its gate.
 * The gates (VAE PSNR on held-out clips; color and direction of videos from held-out captions) are measured
   by a script, shown above, and re-checked live on a few captions.
 * LoRA adds a color the base model never saw, training only low-rank updates to the attention projections.
