@@ -63,6 +63,11 @@ def test_vae_trains_on_batches_and_the_patch_is_undone():
         train.train_vae(vae, data.all_combos()[:4], steps=1, fixed_clips=clips)
     fixed = train.train_vae(vae, None, steps=2, fixed_clips=clips[:1], progress=False)
     assert len(fixed) == 2 and fixed[1]["psnr_train"] > 0
+    logged = []  # an image stage (1-frame clips) names its records and its kept-weights record
+    images = train.train_vae(vae, data.all_combos()[:4], steps=2, batch_size=2, clip_size=(1, 32, 32),
+                             eval_clips=clips[:, :, :1], eval_every=1, stage="vae_image", log=logged.append,
+                             progress=False)
+    assert {r["stage"] for r in images} == {"vae_image"} and logged[-1]["stage"] == "vae_image_kept"
     assert HunyuanVideo15AttnBlock.prepare_causal_attention_mask is original or \
         HunyuanVideo15AttnBlock.__dict__["prepare_causal_attention_mask"].__func__ is original
     assert not vae.training and not any(p.requires_grad for p in vae.parameters())
