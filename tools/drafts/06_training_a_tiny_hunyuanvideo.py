@@ -151,7 +151,8 @@ cells.append(md("""## The full run, from its log
 AdamW, cosine decay, weight decay 0.05, the fixes and the floor above:
 
 1. **images** (1-frame clips of 64x64, batch 16, peak learning rate 3e-4): a causal VAE encodes frame 0 on its
-   own, so images teach the spatial code (shape, color, edges) at a fifth of a clip's cost per sample;
+   own, so images teach the spatial code (shape, color, edges) at about a thirteenth of a clip's cost per
+   sample;
 2. **clips of the size the model is used at** (9x64x112, batch 4, peak 1.5e-4): the temporal part. Shorter
    clips were cheaper but did not transfer: a 5-frame model never sees the third latent frame's causal
    context, and its held-out 9-frame PSNR *fell* while it trained.
