@@ -25,7 +25,7 @@ DIRECTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}  
 
 # Pixels per frame, as a fraction of the height: 1.6-2.6 px at 64 px, 13-20 px over 9 frames. Slow on purpose:
 # the VAE folds 4 frames into one latent frame, and at 6-10 px per frame (our first data) it could only paint
-# the shape smeared along its path. (At 720p this is 17-29 px per frame, brisk motion for a real video.)
+# the shape smeared along its path. (At 720p this is 18-29 px per frame, brisk motion for a real video.)
 SPEED = (0.025, 0.04)
 HEIGHT, WIDTH, FRAMES = 64, 112, 9  # the 16:9 bucket of target size 96 (4 x 7 latents), 4n+1 frames
 

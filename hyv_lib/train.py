@@ -105,8 +105,8 @@ class SpikeGuard:
 class ClipStream:
     """An endless, seeded stream of training batches rendered on the fly from the training captions.
 
-    ``size`` = (frames, height, width) of the clips; the VAE trains on smaller ones than it is used on (it is
-    convolutional and causal in time), which buys more steps per CPU minute.
+    ``size`` = (frames, height, width) of the clips: 1 frame for images; clips of the size the model is used at
+    for anything temporal (see ``train_vae``).
     """
 
     def __init__(self, combos: list[data.Combo], batch_size: int, seed: int = 0,
@@ -197,14 +197,15 @@ def train_vae(
     latent_weight: float = 1e-2,
     eval_clips: torch.Tensor | None = None, eval_every: int = 100, seed: int = 0,
     log: Callable[[dict[str, Any]], None] | None = None, progress: bool = True,
-    clip_size: tuple[int, int, int] = (5, 64, 64), norm_floor: float | None = None, weight_decay: float = 0.05,
+    clip_size: tuple[int, int, int] = (data.FRAMES, data.HEIGHT, data.WIDTH), norm_floor: float | None = None, weight_decay: float = 0.05,
     keep_best: bool = True, fixed_clips: torch.Tensor | None = None, foreground_weight: float = 9.0,
     stage: str = "vae",
 ) -> list[dict[str, Any]]:
     """Train ``vae`` in place with AdamW on fresh clips each step; returns the log records.
 
-    Training clips are ``clip_size`` = (frames, height, width): 5 x 64 x 64 costs a third of the 9 x 64 x 112
-    clips the model is used on; ``eval_clips`` can be any size. With ``keep_best`` (and ``eval_clips``) the
+    Training clips are ``clip_size`` = (frames, height, width), by default the size the model is used at:
+    5-frame clips were cheaper but did not transfer to 9 frames (the third latent frame's causal context is
+    never seen); (1, H, W) trains on images. ``eval_clips`` can be any size. With ``keep_best`` (and ``eval_clips``) the
     weights of the best held-out evaluation are restored at the end: our runs peaked and then lost PSNR to
     loss spikes, so the last step is not the best one. ``fixed_clips`` trains on those clips every step instead
     of fresh ones from ``combos``: the quick probe of whether a recipe can fit anything at all.

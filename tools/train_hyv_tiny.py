@@ -80,7 +80,7 @@ def train_vae_stage(args, preset, train_combos, held_out, log) -> None:
                         **common)
         vae.save_pretrained(os.path.join(args.out, "vae_image"))
     train.train_vae(vae, train_combos, steps=args.vae_steps, batch_size=4, lr=args.vae_lr,
-                    clip_size=(data.FRAMES, data.HEIGHT, data.WIDTH), eval_clips=held_out_clips(data.FRAMES),
+                    eval_clips=held_out_clips(data.FRAMES),
                     eval_every=100, stage="vae", **common)
     vae.save_pretrained(os.path.join(args.out, "vae"))
 

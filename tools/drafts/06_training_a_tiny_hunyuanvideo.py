@@ -67,7 +67,7 @@ cells.append(md("""## The dataset
 blue, yellow, white) moving left, right, up or down on a black, gray or purple background; 9 frames of 64x112,
 the 16:9 bucket of the model's target size. The shape moves 1.6-2.6 pixels per frame (`data.SPEED`, a fraction
 of the height): our first dataset moved it 6-10 pixels per frame, and a VAE that folds 4 frames into one latent
-frame could then only paint it smeared along its path. At 720p the same speed is 17-29 pixels per frame. The caption is exact:
+frame could then only paint it smeared along its path. At 720p the same speed is 18-29 pixels per frame. The caption is exact:
 "a {color} {shape} moving {direction} on a {background} background". Of the 180 combinations, 45 are held out,
 chosen so that every single color, shape, direction and background still occurs in training. The model must
 combine attributes it has seen in combinations it has not."""))
