@@ -32,20 +32,37 @@ def torch_dtype(name: str) -> torch.dtype:
         raise HyvInputError("--dtype", f"must be one of {', '.join(DTYPES)}, got {name!r}") from None
 
 
-def build_tiny_tokenizer():
+def build_tiny_tokenizer(word_tokens: bool = False):
     """An offline byte-level Qwen2 tokenizer: 256 byte tokens + the ChatML special tokens, no merges.
 
     The real Qwen2.5-VL tokenizer needs a download; a merge-free byte-level BPE (built with the
     ``tokenizers`` library) covers any text, never emits an unknown token and round-trips through
     ``save_pretrained``/``from_pretrained`` as a Qwen2Tokenizer.
+
+    ``word_tokens`` (hyv-tiny): BPE merges trained with ``tokenizers``' BpeTrainer on the procedural captions
+    (``hyv_lib.data``), split at word boundaries as GPT-2/Qwen do, so every caption word is one token, as in
+    the real tokenizer. Byte by byte, a caption was ~60 tokens and a colour word of another length shifted every
+    later token; the DiT trained on that never learned colour or direction from the text (issue 6).
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import Qwen2TokenizerFast
 
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    backend.pre_tokenizer = byte_level
+    if word_tokens:
+        from . import data
+
+        backend = Tokenizer(models.BPE())
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        colors = [*data.COLORS, *data.UNSEEN_COLORS]
+        captions = [data.Combo(c, s, d, b).caption for c in colors for s in data.SHAPES for d in data.DIRECTIONS
+                    for b in data.BACKGROUNDS]
+        # A vocabulary larger than the merges can fill: training stops when every word is one token.
+        trainer = trainers.BpeTrainer(vocab_size=4096, min_frequency=1, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        backend.train_from_iterator(captions, trainer=trainer)
+    else:
+        vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+        backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
     tokenizer = Qwen2TokenizerFast(
         tokenizer_object=backend, unk_token=None, bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>"
@@ -73,7 +90,7 @@ def build_tiny_components(preset: Preset, seed: int = 0, names: Iterable[str] = 
         raise HyvInputError("--preset", f"{preset.name} is a real preset: its weights load from --model_path")
     names = set(names)
     out: dict[str, Any] = {}
-    tokenizer = build_tiny_tokenizer()
+    tokenizer = build_tiny_tokenizer(preset.word_tokens)
     if "tokenizer" in names:
         out["tokenizer"] = tokenizer
     if "text_encoder" in names:

@@ -47,6 +47,7 @@ class Preset:
     text_encoder: dict[str, Any] | None = None  # tiny only: Qwen2.5-VL text config kwargs
     text_encoder_2: dict[str, Any] | None = None  # tiny only: T5 (ByT5) encoder config kwargs
     bundled_weights: str | None = None  # a diffusers-format folder inside hyv_lib/weights used without --model_path
+    word_tokens: bool = False  # tiny only: the tokenizer has a token per caption word (models.build_tiny_tokenizer)
 
     @property
     def bundled_path(self) -> str | None:
@@ -182,7 +183,8 @@ TINY_TRAINED = dataclasses.replace(
     name="tiny_trained",
     description="hyv-tiny: the tiny classes trained on procedural moving shapes (64x112, 9 frames); weights ship "
     "in hyv_lib/weights/hyv-tiny once trained (tools/train_hyv_tiny.py).",
-    text_len=72,  # the longest caption is 66 tokens after the crop
+    text_len=24,  # after the crop: 9 word tokens of a caption + 13 of the template's closing turn
+    word_tokens=True,
     byt5_len=16,  # captions quote nothing (all padding); 16 still fits a short quoted word
     image_tokens=4,  # t2v only: image tokens are zeros and masked out
     latent_channels=_TRAINED_LATENT,

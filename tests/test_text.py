@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hyv_lib.models import build_tiny_components, build_tiny_tokenizer
-from hyv_lib.presets import get_preset
+from hyv_lib.presets import TINY_TRAINED, get_preset
 from hyv_lib.text import encode_prompts, system_message, template_crop_start
 
 TINY = get_preset("tiny")
@@ -24,6 +24,23 @@ def test_tokenizer_is_offline_lossless_and_round_trips(tmp_path):
     assert tok.decode(ids) == text and tok.unk_token_id is None
     tok.save_pretrained(tmp_path)
     assert Qwen2Tokenizer.from_pretrained(tmp_path)(text).input_ids == tok(text).input_ids
+
+
+def test_word_tokenizer_gives_each_caption_word_one_token_and_stays_lossless(tmp_path):
+    """hyv-tiny's tokenizer: one token per word of every caption (the unseen LoRA colour too), bytes for the rest."""
+    from transformers import Qwen2Tokenizer
+
+    from hyv_lib import data
+
+    tok = build_tiny_tokenizer(word_tokens=True)
+    for caption in ("a red circle moving left on a black background", "a cyan square moving up on a gray background"):
+        assert len(tok(caption, add_special_tokens=False).input_ids) == len(caption.split())
+    text = "a red ball — «ünïcode» 🎈"
+    assert tok.decode(tok(text, add_special_tokens=False).input_ids) == text and tok.unk_token_id is None
+    tok.save_pretrained(tmp_path)
+    caption = data.all_combos()[-1].caption
+    assert Qwen2Tokenizer.from_pretrained(tmp_path)(caption).input_ids == tok(caption).input_ids
+    assert TINY_TRAINED.word_tokens and not TINY.word_tokens
 
 
 def test_crop_start_removes_exactly_the_template_prefix(text_components):
