@@ -176,13 +176,13 @@ TINY = Preset(
 )
 
 _TRAINED_LATENT = 16
-# The config of hyv-tiny, the trained tiny model (issue 6). It joins PRESETS when its weights pass the quality
-# gates and ship in hyv_lib/weights/hyv-tiny; until then tools/train_hyv_tiny.py trains it from this config.
+# The config of hyv-tiny, the trained tiny model (issue 6): tools/train_hyv_tiny.py trains it from this config,
+# and its weights ship in hyv_lib/weights/hyv-tiny with the training log and the measured quality gates.
 TINY_TRAINED = dataclasses.replace(
     TINY,
     name="tiny_trained",
-    description="hyv-tiny: the tiny classes trained on procedural moving shapes (64x112, 9 frames); weights ship "
-    "in hyv_lib/weights/hyv-tiny once trained (tools/train_hyv_tiny.py).",
+    description="hyv-tiny: the tiny classes trained on procedural moving shapes (64x112, 9 frames; prompts like "
+    "'a red circle moving left on a gray background'); weights bundled in hyv_lib/weights/hyv-tiny.",
     text_len=24,  # after the crop: 9 word tokens of a caption + 13 of the template's closing turn
     word_tokens=True,
     byt5_len=16,  # captions quote nothing (all padding); 16 still fits a short quoted word
@@ -204,6 +204,7 @@ PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
         TINY,
+        TINY_TRAINED,
         _real("480p_t2v", 640, 5.0, "HunyuanVideo-1.5 480p text-to-video (8.3B DiT), diffusers format."),
         _real("720p_t2v", 960, 9.0, "HunyuanVideo-1.5 720p text-to-video (8.3B DiT), diffusers format."),
     )

@@ -20,17 +20,18 @@ Splitting the pipeline at these files is what lets each stage run where it fits 
 on a host CPU, the 8.3B DiT on a TPU slice or GPU box, the VAE wherever memory allows. This notebook runs
 all three with `hyv_lib` and looks at every hand-off.
 
-On a laptop CPU it uses the **tiny** preset: the real diffusers and transformers classes with small configs
-and seeded random weights. Because the weights are random, the video is structured noise, not a picture;
-the shapes, files and code paths are exactly those of the real model. On a machine with the real weights,
-set `HYV_PRESET=720p_t2v` and `HYV_MODEL_PATH=<diffusers folder>` and run the same notebook."""))
+On a laptop CPU it uses **hyv-tiny** (preset `tiny_trained`): the real diffusers and transformers classes at a
+tiny size, trained on this CPU to draw one colored shape moving on a plain background (the appendix shows how).
+Its weights ship with `hyv_lib`, so the video below is a real generation you can check against the prompt,
+and the files and code paths are exactly those of the real model. On a machine with the real weights, set
+`HYV_PRESET=720p_t2v` and `HYV_MODEL_PATH=<diffusers folder>` and run the same notebook with your own prompt."""))
 cells.append(code("""import os
 
-# tiny | 480p_t2v | 720p_t2v; real presets need a diffusers-format folder (or hub id)
-PRESET = os.environ.get("HYV_PRESET", "tiny")
+# tiny_trained | tiny | 480p_t2v | 720p_t2v; real presets need a diffusers-format folder (or hub id)
+PRESET = os.environ.get("HYV_PRESET", "tiny_trained")
 MODEL_PATH = os.environ.get("HYV_MODEL_PATH") or None
-PROMPT = os.environ.get(
-    "HYV_PROMPT", 'A red ball bounces on a wooden floor, a sign reads "HELLO"')
+# hyv-tiny knows "a {color} {shape} moving {direction} on a {background} background" (see the appendix)
+PROMPT = os.environ.get("HYV_PROMPT", "a red circle moving left on a gray background")
 OUTPUT_DIR = os.environ.get("HYV_OUTPUT_DIR", "stage_outputs/quickstart")
 # None = the preset's default; set small values to smoke-test real weights on a CPU
 VIDEO_LENGTH = int(os.environ.get("HYV_VIDEO_LENGTH", 0)) or None
@@ -138,7 +139,7 @@ html_table([{"key": k, "value": config[k]} for k in sorted(config)])"""))
 cells.append(md("""The same run is one command line:
 
 ```bash
-python -m hyv_lib generate --preset tiny --prompt "a red ball" --output_dir out
+python -m hyv_lib generate --preset tiny_trained --prompt "a red circle moving left on a gray background" --output_dir out
 ```
 
 or three, one per stage (`stage1`, `stage2`, `stage3`) with the flags of the gpu-tpu-pedia staged scripts.
@@ -151,7 +152,8 @@ or three, one per stage (`stage1`, `stage2`, `stage3`) with the flags of the gpu
 - Stage 2 is a flow-matching Euler loop with CFG as one batch of 2; it calls the DiT through a single
   *transformer step* interface that the later chapters reimplement for TPU and GPU.
 - Stage 3 decodes with VAE tiling and writes an mp4.
-- The tiny preset runs the real classes on a CPU in seconds; the 720p shapes come from the same preset code.
+- hyv-tiny runs the real classes on a CPU in seconds and draws what its prompt says; the 720p shapes come from
+  the same preset code.
 
 ## Exercises
 

@@ -22,7 +22,7 @@ follows the migration step by step:
 On this machine JAX runs on the CPU. The same code runs on a TPU VM, where `jax.devices()` lists TPU chips."""))
 cells.append(code("""import os
 
-PRESET = os.environ.get("HYV_PRESET", "tiny")           # tiny | 480p_t2v | 720p_t2v
+PRESET = os.environ.get("HYV_PRESET", "tiny_trained")   # tiny_trained | tiny | 480p_t2v | 720p_t2v
 MODEL_PATH = os.environ.get("HYV_MODEL_PATH") or None  # diffusers folder / hub id for real presets
 # Latent size of the experiments (frames, height, width in latent pixels): small, even for real weights.
 LATENT = (2, 6, 10)

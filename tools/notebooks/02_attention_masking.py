@@ -19,7 +19,7 @@ them. This chapter does three things:
    the real TPU Splash kernel in Pallas interpret mode."""))
 cells.append(code("""import os
 
-PRESET = os.environ.get("HYV_PRESET", "tiny")           # tiny | 480p_t2v | 720p_t2v
+PRESET = os.environ.get("HYV_PRESET", "tiny_trained")   # tiny_trained | tiny | 480p_t2v | 720p_t2v
 MODEL_PATH = os.environ.get("HYV_MODEL_PATH") or None  # diffusers folder / hub id for real presets
 OUTPUT_DIR = os.environ.get("HYV_OUTPUT_DIR", "stage_outputs/attention")
 # Latent size of the model-level checks: small on purpose, even for real weights.

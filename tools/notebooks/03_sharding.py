@@ -22,7 +22,7 @@ The JAX part runs on 8 CPU devices that XLA emulates (`--xla_force_host_platform
 are the ones a v6e-8 would run. The speed is not."""))
 cells.append(code("""import os
 
-PRESET = os.environ.get("HYV_PRESET", "tiny")           # the model of the planner rows marked "this preset"
+PRESET = os.environ.get("HYV_PRESET", "tiny_trained")   # the model of the planner rows marked "this preset"
 MODEL_PATH = os.environ.get("HYV_MODEL_PATH") or None  # unused: the sharding demo builds an 8-head tiny model
 N_DEVICES = int(os.environ.get("HYV_N_DEVICES", "8"))   # emulated CPU devices (a real TPU VM: its chips)""",
                   metadata={"tags": ["parameters"]}))

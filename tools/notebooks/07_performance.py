@@ -22,7 +22,7 @@ or cited with its source and hardware.
 Nothing here runs the model, so the chapter executes in seconds on any CPU and reads the same on a TPU VM."""))
 cells.append(code("""import os
 
-PRESET = os.environ.get("HYV_PRESET", "tiny")  # unused: this chapter is planner arithmetic, no model runs
+PRESET = os.environ.get("HYV_PRESET", "tiny_trained")  # unused: this chapter is planner arithmetic, no model runs
 MODEL_PATH = os.environ.get("HYV_MODEL_PATH") or None  # unused for the same reason (kept so every chapter reads it)
 FRAMES = int(os.environ.get("HYV_FRAMES", "121"))       # video length of the roofline section (4n+1)
 TARGET_MFU = float(os.environ.get("HYV_TARGET_MFU", "0.5"))  # the goal of the last section""",

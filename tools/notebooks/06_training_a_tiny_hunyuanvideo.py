@@ -4,11 +4,7 @@ rewrites it.
 Notebooks are authored as these scripts so reviews read plain Python; tests/test_notebooks.py checks
 that every committed notebook equals what its script builds (and carries no outputs).
 """
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "notebooks"))  # _nbtools; drop when moved back
-from _nbtools import code, main, md, notebook  # noqa: E402
+from _nbtools import code, main, md, notebook
 
 cells = []
 cells.append(md("""# Appendix: training a tiny HunyuanVideo-1.5
