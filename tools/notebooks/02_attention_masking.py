@@ -55,8 +55,8 @@ cells.append(md("""Only a few of those tokens are valid:
 
 Let us encode a prompt with and without quoted text:"""))
 cells.append(code("""embeds = pipeline.stage1(preset=PRESET, model_path=MODEL_PATH, output_dir=OUTPUT_DIR,
-                         prompt='a neon sign that says "OPEN" above a door',
-                         negative_prompt="blurry, low quality")
+                         prompt='a red square "OPEN"',  # short: hyv-tiny's text_len is 24
+                         negative_prompt="blurry")
 for name in ("prompt_embeds_mask", "prompt_embeds_mask_2",
              "negative_prompt_embeds_mask", "negative_prompt_embeds_mask_2"):
     print(f"{name:30s} {int(embeds[name].sum()):5d} valid of {embeds[name].shape[1]}")"""))
