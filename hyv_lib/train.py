@@ -199,7 +199,7 @@ def train_vae(
     log: Callable[[dict[str, Any]], None] | None = None, progress: bool = True,
     clip_size: tuple[int, int, int] = (data.FRAMES, data.HEIGHT, data.WIDTH), norm_floor: float | None = None, weight_decay: float = 0.05,
     keep_best: bool = True, fixed_clips: torch.Tensor | None = None, foreground_weight: float = 9.0,
-    stage: str = "vae",
+    stage: str = "vae", decoder_only: bool = False,
 ) -> list[dict[str, Any]]:
     """Train ``vae`` in place with AdamW on fresh clips each step; returns the log records.
 
@@ -210,17 +210,21 @@ def train_vae(
     loss spikes, so the last step is not the best one. ``fixed_clips`` trains on those clips every step instead
     of fresh ones from ``combos``: the quick probe of whether a recipe can fit anything at all.
     ``foreground_weight``: see :func:`foreground_weights` (0 is plain MSE). ``stage`` names the records and the
-    progress bar (e.g. "vae_image" for a stage on 1-frame clips)."""
+    progress bar (e.g. "vae_image" for a stage on 1-frame clips). ``decoder_only`` freezes the encoder, so the
+    latents (and a DiT trained on them) stay valid while the decoder improves."""
     if (combos is None) == (fixed_clips is None):
         raise ValueError("pass exactly one of combos (fresh clips each step) and fixed_clips")
     torch.manual_seed(seed)
     stream = ClipStream(combos, batch_size, seed=seed, size=clip_size) if fixed_clips is None else None
     # beta2 = 0.95: with the default 0.999 the second moment lags a sudden rise of a gradient and the update
     # of that parameter grows up to ~30x; our VAE runs diverged that way at learning rates of 4e-4 to 2e-3.
-    optimizer = torch.optim.AdamW(vae.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
+    vae.train().requires_grad_(True)
+    if decoder_only:
+        vae.encoder.requires_grad_(False)
+    params = [p for p in vae.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
     records: list[dict[str, Any]] = []
     best: tuple[float, int, dict[str, torch.Tensor]] | None = None
-    vae.train().requires_grad_(True)
     start = time.perf_counter()
     guard = SpikeGuard()
     with batched_vae_attention():
@@ -232,7 +236,7 @@ def train_vae(
                 loss, reconstruction, latents = vae_loss(vae, clips, latent_weight, foreground_weight)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            grad_norm, skipped = guard.step(optimizer, vae.parameters())
+            grad_norm, skipped = guard.step(optimizer, params)
             record = {"stage": stage, "step": step + 1, "loss": loss.item(), "grad_norm": grad_norm, "skipped": skipped,
                       "psnr_train": psnr(reconstruction.detach().clamp(-1, 1), clips),
                       "latent_abs": latents.detach().abs().mean().item(), "seconds": time.perf_counter() - start}

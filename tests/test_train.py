@@ -193,3 +193,18 @@ def test_rms_norm_floor_matches_diffusers_above_the_floor_and_is_undone():
     big = x.norm(dim=1, keepdim=True).expand_as(x) >= 0.3
     torch.testing.assert_close(floored[big], plain[big], rtol=0, atol=0)
     assert floored[0, :, 0, 0, 0].abs().max() < 0.1 < plain[0, :, 0, 0, 0].abs().max()  # shrunk, not blown up
+
+
+def test_decoder_only_vae_training_keeps_the_encoder_and_so_the_latents():
+    from diffusers import AutoencoderKLHunyuanVideo15
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLHunyuanVideo15(**get_preset("tiny").vae)
+    encoder = {k: v.clone() for k, v in vae.encoder.state_dict().items()}
+    decoder = {k: v.clone() for k, v in vae.decoder.state_dict().items()}
+    records = train.train_vae(vae, data.all_combos()[:4], steps=2, batch_size=2, lr=1e-3, decoder_only=True,
+                              keep_best=False, progress=False, stage="vae_decoder")
+    assert [r["stage"] for r in records] == ["vae_decoder"] * 2
+    for k, v in vae.encoder.state_dict().items():
+        torch.testing.assert_close(v, encoder[k], rtol=0, atol=0, msg=k)
+    assert any(not torch.equal(v, decoder[k]) for k, v in vae.decoder.state_dict().items())
