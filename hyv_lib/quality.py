@@ -39,14 +39,26 @@ class VideoReading:
     travel_px: float
 
 
-def read_video(video, colors: dict[str, tuple[float, float, float]] | None = None) -> VideoReading:
-    """Background = median color of the border pixels; foreground = pixels far from it; its mean color is
-    matched to the nearest of ``colors`` (default: the training colors) and its centroid track (first to last
-    frame) gives the direction."""
-    frames = _as_unit_float(video)
+def _background_and_foreground(frames: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Background = median color of the border pixels; foreground = mask [F, H, W] of pixels far from it."""
     border = np.concatenate([frames[:, 0], frames[:, -1], frames[:, :, 0], frames[:, :, -1]], axis=1).reshape(-1, 3)
     background = np.median(border, axis=0)
-    foreground = np.linalg.norm(frames - background, axis=-1) > FOREGROUND_DISTANCE  # [F, H, W]
+    return background, np.linalg.norm(frames - background, axis=-1) > FOREGROUND_DISTANCE
+
+
+def foreground_rgb(video) -> np.ndarray | None:
+    """Mean RGB (0..1) of the foreground pixels over all frames; None when no shape is found."""
+    frames = _as_unit_float(video)
+    _, foreground = _background_and_foreground(frames)
+    return frames[foreground].mean(axis=0) if foreground.sum() >= MIN_FOREGROUND_PIXELS else None
+
+
+def read_video(video, colors: dict[str, tuple[float, float, float]] | None = None) -> VideoReading:
+    """The foreground's mean color (``foreground_rgb``) is matched to the nearest of ``colors`` (default: the
+    training colors), its centroid track (first to last frame) gives the direction, and the border's median
+    color the background."""
+    frames = _as_unit_float(video)
+    background, foreground = _background_and_foreground(frames)
     if foreground.sum() < MIN_FOREGROUND_PIXELS:
         return VideoReading(_nearest(background, data.BACKGROUNDS), None, None, 0.0)
     color = _nearest(frames[foreground].mean(axis=0), data.COLORS if colors is None else colors)

@@ -379,3 +379,17 @@ def build_latent_dataset(vae, text_components: dict, preset, combos: list[data.C
     embeds = encode_captions(text_components, preset, [c.caption for c in combos])
     negative = encode_captions(text_components, preset, [""])
     return {"latents": latents, "caption_index": caption_index, "embeds": embeds, "negative": negative}
+
+
+def concat_latent_datasets(*datasets: dict[str, Any]) -> dict[str, Any]:
+    """One dataset from several ``build_latent_dataset`` results (e.g. new data plus prior-preservation data),
+    with each part's ``caption_index`` shifted to its rows of the joined ``embeds``; ``negative`` from the first."""
+    if not datasets:
+        raise ValueError("datasets: need at least one")
+    offsets = np.cumsum([0] + [len(d["embeds"]["prompt_embeds"]) for d in datasets[:-1]])
+    return {
+        "latents": torch.cat([d["latents"] for d in datasets]),
+        "caption_index": torch.cat([d["caption_index"] + int(o) for d, o in zip(datasets, offsets)]),
+        "embeds": {k: torch.cat([d["embeds"][k] for d in datasets]) for k in datasets[0]["embeds"]},
+        "negative": datasets[0]["negative"],
+    }

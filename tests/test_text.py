@@ -82,3 +82,17 @@ def test_empty_prompt_is_valid_and_finite(text_components):
     out = encode_prompts(text_components, TINY, [""])
     assert all(torch.isfinite(v.float()).all() for v in out.values())
     assert out["prompt_embeds_mask"].sum() > 0  # diffusers substitutes " " for an empty prompt
+
+
+def test_word_tokenizer_is_the_one_hyv_tiny_was_trained_with():
+    """The shipped DiT learned to read particular rows of the random text-encoder embedding: the tokenizer the
+    training script builds must number every token as the bundled one does."""
+    from transformers import Qwen2Tokenizer
+
+    from hyv_lib import data
+
+    bundled = Qwen2Tokenizer.from_pretrained(f"{TINY_TRAINED.bundled_path}/tokenizer")
+    built = build_tiny_tokenizer(word_tokens=True)
+    assert built.get_vocab() == bundled.get_vocab()
+    for caption in (data.all_combos()[7].caption, "a orange square moving up on a gray background"):
+        assert built(caption).input_ids == bundled(caption).input_ids

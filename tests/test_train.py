@@ -208,3 +208,23 @@ def test_decoder_only_vae_training_keeps_the_encoder_and_so_the_latents():
     for k, v in vae.encoder.state_dict().items():
         torch.testing.assert_close(v, encoder[k], rtol=0, atol=0, msg=k)
     assert any(not torch.equal(v, decoder[k]) for k, v in vae.decoder.state_dict().items())
+
+
+def test_concatenated_latent_datasets_keep_each_clip_with_its_caption():
+    def part(n_captions, clips_per_caption, value):
+        embeds = {"prompt_embeds": torch.full((n_captions, 2, 3), value) + torch.arange(n_captions)[:, None, None],
+                  "prompt_embeds_mask": torch.ones(n_captions, 2, dtype=torch.long)}
+        return {"latents": torch.full((n_captions * clips_per_caption, 1), value),
+                "caption_index": torch.arange(n_captions).repeat_interleave(clips_per_caption),
+                "embeds": embeds, "negative": {k: v[:1] for k, v in embeds.items()}}
+
+    a, b = part(2, 3, 0.0), part(4, 1, 100.0)
+    joined = train.concat_latent_datasets(a, b)
+    assert len(joined["latents"]) == 10 and joined["embeds"]["prompt_embeds"].shape == (6, 2, 3)
+    for source, rows in ((a, range(0, 6)), (b, range(6, 10))):
+        for i, j in enumerate(rows):
+            torch.testing.assert_close(joined["embeds"]["prompt_embeds"][joined["caption_index"][j]],
+                                       source["embeds"]["prompt_embeds"][source["caption_index"][i]])
+    assert joined["negative"] is a["negative"]
+    with pytest.raises(ValueError, match="datasets"):
+        train.concat_latent_datasets()
