@@ -1,5 +1,6 @@
 """Ulysses sequence parallelism on gloo CPU processes: equal to diffusers' forward, bad head splits rejected."""
 
+import contextlib
 import copy
 import time
 
@@ -154,10 +155,22 @@ def test_ulysses_outside_torchrun_is_a_clear_error(tiny_run, tmp_path, capsys):
     assert "torchrun --nproc_per_node" in capsys.readouterr().err
 
 
+@contextlib.contextmanager
+def torch_threads(n):
+    """Run with ``n`` intra-op threads: CPU convolutions sum in a thread-count-dependent order, so bitwise
+    comparisons across processes must use the same count on both sides."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _tile_parallel_job(vae, z):
     from hyv_lib.tile_parallel import tile_parallel_decode
 
-    return tile_parallel_decode(vae, z)
+    return tile_parallel_decode(vae, z), torch.get_num_threads()
 
 
 def test_vae_tile_parallel_decode_equals_the_single_process_tiled_decode():
@@ -172,23 +185,35 @@ def test_vae_tile_parallel_decode_equals_the_single_process_tiled_decode():
     with torch.no_grad():
         expected = vae.decode(z).sample
     assert torch.equal(tile_parallel_decode(vae, z), expected)  # one process: the plain tiled decode
-    got = run_distributed(_tile_parallel_job, 2, vae, z)
+    got, rank_threads = run_distributed(_tile_parallel_job, 2, vae, z)
+    with torch_threads(rank_threads), torch.no_grad():  # the ranks share the cores: fewer threads each
+        expected = vae.decode(z).sample
     assert torch.equal(got, expected)
 
 
 def test_torchrun_stage3_spreads_tiles_and_rank0_writes(tiny_run, tmp_path):
     """stage3 under torchrun gives the same frames as one process (the tiny video is one tile)."""
+    import os
     import shutil
     import subprocess
     import sys
 
     from safetensors.torch import load_file
 
+    from hyv_lib.cli import run as cli_run
+
     run = tmp_path / "run"
     shutil.copytree(tiny_run, run)
+    # torchrun gives each rank OMP_NUM_THREADS=1; the single-process reference uses 1 thread too
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "hyv_lib",
                         "stage3", "--input_dir", str(run), "--output_video", str(tmp_path / "v.mp4"),
-                        "--save_frames", "--quiet"], capture_output=True, text=True, timeout=300)
+                        "--save_frames", "--quiet"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
+    single = tmp_path / "single"
+    single.mkdir()
+    with torch_threads(1):
+        assert cli_run(["stage3", "--input_dir", str(run), "--output_video", str(single / "v.mp4"),
+                        "--save_frames", "--quiet"]) == 0
     frames = load_file(tmp_path / "stage3_frames.safetensors")["frames"]
-    assert torch.equal(frames, load_file(tiny_run / "stage3_frames.safetensors")["frames"])
+    assert torch.equal(frames, load_file(single / "stage3_frames.safetensors")["frames"])

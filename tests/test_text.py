@@ -27,7 +27,7 @@ def test_tokenizer_is_offline_lossless_and_round_trips(tmp_path):
 
 
 def test_word_tokenizer_gives_each_caption_word_one_token_and_stays_lossless(tmp_path):
-    """hyv-tiny's tokenizer: one token per word of every caption (the unseen LoRA colour too), bytes for the rest."""
+    """hyv-tiny's tokenizer: one token per word of every caption (unseen cyan too), bytes for the rest."""
     from transformers import Qwen2Tokenizer
 
     from hyv_lib import data
