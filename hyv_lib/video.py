@@ -1,4 +1,4 @@
-"""Stage-3 helpers: VAE decode to uint8 frames and mp4 read/write through imageio-ffmpeg."""
+"""Stage-3 helpers: VAE output to uint8 frames and mp4 read/write through imageio-ffmpeg."""
 
 from __future__ import annotations
 
@@ -8,6 +8,16 @@ import numpy as np
 import torch
 
 from .stage_io import atomic_path
+
+
+def to_uint8_frames(video: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """One video as the VAE sees it, [3,F,H,W] in [-1, 1], -> uint8 frames [F,H,W,3] (what stage 3 writes)."""
+    video = torch.as_tensor(video)
+    if video.ndim != 4 or video.shape[0] != 3:
+        raise ValueError(f"video must be [3, F, H, W], got shape {tuple(video.shape)}")
+    # [-1, 1] -> [0, 255], as diffusers' VideoProcessor.postprocess_video does.
+    frames = ((video.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    return frames.permute(1, 2, 3, 0).contiguous().cpu()
 
 
 @torch.no_grad()
@@ -30,9 +40,7 @@ def decode_latents(vae, latents: torch.Tensor, tiling: bool = True, tile_paralle
         video = tile_parallel_decode(vae, z)
     else:
         video = vae.decode(z).sample
-    # [-1, 1] -> [0, 255], as diffusers' VideoProcessor.postprocess_video does.
-    frames = ((video[0].float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-    return frames.permute(1, 2, 3, 0).contiguous().cpu()
+    return to_uint8_frames(video[0])
 
 
 def write_mp4(frames: torch.Tensor | np.ndarray, path: str, fps: float) -> None:

@@ -4,10 +4,7 @@ import numpy as np
 import pytest
 
 from hyv_lib import data, quality
-
-
-def to_frames(clip):
-    return ((clip.transpose(1, 2, 3, 0) + 1) * 127.5).round().astype(np.uint8)
+from hyv_lib.video import to_uint8_frames
 
 
 def test_split_is_disjoint_and_covers_every_word():
@@ -28,7 +25,7 @@ def test_render_is_seeded_in_range_and_moves_the_right_way():
     assert clip.min() >= -1 and clip.max() <= 1
     np.testing.assert_array_equal(clip, data.render_clip(combo, seed=3))
     assert not np.array_equal(clip, data.render_clip(combo, seed=4))
-    reading = quality.read_video(to_frames(clip))
+    reading = quality.read_video(to_uint8_frames(clip))
     assert (reading.color, reading.direction, reading.background) == ("red", "up", "gray")
 
 
@@ -41,7 +38,7 @@ def test_a_one_frame_clip_is_an_image_of_the_same_shape():
     assert image.shape == (3, 1, data.HEIGHT, data.WIDTH)
     area = [float((clip[:, 0] > -1).any(axis=0).sum()) for clip in (image, video)]  # pixels touched by the shape
     assert abs(area[0] - area[1]) <= 0.02 * area[1], area
-    reading = quality.read_video(to_frames(image))
+    reading = quality.read_video(to_uint8_frames(image))
     assert (reading.color, reading.background) == ("blue", "black")
     with pytest.raises(ValueError, match="4n\\+1"):
         data.render_clip(combo, seed=5, frames=2)
@@ -49,14 +46,14 @@ def test_a_one_frame_clip_is_an_image_of_the_same_shape():
 
 def test_reader_is_right_on_every_ground_truth_caption():
     combos = data.all_combos()
-    readings = [quality.read_video(to_frames(data.render_clip(c, seed=i))) for i, c in enumerate(combos)]
+    readings = [quality.read_video(to_uint8_frames(data.render_clip(c, seed=i))) for i, c in enumerate(combos)]
     assert quality.attribute_rates(readings, combos) == {"color": 1.0, "direction": 1.0, "background": 1.0}
 
 
 def test_unseen_colors_render_and_read_only_with_their_palette():
     palette = {**data.COLORS, **data.UNSEEN_COLORS}
     for color in data.UNSEEN_COLORS:
-        clip = to_frames(data.render_clip(data.Combo(color, "circle", "left", "black"), seed=0))
+        clip = to_uint8_frames(data.render_clip(data.Combo(color, "circle", "left", "black"), seed=0))
         assert quality.read_video(clip, colors=palette).color == color
         assert quality.read_video(clip).color != color
         # Edge pixels blend into the background, so the mean is near (not at) the color.
@@ -91,6 +88,6 @@ def test_shapes_move_at_the_documented_speed():
     """SPEED bounds the travel: 13-20 px over the 9 frames at 64 px height, for every direction."""
     low, high = (s * data.HEIGHT * (data.FRAMES - 1) for s in data.SPEED)
     for i, combo in enumerate(data.all_combos()[::7]):
-        reading = quality.read_video(to_frames(data.render_clip(combo, seed=i)))
+        reading = quality.read_video(to_uint8_frames(data.render_clip(combo, seed=i)))
         assert reading.direction == combo.direction
         assert low - 1 <= reading.travel_px <= high + 1, (combo, reading.travel_px)

@@ -9,7 +9,7 @@ import torch
 from hyv_lib.models import build_tiny_components
 from hyv_lib.presets import get_preset
 from hyv_lib.stage_io import atomic_path
-from hyv_lib.video import decode_latents, read_mp4, write_mp4
+from hyv_lib.video import decode_latents, read_mp4, to_uint8_frames, write_mp4
 
 
 def smooth_clip(frames=9, height=96, width=160):
@@ -34,6 +34,16 @@ def test_write_mp4_rejects_wrong_layout(tmp_path):
     with pytest.raises(ValueError, match="uint8"):
         write_mp4(np.zeros((9, 3, 16, 16), np.uint8), str(tmp_path / "x.mp4"), fps=8)
     assert not os.listdir(tmp_path)
+
+
+def test_uint8_frames_map_the_vae_range_to_bytes_and_reject_other_layouts():
+    video = torch.tensor([-2.0, -1.0, 0.0, 1.0, 1.5]).reshape(1, 5, 1, 1).expand(3, 5, 1, 2)  # [3, F, H, W]
+    frames = to_uint8_frames(video)
+    assert frames.dtype == torch.uint8 and frames.shape == (5, 1, 2, 3)
+    assert frames[:, 0, 0, 0].tolist() == [0, 0, 128, 255, 255]  # clamped outside [-1, 1]; 127.5 rounds to even
+    assert torch.equal(to_uint8_frames(video.numpy()), frames)
+    with pytest.raises(ValueError, match=r"\[3, F, H, W\]"):
+        to_uint8_frames(torch.zeros(5, 1, 2, 3))
 
 
 def test_atomic_path_leaves_nothing_when_the_writer_fails(tmp_path):

@@ -49,6 +49,7 @@ import hyv_lib
 from hyv_lib import data, quality, train
 from hyv_lib.display import frame_grid, html_table
 from hyv_lib.models import load_components
+from hyv_lib.video import to_uint8_frames
 
 torch.set_num_threads(os.cpu_count() or 1)
 preset = hyv_lib.get_preset(PRESET)
@@ -74,7 +75,7 @@ fig, axes = plt.subplots(len(examples), 3, figsize=(7.5, 1.6 * len(examples)))
 for row, combo in zip(axes, examples):
     clip = data.render_clip(combo, seed=0)
     for ax, t in zip(row, (0, 4, 8)):
-        ax.imshow(((clip[:, t].transpose(1, 2, 0) + 1) / 2).clip(0, 1))
+        ax.imshow(to_uint8_frames(clip)[t])
         ax.set_xticks([]), ax.set_yticks([])
         ax.set_title(f"frame {t}", fontsize=8)
     row[0].set_ylabel(combo.caption.replace(" moving", "\\nmoving"), fontsize=7, rotation=0, ha="right", va="center")
@@ -207,7 +208,7 @@ per_frame = [train.psnr(reconstruction[:, :, t], eval_clips[:, :, t]) for t in r
 fig, axes = plt.subplots(2, 5, figsize=(10, 2.8))
 for row, video, name in ((axes[0], eval_clips[0], "original"), (axes[1], reconstruction[0], "reconstruction")):
     for ax, t in zip(row, (0, 2, 4, 6, 8)):
-        ax.imshow(((video[:, t].permute(1, 2, 0) + 1) / 2).clamp(0, 1).numpy())
+        ax.imshow(to_uint8_frames(video)[t])
         ax.set_xticks([]), ax.set_yticks([])
         ax.set_title(f"{name}, frame {t}", fontsize=7)
 fig.tight_layout()
@@ -294,12 +295,12 @@ decoded = train.reconstruct(vae, originals)
 fig, axes = plt.subplots(1, 2 * len(unseen), figsize=(2.2 * 2 * len(unseen), 1.6))
 rows = []
 for i, combo in enumerate(unseen):
-    pair = [(x[i].permute(1, 2, 3, 0).numpy() + 1) / 2 for x in (originals, decoded)]  # [F, H, W, 3] in [0, 1]
+    pair = [to_uint8_frames(x[i]) for x in (originals, decoded)]
     rgb = [quality.foreground_rgb(v) for v in pair]
     rows.append({"color": combo.color, "shape's RGB in": np.round(rgb[0], 2), "shape's RGB out": np.round(rgb[1], 2),
                  "read after the VAE": quality.read_video(pair[1], colors=palette).color})
     for ax, video, label in zip(axes[2 * i : 2 * i + 2], pair, ("in", "VAE out")):
-        ax.imshow(video[4].clip(0, 1))
+        ax.imshow(video[4])
         ax.set_title(f"{combo.color}, {label}", fontsize=9)
         ax.axis("off")
 plt.show()
