@@ -68,9 +68,9 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     available = available_backends()
     if backend == "auto":
         if device.type == "jax":
-            import jax
+            from .sharding import target_platform
 
-            return "splash" if jax.default_backend() == "tpu" else "xla"
+            return "splash" if target_platform() == "tpu" else "xla"
         order = ("flash3", "flash", "sdpa") if device.type == "cuda" else ("sdpa",)
         return next(name for name in order if available[name] is None)
     if backend not in available:
@@ -257,7 +257,17 @@ class _Processor:
     def _attend(self, q, k, v, kv_mask):  # q, k, v: [B, S, H, D] as diffusers lays them out
         out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), kv_mask,
                         backend=self.backend, **self.options)
-        return out.transpose(1, 2).flatten(2, 3)
+        return _heads_split(out.transpose(1, 2).flatten(2, 3))
+
+
+def _heads_split(hidden: torch.Tensor) -> torch.Tensor:
+    """Inside a sharded jitted step, keep [B, S, H*D] in the attention kernel's layout (see
+    :func:`hyv_lib.sharding.keep_heads_split`); anything else passes through."""
+    if hidden.device.type != "jax":
+        return hidden
+    from .sharding import keep_heads_split
+
+    return keep_heads_split(hidden)
 
 
 def context_qkv(attn, encoder_hidden_states: torch.Tensor):
@@ -303,6 +313,10 @@ class JointAttnProcessor(_Processor):
         if encoder_hidden_states is None:
             return out, None
         video, context = out[:, : -encoder_hidden_states.shape[1]], out[:, -encoder_hidden_states.shape[1] :]
+        if out.device.type == "jax":
+            from .sharding import stream_layout
+
+            video, context = stream_layout(_heads_split(video), video=True), stream_layout(_heads_split(context))
         video = attn.to_out[1](attn.to_out[0](video))
         if getattr(attn, "to_add_out", None) is not None:
             context = attn.to_add_out(context)

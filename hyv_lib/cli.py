@@ -1,4 +1,5 @@
-"""Command line: ``python -m hyv_lib info|stage1|stage2|stage3|generate`` (flag names of the gpu-tpu-pedia staged scripts)."""
+"""Command line: ``python -m hyv_lib info|compile|stage1|stage2|stage3|generate`` (flag names of the gpu-tpu-pedia staged
+scripts)."""
 
 from __future__ import annotations
 
@@ -81,6 +82,24 @@ def build_parser() -> argparse.ArgumentParser:
     }
     for stage_parser, add in stages.values():
         add(stage_parser)
+    comp = sub.add_parser("compile", help="compile the DiT step for a TPU slice here (no TPU needed): memory, "
+                                          "collectives, FLOPs per device")
+    comp.add_argument("--preset", default="720p_t2v", help="a preset of `info` (default 720p_t2v)")
+    comp.add_argument("--topology", default="v6e:2x4",
+                      help="TPU slice in chips: v5e:2x4, v5p:2x2x1, v6e:2x4, tpu7x:2x2x1 (v7x-8), v6e:4x4 "
+                           "(multi-host), ... (default v6e:2x4)")
+    comp.add_argument("--mesh", default=None,
+                      help="e.g. data=2,tensor=4 or sequence=2,tensor=4; must use every device "
+                           "(default: data=2 for the CFG batch, tensor = the rest)")
+    comp.add_argument("--sharding", default="tp_replicated_out", help="tp | tp_replicated_out | fsdp "
+                                                                      "(default tp_replicated_out)")
+    comp.add_argument("--height", type=int, default=None, help="pixels (default: the preset's 16:9 bucket)")
+    comp.add_argument("--width", type=int, default=None, help="pixels (default: the preset's 16:9 bucket)")
+    comp.add_argument("--video_length", type=int, default=None, help="frames, 4n+1 (default: the preset's)")
+    comp.add_argument("--enable_cache", action="store_true",
+                      help="compile DeepCache's full and cached programs instead of the plain step")
+    comp.add_argument("--no_cache_blocks", type=int, default=1, help="trailing blocks of the cached step (default 1)")
+    comp.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     gen = sub.add_parser("generate", help="run all three stages")
     _add_stage1(gen)
     _add_stage2(gen, dirs=False)
@@ -109,6 +128,13 @@ def run(argv: list[str] | None = None) -> int:
             data = preset.to_json()
             print(json.dumps(data, indent=2) if args.json else
                   "\n".join(f"{k}: {v}" for k, v in data.items() if not isinstance(v, dict)))
+        elif args.command == "compile":
+            from .tpu_compile import compile_step, format_report
+
+            report = compile_step(args.preset, args.topology, mesh=args.mesh, sharding=args.sharding,
+                                  height=args.height, width=args.width, video_length=args.video_length,
+                                  enable_cache=args.enable_cache, no_cache_blocks=args.no_cache_blocks)
+            print(json.dumps(report, indent=2) if args.json else format_report(report))
         elif args.command == "stage1":
             pipeline.stage1(preset=args.preset, prompt=args.prompt, negative_prompt=args.negative_prompt,
                             output_dir=args.output_dir, model_path=args.model_path, dtype=args.dtype)
@@ -125,7 +151,7 @@ def run(argv: list[str] | None = None) -> int:
     except HyvInputError as err:
         print(f"error: {err.argument}: {err.message}", file=sys.stderr)
         return 2
-    if args.command != "info" and not getattr(args, "quiet", False):
+    if args.command not in ("info", "compile") and not getattr(args, "quiet", False):
         out = getattr(args, "output_dir", None) or getattr(args, "input_dir", None)
         print(f"{args.command}: done, files in {os.path.abspath(out)}", file=sys.stderr)
     return 0

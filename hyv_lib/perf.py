@@ -41,15 +41,18 @@ class Chip:
 GIB = 2**30
 
 CHIPS: dict[str, Chip] = {
-    "v5e": Chip("TPU v5e", 197e12, 16e9, 819e9, 400e9, 1,
-                "Google Cloud TPU docs, docs.cloud.google.com/tpu/docs/v5e: 197 TFLOP/s bf16, 16 GB HBM, 819 GB/s, "
-                "400 GB/s bidirectional ICI per chip."),
+    "v4": Chip("TPU v4", 275e12, 32 * GIB, 1200e9, None, 1,
+               "Google Cloud TPU docs, docs.cloud.google.com/tpu/docs/v4: 275 TFLOP/s bf16, 32 GiB HBM2, 1,200 GB/s "
+               "per chip (no per-chip ICI figure there)."),
+    "v5e": Chip("TPU v5e", 197e12, 16 * GIB, 819e9, 400e9, 1,
+                "Google Cloud TPU docs, docs.cloud.google.com/tpu/docs/v5e: 197 TFLOP/s bf16, 16 GB HBM (16 GiB: "
+                "17.2e9 bytes in JAX's pallas tpu_info), 819 GB/s, 400 GB/s bidirectional ICI per chip."),
     "v5p": Chip("TPU v5p", 459e12, 95 * GIB, 2765e9, 1200e9, 1,
                 "Google Cloud TPU docs, docs.cloud.google.com/tpu/docs/v5p: 459 TFLOP/s bf16, 95 GiB usable HBM "
                 "(96 physical), 2,765 GB/s, 1,200 GB/s bidirectional ICI per chip."),
-    "v6e": Chip("TPU v6e (Trillium)", 918e12, 32e9, 1638e9, 800e9, 1,
-                "Google Cloud TPU docs, docs.cloud.google.com/tpu/docs/v6e: 918 TFLOP/s bf16, 32 GB HBM, 1,638 GB/s, "
-                "800 GB/s bidirectional ICI per chip."),
+    "v6e": Chip("TPU v6e (Trillium)", 918e12, 32 * GIB, 1638e9, 800e9, 1,
+                "Google Cloud TPU docs, docs.cloud.google.com/tpu/docs/v6e: 918 TFLOP/s bf16, 32 GB HBM (32 GiB: "
+                "34.4e9 bytes in JAX's pallas tpu_info), 1,638 GB/s, 800 GB/s bidirectional ICI per chip."),
     "v7x": Chip("TPU7x (Ironwood)", 2307e12, 192 * GIB, 7.37e12, None, 2,
                 "Google Cloud TPU docs, docs.cloud.google.com/tpu/docs/tpu7x: 2,307 TFLOP/s bf16, 192 GiB HBM; "
                 "bandwidth ~7.37 TB/s from Hot Chips reporting (7.3 TB/s) and gpu-tpu-pedia (7,380 GB/s) "

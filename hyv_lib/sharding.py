@@ -42,9 +42,17 @@ RULE_SETS: dict[str, list[Rule]] = {
     # (no split of the contraction dimension, so no partial sums to all-reduce for those matmuls).
     "tp_replicated_out": _column("tp_replicated_out")
     + [Rule(f"tp_replicated_out/{part} replicated", p, ()) for part, p in _ROW.items()],
-    # Every block matrix split along its first dimension over all devices; XLA all-gathers it per use.
+    # FSDP: every block matrix stored split along its first dimension over all devices and gathered whole just
+    # before its block runs (see GATHERED_RULE_SETS); compute then splits over the axes that split the activations:
+    # data (samples) and sequence (tokens), so pair it with a mesh like data=2,sequence=4.
     "fsdp": [Rule("fsdp/matrix", _BLOCK + r".*\.weight", (AXES, None))],
 }
+
+#: Rule sets whose block weights are all-gathered whole right before each block (FSDP). Without the explicit
+#: gather, XLA's partitioner keeps the split weight and splits each matmul's output features over every device
+#: instead, resharding activations back and forth (collective-permutes on the modulation chunks, all-gathers of the
+#: MLP activations; seen in the TPU compiler's HLO).
+GATHERED_RULE_SETS = ("fsdp",)
 
 
 def make_mesh(data: int = 1, tensor: int | None = None, sequence: int = 1, devices: Iterable | None = None):
@@ -123,7 +131,7 @@ _ACTIVE_MESH: contextvars.ContextVar = contextvars.ContextVar("hyv_lib_active_me
 @contextlib.contextmanager
 def active_mesh(mesh):
     """While tracing a sharded step: attention kernels read the mesh to run per shard (heads on
-    "tensor", batch on "data") inside ``jax.shard_map``."""
+    "tensor" x "sequence", batch on "data") inside ``jax.shard_map``."""
     token = _ACTIVE_MESH.set(mesh)
     try:
         yield mesh
@@ -131,11 +139,95 @@ def active_mesh(mesh):
         _ACTIVE_MESH.reset(token)
 
 
+def target_platform() -> str:
+    """The platform the program being traced will run on: the active mesh's devices' (``tpu`` for a mesh of a
+    deviceless TPU topology, compiled on a CPU host), else JAX's default backend."""
+    mesh = _ACTIVE_MESH.get()
+    if mesh is not None:
+        return mesh.devices.flat[0].platform
+    import jax
+
+    return jax.default_backend()
+
+
+def target_device_kind() -> str:
+    """The ``device_kind`` of the devices the traced program targets (e.g. ``TPU v6 lite``): the active mesh's,
+    else JAX's first default device's."""
+    mesh = _ACTIVE_MESH.get()
+    if mesh is not None:
+        return mesh.devices.flat[0].device_kind
+    import jax
+
+    return jax.devices()[0].device_kind
+
+
+def head_axes(mesh) -> tuple[str, ...]:
+    """Mesh axes the attention heads are split over: ``tensor`` and, when present, ``sequence``.
+
+    Splitting heads over ``sequence`` too is what makes a sequence axis divide the attention: XLA turns the
+    sequence-sharded q, k, v into head shards with an all-to-all (Ulysses inside the mesh); with heads on
+    ``tensor`` alone, every sequence shard would compute the same heads over the whole sequence.
+    """
+    return tuple(a for a in ("tensor", "sequence") if mesh.shape[a] > 1) or ("tensor",)
+
+
+def head_split(mesh) -> int:
+    """How many ways the heads are split on ``mesh`` (tensor x sequence)."""
+    return mesh.shape["tensor"] * mesh.shape["sequence"]
+
+
+def keep_heads_split(hidden):
+    """Pin a [B, S, H*D] attention output (a torchax tensor) to the kernel's layout, features split like the heads.
+
+    On a mesh with a ``sequence`` axis the caller next cuts the joint sequence into video and context tokens; left
+    unpinned, XLA's partitioner propagates the video tokens' sequence split back into that slice, finds no cheap
+    way from heads-split to tokens-split there, and replicates the whole output on every device ("involuntary
+    full rematerialization"). Pinned, the slice stays local and the reshard becomes an all-to-all afterwards.
+    """
+    mesh = _ACTIVE_MESH.get()
+    if mesh is None or mesh.shape["sequence"] == 1:
+        return hidden
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    from torchax.interop import call_jax
+
+    return call_jax(jax.lax.with_sharding_constraint, hidden, NamedSharding(mesh, P("data", None, head_axes(mesh))))
+
+
+def gather_whole(tensor):
+    """A weight all-gathered to every device of the active mesh (FSDP's per-block gather); a no-op without one."""
+    mesh = _ACTIVE_MESH.get()
+    if mesh is None:
+        return tensor
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    from torchax.interop import call_jax
+
+    return call_jax(jax.lax.with_sharding_constraint, tensor, NamedSharding(mesh, P()))
+
+
+def stream_layout(hidden, video: bool = False):
+    """Pin a stream's [B, N, H*D] attention output to the layout its output projection wants on a mesh with a
+    ``sequence`` axis: features split over ``tensor``, and video tokens split over ``sequence`` (context tokens
+    whole). From the kernel's layout (features over tensor x sequence) this is one all-to-all over ``sequence``:
+    the second all-to-all of Ulysses."""
+    mesh = _ACTIVE_MESH.get()
+    if mesh is None or mesh.shape["sequence"] == 1:
+        return hidden
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    from torchax.interop import call_jax
+
+    spec = P("data", "sequence" if video else None, "tensor")
+    return call_jax(jax.lax.with_sharding_constraint, hidden, NamedSharding(mesh, spec))
+
+
 def per_shard(kernel):
     """Wrap a [B,H,S,D] attention kernel ``(q, k, v, kv_mask)`` in shard_map over the active mesh, if any.
 
     Splash is a Pallas kernel that GSPMD cannot partition, so each device runs it on its own heads and
-    batch rows; XLA reshards q/k/v (e.g. sequence-sharded -> head-sharded) around the call.
+    batch rows (heads over tensor x sequence, see :func:`head_axes`); XLA reshards q/k/v
+    (e.g. sequence-sharded -> head-sharded) around the call.
     """
     mesh = _ACTIVE_MESH.get()
     if mesh is None:
@@ -143,6 +235,6 @@ def per_shard(kernel):
     import jax
     from jax.sharding import PartitionSpec as P
 
-    heads = P("data", "tensor", None, None)
+    heads = P("data", head_axes(mesh), None, None)
     return jax.shard_map(kernel, mesh=mesh, in_specs=(heads, heads, heads, P("data", None)), out_specs=heads,
                          check_vma=False)

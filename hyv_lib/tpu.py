@@ -37,10 +37,11 @@ class _Step(torch.nn.Module):
     submodules; only the top-level glue of HunyuanVideo15Transformer3DModel.forward is restated.
     """
 
-    def __init__(self, model, mesh=None):
+    def __init__(self, model, mesh=None, gather_weights: bool = False):
         super().__init__()
         self.model = model
         self.mesh = mesh
+        self.gather_weights = gather_weights  # FSDP: all-gather each block's weights right before it runs
         self.traces = 0  # Python here runs only while JAX traces: one trace = one compilation
 
     def _shard_sequence(self, tokens):
@@ -72,7 +73,14 @@ class _Step(torch.nn.Module):
 
     def _blocks(self, blocks, video, context, temb, context_mask, rope_cos, rope_sin):
         for block in blocks:
-            video, context = block(video, context, temb, context_mask, (rope_cos, rope_sin))
+            args = (video, context, temb, context_mask, (rope_cos, rope_sin))
+            if self.gather_weights:
+                from .sharding import gather_whole
+
+                whole = {name: gather_whole(p) for name, p in block.named_parameters()}
+                video, context = torch.func.functional_call(block, whole, args)
+            else:
+                video, context = block(*args)
             video = self._shard_sequence(video)
         return video, context
 
@@ -124,13 +132,22 @@ class TpuTransformer:
     The per-step function is jitted once and reused. Returns the noise prediction as a CPU torch tensor.
 
     ``attention``: a backend of :func:`hyv_lib.attention.attention` that runs on torchax tensors
-    (``splash``, ``xla``, ``host_sdpa`` on the CPU backend) or ``auto`` (Splash on TPU, XLA elsewhere);
-    ``attention_options`` are its options (Splash block sizes, XLA's ``block_kv``).
+    (``splash``, ``xla``, ``host_sdpa`` on the CPU backend) or ``auto`` (Splash when the program targets a TPU,
+    XLA elsewhere); ``attention_options`` are its options (Splash block sizes and compute dtype, XLA's
+    ``block_kv``).
 
     ``mesh`` (:func:`hyv_lib.sharding.make_mesh`) and ``sharding`` (a rule set of
     :data:`hyv_lib.sharding.RULE_SETS`, default ``tp``): weights are placed by the rules, the CFG batch
     goes on the ``data`` axis, video tokens on the ``sequence`` axis between blocks, and attention runs
-    per shard with heads on ``tensor``. ``placement`` holds the per-rule report.
+    per shard with heads on ``tensor`` x ``sequence``. ``placement`` holds the per-rule report. Arrays are
+    placed shard by shard from the host copy (``jax.make_array_from_callback``) and read back with a
+    cross-process gather when needed, so the same code runs when each process of a multi-host slice sees only
+    its own devices.
+
+    A model on the ``meta`` device (no weights) gives a *compile-only* instance: its parameters are abstract
+    (``jax.ShapeDtypeStruct`` with the rules' shardings) and only :meth:`lower` works, e.g. on a mesh of a
+    deviceless TPU topology (:mod:`hyv_lib.tpu_compile`). It lowers the very jitted functions a runtime
+    instance calls.
     """
 
     def __init__(self, model, *, mesh=None, sharding=None, attention: str = "auto",
@@ -144,28 +161,33 @@ class TpuTransformer:
         check_supported(model, "TpuTransformer")
         self.model = model
         self.mesh = mesh
+        self.abstract = any(p.device.type == "meta" for p in model.parameters())
+        if self.abstract and mesh is None:
+            raise ValueError("a model on the meta device (compile only) needs a mesh to place its abstract weights")
         self.placement: list[dict] = []
         self.env = torchax.default_env()
         self.dtype = next(model.parameters()).dtype
         self._rope_cache: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
         self._prepared: tuple[tuple, dict] | None = None  # ((input tensors, versions), prepared inputs)
-        self._methods: dict[tuple[str, int], Any] = {}  # DeepCache's jitted full / cached steps
+        self._jits: dict[tuple[str, int | None], Any] = {}  # one jax.jit per step method (run and lower share it)
         # Installs hyv_lib's masked processors on `model` (callers comparing with the oracle keep a copy).
         use_attention(model, attention, **(attention_options or {}))
         specs: dict[str, tuple] = {}
         if mesh is not None:
-            from .sharding import plan
+            from .sharding import head_split, plan
 
-            if config.num_attention_heads % mesh.shape["tensor"]:
+            if config.num_attention_heads % head_split(mesh):
                 raise ValueError(f"{config.num_attention_heads} attention heads cannot be split over the mesh's "
-                                 f"tensor axis of size {mesh.shape['tensor']}")
+                                 f"tensor x sequence axes of size {mesh.shape['tensor']} x {mesh.shape['sequence']}")
             shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
             specs, self.placement = plan(shapes, sharding or "tp", mesh)
             element = torch.empty((), dtype=self.dtype).element_size()
             for row in self.placement:
                 row["bytes_per_device"] = row.pop("per_device") * element
+        from .sharding import GATHERED_RULE_SETS
+
         with self.env:
-            self.step_module = _Step(model, mesh)
+            self.step_module = _Step(model, mesh, gather_weights=mesh is not None and sharding in GATHERED_RULE_SETS)
             self.jitted = JittableModule(self.step_module)
             # JittableModule names tensors "model.<diffusers name>"; frozen weights land in `buffers`.
             for store in ("params", "buffers"):
@@ -177,18 +199,31 @@ class TpuTransformer:
         """How many times the step was traced (and so compiled) so far."""
         return self.step_module.traces
 
-    def _to_jax(self, tensor: torch.Tensor, spec: tuple | None = None) -> torch.Tensor:
-        """To a torchax tensor; on a mesh, placed with PartitionSpec(*spec) (None: replicated)."""
-        if tensor.device.type != "jax":
-            with self.env:
-                tensor = tensor.detach().to("cpu").to("jax")
+    def _to_jax(self, tensor: torch.Tensor, spec: tuple | None = None):
+        """To a torchax tensor; on a mesh, placed with PartitionSpec(*spec) (None: replicated).
+
+        Compile-only instances return a ``jax.ShapeDtypeStruct`` carrying that sharding instead.
+        """
         if self.mesh is None:
+            if tensor.device.type != "jax":
+                with self.env:
+                    tensor = tensor.detach().to("cpu").to("jax")
             return tensor
         import jax
         from jax.sharding import NamedSharding, PartitionSpec as P
         from torchax.interop import jax_view, torch_view
 
-        return torch_view(jax.device_put(jax_view(tensor), NamedSharding(self.mesh, P(*(spec or ())))))
+        sharding = NamedSharding(self.mesh, P(*(spec or ())))
+        if self.abstract:
+            return jax.ShapeDtypeStruct(tuple(tensor.shape), _jax_dtype(tensor.dtype), sharding=sharding)
+        if tensor.device.type == "jax":
+            return torch_view(jax.device_put(jax_view(tensor), sharding))
+        from .splash import torch_to_numpy
+
+        host = torch_to_numpy(tensor)
+        # Each process builds only its own devices' shards from the (identical) host copy: no transfer of a
+        # global array, which a process that does not see every device of the mesh could not do.
+        return torch_view(jax.make_array_from_callback(host.shape, sharding, lambda index: host[index]))
 
     def _rope(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         if shape not in self._rope_cache:
@@ -239,64 +274,103 @@ class TpuTransformer:
     def _step_args(self, hidden_states, timestep, **conditioning) -> dict[str, torch.Tensor]:
         prepared = self.prepare(**conditioning)
         cos, sin = self._rope(tuple(hidden_states.shape))
-        timestep = torch.as_tensor(timestep).reshape(-1).expand(hidden_states.shape[0])
         if self.mesh is not None and hidden_states.shape[0] % self.mesh.shape["data"]:
             raise ValueError(f"batch {hidden_states.shape[0]} cannot be split over the mesh's data axis "
                              f"of size {self.mesh.shape['data']}")
-        return dict(hidden_states=self._to_jax(hidden_states.to(self.dtype), ("data",)),
-                    timestep=self._to_jax(timestep.to(self.dtype), ("data",)), rope_cos=cos, rope_sin=sin,
-                    **prepared)
+        hidden, timestep = self._latent_args(hidden_states, timestep)
+        return dict(hidden_states=hidden, timestep=timestep, rope_cos=cos, rope_sin=sin, **prepared)
 
-    def lower(self, hidden_states, timestep, **conditioning):
-        """``jax.jit(...).lower(...)`` of the step for these inputs: ``.compile().cost_analysis()`` gives
-        XLA's FLOP and byte counts, ``.as_text()`` the HLO (what the planner cross-checks against)."""
-        import functools
+    def _latent_args(self, hidden_states, timestep):
+        """The per-step inputs: latents and timesteps, on the data axis."""
+        timestep = torch.as_tensor(timestep).reshape(-1).expand(hidden_states.shape[0])
+        return (self._to_jax(hidden_states.to(self.dtype), ("data",)),
+                self._to_jax(timestep.to(self.dtype), ("data",)))
 
-        import jax
-        from torchax.interop import jax_view
+    def _jit(self, name: str, uncached_blocks: int | None = None):
+        """The ``jax.jit`` of one step method, shared by the runtime calls and :meth:`lower`.
 
-        args = self._step_args(hidden_states, timestep, **conditioning)
-        from .sharding import active_mesh
-
-        with self.env, active_mesh(self.mesh):
-            fn = jax_view(functools.partial(self.jitted.functional_call, "forward"))
-            return jax.jit(fn).lower(jax_view(self.jitted.params), jax_view(self.jitted.buffers),
-                                     **jax_view(args))
-
-    def _method(self, name: str, uncached_blocks: int):
-        """One jitted function per (method of the step module, uncached block count): the count is static."""
+        ``forward`` is the plain step; DeepCache's ``forward_and_cache`` / ``forward_from_cache`` get one jit per
+        (method, uncached block count), the count being static.
+        """
         key = (name, uncached_blocks)
-        if key not in self._methods:
+        if key not in self._jits:
             import functools
 
-            from torchax.interop import jax_jit
+            import jax
+            from torchax.interop import jax_view
 
-            method = functools.partial(getattr(_Step, name), uncached_blocks=uncached_blocks)
-            jitted = jax_jit(functools.partial(self.jitted.functional_call, method))
-            self._methods[key] = lambda *a, **kw: jitted(self.jitted.params, self.jitted.buffers, *a, **kw)
-        return self._methods[key]
+            method = name if uncached_blocks is None else functools.partial(getattr(_Step, name),
+                                                                             uncached_blocks=uncached_blocks)
+            self._jits[key] = jax.jit(jax_view(functools.partial(self.jitted.functional_call, method)))
+        return self._jits[key]
+
+    def _run(self, name: str, uncached_blocks: int | None, *args, **kwargs):
+        """Call a jitted step method on torchax tensors (under the mesh, for per-shard attention)."""
+        from torchax.interop import jax_view, torch_view
+
+        from .sharding import active_mesh
+
+        if self.abstract:
+            raise RuntimeError("this TpuTransformer was built from a meta-device model (compile only): use lower()")
+        with self.env, torch.no_grad(), active_mesh(self.mesh):
+            out = self._jit(name, uncached_blocks)(jax_view(self.jitted.params), jax_view(self.jitted.buffers),
+                                                    *jax_view(args), **jax_view(kwargs))
+            return torch_view(out)
+
+    def lower(self, hidden_states, timestep, *, method: str = "forward", uncached_blocks: int = 1, cache=None,
+              **conditioning):
+        """``jax.jit(...).lower(...)`` of the step for these inputs: ``.compile()`` runs the compiler of the mesh's
+        devices, ``.cost_analysis()`` gives XLA's FLOP and byte counts, ``.memory_analysis()`` the per-device
+        bytes, ``.as_text()`` the HLO.
+
+        ``method``: ``forward`` (the step), or DeepCache's ``forward_and_cache`` (full step; ``uncached_blocks``
+        trailing blocks) and ``forward_from_cache`` (cached step; ``cache`` = the (video, context) tokens that
+        the full step returns, arrays or ``jax.ShapeDtypeStruct``; see :meth:`cache_spec`).
+        """
+        from torchax.interop import jax_view
+
+        from .sharding import active_mesh
+
+        methods = ("forward", "forward_and_cache", "forward_from_cache")
+        if method not in methods:
+            raise ValueError(f"method must be one of {', '.join(methods)}, got {method!r}")
+        args = self._step_args(hidden_states, timestep, **conditioning)
+        if method == "forward":
+            jitted, call = self._jit("forward"), args
+        elif method == "forward_and_cache":
+            jitted, call = self._jit(method, uncached_blocks), args
+        else:
+            if cache is None:
+                raise ValueError("forward_from_cache needs cache=(video, context), e.g. from cache_spec()")
+            jitted = self._jit(method, uncached_blocks)
+            call = dict(hidden_states=args["hidden_states"], timestep=args["timestep"], video=cache[0],
+                        context=cache[1], context_mask=args["context_mask"], rope_cos=args["rope_cos"],
+                        rope_sin=args["rope_sin"])
+        with self.env, torch.no_grad(), active_mesh(self.mesh):
+            return jitted.lower(jax_view(self.jitted.params), jax_view(self.jitted.buffers), **jax_view(call))
+
+    @staticmethod
+    def cache_spec(compiled_full) -> tuple:
+        """(video, context) ``jax.ShapeDtypeStruct`` of the cache a compiled ``forward_and_cache`` returns, with
+        the shardings XLA chose for them: what the cached program is compiled for."""
+        import jax
+
+        _, cache = compiled_full.out_info
+        shardings = compiled_full.output_shardings[1]
+        return tuple(jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=s) for o, s in zip(cache, shardings))
 
     def run_and_cache(self, uncached_blocks: int, hidden_states, timestep, **conditioning):
         """DeepCache's full step on JAX: (noise prediction on the CPU, cache left on the device)."""
         args = self._step_args(hidden_states, timestep, **_conditioning(conditioning))
-        from .sharding import active_mesh
-
-        with self.env, torch.no_grad(), active_mesh(self.mesh):
-            out, cache = self._method("forward_and_cache", uncached_blocks)(**args)
-            return _to_cpu(out), (cache, args["context_mask"], args["rope_cos"], args["rope_sin"])
+        out, cache = self._run("forward_and_cache", uncached_blocks, **args)
+        return _to_cpu(out), (cache, args["context_mask"], args["rope_cos"], args["rope_sin"])
 
     def run_from_cache(self, cache, uncached_blocks: int, hidden_states, timestep, **conditioning):
         """DeepCache's cached step on JAX: only the timestep embedding, the last blocks and the output layer."""
         (video, context), context_mask, rope_cos, rope_sin = cache
-        hidden = self._to_jax(hidden_states.to(self.dtype), ("data",))
-        timestep = torch.as_tensor(timestep).reshape(-1).expand(hidden_states.shape[0])
-        from .sharding import active_mesh
-
-        with self.env, torch.no_grad(), active_mesh(self.mesh):
-            out = self._method("forward_from_cache", uncached_blocks)(
-                hidden, self._to_jax(timestep.to(self.dtype), ("data",)), video, context, context_mask, rope_cos,
-                rope_sin)
-            return _to_cpu(out)
+        hidden, timestep = self._latent_args(hidden_states, timestep)
+        return _to_cpu(self._run("forward_from_cache", uncached_blocks, hidden, timestep, video, context,
+                                 context_mask, rope_cos, rope_sin))
 
     def __call__(self, hidden_states, timestep, encoder_hidden_states, encoder_attention_mask,
                  encoder_hidden_states_2=None, encoder_attention_mask_2=None, image_embeds=None,
@@ -307,10 +381,7 @@ class TpuTransformer:
                                encoder_attention_mask=encoder_attention_mask,
                                encoder_hidden_states_2=encoder_hidden_states_2,
                                encoder_attention_mask_2=encoder_attention_mask_2, image_embeds=image_embeds)
-        from .sharding import active_mesh
-
-        with self.env, torch.no_grad(), active_mesh(self.mesh):
-            return _to_cpu(self.jitted(**args))
+        return _to_cpu(self._run("forward", None, **args))
 
 
 def _conditioning(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -322,12 +393,28 @@ def _conditioning(kwargs: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
+def _jax_dtype(dtype: torch.dtype):
+    import jax.numpy as jnp
+
+    return {torch.bfloat16: jnp.bfloat16, torch.float32: jnp.float32, torch.float16: jnp.float16,
+            torch.int64: jnp.int64, torch.int32: jnp.int32, torch.bool: jnp.bool_}[dtype]
+
+
 def _to_cpu(tensor: torch.Tensor) -> torch.Tensor:
-    """torchax tensor -> CPU torch tensor (a writable copy of the JAX array)."""
+    """torchax tensor -> CPU torch tensor (a writable copy of the JAX array).
+
+    An array that this process does not hold whole (multi-host: other processes own some shards) is first
+    gathered from every process, so each process gets the full result.
+    """
     import numpy as np
     from torchax.interop import jax_view
 
-    array = np.array(jax_view(tensor))
+    array = jax_view(tensor)
+    if not array.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        array = multihost_utils.process_allgather(array, tiled=True)
+    array = np.array(array)
     if array.dtype.name == "bfloat16":  # ml_dtypes bf16: reinterpret the bits for torch
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(array)

@@ -56,5 +56,30 @@ def main(cases):
     print(json.dumps({"cases": results, "head_error": head_error}))
 
 
+def flops(meshes):
+    """Per-device FLOPs (XLA cost_analysis) of the whole compiled step on each mesh, for a model whose video tokens
+    outnumber its context tokens (as at real size) and dense XLA attention (no loop, so every FLOP is counted)."""
+    import dataclasses
+
+    tiny = get_preset("tiny")
+    small = dataclasses.replace(tiny, text_len=16, byt5_len=8, image_tokens=4)
+    torch.manual_seed(0)
+    model = HunyuanVideo15Transformer3DModel(**dict(tiny.transformer, num_attention_heads=8,
+                                                    attention_head_dim=16)).eval().requires_grad_(False)
+    kwargs = example_forward_kwargs(small, seed=1, latent=(4, 16, 16), text_lengths=(9, 16), byt5_lengths=(0, 5))
+    with torch.no_grad():
+        expected = model(**kwargs).sample
+    rows = []
+    for axes in meshes:
+        step = TpuTransformer(copy.deepcopy(model), mesh=make_mesh(**axes), sharding="tp", attention="xla",
+                              attention_options={"block_kv": None})
+        cost = step.lower(**kwargs).compile().cost_analysis()
+        rows.append({"mesh": axes, "flops": float(cost["flops"]), "max_err": (step(**kwargs) - expected).abs().max().item()})
+    print(json.dumps(rows))
+
+
 if __name__ == "__main__":
-    main(json.loads(sys.argv[1]))
+    if sys.argv[1] == "flops":
+        flops(json.loads(sys.argv[2]))
+    else:
+        main(json.loads(sys.argv[1]))
