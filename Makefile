@@ -21,6 +21,10 @@ $(STAMP): requirements.txt pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
+# Tests and the book run JAX on the CPU. libtpu is installed for the TPU compiler (python -m hyv_lib compile), and
+# JAX would otherwise probe for a TPU at start-up; JAX_PLATFORMS=cpu skips that (TPU compiles still work).
+export JAX_PLATFORMS ?= cpu
+
 # pytest exits 5 when it collects no tests: say so and fail, rather than pass on nothing.
 test: $(STAMP)
 	@$(BIN)/python -m pytest tests -q || { rc=$$?; [ $$rc -eq 5 ] && echo "error: pytest collected no tests"; exit $$rc; }

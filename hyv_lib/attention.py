@@ -42,7 +42,9 @@ def _needs_cpu_jax() -> str | None:
 
     if "jax" not in sys.modules:
         return None
-    backend = sys.modules["jax"].default_backend()
+    from .libtpu import default_backend
+
+    backend = default_backend()
     return None if backend == "cpu" else f"calls torch from jitted code: needs JAX on the CPU, not {backend!r}"
 
 

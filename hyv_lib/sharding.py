@@ -64,7 +64,9 @@ def make_mesh(data: int = 1, tensor: int | None = None, sequence: int = 1, devic
     import numpy as np
     from jax.sharding import Mesh
 
-    devices = list(jax.devices() if devices is None else devices)
+    from .libtpu import jax_devices
+
+    devices = list(jax_devices() if devices is None else devices)
     if tensor is None:
         if len(devices) % (data * sequence):
             raise ValueError(f"data={data} x sequence={sequence} does not divide {len(devices)} devices")
@@ -145,9 +147,9 @@ def target_platform() -> str:
     mesh = _ACTIVE_MESH.get()
     if mesh is not None:
         return mesh.devices.flat[0].platform
-    import jax
+    from .libtpu import default_backend
 
-    return jax.default_backend()
+    return default_backend()
 
 
 def target_device_kind() -> str:
@@ -156,9 +158,9 @@ def target_device_kind() -> str:
     mesh = _ACTIVE_MESH.get()
     if mesh is not None:
         return mesh.devices.flat[0].device_kind
-    import jax
+    from .libtpu import jax_devices
 
-    return jax.devices()[0].device_kind
+    return jax_devices()[0].device_kind
 
 
 def head_axes(mesh) -> tuple[str, ...]:

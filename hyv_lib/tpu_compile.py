@@ -10,17 +10,14 @@ check, not a timing.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import sys
-import tempfile
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from .errors import HyvInputError
+from .libtpu import quiet_libtpu
 from .presets import Preset, get_preset
 
 #: Topology name prefixes that libtpu 0.0.42.1 knows, and the key of each chip in :data:`hyv_lib.perf.CHIPS`.
@@ -28,39 +25,6 @@ from .presets import Preset, get_preset
 #: chips shown as 8 devices, ``v5p:2x2x1`` = a v5p-8: 4 chips).
 TOPOLOGY_CHIPS = {"v4": "v4", "v5e": "v5e", "v5p": "v5p", "v6e": "v6e", "tpu7x": "v7x"}
 _TOPOLOGY = re.compile(r"^(%s):\d+x\d+(x\d+)?$" % "|".join(TOPOLOGY_CHIPS))
-
-# What libtpu prints on stderr when it loads on a machine without a TPU: harmless, so hidden.
-_LIBTPU_NOISE = re.compile(
-    r"TPU_ACCELERATOR_TYPE|TPU_WORKER_HOSTNAMES|Failed to find host bounds|Logging before InitGoogle|"
-    r"=== Source Location Trace|libtpu_init_utils\.cc|^\s*$")
-
-
-@contextlib.contextmanager
-def quiet_libtpu() -> Iterator[None]:
-    """Hide libtpu's "no TPU here" warnings (about TPU_ACCELERATOR_TYPE / TPU_WORKER_HOSTNAMES), which it writes to
-    the process's stderr file descriptor from C++ when it loads without a TPU. Every other stderr line written
-    meanwhile is passed on when the block ends."""
-    sys.stderr.flush()
-    try:
-        saved = os.dup(2)
-    except OSError:  # no real stderr (embedded interpreters): nothing to filter
-        yield
-        return
-    with tempfile.TemporaryFile(mode="w+b") as capture:
-        os.dup2(capture.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            capture.seek(0)
-            kept = [line for line in capture.read().decode(errors="replace").splitlines(keepends=True)
-                    if not _LIBTPU_NOISE.search(line)]
-            if kept:
-                sys.stderr.write("".join(kept))
-                sys.stderr.flush()
-
 
 def topology_devices(topology: str) -> list:
     """The JAX devices of a named TPU slice (e.g. ``v6e:2x4``), described by libtpu; no TPU needed."""
@@ -128,10 +92,12 @@ def available_hbm(device) -> int:
     return _AVAILABLE[kind]
 
 
-def default_mesh(devices: int, heads: int, batch: int = 2) -> dict[str, int]:
-    """data = the CFG batch (2) when it divides the devices, tensor = the rest (it must divide the heads)."""
+def default_mesh(devices: int, heads: int, sharding: str = "tp_replicated_out", batch: int = 2) -> dict[str, int]:
+    """data = the CFG batch (2) when it divides the devices, the rest on tensor (sequence for ``fsdp``, whose
+    gathered weights leave a tensor axis nothing to split but the heads); that axis must divide the heads."""
     data = batch if devices % batch == 0 and heads % (devices // batch) == 0 else 1
-    return {"data": data, "tensor": devices // data, "sequence": 1}
+    rest = "sequence" if sharding == "fsdp" else "tensor"
+    return {"data": data, "tensor": 1, "sequence": 1, rest: devices // data}
 
 
 def abstract_transformer(preset: Preset, dtype: torch.dtype = torch.bfloat16):
@@ -219,7 +185,7 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
     devices = topology_devices(topology)
     heads = preset.transformer["num_attention_heads"]
     axes = (parse_mesh(mesh) if isinstance(mesh, str) or mesh is None else dict(mesh)) or default_mesh(
-        len(devices), heads)
+        len(devices), heads, sharding)
     try:
         jax_mesh = make_mesh(**axes, devices=devices)
     except (ValueError, TypeError) as err:
@@ -301,7 +267,7 @@ def _combine(programs: dict[str, dict]) -> dict[str, Any]:
     """One program as is; DeepCache's pair as the larger one's memory (both programs' code stays loaded), and the
     two programs' collectives, FLOPs, estimates and compile times summed (one full + one cached step)."""
     if len(programs) == 1:
-        return {k: v for k, v in next(iter(programs.values())).items() if k not in ("splash_kernels", "compile_error")}
+        return {k: v for k, v in next(iter(programs.values())).items() if k != "compile_error"}
     biggest = max(programs.values(), key=lambda p: p["per_device_bytes"]["total"])
     memory = dict(biggest["per_device_bytes"])
     codes = [p["per_device_bytes"]["code"] for p in programs.values()]
@@ -320,6 +286,7 @@ def _combine(programs: dict[str, dict]) -> dict[str, Any]:
         return None if None in values else sum(values)
 
     return dict(per_device_bytes=memory, collectives=list(kinds.values()), flops_per_device=total("flops_per_device"),
+                splash_kernels=total("splash_kernels"),
                 compiler_estimate_seconds=total("compiler_estimate_seconds"),
                 compile_seconds=round(sum(p["compile_seconds"] for p in programs.values()), 1))
 

@@ -1,0 +1,90 @@
+"""Use JAX on machines that have libtpu but no TPU without libtpu's warnings (it is installed for the TPU compiler)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import tempfile
+from typing import Iterator
+
+# What libtpu prints on stderr when it loads on a machine without a TPU: harmless, so hidden.
+_LIBTPU_NOISE = re.compile(
+    r"TPU_ACCELERATOR_TYPE|TPU_WORKER_HOSTNAMES|Failed to find host bounds|Logging before InitGoogle|"
+    r"=== Source Location Trace|libtpu_init_utils\.cc|^\s*$")
+
+
+def tpu_attached() -> bool:
+    """Whether this machine has TPU chips (JAX's own PCI scan; False where it cannot tell)."""
+    try:
+        from jax._src import hardware_utils
+
+        return hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0
+    except Exception:  # noqa: BLE001 - a private JAX helper: no answer means no TPU to protect
+        return False
+
+
+def share_libtpu_without_tpu() -> None:
+    """Let several processes load libtpu when no TPU is attached.
+
+    libtpu takes /tmp/libtpu_lockfile so that one process owns the TPU; a second process then fails to load it
+    ("Internal error when accessing libtpu multi-process lockfile"). Without a TPU there is nothing to own, and the
+    lock would only stop a second compile (a notebook kernel and the CLI, or two benchmark runs), so this sets
+    libtpu's ALLOW_MULTIPLE_LIBTPU_LOAD=1 for this process, unless the variable is set or a TPU is attached.
+    """
+    if "ALLOW_MULTIPLE_LIBTPU_LOAD" not in os.environ and not tpu_attached():
+        os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+
+
+@contextlib.contextmanager
+def quiet_libtpu() -> Iterator[None]:
+    """Hide libtpu's "no TPU here" warnings (about TPU_ACCELERATOR_TYPE / TPU_WORKER_HOSTNAMES), which it writes to
+    the process's stderr file descriptor from C++ when it loads without a TPU. Every other stderr line written
+    meanwhile is passed on when the block ends. Also :func:`share_libtpu_without_tpu`: every libtpu load of
+    hyv_lib goes through here."""
+    share_libtpu_without_tpu()
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no real stderr (embedded interpreters): nothing to filter
+        yield
+        return
+    with tempfile.TemporaryFile(mode="w+b") as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            kept = [line for line in capture.read().decode(errors="replace").splitlines(keepends=True)
+                    if not _LIBTPU_NOISE.search(line)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+
+
+_loaded = False
+
+
+def jax_devices() -> list:
+    """``jax.devices()``; the first call, which loads the backends (libtpu's TPU plugin among them), is quiet."""
+    global _loaded
+    import jax
+
+    if _loaded:
+        return jax.devices()
+    with quiet_libtpu():
+        devices = jax.devices()
+    _loaded = True
+    return devices
+
+
+def default_backend() -> str:
+    """``jax.default_backend()`` after a quiet backend load (see :func:`jax_devices`)."""
+    import jax
+
+    jax_devices()
+    return jax.default_backend()
