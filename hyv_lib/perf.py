@@ -460,81 +460,220 @@ def collective_bytes(preset: Preset | str, height: int, width: int, video_length
     return dict(strategy=strategy, n=n, bytes_per_device=total, ops=ops, mesh=mesh)
 
 
+# ------------------------------------------------------------------------------ per-device plan of a layout
+#: Temporaries of the compiled step, in full-width copies of the local residual stream (b x N_v/sequence x h x dtype):
+#: fitted to the TPU compiler's memory analysis at 720p and 480p (benchmarks/tpu_compile.py), not derived. XLA's
+#: buffer assignment holds the patch-embedding output, a few [tokens, hidden] activations of the current block, f32
+#: RoPE intermediates and the attention kernel's padded q, k, v at its peak.
+TEMPORARY_STREAM_COPIES = 6.0
+#: FSDP keeps this many blocks' gathered weights alive at once (the current one and the prefetched next one).
+FSDP_GATHERED_BLOCKS = 2
+
+
+def device_plan(preset: Preset | str, height: int, width: int, video_length: int,
+                mesh_shape: int | Mapping[str, int] | None = None, rules: str = "tp_replicated_out", *,
+                batch: int = 2, dtype: str = "bf16", enable_cache: bool = False) -> dict[str, Any]:
+    """What one device holds, computes and exchanges in one CFG step of :class:`hyv_lib.tpu.TpuTransformer` on a
+    mesh: the planner's side of ``python -m hyv_lib compile`` (which asks the TPU compiler instead).
+
+    ``mesh_shape``: data/tensor/sequence sizes (an int n = ``tensor=n``); ``rules``: ``tp``, ``tp_replicated_out``,
+    ``fsdp`` or ``replicated``. With b = ceil(B / data) samples, N_v video and N_c context tokens, L blocks, hidden h,
+    MLP width f, t = tensor, s = sequence, x = dtype bytes, it models what the compiled HLO does (checked against
+    the TPU compiler in tests/test_perf.py and chapter 3):
+
+    - ``collectives`` (bytes of the collectives' results per device, as :func:`hlo_collectives` counts them):
+      ``tp`` all-reduces each row-parallel output, 2 per block and stream, [b, N_v/s, h] and [b, N_c, h] (the last
+      block's context stream is dead code); ``tp_replicated_out`` all-gathers the attention output instead (the
+      replicated to_out then runs whole on every device) and still all-reduces the MLP output (XLA slices the
+      replicated fc2 to the local columns); a sequence axis adds 4 all-to-alls per block, [b, N_v/s, h/t] each
+      (q, k, v to head shards and the output back: Ulysses inside the mesh) and gathers the context stream's
+      attention output over it; ``fsdp`` all-gathers every block matrix whole. Token-refiner attention outputs are
+      gathered too. ``sent_bytes`` converts them to bytes on the wire (a ring all-reduce of m bytes over n devices
+      sends 2 (n-1)/n m, an all-gather or all-to-all (n-1)/n m).
+    - ``flops``: attention over data x tensor x sequence (heads over tensor x sequence); block matmuls over data,
+      the sequence for video tokens, and tensor only for the weights the rules split (``tp_replicated_out``'s
+      to_out runs whole; ``fsdp`` and ``replicated`` run every matmul whole, so their compute splits only over
+      data and sequence).
+    - ``per_device_bytes``: weights under the rules (exact, :func:`param_bytes`), the step's inputs (latents,
+      text, masks, RoPE tables), outputs (the noise prediction; with ``enable_cache`` the cached tokens too) and
+      temporaries, :data:`TEMPORARY_STREAM_COPIES` copies of the local residual stream (plus
+      :data:`FSDP_GATHERED_BLOCKS` gathered blocks for ``fsdp``): a fit, not a derivation.
+    """
+    preset = _preset(preset)
+    mesh = _mesh(mesh_shape)
+    d_, t, sq = mesh["data"], mesh["tensor"], mesh["sequence"]
+    x = dtype_bytes(dtype)
+    dims = _dims(preset)
+    h, f, layers, heads, hd = dims["hidden"], dims["mlp"], dims["layers"], dims["heads"], dims["head_dim"]
+    if heads % (t * sq):
+        raise HyvInputError("mesh_shape", f"{heads} heads cannot be split over tensor x sequence = {t} x {sq}")
+    if rules not in rule_set_names():
+        raise HyvInputError("rules", f"unknown rule set {rules!r}; valid: {', '.join(rule_set_names())}")
+    tok = token_counts(preset, height, width, video_length)
+    b = -(-batch // d_)
+    nv, nc, lt = -(-tok["video"] // sq), tok["context"], preset.text_len
+    refiner = dims["refiner_layers"]
+
+    # ---- collectives (HLO result bytes per device) and their group sizes
+    coll = {"all-reduce": 0.0, "all-gather": 0.0, "all-to-all": 0.0}
+    sent = 0.0
+
+    def add(kind, nbytes, group):
+        nonlocal sent
+        coll[kind] += nbytes
+        if group > 1:
+            sent += nbytes * (2 if kind == "all-reduce" else 1) * (group - 1) / group
+
+    weights = param_bytes(preset, dtype, rules, mesh)
+    if t * sq > 1:
+        add("all-gather", refiner * b * lt * h * x, t * sq)
+    if sq > 1:
+        add("all-to-all", 4 * layers * b * nv * (h // t) * x, sq)
+        add("all-gather", (layers - 1) * b * nc * (h // t) * x, sq)
+    if t > 1 and rules == "tp":
+        add("all-reduce", 2 * layers * b * nv * h * x + 2 * (layers - 1) * b * nc * h * x, t)
+    elif t > 1 and rules == "tp_replicated_out":
+        add("all-gather", layers * b * nv * h * x + (layers - 1) * b * nc * h * x, t)
+        add("all-reduce", layers * b * nv * h * x + (layers - 1) * b * nc * h * x, t)
+    if rules == "fsdp":
+        matrices = sum(math.prod(shape) for name, shape in parameter_shapes(preset)
+                       if name.startswith("transformer_blocks.") and len(shape) == 2)
+        dead = sum(math.prod(shape) for name, shape in parameter_shapes(preset)
+                   if name.startswith(f"transformer_blocks.{layers - 1}.") and len(shape) == 2
+                   and re.search(r"to_add_out|ff_context", name))
+        add("all-gather", (matrices - dead) * x, d_ * t * sq)
+
+    # ---- FLOPs per device
+    total = step_flops(preset, height, width, video_length, batch)
+    parts = total["parts"]
+    whole = rules in ("fsdp", "replicated")
+    split_all = 1 if whole else t  # the tensor split of the column/row matmuls the rules split
+    split_out = 1 if whole or rules == "tp_replicated_out" else t  # to_out's
+    per_token = 2 * ((3 * h * h + 2 * h * f) / split_all + h * h / split_out)
+    dead_tokens = nc * (2 * ((h * f) / split_all + h * h / split_out) + 2 * h * f / split_all)  # last block, context
+    linear = b * (layers * (nv + nc) * per_token - dead_tokens)
+    small = (parts["blocks_modulation"] + parts["refiner_linear"] + parts["embedders"] + parts["output"]) / d_
+    flops = dict(attention=total["attention"] / (d_ * t * sq), linear=linear + small)
+    flops["total"] = flops["attention"] + flops["linear"]
+
+    # ---- memory per device
+    _, c, frames, lh, lw = preset.latent_shape(height, width, video_length)
+    inputs = (b * ((2 * c + 1) * frames * lh * lw * x + lt * dims["text_dim"] * x + lt * 8
+                   + preset.byt5_len * (dims["byt5_dim"] * x + 8) + preset.image_tokens * dims["image_dim"] * x
+                   + nc * 9 + x) + 2 * tok["video"] * hd * 4)  # masks and gather order as int64, RoPE cos/sin f32
+    outputs = b * dims["out_channels"] * tok["video"] * x + (b * (nv + nc) * h * x if enable_cache else 0)
+    temporaries = TEMPORARY_STREAM_COPIES * b * nv * h * x
+    if rules == "fsdp":
+        per_block = sum(math.prod(shape) for name, shape in parameter_shapes(preset)
+                        if name.startswith("transformer_blocks.0."))
+        temporaries += FSDP_GATHERED_BLOCKS * per_block * x
+    memory = dict(weights=weights["bytes_per_device"], inputs=inputs, temporaries=temporaries, outputs=outputs)
+    memory["total"] = sum(memory.values())
+    return dict(mesh=mesh, rules=rules, per_device_bytes=memory, collectives=coll, collective_total=sum(coll.values()),
+                sent_bytes=sent, flops=flops, tokens=tok, samples_per_device=b)
+
+
 # ---------------------------------------------------------------------------------------------- bounds
-_DEFAULT_STRATEGY = {"tp": "tp", "tp_replicated_out": "tp", "fsdp": "fsdp", "replicated": "ulysses"}
+#: Rule sets that :func:`bounds` plans as TPU runtime layouts (:func:`device_plan`).
+RULE_SET_LAYOUTS = ("tp", "tp_replicated_out", "fsdp")
+
+
+def default_layout(devices: int, heads: int, rules: str = "tp_replicated_out", batch: int = 2) -> dict[str, int]:
+    """The mesh ``python -m hyv_lib compile`` uses when none is given: data = the CFG batch when it divides the
+    devices, the rest on tensor (on sequence for ``fsdp``, whose gathered weights leave a tensor axis nothing to
+    split but the heads); that axis must divide the heads."""
+    data = batch if devices % batch == 0 and heads % (devices // batch) == 0 else 1
+    rest = "sequence" if rules == "fsdp" else "tensor"
+    return {"data": data, "tensor": 1, "sequence": 1, rest: devices // data}
 
 
 def bounds(preset: Preset | str, height: int, width: int, video_length: int, chip: str | Chip, n_chips: int,
-           rules: str = "tp", *, batch: int = 2, dtype: str = "bf16", strategy: str | None = None,
-           attention: str = "flash") -> dict[str, Any]:
+           rules: str = "tp_replicated_out", *, mesh_shape: Mapping[str, int] | None = None, batch: int = 2,
+           dtype: str = "bf16", strategy: str | None = None, attention: str = "flash") -> dict[str, Any]:
     """Lower bounds on the time of one CFG step on ``n_chips`` chips, and whether it fits in HBM.
 
-    - compute: total FLOPs / (n x peak bf16 FLOP/s)
-    - hbm: per-chip bytes that must cross HBM at least once / bandwidth = the chip's weights (under
-      ``rules``) + per block the attention kernel's q, k, v reads and output write (4 B S h x / n)
-    - interconnect: :func:`collective_bytes` of ``strategy`` / per-chip interconnect bandwidth; None
-      when the chip has no sourced bandwidth (all chips in :data:`CHIPS` today).
+    TPU layouts (``rules`` a rule set of :mod:`hyv_lib.sharding`) come from :func:`device_plan` on ``mesh_shape``
+    (default :func:`default_layout` over the chips' devices): per-device FLOPs, memory and collectives as the
+    compiled step has them. ``rules="replicated"`` is the GPU layout (whole weights per device, ``strategy``
+    ``ulysses`` by default: :func:`collective_bytes`, :func:`activation_bytes`).
 
-    ``strategy`` defaults from ``rules``: tp and tp_replicated_out -> tp (the all-reduce count of plain TP;
-    GSPMD chooses the real collectives when outputs are replicated), fsdp -> fsdp, replicated -> ulysses.
+    - compute: FLOPs per device / the device's peak bf16 FLOP/s
+    - hbm: per-device bytes that must cross HBM at least once / bandwidth = its weights + per block the attention
+      kernel's q, k, v reads and output write
+    - interconnect: bytes each device sends / its share of half the chip's published bidirectional ICI or NVLink
+      bandwidth; None when the chip has no sourced figure.
+
     ``step_s`` is the largest known bound, ``limit`` which one it is.
     """
     preset = _preset(preset)
     spec = get_chip(chip)
-    rule_name = rules if isinstance(rules, str) else "custom"
-    strategy = strategy or _DEFAULT_STRATEGY.get(rule_name, "tp")
     x = dtype_bytes(dtype)
+    devices = n_chips * spec.devices_per_chip
     flops = step_flops(preset, height, width, video_length, batch)
-    weights = param_bytes(preset, dtype, rules, n_chips)["bytes_per_device"]
     d = _dims(preset)
-    attention_io = d["layers"] * 4 * batch * flops["tokens"]["joint"] * d["hidden"] * x / n_chips
-    if strategy not in STRATEGIES:
-        raise HyvInputError("strategy", f"must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
-    # Activations: fsdp keeps whole activations per sample (batch on data), the others split on their axis.
-    layout = {"data": min(batch, n_chips)} if strategy == "fsdp" else {STRATEGIES[strategy]: n_chips}
-    acts = activation_bytes(preset, height, width, video_length, batch, dtype=dtype, attention=attention,
-                            mesh_shape=layout)
-    comm = collective_bytes(preset, height, width, video_length, batch, dtype=dtype, strategy=strategy,
-                            mesh_shape=n_chips)
+    attention_io = d["layers"] * 4 * batch * flops["tokens"]["joint"] * d["hidden"] * x / devices
+    rule_name = rules if isinstance(rules, str) else "custom"
+    if rule_name in RULE_SET_LAYOUTS:
+        mesh = dict(mesh_shape) if mesh_shape else default_layout(devices, d["heads"], rule_name, batch)
+        if math.prod(mesh.values()) != devices:
+            raise HyvInputError("mesh_shape", f"{mesh} is not {devices} devices ({n_chips} x {spec.name})")
+        plan = device_plan(preset, height, width, video_length, mesh, rule_name, batch=batch, dtype=dtype)
+        device_flops, weights = plan["flops"]["total"], plan["per_device_bytes"]["weights"]
+        activations = plan["per_device_bytes"]["total"] - weights
+        sent, strategy = plan["sent_bytes"], "compiled layout"
+    else:
+        strategy = strategy or "ulysses"
+        if strategy not in STRATEGIES:
+            raise HyvInputError("strategy", f"must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+        mesh = {STRATEGIES[strategy]: devices}
+        device_flops = flops["total"] / devices
+        weights = param_bytes(preset, dtype, rules, devices)["bytes_per_device"]
+        activations = activation_bytes(preset, height, width, video_length, batch, dtype=dtype, attention=attention,
+                                       mesh_shape=mesh)["bytes_per_device"]
+        sent = collective_bytes(preset, height, width, video_length, batch, dtype=dtype, strategy=strategy,
+                                mesh_shape=devices)["bytes_per_device"]
+    peak = spec.peak_bf16_flops / spec.devices_per_chip
     times = {
-        "compute_s": flops["total"] / (n_chips * spec.peak_bf16_flops),
-        "hbm_s": (weights + attention_io) / spec.hbm_bandwidth,
-        # bytes each chip sends / its egress bandwidth (half the published bidirectional figure)
-        "interconnect_s": (comm["bytes_per_device"] / (spec.interconnect_bandwidth / 2)
+        "compute_s": device_flops / peak,
+        "hbm_s": (weights + attention_io) / (spec.hbm_bandwidth / spec.devices_per_chip),
+        # bytes each device sends / its egress bandwidth (half the published bidirectional figure per chip)
+        "interconnect_s": (sent / (spec.interconnect_bandwidth / 2 / spec.devices_per_chip)
                            if spec.interconnect_bandwidth else None),
     }
     known = {k: v for k, v in times.items() if v is not None}
     limit = max(known, key=known.get)
-    memory = weights + acts["bytes_per_device"]
-    return dict(times, step_s=known[limit], limit=limit, flops=flops["total"], weights_bytes=weights,
-                activation_bytes=acts["bytes_per_device"], hbm_traffic_bytes=weights + attention_io,
-                collective_bytes=comm["bytes_per_device"], strategy=strategy, rules=rule_name,
-                fits=memory <= spec.hbm_bytes, hbm_bytes=spec.hbm_bytes, chip=spec.name, n_chips=n_chips,
+    hbm = spec.hbm_bytes / spec.devices_per_chip
+    return dict(times, step_s=known[limit], limit=limit, flops=flops["total"], flops_per_device=device_flops,
+                weights_bytes=weights, activation_bytes=activations, hbm_traffic_bytes=weights + attention_io,
+                collective_bytes=sent, strategy=strategy, rules=rule_name, mesh=mesh,
+                fits=weights + activations <= hbm, hbm_bytes=hbm, chip=spec.name, n_chips=n_chips,
                 notes=None if spec.interconnect_bandwidth else NO_INTERCONNECT_SOURCE)
 
 
 def plan_table(presets: Sequence[str] = ("480p_t2v", "720p_t2v"), chips: Sequence[str] = tuple(CHIPS),
-               n_chips: int = 8, video_length: int = 121, rules: str = "tp", batch: int = 2,
+               n_chips: int = 8, video_length: int = 121, rules: str = "tp_replicated_out", batch: int = 2,
                dtype: str = "bf16") -> list[dict[str, Any]]:
-    """Rows for the book: per preset (16:9 default size) and chip, FLOPs, memory per chip, bounds and the
-    cited step time with its implied MFU where one exists (:data:`CITED_STEP_TIMES`)."""
+    """Rows for the book: per preset (16:9 default size) and chip, FLOPs, memory per device, bounds and the
+    cited step time with its implied MFU where one exists (:data:`CITED_STEP_TIMES`). TPUs use ``rules`` on
+    :func:`default_layout`; GPUs (H100, H200) the Ulysses layout (whole weights on every GPU)."""
     rows = []
     for name in presets:
         preset = get_preset(name)
         height, width = preset.default_height, preset.default_width
         flops = step_flops(preset, height, width, video_length, batch)
         for chip in chips:
-            b = bounds(preset, height, width, video_length, chip, n_chips, rules, batch=batch, dtype=dtype)
+            layout = "replicated" if get_chip(chip).name.startswith("NVIDIA") else rules
+            b = bounds(preset, height, width, video_length, chip, n_chips, layout, batch=batch, dtype=dtype)
             cited = [c for c in CITED_STEP_TIMES
                      if c["preset"] == name and c["chip"] == chip and c["n_chips"] == n_chips]
             best = min(cited, key=lambda c: c["seconds"]) if cited else None
             rows.append(dict(
                 preset=name, height=height, width=width, frames=video_length, chip=chip, n_chips=n_chips,
-                pflop_per_step=flops["total"] / 1e15, attention_share=flops["attention_share"],
-                weights_gb_per_chip=b["weights_bytes"] / 1e9, activations_gb_per_chip=b["activation_bytes"] / 1e9,
-                hbm_gb_per_chip=b["hbm_bytes"] / 1e9, fits=b["fits"], compute_s=b["compute_s"], hbm_s=b["hbm_s"],
-                interconnect_s=b["interconnect_s"], bound_s=b["step_s"], limit=b["limit"],
-                cited_s=best["seconds"] if best else None,
+                rules=layout, mesh=b["mesh"], pflop_per_step=flops["total"] / 1e15,
+                attention_share=flops["attention_share"], weights_gb_per_device=b["weights_bytes"] / 1e9,
+                activations_gb_per_device=b["activation_bytes"] / 1e9, hbm_gb_per_device=b["hbm_bytes"] / 1e9,
+                fits=b["fits"], compute_s=b["compute_s"], hbm_s=b["hbm_s"], interconnect_s=b["interconnect_s"],
+                bound_s=b["step_s"], limit=b["limit"], cited_s=best["seconds"] if best else None,
                 cited_mfu=mfu(flops["total"], best["seconds"], chip, n_chips) if best else None,
                 cited_source=f"{best['label']}; {best['source']}" if best else None,
             ))

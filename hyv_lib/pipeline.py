@@ -116,6 +116,7 @@ def resolve_settings(
     flow_shift: float | None = None, seed: int = 42, warmup_steps: int = 0, runtime: str = "torch",
     mesh: str | None = None, sharding: str = "tp_replicated_out", enable_cache: bool = False,
     cache_start_step: int = 11, cache_end_step: int = 45, cache_step_interval: int = 4, no_cache_blocks: int = 1,
+    multi_host: bool = False,
 ) -> dict[str, Any]:
     """Fill unset stage-2 settings from the preset, validate them, and resolve (height, width).
 
@@ -150,6 +151,12 @@ def resolve_settings(
     axes = parse_mesh(mesh)
     if axes and runtime != "tpu":
         raise HyvInputError("--mesh", "needs --runtime tpu")
+    if multi_host:
+        if runtime != "tpu":
+            raise HyvInputError("--multi_host", "needs --runtime tpu")
+        from .tpu import init_multi_host
+
+        init_multi_host()  # before the mesh check: until then a host sees only its own devices
     from .sharding import RULE_SETS, make_mesh
 
     if axes:
@@ -182,7 +189,8 @@ def resolve_settings(
     return dict(aspect_ratio=aspect_ratio, height=height, width=width, video_length=video_length,
                 num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
                 seed=seed, warmup_steps=warmup_steps, runtime=runtime, mesh=mesh,
-                sharding=sharding if mesh else None, enable_cache=bool(enable_cache), **cache)
+                sharding=sharding if mesh else None, enable_cache=bool(enable_cache), **cache,
+                **({"multi_host": True} if multi_host else {}))
 
 
 def cache_schedule(settings: dict[str, Any]):
@@ -315,12 +323,14 @@ def stage2(
     seed: int = 42, warmup_steps: int = 0, quiet: bool = False, runtime: str = "torch",
     mesh: str | None = None, sharding: str = "tp_replicated_out", enable_cache: bool = False,
     cache_start_step: int = 11, cache_end_step: int = 45, cache_step_interval: int = 4, no_cache_blocks: int = 1,
-    step: TransformerStep | None = None,
+    multi_host: bool = False, step: TransformerStep | None = None,
 ) -> torch.Tensor:
     """Denoise from the stage-1 embeddings; write stage2_latents.safetensors and extend the config.
 
     Unset settings take the preset's defaults. ``runtime``, ``mesh`` and ``sharding`` pick the
     transformer step (see :func:`make_step`); ``step`` overrides it with any callable of that interface.
+    ``multi_host``: this process is one host of a multi-host TPU slice (:func:`hyv_lib.tpu.init_multi_host`); every
+    host runs the same command and writes the same latents to its own ``output_dir``.
     """
     start = time.perf_counter()
     config = read_config(input_dir) if os.path.isdir(input_dir) else {}
@@ -331,7 +341,7 @@ def stage2(
         num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift, seed=seed,
         warmup_steps=warmup_steps, runtime=runtime, mesh=mesh, sharding=sharding, enable_cache=enable_cache,
         cache_start_step=cache_start_step, cache_end_step=cache_end_step, cache_step_interval=cache_step_interval,
-        no_cache_blocks=no_cache_blocks,
+        no_cache_blocks=no_cache_blocks, multi_host=multi_host,
     )
     output_dir = ensure_output_dir(output_dir or input_dir)
     dtype = config.get("dtype", spec.default_dtype)

@@ -29,6 +29,28 @@ def enable_compile_cache(path: str | None = None) -> str:
     return path
 
 
+def init_multi_host() -> int:
+    """Join this process to a multi-host JAX run: ``jax.distributed.initialize()``, once; returns the process count.
+
+    On a multi-host TPU slice every host runs the same command (``gcloud compute tpus tpu-vm ssh ... --worker=all``)
+    and each sees only its own chips until this call; on Cloud TPU the hosts are found automatically. Elsewhere
+    (e.g. CPU processes on one machine) set ``JAX_COORDINATOR_ADDRESS`` (host:port of process 0),
+    ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``.
+    """
+    import jax
+
+    if not jax.distributed.is_initialized():
+        kwargs = {}
+        if "JAX_NUM_PROCESSES" in os.environ:
+            kwargs = dict(num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
+                          process_id=int(os.environ["JAX_PROCESS_ID"]))
+        from .libtpu import quiet_libtpu
+
+        with quiet_libtpu():
+            jax.distributed.initialize(**kwargs)
+    return jax.process_count()
+
+
 class _Step(torch.nn.Module):
     """The per-step part of diffusers' forward, written with static shapes.
 

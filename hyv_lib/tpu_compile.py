@@ -92,14 +92,6 @@ def available_hbm(device) -> int:
     return _AVAILABLE[kind]
 
 
-def default_mesh(devices: int, heads: int, sharding: str = "tp_replicated_out", batch: int = 2) -> dict[str, int]:
-    """data = the CFG batch (2) when it divides the devices, the rest on tensor (sequence for ``fsdp``, whose
-    gathered weights leave a tensor axis nothing to split but the heads); that axis must divide the heads."""
-    data = batch if devices % batch == 0 and heads % (devices // batch) == 0 else 1
-    rest = "sequence" if sharding == "fsdp" else "tensor"
-    return {"data": data, "tensor": 1, "sequence": 1, rest: devices // data}
-
-
 def abstract_transformer(preset: Preset, dtype: torch.dtype = torch.bfloat16):
     """The preset's DiT on the meta device: the real diffusers class and parameter names, no memory."""
     from diffusers import HunyuanVideo15Transformer3DModel
@@ -159,7 +151,7 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
                  attention_options: dict | None = None, num_layers: int | None = None) -> dict[str, Any]:
     """Compile one denoising step (a CFG batch of 2) of ``preset`` for the TPU slice ``topology``, here.
 
-    ``mesh`` ('data=2,tensor=4' or a dict; default :func:`default_mesh`) must use all the slice's devices;
+    ``mesh`` ('data=2,tensor=4' or a dict; default :func:`hyv_lib.perf.default_layout`) must use all the slice's devices;
     ``sharding`` is a rule set of :data:`hyv_lib.sharding.RULE_SETS`. ``enable_cache`` compiles DeepCache's pair
     instead: the full step that also returns the cache, and the cached step (``no_cache_blocks`` trailing blocks).
     ``num_layers`` overrides the block count (tests). Bad input raises :class:`HyvInputError` naming the flag.
@@ -170,7 +162,7 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
     its cost-model estimate when it gives one, and the compile time. With the cache, ``programs`` holds both programs
     and the top-level figures are the larger program's memory (plus both programs' code) and the sum of the rest.
     """
-    from .perf import CHIPS, token_counts
+    from .perf import CHIPS, default_layout, token_counts
     from .pipeline import parse_mesh
     from .sharding import RULE_SETS, head_split, make_mesh
     from .tpu import TpuTransformer
@@ -184,7 +176,7 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
                                                  f"got {no_cache_blocks!r}")
     devices = topology_devices(topology)
     heads = preset.transformer["num_attention_heads"]
-    axes = (parse_mesh(mesh) if isinstance(mesh, str) or mesh is None else dict(mesh)) or default_mesh(
+    axes = (parse_mesh(mesh) if isinstance(mesh, str) or mesh is None else dict(mesh)) or default_layout(
         len(devices), heads, sharding)
     try:
         jax_mesh = make_mesh(**axes, devices=devices)
