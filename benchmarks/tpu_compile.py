@@ -5,7 +5,7 @@ capacity, fits, collectives and compile time for every chip x layout x size x ca
     .venv/bin/python benchmarks/tpu_compile.py --table             # print the table of the saved results
 
 Each configuration is one `python -m hyv_lib compile --json` child process (the public CLI, in isolation); results
-are appended to benchmarks/results/tpu_compile.json as they finish, and a rerun skips what is already there. What
+are appended to hyv_lib/compiled/tpu_compile.json as they finish, and a rerun skips what is already there. What
 the compiler reports is a memory and collective check, not a timing.
 """
 
@@ -19,7 +19,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-RESULTS = os.path.join(HERE, "results", "tpu_compile.json")
+# Saved inside the package: the planner (hyv_lib.perf.compiled_report) and the book read them from there.
+RESULTS = os.path.join(os.path.dirname(HERE), "hyv_lib", "compiled", "tpu_compile.json")
 
 #: The slices: v5e-8 and v6e-8 (8 chips, one host), v5p-8 (4 chips = 4 devices), v7x-8 (4 chips = 8 devices).
 CHIPS = {"v5e-8": "v5e:2x4", "v5p-8": "v5p:2x2x1", "v6e-8": "v6e:2x4", "v7x-8": "tpu7x:2x2x1"}
@@ -34,6 +35,9 @@ LAYOUTS = {
 }
 SIZES = {"480p": ("480p_t2v", 480, 848, 121), "720p": ("720p_t2v", 720, 1280, 121)}
 DEVICES = {"v5e:2x4": 8, "v5p:2x2x1": 4, "v6e:2x4": 8, "tpu7x:2x2x1": 8}
+#: Beyond the grid (--extras): one v6e chip without a mesh, and a 16-chip, 4-host v6e slice.
+EXTRAS = {"v6e-1/one chip/720p/uncached": ("v6e:1x1", "tp_replicated_out", "data=1", "720p"),
+          "v6e-16/tp_replicated_out/720p/uncached": ("v6e:4x4", "tp_replicated_out", "data=2,tensor=8", "720p")}
 
 
 def key(chip: str, layout: str, size: str, cache: bool) -> str:
@@ -58,9 +62,14 @@ def save(results: dict) -> None:
 def run_one(chip: str, layout: str, size: str, cache: bool) -> dict:
     topology = CHIPS[chip]
     sharding, mesh = LAYOUTS[layout]
+    return compile_child(topology, sharding, mesh(DEVICES[topology]), size, cache)
+
+
+def compile_child(topology: str, sharding: str, mesh: str, size: str, cache: bool = False) -> dict:
+    """One `python -m hyv_lib compile --json` child process: its report, or the error line it ended with."""
     preset, height, width, frames = SIZES[size]
     cmd = [sys.executable, "-m", "hyv_lib", "compile", "--preset", preset, "--topology", topology,
-           "--mesh", mesh(DEVICES[topology]), "--sharding", sharding, "--height", str(height), "--width", str(width),
+           "--mesh", mesh, "--sharding", sharding, "--height", str(height), "--width", str(width),
            "--video_length", str(frames), "--json"] + (["--enable_cache"] if cache else [])
     start = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=os.path.dirname(HERE))
@@ -103,10 +112,19 @@ def main() -> None:
     parser.add_argument("--cache", nargs="+", default=["uncached", "deepcache"], choices=["uncached", "deepcache"])
     parser.add_argument("--redo", action="store_true", help="recompile configurations that are already saved")
     parser.add_argument("--table", action="store_true", help="only print the table of the saved results")
+    parser.add_argument("--extras", action="store_true", help="compile only the configurations beyond the grid")
     args = parser.parse_args()
     results = load()
     if args.table:
         print(table(results))
+        return
+    if args.extras:
+        for name, (topology, sharding, mesh, size) in EXTRAS.items():
+            if args.redo or name not in results:
+                results[name] = compile_child(topology, sharding, mesh, size)
+                save(results)
+                print(f"{name}: {results[name].get('error') or 'done'}", flush=True)
+        print(table({k: results[k] for k in EXTRAS if k in results}))
         return
     todo = [(c, l, s, m == "deepcache") for s in args.sizes for c in args.chips for l in args.layouts
             for m in args.cache]

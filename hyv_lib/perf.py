@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -321,6 +322,21 @@ def _mesh(mesh_shape: int | Mapping[str, int] | None, axis: str = "tensor") -> d
     return {a: mesh.get(a, 1) for a in MESH_AXES}
 
 
+def _plan_specs(preset: Preset, rules: str, mesh: dict[str, int]) -> tuple[dict[str, tuple], list[dict]]:
+    from .sharding import RULE_SETS, plan
+
+    return plan(dict(parameter_shapes(preset)), [] if rules == "replicated" else RULE_SETS[rules], _MeshShape(mesh))
+
+
+def _split(spec: tuple, mesh: dict[str, int]) -> int:
+    """How many ways a PartitionSpec splits a tensor on ``mesh``."""
+    n = 1
+    for axes in spec:
+        for axis in (axes if isinstance(axes, tuple) else (axes,) if axes else ()):
+            n *= mesh[axis]
+    return n
+
+
 def param_bytes(preset: Preset | str, dtype: str = "bf16", rules: str | Sequence[Any] | None = None,
                 mesh_shape: int | Mapping[str, int] | None = None) -> dict[str, Any]:
     """Per-device weight bytes of the transformer under a sharding rule set.
@@ -461,18 +477,48 @@ def collective_bytes(preset: Preset | str, height: int, width: int, video_length
 
 
 # ------------------------------------------------------------------------------ per-device plan of a layout
-#: Temporaries of the compiled step, in full-width copies of the local residual stream (b x N_v/sequence x h x dtype):
-#: fitted to the TPU compiler's memory analysis at 720p and 480p (benchmarks/tpu_compile.py), not derived. XLA's
-#: buffer assignment holds the patch-embedding output, a few [tokens, hidden] activations of the current block, f32
-#: RoPE intermediates and the attention kernel's padded q, k, v at its peak.
-TEMPORARY_STREAM_COPIES = 6.0
-#: FSDP keeps this many blocks' gathered weights alive at once (the current one and the prefetched next one).
-FSDP_GATHERED_BLOCKS = 2
+#: Temporaries of the compiled step (the peak of XLA's buffer assignment, read from the TPU compiler's memory report
+#: at 720p): the patch embedding's output twice over, b x N_v x h, which the sequence axis does not split (the conv
+#: runs before the tokens are split); the attention kernel's padded q, k, v and output for the local heads; and a
+#: few copies of the local residual stream (b x N_v/sequence x h): this count is fitted, not derived.
+TEMPORARY_STREAM_COPIES = 3
+#: FSDP's gathered weights alive at once, in blocks: the compiler gathers a block's matrices in groups and frees each
+#: after use; at both 720p and a 2-block real-width model the temporaries hold about half a block.
+FSDP_GATHERED_BLOCKS = 0.5
+
+
+#: Where benchmarks/tpu_compile.py saves what the TPU compiler reported (shipped with the package).
+COMPILED_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compiled", "tpu_compile.json")
+#: The TPU slice (libtpu topology) of n chips that the saved results use, per chip.
+SLICES = {("v5e", 8): "v5e:2x4", ("v5p", 4): "v5p:2x2x1", ("v6e", 8): "v6e:2x4", ("v7x", 4): "tpu7x:2x2x1"}
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_results(path: str) -> tuple[dict, ...]:
+    if not os.path.exists(path):
+        return ()
+    with open(path) as f:
+        return tuple(r for r in json.load(f).values() if "per_device_bytes" in r)
+
+
+def compiled_report(preset: Preset | str, height: int, width: int, video_length: int, topology: str,
+                    mesh_shape: Mapping[str, int], rules: str, enable_cache: bool = False) -> dict[str, Any] | None:
+    """The TPU compiler's report (``python -m hyv_lib compile --json``) saved for exactly this configuration in
+    :data:`COMPILED_RESULTS`, or None."""
+    name = _preset(preset).name
+    mesh = _mesh(mesh_shape)
+    for r in _compiled_results(COMPILED_RESULTS):
+        if (r["preset"] == name and r["topology"] == topology and r["sharding"] == rules and r["mesh"] == mesh
+                and r["size"] == dict(height=height, width=width, video_length=video_length)
+                and ("programs" in r) == enable_cache):
+            return r
+    return None
 
 
 def device_plan(preset: Preset | str, height: int, width: int, video_length: int,
                 mesh_shape: int | Mapping[str, int] | None = None, rules: str = "tp_replicated_out", *,
-                batch: int = 2, dtype: str = "bf16", enable_cache: bool = False) -> dict[str, Any]:
+                batch: int = 2, dtype: str = "bf16", enable_cache: bool = False,
+                topology: str | None = None) -> dict[str, Any]:
     """What one device holds, computes and exchanges in one CFG step of :class:`hyv_lib.tpu.TpuTransformer` on a
     mesh: the planner's side of ``python -m hyv_lib compile`` (which asks the TPU compiler instead).
 
@@ -496,8 +542,14 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
       data and sequence).
     - ``per_device_bytes``: weights under the rules (exact, :func:`param_bytes`), the step's inputs (latents,
       text, masks, RoPE tables), outputs (the noise prediction; with ``enable_cache`` the cached tokens too) and
-      temporaries, :data:`TEMPORARY_STREAM_COPIES` copies of the local residual stream (plus
-      :data:`FSDP_GATHERED_BLOCKS` gathered blocks for ``fsdp``): a fit, not a derivation.
+      temporaries (see :data:`TEMPORARY_STREAM_COPIES`, :data:`FSDP_GATHERED_BLOCKS`; partly fitted). Weights the
+      step never reads (the last block's context stream after attention) are left out, as ``jax.jit`` drops them.
+      The compiler's generated code is not
+      modelled: 0.04 GiB for ``tp_replicated_out`` at 720p on v6e-8, but about 0.8 GiB for ``tp`` and ``fsdp``.
+
+    ``topology`` (e.g. ``v6e:2x4``): when :data:`COMPILED_RESULTS` holds the compiler's report for this exact
+    configuration, ``compiled`` is that report and ``memory_total`` its per-device total (the compiler's word beats
+    the model: the planner misses FSDP's generated code, for one); otherwise ``memory_total`` is the planner's.
     """
     preset = _preset(preset)
     mesh = _mesh(mesh_shape)
@@ -525,6 +577,13 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
             sent += nbytes * (2 if kind == "all-reduce" else 1) * (group - 1) / group
 
     weights = param_bytes(preset, dtype, rules, mesh)
+    # jax.jit drops arguments the program never reads: the last block's context-stream weights after attention
+    last = f"transformer_blocks.{layers - 1}."
+    dead_names = {name for name, _ in parameter_shapes(preset)
+                  if name.startswith(last) and re.search(r"to_add_out|ff_context", name)}
+    specs, _ = _plan_specs(preset, rules, mesh)
+    dead_bytes = sum(math.prod(shape) // _split(specs[name], mesh) for name, shape in parameter_shapes(preset)
+                     if name in dead_names) * x
     if t * sq > 1:
         add("all-gather", refiner * b * lt * h * x, t * sq)
     if sq > 1:
@@ -539,8 +598,7 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
         matrices = sum(math.prod(shape) for name, shape in parameter_shapes(preset)
                        if name.startswith("transformer_blocks.") and len(shape) == 2)
         dead = sum(math.prod(shape) for name, shape in parameter_shapes(preset)
-                   if name.startswith(f"transformer_blocks.{layers - 1}.") and len(shape) == 2
-                   and re.search(r"to_add_out|ff_context", name))
+                   if name in dead_names and len(shape) == 2)
         add("all-gather", (matrices - dead) * x, d_ * t * sq)
 
     # ---- FLOPs per device
@@ -562,15 +620,22 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
                    + preset.byt5_len * (dims["byt5_dim"] * x + 8) + preset.image_tokens * dims["image_dim"] * x
                    + nc * 9 + x) + 2 * tok["video"] * hd * 4)  # masks and gather order as int64, RoPE cos/sin f32
     outputs = b * dims["out_channels"] * tok["video"] * x + (b * (nv + nc) * h * x if enable_cache else 0)
-    temporaries = TEMPORARY_STREAM_COPIES * b * nv * h * x
+    padded = -(-tok["joint"] // 2048) * 2048  # Splash pads the joint sequence to its key block
+    temporaries = (2 * b * tok["video"] * h * x + 4 * b * (heads // (t * sq)) * padded * hd * x
+                   + TEMPORARY_STREAM_COPIES * b * nv * h * x)
     if rules == "fsdp":
-        per_block = sum(math.prod(shape) for name, shape in parameter_shapes(preset)
-                        if name.startswith("transformer_blocks.0."))
-        temporaries += FSDP_GATHERED_BLOCKS * per_block * x
-    memory = dict(weights=weights["bytes_per_device"], inputs=inputs, temporaries=temporaries, outputs=outputs)
+        block = sum(math.prod(shape) for name, shape in parameter_shapes(preset)
+                    if name.startswith("transformer_blocks.0."))
+        temporaries += FSDP_GATHERED_BLOCKS * block * x
+    memory = dict(weights=weights["bytes_per_device"] - dead_bytes, inputs=inputs, temporaries=temporaries,
+                  outputs=outputs)
     memory["total"] = sum(memory.values())
+    compiled = (compiled_report(preset, height, width, video_length, topology, mesh, rules, enable_cache)
+                if topology else None)
     return dict(mesh=mesh, rules=rules, per_device_bytes=memory, collectives=coll, collective_total=sum(coll.values()),
-                sent_bytes=sent, flops=flops, tokens=tok, samples_per_device=b)
+                sent_bytes=sent, flops=flops, tokens=tok, samples_per_device=b, compiled=compiled,
+                memory_total=compiled["per_device_bytes"]["total"] if compiled else memory["total"],
+                memory_source="TPU compiler" if compiled else "planner")
 
 
 # ---------------------------------------------------------------------------------------------- bounds
@@ -617,10 +682,11 @@ def bounds(preset: Preset | str, height: int, width: int, video_length: int, chi
         mesh = dict(mesh_shape) if mesh_shape else default_layout(devices, d["heads"], rule_name, batch)
         if math.prod(mesh.values()) != devices:
             raise HyvInputError("mesh_shape", f"{mesh} is not {devices} devices ({n_chips} x {spec.name})")
-        plan = device_plan(preset, height, width, video_length, mesh, rule_name, batch=batch, dtype=dtype)
+        plan = device_plan(preset, height, width, video_length, mesh, rule_name, batch=batch, dtype=dtype,
+                           topology=SLICES.get((chip, n_chips)) if isinstance(chip, str) else None)
         device_flops, weights = plan["flops"]["total"], plan["per_device_bytes"]["weights"]
-        activations = plan["per_device_bytes"]["total"] - weights
-        sent, strategy = plan["sent_bytes"], "compiled layout"
+        activations = plan["memory_total"] - weights  # the compiler's total when it was compiled (see device_plan)
+        sent, strategy, memory_source = plan["sent_bytes"], "compiled layout", plan["memory_source"]
     else:
         strategy = strategy or "ulysses"
         if strategy not in STRATEGIES:
@@ -632,6 +698,7 @@ def bounds(preset: Preset | str, height: int, width: int, video_length: int, chi
                                        mesh_shape=mesh)["bytes_per_device"]
         sent = collective_bytes(preset, height, width, video_length, batch, dtype=dtype, strategy=strategy,
                                 mesh_shape=devices)["bytes_per_device"]
+        memory_source = "planner"
     peak = spec.peak_bf16_flops / spec.devices_per_chip
     times = {
         "compute_s": device_flops / peak,
@@ -645,7 +712,7 @@ def bounds(preset: Preset | str, height: int, width: int, video_length: int, chi
     hbm = spec.hbm_bytes / spec.devices_per_chip
     return dict(times, step_s=known[limit], limit=limit, flops=flops["total"], flops_per_device=device_flops,
                 weights_bytes=weights, activation_bytes=activations, hbm_traffic_bytes=weights + attention_io,
-                collective_bytes=sent, strategy=strategy, rules=rule_name, mesh=mesh,
+                collective_bytes=sent, strategy=strategy, rules=rule_name, mesh=mesh, memory_source=memory_source,
                 fits=weights + activations <= hbm, hbm_bytes=hbm, chip=spec.name, n_chips=n_chips,
                 notes=None if spec.interconnect_bandwidth else NO_INTERCONNECT_SOURCE)
 
@@ -672,7 +739,8 @@ def plan_table(presets: Sequence[str] = ("480p_t2v", "720p_t2v"), chips: Sequenc
                 rules=layout, mesh=b["mesh"], pflop_per_step=flops["total"] / 1e15,
                 attention_share=flops["attention_share"], weights_gb_per_device=b["weights_bytes"] / 1e9,
                 activations_gb_per_device=b["activation_bytes"] / 1e9, hbm_gb_per_device=b["hbm_bytes"] / 1e9,
-                fits=b["fits"], compute_s=b["compute_s"], hbm_s=b["hbm_s"], interconnect_s=b["interconnect_s"],
+                memory_source=b["memory_source"], fits=b["fits"], compute_s=b["compute_s"], hbm_s=b["hbm_s"],
+                interconnect_s=b["interconnect_s"],
                 bound_s=b["step_s"], limit=b["limit"], cited_s=best["seconds"] if best else None,
                 cited_mfu=mfu(flops["total"], best["seconds"], chip, n_chips) if best else None,
                 cited_source=f"{best['label']}; {best['source']}" if best else None,

@@ -39,10 +39,12 @@ def topology_devices(topology: str) -> list:
     import jax
     from jax.experimental import topologies
 
-    # Google's v5litepod-8 and v6e-8 VMs are one host with 8 chips; libtpu's default host is 2x2 chips, which would
-    # make a 2x4 slice two processes. Larger slices keep libtpu's default (4-chip hosts, as those VMs have).
+    # Google's v5litepod-8 and v6e-8 VMs are one host with 8 chips (and the -1 VMs one chip); libtpu's default host
+    # is 2x2 chips, which would make a 2x4 slice two processes and reject 1x1. Larger slices keep libtpu's default
+    # (4-chip hosts, as those VMs have).
     prefix, shape = topology.split(":")
-    hosts = {"chips_per_host_bounds": [2, 4, 1]} if prefix in ("v5e", "v6e") and shape == "2x4" else {}
+    hosts = ({"chips_per_host_bounds": [2, 4, 1]} if shape == "2x4" else {"chips_per_host_bounds": [1, 1, 1]}
+             if shape == "1x1" else {}) if prefix in ("v5e", "v6e") else {}
     with quiet_libtpu():
         try:
             return list(topologies.get_topology_desc(topology_name=topology, platform="tpu", **hosts).devices)

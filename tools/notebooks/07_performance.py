@@ -114,25 +114,29 @@ cells.append(md(r"""## The roofline
 - **compute**: $F / (n \cdot \text{peak})$, at the chip's dense bf16 peak;
 - **HBM**: the bytes each chip must move through HBM at least once (its share of the weights under the rule set,
   plus the attention kernel reading $q, k, v$ and writing its output in every block) over the HBM bandwidth;
-- **interconnect**: the bytes each chip sends in the layout's collectives (`perf.collective_bytes`) over half its
-  published bidirectional ICI or NVLink bandwidth (no sourced figure for TPU7x, so that bound stays empty).
+- **interconnect**: the bytes each chip sends in the layout's collectives over half its published bidirectional
+  ICI or NVLink bandwidth (no sourced figure for TPU7x or v4, so that bound stays empty).
 
-TPUs use the `tp_replicated_out` rule set (what `--runtime tpu --mesh tensor=8` places by default; the
-interconnect bound counts plain TP's all-reduces, because XLA chooses the collectives once the row-parallel
-weights are replicated). GPUs use what `--runtime ulysses` does: whole weights on every GPU, Ulysses all-to-alls.
-The last column is the arithmetic intensity per chip, FLOPs over HBM bytes."""))
+TPUs use the runtime's default layout: `tp_replicated_out` on a mesh with the CFG pair on `data` and the rest on
+`tensor` (`data=2,tensor=4` on eight v6e chips; `perf.default_layout`), with per-device FLOPs, memory and
+collectives from `perf.device_plan`, the planner's model of the compiled step (checked against the TPU compiler in
+{doc}`03_sharding`). JAX shows a TPU7x chip as two devices, so eight v7x chips are sixteen devices here. GPUs use
+what `--runtime ulysses` does: whole weights on every GPU, Ulysses all-to-alls. The last column is the arithmetic
+intensity per device, FLOPs over HBM bytes."""))
 cells.append(code("""LAYOUT = {chip: ("replicated" if chip.startswith("H") else "tp_replicated_out") for chip in perf.CHIPS}
 rows, points = [], []
 for chip, rules in LAYOUT.items():
     for name, p in PRESETS.items():
         b = perf.bounds(p, p.default_height, p.default_width, FRAMES, chip, 8, rules)
-        intensity = b["flops"] / 8 / b["hbm_traffic_bytes"]
-        # Pessimistic traffic: also write and read every block's activation working set once.
-        pessimistic = b["flops"] / 8 / (b["hbm_traffic_bytes"] + 2 * 54 * b["activation_bytes"])
+        intensity = b["flops_per_device"] / b["hbm_traffic_bytes"]
+        # Pessimistic traffic: also write and read the activations (all but the weights) once per block.
+        pessimistic = b["flops_per_device"] / (b["hbm_traffic_bytes"] + 2 * 54 * b["activation_bytes"])
         points.append((chip, name, intensity, pessimistic))
         rows.append({"8 x": chip, "preset": name, "weights": "replicated (Ulysses)" if rules == "replicated" else rules,
-                     "weights GB/chip": round(b["weights_bytes"] / 1e9, 1),
-                     "activations GB/chip (1 block)": round(b["activation_bytes"] / 1e9, 1), "fits": b["fits"],
+                     "mesh": ",".join(f"{a}={n}" for a, n in b["mesh"].items() if n > 1),
+                     "weights GB/device": round(b["weights_bytes"] / 1e9, 1),
+                     "rest GB/device": round(b["activation_bytes"] / 1e9, 1), "memory from": b["memory_source"],
+                     "fits": b["fits"],
                      "compute s": round(b["compute_s"], 3), "HBM s": round(b["hbm_s"], 3),
                      "interconnect s": round(b["interconnect_s"], 3) if b["interconnect_s"] else "n/a",
                      "FLOP/byte": f"{intensity:,.0f}"})
@@ -163,9 +167,56 @@ cells.append(md("""The step is compute-bound with a wide margin on every chip: t
 to the right of the ridge, and even the pessimistic count (every block's activations written and read once more)
 stays right of it. HBM bandwidth and, for the layouts that avoid TP's all-reduces, the interconnect are not what
 limits this workload. What limits it is how close the matrix units get to their peak, above all inside the
-attention kernel, which does about nine tenths of the FLOPs. All the weights fit on every chip in this table;
-the per-chip memory of other layouts is in the communication table further down and in
-{doc}`03_sharding`."""))
+attention kernel, which does about nine tenths of the FLOPs.
+
+## Will it fit? Compiled, not estimated
+
+The memory column above is the planner's. The TPU compiler can say it for certain, without a TPU: libtpu compiles
+for a named slice on any Linux machine, and `python -m hyv_lib compile` lowers the real step (54 blocks, bf16, Splash
+compiled by Mosaic) for it and reports per-device bytes against what the compiler lets a program use
+({doc}`03_sharding` shows one report and how it compares with the planner). `benchmarks/tpu_compile.py` runs it for
+four 8-chip-class slices, four layouts, two sizes and DeepCache's pair of programs; the table reads its saved
+results (compiled by the TPU compiler on a CPU; a memory and collective check, not a timing):"""))
+cells.append(code("""import json
+
+with open(perf.COMPILED_RESULTS) as f:  # saved by benchmarks/tpu_compile.py, shipped in hyv_lib/compiled/
+    COMPILED = json.load(f)
+GIB = 2**30
+SLICES = {"v5e-8": "8 chips", "v5p-8": "4 chips", "v6e-8": "8 chips", "v7x-8": "4 chips, 8 devices"}
+rows = []
+for slice_, chips in SLICES.items():
+    for layout in ("tp", "tp_replicated_out", "fsdp", "sequence"):
+        row = {"slice": f"{slice_} ({chips})", "layout": layout}
+        for size in ("480p", "720p"):
+            for cache in ("uncached", "deepcache"):
+                r = COMPILED.get(f"{slice_}/{layout}/{size}/{cache}")
+                if r is None:
+                    row[f"{size} {cache}"] = "not compiled"
+                    continue
+                row.setdefault("mesh", ",".join(f"{a}={n}" for a, n in r["mesh"].items() if n > 1))
+                row[f"{size} {cache}"] = (f"{r['per_device_bytes']['total'] / GIB:.1f} GiB"
+                                          + ("" if r["fits"] else " (does not fit)"))
+        limit = COMPILED.get(f"{slice_}/tp/720p/uncached", {}).get("hbm_available_per_device")
+        row["usable HBM per device"] = f"{limit / GIB:.2f} GiB" if limit else ""
+        rows.append(row)
+print("per-device bytes (weights + inputs + temporaries + outputs + code), one CFG step; e.g.",
+      COMPILED["v6e-8/tp_replicated_out/720p/uncached"]["command"])
+html_table(rows)"""))
+cells.append(code("""done = [r for r in COMPILED.values() if "compile_seconds" in r]
+full = [r["compile_seconds"] for k, r in COMPILED.items() if k.endswith("720p/uncached")]
+misfits = sorted(k for k, r in COMPILED.items() if not r.get("fits", True))
+print(f"{len(done)} configurations compiled; the full 720p step took {min(full):.0f}-{max(full):.0f} s each to compile "
+      f"on this 2-core CPU")
+print("does not fit:", ", ".join(misfits) if misfits else "none")"""))
+cells.append(md("""The compile times in the saved file come from one run of the benchmark on a 2-core CPU. A layout that the
+compiler rejects for HBM is the cheapest failure there is: it costs minutes here instead of an hour of a rented slice.
+The command to check any other layout, size or slice before renting it:
+
+```bash
+python -m hyv_lib compile --preset 720p_t2v --topology v6e:2x4 --mesh data=2,tensor=4 --sharding tp_replicated_out
+python -m hyv_lib compile --preset 480p_t2v --topology v5e:2x4 --mesh data=2,sequence=4 --sharding fsdp --enable_cache
+python -m hyv_lib compile --preset 720p_t2v --topology v6e:4x4 --mesh data=2,tensor=8 --json   # 16 chips, 4 hosts
+```"""))
 
 # ------------------------------------------------------------------------------------------------ MFU
 cells.append(md(r"""## Measured times as MFU
@@ -177,14 +228,16 @@ $$\text{MFU} = \frac{F}{t_\text{step} \cdot n \cdot \text{peak}} .$$
 $F$ is the *model's* count, here `perf.step_flops` at 720p and 121 frames, whatever the kernel actually
 executes. The only published HunyuanVideo-1.5 step times on these systems come from one project,
 gpu-tpu-pedia (a single author; not reproduced here; see {doc}`../book/references`). Its documents label the
-same TPU runs *v4-8* in some places and *v6e-8* in others, so the TPU generation is uncertain; the MFU below
-assumes v6e, as its current README says. Were it v4, the peak would be lower and the MFU higher.
+same TPU runs *v4-8* in some places and *v6e-8* in others. They cannot have been v4: a v4-8 is 4 chips of
+275 TFLOP/s, and the step's FLOPs in 7.29 s would be more than its peak (the first line below). The MFU below
+therefore assumes v6e, as its current README says.
 
 A cache changes the picture. A DeepCache step averages over full and cached steps, and a cached step skips 53 of
 the 54 blocks. Dividing the full-step $F$ by its *average* time gives an **effective** MFU: the throughput of a
 model that did all the work. The **real** MFU divides the FLOPs actually executed, $F$ over the schedule's
 block-count ratio, by the same time."""))
-cells.append(code("""schedule = DeepCacheSchedule(50)  # HunyuanVideo-1.5's 11 / 45 / 4 schedule
+cells.append(code("""print(f"7.29 s/step on a v4-8 (4 chips) would be {perf.mfu(F720['total'], 7.29, 'v4', 4):.0%} MFU: impossible")
+schedule = DeepCacheSchedule(50)  # HunyuanVideo-1.5's 11 / 45 / 4 schedule
 skip_ratio = schedule.block_speedup(54)  # FLOPs without the cache / FLOPs with it (1 block recomputed)
 print(f"DeepCache 11/45/4: {len(schedule.full_steps)} of 50 steps full; FLOPs executed fall {skip_ratio:.2f}x")
 
@@ -276,7 +329,8 @@ def attention_efficiency(seconds, exposed=0.0, e_lin=E_LIN, flops=F720):
     return flops["attention"] / (N * PEAK * (seconds - flops["linear"] / (N * PEAK * e_lin) - exposed))
 
 
-tp_allreduce = perf.bounds(P720, 720, 1280, 121, "v6e", 8, "tp")["interconnect_s"]
+# plain TP on tensor=8, the mesh of the cited runs
+tp_allreduce = perf.bounds(P720, 720, 1280, 121, "v6e", 8, "tp", mesh_shape={"tensor": 8})["interconnect_s"]
 ulysses_a2a = perf.bounds(P720, 720, 1280, 121, "v6e", 8, "replicated")["interconnect_s"]
 print(f"e_lin = {E_LIN:.1%}: the linear layers take at least {t_lin:.3f} s of a step")
 rows = [{"case": f"measured {c['seconds']} s ({c['label']})", "exposed s": 0,
@@ -322,38 +376,47 @@ fig.tight_layout()
 plt.show()"""))
 cells.append(md("""### Communication and layout
 
-The curve's second line is what exposed collectives cost. The planner's per-chip traffic for the layouts an
-8-chip slice can use (720p, 121 frames, bf16), with the memory each needs:"""))
+The curve's second line is what exposed collectives cost. The planner's per-device traffic for the layouts an
+8-chip v6e slice can use (720p, 121 frames, bf16; TPU rows from `perf.device_plan`, whose collectives match the
+compiled HLO, {doc}`03_sharding`), with the memory each needs:"""))
 cells.append(code("""ICI_SEND = V6E.interconnect_bandwidth / 2  # bytes/s a chip can send: half the bidirectional figure
 layouts = [
-    ("tp", "tp", {"tensor": 8}, "--runtime tpu --mesh tensor=8 --sharding tp"),
-    ("tp", "tp", {"data": 2, "tensor": 4}, "--runtime tpu --mesh data=2,tensor=4 --sharding tp"),
-    ("ulysses", "replicated", {"sequence": 8}, "the GPU layout: torchrun ... --runtime ulysses"),
-    ("ulysses", "replicated", {"data": 2, "sequence": 4}, "planner only"),
-    ("fsdp", "fsdp", {"tensor": 8}, "--runtime tpu --mesh tensor=8 --sharding fsdp"),
+    ("tp", {"tensor": 8}, "--runtime tpu --mesh tensor=8 --sharding tp"),
+    ("tp", {"data": 2, "tensor": 4}, "--runtime tpu --mesh data=2,tensor=4 --sharding tp"),
+    ("tp_replicated_out", {"data": 2, "tensor": 4}, "--runtime tpu --mesh data=2,tensor=4 (the default rule set)"),
+    ("tp", {"sequence": 2, "tensor": 4}, "--runtime tpu --mesh sequence=2,tensor=4 --sharding tp"),
+    ("fsdp", {"data": 2, "sequence": 4}, "--runtime tpu --mesh data=2,sequence=4 --sharding fsdp"),
+    ("ulysses", {"sequence": 8}, "the GPU layout: torchrun ... --runtime ulysses"),
 ]
 rows = []
-for strategy, rules, mesh, flags in layouts:
-    sent = perf.collective_bytes(P720, 720, 1280, 121, strategy=strategy, mesh_shape=mesh)["bytes_per_device"]
-    weights = perf.param_bytes(P720, "bf16", rules, mesh)["bytes_per_device"]
-    act_mesh = {"data": 2} if strategy == "fsdp" else mesh  # fsdp keeps whole samples per device
-    acts = perf.activation_bytes(P720, 720, 1280, 121, mesh_shape=act_mesh)["bytes_per_device"]
-    rows.append({"strategy": strategy, "mesh": ",".join(f"{k}={v}" for k, v in mesh.items()),
-                 "weights GB/chip": round(weights / 1e9, 1), "activations GB/chip": round(acts / 1e9, 1),
-                 "fits 32 GB": weights + acts <= V6E.hbm_bytes, "GB sent/chip/step": round(sent / 1e9, 1),
+for rules, mesh, flags in layouts:
+    if rules == "ulysses":
+        sent = perf.collective_bytes(P720, 720, 1280, 121, strategy="ulysses", mesh_shape=mesh)["bytes_per_device"]
+        weights = perf.param_bytes(P720, "bf16", "replicated")["bytes_per_device"]
+        rest = perf.activation_bytes(P720, 720, 1280, 121, mesh_shape=mesh)["bytes_per_device"]
+        source = "planner"
+    else:
+        plan = perf.device_plan(P720, 720, 1280, 121, mesh, rules, topology="v6e:2x4")
+        sent, weights = plan["sent_bytes"], plan["per_device_bytes"]["weights"]
+        rest = plan["memory_total"] - weights  # the compiler's total where benchmarks/tpu_compile.py compiled it
+        source = plan["memory_source"]
+    rows.append({"rules": rules, "mesh": ",".join(f"{k}={v}" for k, v in mesh.items()),
+                 "weights GB/device": round(weights / 1e9, 1), "rest GB/device": round(rest / 1e9, 1),
+                 "memory from": source, "fits 32 GiB": weights + rest <= V6E.hbm_bytes,
+                 "GB sent/device/step": round(sent / 1e9, 1),
                  "ICI bound s": round(sent / ICI_SEND, 3), "share of target": f"{sent / ICI_SEND / T_TARGET:.1%}",
                  "how to run it": flags})
 html_table(rows)"""))
-cells.append(md("""Plain tensor parallelism sends the most: two all-reduces of the full activations per block and stream.
-Its bound alone is an eighth of the 50% budget, and gpu-tpu-pedia's measured gain from replicating the
-row-parallel weights (8.12 → 7.29 s/step) is about twice the planner's bound for *all* of plain TP's
-all-reduces, a sign that real collectives ran well below link peak and were not hidden. The layouts that move
-only the attention inputs and outputs (Ulysses-style all-to-alls) or the weights (FSDP) send roughly an order
-of magnitude less, and putting the CFG pair on a `data` axis (one sample per chip) cuts the tensor-parallel
-traffic by more than half.
-gpu-tpu-pedia reports that on CogVideoX, `dp2 x tp4` ran 1.58x faster than `tp8` on a v6e-8 (`tpu/CogVideoX/README.md`,
-unverified), which is the same effect on a smaller model. Communication is therefore the second lever: it does not
-need more than a few percent of the step, if the layout is chosen for it."""))
+cells.append(md("""Plain tensor parallelism on `tensor=8` sends the most: two all-reduces of the full activations per block and
+stream, on both CFG samples. Putting the CFG pair on a `data` axis (one sample per device) cuts that by more than
+half, and `tp_replicated_out` cuts another quarter by turning half of the all-reduces into all-gathers of the same
+size. The layouts that move only the attention inputs and outputs (all-to-alls on a `sequence` axis, Ulysses on
+GPUs) or the weights (FSDP) send less again. gpu-tpu-pedia's measured gain from replicating the row-parallel
+weights (8.12 → 7.29 s/step on `tensor=8`) is larger than the planner's bound for the bytes that change saves, a
+sign that real collectives ran well below link peak and were not hidden. gpu-tpu-pedia also reports that on
+CogVideoX, `dp2 x tp4` ran 1.58x faster than `tp8` on a v6e-8 (`tpu/CogVideoX/README.md`, unverified), the same
+effect on a smaller model. Communication is the second lever: it need not take more than a few percent of the
+step, if the layout is chosen for it."""))
 cells.append(md("""### Doing less work: padding and DeepCache
 
 Two levers lower the FLOPs executed instead of raising the rate. They shorten the step; they do not raise real
