@@ -237,7 +237,9 @@ class TpuTransformer:
 
         sharding = NamedSharding(self.mesh, P(*(spec or ())))
         if self.abstract:
-            return jax.ShapeDtypeStruct(tuple(tensor.shape), _jax_dtype(tensor.dtype), sharding=sharding)
+            from torchax.ops.mappings import t2j_dtype
+
+            return jax.ShapeDtypeStruct(tuple(tensor.shape), t2j_dtype(tensor.dtype), sharding=sharding)
         if tensor.device.type == "jax":
             return torch_view(jax.device_put(jax_view(tensor), sharding))
         from .splash import torch_to_numpy
@@ -413,13 +415,6 @@ def _conditioning(kwargs: dict[str, Any]) -> dict[str, Any]:
     kwargs.pop("attention_kwargs", None)
     kwargs.pop("return_dict", None)
     return kwargs
-
-
-def _jax_dtype(dtype: torch.dtype):
-    import jax.numpy as jnp
-
-    return {torch.bfloat16: jnp.bfloat16, torch.float32: jnp.float32, torch.float16: jnp.float16,
-            torch.int64: jnp.int64, torch.int32: jnp.int32, torch.bool: jnp.bool_}[dtype]
 
 
 def _to_cpu(tensor: torch.Tensor) -> torch.Tensor:
