@@ -44,12 +44,36 @@ def quiet_libtpu() -> Iterator[None]:
     meanwhile is passed on when the block ends. Also :func:`share_libtpu_without_tpu`: every libtpu load of
     hyv_lib goes through here."""
     share_libtpu_without_tpu()
-    sys.stderr.flush()
+    with _keep_sigterm():
+        sys.stderr.flush()
+        try:
+            saved = os.dup(2)
+        except OSError:  # no real stderr (embedded interpreters): nothing to filter
+            yield
+            return
+        with _filtered_stderr(saved):
+            yield
+
+
+@contextlib.contextmanager
+def _keep_sigterm() -> Iterator[None]:
+    """Undo libtpu's crash handler for SIGTERM when no TPU is attached: it prints a stack trace when the process is
+    asked to stop (a Jupyter kernel being shut down, for one). Only the main thread can set signal handlers."""
+    import signal
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
     try:
-        saved = os.dup(2)
-    except OSError:  # no real stderr (embedded interpreters): nothing to filter
         yield
-        return
+    finally:
+        if main and before is not None and not tpu_attached():
+            signal.signal(signal.SIGTERM, before)
+
+
+@contextlib.contextmanager
+def _filtered_stderr(saved: int) -> Iterator[None]:
+    """Send fd 2 to a temporary file while the block runs; afterwards pass on every line but libtpu's noise."""
     with tempfile.TemporaryFile(mode="w+b") as capture:
         os.dup2(capture.fileno(), 2)
         try:

@@ -61,6 +61,15 @@ def test_cli_compile_prints_the_report_quietly_with_splash_native_for_a_tiny_hea
     assert all(c["count"] > 0 and c["bytes"] > 0 for c in report["collectives"])
 
 
+def test_a_stopped_process_prints_no_libtpu_stack_trace():
+    """libtpu installs a crash handler that dumps a stack trace on SIGTERM (how Jupyter stops a kernel); without a
+    TPU attached hyv_lib puts the default back once libtpu has loaded."""
+    code = ("import os, signal, time; from hyv_lib.tpu_compile import topology_devices; topology_devices('v6e:2x2'); "
+            "os.kill(os.getpid(), signal.SIGTERM); time.sleep(5)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == -15 and out.stderr == "", out.stderr[-2000:]
+
+
 def test_small_step_compiles_for_v6e_8_with_the_mosaic_kernel_in_the_hlo():
     report = compile_step(small(), "v6e:2x4", height=256, width=256, video_length=13)
     assert report["devices"] == 8 and report["processes"] == 1  # a v6e-8 is one host

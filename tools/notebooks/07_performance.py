@@ -44,7 +44,7 @@ P720 = PRESETS["720p_t2v"]
 # The published HunyuanVideo-1.5 runs are all 720p (1280x720), 121 frames, 50 steps, CFG as a batch of 2.
 F720 = perf.step_flops(P720, 720, 1280, 121)
 V6E = perf.CHIPS["v6e"]
-print(f"{V6E.name}: {V6E.peak_bf16_flops / 1e12:.0f} TFLOP/s bf16, {V6E.hbm_bytes / 1e9:.0f} GB HBM at "
+print(f"{V6E.name}: {V6E.peak_bf16_flops / 1e12:.0f} TFLOP/s bf16, {V6E.hbm_bytes / 2**30:.0f} GiB HBM at "
       f"{V6E.hbm_bandwidth / 1e9:,.0f} GB/s, {V6E.interconnect_bandwidth / 1e9:.0f} GB/s ICI (bidirectional)")
 print("source:", V6E.source)"""))
 
@@ -406,14 +406,19 @@ for rules, mesh, flags in layouts:
                  "GB sent/device/step": round(sent / 1e9, 1),
                  "ICI bound s": round(sent / ICI_SEND, 3), "share of target": f"{sent / ICI_SEND / T_TARGET:.1%}",
                  "how to run it": flags})
-html_table(rows)"""))
+html_table(rows)
+saved = perf.device_plan(P720, 720, 1280, 121, {"tensor": 8}, "tp")["sent_bytes"] - perf.device_plan(
+    P720, 720, 1280, 121, {"tensor": 8}, "tp_replicated_out")["sent_bytes"]
+print(f"on tensor=8, tp_replicated_out sends {saved / 1e9:.0f} GB less per chip and step than tp: at most "
+      f"{saved / ICI_SEND:.2f} s at the ICI's peak, against the 0.83 s (8.12 -> 7.29 s) gpu-tpu-pedia measured")"""))
 cells.append(md("""Plain tensor parallelism on `tensor=8` sends the most: two all-reduces of the full activations per block and
 stream, on both CFG samples. Putting the CFG pair on a `data` axis (one sample per device) cuts that by more than
 half, and `tp_replicated_out` cuts another quarter by turning half of the all-reduces into all-gathers of the same
-size. The layouts that move only the attention inputs and outputs (all-to-alls on a `sequence` axis, Ulysses on
-GPUs) or the weights (FSDP) send less again. gpu-tpu-pedia's measured gain from replicating the row-parallel
-weights (8.12 → 7.29 s/step on `tensor=8`) is larger than the planner's bound for the bytes that change saves, a
-sign that real collectives ran well below link peak and were not hidden. gpu-tpu-pedia also reports that on
+size. A `sequence` axis under `tp` adds its all-to-alls to the all-reduces rather than replacing them. The layouts
+that move only the attention inputs and outputs (Ulysses on GPUs) or the weights and the all-to-alls (FSDP on a
+sequence mesh) send the least. gpu-tpu-pedia's measured gain from replicating the row-parallel weights is several
+times the planner's bound for the bytes that change saves (the line under the table), a sign that real collectives
+ran well below link peak and were not hidden. gpu-tpu-pedia also reports that on
 CogVideoX, `dp2 x tp4` ran 1.58x faster than `tp8` on a v6e-8 (`tpu/CogVideoX/README.md`, unverified), the same
 effect on a smaller model. Communication is the second lever: it need not take more than a few percent of the
 step, if the layout is chosen for it."""))
