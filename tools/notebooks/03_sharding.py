@@ -123,7 +123,8 @@ cells.append(code("""for layout, (c, p, k) in compared.items():
     wire = p["collective_total"] / sum(k.values()) - 1
     print(f"{layout:18s} planner vs compiler: memory {memory:+.1%}, collective bytes {wire:+.1%}; "
           f"compiled code {c['per_device_bytes']['code'] / GIB:.2f} GiB (not modelled)")"""))
-cells.append(md("""Every layout fits a v6e chip with room to spare, and the weights dominate. The planner's collective bytes match
+cells.append(md("""Every layout fits a v6e chip with room to spare, and the weights dominate except under FSDP, which splits them
+eight ways. The planner's collective bytes match
 the compiler's, kind by kind: its model of what XLA inserts was written from the compiled programs
 (`perf.device_plan`'s docstring spells it out). Its memory is within a few percent for the TP layouts and the
 sequence mesh. It misses FSDP's by more: that program carries the compiler's generated code for some 800 weight

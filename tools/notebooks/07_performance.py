@@ -206,7 +206,7 @@ cells.append(code("""done = [r for r in COMPILED.values() if "compile_seconds" i
 full = [r["compile_seconds"] for k, r in COMPILED.items() if k.endswith("720p/uncached")]
 misfits = sorted(k for k, r in COMPILED.items() if not r.get("fits", True))
 print(f"{len(done)} configurations compiled; the full 720p step took {min(full):.0f}-{max(full):.0f} s each to compile "
-      f"on this 2-core CPU")
+      f"on this 2-core CPU (shared with other work during the run: the low end is the quieter machine)")
 print("does not fit:", ", ".join(misfits) if misfits else "none")"""))
 cells.append(md("""The compile times in the saved file come from one run of the benchmark on a 2-core CPU. A layout that the
 compiler rejects for HBM is the cheapest failure there is: it costs minutes here instead of an hour of a rented slice.
