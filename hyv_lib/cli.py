@@ -46,6 +46,10 @@ def _add_stage2(p: argparse.ArgumentParser, dirs: bool = True) -> None:
                    help="tpu runtime: device mesh, e.g. tensor=8 or data=2,tensor=4 (default: one device)")
     g.add_argument("--sharding", default="tp_replicated_out",
                    help="tpu runtime with --mesh: tp | tp_replicated_out | fsdp (default tp_replicated_out)")
+    g.add_argument("--attention", default="auto",
+                   help="auto (exact: flash varlen on CUDA if installed, else SDPA; Splash/XLA for tpu) | sdpa | flash "
+                        "| flash3 | sage (lossy) | splash | xla | ... | diffusers (stock dense-mask processor, torch "
+                        "runtime only) (default auto)")
     g.add_argument("--multi_host", action="store_true",
                    help="tpu runtime on a multi-host slice: join the hosts (jax.distributed.initialize) first; run "
                         "the same command on every host (gcloud ... ssh --worker=all)")
@@ -115,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _stage2_kwargs(args: argparse.Namespace) -> dict:
     names = ("aspect_ratio", "height", "width", "video_length", "num_inference_steps", "guidance_scale",
              "flow_shift", "seed", "warmup_steps", "runtime", "mesh", "sharding", "enable_cache", "cache_start_step",
-             "cache_end_step", "cache_step_interval", "no_cache_blocks", "multi_host", "quiet")
+             "cache_end_step", "cache_step_interval", "no_cache_blocks", "multi_host", "attention", "quiet")
     return {n: getattr(args, n) for n in names}
 
 

@@ -175,17 +175,25 @@ class UlyssesTransformer:
             raise ValueError("this process is not a member of the group passed to UlyssesTransformer")
         check_heads(config.num_attention_heads, self.world)
         self.model = model
-        parameter = next(model.parameters())
-        self.device, self.dtype = parameter.device, parameter.dtype
         use_attention(model, attention_backend)  # refiner: SelfAttnProcessor (also checks the backend)
         self.processor = UlyssesJointAttnProcessor(group, attention_backend)
         for block in model.transformer_blocks:
             block.attn.set_processor(self.processor)
-        self._rope_cache: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._rope_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def device(self) -> torch.device:
+        """The model's device, read at each call: a model moved after this wrapper was built is served there."""
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The model's dtype, read at each call (a cast after construction is followed)."""
+        return next(self.model.parameters()).dtype
 
     def _rope(self, frames: int, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's rows of the RoPE tables (padding rows zero), computed once per latent shape."""
-        key = (frames, height, width)
+        """This rank's rows of the RoPE tables (padding rows zero), computed once per latent shape and device."""
+        key = (frames, height, width, self.device)
         if key not in self._rope_cache:
             tokens = frames * height * width
             shard = shard_length(tokens, self.world)
@@ -225,19 +233,20 @@ class UlyssesTransformer:
             raise NotImplementedError("timestep_r (meanflow) is not supported")
         m, world, rank = self.model, self.world, self.rank
         out_device = hidden_states.device
+        device, dtype = self.device, self.dtype
 
         def put(t, dtype=None):
-            return None if t is None else t.to(device=self.device, dtype=dtype)
+            return None if t is None else t.to(device=device, dtype=dtype)
 
-        latents = put(hidden_states, self.dtype)
+        latents = put(hidden_states, dtype)
         batch, channels, frames, height, width = latents.shape
         tokens = frames * height * width
         shard = shard_length(tokens, world)
-        timestep = put(torch.as_tensor(timestep).reshape(-1).expand(batch), self.dtype)
+        timestep = put(torch.as_tensor(timestep).reshape(-1).expand(batch), dtype)
         temb = m.time_embed(timestep)
         context, context_mask = self._context(
-            timestep, put(encoder_hidden_states, self.dtype), put(encoder_attention_mask),
-            put(encoder_hidden_states_2, self.dtype), put(encoder_attention_mask_2), put(image_embeds, self.dtype))
+            timestep, put(encoder_hidden_states, dtype), put(encoder_attention_mask),
+            put(encoder_hidden_states_2, dtype), put(encoder_attention_mask_2), put(image_embeds, dtype))
 
         # Patch 1x1x1: x_embedder is a per-token linear map, so embed only this rank's (row-major)
         # tokens, laid out as a [B, C, shard, 1, 1] volume; padding tokens are zeros.

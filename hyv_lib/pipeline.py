@@ -36,6 +36,10 @@ def torch_step(transformer) -> TransformerStep:
 
 
 RUNTIMES = ("torch", "tpu", "ulysses")
+#: ``--attention`` values besides hyv_lib's backends (:data:`hyv_lib.attention.BACKENDS`): ``auto`` (the best exact
+#: backend for the runtime's tensors) and ``diffusers`` (diffusers' stock processor, which builds a dense
+#: [B, 1, S, S] mask: the oracle, torch runtime only).
+ATTENTION_CHOICES = ("auto", "diffusers")
 
 
 def parse_mesh(text: str | None) -> dict[str, int] | None:
@@ -55,27 +59,39 @@ def parse_mesh(text: str | None) -> dict[str, int] | None:
 
 
 def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
-              sharding: str = "tp_replicated_out", cache=None, uncached_blocks: int = 1) -> TransformerStep:
+              sharding: str = "tp_replicated_out", cache=None, uncached_blocks: int = 1,
+              attention: str = "auto") -> TransformerStep:
     """The transformer step of a runtime: ``torch`` (eager diffusers), ``tpu`` (torchax/JAX jit on
     whatever JAX backend is present: the TPU on a TPU VM, the CPU here; compile cache enabled) or
     ``ulysses`` (sequence parallel over the torchrun processes: nccl on GPUs, gloo on CPU).
 
+    ``attention``: every runtime installs hyv_lib's exact masked attention on ``transformer`` (in place): ``auto``
+    picks flash varlen on CUDA when installed, else SDPA on each sample's valid tokens (Splash or XLA under the tpu
+    runtime); a name of :data:`hyv_lib.attention.BACKENDS` forces one. ``diffusers`` keeps diffusers' own processor
+    on the torch runtime (the oracle: it builds a dense [B, 1, S, S] mask, 24 GiB at 720p/121f for the CFG batch).
+    The step reads the model's device and dtype when it runs, not when it is built.
     ``mesh`` ('tensor=8', 'data=2,tensor=4', ...) shards the tpu step with the rule set ``sharding``.
     ``cache`` (a :class:`hyv_lib.cache.DeepCacheSchedule`) wraps the torch or tpu step in DeepCache,
     recomputing the last ``uncached_blocks`` blocks on cached steps.
     """
+    if attention == "diffusers" and runtime != "torch":
+        raise HyvInputError("--attention", f"diffusers' own processor runs on --runtime torch only, not {runtime!r}")
     if cache is not None:
         from .cache import DeepCacheStep, TorchDeepCache
 
         if runtime not in ("torch", "tpu"):
             raise HyvInputError("--enable_cache", f"DeepCache runs on --runtime torch or tpu, not {runtime!r}")
-        runtime_impl = TorchDeepCache(transformer) if runtime == "torch" else make_step(transformer, runtime, mesh,
-                                                                                         sharding)
+        if runtime == "torch":
+            _install_attention(transformer, attention)
+            runtime_impl = TorchDeepCache(transformer)
+        else:
+            runtime_impl = make_step(transformer, runtime, mesh, sharding, attention=attention)
         try:
             return DeepCacheStep(runtime_impl, cache, uncached_blocks)
         except ValueError as err:
             raise HyvInputError("--no_cache_blocks", str(err)) from None
     if runtime == "torch":
+        _install_attention(transformer, attention)
         return torch_step(transformer)
     if runtime == "tpu":
         from .sharding import make_mesh
@@ -84,10 +100,10 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
         axes = parse_mesh(mesh)
         enable_compile_cache(os.environ.get("HYV_COMPILE_CACHE_DIR"))
         if axes is None:
-            return TpuTransformer(transformer)
+            return TpuTransformer(transformer, attention=attention)
         try:
             device_mesh = make_mesh(**axes)
-            return TpuTransformer(transformer, mesh=device_mesh, sharding=sharding)
+            return TpuTransformer(transformer, mesh=device_mesh, sharding=sharding, attention=attention)
         except ValueError as err:  # device count, head or batch splits
             raise HyvInputError("--mesh", str(err)) from None
     if runtime == "ulysses":
@@ -98,10 +114,35 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
                                              "torchrun --nproc_per_node=N -m hyv_lib stage2 --runtime ulysses ...")
         init_distributed()
         try:
-            return UlyssesTransformer(transformer)
+            return UlyssesTransformer(transformer, attention_backend=attention)
         except ValueError as err:  # heads that do not split over the ranks
             raise HyvInputError("--nproc_per_node", str(err)) from None
     raise HyvInputError("--runtime", f"must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+
+
+def _install_attention(transformer, attention: str) -> None:
+    """hyv_lib's exact attention on a model for the torch runtime, unless ``diffusers`` keeps the stock one."""
+    if attention != "diffusers":
+        from .attention import use_attention
+
+        use_attention(transformer, attention)
+
+
+def check_attention(attention: str, runtime: str) -> None:
+    """``--attention`` against what this machine can run, for ``runtime`` (HyvInputError naming the flag)."""
+    from .attention import BACKENDS, JAX_BACKENDS, available_backends
+
+    valid = (*ATTENTION_CHOICES, *BACKENDS)
+    if attention not in valid:
+        raise HyvInputError("--attention", f"must be one of {', '.join(valid)}, got {attention!r}")
+    if attention == "diffusers" and runtime != "torch":
+        raise HyvInputError("--attention", f"diffusers' own processor runs on --runtime torch only, not {runtime!r}")
+    if runtime == "tpu" and attention not in ("auto", *JAX_BACKENDS):
+        raise HyvInputError("--attention", f"--runtime tpu runs JAX kernels: auto, {', '.join(JAX_BACKENDS)}; "
+                                           f"got {attention!r}")
+    reason = available_backends().get(attention) if attention not in ATTENTION_CHOICES else None
+    if reason is not None:
+        raise HyvInputError("--attention", f"{attention!r} cannot run here: {reason}")
 
 
 def _rank() -> int:
@@ -116,7 +157,7 @@ def resolve_settings(
     flow_shift: float | None = None, seed: int = 42, warmup_steps: int = 0, runtime: str = "torch",
     mesh: str | None = None, sharding: str = "tp_replicated_out", enable_cache: bool = False,
     cache_start_step: int = 11, cache_end_step: int = 45, cache_step_interval: int = 4, no_cache_blocks: int = 1,
-    multi_host: bool = False,
+    multi_host: bool = False, attention: str = "auto",
 ) -> dict[str, Any]:
     """Fill unset stage-2 settings from the preset, validate them, and resolve (height, width).
 
@@ -148,6 +189,7 @@ def resolve_settings(
         raise HyvInputError("--warmup_steps", f"must be >= 0, got {warmup_steps}")
     if runtime not in RUNTIMES:
         raise HyvInputError("--runtime", f"must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    check_attention(attention, runtime)
     axes = parse_mesh(mesh)
     if axes and runtime != "tpu":
         raise HyvInputError("--mesh", "needs --runtime tpu")
@@ -188,7 +230,7 @@ def resolve_settings(
                      cache_step_interval=cache_step_interval, no_cache_blocks=no_cache_blocks)
     return dict(aspect_ratio=aspect_ratio, height=height, width=width, video_length=video_length,
                 num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
-                seed=seed, warmup_steps=warmup_steps, runtime=runtime, mesh=mesh,
+                seed=seed, warmup_steps=warmup_steps, runtime=runtime, attention=attention, mesh=mesh,
                 sharding=sharding if mesh else None, enable_cache=bool(enable_cache), **cache,
                 **({"multi_host": True} if multi_host else {}))
 
@@ -323,14 +365,15 @@ def stage2(
     seed: int = 42, warmup_steps: int = 0, quiet: bool = False, runtime: str = "torch",
     mesh: str | None = None, sharding: str = "tp_replicated_out", enable_cache: bool = False,
     cache_start_step: int = 11, cache_end_step: int = 45, cache_step_interval: int = 4, no_cache_blocks: int = 1,
-    multi_host: bool = False, step: TransformerStep | None = None,
+    multi_host: bool = False, attention: str = "auto", step: TransformerStep | None = None,
 ) -> torch.Tensor:
     """Denoise from the stage-1 embeddings; write stage2_latents.safetensors and extend the config.
 
     Unset settings take the preset's defaults. ``runtime``, ``mesh`` and ``sharding`` pick the
     transformer step (see :func:`make_step`); ``step`` overrides it with any callable of that interface.
     ``multi_host``: this process is one host of a multi-host TPU slice (:func:`hyv_lib.tpu.init_multi_host`); every
-    host runs the same command and writes the same latents to its own ``output_dir``.
+    host runs the same command and writes the same latents to its own ``output_dir``. ``attention``: see
+    :func:`make_step` (checked before anything is loaded or written).
     """
     start = time.perf_counter()
     config = read_config(input_dir) if os.path.isdir(input_dir) else {}
@@ -341,7 +384,7 @@ def stage2(
         num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift, seed=seed,
         warmup_steps=warmup_steps, runtime=runtime, mesh=mesh, sharding=sharding, enable_cache=enable_cache,
         cache_start_step=cache_start_step, cache_end_step=cache_end_step, cache_step_interval=cache_step_interval,
-        no_cache_blocks=no_cache_blocks, multi_host=multi_host,
+        no_cache_blocks=no_cache_blocks, multi_host=multi_host, attention=attention,
     )
     output_dir = ensure_output_dir(output_dir or input_dir)
     dtype = config.get("dtype", spec.default_dtype)
@@ -359,12 +402,12 @@ def stage2(
                                                             shift=settings["flow_shift"])
     shape = spec.latent_shape(settings["height"], settings["width"], settings["video_length"])
     shape = (shape[0], transformer.config.out_channels, *shape[2:])  # the folder's model decides the channels
-    step = step or make_step(transformer, runtime, mesh, sharding, cache=cache_schedule(settings),
-                             uncached_blocks=settings.get("no_cache_blocks", 1))
     device = torch.device("cpu")
     if runtime in ("torch", "ulysses") and torch.cuda.is_available():  # a GPU (per rank); untested here: no GPU
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        transformer.to(device)
+        transformer.to(device)  # before the step is built, so that it never sees the model on the wrong device
+    step = step or make_step(transformer, runtime, mesh, sharding, cache=cache_schedule(settings),
+                             uncached_blocks=settings.get("no_cache_blocks", 1), attention=attention)
     conditioning = {k: v.to(device) for k, v in prepare_conditioning(
         embeds, spec, model_dtype, image_dim=transformer.config.image_embed_dim).items()}
     with PeakMemory() as memory:

@@ -213,6 +213,33 @@ def test_processor_never_builds_an_s_by_s_tensor(tiny_transformer):
     assert our_run.largest < s * s
 
 
+def test_default_torch_runtime_and_deepcache_over_it_build_no_s_by_s_tensor(tiny_transformer):
+    """The torch runtime's default step (and DeepCache's full and cached steps over it) attend exactly without a
+    [B, 1, S, S] mask, and still equal diffusers' own forward; ``attention="diffusers"`` keeps the stock processor,
+    which does build it (so the probe can fail)."""
+    from hyv_lib.cache import DeepCacheSchedule
+    from hyv_lib.pipeline import make_step
+
+    kwargs = model_inputs(latent_hw=(12, 20))
+    s = 3 * 12 * 20 + TINY.image_tokens + TINY.byt5_len + TINY.text_len
+    with torch.no_grad():
+        oracle = tiny_transformer(**kwargs).sample
+    stock = make_step(copy.deepcopy(tiny_transformer), "torch", attention="diffusers")
+    with torch.no_grad(), LargestTensor() as stock_run:
+        stock(**kwargs)
+    assert stock_run.largest >= 2 * s * s
+    steps = {"torch": make_step(copy.deepcopy(tiny_transformer), "torch"),
+             "deepcache": make_step(copy.deepcopy(tiny_transformer), "torch", cache=DeepCacheSchedule(3, 1, 3, 2))}
+    for name, step in steps.items():
+        for call in range(3 if name == "deepcache" else 1):  # full, cached, full
+            with torch.no_grad(), LargestTensor() as run:
+                out = step(**kwargs)
+            assert run.largest < s * s, (name, call)
+            if call != 1:
+                assert (out - oracle).abs().max() <= 1e-5, (name, call)
+    assert steps["deepcache"].cached_calls == 1
+
+
 @pytest.mark.parametrize("block_kv", [5, 16, 48, 1000, None])
 def test_xla_blockwise_online_softmax_across_blocks(block_kv):
     """Several KV blocks (S not a multiple of the block; 5 rounds up to 8, 1000 is one block), an empty element

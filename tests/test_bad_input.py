@@ -47,6 +47,11 @@ def run_dir(tiny_run, tmp_path):
     (["--runtime", "tpu", "--mesh", "tensr=8"], "--mesh"),
     (["--runtime", "tpu", "--mesh", "tensor=8"], "--mesh"),  # one CPU device here
     (["--runtime", "tpu", "--sharding", "zero3"], "--sharding"),
+    (["--attention", "fast"], "--attention"),
+    (["--attention", "flash"], "--attention"),  # no GPU here: the reason is named before anything runs
+    (["--attention", "sdpa", "--runtime", "tpu"], "--attention"),  # the tpu runtime runs JAX kernels
+    (["--attention", "diffusers", "--runtime", "tpu"], "--attention"),
+    (["--multi_host"], "--multi_host"),  # needs the tpu runtime
 ])
 def test_generate_rejects_bad_settings_before_writing_anything(capsys, tmp_path, flags, argument):
     out = tmp_path / "out"
@@ -153,3 +158,10 @@ def test_argparse_errors_exit_2(capsys):
     with pytest.raises(SystemExit) as exc:
         run(["stage2", "--video_length", "many"])
     assert exc.value.code == 2
+
+
+def test_stage2_checks_the_attention_backend_before_writing(capsys, run_dir):
+    os.remove(run_dir / "stage2_latents.safetensors")
+    msg = fail(capsys, ["stage2", "--input_dir", str(run_dir), "--attention", "flash", "--quiet"], "--attention")
+    assert "cannot run here" in msg
+    assert not (run_dir / "stage2_latents.safetensors").exists()

@@ -116,6 +116,28 @@ def test_bad_head_split_is_a_clear_error(findings):
         check_heads(16, 3)
 
 
+def cast_after_build():
+    """A Ulysses step built on an fp32 model, then the model cast to fp64: the step reads the model's dtype (and
+    device) when it runs, so it serves the fp64 model and matches diffusers' fp64 forward."""
+    oracle = tiny_transformer(2)
+    model = copy.deepcopy(oracle)
+    step = UlyssesTransformer(model)
+    torch.nn.Module.to(model, torch.float64)  # (diffusers' own to() warns about fp32-pinned modules: none here)
+    kwargs = inputs(seed=5)
+    out = step(**kwargs)
+    with torch.no_grad():
+        expected = torch.nn.Module.to(oracle, torch.float64)(**{k: v.double() if v.is_floating_point() else v
+                                                for k, v in kwargs.items()}).sample
+    found = [None] * dist.get_world_size()
+    dist.all_gather_object(found, (str(out.dtype), (out.double() - expected).abs().max().item()))
+    return found
+
+
+def test_ulysses_step_serves_a_model_cast_after_it_was_built():
+    for dtype, err in run_distributed(cast_after_build, 2, timeout=240):  # every rank's (dtype, error)
+        assert dtype == "torch.float64" and err <= 1e-10, (dtype, err)
+
+
 def test_shard_lengths():
     assert [shard_length(n, 4) for n in (120, 35, 3)] == [30, 9, 1]
 

@@ -35,7 +35,9 @@ PROMPT = os.environ.get("HYV_PROMPT", "a red circle moving left on a gray backgr
 OUTPUT_DIR = os.environ.get("HYV_OUTPUT_DIR", "stage_outputs/quickstart")
 # None = the preset's default; set small values to smoke-test real weights on a CPU
 VIDEO_LENGTH = int(os.environ.get("HYV_VIDEO_LENGTH", 0)) or None
-STEPS = int(os.environ.get("HYV_STEPS", 0)) or None""", metadata={"tags": ["parameters"]}))
+STEPS = int(os.environ.get("HYV_STEPS", 0)) or None
+ATTENTION = os.environ.get("HYV_ATTENTION", "auto")  # exact masked attention; "diffusers" = the stock dense mask""",
+                  metadata={"tags": ["parameters"]}))
 cells.append(md("""## The preset
 
 A preset fixes every shape: how many text tokens, the latent channels, the compression of the VAE, the
@@ -100,7 +102,7 @@ which spends more steps at high noise. The loop calls the transformer through on
 touching the loop."""))
 cells.append(code("""t0 = time.perf_counter()
 latents = pipeline.stage2(input_dir=OUTPUT_DIR, video_length=VIDEO_LENGTH,
-                          num_inference_steps=STEPS, seed=42)
+                          num_inference_steps=STEPS, seed=42, attention=ATTENTION)
 print(f"stage 2: {time.perf_counter() - t0:.1f} s")
 html_table(file_rows(os.path.join(OUTPUT_DIR, "stage2_latents.safetensors")))"""))
 cells.append(md("""The latent is 16x smaller than the video in height and width and 4x shorter in time (plus the first

@@ -26,6 +26,7 @@ VIDEO_LENGTH = int(os.environ.get("HYV_VIDEO_LENGTH", "9"))  # the real model's 
 STEPS = int(os.environ.get("HYV_STEPS", "0")) or None        # None: the preset's default (50 for real presets)
 RUNTIME = os.environ.get("HYV_RUNTIME", "torch")              # torch | tpu (| ulysses under torchrun)
 MESH = os.environ.get("HYV_MESH") or None                     # e.g. data=2,tensor=4 on a v6e-8, with RUNTIME=tpu
+ATTENTION = os.environ.get("HYV_ATTENTION", "auto")            # exact by default; flash on a GPU, splash on a TPU
 ENABLE_CACHE = os.environ.get("HYV_ENABLE_CACHE", "0") == "1"
 COMPARE_UNTILED = os.environ.get("HYV_COMPARE_UNTILED", "1") == "1"  # decodes once more without tiles
 OUTPUT_DIR = os.environ.get("HYV_OUTPUT_DIR", "stage_outputs/end_to_end_720p")""",
@@ -62,7 +63,7 @@ records the peak resident memory (RSS) of the process while the stage's main wor
 cells.append(code("""start = time.perf_counter()
 frames = pipeline.generate(preset=PRESET, model_path=MODEL_PATH, prompt=PROMPT, output_dir=OUTPUT_DIR,
                            height=HEIGHT, width=WIDTH, video_length=VIDEO_LENGTH, num_inference_steps=STEPS,
-                           runtime=RUNTIME, mesh=MESH, enable_cache=ENABLE_CACHE, quiet=True)
+                           runtime=RUNTIME, mesh=MESH, enable_cache=ENABLE_CACHE, attention=ATTENTION, quiet=True)
 total = time.perf_counter() - start
 config = read_config(OUTPUT_DIR)
 html_table([{"stage": name, "time, s": config[f"stage{i}_time_s"],
