@@ -40,6 +40,7 @@ def test_generation_config_records_every_stage(tiny_run):
                 "stage3_peak_rss_mib", "stage1_rss_growth_mib", "stage2_rss_growth_mib", "stage3_rss_growth_mib"):
         assert key in cfg, key
     assert cfg["preset"] == "tiny" and cfg["video_length"] == 9 and cfg["model_path"] is None
+    assert cfg["runtime"] == "torch" and cfg["attention"] == "auto"  # exact masked attention by default
     for stage in (1, 2, 3):  # a Python process with torch loaded holds well over 100 MiB
         assert cfg[f"stage{stage}_peak_rss_mib"] > 100
         assert 0 <= cfg[f"stage{stage}_rss_growth_mib"] <= cfg[f"stage{stage}_peak_rss_mib"]
