@@ -190,9 +190,14 @@ def torch_threads(n):
 
 
 def _tile_parallel_job(vae, z):
+    """Every rank's decode; returns rank 0's video, the thread count and every rank's tile timeline."""
     from hyv_lib.tile_parallel import tile_parallel_decode
 
-    return tile_parallel_decode(vae, z), torch.get_num_threads()
+    timeline = []
+    video = tile_parallel_decode(vae, z, timeline=timeline)
+    timelines = [None] * dist.get_world_size()
+    dist.all_gather_object(timelines, timeline)
+    return video, torch.get_num_threads(), timelines
 
 
 def test_vae_tile_parallel_decode_equals_the_single_process_tiled_decode():
@@ -207,10 +212,16 @@ def test_vae_tile_parallel_decode_equals_the_single_process_tiled_decode():
     with torch.no_grad():
         expected = vae.decode(z).sample
     assert torch.equal(tile_parallel_decode(vae, z), expected)  # one process: the plain tiled decode
-    got, rank_threads = run_distributed(_tile_parallel_job, 2, vae, z)
+    got, rank_threads, timelines = run_distributed(_tile_parallel_job, 2, vae, z)
     with torch_threads(rank_threads), torch.no_grad():  # the ranks share the cores: fewer threads each
         expected = vae.decode(z).sample
     assert torch.equal(got, expected)
+    # Each rank decoded only its share (tiles 0, 2 and 1, 3 of the 2 x 2 grid), and the two ranks decoded at
+    # the same time: rank 1 started its first tile before rank 0 had finished its first (the old code made it
+    # wait for tile 0's broadcast).
+    assert [[i for i, _, _ in t] for t in timelines] == [[0, 2], [1, 3]]
+    (_, start0, end0), (_, start1, _) = timelines[0][0], timelines[1][0]
+    assert start1 < end0 and start0 < timelines[1][0][2], timelines
 
 
 def test_torchrun_stage3_spreads_tiles_and_rank0_writes(tiny_run, tmp_path):
