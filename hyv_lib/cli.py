@@ -67,10 +67,14 @@ def _add_stage3(p: argparse.ArgumentParser, input_dir: bool = True) -> None:
     g = p.add_argument_group("stage 3: VAE decode")
     if input_dir:
         g.add_argument("--input_dir", default="stage_outputs", help="folder with stage2_latents.safetensors")
+        g.add_argument("--runtime", default="torch",
+                       help="torch (eager: a GPU if present, else the host CPU; tiles spread over torchrun ranks) | "
+                            "tpu (the decoder jitted through torchax on JAX's device) (default torch)")
     g.add_argument("--output_video", default=None, help="mp4 path (default: <dir>/output_video.mp4)")
     g.add_argument("--fps", type=float, default=None, help="frames per second (default: the preset's)")
     g.add_argument("--disable_tiling", action="store_true", help="decode without spatial VAE tiles")
     g.add_argument("--save_frames", action="store_true", help="also write stage3_frames.safetensors")
+    g.add_argument("--vae_dtype", default="fp32", help="fp32 | bf16: what the VAE decoder computes in (default fp32)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -149,12 +153,13 @@ def run(argv: list[str] | None = None) -> int:
             pipeline.stage2(input_dir=args.input_dir, output_dir=args.output_dir, **_stage2_kwargs(args))
         elif args.command == "stage3":
             pipeline.stage3(input_dir=args.input_dir, output_video=args.output_video, fps=args.fps,
-                            disable_tiling=args.disable_tiling, save_frames=args.save_frames)
+                            disable_tiling=args.disable_tiling, save_frames=args.save_frames, runtime=args.runtime,
+                            vae_dtype=args.vae_dtype)
         elif args.command == "generate":
             pipeline.generate(preset=args.preset, prompt=args.prompt, negative_prompt=args.negative_prompt,
                               output_dir=args.output_dir, model_path=args.model_path, dtype=args.dtype,
                               output_video=args.output_video, fps=args.fps, disable_tiling=args.disable_tiling,
-                              save_frames=args.save_frames, **_stage2_kwargs(args))
+                              save_frames=args.save_frames, vae_dtype=args.vae_dtype, **_stage2_kwargs(args))
     except HyvInputError as err:
         print(f"error: {err.argument}: {err.message}", file=sys.stderr)
         return 2

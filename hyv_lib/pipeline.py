@@ -432,12 +432,21 @@ def stage2(
 # ------------------------------------------------------------------------------------------------- stage 3
 def stage3(
     input_dir: str = "stage_outputs", output_video: str | None = None, fps: float | None = None,
-    disable_tiling: bool = False, save_frames: bool = False,
+    disable_tiling: bool = False, save_frames: bool = False, runtime: str = "torch", vae_dtype: str = "fp32",
 ) -> torch.Tensor:
-    """Decode the stage-2 latents with the VAE and write the mp4 (and optionally the frames)."""
+    """Decode the stage-2 latents with the VAE and write the mp4 (and optionally the frames).
+
+    ``runtime``: ``torch`` (eager, on the GPU when CUDA is available, else the host CPU; tiles spread over the
+    ranks under torchrun) or ``tpu`` (the decoder jitted through torchax on JAX's device: the TPU on a TPU VM).
+    ``vae_dtype``: ``fp32`` (default) or ``bf16``, what the decoder computes in.
+    """
     start = time.perf_counter()
     if fps is not None and not fps > 0:
         raise HyvInputError("--fps", f"must be > 0, got {fps}")
+    if runtime not in ("torch", "tpu"):
+        raise HyvInputError("--runtime", f"stage 3 runs on torch or tpu, got {runtime!r}")
+    if vae_dtype not in ("fp32", "bf16"):
+        raise HyvInputError("--vae_dtype", f"must be fp32 or bf16, got {vae_dtype!r}")
     config = read_config(input_dir) if os.path.isdir(input_dir) else {}
     latents = load_stage2(input_dir)
     spec = _preset_from_config(config, input_dir)
@@ -446,8 +455,10 @@ def stage3(
     out_dir = os.path.dirname(os.path.abspath(output_video))
     ensure_output_dir(out_dir, "--output_video")
     vae = load_components(spec, config.get("model_path"), ["vae"], dtype=config.get("dtype", "fp32"))["vae"]
-    if torch.cuda.is_available():  # decode on this rank's GPU (nccl's tile exchange needs GPU tensors); untested here
-        vae.to(torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))
+    if runtime == "torch" and vae_dtype == "bf16":
+        torch.nn.Module.to(vae, torch.bfloat16)  # (diffusers' to() warns about fp32-pinned modules: this VAE has none)
+    if runtime == "torch" and torch.cuda.is_available():  # this rank's GPU (nccl's tile exchange needs GPU tensors)
+        vae.to(torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))  # untested here: no GPU
     if latents.shape[1] != vae.config.latent_channels:
         raise HyvInputError("--input_dir", f"{STAGE2_FILE}: latents have {latents.shape[1]} channels but the VAE "
                                            f"expects {vae.config.latent_channels}")
@@ -455,15 +466,19 @@ def stage3(
 
     # Under torchrun (WORLD_SIZE > 1) the VAE tiles are spread over the ranks; rank 0 writes the files.
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if distributed and runtime == "tpu":
+        raise HyvInputError("--runtime", "stage 3 with --runtime tpu runs in one process, not under torchrun")
     if distributed:
         from .parallel import init_distributed
 
         init_distributed()
     with PeakMemory() as memory:
-        frames = decode_latents(vae, latents, tiling=not disable_tiling, tile_parallel=distributed)
+        frames = decode_latents(vae, latents, tiling=not disable_tiling, tile_parallel=distributed, runtime=runtime,
+                                dtype=torch_dtype(vae_dtype) if runtime == "tpu" else None)
     if _rank() == 0:
         write_mp4(frames.numpy(), output_video, fps)
-        fields = {"output_video": os.path.abspath(output_video), "fps": fps, "vae_tiling": not disable_tiling}
+        fields = {"output_video": os.path.abspath(output_video), "fps": fps, "vae_tiling": not disable_tiling,
+                  "stage3_runtime": runtime, "vae_dtype": vae_dtype}
         if save_frames:
             frames_path = os.path.join(out_dir, FRAMES_FILE)
             save_tensors({"frames": frames.permute(3, 0, 1, 2).unsqueeze(0)}, frames_path)  # [1,3,F,H,W] uint8
@@ -479,18 +494,23 @@ def stage3(
 def generate(
     preset: str = "tiny", prompt: str = "", negative_prompt: str = "", output_dir: str = "stage_outputs",
     model_path: str | None = None, dtype: str | None = None, output_video: str | None = None,
-    fps: float | None = None, disable_tiling: bool = False, save_frames: bool = False, **stage2_kwargs: Any,
+    fps: float | None = None, disable_tiling: bool = False, save_frames: bool = False, vae_dtype: str = "fp32",
+    **stage2_kwargs: Any,
 ) -> torch.Tensor:
     """Run stage 1, 2 and 3 into ``output_dir``; returns the uint8 frames [F,H,W,3].
 
-    Stage-2 settings are checked before the text encoders run, so bad input fails fast.
+    Stage-2 settings are checked before the text encoders run, so bad input fails fast. With ``runtime="tpu"``
+    stage 3 decodes on JAX too.
     """
     stage2_settings = {k: v for k, v in stage2_kwargs.items() if k not in ("quiet", "step")}
     resolve_settings(get_preset(preset), **stage2_settings)
     if fps is not None and not fps > 0:
         raise HyvInputError("--fps", f"must be > 0, got {fps}")
+    if vae_dtype not in ("fp32", "bf16"):
+        raise HyvInputError("--vae_dtype", f"must be fp32 or bf16, got {vae_dtype!r}")
     stage1(preset=preset, prompt=prompt, negative_prompt=negative_prompt, output_dir=output_dir,
            model_path=model_path, dtype=dtype)
     stage2(input_dir=output_dir, **stage2_kwargs)
     return stage3(input_dir=output_dir, output_video=output_video, fps=fps, disable_tiling=disable_tiling,
-                  save_frames=save_frames)
+                  save_frames=save_frames, vae_dtype=vae_dtype,
+                  runtime="tpu" if stage2_kwargs.get("runtime") == "tpu" else "torch")

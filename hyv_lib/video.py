@@ -21,20 +21,29 @@ def to_uint8_frames(video: torch.Tensor | np.ndarray) -> torch.Tensor:
 
 
 @torch.no_grad()
-def decode_latents(vae, latents: torch.Tensor, tiling: bool = True, tile_parallel: bool = False) -> torch.Tensor:
+def decode_latents(vae, latents: torch.Tensor, tiling: bool = True, tile_parallel: bool = False,
+                   runtime: str = "torch", dtype: torch.dtype | None = None) -> torch.Tensor:
     """Decode ``latents`` [1,C,T,h,w] to uint8 frames [F,H,W,3] with diffusers' VAE.
 
     Tiling uses diffusers' spatial tiles (256 px, overlap 0.25 by default) and bounds peak memory at
     720p; videos smaller than one tile decode identically either way. ``tile_parallel`` spreads the
     tiles over the torch.distributed ranks (:func:`hyv_lib.tile_parallel.tile_parallel_decode`).
+    ``runtime="tpu"`` runs the decoder jitted through torchax on JAX's device (:mod:`hyv_lib.tpu_vae`), in
+    ``dtype`` (default: the VAE's); the tiling and blending stay diffusers' own.
     """
+    if runtime not in ("torch", "tpu"):
+        raise ValueError(f"runtime must be 'torch' or 'tpu', got {runtime!r}")
     if tiling:
         vae.enable_tiling()
     else:
         vae.disable_tiling()
     param = next(vae.parameters())
     z = latents.to(param.device, param.dtype) / vae.config.scaling_factor
-    if tiling and tile_parallel:
+    if runtime == "tpu":
+        from .tpu_vae import decode_on_jax
+
+        video, _ = decode_on_jax(vae, z, dtype)
+    elif tiling and tile_parallel:
         from .tile_parallel import tile_parallel_decode
 
         video = tile_parallel_decode(vae, z)
