@@ -112,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--no_cache_blocks", type=int, default=1, help="trailing blocks of the cached step (default 1)")
     comp.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     gen = sub.add_parser("generate", help="run all three stages")
+    gen.add_argument("--prompts_file", default=None,
+                     help="many videos in one process: a prompt per line, or JSON lines with prompt / negative_prompt "
+                          "/ seed; each into OUTPUT_DIR/NNNN; models load and the step compiles once; complete "
+                          "folders are skipped on a rerun; exit code 1 if any prompt or line failed")
     _add_stage1(gen)
     _add_stage2(gen, dirs=False)
     _add_stage3(gen, input_dir=False)
@@ -125,6 +129,35 @@ def _stage2_kwargs(args: argparse.Namespace) -> dict:
              "flow_shift", "seed", "warmup_steps", "runtime", "mesh", "sharding", "enable_cache", "cache_start_step",
              "cache_end_step", "cache_step_interval", "no_cache_blocks", "multi_host", "attention", "quiet")
     return {n: getattr(args, n) for n in names}
+
+
+def _generate_many(args: argparse.Namespace) -> int:
+    """``generate --prompts_file``: one :class:`hyv_lib.batch.Pipeline` for every prompt of the file."""
+    from .batch import Pipeline, read_prompts_file, run_prompts_file
+
+    if args.prompt:
+        raise HyvInputError("--prompts_file", "give --prompt or --prompts_file, not both")
+    read_prompts_file(args.prompts_file)  # a missing file is bad input: before any model loads
+    stage2 = {k: v for k, v in _stage2_kwargs(args).items() if k != "seed"}
+    stage3 = dict(fps=args.fps, disable_tiling=args.disable_tiling, save_frames=args.save_frames,
+                  vae_dtype=args.vae_dtype)
+    if args.output_video:
+        raise HyvInputError("--output_video", "with --prompts_file each video goes to OUTPUT_DIR/NNNN/output_video.mp4")
+    pipe = Pipeline(args.preset, args.model_path, args.dtype, stage2=stage2, stage3=stage3)
+    report = run_prompts_file(args.prompts_file, args.output_dir, pipe, seed=args.seed, progress=not args.quiet)
+    for bad in report.bad_lines:
+        print(f"error: --prompts_file: line {bad['line']}: {bad['error']} (skipped)", file=sys.stderr)
+    for entry in report.entries:
+        if entry["status"] == "failed":
+            print(f"error: --prompts_file: line {entry['line']} ({entry['folder']}): {entry['error']}",
+                  file=sys.stderr)
+    counts = {status: sum(e["status"] == status for e in report.entries) for status in ("done", "skipped", "failed")}
+    if not args.quiet:
+        compiled = "" if pipe.compilations is None else f"; the step compiled {pipe.compilations} time(s)"
+        print(f"generate: {counts['done']} done, {counts['skipped']} already complete, {counts['failed']} failed, "
+              f"{len(report.bad_lines)} bad line(s){compiled}; files in {os.path.abspath(args.output_dir)}",
+              file=sys.stderr)
+    return 1 if report.failed else 0
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -155,6 +188,8 @@ def run(argv: list[str] | None = None) -> int:
             pipeline.stage3(input_dir=args.input_dir, output_video=args.output_video, fps=args.fps,
                             disable_tiling=args.disable_tiling, save_frames=args.save_frames, runtime=args.runtime,
                             vae_dtype=args.vae_dtype)
+        elif args.command == "generate" and args.prompts_file:
+            return _generate_many(args)
         elif args.command == "generate":
             pipeline.generate(preset=args.preset, prompt=args.prompt, negative_prompt=args.negative_prompt,
                               output_dir=args.output_dir, model_path=args.model_path, dtype=args.dtype,

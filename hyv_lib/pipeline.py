@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -19,11 +19,17 @@ from .stage_io import (
     read_config, save_tensors, update_config,
 )
 
-#: A transformer step: called with the keyword arguments of HunyuanVideo15Transformer3DModel.forward
-#: (hidden_states, timestep, encoder_hidden_states, ...), returns the noise prediction tensor. Every
-#: runtime (eager torch, JAX jit, sharded, cached) implements this one interface; the loop never
-#: branches on platform.
-TransformerStep = Callable[..., torch.Tensor]
+class TransformerStep(Protocol):
+    """A transformer step: called with the keyword arguments of HunyuanVideo15Transformer3DModel.forward
+    (hidden_states, timestep, encoder_hidden_states, ...), returns the noise prediction tensor. Every runtime (eager
+    torch, JAX jit, sharded, cached) implements this one interface; the loop never branches on platform.
+
+    Optional, looked up with ``hasattr``: ``reset()``, which :func:`denoise` calls before the first step (after any
+    warmup calls), and ``full_calls`` / ``cached_calls``, counts that :func:`stage2` records in
+    generation_config.json when the cache is on (:class:`hyv_lib.cache.DeepCacheStep` has all three).
+    """
+
+    def __call__(self, **forward_kwargs: Any) -> torch.Tensor: ...
 
 
 def torch_step(transformer) -> TransformerStep:
@@ -264,9 +270,12 @@ def _preset_from_config(config: dict[str, Any], input_dir: str) -> Preset:
 # ------------------------------------------------------------------------------------------------- stage 1
 def stage1(
     preset: str = "tiny", prompt: str = "", negative_prompt: str = "", output_dir: str = "stage_outputs",
-    model_path: str | None = None, dtype: str | None = None,
+    model_path: str | None = None, dtype: str | None = None, components: dict[str, Any] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Encode the prompt and negative prompt; write stage1_embeddings.safetensors + generation_config.json."""
+    """Encode the prompt and negative prompt; write stage1_embeddings.safetensors + generation_config.json.
+
+    ``components`` (tokenizer, text_encoder, tokenizer_2, text_encoder_2, already loaded for this preset, model path
+    and dtype) skips loading them: :class:`hyv_lib.batch.Pipeline` keeps them between prompts."""
     start = time.perf_counter()
     spec = get_preset(preset)
     dtype = dtype or spec.default_dtype
@@ -280,7 +289,8 @@ def stage1(
 
     names = ["tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2"]
     with PeakMemory() as memory:
-        components = load_components(spec, model_path, names, dtype=dtype)
+        if components is None:
+            components = load_components(spec, model_path, names, dtype=dtype)
         encoded = encode_prompts(components, spec, [negative_prompt, prompt])  # batch [negative, positive]
     tensors = {}
     for index, prefix in ((0, "negative_"), (1, "")):
@@ -366,11 +376,13 @@ def stage2(
     mesh: str | None = None, sharding: str = "tp_replicated_out", enable_cache: bool = False,
     cache_start_step: int = 11, cache_end_step: int = 45, cache_step_interval: int = 4, no_cache_blocks: int = 1,
     multi_host: bool = False, attention: str = "auto", step: TransformerStep | None = None,
+    components: dict[str, Any] | None = None,
 ) -> torch.Tensor:
     """Denoise from the stage-1 embeddings; write stage2_latents.safetensors and extend the config.
 
     Unset settings take the preset's defaults. ``runtime``, ``mesh`` and ``sharding`` pick the
-    transformer step (see :func:`make_step`); ``step`` overrides it with any callable of that interface.
+    transformer step (see :func:`make_step`); ``step`` overrides it with any callable of that interface, and
+    ``components`` (transformer and scheduler, already loaded for this folder) skips loading them.
     ``multi_host``: this process is one host of a multi-host TPU slice (:func:`hyv_lib.tpu.init_multi_host`); every
     host runs the same command and writes the same latents to its own ``output_dir``. ``attention``: see
     :func:`make_step` (checked before anything is loaded or written).
@@ -389,7 +401,8 @@ def stage2(
     output_dir = ensure_output_dir(output_dir or input_dir)
     dtype = config.get("dtype", spec.default_dtype)
     model_dtype = torch_dtype(dtype)
-    components = load_components(spec, config.get("model_path"), ["transformer", "scheduler"], dtype=dtype)
+    if components is None:
+        components = load_components(spec, config.get("model_path"), ["transformer", "scheduler"], dtype=dtype)
     transformer = components["transformer"]
     for key, dim in (("prompt_embeds", transformer.config.text_embed_dim),
                      ("prompt_embeds_2", transformer.config.text_embed_2_dim)):
@@ -405,7 +418,7 @@ def stage2(
     device = torch.device("cpu")
     if runtime in ("torch", "ulysses") and torch.cuda.is_available():  # a GPU (per rank); untested here: no GPU
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        transformer.to(device)  # before the step is built, so that it never sees the model on the wrong device
+        transformer.to(device)  # before the step is built (a no-op when a kept model is already there)
     step = step or make_step(transformer, runtime, mesh, sharding, cache=cache_schedule(settings),
                              uncached_blocks=settings.get("no_cache_blocks", 1), attention=attention)
     conditioning = {k: v.to(device) for k, v in prepare_conditioning(
@@ -419,7 +432,7 @@ def stage2(
     if _rank() == 0:  # every rank holds the same latents; one writes them
         save_tensors({"latents": latents}, os.path.join(output_dir, STAGE2_FILE), metadata={"preset": spec.name})
         counts = {}
-        if settings["enable_cache"]:  # what the cache actually did, next to what was asked
+        if settings["enable_cache"] and hasattr(step, "full_calls"):  # what the cache did, next to what was asked
             counts = dict(cache_full_steps=step.full_calls, cache_cached_steps=step.cached_calls)
         update_config(output_dir, base=config, **settings, **counts,
                       stage2_time_s=round(time.perf_counter() - start, 3), **memory_fields("stage2", memory))
@@ -433,12 +446,14 @@ def stage2(
 def stage3(
     input_dir: str = "stage_outputs", output_video: str | None = None, fps: float | None = None,
     disable_tiling: bool = False, save_frames: bool = False, runtime: str = "torch", vae_dtype: str = "fp32",
+    components: dict[str, Any] | None = None,
 ) -> torch.Tensor:
     """Decode the stage-2 latents with the VAE and write the mp4 (and optionally the frames).
 
     ``runtime``: ``torch`` (eager, on the GPU when CUDA is available, else the host CPU; tiles spread over the
     ranks under torchrun) or ``tpu`` (the decoder jitted through torchax on JAX's device: the TPU on a TPU VM).
-    ``vae_dtype``: ``fp32`` (default) or ``bf16``, what the decoder computes in.
+    ``vae_dtype``: ``fp32`` (default) or ``bf16``, what the decoder computes in. ``components`` ({"vae": ...},
+    already loaded) skips loading it.
     """
     start = time.perf_counter()
     if fps is not None and not fps > 0:
@@ -454,7 +469,9 @@ def stage3(
     output_video = output_video or os.path.join(input_dir, VIDEO_FILE)
     out_dir = os.path.dirname(os.path.abspath(output_video))
     ensure_output_dir(out_dir, "--output_video")
-    vae = load_components(spec, config.get("model_path"), ["vae"], dtype=config.get("dtype", "fp32"))["vae"]
+    if components is None:
+        components = load_components(spec, config.get("model_path"), ["vae"], dtype=config.get("dtype", "fp32"))
+    vae = components["vae"]
     if runtime == "torch" and vae_dtype == "bf16":
         torch.nn.Module.to(vae, torch.bfloat16)  # (diffusers' to() warns about fp32-pinned modules: this VAE has none)
     if runtime == "torch" and torch.cuda.is_available():  # this rank's GPU (nccl's tile exchange needs GPU tensors)
