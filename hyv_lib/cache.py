@@ -90,14 +90,13 @@ class TorchDeepCache:
 
     @torch.no_grad()
     def run_from_cache(self, cache: Any, uncached_blocks: int, hidden_states, timestep, **_) -> torch.Tensor:
+        from .forward import output_tokens, unpatchify
+
         video, context, mask, rope = cache
-        m = self.model
-        temb = m.time_embed(timestep)
+        temb = self.model.time_embed(timestep)
         for block in self._tail(uncached_blocks):
             video, context = block(video, context, temb, mask, rope)
-        video = m.proj_out(m.norm_out(video, temb))
-        batch, _, frames, height, width = hidden_states.shape  # patch 1 x 1 x 1 (check_supported)
-        return video.reshape(batch, frames, height, width, -1).permute(0, 4, 1, 2, 3)
+        return unpatchify(output_tokens(self.model, video, temb), hidden_states.shape)
 
 
 class DeepCacheStep:

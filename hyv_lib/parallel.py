@@ -12,7 +12,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .attention import attention, context_qkv, use_attention
-from .layout import check_supported, valid_first_order
+from .forward import context_layout, context_tokens, output_tokens, unpatchify
+from .layout import check_supported
 
 
 # --------------------------------------------------------------------------------------------- layout
@@ -206,24 +207,10 @@ class UlyssesTransformer:
     def _context(self, timestep, text, text_mask, byt5, byt5_mask, image):
         """The joint context [B, L, C] (valid tokens first) and its mask, as diffusers builds them,
         with the reorder as a gather and t2v vs i2v decided once from the concrete image embeddings."""
-        m, batch = self.model, text.shape[0]
-        if byt5 is None:  # no glyph branch: one zero token with an all-padding mask
-            byt5 = text.new_zeros(batch, 1, m.config.text_embed_2_dim)
-            byt5_mask = torch.zeros(batch, 1, dtype=torch.long, device=text.device)
-        if image is None:
-            image = text.new_zeros(batch, 1, m.config.image_embed_dim)
-        is_t2v = bool(torch.all(image == 0))
-        image_mask = torch.full(image.shape[:2], not is_t2v, dtype=torch.bool, device=text.device)
-        order, context_mask = valid_first_order(image_mask, byt5_mask, text_mask)
-        cond = m.cond_type_embed.weight  # rows: 0 text, 1 ByT5, 2 image
-        text = m.context_embedder(text, timestep, text_mask) + cond[0]
-        byt5 = m.context_embedder_2(byt5) + cond[1]
-        image = m.image_embedder(image) * (0.0 if is_t2v else 1.0) + cond[2]
-        # diffusers zeroes padded ByT5 and text tokens (image tokens keep their values), then reorders.
-        keep = torch.cat([torch.ones_like(image[..., 0]), byt5_mask.to(image.dtype), text_mask.to(image.dtype)], 1)
-        context = torch.cat([image, byt5, text], dim=1) * keep[..., None]
-        context = torch.gather(context, 1, order[..., None].expand(-1, -1, context.shape[-1]))
-        return context, context_mask
+        layout = context_layout(self.model.config, text, text_mask, byt5, byt5_mask, image)
+        context = context_tokens(self.model, timestep, text, text_mask, layout.byt5, layout.byt5_mask, layout.image,
+                                 layout.image_scale, layout.order)
+        return context, layout.context_mask
 
     @torch.no_grad()
     def __call__(self, hidden_states, timestep, encoder_hidden_states, encoder_attention_mask,
@@ -256,10 +243,9 @@ class UlyssesTransformer:
         rope = VideoShard(cos, sin, tokens)
         for block in m.transformer_blocks:
             video, context = block(video, context, temb, context_mask, rope)
-        video = m.proj_out(m.norm_out(video, temb))  # per token, so still sharded: [B, shard, C_out]
+        video = output_tokens(m, video, temb)  # per token, so still sharded: [B, shard, C_out]
         video = _all_gather(video, 1, self.group, world)[:, :tokens]
-        out = video.reshape(batch, frames, height, width, -1).permute(0, 4, 1, 2, 3)
-        return out.to(out_device)
+        return unpatchify(video, latents.shape).to(out_device)
 
 
 # --------------------------------------------------------------------------------------------- launch

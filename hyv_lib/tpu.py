@@ -8,7 +8,8 @@ from typing import Any
 import torch
 
 from .attention import use_attention
-from .layout import check_supported, valid_first_order
+from .forward import context_layout, context_tokens, output_tokens, unpatchify
+from .layout import check_supported
 
 DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "hyv_lib", "jax")
 
@@ -56,7 +57,7 @@ class _Step(torch.nn.Module):
 
     Everything data-dependent was decided outside (t2v vs i2v as a 0/1 scale, the valid-first reorder
     as gather indices, RoPE tables), so this traces once per input shape. It reuses the model's own
-    submodules; only the top-level glue of HunyuanVideo15Transformer3DModel.forward is restated.
+    submodules and the forward's glue from :mod:`hyv_lib.forward`.
     """
 
     def __init__(self, model, mesh=None, gather_weights: bool = False):
@@ -81,16 +82,10 @@ class _Step(torch.nn.Module):
                image_scale, order):
         """Timestep embedding, video tokens and the valid-first context tokens before the first block."""
         m = self.model
-        cond = m.cond_type_embed.weight  # rows: 0 text, 1 ByT5, 2 image
         temb = m.time_embed(timestep)
         video = self._shard_sequence(m.x_embedder(hidden_states))
-        text = m.context_embedder(text_states, timestep, text_mask) + cond[0]
-        byt5 = m.context_embedder_2(byt5_states) + cond[1]
-        image = m.image_embedder(image_embeds) * image_scale + cond[2]
-        # diffusers zeroes padded ByT5 and text tokens (not image ones), then puts valid tokens first.
-        keep = torch.cat([torch.ones_like(image[..., 0]), byt5_mask.to(image.dtype), text_mask.to(image.dtype)], 1)
-        context = torch.cat([image, byt5, text], dim=1) * keep[..., None]
-        context = torch.gather(context, 1, order[..., None].expand(-1, -1, context.shape[-1]))
+        context = context_tokens(m, timestep, text_states, text_mask, byt5_states, byt5_mask, image_embeds,
+                                 image_scale, order)
         return temb, video, context
 
     def _blocks(self, blocks, video, context, temb, context_mask, rope_cos, rope_sin):
@@ -107,10 +102,7 @@ class _Step(torch.nn.Module):
         return video, context
 
     def _head(self, video, temb, latent_shape):
-        batch, _, frames, height, width = latent_shape
-        video = self.model.proj_out(self.model.norm_out(video, temb))
-        # patch size 1 x 1 x 1 (checked in TpuTransformer): tokens back to [B, C, T, H, W]
-        return video.reshape(batch, frames, height, width, -1).permute(0, 4, 1, 2, 3)
+        return unpatchify(output_tokens(self.model, video, temb), latent_shape)
 
     def forward(self, hidden_states, timestep, text_states, text_mask, byt5_states, byt5_mask, image_embeds,
                 image_scale, order, context_mask, rope_cos, rope_sin):
@@ -273,22 +265,15 @@ class TpuTransformer:
         cpu = {name: None if t is None else t.detach().to("cpu") for name, t in dict(
             text=encoder_hidden_states, text_mask=encoder_attention_mask, byt5=encoder_hidden_states_2,
             byt5_mask=encoder_attention_mask_2, image=image_embeds).items()}
-        batch = cpu["text"].shape[0]
-        cfg = self.model.config
-        if cpu["byt5"] is None:  # no glyph branch: zeros with an all-padding mask, as an empty ByT5 prompt
-            cpu["byt5"] = torch.zeros(batch, 1, cfg.text_embed_2_dim)
-            cpu["byt5_mask"] = torch.zeros(batch, 1, dtype=torch.long)
-        if cpu["image"] is None:
-            cpu["image"] = torch.zeros(batch, 1, cfg.image_embed_dim)
-        is_t2v = bool(torch.all(cpu["image"] == 0))  # concrete here, so an ordinary Python branch
-        image_mask = torch.full(cpu["image"].shape[:2], not is_t2v, dtype=torch.bool)
-        order, context_mask = valid_first_order(image_mask, cpu["byt5_mask"], cpu["text_mask"])
+        # concrete CPU tensors here, so t2v vs i2v is an ordinary Python branch
+        layout = context_layout(self.model.config, cpu["text"], cpu["text_mask"], cpu["byt5"], cpu["byt5_mask"],
+                                cpu["image"])
         prepared = {
             "text_states": cpu["text"].to(self.dtype), "text_mask": cpu["text_mask"].long(),
-            "byt5_states": cpu["byt5"].to(self.dtype), "byt5_mask": cpu["byt5_mask"].long(),
-            "image_embeds": cpu["image"].to(self.dtype),
-            "image_scale": torch.tensor(0.0 if is_t2v else 1.0, dtype=self.dtype),
-            "order": order, "context_mask": context_mask,
+            "byt5_states": layout.byt5.to(self.dtype), "byt5_mask": layout.byt5_mask.long(),
+            "image_embeds": layout.image.to(self.dtype),
+            "image_scale": torch.tensor(layout.image_scale, dtype=self.dtype),
+            "order": layout.order, "context_mask": layout.context_mask,
         }
         # Per-sample inputs go on the data axis (one CFG prompt per data shard); scalars are replicated.
         prepared = {k: self._to_jax(v, ("data",) if v.ndim else ()) for k, v in prepared.items()}
