@@ -65,15 +65,21 @@ def available_backends() -> dict[str, str | None]:
     }
 
 
-def resolve_backend(backend: str, device: torch.device) -> str:
-    """``auto`` -> the best backend for tensors on ``device``; any other name is checked and returned."""
+#: What the CUDA kernels take: flash-attn and SageAttention run on fp16 / bf16 CUDA tensors only.
+CUDA_HALF_BACKENDS = ("flash", "flash3", "sage")
+
+
+def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype | None = None) -> str:
+    """``auto`` -> the best backend for tensors on ``device`` (of ``dtype``); any other name is checked and
+    returned: it must run on this machine and take tensors of this device and dtype."""
     available = available_backends()
     if backend == "auto":
         if device.type == "jax":
             from .sharding import target_platform
 
             return "splash" if target_platform() == "tpu" else "xla"
-        order = ("flash3", "flash", "sdpa") if device.type == "cuda" else ("sdpa",)
+        half = dtype in (None, torch.float16, torch.bfloat16)
+        order = ("flash3", "flash", "sdpa") if device.type == "cuda" and half else ("sdpa",)
         return next(name for name in order if available[name] is None)
     if backend not in available:
         raise ValueError(f"backend must be 'auto' or one of {', '.join(BACKENDS)}; got {backend!r}")
@@ -82,6 +88,10 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     if device.type == "jax" and backend not in JAX_BACKENDS:
         raise ValueError(f"torchax tensors (device 'jax') need a JAX backend: {', '.join(JAX_BACKENDS)}; "
                          f"got {backend!r}")
+    if backend in CUDA_HALF_BACKENDS and (device.type != "cuda" or dtype not in (None, torch.float16,
+                                                                                   torch.bfloat16)):
+        raise ValueError(f"attention backend {backend!r} takes fp16 or bf16 CUDA tensors, got "
+                         f"{'' if dtype is None else str(dtype).removeprefix('torch.') + ' '}tensors on {device.type}")
     return backend
 
 
@@ -200,8 +210,14 @@ def attention(
         kv_mask = torch.ones(b, s, dtype=torch.bool, device=q.device)
     if kv_mask.shape != (b, s):
         raise ValueError(f"kv_mask must be [B, S] = [{b}, {s}], got {list(kv_mask.shape)}")
-    kv_mask = kv_mask.to(device=q.device, dtype=torch.bool)
-    name = resolve_backend(backend, q.device)
+    if kv_mask.dtype != torch.bool:  # an additive 0/-inf float mask cast to bool would invert it
+        from .errors import HyvInputError
+
+        raise HyvInputError("kv_mask", f"must be a bool [B, S] key-padding mask (True = valid token), got dtype "
+                                       f"{kv_mask.dtype}; from an additive 0/-inf mask use `mask == 0`, from 0/1 "
+                                       f"integers `mask.bool()`")
+    kv_mask = kv_mask.to(device=q.device)
+    name = resolve_backend(backend, q.device, q.dtype)
     if options and name not in ("splash", "xla"):
         raise TypeError(f"backend {name!r} takes no options; got {sorted(options)}")
     if q.device.type == "jax":

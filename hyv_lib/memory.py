@@ -12,17 +12,21 @@ import time
 
 
 def current_rss_bytes() -> int:
-    """Resident set size of this process in bytes (Linux /proc; 0 where it is unavailable)."""
+    """Resident set size of this process in bytes: Linux /proc (cheap), else psutil (macOS, Windows; a dependency
+    of accelerate, which requirements.txt installs)."""
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
-        return 0
+        import psutil
+
+        return psutil.Process().memory_info().rss
 
 
 class PeakMemory:
     """``with PeakMemory() as m: ...`` then ``m.peak_bytes`` (highest RSS seen) and ``m.growth_bytes`` (peak minus
-    the RSS at entry): the memory a stage needed on top of what the process already held."""
+    the RSS at entry): the memory a stage needed on top of what the process already held. One object can measure
+    several blocks in turn; each ``with`` starts afresh."""
 
     def __init__(self, interval_s: float = 0.002):
         self.interval_s = interval_s
@@ -36,6 +40,7 @@ class PeakMemory:
             time.sleep(self.interval_s)
 
     def __enter__(self) -> "PeakMemory":
+        self._stop = threading.Event()  # a fresh flag: the last block's stop must not end this one's sampling
         self.start_bytes = self.peak_bytes = current_rss_bytes()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import tempfile
 from typing import Any, Iterator
 
@@ -45,13 +46,19 @@ def atomic_path(final_path: str) -> Iterator[str]:
     """
     directory, base = os.path.split(os.path.abspath(final_path))
     stem, ext = os.path.splitext(base)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{stem}.", suffix=f".partial{ext}")
-    os.close(fd)
+    # An exclusive create with mode 0666 gets the process umask applied by the kernel, as any new file does
+    # (mkstemp's 0600 would need the umask read back, and reading it means setting it: a race with other threads).
+    while True:
+        tmp = os.path.join(directory, f".{stem}.{secrets.token_hex(6)}.partial{ext}")
+        try:
+            os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            break
+        except FileExistsError:
+            continue
     try:
         yield tmp
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; finished files get the usual permissions
+        with open(tmp, "rb+") as f:  # flushed to disk before the rename, so a crash cannot leave a short file
+            os.fsync(f.fileno())
         os.replace(tmp, final_path)
     finally:
         if os.path.exists(tmp):

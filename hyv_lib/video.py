@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import torch
 
+from .errors import HyvInputError
 from .stage_io import atomic_path
 
 
@@ -56,9 +57,14 @@ def write_mp4(frames: torch.Tensor | np.ndarray, path: str, fps: float) -> None:
     """Write uint8 frames [F,H,W,3] as H.264 mp4 (yuv420p, playable everywhere), atomically."""
     import imageio_ffmpeg
 
-    array = np.ascontiguousarray(np.asarray(frames, dtype=np.uint8))
+    if isinstance(frames, torch.Tensor):
+        frames = frames.detach().cpu().numpy()
+    array = np.ascontiguousarray(frames)
+    if array.dtype != np.uint8:  # a float [-1, 1] video would otherwise be cast to an all-black one
+        raise HyvInputError("frames", f"must be uint8 [F, H, W, 3] (video.to_uint8_frames converts a [-1, 1] "
+                                      f"[3, F, H, W] video), got dtype {array.dtype}")
     if array.ndim != 4 or array.shape[-1] != 3:
-        raise ValueError(f"frames must be uint8 [F, H, W, 3], got {array.shape}")
+        raise HyvInputError("frames", f"must be uint8 [F, H, W, 3], got shape {array.shape}")
     num_frames, height, width, _ = array.shape
     with atomic_path(path) as tmp, warnings.catch_warnings():
         # ffmpeg is a fork+exec child; Python warns about fork() whenever JAX's threads exist.

@@ -251,6 +251,31 @@ def test_xla_blockwise_online_softmax_across_blocks(block_kv):
         assert (out.double() - float64_attention(q, k, v, mask)).abs().max() <= TOL[torch.float32]
 
 
+def test_a_float_mask_is_an_error_not_an_inverted_mask():
+    """An additive mask ([0, 0, -inf, -inf]) cast to bool would read True where the keys are padding."""
+    from hyv_lib.errors import HyvInputError
+
+    q, k, v, mask = random_case(5, 1, 2, 4, 8, [2])
+    additive = torch.where(mask, 0.0, float("-inf"))
+    with pytest.raises(HyvInputError) as err:
+        A.attention(q, k, v, additive)
+    assert err.value.argument == "kv_mask" and "mask == 0" in str(err.value)
+    torch.testing.assert_close(A.attention(q, k, v, additive == 0), A.attention(q, k, v, mask))
+
+
+def test_cuda_kernels_say_which_tensors_they_take(monkeypatch):
+    """flash and Sage take fp16 / bf16 CUDA tensors: asked for CPU or fp32 tensors, backend resolution says so
+    (even where the package is installed); auto does not pick them for fp32."""
+    monkeypatch.setattr(A, "available_backends", lambda: {**{n: None for n in A.BACKENDS}})
+    with pytest.raises(ValueError, match="fp16 or bf16 CUDA tensors, got float32 tensors on cpu"):
+        A.resolve_backend("flash", torch.device("cpu"), torch.float32)
+    with pytest.raises(ValueError, match="got float32 tensors on cuda"):
+        A.resolve_backend("sage", torch.device("cuda"), torch.float32)
+    assert A.resolve_backend("flash", torch.device("cuda"), torch.bfloat16) == "flash"
+    assert A.resolve_backend("auto", torch.device("cuda"), torch.float32) == "sdpa"
+    assert A.resolve_backend("auto", torch.device("cuda"), torch.float16) == "flash3"
+
+
 def test_options_go_only_to_backends_that_take_them():
     q, k, v, mask = random_case(3, 1, 2, 40, 16, [25])
     with pytest.raises(TypeError, match="'host_sdpa' takes no options"):

@@ -46,6 +46,22 @@ def test_generation_config_records_every_stage(tiny_run):
         assert 0 <= cfg[f"stage{stage}_rss_growth_mib"] <= cfg[f"stage{stage}_peak_rss_mib"]
 
 
+def test_peak_memory_measures_again_when_reused():
+    """One PeakMemory object, two blocks that each hold a 64 MiB buffer: both see it (the stop flag of the first
+    block once made the second one stop sampling at once)."""
+    from hyv_lib.memory import PeakMemory
+
+    meter = PeakMemory()
+    seen = []
+    for _ in range(2):
+        with meter:
+            buffer = torch.ones(64 * 2**20, dtype=torch.uint8)
+            time.sleep(0.05)
+            del buffer
+        seen.append(meter.growth_bytes / 2**20)
+    assert all(g >= 60 for g in seen), seen
+
+
 def test_peak_memory_sees_a_short_lived_allocation():
     from hyv_lib.memory import PeakMemory
 

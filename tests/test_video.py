@@ -79,3 +79,25 @@ def test_tiled_decode_matches_one_piece_within_30_db():
     assert tiled.shape == whole.shape == (9, 320, 448, 3)
     assert not np.array_equal(tiled, whole)  # the tiles really were used
     assert quality.psnr(tiled, whole, 255) >= 30.0
+
+
+def test_write_mp4_refuses_frames_that_are_not_uint8(tmp_path):
+    """A float [-1, 1] video cast to uint8 would be an all-black mp4: it is an error naming the argument."""
+    from hyv_lib.errors import HyvInputError
+
+    with pytest.raises(HyvInputError) as err:
+        write_mp4(np.zeros((2, 16, 16, 3), dtype=np.float32), str(tmp_path / "v.mp4"), 8)
+    assert err.value.argument == "frames" and "uint8" in str(err.value)
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_atomic_write_gets_the_umask_permissions_and_leaves_the_umask_alone(tmp_path):
+    before = os.umask(0o027)
+    try:
+        with atomic_path(str(tmp_path / "f.bin")) as tmp:
+            with open(tmp, "wb") as f:
+                f.write(b"x")
+        assert os.umask(0o027) == 0o027  # atomic_path did not change it
+        assert (os.stat(tmp_path / "f.bin").st_mode & 0o777) == 0o640  # 0666 minus the umask, as a plain open gives
+    finally:
+        os.umask(before)
