@@ -22,6 +22,9 @@ import torch.nn.functional as F
 BACKENDS = ("reference", "sdpa", "flash", "flash3", "sage", "splash", "xla", "host_sdpa", "kv_zeroing")
 #: Backends that accept torchax tensors (device "jax") inside a jitted step.
 JAX_BACKENDS = ("splash", "xla", "host_sdpa")
+#: The options each backend takes (the others take none).
+BACKEND_OPTIONS = {"splash": ("block_q", "block_kv", "block_kv_compute", "interpret", "compute_dtype"),
+                   "xla": ("block_kv",)}
 
 
 # ------------------------------------------------------------------------------------------ availability
@@ -218,8 +221,7 @@ def attention(
                                        f"integers `mask.bool()`")
     kv_mask = kv_mask.to(device=q.device)
     name = resolve_backend(backend, q.device, q.dtype)
-    if options and name not in ("splash", "xla"):
-        raise TypeError(f"backend {name!r} takes no options; got {sorted(options)}")
+    _check_options(name, options)
     if q.device.type == "jax":
         return _call_jax_backend(name, q, k, v, kv_mask, options)
     if name == "reference":
@@ -237,6 +239,16 @@ def attention(
     if name in ("xla", "host_sdpa"):
         return _call_jax_backend(name, q, k, v, kv_mask, options, from_torch=True)
     return kv_zeroing_attention(q, k, v, kv_mask)
+
+
+def _check_options(backend: str, options: dict[str, Any]) -> None:
+    """TypeError for options the backend does not take (``auto``: those no backend it can pick takes)."""
+    valid = (set().union(*BACKEND_OPTIONS.values()) if backend == "auto" else set(BACKEND_OPTIONS.get(backend, ())))
+    unknown = sorted(set(options) - valid)
+    if unknown and not valid:
+        raise TypeError(f"backend {backend!r} takes no options; got {unknown}")
+    if unknown:
+        raise TypeError(f"backend {backend!r} takes the options {', '.join(sorted(valid))}; got {unknown}")
 
 
 def _call_jax_backend(name, q, k, v, kv_mask, options, from_torch=False):
@@ -370,13 +382,15 @@ def use_attention(model: torch.nn.Module, backend: str = "auto", **options: Any)
     """Install hyv_lib's masked attention on every attention of a HunyuanVideo15Transformer3DModel
     (dual-stream blocks and token refiner). Returns how many processors were installed.
 
-    The backend is checked now, so a missing package fails here rather than mid-forward.
+    The backend and its options are checked now, so a missing package or a misspelt option fails here rather than
+    mid-forward. The model is changed in place: its attention modules get these processors.
     """
     from diffusers.models.attention_processor import Attention, AttnProcessor2_0
     from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
 
     if backend != "auto":
         resolve_backend(backend, next(model.parameters()).device)
+    _check_options(backend, options)  # now, not at the first traced call
     installed = 0
     for name, module in model.named_modules():
         if not isinstance(module, Attention):

@@ -40,6 +40,10 @@ class DeepCacheSchedule:
             raise IndexError(f"step {step} outside 0..{self.num_steps - 1}")
         return step < self.start or step >= self.end or (step - self.start) % self.interval == 0
 
+    def cached_in(self, steps: int) -> int:
+        """How many of the first ``steps`` steps reuse the cache (0: a loop that long caches nothing)."""
+        return sum(1 for s in range(min(steps, self.num_steps)) if not self.is_full(s))
+
     def block_speedup(self, num_blocks: int, uncached_blocks: int = 1) -> float:
         """Upper bound on the speed-up from skipping blocks alone: blocks run without the cache divided by
         blocks run with it (cached steps still run ``uncached_blocks`` trailing blocks)."""
@@ -124,6 +128,11 @@ class DeepCacheStep:
 
     def __call__(self, **kwargs) -> torch.Tensor:
         index, self.calls = self.calls, self.calls + 1
+        if index == self.schedule.num_steps:  # once: every later call runs full, which is rarely what was meant
+            import warnings
+
+            warnings.warn(f"DeepCacheStep called more than its schedule's {self.schedule.num_steps} steps: the "
+                          "extra calls run every block; call reset() before each denoising loop", stacklevel=2)
         full = self.cache is None or index >= self.schedule.num_steps or self.schedule.is_full(index)
         if full:
             self.full_calls += 1

@@ -361,6 +361,17 @@ def denoise(
         step(**model_kwargs(latents, scheduler.timesteps[0]))
     if hasattr(step, "reset"):  # stateful steps (DeepCache) count steps from here: warmup must not shift them
         step.reset()
+    schedule = getattr(step, "schedule", None)
+    if schedule is not None:  # a DeepCache schedule that does not fit this loop is worth a word
+        import warnings
+
+        if schedule.num_steps != num_inference_steps:
+            warnings.warn(f"the DeepCache schedule has {schedule.num_steps} steps but the loop runs "
+                          f"{num_inference_steps}", stacklevel=2)
+        if schedule.cached_in(num_inference_steps) == 0:
+            warnings.warn(f"DeepCache caches none of these {num_inference_steps} steps (cached range "
+                          f"{schedule.start}..{schedule.end}, interval {schedule.interval}): every step runs full",
+                          stacklevel=2)
     for t in tqdm(scheduler.timesteps, desc="denoising", disable=not progress, leave=False):
         noise_uncond, noise_cond = step(**model_kwargs(latents, t)).float().chunk(2)
         guided = noise_uncond + guidance_scale * (noise_cond - noise_uncond)

@@ -11,6 +11,7 @@ import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as _sk
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as _sm
 
+from .attention import BACKEND_OPTIONS
 from .errors import HyvInputError
 
 # Tile sizes of the forward kernel: block_q query rows x block_kv key rows per grid step, the key block
@@ -170,7 +171,7 @@ def splash_attention_jax(q, k, v, kv_mask, *, block_q=None, block_kv=None, block
     return out.astype(out_dtype)
 
 
-_OPTIONS = ("block_q", "block_kv", "block_kv_compute", "interpret", "compute_dtype")
+_OPTIONS = BACKEND_OPTIONS["splash"]
 
 
 @functools.lru_cache(maxsize=None)

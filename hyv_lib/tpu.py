@@ -150,8 +150,9 @@ class TpuTransformer:
     XLA elsewhere); ``attention_options`` are its options (Splash block sizes and compute dtype, XLA's
     ``block_kv``).
 
-    ``mesh`` (:func:`hyv_lib.sharding.make_mesh`) and ``sharding`` (a rule set of
-    :data:`hyv_lib.sharding.RULE_SETS`, default ``tp``): weights are placed by the rules, the CFG batch
+    ``mesh`` (a jax Mesh from :func:`hyv_lib.sharding.make_mesh`, or its axes as a string such as
+    ``"data=2,tensor=4"``) and ``sharding`` (a rule set of :data:`hyv_lib.sharding.RULE_SETS`, default
+    ``tp_replicated_out`` as for the CLI): weights are placed by the rules, the CFG batch
     goes on the ``data`` axis, video tokens on the ``sequence`` axis between blocks, and attention runs
     per shard with heads on ``tensor`` x ``sequence``. ``placement`` holds the per-rule report. Arrays are
     placed shard by shard from the host copy (``jax.make_array_from_callback``) and read back with a
@@ -171,6 +172,11 @@ class TpuTransformer:
 
         if sharding is not None and mesh is None:
             raise ValueError("sharding needs a mesh (hyv_lib.sharding.make_mesh)")
+        if isinstance(mesh, str):
+            from .pipeline import parse_mesh
+            from .sharding import make_mesh
+
+            mesh = make_mesh(**parse_mesh(mesh))
         config = model.config
         check_supported(model, "TpuTransformer")
         self.model = model
@@ -194,7 +200,7 @@ class TpuTransformer:
                 raise ValueError(f"{config.num_attention_heads} attention heads cannot be split over the mesh's "
                                  f"tensor x sequence axes of size {mesh.shape['tensor']} x {mesh.shape['sequence']}")
             shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
-            specs, self.placement = plan(shapes, sharding or "tp", mesh)
+            specs, self.placement = plan(shapes, sharding or "tp_replicated_out", mesh)
             element = torch.empty((), dtype=self.dtype).element_size()
             for row in self.placement:
                 row["bytes_per_device"] = row.pop("per_device") * element
@@ -390,7 +396,12 @@ class TpuTransformer:
                                encoder_attention_mask=encoder_attention_mask,
                                encoder_hidden_states_2=encoder_hidden_states_2,
                                encoder_attention_mask_2=encoder_attention_mask_2, image_embeds=image_embeds)
-        return _to_cpu(self._run("forward", None, **args))
+        out = _to_cpu(self._run("forward", None, **args))
+        if return_dict:  # as diffusers' forward returns it
+            from diffusers.models.modeling_outputs import Transformer2DModelOutput
+
+            return Transformer2DModelOutput(sample=out)
+        return out
 
 
 def _conditioning(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -73,7 +73,9 @@ def count_block_calls(model):
 def test_all_full_schedule_gives_exactly_the_uncached_latents(model):
     every_step = DeepCacheSchedule(8, start=0, end=8, interval=1)
     cached = make_step(model, "torch", cache=every_step)
-    assert torch.equal(run_loop(cached), run_loop(torch_step(model)))
+    with pytest.warns(UserWarning, match="caches none"):  # a schedule like this is almost always a mistake
+        latents = run_loop(cached)
+    assert torch.equal(latents, run_loop(torch_step(model)))
     assert (cached.full_calls, cached.cached_calls) == (8, 0)
 
 
@@ -122,7 +124,9 @@ def test_tpu_runtime_agrees_and_compiles_two_programs(model):
     torch.testing.assert_close(latents, reference, rtol=0, atol=1e-5)
     assert tpu.compilations == 2  # one full program, one cached program, for all 8 steps
     every_step = DeepCacheStep(tpu, DeepCacheSchedule(8, start=0, end=8, interval=1))
-    torch.testing.assert_close(run_loop(every_step), run_loop(tpu), rtol=0, atol=1e-6)
+    with pytest.warns(UserWarning, match="caches none"):
+        latents = run_loop(every_step)
+    torch.testing.assert_close(latents, run_loop(tpu), rtol=0, atol=1e-6)
 
 
 def test_bad_cache_settings_name_the_flag(model):
@@ -140,3 +144,17 @@ def test_bad_cache_settings_name_the_flag(model):
     settings = resolve_settings(TINY, enable_cache=True, cache_start_step=1, cache_end_step=6)
     assert settings["enable_cache"] and settings["cache_step_interval"] == 4 and settings["no_cache_blocks"] == 1
     assert "cache_start_step" not in resolve_settings(TINY)
+
+
+def test_a_schedule_that_does_not_fit_the_loop_warns(model):
+    """A 50-step schedule in an 8-step loop caches nothing and says so; calls past the schedule warn once."""
+    model = copy.deepcopy(model)
+    with pytest.warns(UserWarning) as record:
+        run_loop(make_step(model, "torch", cache=DeepCacheSchedule(50)))
+    messages = " ".join(str(w.message) for w in record)
+    assert "50 steps but the loop runs" in messages and "caches none" in messages
+    step = make_step(model, "torch", cache=DeepCacheSchedule(2, 0, 2, 2))
+    kwargs = forward_kwargs(0)
+    with pytest.warns(UserWarning, match="more than its schedule's 2 steps"):
+        for _ in range(3):
+            step(**kwargs)

@@ -155,3 +155,16 @@ def test_prompt_cache_notices_in_place_edits(models):
     with torch.no_grad():
         expected = oracle(**kwargs).sample
     assert (tpu(**kwargs) - expected).abs().max() <= 1e-5
+
+
+def test_construction_checks_options_and_takes_a_mesh_string_and_return_dict(models):
+    """A misspelt attention option fails when the runtime is built (not at the first traced call); the mesh may be
+    given as the CLI's string; return_dict=True returns diffusers' output object, as the model's forward does."""
+    oracle, tpu = models
+    with pytest.raises(TypeError, match="block_kv"):
+        TpuTransformer(copy.deepcopy(oracle), attention="xla", attention_options={"blok_kv": 64})
+    string_mesh = TpuTransformer(copy.deepcopy(oracle), mesh="tensor=1")
+    assert dict(string_mesh.mesh.shape) == {"data": 1, "tensor": 1, "sequence": 1}
+    kwargs = inputs(0)
+    out = tpu(**kwargs, return_dict=True)
+    assert torch.equal(out.sample, tpu(**kwargs))
