@@ -1,0 +1,236 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Quickstart: the three-stage pipeline
+#
+# HunyuanVideo-1.5 turns a prompt into a video in three stages, each of which writes a file the next one reads:
+#
+# 1. **Text encoders** (Qwen2.5-VL + ByT5) turn the prompt and the negative prompt into
+#    `stage1_embeddings.safetensors`.
+# 2. **The DiT** (`HunyuanVideo15Transformer3DModel`) denoises Gaussian latents for a number of
+#    flow-matching steps, with classifier-free guidance, into `stage2_latents.safetensors`.
+# 3. **The VAE** (`AutoencoderKLHunyuanVideo15`) decodes the latents into frames, written as `output_video.mp4`.
+#
+# Splitting the pipeline at these files is what lets each stage run where it fits best: the 7B text encoder
+# on a host CPU, the 8.3B DiT on a TPU slice or GPU box, the VAE wherever memory allows. This notebook runs
+# all three with `hyv_lib` and looks at every hand-off.
+#
+# On a laptop CPU it uses **hyv-tiny** (preset `tiny_trained`): the real diffusers and transformers classes at a
+# tiny size, trained on this CPU to draw one colored shape moving on a plain background (the appendix shows how).
+# Its weights ship with `hyv_lib`, so the video below is a real generation you can check against the prompt,
+# and the files and code paths are exactly those of the real model. On a machine with the real weights, set
+# `HYV_PRESET=720p_t2v` and `HYV_MODEL_PATH=<diffusers folder>` and run the same notebook with your own prompt.
+
+# %% tags=["parameters"]
+import os
+
+# tiny_trained | tiny | 480p_t2v | 720p_t2v; real presets need a diffusers-format folder (or hub id)
+PRESET = os.environ.get("HYV_PRESET", "tiny_trained")
+MODEL_PATH = os.environ.get("HYV_MODEL_PATH") or None
+# hyv-tiny knows "a {color} {shape} moving {direction} on a {background} background" (see the appendix)
+PROMPT = os.environ.get("HYV_PROMPT", "a red circle moving left on a gray background")
+OUTPUT_DIR = os.environ.get("HYV_OUTPUT_DIR", "stage_outputs/quickstart")
+# None = the preset's default; set small values to smoke-test real weights on a CPU
+VIDEO_LENGTH = int(os.environ.get("HYV_VIDEO_LENGTH", 0)) or None
+STEPS = int(os.environ.get("HYV_STEPS", 0)) or None
+ATTENTION = os.environ.get("HYV_ATTENTION", "auto")  # exact masked attention; "diffusers" = the stock dense mask
+
+# %% [markdown]
+# ## The preset
+#
+# A preset fixes every shape: how many text tokens, the latent channels, the compression of the VAE, the
+# default resolution bucket, steps, flow shift and guidance scale. `python -m hyv_lib info --preset NAME --json`
+# prints the same data.
+
+# %%
+import time
+import warnings
+
+# diffusers imports tqdm.auto, which warns that ipywidgets is absent; text bars are fine here.
+warnings.filterwarnings("ignore", message="IProgress not found")
+
+import hyv_lib
+from hyv_lib import pipeline
+from hyv_lib.display import file_rows, frame_grid, html_table, tensor_rows, video_html
+
+preset = hyv_lib.get_preset(PRESET)
+real = hyv_lib.get_preset("720p_t2v")
+keys = ["text_len", "text_dim", "byt5_len", "byt5_dim", "latent_channels",
+        "spatial_compression", "temporal_compression", "default_height", "default_width",
+        "default_video_length", "default_steps", "flow_shift", "guidance_scale"]
+html_table([{"setting": k, PRESET: preset.to_json()[k], "720p_t2v": real.to_json()[k]}
+            for k in keys])
+
+# %% [markdown]
+# ## Stage 1: text encoders
+#
+# The MLLM branch wraps the prompt in Qwen2.5-VL's chat template with a long system prompt, runs the text
+# model, keeps `hidden_states[-3]` and crops the template tokens away, padding to a fixed length with a mask.
+# The ByT5 branch encodes only text inside quotes (glyphs to render); a prompt without quotes gives zeros and
+# an all-zero mask. Both prompts of classifier-free guidance are encoded: the negative one (empty here) and
+# the positive one.
+
+# %%
+t0 = time.perf_counter()
+pipeline.stage1(preset=PRESET, model_path=MODEL_PATH, prompt=PROMPT,
+                output_dir=OUTPUT_DIR)
+print(f"stage 1: {time.perf_counter() - t0:.1f} s")
+stage1_file = os.path.join(OUTPUT_DIR, "stage1_embeddings.safetensors")
+html_table(file_rows(stage1_file))
+
+# %% [markdown]
+# The masks count the valid tokens. Everything after them is padding that attention must ignore;
+# how to do that exactly and cheaply on every platform is the subject of the attention chapter.
+
+# %%
+from safetensors.torch import load_file
+
+embeds = load_file(stage1_file)
+for name in sorted(k for k in embeds if "mask" in k):
+    mask = embeds[name]
+    print(f"{name:30s} {int(mask.sum()):5d} valid of {mask.shape[1]}")
+
+# %% [markdown]
+# The same file for the real 720p model is far larger. This table is computed from the preset, not
+# typed in: the shapes are `[1, text_len, text_dim]` and `[1, byt5_len, byt5_dim]`, stored in bf16 (the masks
+# as int64).
+
+# %%
+real_dtypes = {k: "int64" if "mask" in k else "bfloat16" for k in real.stage1_shapes()}
+html_table(tensor_rows(real.stage1_shapes(), real_dtypes))
+
+# %% [markdown]
+# ## Stage 2: denoising
+#
+# Stage 2 draws Gaussian latents from the seed and integrates the flow-matching ODE from $\sigma=1$ (noise) to
+# $\sigma=0$ (data) with Euler steps. The DiT predicts a velocity $v_\theta$; classifier-free guidance
+# combines the predictions for the negative and positive prompt, which run as **one batch of 2**:
+#
+# $$
+# v = v_\text{neg} + g\,(v_\text{pos} - v_\text{neg}), \qquad x_{i+1} = x_i + (\sigma_{i+1} - \sigma_i)\, v .
+# $$
+#
+# The sigmas are `linspace(1, 0, N+1)` warped by the flow shift $s$: $\sigma' = s\sigma / (1 + (s-1)\sigma)$,
+# which spends more steps at high noise. The loop calls the transformer through one small interface, a
+# *transformer step*, so later chapters can swap in a jitted JAX step, a sharded one or a cached one without
+# touching the loop.
+
+# %%
+t0 = time.perf_counter()
+latents = pipeline.stage2(input_dir=OUTPUT_DIR, video_length=VIDEO_LENGTH,
+                          num_inference_steps=STEPS, seed=42, attention=ATTENTION)
+print(f"stage 2: {time.perf_counter() - t0:.1f} s")
+html_table(file_rows(os.path.join(OUTPUT_DIR, "stage2_latents.safetensors")))
+
+# %% [markdown]
+# The latent is 16x smaller than the video in height and width and 4x shorter in time (plus the first
+# frame, which the causal VAE encodes alone), hence the 4n+1 frame counts. Below: the shifted sigma schedule the
+# loop used, and the spread of the latents it produced.
+
+# %%
+import matplotlib.pyplot as plt
+import numpy as np
+from diffusers import FlowMatchEulerDiscreteScheduler
+
+config = hyv_lib.stage_io.read_config(OUTPUT_DIR)
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3))
+for shift in (1.0, 5.0, 9.0):
+    sched = FlowMatchEulerDiscreteScheduler(shift=shift)
+    sched.set_timesteps(sigmas=np.linspace(1, 0, 51)[:-1])
+    ax1.plot(sched.sigmas.numpy(), label=f"shift {shift:g}")
+ax1.set(xlabel="step (of 50)", ylabel="sigma", title="Shifted sigma schedules")
+ax1.legend()
+ax2.hist(latents.flatten().numpy(), bins=60)
+ax2.set(title=f"stage-2 latents after {config['num_inference_steps']} steps", xlabel="value")
+fig.tight_layout()
+
+# %% [markdown]
+# ## Stage 3: VAE decode
+#
+# The VAE decodes the latents to pixels in $[-1, 1]$, which become uint8 frames and an H.264 mp4. Spatial
+# tiling (on by default) decodes overlapping 256-pixel tiles and blends them, which bounds the decoder's memory
+# at 720p; the tiny video fits in one tile.
+
+# %%
+t0 = time.perf_counter()
+frames = pipeline.stage3(input_dir=OUTPUT_DIR)
+print(f"stage 3: {time.perf_counter() - t0:.1f} s, "
+      f"frames {tuple(frames.shape)} {frames.dtype}")
+fig = frame_grid(frames.numpy(), columns=5, title=f"{PRESET}: {PROMPT!r}")
+
+# %%
+video_html(os.path.join(OUTPUT_DIR, "output_video.mp4"))
+
+# %% [markdown]
+# Every stage also extends `generation_config.json`, so a folder of stage files always says how it
+# was made, including the time each stage took:
+
+# %%
+config = hyv_lib.stage_io.read_config(OUTPUT_DIR)
+html_table([{"key": k, "value": config[k]} for k in sorted(config)])
+
+# %% [markdown]
+# The same run is one command line:
+#
+# ```bash
+# python -m hyv_lib generate --preset tiny_trained --prompt "a red circle moving left on a gray background" --output_dir out
+# ```
+#
+# or three, one per stage (`stage1`, `stage2`, `stage3`) with the flags of the gpu-tpu-pedia staged scripts.
+#
+# ## Summary
+#
+# - HunyuanVideo-1.5 is three models in a row; `hyv_lib` runs them as three stages with safetensors hand-offs.
+# - Stage 1 follows diffusers' text recipe exactly (chat template, `hidden_states[-3]`, crop, ByT5 for quoted
+#   text); the masks mark valid tokens, valid first.
+# - Stage 2 is a flow-matching Euler loop with CFG as one batch of 2; it calls the DiT through a single
+#   *transformer step* interface that the later chapters reimplement for TPU and GPU.
+# - Stage 3 decodes with VAE tiling and writes an mp4.
+# - hyv-tiny runs the real classes on a CPU in seconds and draws what its prompt says; the 720p shapes come from
+#   the same preset code.
+#
+# ## Exercises
+#
+# 1. Run stage 2 twice with the same seed and compare the latents with `torch.equal`. Then add
+#    `warmup_steps=2`. What do you expect, and why does it matter for TPU benchmarking?
+#
+# :::{admonition} Answer
+# :class: dropdown
+# Both comparisons are `True`. The same seed draws the same noise from a CPU generator, and the loop is
+# deterministic on CPU. Warmup steps call the transformer on the first input and throw the result away without
+# touching the scheduler, so they cannot shift the schedule. This matters because the first jitted call on TPU
+# compiles. A warmup that also advanced the scheduler's step index would make the timed run start a step or two
+# late.
+# :::
+#
+# 2. Put a quoted word in the prompt (for example `a sign that says "OPEN"`) and look at
+#    `prompt_embeds_mask_2`. Then remove the quotes. What changes?
+#
+# :::{admonition} Answer
+# :class: dropdown
+# With quotes, ByT5 encodes `Text "OPEN". `, and the mask counts its bytes plus the end token. Without quotes,
+# the ByT5 embeddings are all zeros and the mask is all zeros, so the DiT sees no glyph tokens.
+# :::
+#
+# 3. Using `preset.latent_shape`, compute the number of video tokens the 720p model attends over for 121 frames,
+#    and how many joint-attention tokens that makes with the 1985 context tokens.
+#
+# :::{admonition} Answer
+# :class: dropdown
+# `latent_shape(720, 1280, 121)` is `(1, 32, 31, 45, 80)`. With a 1x1x1 patch, that is 31 * 45 * 80 = 111,600
+# video tokens, and 113,585 tokens in all with the context. Joint attention is quadratic in that number, which
+# is why attention dominates the cost at 720p.
+# :::

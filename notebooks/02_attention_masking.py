@@ -1,0 +1,399 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Attention masking: exact, without an S×S mask
+#
+# Every block of HunyuanVideo-1.5 runs *joint* attention over one long sequence: the video tokens, then the
+# context tokens (image, ByT5 and text embeddings). Most context tokens are padding, and attention has to ignore
+# them. This chapter does three things:
+#
+# 1. It shows where the padding comes from, and what the obvious ways of ignoring it cost: a dense mask of
+#    many gigabytes, NaN on JAX, or a small bias that never goes away.
+# 2. It derives three exact alternatives: key-padding masks, packed varlen sequences, and Splash segment ids.
+# 3. It runs them all through `hyv_lib.attention` and checks each against diffusers' own forward, including
+#    the real TPU Splash kernel in Pallas interpret mode.
+
+# %% tags=["parameters"]
+import os
+
+PRESET = os.environ.get("HYV_PRESET", "tiny_trained")   # tiny_trained | tiny | 480p_t2v | 720p_t2v
+MODEL_PATH = os.environ.get("HYV_MODEL_PATH") or None  # diffusers folder / hub id for real presets
+OUTPUT_DIR = os.environ.get("HYV_OUTPUT_DIR", "stage_outputs/attention")
+# Latent size of the model-level checks: small on purpose, even for real weights.
+LATENT_FRAMES, LATENT_H, LATENT_W = 2, 6, 10
+
+# %%
+import time
+import warnings
+
+warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm.auto without ipywidgets
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+import hyv_lib
+from hyv_lib import attention as A
+from hyv_lib import layout, pipeline
+from hyv_lib.display import html_table, token_layout_figure
+
+preset = hyv_lib.get_preset(PRESET)
+real = hyv_lib.get_preset("720p_t2v")
+
+# %% [markdown]
+# ## Where the padding comes from
+#
+# The context has a fixed length, so that every prompt gives the same shapes: `image_tokens` SigLIP tokens,
+# `byt5_len` ByT5 tokens and `text_len` Qwen2.5-VL tokens. For the real model that is 729 + 256 + 1000:
+
+# %%
+html_table([{"preset": p.name, "image": p.image_tokens, "ByT5": p.byt5_len, "text": p.text_len,
+             "context": layout.context_tokens(p)} for p in (preset, real)])
+
+# %% [markdown]
+# Only a few of those tokens are valid:
+#
+# - A text-to-video run has no image, so all image tokens are padding. (The model detects this because the
+#   image embeddings are all zero.)
+# - ByT5 only sees text in quotes, so without quotes every ByT5 token is padding.
+# - The text mask covers the prompt plus a few template tokens.
+#
+# Let us encode a prompt with and without quoted text:
+
+# %%
+embeds = pipeline.stage1(preset=PRESET, model_path=MODEL_PATH, output_dir=OUTPUT_DIR,
+                         prompt='a red square "OPEN"',  # short: hyv-tiny's text_len is 24
+                         negative_prompt="blurry")
+for name in ("prompt_embeds_mask", "prompt_embeds_mask_2",
+             "negative_prompt_embeds_mask", "negative_prompt_embeds_mask_2"):
+    print(f"{name:30s} {int(embeds[name].sum()):5d} valid of {embeds[name].shape[1]}")
+
+# %% [markdown]
+# Before the blocks, the model reorders each sample's context so that **valid tokens come first**:
+# `[valid image, valid ByT5, valid text, invalid image, invalid ByT5, invalid text]`. diffusers does this with
+# boolean indexing per sample. `hyv_lib.layout.valid_first_order` does the same with a stable sort and a gather,
+# which has static shapes (the torch-to-JAX chapter needs that), and a test checks it against diffusers' own
+# reorder. Here is the joint sequence of the positive prompt:
+
+# %%
+image_mask = torch.zeros(1, preset.image_tokens, dtype=torch.bool)  # text-to-video: no image
+text_mask, byt5_mask = embeds["prompt_embeds_mask"], embeds["prompt_embeds_mask_2"]
+order, reordered = layout.valid_first_order(image_mask, byt5_mask, text_mask)
+n_video = LATENT_FRAMES * LATENT_H * LATENT_W
+fig = token_layout_figure(n_video, {"image": image_mask[0], "ByT5": byt5_mask[0], "text": text_mask[0]},
+                          order=order[0], title=f"{PRESET}: {n_video} video tokens + context")
+print("valid context tokens form a prefix:", bool(reordered[0, :int(reordered.sum())].all()))
+
+# %% [markdown]
+# After the reorder, the valid tokens of every sample form a prefix `[0, n_b)` of the joint sequence:
+# the video tokens first, then the valid context. Several exact methods below rely on this.
+#
+# ## What a dense mask costs
+#
+# diffusers' processor builds the mask `valid_i & valid_j` as a `[B, 1, S, S]` boolean tensor in every block.
+# With classifier-free guidance B = 2. The size follows from the presets:
+
+# %%
+rows = []
+for p, (h, w) in ((hyv_lib.get_preset("480p_t2v"), (480, 848)), (real, (720, 1280))):
+    for frames in (33, 61, 121):
+        s = layout.joint_sequence_length(p, h, w, frames)
+        rows.append({"preset": p.name, "frames": frames, "S": f"{s:,}",
+                     "[2,1,S,S] bool, GiB": round(layout.dense_mask_bytes(p, h, w, frames) / 2**30, 2)})
+html_table(rows)
+
+# %% [markdown]
+# That is about 24 GiB at 720p and 121 frames, more than the 16 GB of HBM on a TPU v5e chip (Cloud TPU
+# documentation), and it is built again in each of the 54 blocks. The mask also carries almost no information:
+# after the reorder, each sample's mask is one number, its valid length.
+#
+# ## NaN: why "just mask with -inf" breaks under JAX
+#
+# A padded *query* row has no valid key at all. In JAX, the softmax of an all `-inf` row is `0/0 = NaN`. That NaN
+# does not stay in its row: in the next block the padded token is a *key*. Its attention weight is exactly 0,
+# but `0 * NaN = NaN`, so every valid token's output becomes NaN:
+
+# %%
+import jax
+import jax.numpy as jnp
+
+valid = jnp.array([True, True, True, False])  # 3 valid tokens, 1 padding
+rng = np.random.default_rng(0)
+x = jnp.asarray(rng.standard_normal((4, 8)), dtype=jnp.float32)
+
+def naive_layer(x):
+    scores = x @ x.T / jnp.sqrt(8.0)
+    allowed = valid[:, None] & valid[None, :]  # the dense mask
+    probs = jax.nn.softmax(jnp.where(allowed, scores, -jnp.inf), axis=-1)
+    return probs @ x
+
+h1 = naive_layer(x)
+h2 = naive_layer(h1)
+print("after block 1, NaN per token:", jnp.isnan(h1).any(axis=1))
+print("after block 2, NaN per token:", jnp.isnan(h2).any(axis=1))
+
+# %% [markdown]
+# The same two layers through `hyv_lib.attention` stay finite: a padded query gets an exact zero output
+# instead of a softmax over an empty set.
+
+# %%
+xt = torch.tensor(np.asarray(x))[None, None]  # [B=1, H=1, S=4, D=8]
+mask = torch.tensor(np.asarray(valid))[None]
+y = A.attention(xt, xt, xt, mask, backend="reference")
+y = A.attention(y, y, y, mask, backend="reference")
+print("any NaN after two layers:", torch.isnan(y).any().item())
+print("output of the padded token:", y[0, 0, 3].abs().max().item())
+
+# %% [markdown]
+# ## Three exact methods, and one that is not
+#
+# Let $V$ be the valid keys of a query $i$ and $s_{ij} = q_i \cdot k_j / \sqrt{d}$. Exact attention is
+#
+# $$
+# o_i = \frac{\sum_{j \in V} e^{s_{ij}} v_j}{Z_i}, \qquad Z_i = \sum_{j \in V} e^{s_{ij}} .
+# $$
+#
+# - **Key-padding mask.** Set $s_{ij} = -\infty$ for $j \notin V$. Then $e^{-\infty} = 0$ exactly, and padded
+#   keys add nothing to the sum or to $Z_i$. This needs only a `[B, S]` vector, broadcast inside the kernel.
+# - **Varlen (packed) sequences.** After the valid-first reorder, $V$ is the prefix `[0, n_b)`. Pack every
+#   sample's prefix into one `[sum n_b, H, D]` tensor, describe it by `cu_seqlens = [0, n_0, n_0 + n_1, ...]`,
+#   and run attention with no mask at all. This is flash-attn's `flash_attn_varlen_func`. The `sdpa` backend
+#   does the same on CPU one sample at a time (a slice, no copy).
+# - **Segment ids.** The TPU Splash kernel lets query $i$ see key $j$ only when `segment[i] == segment[j]`. Valid
+#   tokens get id 1; padding, including the padding added to reach a multiple of the block size, gets id 0. A
+#   valid query never sees padding. A padded query sees only padding, so its softmax is finite and it gets zeroed.
+#
+# **K/V zeroing** (the scheme of the gpu-tpu-pedia TPU port) multiplies padded keys and values by 0 and
+# attends with no mask. For a padded key $s_{ij} = 0$ and $v_j = 0$, so the numerator is unchanged, but each of
+# the $P$ padded keys adds $e^0 = 1$ to the denominator:
+#
+# $$
+# o'_i = \frac{\sum_{j \in V} e^{s_{ij}} v_j}{Z_i + P} = o_i \cdot \frac{Z_i}{Z_i + P} .
+# $$
+#
+# (Kernels subtract the row maximum $m$ first; then the extra term is $P e^{-m}$. The bias is the same.) Every
+# valid output shrinks towards zero. The shrinkage grows with the amount of padding, and it hits every token,
+# video tokens included. A measurement confirms the formula:
+
+# %%
+g = torch.Generator().manual_seed(0)
+n_valid, d = 64, 16
+q, k, v = (torch.randn(1, 1, n_valid + 1000, d, generator=g) for _ in range(3))
+pads = [0, 4, 16, 64, 256, 1000]
+measured, predicted = [], []
+for p in pads:
+    s = n_valid + p
+    qs, ks, vs = (t[:, :, :s] for t in (q, k, v))
+    mask = torch.arange(s)[None] < n_valid
+    exact = A.attention(qs, ks, vs, mask, backend="reference")[0, 0, :n_valid]
+    approx = A.attention(qs, ks, vs, mask, backend="kv_zeroing")[0, 0, :n_valid]
+    z = torch.exp(qs[0, 0, :n_valid] @ ks[0, 0, :n_valid].T / d**0.5).sum(-1)
+    measured.append((approx - exact).abs().max().item())
+    predicted.append((exact * (z / (z + p) - 1)[:, None]).abs().max().item())
+fig, ax = plt.subplots(figsize=(5, 3))
+ax.plot(pads, measured, "o", label="measured max |o' - o|")
+ax.plot(pads, predicted, "-", label="predicted from Z / (Z + P)")
+ax.set(xscale="symlog", xlabel="padded keys P", ylabel="max abs error", title="K/V zeroing is biased")
+ax.legend(fontsize=8)
+fig.tight_layout()
+
+# %% [markdown]
+# ## Padding to block multiples
+#
+# Tiled kernels work on blocks of queries and keys, so the sequence is padded to a multiple of the block size.
+# If those extra positions are treated as valid zero keys, the result is K/V zeroing again, applied to every
+# token. With the block sizes that the TPU kernel uses by default here (2048), the 720p sequence gets this
+# much padding:
+
+# %%
+from hyv_lib.splash import DEFAULT_BLOCK_SIZES
+
+s720 = layout.joint_sequence_length(real, 720, 1280, 121)
+block = DEFAULT_BLOCK_SIZES["block_kv"]
+padded = -(-s720 // block) * block
+print(f"S = {s720:,} -> {padded:,} at block_kv = {block}: {padded - s720:,} block-padding keys")
+
+
+# %% [markdown]
+# Segment ids make both kinds of padding invisible: block padding gets the padding id 0, the same as
+# context padding.
+#
+# ## The real Splash kernel on CPU
+#
+# `hyv_lib.splash` calls JAX's Pallas Splash attention kernel (`make_splash_mha` with `SegmentIds`). On a TPU it
+# runs natively. Anywhere else it runs in Pallas *interpret mode*, which executes the same kernel code (grid,
+# blocks, online softmax) with ordinary XLA operations: slowly, but with the same numerics. Below, every backend
+# that can run here is compared with a float64 computation, on the joint-sequence mask of the prompt above.
+# Small blocks force several grid steps and a sequence that is not a block multiple.
+
+# %%
+def float64_attention(q, k, v, mask):
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for b in range(q.shape[0]):
+        idx = mask[b].nonzero(as_tuple=True)[0]
+        w = torch.softmax(q[b][:, idx].double() @ k[b][:, idx].double().transpose(-1, -2)
+                          / q.shape[-1] ** 0.5, dim=-1)
+        out[b][:, idx] = w @ v[b][:, idx].double()
+    return out
+
+ctx_mask = torch.cat([torch.ones(1, n_video, dtype=torch.bool), reordered], dim=1)
+neg_order, neg_reordered = layout.valid_first_order(
+    image_mask, embeds["negative_prompt_embeds_mask_2"], embeds["negative_prompt_embeds_mask"])
+kv_mask = torch.cat([ctx_mask, torch.cat([torch.ones(1, n_video, dtype=torch.bool), neg_reordered], 1)])
+g = torch.Generator().manual_seed(1)
+q, k, v = (torch.randn(2, 2, kv_mask.shape[1], 64, generator=g) for _ in range(3))
+expected = float64_attention(q, k, v, kv_mask)
+rows = []
+for backend, options in (("reference", {}), ("sdpa", {}), ("kv_zeroing", {}),
+                         ("splash", dict(block_q=128, block_kv=128, block_kv_compute=128))):
+    A.attention(q, k, v, kv_mask, backend=backend, **options)  # warm up (Splash compiles)
+    t0 = time.perf_counter()
+    out = A.attention(q, k, v, kv_mask, backend=backend, **options)
+    ms = (time.perf_counter() - t0) * 1e3
+    valid_rows = kv_mask[:, None, :, None].expand_as(out)
+    rows.append({"backend": backend, "max |err| (valid rows)": f"{(out.double() - expected)[valid_rows].abs().max():.1e}",
+                 "padded rows exactly 0": bool((out[~valid_rows] == 0).all()), "ms": round(ms, 1)})
+print(f"S = {kv_mask.shape[1]}, valid tokens per sample = {kv_mask.sum(1).tolist()}")
+html_table(rows)
+
+# %% [markdown]
+# The exact backends agree with float64 to float32 rounding. K/V zeroing does not. (Its padded rows are
+# not zero either, but no valid token reads them.) Times on this CPU only show that interpret mode is slow. They
+# say nothing about TPU speed.
+#
+# ## On the model: every backend against diffusers
+#
+# `hyv_lib.attention.use_attention(model, backend)` installs the masked processor on every attention of a
+# `HunyuanVideo15Transformer3DModel`: the dual-stream blocks (54 in the real model, a few here) and the token refiner. The processor
+# receives diffusers' `[B, L_context]` mask, extends it with `True` for the video tokens, and passes the
+# `[B, S]` vector to the backend. No `S x S` tensor is built. The oracle is diffusers' own eager forward:
+
+# %%
+import copy
+
+from hyv_lib.models import load_components
+
+transformer = load_components(preset, MODEL_PATH, ["transformer"], dtype="fp32")["transformer"]
+conditioning = pipeline.prepare_conditioning(embeds, preset, torch.float32)
+c = preset.latent_channels
+g = torch.Generator().manual_seed(2)
+inputs = dict(hidden_states=torch.randn(2, 2 * c + 1, LATENT_FRAMES, LATENT_H, LATENT_W, generator=g),
+              timestep=torch.tensor([800.0, 800.0]), **conditioning)
+with torch.no_grad():
+    oracle = transformer(**inputs).sample
+rows = []
+for backend, options in (("reference", {}), ("sdpa", {}), ("kv_zeroing", {}),
+                         ("splash", dict(block_q=128, block_kv=128, block_kv_compute=128))):
+    model = copy.deepcopy(transformer)
+    n = A.use_attention(model, backend, **options)
+    with torch.no_grad():
+        out = model(**inputs).sample
+    err = (out - oracle).abs().max().item()
+    rows.append({"backend": backend, "processors": n, "max |out - oracle|": f"{err:.1e}",
+                 "relative": f"{err / oracle.abs().max().item():.1e}"})
+html_table(rows)
+
+# %% [markdown]
+# The exact backends match the oracle to float32 rounding. K/V zeroing misses it by a margin that the
+# tests would reject. In a 50-step loop that bias feeds back into the latents at every step. On a model this
+# small, though, this single-forward number says little about how visible it would be in a real video.
+#
+# ## Memory: O(S) instead of O(S²)
+#
+# `benchmarks/attention_memory.py` runs one tiny-width forward per process and measures how much its peak
+# memory grows, with diffusers' processor and with ours. Two short lengths run here. Pass `--frames 4 8` for
+# the 16k and 32k token runs.
+# When S doubles, our extra memory should grow at most linearly and diffusers' almost fourfold.
+
+# %%
+import subprocess
+import sys
+
+bench = os.path.join("..", "benchmarks", "attention_memory.py")
+result = subprocess.run([sys.executable, bench, "--frames", "1", "2"], capture_output=True, text=True, check=True)
+print(result.stdout)
+
+# %% [markdown]
+# ## GPU kernels, and what is known about their speed
+#
+# On GPUs the same semantics map onto these kernels (`hyv_lib.attention.available_backends()` says which ones can
+# run on a machine, and why not):
+#
+# | backend | kernel | exact? | how the mask is used |
+# |---|---|---|---|
+# | `flash` | FlashAttention-2 `flash_attn_varlen_func` | yes | packed valid tokens + `cu_seqlens` |
+# | `flash3` | FlashAttention-3 (Hopper) varlen | yes | same |
+# | `sage` | SageAttention, INT8 $QK^T$ | no (lossy) | run on each sample's valid tokens |
+# | `sdpa` | torch SDPA (flash/efficient/math) | yes | each sample's valid prefix, no mask argument |
+# | `splash` | JAX Pallas Splash (TPU) | yes | segment ids |
+#
+# Published numbers, with their hardware (nothing here was measured on a GPU):
+#
+# - **Kernel throughput**, H100 SXM5, head dim 128, non-causal, from the flash-attention repository's benchmark
+#   charts: FlashAttention-2 about 370 TFLOPS forward; FlashAttention-3 FP16 about 646–648 TFLOPS.
+# - **SageAttention2** (8-bit), H100, head dim 128: about 871–900 TOPS (SageAttention repository's charts). It is
+#   lossy: a ComfyUI report (issue #10823) links black HunyuanVideo-1.5 output to one SageAttention release.
+# - **HunyuanVideo-1.5 end to end**, 720p, 121 frames, 50 steps, 8×H100 (gpu-tpu-pedia, a single author whose
+#   documents label hardware inconsistently): FlashAttention-2 5.2 s/step; SageAttention 3.25 s/step.
+# - **TPU**, same project: v6e-8 with stock Splash and K/V zeroing 7.29 s/step. Its experiment with segment ids
+#   was *slower*, about 8.7 against 7.0 s/step. Exactness may cost time on TPU; a later chapter re-measures it.
+# - diffusers ≥ 0.37 rejects masks in its `flash`/`flash_hub`/`_flash_3` backends (PR #12892). HunyuanVideo-1.5's
+#   processor always passes a mask, so those backends fail for this model. Its varlen backends work.
+#
+# ## Summary
+#
+# - The context is 1985 padded tokens (729 image + 256 ByT5 + 1000 text); after the valid-first reorder, the
+#   valid tokens of each sample are a prefix of the joint sequence.
+# - A dense `[2, 1, S, S]` mask costs about 24 GiB at 720p/121 frames, rebuilt in every block. A `[B, S]` vector
+#   (or just the valid lengths) holds the same information.
+# - Fully masked rows give NaN under JAX, and the NaN spreads through $0 \cdot \text{NaN}$. `hyv_lib` zeroes
+#   padded rows instead.
+# - Key-padding masks, varlen packing and Splash segment ids are exact. K/V zeroing shrinks every output by
+#   $Z/(Z+P)$, and so does treating block padding as valid.
+# - `use_attention(model, backend)` makes diffusers' model use any of them. The exact ones match the oracle to
+#   float32 rounding, and extra memory grows as O(S), not O(S²).
+#
+# ## Exercises
+#
+# 1. Show that K/V zeroing with *no* padding at all (`P = 0`) is exact, and find the padding at which the
+#    relative error of a token reaches 1% when its $Z_i = 500$.
+#
+# :::{admonition} Answer
+# :class: dropdown
+# With $P = 0$ the factor $Z/(Z+P)$ is 1. The relative error is $P/(Z+P)$, and $P/(500+P) = 0.01$ gives
+# $P \approx 5.05$, so about 5 padded keys. A real prompt of about 100 tokens leaves over 1,800 padded context
+# tokens, so the bias is far from small unless $Z$ is huge.
+# :::
+#
+# 2. Why does the Splash backend give padded tokens segment id 0 instead of a fresh id per padded token?
+#
+# :::{admonition} Answer
+# :class: dropdown
+# Segment ids only have to separate valid tokens from padding. With one shared padding id, each padded query
+# sees at least one key (itself and the other padding), so its softmax is finite. Its output is zeroed
+# afterwards anyway. A fresh id per token would also work, but it adds nothing. Giving padding the *valid* id
+# would be K/V zeroing again.
+# :::
+#
+# 3. Use `hyv_lib.layout.dense_mask_bytes` to find the longest 720p video (4n+1 frames) whose `[2, 1, S, S]`
+#    mask still fits in 16 GiB.
+#
+# :::{admonition} Answer
+# :class: dropdown
+# `max(f for f in range(1, 122, 4) if layout.dense_mask_bytes(real, 720, 1280, f) <= 16 * 2**30)` gives 97
+# frames (25 latent frames, S = 91,985, about 15.8 GiB). At 101 frames it is already 17.0 GiB. The dense mask
+# alone would fill a 16 GB v5e chip before the model stored a single activation.
+# :::

@@ -1,0 +1,416 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Sharding the DiT across devices
+#
+# One HunyuanVideo-1.5 step at 720p and 121 frames does about 12.6 PFLOP and needs 16.7 GB of bf16 weights plus
+# gigabytes of activations, so it has to be spread over several chips. This chapter:
+#
+# 1. sizes the problem with the planner (`hyv_lib.perf`): FLOPs, bytes per device, lower bounds on step time;
+# 2. asks the **TPU compiler** what the real 720p program needs on a v6e-8, without a TPU: libtpu compiles for a
+#    named slice on any Linux machine, and the planner is checked against it;
+# 3. builds device meshes with `data`, `tensor` and `sequence` axes and places the weights with three rule sets
+#    (`tp`, `tp_replicated_out`, `fsdp`) on 8 emulated CPU devices, checks every layout against diffusers'
+#    forward and counts the collectives XLA inserts;
+# 4. runs Ulysses sequence parallelism, the GPU approach, with torch.distributed on CPU processes.
+#
+# The emulated devices run the programs a v6e-8 would run, on this CPU (`--xla_force_host_platform_device_count=8`).
+# The speed is not a TPU's; the memory and the collectives of the real-size program come from the TPU compiler.
+
+# %% tags=["parameters"]
+import os
+
+PRESET = os.environ.get("HYV_PRESET", "tiny_trained")   # unused: the planner sizes the real presets, the demos
+MODEL_PATH = os.environ.get("HYV_MODEL_PATH") or None  # build an 8-head tiny model (no weights are loaded here)
+N_DEVICES = int(os.environ.get("HYV_N_DEVICES", "8"))   # emulated CPU devices (a real TPU VM: its chips)
+COMPILE_PRESET = os.environ.get("HYV_COMPILE_PRESET", "tiny")  # the live TPU compile; 720p_t2v: minutes on a CPU
+TOPOLOGY = os.environ.get("HYV_TOPOLOGY", "v6e:2x2")    # its slice (tiny's 2 heads need a 4-device one)
+
+# %%
+# Emulated devices must be requested before JAX initialises its CPU backend.
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + f" --xla_force_host_platform_device_count={N_DEVICES}")
+import copy
+import logging
+import warnings
+
+warnings.filterwarnings("ignore", message="IProgress not found")
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+logging.getLogger("jax").setLevel(logging.ERROR)
+
+import jax
+import torch
+from diffusers import HunyuanVideo15Transformer3DModel
+
+import hyv_lib
+from hyv_lib import perf
+from hyv_lib.display import html_table
+from hyv_lib.models import example_forward_kwargs
+from hyv_lib.sharding import RULE_SETS, make_mesh
+from hyv_lib.tpu import TpuTransformer
+
+print(jax.device_count(), "devices:", jax.devices()[0].platform)
+
+# %% [markdown]
+# ## How big is one step?
+#
+# `hyv_lib.perf.step_flops` counts the matmuls of one forward over the CFG batch of 2. The parameter shapes come
+# from a meta-device instance of the diffusers class, and the attention term is $4 B H S^2 D$ per block over the
+# joint sequence, context padding included (the kernels compute it). On the tiny config, the same count matches
+# the matmul FLOPs in XLA's compiled HLO exactly (a test checks it).
+
+# %%
+rows = []
+for name in ("480p_t2v", "720p_t2v"):
+    p = hyv_lib.get_preset(name)
+    f = perf.step_flops(p, p.default_height, p.default_width, 121)
+    rows.append({"preset": name, "size": f"{p.default_height}x{p.default_width}x121",
+                 "joint tokens S": f"{f['tokens']['joint']:,}", "PFLOP per CFG step": round(f["total"] / 1e15, 2),
+                 "attention share": f"{f['attention_share']:.1%}"})
+html_table(rows)
+
+# %% [markdown]
+# At 720p nine tenths of the work is attention, which is quadratic in the 113k tokens. The weights are
+# what decides the *memory* layout:
+
+# %%
+real = hyv_lib.get_preset("720p_t2v")
+rows = []
+for rules in ("replicated", "tp", "tp_replicated_out", "fsdp"):
+    report = perf.param_bytes(real, "bf16", rules, mesh_shape=8)
+    rows.append({"rule set (8 devices)": rules, "weights per device, GB": round(report["bytes_per_device"] / 1e9, 2)})
+html_table(rows)
+
+# %% [markdown]
+# `tp` splits the attention and MLP matrices of the 54 blocks 8 ways. `tp_replicated_out` keeps the
+# row-parallel ones (attention output projection, MLP `fc2`) whole on every device, which costs about 4 GB per
+# device; the gpu-tpu-pedia project measured 8.12 → 7.29 s/step on a v6e-8 with this change (a single author, whose
+# documents label the hardware inconsistently). What the compiler makes of it is below. `fsdp` stores every block
+# matrix split over all devices and gathers each block's weights just before it runs. About a third of the
+# parameters (the AdaLN modulation linears, 12288×2048 per stream and block) stay whole under both TP rule sets.
+#
+# ## What the TPU compiler says
+#
+# A planner is only as good as its model of what XLA does. The TPU compiler can answer directly, on this CPU:
+# libtpu (installed with `requirements.txt`) describes a TPU slice by name, and `python -m hyv_lib compile` lowers the
+# very jitted step that `TpuTransformer` runs on such a slice, with Splash compiled by Mosaic, and prints what the
+# compiler reports per device. It is a memory and collective check, not a timing. A small config first, live (the
+# tiny preset, whose head dim of 16 Splash pads to the TPU's 128 lanes):
+
+# %%
+from hyv_lib.tpu_compile import compile_step, format_report
+
+print(format_report(compile_step(COMPILE_PRESET, TOPOLOGY)))
+
+# %% [markdown]
+# The real 720p/121-frame step takes a few minutes to compile on this 2-core CPU, so the chapter reads the
+# results of `benchmarks/tpu_compile.py`, which runs the same command for every chip, layout, size and cache mode
+# (one `python -m hyv_lib compile ... --json` process each) and saves them. The command behind each row is in the
+# file. For the v6e-8 at 720p, next to the planner's prediction for the same mesh (`perf.device_plan`):
+
+# %%
+import json
+
+with open(perf.COMPILED_RESULTS) as f:  # saved by benchmarks/tpu_compile.py, shipped in hyv_lib/compiled/
+    COMPILED = json.load(f)
+GIB = 2**30
+LAYOUTS = {"tp": "tp", "tp_replicated_out": "tp_replicated_out", "fsdp": "fsdp", "sequence": "tp"}
+rows, compared = [], {}
+for layout, rules in LAYOUTS.items():
+    c = COMPILED[f"v6e-8/{layout}/720p/uncached"]
+    plan = perf.device_plan(real, 720, 1280, 121, c["mesh"], rules)
+    kinds = {k["kind"]: k["bytes"] for k in c["collectives"]}
+    compared[layout] = (c, plan, kinds)
+    b = c["per_device_bytes"]
+    rows.append({"layout": layout, "mesh": ",".join(f"{a}={n}" for a, n in c["mesh"].items() if n > 1),
+                 "compiled GiB: weights+inputs": round(b["arguments"] / GIB, 2),
+                 "temporaries": round(b["temporaries"] / GIB, 2), "code": round(b["code"] / GIB, 2),
+                 "total": round(b["total"] / GIB, 2),
+                 "planner total": round(plan["per_device_bytes"]["total"] / GIB, 2),
+                 "compiled collectives GiB": round(sum(kinds.values()) / GIB, 1),
+                 "planner collectives": round(plan["collective_total"] / GIB, 1),
+                 "fits (31.25 GiB usable)": c["fits"], "compile s": round(c["compile_seconds"])})
+print(COMPILED["v6e-8/tp_replicated_out/720p/uncached"]["command"])
+html_table(rows)
+
+# %%
+for layout, (c, p, k) in compared.items():
+    memory = p["per_device_bytes"]["total"] / c["per_device_bytes"]["total"] - 1
+    wire = p["collective_total"] / sum(k.values()) - 1
+    print(f"{layout:18s} planner vs compiler: memory {memory:+.1%}, collective bytes {wire:+.1%}; "
+          f"compiled code {c['per_device_bytes']['code'] / GIB:.2f} GiB (not modelled)")
+
+# %% [markdown]
+# Every layout fits a v6e chip with room to spare, and the weights dominate except under FSDP, which splits them
+# eight ways. The planner's collective bytes match
+# the compiler's, kind by kind: its model of what XLA inserts was written from the compiled programs
+# (`perf.device_plan`'s docstring spells it out). Its memory is within a few percent for the TP layouts and the
+# sequence mesh. It misses FSDP's by more: that program carries the compiler's generated code for some 800 weight
+# gathers, close to a gigabyte per device, and the planner does not model generated code. Where the compiler has
+# reported on a configuration, the planner shows the compiler's total instead (`perf.device_plan(...,
+# topology="v6e:2x4")["memory_total"]`, used by `perf.bounds`); the temporaries are its one fitted term
+# (`perf.TEMPORARY_STREAM_COPIES`, `perf.FSDP_GATHERED_BLOCKS`). The grid for all chips, both sizes and DeepCache
+# is in {doc}`07_performance`.
+#
+# ### What `tp_replicated_out` really does
+#
+# The name suggests that keeping `to_out` and `fc2` whole on every device removes their all-reduces. The compiled
+# HLO shows something else. For `fc2`, XLA slices the replicated weight to the device's own columns of the MLP
+# activation and all-reduces the partial sums exactly as plain TP does. For the attention output projection it
+# all-gathers the attention output (the same bytes as the all-reduce it replaces) and then runs the whole `to_out`
+# matmul on every device. The counts per step:
+
+# %%
+rows = []
+for layout in ("tp", "tp_replicated_out"):
+    c, plan, kinds = compared[layout]
+    counts = {k["kind"]: k["count"] for k in c["collectives"]}
+    rows.append({"rule set (data=2, tensor=4)": layout,
+                 **{f"{kind} (count, GiB)": f"{counts.get(kind, 0)}, {kinds.get(kind, 0) / GIB:.1f}"
+                    for kind in ("all-reduce", "all-gather")},
+                 "GiB sent per device (ring)": round(plan["sent_bytes"] / GIB, 1),
+                 "XLA FLOPs per device (Splash excluded)": f"{c['flops_per_device']:.3g}",
+                 "weights GiB": round(plan["per_device_bytes"]["weights"] / GIB, 2)})
+html_table(rows)
+
+# %%
+(tp, _, tp_k), (tro, _, tro_k) = compared["tp"], compared["tp_replicated_out"]
+print(f"all-reduce bytes: {tro_k['all-reduce'] / tp_k['all-reduce']:.2f}x of plain TP's; all-gathers appear instead "
+      f"({tro_k['all-gather'] / GIB:.1f} GiB); non-attention FLOPs per device "
+      f"{tro['flops_per_device'] / tp['flops_per_device'] - 1:+.1%} (to_out run whole on all 4 tensor devices)")
+
+# %% [markdown]
+# So the swap is bytes for bytes in the HLO, half of plain TP's all-reduces become all-gathers of the same size.
+# On the wire that is less: a ring all-gather sends $(n-1)/n$ of its result per device, an all-reduce twice that, so
+# the bytes each device sends fall by a quarter. It pays for this with about 4 GB more weights per device and with
+# redundant `to_out` matmuls. Whether the trade wins is a question of overlap and timing that only a TPU can answer;
+# the 10% that gpu-tpu-pedia measured is consistent with fewer bytes on the wire.
+#
+# The planner's bounds, per device, for the same meshes, next to gpu-tpu-pedia's measured step times (the only
+# published ones for this model on TPU; its runs used `tensor=8`, so that is the mesh here):
+
+# %%
+cited = {"tp": 8.12, "tp_replicated_out": 7.29}  # gpu-tpu-pedia, v6e-8, 720p/121f, stock Splash [unverified]
+flops = perf.step_flops(real, 720, 1280, 121)["total"]
+rows = []
+for rules, mesh in (("tp", {"tensor": 8}), ("tp_replicated_out", {"tensor": 8}), ("fsdp", {"data": 2, "sequence": 4})):
+    b = perf.bounds(real, 720, 1280, 121, "v6e", 8, rules, mesh_shape=mesh)
+    rows.append({"rule set": rules, "mesh": ",".join(f"{a}={n}" for a, n in b["mesh"].items() if n > 1),
+                 "GB per device (weights + rest)": f"{b['weights_bytes'] / 1e9:.1f} + {b['activation_bytes'] / 1e9:.1f}",
+                 "compute bound s": round(b["compute_s"], 2), "interconnect bound s": round(b["interconnect_s"], 2),
+                 "measured s/step": cited.get(rules, ""),
+                 "MFU": f"{perf.mfu(flops, cited[rules], 'v6e', 8):.1%}" if rules in cited else ""})
+html_table(rows)
+
+# %% [markdown]
+# Compute dominates every row, so the levers are the attention kernel's efficiency (the custom exp2 Splash kernel
+# went from 7.29 to 5.81 s/step on the v6e-8) and keeping collectives off the critical path. FSDP holds the least
+# weight per device and, on a sequence mesh, splits all the compute; its cost is gathering every block's weights
+# each step (and four all-to-alls per block), which XLA can overlap with the previous block.
+#
+#
+
+# %% [markdown]
+# ## Meshes and rule sets
+#
+# A mesh names the devices' axes: `data` (the CFG pair of prompts), `tensor` (heads and matrix columns) and
+# `sequence` (video tokens). A rule set maps diffusers parameter names to `PartitionSpec`s. Unmatched parameters
+# are replicated, and a rule that matches nothing is an error. The demo model is the tiny config with 8 heads of
+# 16, so that 8-way tensor parallelism can split the heads.
+
+# %%
+tiny = hyv_lib.get_preset("tiny")
+torch.manual_seed(0)
+oracle_model = HunyuanVideo15Transformer3DModel(
+    **dict(tiny.transformer, num_attention_heads=8, attention_head_dim=16)).eval().requires_grad_(False)
+# A CFG batch of 2 with real padding: 14 and 50 valid text tokens, 0 and 7 ByT5 tokens, no image (t2v).
+inputs = example_forward_kwargs(tiny, seed=1, latent=(2, 4, 6), text_lengths=(14, 50), byt5_lengths=(0, 7),
+                                timestep=600.0)
+with torch.no_grad():
+    oracle = oracle_model(**inputs).sample
+for rule in RULE_SETS["tp_replicated_out"]:
+    print(f"{rule.name:40s} {rule.spec}")
+
+# %% [markdown]
+# Now each layout runs on its mesh. `TpuTransformer(model, mesh=..., sharding=...)` places the weights by
+# the rules. It also puts the CFG batch on `data` and keeps the video tokens split along `sequence` between
+# blocks, and it runs attention per shard: `shard_map` with the heads split over `tensor` × `sequence`. That last
+# part is needed because Splash is a Pallas kernel, which XLA's partitioner cannot split by itself. XLA inserts
+# every collective on its own.
+
+# %%
+from torchax.interop import jax_view
+
+cases = [("tp", dict(tensor=8), "xla"), ("tp_replicated_out", dict(tensor=8), "xla"),
+         ("tp_replicated_out", dict(data=2, tensor=4), "splash"), ("tp", dict(sequence=2, tensor=4), "xla"),
+         ("fsdp", dict(data=2, sequence=4), "xla")]
+rows, steps = [], {}
+for rules, axes, attention in cases:
+    mesh = make_mesh(**axes)
+    step = TpuTransformer(copy.deepcopy(oracle_model), mesh=mesh, sharding=rules, attention=attention)
+    out = step(**inputs)
+    weight = jax_view(step.jitted.buffers["model.transformer_blocks.0.attn.to_out.0.weight"])
+    hlo = step.lower(**inputs).compile().as_text()
+    steps[(rules, tuple(axes.items()))] = step
+    rows.append({"rules": rules, "mesh": ",".join(f"{k}={v}" for k, v in axes.items()), "attention": attention,
+                 "max |out - oracle|": f"{(out - oracle).abs().max():.1e}",
+                 "to_out.0 shard": str(list(weight.addressable_shards[0].data.shape)),
+                 **{op: c["count"] for op, c in perf.hlo_collectives(hlo).items()
+                    if op in ("all-reduce", "all-gather", "all-to-all")}})
+html_table(rows)
+
+# %% [markdown]
+# JAX can draw how an array is laid out over the devices. Here is the attention output projection
+# under `tp` on `tensor=8`: eight column blocks, one per device.
+
+# %%
+tp_step = steps[("tp", (("tensor", 8),))]
+jax.debug.visualize_array_sharding(jax_view(tp_step.jitted.buffers["model.transformer_blocks.0.attn.to_out.0.weight"]))
+
+# %% [markdown]
+# Every layout reproduces the oracle to float32 rounding. The shard shape of the attention output
+# projection (full size 128×128) shows the rules at work: split by input features under `tp`, whole under
+# `tp_replicated_out`, split by rows under `fsdp` (which gathers it whole just before its block runs). The
+# collective counts come from the compiled program: all-reduces for `tp`, all-gathers joining them under
+# `tp_replicated_out`, all-to-alls wherever there is a `sequence` axis, and weight all-gathers for `fsdp`. The
+# planner counts the same collectives, with the same bytes, as a test checks against the TPU compiler.
+#
+# ### A sequence axis has to divide the attention too
+#
+# On a mesh with a `sequence` axis, the video tokens are split between blocks. Attention needs every token, so a
+# device must hold whole sequences of *some* heads. If the heads were split over `tensor` alone, the two sequence
+# halves would both compute the same heads over the whole sequence: twice the attention work of `tensor=8` per
+# device. `hyv_lib` splits the heads over `tensor` × `sequence`; XLA turns the sequence shards into head shards with
+# an all-to-all before the kernel and back after it (Ulysses inside the mesh). XLA's own count per device, for a
+# model whose video tokens outnumber its context tokens as at real size, with dense attention so that no loop hides
+# FLOPs:
+
+# %%
+import dataclasses
+
+long_video = dataclasses.replace(tiny, text_len=16, byt5_len=8, image_tokens=4)  # 28 context tokens
+flops_inputs = example_forward_kwargs(long_video, seed=1, latent=(4, 16, 16), text_lengths=(9, 16),
+                                      byt5_lengths=(0, 5))  # 1,024 video tokens
+per_device = {}
+for axes in (dict(tensor=8), dict(sequence=2, tensor=4), dict(data=2, sequence=4)):
+    step = TpuTransformer(copy.deepcopy(oracle_model), mesh=make_mesh(**axes), sharding="tp", attention="xla",
+                          attention_options={"block_kv": None})
+    cost = step.lower(**flops_inputs).compile().cost_analysis()
+    per_device[",".join(f"{k}={v}" for k, v in axes.items())] = float(cost["flops"])
+base = per_device["tensor=8"]
+html_table([{"mesh (8 devices, tp rules)": k, "XLA FLOPs per device": f"{v:.3g}", "vs tensor=8": f"{v / base:.2f}x"}
+            for k, v in per_device.items()])
+
+# %% [markdown]
+# With the heads split over both axes, the sequence mesh does the per-device work of `tensor=8`.
+# `data=2,sequence=4` does less again: there the parts no rule splits (embedders, modulation, token refiner) run on
+# one sample per device instead of both. The all-to-alls that move the shards are in the collectives table above:
+# four per block (q, k and v to head shards, the output back), as in the TPU compiler's 720p program, where each is
+# $[b, N_v/s, h/t]$ as the planner counts them.
+#
+#
+
+# %% [markdown]
+# ## Ulysses: sequence parallelism on GPUs
+#
+# The official GPU code parallelises differently. Each of N processes holds the whole model and 1/N of the video
+# tokens. In each attention, an all-to-all turns sequence shards into head shards, so every rank attends over
+# all tokens with H/N heads, and a second all-to-all turns them back. The text tokens are small, so they are
+# replicated and only head-sliced. `hyv_lib.parallel.UlyssesTransformer` does this on torch.distributed (nccl on
+# GPUs). Here it runs on gloo, with CPU processes:
+
+# %%
+from hyv_lib.parallel import run_distributed, ulysses_forward
+
+ulysses_model = copy.deepcopy(oracle_model)
+rows = []
+for world in (2, 4):
+    out = run_distributed(ulysses_forward, world, ulysses_model, inputs)
+    rows.append({"ranks": world, "heads per rank": 8 // world, "video tokens per rank": -(-48 // world),
+                 "max |out - oracle|": f"{(out - oracle).abs().max():.1e}"})
+html_table(rows)
+
+# %% [markdown]
+# On real hardware it is one command per node:
+#
+# ```bash
+# torchrun --nproc_per_node=8 -m hyv_lib stage2 --input_dir out --runtime ulysses --num_inference_steps 50
+# ```
+#
+# and on a TPU VM, after checking the layout with the compiler on any machine:
+#
+# ```bash
+# python -m hyv_lib compile --preset 720p_t2v --topology v6e:2x4 --mesh data=2,tensor=4 --sharding tp_replicated_out
+# python -m hyv_lib stage2 --input_dir out --runtime tpu --mesh data=2,tensor=4 --sharding tp_replicated_out
+# ```
+#
+# ## Summary
+#
+# - At 720p and 121 frames one CFG step is about 12.6 PFLOP, 90% of it attention. The bf16 weights take
+#   16.7 GB, 7.1 GB per device under 8-way `tp`, or 11.1 GB with the row-parallel weights replicated.
+# - The TPU compiler runs on any Linux machine with libtpu: `python -m hyv_lib compile` compiles the real step for
+#   a named slice and reports per-device memory, collectives and FLOPs. At 720p every layout above fits a v6e-8,
+#   and the planner (`perf.device_plan`) agrees with the compiler on memory and collective bytes.
+# - `tp_replicated_out` does not remove collectives: XLA all-gathers the attention output and runs `to_out` whole on
+#   every device, and still all-reduces the MLP output. It halves the all-reduces and cuts the bytes on the wire by
+#   a quarter, for 4 GB more weights per device and some redundant compute.
+# - A `sequence` axis splits the heads together with `tensor` (Ulysses inside the mesh), so
+#   `sequence=2,tensor=4` does the per-device work of `tensor=8`; FSDP gathers each block's weights whole and splits
+#   its compute over `data` and `sequence`.
+# - `TpuTransformer(..., mesh, sharding)` matches diffusers' forward on every layout tested here, and Ulysses gives
+#   the same output on 2 and 4 processes.
+#
+# ## Exercises
+#
+# 1. Why must the number of heads be divisible by `tensor` × `sequence`, and what would you do for 16 heads on
+#    a 12-chip system?
+#
+# :::{admonition} Answer
+# :class: dropdown
+# Attention runs per shard with whole heads on each device (Splash works on [heads, sequence, head_dim]
+# blocks), and the heads are split over both axes. No product of `tensor` and `sequence` that uses 12 chips divides
+# 16, and `data` can only take 1 or 2 (the CFG batch of 2). Use 8 of the 12 chips (`data=2,tensor=4`, or
+# `tensor=8`). `TpuTransformer`, `python -m hyv_lib compile` and `UlyssesTransformer` raise a clear error instead of
+# guessing.
+# :::
+#
+# 2. Using `perf.param_bytes`, how much memory per device would splitting the AdaLN modulation linears
+#    (`norm1.linear`, `norm1_context.linear`) save under `tp` on 8 devices? How would you confirm it with the
+#    compiler?
+#
+# :::{admonition} Answer
+# :class: dropdown
+# Each is 12288×2048 (+bias) per block and stream: 2 × 54 × 25.18 M ≈ 2.72 B parameters ≈ 5.44 GB in bf16.
+# Split 8 ways, that is 0.68 GB per device instead of 5.44, so `tp` would drop from about 7.1 to about 2.4 GB per
+# device. Try it with a custom rule list, such as
+# `RULE_SETS["tp"] + [Rule("tp/adaln", r"transformer_blocks\.\d+\.norm1(_context)?\.linear\.(weight|bias)", ("tensor", None))]`.
+# To confirm it, add that rule to `hyv_lib.sharding.RULE_SETS` under a new name and compile: the compiler's
+# `arguments` per device should fall by the same amount (and it will show whether the modulation output now needs
+# a collective).
+# :::
+#
+# 3. Ulysses moves the video q, k, v and output through all-to-alls. Why is it attractive on GPUs, where TP
+#    is the usual choice for large language models?
+#
+# :::{admonition} Answer
+# :class: dropdown
+# Here the sequence is long (about 112k tokens) while the model is modest (8.3B), so activations dominate and the
+# weights fit on one GPU. Ulysses keeps the weights whole, which means no all-reduce after every matmul. Per
+# block it moves only the attention inputs and outputs, and each all-to-all sends 1/N of them to each peer.
+# At 720p on 8 devices the planner has each device send about 22 GB per step for Ulysses
+# (`perf.collective_bytes(..., strategy="ulysses")`) against about 176 GB for plain TP on `tensor=8`
+# (`perf.device_plan(..., {"tensor": 8}, "tp")["sent_bytes"]`).
+# :::
