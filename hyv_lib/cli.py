@@ -166,6 +166,10 @@ def run(argv: list[str] | None = None) -> int:
     from . import pipeline
     from .presets import get_preset
 
+    if getattr(args, "runtime", None) == "tpu":  # the CLI's policy, not a library side effect
+        from .tpu import enable_compile_cache
+
+        enable_compile_cache(os.environ.get("HYV_COMPILE_CACHE_DIR"))
     try:
         if args.command == "info":
             preset = get_preset(args.preset)

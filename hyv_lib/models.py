@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from typing import Any, Iterable
@@ -14,6 +15,9 @@ from .presets import Preset
 #: Component names of a diffusers ``HunyuanVideo15Pipeline`` folder (model_index.json).
 COMPONENTS = ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "transformer", "vae", "scheduler", "guider")
 
+#: What a text-to-video pipeline loads (:func:`hyv_lib.load_pipeline`).
+PIPELINE_COMPONENTS = ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2", "transformer", "scheduler", "vae")
+#: Model dtypes by their CLI spelling (``--dtype``).
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 # The tiny MLLM tokenizer uses the ChatML layout of Qwen2.5-VL's chat template (system, user, then the
@@ -30,6 +34,24 @@ def torch_dtype(name: str) -> torch.dtype:
         return DTYPES[name]
     except KeyError:
         raise HyvInputError("--dtype", f"must be one of {', '.join(DTYPES)}, got {name!r}") from None
+
+
+@contextlib.contextmanager
+def quiet_loading():
+    """Silence diffusers' and transformers' weight-loading progress bars, and restore both settings after."""
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    modules = (diffusers_logging, transformers_logging)
+    were_enabled = [module.is_progress_bar_enabled() for module in modules]
+    for module in modules:
+        module.disable_progress_bar()
+    try:
+        yield
+    finally:
+        for module, enabled in zip(modules, were_enabled):
+            if enabled:
+                module.enable_progress_bar()
 
 
 def build_tiny_tokenizer(word_tokens: bool = False):
@@ -54,9 +76,7 @@ def build_tiny_tokenizer(word_tokens: bool = False):
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         # Frozen: the vocabulary hyv-tiny was trained with. A new word would renumber the tokens, and with them
         # the rows of the random text-encoder embedding that the shipped DiT learned to read.
-        colors = [*data.COLORS, "cyan"]
-        captions = [data.Combo(c, s, d, b).caption for c in colors for s in data.SHAPES for d in data.DIRECTIONS
-                    for b in data.BACKGROUNDS]
+        captions = data.tokenizer_captions()
         # A vocabulary larger than the merges can fill: training stops when every word is one token.
         trainer = trainers.BpeTrainer(vocab_size=4096, min_frequency=1, show_progress=False,
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet())

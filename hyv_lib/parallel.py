@@ -261,6 +261,13 @@ def init_distributed(backend: str | None = None) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def barrier() -> None:
+    """Wait for every rank: a one-element all-reduce on the backend's device. (torch.distributed.barrier picks its
+    device from the registered accelerator, and fails once torchax has registered the "jax" device in-process.)"""
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    dist.all_reduce(torch.zeros(1, device=device))
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (for MASTER_PORT)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -41,6 +41,8 @@ class Chip:
 
 GIB = 2**30
 
+#: The accelerators the planner knows (TPU v4/v5e/v5p/v6e/v7x, GPUs), each with its peak bf16 FLOP/s, HBM and
+#: bandwidth and the source of those numbers.
 CHIPS: dict[str, Chip] = {
     "v4": Chip("TPU v4", 275e12, 32 * GIB, 1200e9, None, 1,
                "Google Cloud TPU docs, docs.cloud.google.com/tpu/docs/v4: 275 TFLOP/s bf16, 32 GiB HBM2, 1,200 GB/s "
@@ -91,6 +93,12 @@ def get_chip(chip: str | Chip) -> Chip:
         return CHIPS[chip]
     except KeyError:
         raise HyvInputError("chip", f"unknown chip {chip!r}; valid: {', '.join(CHIPS)}") from None
+
+
+def _check_count(name: str, value: Any) -> None:
+    """HyvInputError naming ``name`` unless ``value`` is a positive int (a string "8" or 8.0 is not)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise HyvInputError(name, f"must be a positive integer, got {value!r}")
 
 
 def _preset(preset: Preset | str) -> Preset:
@@ -272,8 +280,9 @@ def xla_flops(compiled) -> dict[str, Any]:
 
 def mfu(flops: float, seconds: float, chip: str | Chip, n_chips: int) -> float:
     """Model FLOP utilisation: ``flops / (seconds x n_chips x peak bf16 FLOP/s)``."""
-    if seconds <= 0 or n_chips <= 0:
-        raise HyvInputError("seconds/n_chips", f"must be positive, got {seconds}, {n_chips}")
+    _check_count("n_chips", n_chips)
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not seconds > 0:
+        raise HyvInputError("seconds", f"must be a positive number, got {seconds!r}")
     return flops / (seconds * n_chips * get_chip(chip).peak_bf16_flops)
 
 
@@ -672,6 +681,7 @@ def bounds(preset: Preset | str, height: int, width: int, video_length: int, chi
     """
     preset = _preset(preset)
     spec = get_chip(chip)
+    _check_count("n_chips", n_chips)
     x = dtype_bytes(dtype)
     devices = n_chips * spec.devices_per_chip
     flops = step_flops(preset, height, width, video_length, batch)
@@ -682,8 +692,14 @@ def bounds(preset: Preset | str, height: int, width: int, video_length: int, chi
         mesh = dict(mesh_shape) if mesh_shape else default_layout(devices, d["heads"], rule_name, batch)
         if math.prod(mesh.values()) != devices:
             raise HyvInputError("mesh_shape", f"{mesh} is not {devices} devices ({n_chips} x {spec.name})")
-        plan = device_plan(preset, height, width, video_length, mesh, rule_name, batch=batch, dtype=dtype,
-                           topology=SLICES.get((chip, n_chips)) if isinstance(chip, str) else None)
+        try:
+            plan = device_plan(preset, height, width, video_length, mesh, rule_name, batch=batch, dtype=dtype,
+                               topology=SLICES.get((chip, n_chips)) if isinstance(chip, str) else None)
+        except HyvInputError as err:
+            if mesh_shape or err.argument != "mesh_shape":
+                raise
+            raise HyvInputError("n_chips", f"{n_chips} x {spec.name} = {devices} devices has no default layout "
+                                           f"({err.message}); pass mesh_shape") from None
         device_flops, weights = plan["flops"]["total"], plan["per_device_bytes"]["weights"]
         activations = plan["memory_total"] - weights  # the compiler's total when it was compiled (see device_plan)
         sent, strategy, memory_source = plan["sent_bytes"], "compiled layout", plan["memory_source"]

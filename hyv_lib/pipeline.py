@@ -41,6 +41,7 @@ def torch_step(transformer) -> TransformerStep:
     return step
 
 
+#: The transformer runtimes (``--runtime``): eager diffusers, torchax/JAX jit (TPU), Ulysses sequence parallel.
 RUNTIMES = ("torch", "tpu", "ulysses")
 #: ``--attention`` values besides hyv_lib's backends (:data:`hyv_lib.attention.BACKENDS`): ``auto`` (the best exact
 #: backend for the runtime's tensors) and ``diffusers`` (diffusers' stock processor, which builds a dense
@@ -68,7 +69,8 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
               sharding: str = "tp_replicated_out", cache=None, uncached_blocks: int = 1,
               attention: str = "auto") -> TransformerStep:
     """The transformer step of a runtime: ``torch`` (eager diffusers), ``tpu`` (torchax/JAX jit on
-    whatever JAX backend is present: the TPU on a TPU VM, the CPU here; compile cache enabled) or
+    whatever JAX backend is present: the TPU on a TPU VM, the CPU here; JAX's persistent compile cache is the
+    caller's choice, :func:`hyv_lib.tpu.enable_compile_cache`, which the CLI turns on) or
     ``ulysses`` (sequence parallel over the torchrun processes: nccl on GPUs, gloo on CPU).
 
     ``attention``: every runtime installs hyv_lib's exact masked attention on ``transformer`` (in place): ``auto``
@@ -101,10 +103,9 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
         return torch_step(transformer)
     if runtime == "tpu":
         from .sharding import make_mesh
-        from .tpu import TpuTransformer, enable_compile_cache
+        from .tpu import TpuTransformer
 
         axes = parse_mesh(mesh)
-        enable_compile_cache(os.environ.get("HYV_COMPILE_CACHE_DIR"))
         if axes is None:
             return TpuTransformer(transformer, attention=attention)
         try:
@@ -157,6 +158,22 @@ def _rank() -> int:
 
 
 # ----------------------------------------------------------------------------------------------- validation
+def _check_type(name: str, value: Any, kind: type) -> None:
+    """HyvInputError unless ``value`` is None or of ``kind`` (an int for int; an int or float for float; never a
+    bool or a string): '720' or 33.0 would otherwise fail deep inside, or flow into float shapes."""
+    valid = (int, float) if kind is float else (int,)
+    if value is None or (isinstance(value, valid) and not isinstance(value, bool)):
+        return
+    import numbers
+
+    if kind is int and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return  # numpy integers
+    if kind is float and isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return
+    raise HyvInputError(name, f"must be {'an integer' if kind is int else 'a number'}, "
+                              f"got {type(value).__name__} {value!r}")
+
+
 def resolve_settings(
     preset: Preset, *, aspect_ratio: str = "16:9", height: int | None = None, width: int | None = None,
     video_length: int | None = None, num_inference_steps: int | None = None, guidance_scale: float | None = None,
@@ -170,6 +187,11 @@ def resolve_settings(
     Bad values raise HyvInputError naming the flag. Height and width come from the ``aspect_ratio``
     bucket unless both are given.
     """
+    for name, value, kind in (("--height", height, int), ("--width", width, int), ("--video_length", video_length, int),
+                              ("--num_inference_steps", num_inference_steps, int), ("--seed", seed, int),
+                              ("--warmup_steps", warmup_steps, int), ("--guidance_scale", guidance_scale, float),
+                              ("--flow_shift", flow_shift, float)):
+        _check_type(name, value, kind)
     video_length = preset.default_video_length if video_length is None else video_length
     num_inference_steps = preset.default_steps if num_inference_steps is None else num_inference_steps
     guidance_scale = preset.guidance_scale if guidance_scale is None else guidance_scale
@@ -267,6 +289,48 @@ def _preset_from_config(config: dict[str, Any], input_dir: str) -> Preset:
     return get_preset(config["preset"])
 
 
+def encode_pair(components: dict[str, Any], preset: Preset, prompt: str, negative_prompt: str = "",
+                dtype: str = "fp32") -> dict[str, torch.Tensor]:
+    """The stage-1 tensors of a prompt and its negative prompt (one text-encoder batch [negative, positive]):
+    ``prompt_embeds``, ``prompt_embeds_mask``, ``prompt_embeds_2``, ``prompt_embeds_mask_2`` and their
+    ``negative_`` twins, batch 1 each, floats in ``dtype``."""
+    from .text import encode_prompts
+
+    encoded = encode_prompts(components, preset, [negative_prompt, prompt])
+    tensors = {}
+    for index, prefix in ((0, "negative_"), (1, "")):
+        for name, value in encoded.items():
+            value = value[index : index + 1]
+            tensors[prefix + name] = value.to(torch_dtype(dtype)) if value.is_floating_point() else value
+    return tensors
+
+
+def sample_latents(step: TransformerStep, transformer, scheduler_config, preset: Preset,
+                   embeds: dict[str, torch.Tensor], settings: dict[str, Any], *, progress: bool = True,
+                   device: torch.device | None = None) -> torch.Tensor:
+    """Stage 2's work without files: seeded noise denoised by ``step`` with CFG, conditioned on the stage-1
+    tensors ``embeds``, with resolved ``settings`` (:func:`resolve_settings`); fp32 latents on the CPU.
+    ``transformer`` supplies the dtype and widths; the scheduler is built from ``scheduler_config`` with the
+    settings' flow shift."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    config = transformer.config
+    for key, dim in (("prompt_embeds", config.text_embed_dim), ("prompt_embeds_2", config.text_embed_2_dim)):
+        if embeds[key].shape[-1] != dim:
+            raise HyvInputError("--input_dir", f"{STAGE1_FILE}: {key} has width {embeds[key].shape[-1]} but the "
+                                               f"transformer expects {dim}; stage1 used a different model")
+    model_dtype = next(transformer.parameters()).dtype
+    device = device or torch.device("cpu")
+    scheduler = FlowMatchEulerDiscreteScheduler.from_config(scheduler_config, shift=settings["flow_shift"])
+    shape = preset.latent_shape(settings["height"], settings["width"], settings["video_length"])
+    shape = (shape[0], config.out_channels, *shape[2:])  # the model decides the channels
+    conditioning = {k: v.to(device) for k, v in prepare_conditioning(
+        embeds, preset, model_dtype, image_dim=config.image_embed_dim).items()}
+    return denoise(step, initial_latents(shape, settings["seed"]).to(device), conditioning, scheduler,
+                   num_inference_steps=settings["num_inference_steps"], guidance_scale=settings["guidance_scale"],
+                   model_dtype=model_dtype, warmup_steps=settings["warmup_steps"], progress=progress).cpu()
+
+
 # ------------------------------------------------------------------------------------------------- stage 1
 def stage1(
     preset: str = "tiny", prompt: str = "", negative_prompt: str = "", output_dir: str = "stage_outputs",
@@ -285,18 +349,11 @@ def stage1(
     if model_path is None and not spec.is_tiny:
         load_components(spec, None, [])  # raises the "needs --model_path" error before any work
     ensure_output_dir(output_dir)
-    from .text import encode_prompts
-
     names = ["tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2"]
     with PeakMemory() as memory:
         if components is None:
             components = load_components(spec, model_path, names, dtype=dtype)
-        encoded = encode_prompts(components, spec, [negative_prompt, prompt])  # batch [negative, positive]
-    tensors = {}
-    for index, prefix in ((0, "negative_"), (1, "")):
-        for name, value in encoded.items():
-            value = value[index : index + 1]
-            tensors[prefix + name] = value.to(torch_dtype(dtype)) if value.is_floating_point() else value
+        tensors = encode_pair(components, spec, prompt, negative_prompt, dtype)
     save_tensors(tensors, os.path.join(output_dir, STAGE1_FILE), metadata={"preset": spec.name})
     update_config(
         output_dir, base={}, prompt=prompt, negative_prompt=negative_prompt, preset=spec.name,
@@ -411,35 +468,19 @@ def stage2(
     )
     output_dir = ensure_output_dir(output_dir or input_dir)
     dtype = config.get("dtype", spec.default_dtype)
-    model_dtype = torch_dtype(dtype)
     if components is None:
         components = load_components(spec, config.get("model_path"), ["transformer", "scheduler"], dtype=dtype)
     transformer = components["transformer"]
-    for key, dim in (("prompt_embeds", transformer.config.text_embed_dim),
-                     ("prompt_embeds_2", transformer.config.text_embed_2_dim)):
-        if embeds[key].shape[-1] != dim:
-            raise HyvInputError("--input_dir", f"{STAGE1_FILE}: {key} has width {embeds[key].shape[-1]} but the "
-                                               f"transformer expects {dim}; stage1 used a different model")
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
-    scheduler = FlowMatchEulerDiscreteScheduler.from_config(components["scheduler"].config,
-                                                            shift=settings["flow_shift"])
-    shape = spec.latent_shape(settings["height"], settings["width"], settings["video_length"])
-    shape = (shape[0], transformer.config.out_channels, *shape[2:])  # the folder's model decides the channels
     device = torch.device("cpu")
     if runtime in ("torch", "ulysses") and torch.cuda.is_available():  # a GPU (per rank); untested here: no GPU
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         transformer.to(device)  # before the step is built (a no-op when a kept model is already there)
+    owns_group = runtime == "ulysses" and not torch.distributed.is_initialized()  # else the caller's: left as found
     step = step or make_step(transformer, runtime, mesh, sharding, cache=cache_schedule(settings),
                              uncached_blocks=settings.get("no_cache_blocks", 1), attention=attention)
-    conditioning = {k: v.to(device) for k, v in prepare_conditioning(
-        embeds, spec, model_dtype, image_dim=transformer.config.image_embed_dim).items()}
     with PeakMemory() as memory:
-        latents = denoise(
-            step, initial_latents(shape, settings["seed"]).to(device), conditioning, scheduler,
-            num_inference_steps=settings["num_inference_steps"], guidance_scale=settings["guidance_scale"],
-            model_dtype=model_dtype, warmup_steps=settings["warmup_steps"], progress=not quiet and _rank() == 0,
-        ).cpu()
+        latents = sample_latents(step, transformer, components["scheduler"].config, spec, embeds, settings,
+                                 progress=not quiet and _rank() == 0, device=device)
     if _rank() == 0:  # every rank holds the same latents; one writes them
         save_tensors({"latents": latents}, os.path.join(output_dir, STAGE2_FILE), metadata={"preset": spec.name})
         counts = {}
@@ -448,8 +489,11 @@ def stage2(
         update_config(output_dir, base=config, **settings, **counts,
                       stage2_time_s=round(time.perf_counter() - start, 3), **memory_fields("stage2", memory))
     if runtime == "ulysses":
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+        from .parallel import barrier
+
+        barrier()
+        if owns_group:
+            torch.distributed.destroy_process_group()
     return latents
 
 
@@ -496,6 +540,7 @@ def stage3(
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if distributed and runtime == "tpu":
         raise HyvInputError("--runtime", "stage 3 with --runtime tpu runs in one process, not under torchrun")
+    owns_group = distributed and not torch.distributed.is_initialized()  # else the caller's: left as found
     if distributed:
         from .parallel import init_distributed
 
@@ -514,8 +559,11 @@ def stage3(
         update_config(input_dir, base=config, **fields, stage3_time_s=round(time.perf_counter() - start, 3),
                       **memory_fields("stage3", memory))
     if distributed:
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+        from .parallel import barrier
+
+        barrier()
+        if owns_group:
+            torch.distributed.destroy_process_group()
     return frames
 
 

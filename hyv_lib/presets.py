@@ -67,7 +67,18 @@ class Preset:
         return default_size(self)[1]
 
     def latent_shape(self, height: int, width: int, video_length: int) -> tuple[int, int, int, int, int]:
-        """Shape of ``latents`` in stage2_latents.safetensors for a video of this size."""
+        """Shape of ``latents`` in stage2_latents.safetensors for a video of this size (HyvInputError naming the
+        argument for a size the VAE cannot take: height and width positive multiples of the spatial compression,
+        video_length = 4n+1)."""
+        for name, value in (("height", height), ("width", width), ("video_length", video_length)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise HyvInputError(name, f"must be a positive integer, got {value!r}")
+        for name, value in (("height", height), ("width", width)):
+            if value % self.spatial_compression:
+                raise HyvInputError(name, f"must be a multiple of {self.spatial_compression}, got {value}")
+        if (video_length - 1) % self.temporal_compression:
+            raise HyvInputError("video_length", f"must be {self.temporal_compression}n+1 (e.g. 9, 33, 121), "
+                                                f"got {video_length}")
         return (
             1,
             self.latent_channels,
@@ -182,7 +193,8 @@ TINY_TRAINED = dataclasses.replace(
     TINY,
     name="tiny_trained",
     description="hyv-tiny: the tiny classes trained on procedural moving shapes (64x112, 9 frames; prompts like "
-    "'a red circle moving left on a gray background'); weights bundled in hyv_lib/weights/hyv-tiny.",
+    "'a red circle moving left on a gray background', words from hyv_lib.data.vocabulary()); weights bundled in "
+    "hyv_lib/weights/hyv-tiny.",
     text_len=24,  # after the crop: 9 word tokens of a caption + 13 of the template's closing turn
     word_tokens=True,
     # Frozen random text encoder with larger weights: at Qwen's default init (std 0.02) its features are ~0.1 per
@@ -204,6 +216,8 @@ TINY_TRAINED = dataclasses.replace(
     bundled_weights="hyv-tiny",
 )
 
+#: Every preset by name: the real 480p/720p text-to-video settings and the tiny ones (``tiny``: random weights;
+#: ``tiny_trained``: the bundled hyv-tiny). ``python -m hyv_lib info --preset NAME --json`` prints one.
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
@@ -215,8 +229,14 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-def get_preset(name: str) -> Preset:
-    """Look a preset up by name; an unknown name raises HyvInputError listing the valid ones."""
+def get_preset(name: str | Preset) -> Preset:
+    """Look a preset up by name (a :class:`Preset` passes through); an unknown name raises HyvInputError listing
+    the valid ones."""
+    if isinstance(name, Preset):
+        return name
+    if not isinstance(name, str):
+        raise HyvInputError("--preset", f"must be a preset name ({', '.join(PRESETS)}) or a Preset, "
+                                        f"got {type(name).__name__}")
     try:
         return PRESETS[name]
     except KeyError:

@@ -83,33 +83,19 @@ def attribute_rates(readings: list[VideoReading], combos: list[data.Combo]) -> d
     }
 
 
-@torch.no_grad()
 def generate_videos(components: dict[str, Any], preset, prompts: list[str], *, seed: int = 0,
                     num_inference_steps: int | None = None, guidance_scale: float | None = None,
                     progress: bool = True) -> list[np.ndarray]:
-    """Generate one video per prompt in memory with the pipeline's own pieces (stage 1 -> 2 -> 3 without
-    files): uint8 frames [F, H, W, 3] each, at the preset's default size and length."""
-    from diffusers import FlowMatchEulerDiscreteScheduler
+    """One video per prompt (seeds ``seed``, ``seed + 1``, ...) at the preset's default size and length, through
+    :class:`hyv_lib.inference.VideoPipeline` on the loaded ``components``: uint8 frames [F, H, W, 3] each."""
     from tqdm.auto import tqdm
 
-    from .pipeline import denoise, initial_latents, prepare_conditioning, torch_step
-    from .text import encode_prompts
-    from .video import decode_latents
+    from .inference import VideoPipeline
 
-    step = torch_step(components["transformer"])
-    negative = encode_prompts(components, preset, [""])
-    shape = preset.latent_shape(preset.default_height, preset.default_width, preset.default_video_length)
-    videos = []
-    for i, prompt in enumerate(tqdm(prompts, desc="generate", disable=not progress)):
-        positive = encode_prompts(components, preset, [prompt])
-        embeds = {**positive, **{f"negative_{k}": v for k, v in negative.items()}}
-        scheduler = FlowMatchEulerDiscreteScheduler.from_config(components["scheduler"].config)
-        latents = denoise(step, initial_latents(shape, seed + i), prepare_conditioning(embeds, preset, torch.float32),
-                          scheduler, num_inference_steps=num_inference_steps or preset.default_steps,
-                          guidance_scale=preset.guidance_scale if guidance_scale is None else guidance_scale,
-                          progress=False)
-        videos.append(decode_latents(components["vae"], latents).numpy())
-    return videos
+    pipe = VideoPipeline(preset, components)
+    return [pipe.generate(prompt, seed=seed + i, num_inference_steps=num_inference_steps,
+                          guidance_scale=guidance_scale, progress=False).frames
+            for i, prompt in enumerate(tqdm(prompts, desc="generate", disable=not progress))]
 
 
 def psnr(test, reference, peak: float | None = None) -> float:

@@ -36,6 +36,8 @@ def _column(name: str) -> list[Rule]:
     return [Rule(f"{name}/{part} column", p, ("tensor", None)) for part, p in _COLUMN.items()]
 
 
+#: The weight-placement rule sets by name (``tp``, ``tp_replicated_out``, ``fsdp``): for each parameter pattern,
+#: the mesh axis of each dimension (the ``--sharding`` values).
 RULE_SETS: dict[str, list[Rule]] = {
     "tp": _column("tp") + [Rule(f"tp/{part} row", p, (None, "tensor")) for part, p in _ROW.items()],
     # gpu-tpu-pedia measured 8.12 -> 7.29 s/step on v6e-8 by keeping the row-parallel weights whole

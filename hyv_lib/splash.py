@@ -30,6 +30,7 @@ DEFAULT_BLOCK_SIZES: dict = {"block_q": 2048, "block_kv": 2048, "block_kv_comput
 # - v4: 1024/2048/1024 in bf16, 1024/1024/512 in f32 (f32 q/k/v tiles are twice as large).
 # tests/test_tpu_compile.py re-checks one chip per entry at the real length.
 _BLOCKS_1024 = {"block_q": 1024, "block_kv": 2048, "block_kv_compute": 1024}
+#: Splash tile sizes per (JAX device_kind, compute dtype), as the TPU compiler accepted them at 720p/121f.
 CHIP_BLOCK_SIZES: dict = {
     ("TPU v4", "bfloat16"): _BLOCKS_1024,
     ("TPU v4", "float32"): {"block_q": 1024, "block_kv": 1024, "block_kv_compute": 512},

@@ -192,6 +192,7 @@ def evaluate_vae(vae, clips: torch.Tensor, batch_size: int = 4) -> float:
                           for i in range(0, len(clips), batch_size)]))
 
 
+@torch.random.fork_rng(devices=[])  # seeds its own run; the caller's global RNG is restored afterwards
 def train_vae(
     vae, combos: list[data.Combo] | None, *, steps: int, batch_size: int = 8, lr: float = 3e-4,
     latent_weight: float = 1e-2,

@@ -34,22 +34,23 @@ def decode_latents(vae, latents: torch.Tensor, tiling: bool = True, tile_paralle
     """
     if runtime not in ("torch", "tpu"):
         raise ValueError(f"runtime must be 'torch' or 'tpu', got {runtime!r}")
-    if tiling:
-        vae.enable_tiling()
-    else:
-        vae.disable_tiling()
-    param = next(vae.parameters())
-    z = latents.to(param.device, param.dtype) / vae.config.scaling_factor
-    if runtime == "tpu":
-        from .tpu_vae import decode_on_jax
+    was_tiling = vae.use_tiling  # the caller's setting, restored below
+    vae.use_tiling = bool(tiling)  # what enable_tiling()/disable_tiling() set
+    try:
+        param = next(vae.parameters())
+        z = latents.to(param.device, param.dtype) / vae.config.scaling_factor
+        if runtime == "tpu":
+            from .tpu_vae import decode_on_jax
 
-        video, _ = decode_on_jax(vae, z, dtype)
-    elif tiling and tile_parallel:
-        from .tile_parallel import tile_parallel_decode
+            video, _ = decode_on_jax(vae, z, dtype)
+        elif tiling and tile_parallel:
+            from .tile_parallel import tile_parallel_decode
 
-        video = tile_parallel_decode(vae, z)
-    else:
-        video = vae.decode(z).sample
+            video = tile_parallel_decode(vae, z)
+        else:
+            video = vae.decode(z).sample
+    finally:
+        vae.use_tiling = was_tiling
     return to_uint8_frames(video[0])
 
 

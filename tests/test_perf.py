@@ -199,3 +199,18 @@ def test_planner_agrees_with_the_tpu_compiler_on_v6e_8():
             assert plan["collectives"][kind] == pytest.approx(kinds.get(kind, 0), rel=0.10,
                                                               abs=1e-3 * sum(kinds.values())), (rules, mesh, kind)
         assert plan["per_device_bytes"]["total"] == pytest.approx(total, rel=0.15), (rules, mesh)
+
+
+@pytest.mark.parametrize("change, name", [
+    (dict(n_chips="8"), "n_chips"), (dict(n_chips=0), "n_chips"), (dict(n_chips=3), "n_chips"),
+    (dict(height=545), "height"), (dict(width="1280"), "width"), (dict(video_length=0), "video_length"),
+    (dict(video_length=120), "video_length"),
+])
+def test_planner_arguments_are_checked_and_named(change, name):
+    """The planner's public entry point rejects what would otherwise give raw errors or meaningless numbers."""
+    from hyv_lib.errors import HyvInputError
+
+    kwargs = {**dict(preset="720p_t2v", height=720, width=1280, video_length=121, chip="v6e", n_chips=8), **change}
+    with pytest.raises(HyvInputError) as err:
+        perf.bounds(**kwargs)
+    assert err.value.argument == name
