@@ -260,7 +260,9 @@ def _call_jax_backend(name, q, k, v, kv_mask, options, from_torch=False):
     if name == "splash":
         from .splash import splash_attention_jax as kernel
     elif name == "host_sdpa":
-        from .host_attention import host_sdpa_attention_jax as kernel
+        from .host_attention import host_sdpa_attention_jax
+
+        kernel = functools.partial(host_sdpa_attention_jax, host_kernel=sdpa_attention)
     else:
         from .xla_attention import xla_attention_jax as kernel
     fn = functools.partial(kernel, **options)

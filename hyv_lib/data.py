@@ -45,19 +45,6 @@ class Combo:
         return f"a {self.color} {self.shape} moving {self.direction} on a {self.background} background"
 
 
-def tokenizer_captions() -> list[str]:
-    """The captions hyv-tiny's word tokenizer was trained on (frozen: the five colours plus cyan, every shape,
-    direction and background); a new word would renumber the tokens the shipped DiT learned to read."""
-    colors = [*COLORS, "cyan"]
-    return [Combo(c, s, d, b).caption for c in colors for s in SHAPES for d in DIRECTIONS for b in BACKGROUNDS]
-
-
-def vocabulary() -> list[str]:
-    """The words hyv-tiny knows, each one token. Any other word (e.g. "white background" is fine, "dark" is not)
-    is split into unseen sub-word tokens: the prompt still runs, but the video follows it less or not at all."""
-    return sorted({word for caption in tokenizer_captions() for word in caption.split()})
-
-
 def all_combos() -> list[Combo]:
     """All 5 x 3 x 4 x 3 = 180 captions, in a fixed order."""
     return [Combo(c, s, d, b) for c, s, d, b in itertools.product(COLORS, SHAPES, DIRECTIONS, BACKGROUNDS)]

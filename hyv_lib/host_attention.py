@@ -2,25 +2,25 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import numpy as np
 import torch
 
 
-def _sdpa_on_host(q, k, v, kv_mask) -> np.ndarray:
-    from .attention import sdpa_attention
-
+def _on_host(host_kernel, q, k, v, kv_mask) -> np.ndarray:
     with warnings.catch_warnings():  # np.asarray views XLA's CPU buffers (read-only); torch only reads them
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         tensors = [torch.from_numpy(np.asarray(x)) for x in (q, k, v, kv_mask)]
     with torch.no_grad():
-        return sdpa_attention(*tensors).numpy()
+        return host_kernel(*tensors).numpy()
 
 
-def host_sdpa_attention_jax(q, k, v, kv_mask):
+def host_sdpa_attention_jax(q, k, v, kv_mask, *, host_kernel):
     """q, k, v: [B, H, S, D] jax arrays on the CPU backend; kv_mask: bool [B, S]. Same semantics as
-    hyv_lib.attention.
+    hyv_lib.attention. ``host_kernel`` is the torch kernel to call (hyv_lib.attention passes its
+    ``sdpa_attention``; taking it as an argument keeps this module free of an import cycle).
 
     XLA:CPU has no fused attention: our best blockwise JAX formulation (``xla_attention_jax``) runs at
     1.1-1.7x the time of torch's flash kernel on a 2-core CPU, and attention is 25-45% of a DiT step. Here
@@ -33,6 +33,7 @@ def host_sdpa_attention_jax(q, k, v, kv_mask):
     import jax.numpy as jnp
 
     if q.dtype != jnp.float32:  # numpy and torch.from_numpy know no bfloat16: hand over fp32, cast back
-        return host_sdpa_attention_jax(*(x.astype(jnp.float32) for x in (q, k, v)), kv_mask).astype(q.dtype)
+        return host_sdpa_attention_jax(*(x.astype(jnp.float32) for x in (q, k, v)), kv_mask,
+                                       host_kernel=host_kernel).astype(q.dtype)
     result = jax.ShapeDtypeStruct(q.shape, q.dtype)
-    return jax.pure_callback(_sdpa_on_host, result, q, k, v, kv_mask)
+    return jax.pure_callback(functools.partial(_on_host, host_kernel), result, q, k, v, kv_mask)

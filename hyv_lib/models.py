@@ -70,13 +70,13 @@ def build_tiny_tokenizer(word_tokens: bool = False):
     from transformers import Qwen2TokenizerFast
 
     if word_tokens:
-        from . import data
+        from .presets import tiny_tokenizer_captions
 
         backend = Tokenizer(models.BPE())
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         # Frozen: the vocabulary hyv-tiny was trained with. A new word would renumber the tokens, and with them
         # the rows of the random text-encoder embedding that the shipped DiT learned to read.
-        captions = data.tokenizer_captions()
+        captions = tiny_tokenizer_captions()
         # A vocabulary larger than the merges can fill: training stops when every word is one token.
         trainer = trainers.BpeTrainer(vocab_size=4096, min_frequency=1, show_progress=False,
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet())

@@ -282,6 +282,13 @@ def memory_fields(stage: str, memory: PeakMemory) -> dict[str, float]:
             f"{stage}_rss_growth_mib": round(memory.growth_bytes / mib, 1)}
 
 
+def _require_folder(name: str, value: Any) -> None:
+    """The stage functions write or read files: the folder is the caller's choice, never an invented default (the
+    CLI's default is ``stage_outputs``)."""
+    if not isinstance(value, (str, os.PathLike)) or not str(value):
+        raise HyvInputError(f"--{name}", f"a folder is required, got {value!r}")
+
+
 def _preset_from_config(config: dict[str, Any], input_dir: str) -> Preset:
     if "preset" not in config:
         raise HyvInputError("--input_dir", f"{os.path.join(input_dir, CONFIG_FILE)!r} is missing or has no "
@@ -333,7 +340,7 @@ def sample_latents(step: TransformerStep, transformer, scheduler_config, preset:
 
 # ------------------------------------------------------------------------------------------------- stage 1
 def stage1(
-    preset: str = "tiny", prompt: str = "", negative_prompt: str = "", output_dir: str = "stage_outputs",
+    preset: str = "tiny", prompt: str = "", negative_prompt: str = "", output_dir: str | None = None,
     model_path: str | None = None, dtype: str | None = None, components: dict[str, Any] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Encode the prompt and negative prompt; write stage1_embeddings.safetensors + generation_config.json.
@@ -341,6 +348,7 @@ def stage1(
     ``components`` (tokenizer, text_encoder, tokenizer_2, text_encoder_2, already loaded for this preset, model path
     and dtype) skips loading them: :class:`hyv_lib.batch.Pipeline` keeps them between prompts."""
     start = time.perf_counter()
+    _require_folder("output_dir", output_dir)
     spec = get_preset(preset)
     dtype = dtype or spec.default_dtype
     torch_dtype(dtype)  # validates --dtype
@@ -437,7 +445,7 @@ def denoise(
 
 
 def stage2(
-    input_dir: str = "stage_outputs", output_dir: str | None = None, aspect_ratio: str = "16:9",
+    input_dir: str | None = None, output_dir: str | None = None, aspect_ratio: str = "16:9",
     height: int | None = None, width: int | None = None, video_length: int | None = None,
     num_inference_steps: int | None = None, guidance_scale: float | None = None, flow_shift: float | None = None,
     seed: int = 42, warmup_steps: int = 0, quiet: bool = False, runtime: str = "torch",
@@ -456,6 +464,7 @@ def stage2(
     :func:`make_step` (checked before anything is loaded or written).
     """
     start = time.perf_counter()
+    _require_folder("input_dir", input_dir)
     config = read_config(input_dir) if os.path.isdir(input_dir) else {}
     embeds = load_stage1(input_dir)
     spec = _preset_from_config(config, input_dir)
@@ -499,7 +508,7 @@ def stage2(
 
 # ------------------------------------------------------------------------------------------------- stage 3
 def stage3(
-    input_dir: str = "stage_outputs", output_video: str | None = None, fps: float | None = None,
+    input_dir: str | None = None, output_video: str | None = None, fps: float | None = None,
     disable_tiling: bool = False, save_frames: bool = False, runtime: str = "torch", vae_dtype: str = "fp32",
     components: dict[str, Any] | None = None,
 ) -> torch.Tensor:
@@ -511,6 +520,7 @@ def stage3(
     already loaded) skips loading it.
     """
     start = time.perf_counter()
+    _require_folder("input_dir", input_dir)
     if fps is not None and not fps > 0:
         raise HyvInputError("--fps", f"must be > 0, got {fps}")
     if runtime not in ("torch", "tpu"):
@@ -568,7 +578,7 @@ def stage3(
 
 
 def generate(
-    preset: str = "tiny", prompt: str = "", negative_prompt: str = "", output_dir: str = "stage_outputs",
+    preset: str = "tiny", prompt: str = "", negative_prompt: str = "", output_dir: str | None = None,
     model_path: str | None = None, dtype: str | None = None, output_video: str | None = None,
     fps: float | None = None, disable_tiling: bool = False, save_frames: bool = False, vae_dtype: str = "fp32",
     **stage2_kwargs: Any,
@@ -578,6 +588,7 @@ def generate(
     Stage-2 settings are checked before the text encoders run, so bad input fails fast. With ``runtime="tpu"``
     stage 3 decodes on JAX too.
     """
+    _require_folder("output_dir", output_dir)
     stage2_settings = {k: v for k, v in stage2_kwargs.items() if k not in ("quiet", "step")}
     resolve_settings(get_preset(preset), **stage2_settings)
     if fps is not None and not fps > 0:

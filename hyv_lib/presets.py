@@ -188,12 +188,36 @@ TINY = Preset(
 
 _TRAINED_LATENT = 16
 # The config of hyv-tiny, the trained tiny model (issue 6): tools/train_hyv_tiny.py trains it from this config,
+#: The words of hyv-tiny's captions (frozen: its word tokenizer was trained on every caption of these lists, so a
+#: new word would renumber the tokens the shipped DiT learned to read). Kept here, not derived from the training
+#: data module: the tokenizer is part of the model. tests/test_data.py checks the dataset's words are these.
+TINY_CAPTION_WORDS = {
+    "color": ("red", "green", "blue", "yellow", "white", "cyan"),
+    "shape": ("circle", "square", "triangle"),
+    "direction": ("left", "right", "up", "down"),
+    "background": ("black", "gray", "purple"),
+}
+
+
+def tiny_tokenizer_captions() -> list[str]:
+    """Every caption hyv-tiny's word tokenizer was trained on, in the training order."""
+    words = TINY_CAPTION_WORDS
+    return [f"a {c} {s} moving {d} on a {b} background" for c in words["color"] for s in words["shape"]
+            for d in words["direction"] for b in words["background"]]
+
+
+def tiny_vocabulary() -> list[str]:
+    """The words hyv-tiny knows, each one token. Any other word (e.g. "dark") is split into sub-word tokens it
+    never saw in training: the prompt still runs, but the video follows it less or not at all."""
+    return sorted({word for caption in tiny_tokenizer_captions() for word in caption.split()})
+
+
 # and its weights ship in hyv_lib/weights/hyv-tiny with the training log and the measured quality gates.
 TINY_TRAINED = dataclasses.replace(
     TINY,
     name="tiny_trained",
     description="hyv-tiny: the tiny classes trained on procedural moving shapes (64x112, 9 frames; prompts like "
-    "'a red circle moving left on a gray background', words from hyv_lib.data.vocabulary()); weights bundled in "
+    "'a red circle moving left on a gray background', words from hyv_lib.presets.tiny_vocabulary()); weights bundled in "
     "hyv_lib/weights/hyv-tiny.",
     text_len=24,  # after the crop: 9 word tokens of a caption + 13 of the template's closing turn
     word_tokens=True,

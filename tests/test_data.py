@@ -91,3 +91,23 @@ def test_shapes_move_at_the_documented_speed():
         reading = quality.read_video(to_uint8_frames(data.render_clip(combo, seed=i)))
         assert reading.direction == combo.direction
         assert low - 1 <= reading.travel_px <= high + 1, (combo, reading.travel_px)
+
+
+def test_the_frozen_tokenizer_words_are_the_datasets_and_build_the_shipped_tokenizer():
+    """hyv-tiny's tokenizer words live in presets (the model), not in the training data module: they must still be the
+    dataset's words in its order, build exactly the bundled tokenizer, and make each word one token."""
+    from hyv_lib.models import build_tiny_tokenizer, load_components
+    from hyv_lib.presets import get_preset, tiny_tokenizer_captions, tiny_vocabulary
+
+    expected = [data.Combo(c, s, d, b).caption for c in [*data.COLORS, "cyan"] for s in data.SHAPES
+                for d in data.DIRECTIONS for b in data.BACKGROUNDS]
+    assert tiny_tokenizer_captions() == expected
+    built = build_tiny_tokenizer(word_tokens=True)
+    shipped = load_components(get_preset("tiny_trained"), None, ["tokenizer"])["tokenizer"]
+    assert built.get_vocab() == shipped.get_vocab()
+    def tokens(text):
+        return len(built(text, add_special_tokens=False).input_ids)
+
+    assert all(tokens(caption) == len(caption.split()) == 9 for caption in expected)  # one token per word
+    assert {w for c in expected for w in c.split()} == set(tiny_vocabulary())
+    assert tokens("a dark circle moving left on a gray background") > 9  # out of vocabulary: split
