@@ -1,6 +1,7 @@
 """Masked attention backends against float64, the processor against diffusers' oracle, and no S x S tensors."""
 
 import copy
+import math
 import sys
 import types
 
@@ -15,7 +16,13 @@ from hyv_lib.presets import get_preset
 from tiny_inputs import forward_kwargs
 
 TINY = get_preset("tiny")
-TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2}  # max abs error vs float64, inputs ~N(0, 1)
+TOL = {torch.float32: 2e-5}  # max abs error vs float64, inputs ~N(0, 1)
+
+
+def bf16_tolerance(expected: torch.Tensor) -> float:
+    """One bf16 ulp of the largest output: the output's own rounding is half of that (measured: at most 0.6 ulp on
+    every backend and case here; a bf16 softmax or bf16 accumulation errs by several ulps)."""
+    return torch.finfo(torch.bfloat16).eps * 2.0 ** math.floor(math.log2(expected.abs().max().item()))
 
 
 def float64_attention(q, k, v, kv_mask):
@@ -54,13 +61,17 @@ CASES = [  # (b, h, s, d, lengths, scattered)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_backends_match_float64(backend, dtype, case):
+    reason = A.available_backends().get(backend)
+    if reason is not None:  # host_sdpa needs JAX on the CPU (a TPU VM's JAX is on the TPU)
+        pytest.skip(reason)
     b, h, s, d, lengths, scattered = CASES[case]
     q, k, v, mask = random_case(case, b, h, s, d, lengths, scattered, dtype)
     out = A.attention(q, k, v, mask, backend=backend)
     assert out.dtype == dtype and out.shape == q.shape
     assert torch.isfinite(out).all()
     expected = float64_attention(q, k, v, mask)
-    assert (out.double() - expected).abs().max() <= TOL[dtype]
+    tolerance = TOL[dtype] if dtype == torch.float32 else bf16_tolerance(expected)
+    assert (out.double() - expected).abs().max() <= tolerance
     assert (out[~mask[:, None, :].expand(b, h, s)] == 0).all()  # invalid rows exactly zero
 
 
@@ -143,8 +154,9 @@ def test_gpu_backends(backend):
         pytest.skip(reason)
     q, k, v, mask = (x.cuda() for x in random_case(4, 2, 2, 300, 128, [300, 123], dtype=torch.bfloat16))
     out = A.attention(q, k, v, mask, backend=backend)
-    tol = 0.1 if backend == "sage" else TOL[torch.bfloat16]  # SageAttention quantises QK^T to int8
-    assert (out.double().cpu() - float64_attention(q.cpu(), k.cpu(), v.cpu(), mask.cpu())).abs().max() <= tol
+    expected = float64_attention(q.cpu(), k.cpu(), v.cpu(), mask.cpu())
+    tol = 0.1 if backend == "sage" else bf16_tolerance(expected)  # SageAttention quantises QK^T to int8
+    assert (out.double().cpu() - expected).abs().max() <= tol  # untested here: no GPU
 
 
 # ------------------------------------------------------------------------------------------ on the model

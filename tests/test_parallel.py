@@ -225,7 +225,7 @@ def test_vae_tile_parallel_decode_equals_the_single_process_tiled_decode():
 
 
 def test_torchrun_stage3_spreads_tiles_and_rank0_writes(tiny_run, tmp_path):
-    """stage3 under torchrun gives the same frames as one process (the tiny video is one tile)."""
+    """stage3 under torchrun gives the same frames as one process, on a video of 2 x 2 VAE tiles."""
     import os
     import shutil
     import subprocess
@@ -237,6 +237,11 @@ def test_torchrun_stage3_spreads_tiles_and_rank0_writes(tiny_run, tmp_path):
 
     run = tmp_path / "run"
     shutil.copytree(tiny_run, run)
+    # 320 x 320 px: 20 x 20 latents, past diffusers' 16-latent (256 px) tile, so 2 x 2 tiles with overlap
+    assert cli_run(["stage2", "--input_dir", str(run), "--height", "320", "--width", "320", "--video_length", "5",
+                    "--num_inference_steps", "2", "--quiet"]) == 0
+    latents = load_file(run / "stage2_latents.safetensors")["latents"]
+    assert latents.shape[-2:] == (20, 20)
     # torchrun gives each rank OMP_NUM_THREADS=1; the single-process reference uses 1 thread too
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "hyv_lib",
                         "stage3", "--input_dir", str(run), "--output_video", str(tmp_path / "v.mp4"),

@@ -61,16 +61,23 @@ def test_ten_step_loop_compiles_once(models, tiny_run):
     assert tpu.compilations == 1
 
 
-def test_bf16_error_is_reported_and_small(models):
+@pytest.mark.parametrize("seed", [3, 7])
+def test_bf16_error_is_no_worse_than_diffusers_own_bf16(models, seed):
+    """bf16 on the jitted runtime errs against the fp32 oracle about as much as diffusers' own bf16 forward does
+    (measured: 0.93-1.18x of it, relative max errors 6.5e-3 to 7.9e-3); a bf16 softmax or a wrong cast would not."""
     oracle, _ = models
     model16 = copy.deepcopy(oracle).to(torch.bfloat16)
-    kwargs = inputs(3)
+    kwargs = inputs(seed)
     with torch.no_grad():
         expected = oracle(**kwargs).sample
+        bf16_kwargs = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in kwargs.items()}
+        diffusers_bf16 = copy.deepcopy(model16)(**bf16_kwargs).sample.float()
     out = TpuTransformer(model16)(**kwargs).float()
-    err = ((out - expected).abs().max() / expected.abs().max()).item()
-    print(f"bf16 relative max error vs the fp32 oracle: {err:.2e}")
-    assert err < 5e-2
+    scale = expected.abs().max()
+    err = ((out - expected).abs().max() / scale).item()
+    reference_err = ((diffusers_bf16 - expected).abs().max() / scale).item()
+    print(f"bf16 relative max error vs the fp32 oracle: {err:.2e} (diffusers' bf16: {reference_err:.2e})")
+    assert err <= 1.5 * reference_err
 
 
 def test_works_inside_a_torchax_environment(models):
