@@ -26,6 +26,7 @@ def _env(devices: int, **extra) -> dict:
     return env
 
 
+@pytest.mark.slow  # its own processes
 def test_sharded_step_in_two_processes_equals_the_oracle():
     """jax.distributed on 127.0.0.1 with CPU collectives: 2 processes x 4 devices; a mesh of all 8 spans both, so
     weights are placed shard by shard from the host copy and outputs are gathered across processes."""
@@ -48,6 +49,7 @@ def test_sharded_step_in_two_processes_equals_the_oracle():
                 assert case[err_key] <= 1e-5, (r["process"], case)
 
 
+@pytest.mark.slow  # its own processes
 def test_stage2_multi_host_on_two_processes_equals_one_process(tiny_run, tmp_path):
     """`stage2 --runtime tpu --mesh data=2,tensor=2 --multi_host` run by two processes (2 devices each) writes, on
     each "host", the latents that one process with all 4 devices writes."""

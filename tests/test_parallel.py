@@ -149,6 +149,7 @@ def test_needs_an_initialised_process_group():
         UlyssesTransformer(None)  # checked before the model is touched
 
 
+@pytest.mark.slow  # its own processes
 def test_torchrun_cli_with_the_ulysses_runtime_equals_torch(tiny_run, tmp_path):
     """`torchrun --nproc_per_node=2 -m hyv_lib stage2 --runtime ulysses` on gloo: rank 0 writes the file."""
     import subprocess
@@ -224,6 +225,7 @@ def test_vae_tile_parallel_decode_equals_the_single_process_tiled_decode():
     assert start1 < end0 and start0 < timelines[1][0][2], timelines
 
 
+@pytest.mark.slow  # its own processes
 def test_torchrun_stage3_spreads_tiles_and_rank0_writes(tiny_run, tmp_path):
     """stage3 under torchrun gives the same frames as one process, on a video of 2 x 2 VAE tiles."""
     import os

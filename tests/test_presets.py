@@ -1,8 +1,6 @@
 """Presets: the real configs, the tiny one, buckets and the info command."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -14,10 +12,11 @@ INFO_KEYS = {"text_len", "text_dim", "byt5_len", "byt5_dim", "latent_channels", 
              "flow_shift", "guidance_scale", "transformer"}
 
 
-def test_info_json_cli_has_required_keys():
-    out = subprocess.run([sys.executable, "-m", "hyv_lib", "info", "--preset", "720p_t2v", "--json"],
-                         capture_output=True, text=True, check=True).stdout
-    data = json.loads(out)
+def test_info_json_cli_has_required_keys(capsys):
+    from hyv_lib.cli import run
+
+    assert run(["info", "--preset", "720p_t2v", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
     assert INFO_KEYS <= set(data)
     assert data["default_height"] == 720 and data["default_width"] == 1280
     assert data["transformer"]["num_layers"] == 54

@@ -100,6 +100,7 @@ def test_tp_all_reduces_in_the_hlo_are_the_ones_the_planner_predicts(probe):
     assert case["collectives"]["all-reduce"]["buffers"] == 4 * layers - 2
 
 
+@pytest.mark.slow  # its own processes
 def test_a_sequence_axis_divides_the_work_like_a_tensor_axis():
     """On sequence=2 x tensor=4 the heads are split over both axes (Ulysses inside the mesh), so each device does
     the work of tensor=8: per-device FLOPs of the whole compiled step (XLA cost_analysis, dense attention so no loop

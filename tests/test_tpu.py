@@ -132,6 +132,7 @@ CACHE_PROBE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # its own processes
 def test_second_process_hits_the_compile_cache(tmp_path):
     def run():
         out = subprocess.run([sys.executable, "-c", CACHE_PROBE, str(tmp_path)], capture_output=True, text=True,
@@ -143,6 +144,7 @@ def test_second_process_hits_the_compile_cache(tmp_path):
     assert run() > 0  # warm: the step (and small helpers) load from the cache
 
 
+@pytest.mark.slow  # its own processes
 def test_cli_with_the_tpu_runtime_exits_cleanly(tmp_path):
     env_cache = {"HYV_COMPILE_CACHE_DIR": str(tmp_path / "cache")}
     import os

@@ -41,6 +41,7 @@ def run_cli(*args):
     return code, out.getvalue(), err.getvalue()
 
 
+@pytest.mark.slow  # its own processes
 def test_cli_compile_prints_the_report_quietly_with_splash_native_for_a_tiny_head_dim():
     """The tiny preset (head dim 16) on a v6e slice: Splash pads the head dim to 128 and compiles natively; the JSON
     has every documented key; libtpu's no-TPU warnings reach neither stream (JAX_PLATFORMS unset, as for a user)."""
@@ -61,6 +62,7 @@ def test_cli_compile_prints_the_report_quietly_with_splash_native_for_a_tiny_hea
     assert all(c["count"] > 0 and c["bytes"] > 0 for c in report["collectives"])
 
 
+@pytest.mark.slow  # its own processes
 def test_a_stopped_process_prints_no_libtpu_stack_trace():
     """libtpu installs a crash handler that dumps a stack trace on SIGTERM (how Jupyter stops a kernel); without a
     TPU attached hyv_lib puts the default back once libtpu has loaded."""
