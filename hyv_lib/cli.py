@@ -125,10 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _stage2_kwargs(args: argparse.Namespace) -> dict:
-    names = ("aspect_ratio", "height", "width", "video_length", "num_inference_steps", "guidance_scale",
-             "flow_shift", "seed", "warmup_steps", "runtime", "mesh", "sharding", "enable_cache", "cache_start_step",
-             "cache_end_step", "cache_step_interval", "no_cache_blocks", "multi_host", "attention", "quiet")
-    return {n: getattr(args, n) for n in names}
+    from .pipeline import STAGE2_SETTINGS
+
+    return {n: getattr(args, n) for n in (*STAGE2_SETTINGS, "quiet")}  # the flags carry the settings' names
 
 
 def _generate_many(args: argparse.Namespace) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Any, Protocol
@@ -174,19 +175,58 @@ def _check_type(name: str, value: Any, kind: type) -> None:
                               f"got {type(value).__name__} {value!r}")
 
 
-def resolve_settings(
-    preset: Preset, *, aspect_ratio: str = "16:9", height: int | None = None, width: int | None = None,
-    video_length: int | None = None, num_inference_steps: int | None = None, guidance_scale: float | None = None,
-    flow_shift: float | None = None, seed: int = 42, warmup_steps: int = 0, runtime: str = "torch",
-    mesh: str | None = None, sharding: str = "tp_replicated_out", enable_cache: bool = False,
-    cache_start_step: int = 11, cache_end_step: int = 45, cache_step_interval: int = 4, no_cache_blocks: int = 1,
-    multi_host: bool = False, attention: str = "auto",
-) -> dict[str, Any]:
-    """Fill unset stage-2 settings from the preset, validate them, and resolve (height, width).
+@dataclasses.dataclass(frozen=True)
+class Stage2Settings:
+    """Every stage-2 setting, with its default: the one list that :func:`stage2`, :func:`generate`,
+    :class:`hyv_lib.batch.Pipeline` and the CLI's stage-2 flags (same names) share. None takes the preset's value;
+    :func:`resolve_settings` checks types and ranges."""
+
+    aspect_ratio: str = "16:9"  #: W:H bucket used when height and width are not given
+    height: int | None = None
+    width: int | None = None
+    video_length: int | None = None  #: frames, 4n+1
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    flow_shift: float | None = None
+    seed: int = 42
+    warmup_steps: int = 0  #: untimed calls before the loop (they do not touch the scheduler)
+    runtime: str = "torch"  #: one of :data:`RUNTIMES`
+    mesh: str | None = None  #: tpu runtime: e.g. ``data=2,tensor=4``
+    sharding: str = "tp_replicated_out"  #: a rule set of :data:`hyv_lib.sharding.RULE_SETS`
+    enable_cache: bool = False  #: DeepCache (torch and tpu runtimes)
+    cache_start_step: int = 11
+    cache_end_step: int = 45
+    cache_step_interval: int = 4
+    no_cache_blocks: int = 1  #: trailing blocks recomputed on cached steps
+    multi_host: bool = False  #: tpu runtime on a multi-host slice
+    attention: str = "auto"  #: ``auto``, ``diffusers`` or a backend of :data:`hyv_lib.attention.BACKENDS`
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict[str, Any]) -> "Stage2Settings":
+        """The settings of ``kwargs``; an unknown name is a HyvInputError listing the valid ones."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(kwargs) - set(names))
+        if unknown:
+            raise HyvInputError(f"--{unknown[0]}", f"is not a stage-2 setting; valid: {', '.join(names)}")
+        return cls(**kwargs)
+
+
+STAGE2_SETTINGS = tuple(f.name for f in dataclasses.fields(Stage2Settings))
+
+
+def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **kwargs: Any) -> dict[str, Any]:
+    """Fill unset stage-2 settings (a :class:`Stage2Settings`, or its fields as keyword arguments) from the preset,
+    validate them, and resolve (height, width).
 
     Bad values raise HyvInputError naming the flag. Height and width come from the ``aspect_ratio``
     bucket unless both are given.
     """
+    if settings is not None and kwargs:
+        raise HyvInputError("settings", "give a Stage2Settings or keyword arguments, not both")
+    settings = settings if settings is not None else Stage2Settings.from_kwargs(kwargs)
+    (aspect_ratio, height, width, video_length, num_inference_steps, guidance_scale, flow_shift, seed, warmup_steps,
+     runtime, mesh, sharding, enable_cache, cache_start_step, cache_end_step, cache_step_interval, no_cache_blocks,
+     multi_host, attention) = dataclasses.astuple(settings)
     for name, value, kind in (("--height", height, int), ("--width", width, int), ("--video_length", video_length, int),
                               ("--num_inference_steps", num_inference_steps, int), ("--seed", seed, int),
                               ("--warmup_steps", warmup_steps, int), ("--guidance_scale", guidance_scale, float),
@@ -445,18 +485,14 @@ def denoise(
 
 
 def stage2(
-    input_dir: str | None = None, output_dir: str | None = None, aspect_ratio: str = "16:9",
-    height: int | None = None, width: int | None = None, video_length: int | None = None,
-    num_inference_steps: int | None = None, guidance_scale: float | None = None, flow_shift: float | None = None,
-    seed: int = 42, warmup_steps: int = 0, quiet: bool = False, runtime: str = "torch",
-    mesh: str | None = None, sharding: str = "tp_replicated_out", enable_cache: bool = False,
-    cache_start_step: int = 11, cache_end_step: int = 45, cache_step_interval: int = 4, no_cache_blocks: int = 1,
-    multi_host: bool = False, attention: str = "auto", step: TransformerStep | None = None,
-    components: dict[str, Any] | None = None,
+    input_dir: str | None = None, output_dir: str | None = None, *, quiet: bool = False,
+    step: TransformerStep | None = None, components: dict[str, Any] | None = None, **settings: Any,
 ) -> torch.Tensor:
     """Denoise from the stage-1 embeddings; write stage2_latents.safetensors and extend the config.
 
-    Unset settings take the preset's defaults. ``runtime``, ``mesh`` and ``sharding`` pick the
+    ``settings`` are the fields of :class:`Stage2Settings` (``height``, ``video_length``, ``num_inference_steps``,
+    ``seed``, ``runtime``, ``mesh``, ``enable_cache``, ...); unset ones take the preset's defaults, and an unknown
+    name is an error. ``runtime``, ``mesh`` and ``sharding`` pick the
     transformer step (see :func:`make_step`); ``step`` overrides it with any callable of that interface, and
     ``components`` (transformer and scheduler, already loaded for this folder) skips loading them.
     ``multi_host``: this process is one host of a multi-host TPU slice (:func:`hyv_lib.tpu.init_multi_host`); every
@@ -465,16 +501,12 @@ def stage2(
     """
     start = time.perf_counter()
     _require_folder("input_dir", input_dir)
+    requested = Stage2Settings.from_kwargs(settings)
+    runtime, mesh, sharding, attention = requested.runtime, requested.mesh, requested.sharding, requested.attention
     config = read_config(input_dir) if os.path.isdir(input_dir) else {}
     embeds = load_stage1(input_dir)
     spec = _preset_from_config(config, input_dir)
-    settings = resolve_settings(
-        spec, aspect_ratio=aspect_ratio, height=height, width=width, video_length=video_length,
-        num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift, seed=seed,
-        warmup_steps=warmup_steps, runtime=runtime, mesh=mesh, sharding=sharding, enable_cache=enable_cache,
-        cache_start_step=cache_start_step, cache_end_step=cache_end_step, cache_step_interval=cache_step_interval,
-        no_cache_blocks=no_cache_blocks, multi_host=multi_host, attention=attention,
-    )
+    settings = resolve_settings(spec, requested)
     output_dir = ensure_output_dir(output_dir or input_dir)
     dtype = config.get("dtype", spec.default_dtype)
     if components is None:
@@ -583,13 +615,14 @@ def generate(
     fps: float | None = None, disable_tiling: bool = False, save_frames: bool = False, vae_dtype: str = "fp32",
     **stage2_kwargs: Any,
 ) -> torch.Tensor:
-    """Run stage 1, 2 and 3 into ``output_dir``; returns the uint8 frames [F,H,W,3].
+    """Run stage 1, 2 and 3 into ``output_dir``; returns the uint8 frames [F,H,W,3]. ``stage2_kwargs``: the fields
+    of :class:`Stage2Settings`, and ``quiet``.
 
     Stage-2 settings are checked before the text encoders run, so bad input fails fast. With ``runtime="tpu"``
     stage 3 decodes on JAX too.
     """
     _require_folder("output_dir", output_dir)
-    stage2_settings = {k: v for k, v in stage2_kwargs.items() if k not in ("quiet", "step")}
+    stage2_settings = {k: v for k, v in stage2_kwargs.items() if k not in ("quiet", "step", "components")}
     resolve_settings(get_preset(preset), **stage2_settings)
     if fps is not None and not fps > 0:
         raise HyvInputError("--fps", f"must be > 0, got {fps}")

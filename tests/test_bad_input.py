@@ -7,7 +7,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from hyv_lib import pipeline
 from hyv_lib.cli import run
+from hyv_lib.errors import HyvInputError
 
 
 def fail(capsys, argv, argument):
@@ -165,3 +167,20 @@ def test_stage2_checks_the_attention_backend_before_writing(capsys, run_dir):
     msg = fail(capsys, ["stage2", "--input_dir", str(run_dir), "--attention", "flash", "--quiet"], "--attention")
     assert "cannot run here" in msg
     assert not (run_dir / "stage2_latents.safetensors").exists()
+
+
+def test_stage2_settings_are_one_list_shared_by_the_functions_and_the_cli(tiny_run, tmp_path):
+    """Every Stage2Settings field is a flag of stage2 and generate (same name, same default), and a name that is not
+    a setting fails before anything is written."""
+    from hyv_lib.cli import build_parser
+    from hyv_lib.pipeline import STAGE2_SETTINGS, Stage2Settings
+
+    defaults = Stage2Settings()
+    for command in ("stage2", "generate"):
+        args = build_parser().parse_args([command])
+        for name in STAGE2_SETTINGS:
+            assert getattr(args, name) == getattr(defaults, name), (command, name)
+    out = tmp_path / "out"
+    with pytest.raises(HyvInputError, match="is not a stage-2 setting") as err:
+        pipeline.stage2(str(tiny_run), output_dir=str(out), num_steps=4)
+    assert err.value.argument == "--num_steps" and not out.exists()
