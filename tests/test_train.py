@@ -55,8 +55,10 @@ def test_vae_trains_on_batches_and_the_patch_is_undone():
     clips = torch.from_numpy(np.stack([data.render_clip(c, seed=0) for c in data.all_combos()[:2]]))
     with pytest.raises(RuntimeError, match="broadcast"):  # the diffusers bug the context manager works around
         vae.encode(clips)
+    rng = torch.get_rng_state()
     records = train.train_vae(vae, data.all_combos()[:4], steps=4, batch_size=2, lr=1e-3, eval_clips=clips,
                               eval_every=4, progress=False)
+    assert torch.equal(torch.get_rng_state(), rng)  # it seeds its own run; the caller's RNG is left as found
     assert [r["step"] for r in records] == [1, 2, 3, 4] and "psnr_held_out" in records[-1]
     assert all(np.isfinite(r["loss"]) and r["latent_abs"] > 0 for r in records)
     with pytest.raises(ValueError, match="exactly one"):
