@@ -1,4 +1,4 @@
-"""Command line: ``python -m hyv_lib info|compile|stage1|stage2|stage3|generate`` (flag names of the gpu-tpu-pedia staged
+"""Command line: ``python -m hyv_lib info|compile|save_tiny|stage1|stage2|stage3|generate`` (flag names of the gpu-tpu-pedia staged
 scripts)."""
 
 from __future__ import annotations
@@ -111,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="compile DeepCache's full and cached programs instead of the plain step")
     comp.add_argument("--no_cache_blocks", type=int, default=1, help="trailing blocks of the cached step (default 1)")
     comp.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    tiny = sub.add_parser("save_tiny", help="write a tiny diffusers-format model folder: with a real preset, that "
+                                            "preset's layout (text lengths, channels, VAE) at tiny widths, loadable "
+                                            "with --model_path like the real weights")
+    tiny.add_argument("--preset", default="720p_t2v", help="720p_t2v | 480p_t2v | tiny (default 720p_t2v)")
+    tiny.add_argument("--output_dir", required=True, help="the folder to write (must not exist or be empty)")
+    tiny.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
     gen = sub.add_parser("generate", help="run all three stages")
     gen.add_argument("--prompts_file", default=None,
                      help="many videos in one process: a prompt per line, or JSON lines with prompt / negative_prompt "
@@ -119,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_stage1(gen)
     _add_stage2(gen, dirs=False)
     _add_stage3(gen, input_dir=False)
-    for p in [gen, *(sp for sp, _ in stages.values())]:
+    for p in [gen, tiny, *(sp for sp, _ in stages.values())]:
         p.add_argument("--quiet", action="store_true", help="no progress bar or summary line")
     return parser
 
@@ -128,6 +134,35 @@ def _stage2_kwargs(args: argparse.Namespace) -> dict:
     from .pipeline import STAGE2_SETTINGS
 
     return {n: getattr(args, n) for n in (*STAGE2_SETTINGS, "quiet")}  # the flags carry the settings' names
+
+
+def _save_tiny(args: argparse.Namespace) -> None:
+    """``save_tiny``: the folder is written whole or not at all (built in a sibling temporary folder, then renamed)."""
+    import shutil
+    import tempfile
+
+    from .models import save_tiny_pipeline
+    from .presets import get_preset
+
+    spec = get_preset(args.preset)
+    target = os.path.abspath(args.output_dir)
+    if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
+        raise HyvInputError("--output_dir", f"{args.output_dir!r} exists and is not an empty folder")
+    parent = os.path.dirname(target)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".save_tiny-", dir=parent)
+    except OSError as err:
+        raise HyvInputError("--output_dir", f"cannot write in {parent!r}: {err.strerror}") from None
+    try:
+        save_tiny_pipeline(tmp, seed=args.seed, preset=spec)
+        if os.path.isdir(target):
+            os.rmdir(target)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if not args.quiet:
+        print(f"save_tiny: done, {spec.name} layout in {target}", file=sys.stderr)
 
 
 def _generate_many(args: argparse.Namespace) -> int:
@@ -162,6 +197,16 @@ def _generate_many(args: argparse.Namespace) -> int:
 def run(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run one command; returns the exit code (bad input: 2)."""
     args = build_parser().parse_args(argv)
+    if getattr(args, "quiet", False):  # --quiet: no weight-loading or shard-writing bars either
+        from .models import quiet_loading
+
+        with quiet_loading():
+            return _run_command(args)
+    return _run_command(args)
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    """One parsed command; returns the exit code."""
     from . import pipeline
     from .presets import get_preset
 
@@ -182,6 +227,8 @@ def run(argv: list[str] | None = None) -> int:
                                   height=args.height, width=args.width, video_length=args.video_length,
                                   enable_cache=args.enable_cache, no_cache_blocks=args.no_cache_blocks)
             print(json.dumps(report, indent=2) if args.json else format_report(report))
+        elif args.command == "save_tiny":
+            _save_tiny(args)
         elif args.command == "stage1":
             pipeline.stage1(preset=args.preset, prompt=args.prompt, negative_prompt=args.negative_prompt,
                             output_dir=args.output_dir, model_path=args.model_path, dtype=args.dtype)
@@ -201,7 +248,7 @@ def run(argv: list[str] | None = None) -> int:
     except HyvInputError as err:
         print(f"error: {err.argument}: {err.message}", file=sys.stderr)
         return 2
-    if args.command not in ("info", "compile") and not getattr(args, "quiet", False):
+    if args.command not in ("info", "compile", "save_tiny") and not getattr(args, "quiet", False):
         out = getattr(args, "output_dir", None) or getattr(args, "input_dir", None)
         print(f"{args.command}: done, files in {os.path.abspath(out)}", file=sys.stderr)
     return 0

@@ -226,11 +226,15 @@ def save_pipeline(components: dict[str, Any], path: str) -> None:
     HunyuanVideo15Pipeline(**{n: components[n] for n in COMPONENTS}).save_pretrained(path, safe_serialization=True)
 
 
-def save_tiny_pipeline(path: str, seed: int = 0) -> None:
-    """Save the tiny preset as a diffusers-format folder loadable with ``--preset tiny --model_path``."""
-    from .presets import TINY
+def save_tiny_pipeline(path: str, seed: int = 0, preset: Preset | str = "tiny") -> None:
+    """Save tiny components as a diffusers-format folder: for ``preset="tiny"`` loadable with ``--preset tiny
+    --model_path``; for a real preset (``720p_t2v``, ``480p_t2v``) the real layout with tiny widths
+    (:func:`hyv_lib.presets.real_layout_tiny`), loadable with ``--preset 720p_t2v --model_path`` like real weights."""
+    from .presets import get_preset, real_layout_tiny
 
-    save_pipeline(build_tiny_components(TINY, seed=seed), path)
+    spec = get_preset(preset)
+    spec = spec if spec.is_tiny else real_layout_tiny(spec)
+    save_pipeline(build_tiny_components(spec, seed=seed), path)
 
 
 def example_forward_kwargs(preset: Preset, *, seed: int = 0, latent: tuple[int, int, int] = (2, 6, 10),

@@ -186,6 +186,31 @@ TINY = Preset(
     ),
 )
 
+def real_layout_tiny(preset: "Preset | str") -> Preset:
+    """The tiny classes (random widths of ``tiny``) with a real preset's *layout*: its text_len (1000) and ByT5 length
+    (256), image-token count (729), 32 latent channels (so in_channels 65), 16x/4x VAE, scheduler shift, guidance,
+    steps and buckets. Saved by ``python -m hyv_lib save_tiny --preset 720p_t2v``, it loads through
+    ``--preset 720p_t2v --model_path`` exactly as the real weights do: every shape that the real preset fixes is
+    real, only the widths (and so the cost) are tiny. Its videos are noise."""
+    real = get_preset(preset)
+    if real.is_tiny:
+        raise HyvInputError("--preset", f"{real.name} is already tiny; give a real preset "
+                                        f"({', '.join(n for n, p in PRESETS.items() if not p.is_tiny)})")
+    channels = real.latent_channels
+    return dataclasses.replace(
+        TINY, name=real.name, description=f"{real.name}'s layout with tiny widths and random weights (tests, CI)",
+        text_len=real.text_len, byt5_len=real.byt5_len, image_tokens=real.image_tokens, latent_channels=channels,
+        spatial_compression=real.spatial_compression, temporal_compression=real.temporal_compression,
+        target_size=real.target_size, default_video_length=real.default_video_length,
+        default_steps=real.default_steps, flow_shift=real.flow_shift, guidance_scale=real.guidance_scale,
+        fps=real.fps, default_dtype=real.default_dtype,
+        transformer=dict(TINY.transformer, in_channels=2 * channels + 1, out_channels=channels,
+                         target_size=real.target_size),
+        vae=dict(TINY.vae, latent_channels=channels, spatial_compression_ratio=real.spatial_compression,
+                 temporal_compression_ratio=real.temporal_compression, scaling_factor=real.vae["scaling_factor"]),
+    )
+
+
 _TRAINED_LATENT = 16
 # The config of hyv-tiny, the trained tiny model (issue 6): tools/train_hyv_tiny.py trains it from this config,
 #: The words of hyv-tiny's captions (frozen: its word tokenizer was trained on every caption of these lists, so a
