@@ -118,3 +118,23 @@ def token_layout_figure(video_tokens: int, parts: Mapping[str, Any], order=None,
         axes[0, 0].set_title(title, fontsize=10, pad=18)
     fig.tight_layout(rect=(0, 0, 1, 0.9))
     return fig
+
+
+#: The settings every chapter reads from the environment (its ``parameters`` cell honours each, or names it in
+#: :func:`settings_not_used` with the reason).
+NOTEBOOK_SETTINGS = ("HYV_PRESET", "HYV_MODEL_PATH", "HYV_RUNTIME", "HYV_MESH", "HYV_ATTENTION", "HYV_HEIGHT",
+                     "HYV_WIDTH", "HYV_VIDEO_LENGTH", "HYV_STEPS")
+
+
+def settings_not_used(reasons: Mapping[str, str]) -> list[str]:
+    """Say which of the settings a reader has set this chapter does not use, and why (``reasons``: name -> why);
+    prints nothing when none of them is set. Returns the names it reported."""
+    import os
+
+    unknown = sorted(set(reasons) - set(NOTEBOOK_SETTINGS))
+    if unknown:
+        raise ValueError(f"not notebook settings: {unknown}; valid: {', '.join(NOTEBOOK_SETTINGS)}")
+    reported = [name for name in reasons if os.environ.get(name)]
+    for name in reported:
+        print(f"{name}={os.environ[name]} is not used by this chapter: {reasons[name]}")
+    return reported

@@ -44,9 +44,13 @@ MODEL_PATH = os.environ.get("HYV_MODEL_PATH") or None
 PROMPT = os.environ.get("HYV_PROMPT", "a red circle moving left on a gray background")
 OUTPUT_DIR = os.environ.get("HYV_OUTPUT_DIR", "stage_outputs/quickstart")
 # None = the preset's default; set small values to smoke-test real weights on a CPU
+HEIGHT = int(os.environ.get("HYV_HEIGHT", 0)) or None
+WIDTH = int(os.environ.get("HYV_WIDTH", 0)) or None
 VIDEO_LENGTH = int(os.environ.get("HYV_VIDEO_LENGTH", 0)) or None
 STEPS = int(os.environ.get("HYV_STEPS", 0)) or None
 ATTENTION = os.environ.get("HYV_ATTENTION", "auto")  # exact masked attention; "diffusers" = the stock dense mask
+RUNTIME = os.environ.get("HYV_RUNTIME", "torch")     # torch | tpu (the DiT jitted by JAX: the TPU on a TPU VM)
+MESH = os.environ.get("HYV_MESH") or None            # with RUNTIME=tpu, e.g. data=2,tensor=4 on a v6e-8
 
 # %% [markdown]
 # ## The preset
@@ -130,7 +134,8 @@ html_table(tensor_rows(real.stage1_shapes(), real_dtypes))
 
 # %%
 t0 = time.perf_counter()
-latents = pipeline.stage2(input_dir=OUTPUT_DIR, video_length=VIDEO_LENGTH,
+latents = pipeline.stage2(input_dir=OUTPUT_DIR, height=HEIGHT, width=WIDTH, video_length=VIDEO_LENGTH,
+                          runtime=RUNTIME, mesh=MESH,
                           num_inference_steps=STEPS, seed=42, attention=ATTENTION)
 print(f"stage 2: {time.perf_counter() - t0:.1f} s")
 html_table(file_rows(os.path.join(OUTPUT_DIR, "stage2_latents.safetensors")))
@@ -166,7 +171,7 @@ fig.tight_layout()
 
 # %%
 t0 = time.perf_counter()
-frames = pipeline.stage3(input_dir=OUTPUT_DIR)
+frames = pipeline.stage3(input_dir=OUTPUT_DIR, runtime="tpu" if RUNTIME == "tpu" else "torch")
 print(f"stage 3: {time.perf_counter() - t0:.1f} s, "
       f"frames {tuple(frames.shape)} {frames.dtype}")
 fig = frame_grid(frames.numpy(), columns=5, title=f"{PRESET}: {PROMPT!r}")
@@ -190,9 +195,11 @@ html_table([{"key": k, "value": config[k]} for k in sorted(config)])
 # (nothing is written until `video.save(path)`). Same preset, prompt and seed, same frames:
 
 # %%
-pipe = hyv_lib.load_pipeline(PRESET, model_path=MODEL_PATH, attention=ATTENTION, progress=False)
+pipe = hyv_lib.load_pipeline(PRESET, model_path=MODEL_PATH, runtime=RUNTIME, mesh=MESH, attention=ATTENTION,
+                             progress=False)
 t0 = time.perf_counter()
-video = pipe.generate(PROMPT, seed=42, video_length=VIDEO_LENGTH, num_inference_steps=STEPS, progress=False)
+video = pipe.generate(PROMPT, seed=42, height=HEIGHT, width=WIDTH, video_length=VIDEO_LENGTH,
+                      num_inference_steps=STEPS, progress=False)
 print(f"generate: {time.perf_counter() - t0:.1f} s, frames {video.frames.shape} {video.frames.dtype}")
 print("equal to stage 3's frames:", np.array_equal(video.frames, frames.numpy()))
 del pipe  # the real models are large: free them before anything else runs

@@ -37,6 +37,15 @@ MODEL_PATH = os.environ.get("HYV_MODEL_PATH") or None  # diffusers folder / hub 
 # Latent size of the experiments (frames, height, width in latent pixels): small, even for real weights.
 LATENT = (2, 6, 10)
 RUN_BENCHMARK = os.environ.get("HYV_RUN_BENCHMARK", "1") == "1"  # the bench-size timing (about two minutes)
+from hyv_lib.display import settings_not_used  # noqa: E402
+
+settings_not_used({
+    "HYV_RUNTIME": "the chapter builds the JAX runtime step by step and compares it with eager torch",
+    "HYV_MESH": "one device here; meshes are chapter 3's subject",
+    "HYV_ATTENTION": "each attention backend is compared in turn",
+    "HYV_HEIGHT": "the experiments run at the small latent size LATENT", "HYV_WIDTH": "see HYV_HEIGHT",
+    "HYV_VIDEO_LENGTH": "see HYV_HEIGHT", "HYV_STEPS": "single forwards, no denoising loop",
+})
 
 # %%
 import copy
@@ -114,16 +123,19 @@ preset = hyv_lib.get_preset(PRESET)
 model = load_components(preset, MODEL_PATH, ["transformer"], dtype="fp32")["transformer"]
 oracle_model = copy.deepcopy(model)  # diffusers' own forward in eager torch: the oracle
 c = preset.latent_channels
+# Widths from the loaded model (equal to the preset's for real weights; a real-layout tiny folder has tiny ones).
+text_dim, byt5_dim, image_dim = (model.config.text_embed_dim, model.config.text_embed_2_dim,
+                                 model.config.image_embed_dim)
 g = torch.Generator().manual_seed(0)
 text_lengths = torch.tensor([[14], [40]])
 inputs = dict(
     hidden_states=torch.randn(2, 2 * c + 1, *LATENT, generator=g),
     timestep=torch.tensor([700.0, 700.0]),
-    encoder_hidden_states=torch.randn(2, preset.text_len, preset.text_dim, generator=g),
+    encoder_hidden_states=torch.randn(2, preset.text_len, text_dim, generator=g),
     encoder_attention_mask=(torch.arange(preset.text_len)[None] < text_lengths).long(),
-    encoder_hidden_states_2=torch.zeros(2, preset.byt5_len, preset.byt5_dim),
+    encoder_hidden_states_2=torch.zeros(2, preset.byt5_len, byt5_dim),
     encoder_attention_mask_2=torch.zeros(2, preset.byt5_len, dtype=torch.long),
-    image_embeds=torch.zeros(2, preset.image_tokens, preset.image_dim),  # text-to-video
+    image_embeds=torch.zeros(2, preset.image_tokens, image_dim),  # text-to-video
 )
 with torch.no_grad():
     oracle = oracle_model(**inputs).sample
@@ -262,7 +274,7 @@ else:
 rows = []
 for name, kwargs in (("t2v, real padding", inputs),
                      ("i2v (non-zero image embeddings)",
-                      {**inputs, "image_embeds": torch.randn(2, preset.image_tokens, preset.image_dim, generator=g)})):
+                      {**inputs, "image_embeds": torch.randn(2, preset.image_tokens, image_dim, generator=g)})):
     with torch.no_grad():
         expected = oracle_model(**kwargs).sample
     got = tpu(**kwargs)

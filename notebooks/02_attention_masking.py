@@ -34,6 +34,14 @@ MODEL_PATH = os.environ.get("HYV_MODEL_PATH") or None  # diffusers folder / hub 
 OUTPUT_DIR = os.environ.get("HYV_OUTPUT_DIR", "stage_outputs/attention")
 # Latent size of the model-level checks: small on purpose, even for real weights.
 LATENT_FRAMES, LATENT_H, LATENT_W = 2, 6, 10
+from hyv_lib.display import settings_not_used  # noqa: E402
+
+settings_not_used({
+    "HYV_RUNTIME": "the backends are called directly (the JAX ones through torchax)",
+    "HYV_MESH": "one device", "HYV_ATTENTION": "every backend is measured in turn",
+    "HYV_HEIGHT": "the model checks run at the small latent size above; the memory figures cover 720p by formula",
+    "HYV_WIDTH": "see HYV_HEIGHT", "HYV_VIDEO_LENGTH": "see HYV_HEIGHT", "HYV_STEPS": "single forwards, no loop",
+})
 
 # %%
 import time
@@ -287,7 +295,8 @@ import copy
 from hyv_lib.models import load_components
 
 transformer = load_components(preset, MODEL_PATH, ["transformer"], dtype="fp32")["transformer"]
-conditioning = pipeline.prepare_conditioning(embeds, preset, torch.float32)
+conditioning = pipeline.prepare_conditioning(embeds, preset, torch.float32,
+                                            image_dim=transformer.config.image_embed_dim)
 c = preset.latent_channels
 g = torch.Generator().manual_seed(2)
 inputs = dict(hidden_states=torch.randn(2, 2 * c + 1, LATENT_FRAMES, LATENT_H, LATENT_W, generator=g),

@@ -38,6 +38,17 @@ MODEL_PATH = os.environ.get("HYV_MODEL_PATH") or None  # build an 8-head tiny mo
 N_DEVICES = int(os.environ.get("HYV_N_DEVICES", "8"))   # emulated CPU devices (a real TPU VM: its chips)
 COMPILE_PRESET = os.environ.get("HYV_COMPILE_PRESET", "tiny")  # the live TPU compile; 720p_t2v: minutes on a CPU
 TOPOLOGY = os.environ.get("HYV_TOPOLOGY", "v6e:2x2")    # its slice (tiny's 2 heads need a 4-device one)
+from hyv_lib.display import settings_not_used  # noqa: E402
+
+settings_not_used({
+    "HYV_PRESET": "the planner sizes the real presets and the demos build an 8-head tiny model (HYV_COMPILE_PRESET "
+                  "picks the live TPU compile)",
+    "HYV_MODEL_PATH": "no weights are loaded (sharding is about shapes)",
+    "HYV_RUNTIME": "the tpu runtime is the subject", "HYV_MESH": "every layout is shown in turn",
+    "HYV_ATTENTION": "XLA's kernel on the emulated CPU devices, Splash in the TPU compile",
+    "HYV_HEIGHT": "the planner tables use the presets' sizes", "HYV_WIDTH": "see HYV_HEIGHT",
+    "HYV_VIDEO_LENGTH": "see HYV_HEIGHT", "HYV_STEPS": "single steps, no loop",
+})
 
 # %%
 # Emulated devices must be requested before JAX initialises its CPU backend.

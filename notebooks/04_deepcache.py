@@ -39,6 +39,16 @@ STEPS = int(os.environ.get("HYV_STEPS", "50"))
 INTERVALS = [int(i) for i in os.environ.get("HYV_INTERVALS", "2,4,6,8").split(",")]
 SPEED_LAYERS = int(os.environ.get("HYV_SPEED_LAYERS", "54"))  # depth of the speed-test model
 PROMPT = os.environ.get("HYV_PROMPT", "a white triangle moving down on a black background")
+# None = the preset's default size; small values smoke-test real weights on a CPU
+HEIGHT = int(os.environ.get("HYV_HEIGHT", 0)) or None
+WIDTH = int(os.environ.get("HYV_WIDTH", 0)) or None
+VIDEO_LENGTH = int(os.environ.get("HYV_VIDEO_LENGTH", 0)) or None
+from hyv_lib.display import settings_not_used  # noqa: E402
+
+settings_not_used({
+    "HYV_RUNTIME": "both DeepCache runtimes (torch and tpu) are run and compared",
+    "HYV_MESH": "one device", "HYV_ATTENTION": "the default exact attention",
+})
 
 # %%
 import copy
@@ -69,9 +79,10 @@ transformer, vae = components["transformer"], components["vae"]
 embeds = encode_prompts(components, preset, [PROMPT])
 negative = encode_prompts(components, preset, [""])
 conditioning = prepare_conditioning({**embeds, **{f"negative_{k}": v for k, v in negative.items()}}, preset,
-                                    transformer.dtype)
-start_latents = torch.randn(preset.latent_shape(preset.default_height, preset.default_width,
-                                                preset.default_video_length), generator=torch.Generator().manual_seed(7))
+                                    transformer.dtype, image_dim=transformer.config.image_embed_dim)
+start_latents = torch.randn(preset.latent_shape(HEIGHT or preset.default_height, WIDTH or preset.default_width,
+                                                VIDEO_LENGTH or preset.default_video_length),
+                            generator=torch.Generator().manual_seed(7))
 
 def generate(step):
     """The pipeline's CFG loop with a given transformer step; returns (latents, seconds)."""

@@ -32,10 +32,12 @@
 # %% tags=["parameters"]
 import os
 
-PRESET = os.environ.get("HYV_PRESET", "tiny_trained")  # unused: this chapter is planner arithmetic, no model runs
-MODEL_PATH = os.environ.get("HYV_MODEL_PATH") or None  # unused for the same reason (kept so every chapter reads it)
 FRAMES = int(os.environ.get("HYV_FRAMES", "121"))       # video length of the roofline section (4n+1)
 TARGET_MFU = float(os.environ.get("HYV_TARGET_MFU", "0.5"))  # the goal of the last section
+from hyv_lib.display import NOTEBOOK_SETTINGS, settings_not_used  # noqa: E402
+
+settings_not_used({name: "this chapter is arithmetic on the real presets (planner, compiler reports, published "
+                         "timings): no model runs" for name in NOTEBOOK_SETTINGS})
 
 # %%
 import warnings
