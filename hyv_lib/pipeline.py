@@ -224,9 +224,13 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
     if settings is not None and kwargs:
         raise HyvInputError("settings", "give a Stage2Settings or keyword arguments, not both")
     settings = settings if settings is not None else Stage2Settings.from_kwargs(kwargs)
-    (aspect_ratio, height, width, video_length, num_inference_steps, guidance_scale, flow_shift, seed, warmup_steps,
-     runtime, mesh, sharding, enable_cache, cache_start_step, cache_end_step, cache_step_interval, no_cache_blocks,
-     multi_host, attention) = dataclasses.astuple(settings)
+    s = settings
+    aspect_ratio, height, width, video_length = s.aspect_ratio, s.height, s.width, s.video_length
+    num_inference_steps, guidance_scale, flow_shift = s.num_inference_steps, s.guidance_scale, s.flow_shift
+    seed, warmup_steps, runtime, mesh, sharding = s.seed, s.warmup_steps, s.runtime, s.mesh, s.sharding
+    enable_cache, cache_start_step, cache_end_step = s.enable_cache, s.cache_start_step, s.cache_end_step
+    cache_step_interval, no_cache_blocks = s.cache_step_interval, s.no_cache_blocks
+    multi_host, attention = s.multi_host, s.attention
     for name, value, kind in (("--height", height, int), ("--width", width, int), ("--video_length", video_length, int),
                               ("--num_inference_steps", num_inference_steps, int), ("--seed", seed, int),
                               ("--warmup_steps", warmup_steps, int), ("--guidance_scale", guidance_scale, float),
