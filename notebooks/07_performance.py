@@ -242,7 +242,9 @@ print(f"{len(done)} configurations compiled; the full 720p step took {min(full):
 print("does not fit:", ", ".join(misfits) if misfits else "none")
 
 # %% [markdown]
-# The compile times in the saved file come from one run of the benchmark on a 2-core CPU. A layout that the
+# A cell reading "not compiled" is a configuration the saved run has not reached yet (the benchmark resumes where it
+# stopped; the count above says how many are in). The compile times in the saved file come from runs of the
+# benchmark on a 2-core CPU. A layout that the
 # compiler rejects for HBM is the cheapest failure there is: it costs minutes here instead of an hour of a rented slice.
 # The command to check any other layout, size or slice before renting it:
 #
