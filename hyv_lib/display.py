@@ -76,12 +76,32 @@ def frame_grid(frames: np.ndarray, columns: int = 5, title: str | None = None, s
     return fig
 
 
-def video_html(path: str, width: int = 320):
-    """An HTML5 <video> with the mp4 embedded as a data URI, so the rendered book needs no extra file."""
+def video_html(path: str, width: int = 320, max_bytes: int = 1_000_000):
+    """An HTML5 <video> with the mp4 embedded as a data URI, so the rendered book needs no extra file.
+
+    A file over ``max_bytes`` is embedded as a copy scaled down to ``width`` pixels (shown at that width anyway),
+    so that no page grows by megabytes of base64 (a 720p video of noise is about 5 MB)."""
+    import os
+    import tempfile
+
     from IPython.display import HTML
 
-    with open(path, "rb") as f:
-        data = base64.b64encode(f.read()).decode("ascii")
+    from .video import read_mp4, write_mp4
+
+    if os.path.getsize(path) > max_bytes:
+        from PIL import Image
+
+        frames, meta = read_mp4(path)
+        height = max(16, round(frames.shape[1] * width / frames.shape[2] / 16) * 16)  # H.264 macro blocks
+        small = np.stack([np.asarray(Image.fromarray(f).resize((width, height), Image.BILINEAR)) for f in frames])
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "small.mp4")
+            write_mp4(small, path, meta["fps"])
+            with open(path, "rb") as f:
+                data = base64.b64encode(f.read()).decode("ascii")
+    else:
+        with open(path, "rb") as f:
+            data = base64.b64encode(f.read()).decode("ascii")
     return HTML(f'<video width="{width}" controls loop muted playsinline '
                 f'src="data:video/mp4;base64,{data}"></video>')
 

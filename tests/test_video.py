@@ -101,3 +101,24 @@ def test_atomic_write_gets_the_umask_permissions_and_leaves_the_umask_alone(tmp_
         assert (os.stat(tmp_path / "f.bin").st_mode & 0o777) == 0o640  # 0666 minus the umask, as a plain open gives
     finally:
         os.umask(before)
+
+
+def test_video_html_embeds_a_scaled_copy_of_a_large_file(tmp_path):
+    """Pages must stay small: an mp4 over max_bytes is embedded scaled to the display width, not as is."""
+    import base64
+    import re
+
+    import numpy as np
+
+    from hyv_lib.display import video_html
+    from hyv_lib.video import read_mp4, write_mp4
+
+    frames = np.random.default_rng(0).integers(0, 256, (5, 256, 448, 3), dtype=np.uint8)  # noise: incompressible
+    path = str(tmp_path / "big.mp4")
+    write_mp4(frames, path, 8)
+    html = video_html(path, width=224, max_bytes=50_000).data
+    data = base64.b64decode(re.search(r"base64,([^\"]+)", html).group(1))
+    (tmp_path / "small.mp4").write_bytes(data)
+    small, _ = read_mp4(str(tmp_path / "small.mp4"))
+    assert small.shape == (5, 128, 224, 3) and len(data) < (tmp_path / "big.mp4").stat().st_size / 2
+    assert video_html(path, width=224, max_bytes=10**9).data.count("base64,") == 1  # small enough: as is
