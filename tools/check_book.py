@@ -468,6 +468,10 @@ def check_page(cdp: CDP, url: str, origin: str, timeout: float) -> tuple[list[st
     return problems, info
 
 
+#: Largest page allowed: every page must load quickly, so media go in small or scaled.
+MAX_PAGE_BYTES = 2_000_000
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("html_dir", nargs="?", default="_build/html", help="built HTML folder (default: _build/html)")
@@ -528,6 +532,8 @@ def main(argv: list[str] | None = None) -> int:
                         note = ""
                         if args.verbose and info:
                             note = f"mathjax={info['mathjax']} images={info['images']} videos={info['videos']}"
+                    if page.stat().st_size > MAX_PAGE_BYTES:  # inline media (base64 video, images) bloat a page
+                        problems.append(f"page is {page.stat().st_size / 1e6:.1f} MB, over {MAX_PAGE_BYTES / 1e6:g} MB")
                     status = "FAIL" if problems else "ok  "
                     print(f"{status} {rel}  ({time.monotonic() - t0:.1f} s){'  ' + note if note else ''}", flush=True)
                     for problem in problems:
