@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,8 +44,6 @@ class Video:
         """Write the frames as an H.264 mp4 at ``fps`` (default: the preset's), atomically; returns ``path``."""
         from .stage_io import ensure_output_dir
         from .video import write_mp4
-
-        import os
 
         fps = self.config.get("fps") if fps is None else fps
         if not isinstance(fps, (int, float)) or isinstance(fps, bool) or not fps > 0:
