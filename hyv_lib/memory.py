@@ -31,17 +31,20 @@ class PeakMemory:
     def __init__(self, interval_s: float = 0.002):
         self.interval_s = interval_s
         self.start_bytes = self.peak_bytes = 0
+        self.samples = 0  # background samples taken in the current block (a test can wait for one)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def _sample(self) -> None:
         while not self._stop.is_set():
             self.peak_bytes = max(self.peak_bytes, current_rss_bytes())
+            self.samples += 1
             time.sleep(self.interval_s)
 
     def __enter__(self) -> "PeakMemory":
         self._stop = threading.Event()  # a fresh flag: the last block's stop must not end this one's sampling
         self.start_bytes = self.peak_bytes = current_rss_bytes()
+        self.samples = 0
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
         return self

@@ -46,6 +46,15 @@ def test_generation_config_records_every_stage(tiny_run):
         assert 0 <= cfg[f"stage{stage}_rss_growth_mib"] <= cfg[f"stage{stage}_peak_rss_mib"]
 
 
+def _wait_for_samples(meter, count: int = 2, timeout_s: float = 10.0) -> None:
+    """Hold until the sampling thread has read the RSS ``count`` more times: a fixed sleep was too short on a loaded
+    CI machine (the thread did not run once while the buffer lived, and the block read as 0 MiB)."""
+    target, deadline = meter.samples + count, time.monotonic() + timeout_s
+    while meter.samples < target:
+        assert time.monotonic() < deadline, "the PeakMemory thread took no sample in 10 s"
+        time.sleep(0.005)
+
+
 def test_peak_memory_measures_again_when_reused():
     """One PeakMemory object, two blocks that each hold a 64 MiB buffer: both see it (the stop flag of the first
     block once made the second one stop sampling at once)."""
@@ -56,7 +65,7 @@ def test_peak_memory_measures_again_when_reused():
     for _ in range(2):
         with meter:
             buffer = torch.ones(64 * 2**20, dtype=torch.uint8)
-            time.sleep(0.05)
+            _wait_for_samples(meter)
             del buffer
         seen.append(meter.growth_bytes / 2**20)
     assert all(g >= 60 for g in seen), seen
@@ -67,7 +76,7 @@ def test_peak_memory_sees_a_short_lived_allocation():
 
     with PeakMemory() as memory:
         block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
-        time.sleep(0.05)
+        _wait_for_samples(memory)
         del block
     assert memory.growth_bytes >= 48 * 2**20
 
