@@ -33,7 +33,8 @@ class Pipeline:
     def __init__(self, preset: str = "tiny", model_path: str | None = None, dtype: str | None = None,
                  stage2: dict[str, Any] | None = None, stage3: dict[str, Any] | None = None):
         from . import pipeline
-        from .models import load_components, torch_dtype
+        from .inference import load_pipeline
+        from .models import torch_dtype
         from .presets import get_preset
 
         self.spec = get_preset(preset)
@@ -48,25 +49,20 @@ class Pipeline:
                                                             if k not in ("quiet",)})
         if settings["runtime"] == "ulysses":  # stage 2 tears the process group down after each video
             raise HyvInputError("--runtime", "a pipeline for many prompts runs with --runtime torch or tpu")
-        self.text = load_components(self.spec, model_path, TEXT_COMPONENTS, dtype=self.dtype)
-        self.denoiser = load_components(self.spec, model_path, ["transformer", "scheduler"], dtype=self.dtype)
-        self.decoder = load_components(self.spec, model_path, ["vae"], dtype=self.dtype)
-        transformer = self.denoiser["transformer"]
         runtime = settings["runtime"]
-        if runtime in ("torch", "ulysses") and torch.cuda.is_available():  # untested here: no GPU
-            transformer.to(torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))
-        self.step = pipeline.make_step(transformer, runtime, settings["mesh"],
-                                       self.stage2_settings.get("sharding", "tp_replicated_out"),
-                                       cache=pipeline.cache_schedule(settings),
-                                       uncached_blocks=settings.get("no_cache_blocks", 1),
-                                       attention=settings["attention"])
         self.stage3_settings.setdefault("runtime", "tpu" if runtime == "tpu" else "torch")
+        # The models and the step are an in-memory VideoPipeline's; this class adds the stage files per video.
+        self.video = load_pipeline(self.spec, model_path, self.dtype, runtime=runtime, mesh=settings["mesh"],
+                                   sharding=self.stage2_settings.get("sharding", "tp_replicated_out"),
+                                   attention=settings["attention"], vae_runtime=self.stage3_settings["runtime"],
+                                   progress=not self.stage2_settings.get("quiet", False))
+        self.components = self.video.components
+        self.step = self.video.step_for(pipeline.cache_schedule(settings), settings.get("no_cache_blocks", 1))
 
     @property
     def compilations(self) -> int | None:
         """Compilations of the transformer step so far (tpu runtime), else None."""
-        runtime = getattr(self.step, "runtime", self.step)
-        return getattr(runtime, "compilations", None)
+        return self.video.compilations
 
     def generate(self, prompt: str, output_dir: str, negative_prompt: str = "", seed: int = 42) -> torch.Tensor:
         """One video into ``output_dir`` (the three stage files, the mp4 and generation_config.json); returns its
@@ -74,10 +70,10 @@ class Pipeline:
         from . import pipeline
 
         pipeline.stage1(preset=self.spec.name, prompt=prompt, negative_prompt=negative_prompt, output_dir=output_dir,
-                        model_path=self.model_path, dtype=self.dtype, components=self.text)
-        pipeline.stage2(input_dir=output_dir, seed=seed, step=self.step, components=self.denoiser,
+                        model_path=self.model_path, dtype=self.dtype, components=self.components)
+        pipeline.stage2(input_dir=output_dir, seed=seed, step=self.step, components=self.components,
                         **self.stage2_settings)
-        return pipeline.stage3(input_dir=output_dir, components=self.decoder, **self.stage3_settings)
+        return pipeline.stage3(input_dir=output_dir, components=self.components, **self.stage3_settings)
 
 
 @dataclass

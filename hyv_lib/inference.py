@@ -115,8 +115,9 @@ class VideoPipeline:
         """Compilations of the transformer step so far (tpu runtime), else None."""
         return getattr(self.step, "compilations", None)
 
-    def _step_for(self, cache, uncached_blocks: int):
-        """The uncached step, or a DeepCache step around the same runtime (the tpu programs are shared)."""
+    def step_for(self, cache, uncached_blocks: int):
+        """The uncached step, or (``cache``: a :class:`hyv_lib.cache.DeepCacheSchedule`) a DeepCache step around the
+        same runtime that recomputes ``uncached_blocks`` blocks on cached steps (the tpu programs are shared)."""
         if cache is None:
             return self.step
         from .cache import DeepCacheSchedule, DeepCacheStep, TorchDeepCache
@@ -156,7 +157,7 @@ class VideoPipeline:
                 self.preset, height=height, width=width, video_length=video_length,
                 num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
                 seed=seed, runtime=self.runtime, mesh=self.mesh, sharding=self.sharding, attention=self.attention)
-        step = self._step_for(cache, uncached_blocks)
+        step = self.step_for(cache, uncached_blocks)
         if cache is not None and cache.num_steps != settings["num_inference_steps"]:
             raise HyvInputError("cache", f"the schedule has {cache.num_steps} steps but num_inference_steps is "
                                          f"{settings['num_inference_steps']}")

@@ -75,3 +75,20 @@ def test_cli_prompts_file_exit_code_and_errors(tmp_path, capsys):
     assert (tmp_path / "out" / "0000" / "output_video.mp4").is_file()
     assert run(["generate", "--prompts_file", str(tmp_path / "nope.txt"), "--quiet"]) == 2
     assert run(["generate", "--prompts_file", str(prompts), "--prompt", "x", "--quiet"]) == 2
+
+
+def test_deepcache_pipeline_serves_every_prompt_its_own_schedule(tmp_path):
+    """DeepCache kept across prompts: the second video follows the same full/cached schedule as the first and
+    equals a separate `generate` (a step counter carried over from the first video would shift it)."""
+    cached = dict(SETTINGS, num_inference_steps=4, enable_cache=True, cache_start_step=1, cache_end_step=3,
+                  cache_step_interval=2)
+    pipe = Pipeline("tiny", stage2=cached)
+    prompts = write(tmp_path / "p.txt", ["a red ball", "a blue cube"])
+    report = run_prompts_file(str(prompts), str(tmp_path / "out"), pipe, seed=5, progress=False)
+    assert [e["status"] for e in report.entries] == ["done", "done"]
+    configs = [json.loads((tmp_path / "out" / f"000{i}" / "generation_config.json").read_text()) for i in (0, 1)]
+    assert [(c["cache_full_steps"], c["cache_cached_steps"]) for c in configs] == [(3, 1), (3, 1)]
+    pipeline.generate(preset="tiny", prompt="a blue cube", output_dir=str(tmp_path / "single"), seed=6, **cached)
+    single = load_file(tmp_path / "single" / "stage2_latents.safetensors")["latents"]
+    batch = load_file(tmp_path / "out" / "0001" / "stage2_latents.safetensors")["latents"]
+    assert torch.equal(single, batch)
