@@ -212,7 +212,7 @@ def real_layout_tiny(preset: "Preset | str") -> Preset:
 
 
 _TRAINED_LATENT = 16
-# The config of hyv-tiny, the trained tiny model (issue 6): tools/train_hyv_tiny.py trains it from this config,
+# The config of hyv-tiny, the trained tiny model: tools/train_hyv_tiny.py trains it from this config,
 #: The words of hyv-tiny's captions (frozen: its word tokenizer was trained on every caption of these lists, so a
 #: new word would renumber the tokens the shipped DiT learned to read). Kept here, not derived from the training
 #: data module: the tokenizer is part of the model. tests/test_data.py checks the dataset's words are these.

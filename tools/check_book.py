@@ -13,7 +13,10 @@ DevTools Protocol, waits for MathJax to finish typesetting, and fails the page o
 * images that did not load (``naturalWidth == 0``) and videos the browser cannot open;
 * math left unrendered (``$$``, ``\\(``, ``\\[``, ``\\begin{`` in visible text outside code) or MathJax
   error nodes (``mjx-merror``), and a MathJax that never finishes;
-* any request to a URL that is not the local server (such requests are blocked, not sent).
+* any request to a URL that is not the local server (such requests are blocked, not sent);
+* a page over 2 MB (inline media), an absolute path of the build machine (the project folder, the home folder,
+  or a temporary folder in a cell's output), more than one progress-bar line in one output, an empty stderr
+  box, or an internal verdict left in the text (see :func:`static_problems`).
 
 It prints one line per page and a summary line. Exit status: 0 all pages clean, 1 problems found,
 2 the checker could not run (no Chromium, no websocket-client, bad folder).
@@ -27,10 +30,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import html
 import http.server
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -470,6 +475,49 @@ def check_page(cdp: CDP, url: str, origin: str, timeout: float) -> tuple[list[st
 
 #: Largest page allowed: every page must load quickly, so media go in small or scaled.
 MAX_PAGE_BYTES = 2_000_000
+#: A cell's stream output as myst-nb renders it (stdout: "stream", stderr: "stderr").
+OUTPUT_BLOCK = re.compile(r'<div class="output (stream|stderr)[^"]*">\s*<div class="highlight"><pre>(.*?)</pre>', re.S)
+#: One tqdm bar line ("45%|####      | 9/20 [...]").
+PROGRESS_LINE = re.compile(r"\d+%\|")
+#: Project-process words that belong in the tracker, not in a reader's book.
+INTERNAL_TEXT = re.compile(r"\bgoal met\b|\bthe issue's\b|\bissue \d+\b", re.I)
+
+
+def _visible_text(html_fragment: str) -> str:
+    """Text of an HTML fragment as a terminal would end up showing it: tags dropped, entities decoded, and each
+    line reduced to what follows its last carriage return (a progress bar redraws itself with \\r)."""
+    text = html.unescape(re.sub(r"<[^>]+>", "", html_fragment))
+    return "\n".join(line.rsplit("\r", 1)[-1] for line in text.split("\n"))
+
+
+def machine_paths() -> list[str]:
+    """Absolute paths that would identify the build machine if they appeared in a page."""
+    project = str(Path(__file__).resolve().parents[1])
+    home = str(Path.home())
+    return [p for p in dict.fromkeys([project, home, os.path.realpath(project)]) if len(p) > 1]
+
+
+def static_problems(page_html: str, paths: list[str], temp_dir: str = tempfile.gettempdir()) -> list[str]:
+    """What a reader should never see in a page, found in its HTML without a browser: the build machine's paths
+    (``paths`` anywhere; ``temp_dir`` in a cell's output), more than one progress-bar line in one output, an
+    empty stderr box, internal verdicts."""
+    problems = []
+    for path in paths:
+        if re.search(re.escape(path) + r"(?=[/\s\"'<]|$)", page_html):
+            problems.append(f"absolute path of the build machine in the page: {path}")
+    for kind, body in OUTPUT_BLOCK.findall(page_html):
+        text = _visible_text(body)
+        if kind == "stderr" and not text.strip():
+            problems.append("empty stderr box in a cell's output")
+        bars = sum(bool(PROGRESS_LINE.search(line)) for line in text.split("\n"))
+        if bars > 1:
+            problems.append(f"{bars} progress-bar lines in one cell's output (one at most)")
+        if temp_dir.rstrip("/") + "/" in text:
+            problems.append(f"temporary path of the build machine in a cell's output: {temp_dir}")
+    body_text = _visible_text(re.sub(r"<(script|style)\b.*?</\1>", "", page_html, flags=re.S))
+    for match in dict.fromkeys(m.group(0) for m in INTERNAL_TEXT.finditer(body_text)):
+        problems.append(f"internal wording in the page: {match!r}")
+    return problems
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -510,6 +558,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no HTML pages under {root}", file=sys.stderr)
         return 2
 
+    paths = machine_paths()
     t_start = time.monotonic()
     failed = 0
     total_problems = 0
@@ -534,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
                             note = f"mathjax={info['mathjax']} images={info['images']} videos={info['videos']}"
                     if page.stat().st_size > MAX_PAGE_BYTES:  # inline media (base64 video, images) bloat a page
                         problems.append(f"page is {page.stat().st_size / 1e6:.1f} MB, over {MAX_PAGE_BYTES / 1e6:g} MB")
+                    problems += static_problems(page.read_text(encoding="utf-8", errors="replace"), paths)
                     status = "FAIL" if problems else "ok  "
                     print(f"{status} {rel}  ({time.monotonic() - t0:.1f} s){'  ' + note if note else ''}", flush=True)
                     for problem in problems:
