@@ -33,8 +33,10 @@ book: $(STAMP)
 	rm -rf _build  # doctrees too: otherwise Sphinx skips (and does not execute) unchanged notebooks
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/jupyter-book build . -W --keep-going
 
+# Debian's Chromium by default; on GitHub's Ubuntu runners: make check-book CHROMIUM=google-chrome
+CHROMIUM ?= /usr/bin/chromium
 check-book: $(STAMP)
-	$(BIN)/python tools/check_book.py _build/html
+	$(BIN)/python tools/check_book.py _build/html --chromium $(CHROMIUM)
 
 clean:
 	rm -rf _build .pytest_cache
