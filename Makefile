@@ -31,6 +31,7 @@ test: $(STAMP)
 
 book: $(STAMP)
 	rm -rf _build  # doctrees too: otherwise Sphinx skips (and does not execute) unchanged notebooks
+	rm -f _static/videos/*.mp4  # the chapters write this build's videos here (linked from the pages)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/jupyter-book build . -W --keep-going
 
 # Debian's Chromium by default; on GitHub's Ubuntu runners: make check-book CHROMIUM=google-chrome

@@ -76,18 +76,34 @@ def frame_grid(frames: np.ndarray, columns: int = 5, title: str | None = None, s
     return fig
 
 
-def video_html(path: str, width: int = 320, max_bytes: int = 1_000_000):
-    """An HTML5 <video> with the mp4 embedded as a data URI, so the rendered book needs no extra file.
+def video_html(path: str, width: int = 320, max_bytes: int = 1_000_000, media_dir: str | None = None):
+    """An HTML5 <video> of the mp4 at ``path``, shown ``width`` pixels wide.
 
-    A file over ``max_bytes`` is embedded as a copy scaled down to ``width`` pixels (shown at that width anyway),
-    so that no page grows by megabytes of base64 (a 720p video of noise is about 5 MB)."""
+    With ``media_dir`` (the book's chapters pass ``../_static/videos``, a folder Jupyter Book copies into the site),
+    the file is copied there under a name made from its content and the page refers to it by a relative URL: the
+    page holds no video bytes, and the same URL works in Jupyter, whose working folder is the notebook's. Without
+    it, the mp4 is embedded as a data URI (a self-contained notebook); a file over ``max_bytes`` is embedded as a
+    copy scaled down to ``width`` pixels (a 720p video of noise is about 5 MB of base64 otherwise)."""
+    import hashlib
     import os
+    import shutil
     import tempfile
 
     from IPython.display import HTML
 
     from .video import read_mp4, write_mp4
 
+    attributes = f'width="{width}" controls loop muted playsinline'
+    if media_dir is not None:
+        with open(path, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()[:16]
+        os.makedirs(media_dir, exist_ok=True)
+        target = os.path.join(media_dir, f"{digest}.mp4")
+        if not os.path.exists(target):
+            shutil.copyfile(path, target + ".partial")
+            os.replace(target + ".partial", target)  # never a half-copied video under the final name
+        url = os.path.relpath(target).replace(os.sep, "/")
+        return HTML(f'<video {attributes} src="{url}"></video>')
     if os.path.getsize(path) > max_bytes:
         from PIL import Image
 
@@ -102,8 +118,7 @@ def video_html(path: str, width: int = 320, max_bytes: int = 1_000_000):
     else:
         with open(path, "rb") as f:
             data = base64.b64encode(f.read()).decode("ascii")
-    return HTML(f'<video width="{width}" controls loop muted playsinline '
-                f'src="data:video/mp4;base64,{data}"></video>')
+    return HTML(f'<video {attributes} src="data:video/mp4;base64,{data}"></video>')
 
 
 def token_layout_figure(video_tokens: int, parts: Mapping[str, Any], order=None, title: str | None = None):

@@ -122,3 +122,23 @@ def test_video_html_embeds_a_scaled_copy_of_a_large_file(tmp_path):
     small, _ = read_mp4(str(tmp_path / "small.mp4"))
     assert small.shape == (5, 128, 224, 3) and len(data) < (tmp_path / "big.mp4").stat().st_size / 2
     assert video_html(path, width=224, max_bytes=10**9).data.count("base64,") == 1  # small enough: as is
+
+
+def test_video_html_with_a_media_dir_links_the_file_by_a_relative_url(tmp_path, monkeypatch):
+    """The book's form: the page refers to a copy in the media folder (no bytes in the page), by a URL relative to
+    the working folder, so it resolves both in Jupyter and in the built site."""
+    import re
+
+    from hyv_lib.display import video_html
+
+    clip = smooth_clip(frames=5, height=32, width=48)
+    (tmp_path / "notebooks").mkdir()
+    write_mp4(clip, str(tmp_path / "notebooks" / "clip.mp4"), 8)
+    monkeypatch.chdir(tmp_path / "notebooks")
+    html = video_html("clip.mp4", media_dir="../_static/videos").data
+    url = re.search(r'src="([^"]+)"', html).group(1)
+    assert url.startswith("../_static/videos/") and url.endswith(".mp4") and "base64" not in html
+    copied, _ = read_mp4(url)
+    np.testing.assert_array_equal(copied, read_mp4("clip.mp4")[0])
+    assert video_html("clip.mp4", media_dir="../_static/videos").data == html  # same content, same file
+    assert os.listdir(tmp_path / "_static" / "videos") == [url.rsplit("/", 1)[1]]
