@@ -31,4 +31,7 @@ def test_each_rule_fails_its_page():
     assert problems(output("stream", "wrote /tmp/tmpab12/latents.safetensors\n")) == [
         "temporary path of the build machine in a cell's output: /tmp"]
     assert problems("<p>The speed-up goal met.</p>") == ["internal wording in the page: 'goal met'"]
+    assert problems('<video controls src="data:video/mp4;base64,AAAA"></video>') == [
+        "video embedded as base64 in the page (link the file: display.video_html(media_dir=...))"]
+    assert problems('<video controls src="../_static/videos/ab12.mp4"></video>') == []
     assert problems("<p>as issue 6 asked</p>") == ["internal wording in the page: 'issue 6'"]

@@ -16,7 +16,8 @@ DevTools Protocol, waits for MathJax to finish typesetting, and fails the page o
 * any request to a URL that is not the local server (such requests are blocked, not sent);
 * a page over 2 MB (inline media), an absolute path of the build machine (the project folder, the home folder,
   or a temporary folder in a cell's output), more than one progress-bar line in one output, an empty stderr
-  box, or an internal verdict left in the text (see :func:`static_problems`).
+  box, a video embedded as base64 instead of linked, or an internal verdict left in the text (see
+  :func:`static_problems`).
 
 It prints one line per page and a summary line. Exit status: 0 all pages clean, 1 problems found,
 2 the checker could not run (no Chromium, no websocket-client, bad folder).
@@ -514,6 +515,8 @@ def static_problems(page_html: str, paths: list[str], temp_dir: str = tempfile.g
             problems.append(f"{bars} progress-bar lines in one cell's output (one at most)")
         if temp_dir.rstrip("/") + "/" in text:
             problems.append(f"temporary path of the build machine in a cell's output: {temp_dir}")
+    if re.search(r'<video[^>]*src="data:', page_html) or re.search(r'<source[^>]*src="data:', page_html):
+        problems.append("video embedded as base64 in the page (link the file: display.video_html(media_dir=...))")
     body_text = _visible_text(re.sub(r"<(script|style)\b.*?</\1>", "", page_html, flags=re.S))
     for match in dict.fromkeys(m.group(0) for m in INTERNAL_TEXT.finditer(body_text)):
         problems.append(f"internal wording in the page: {match!r}")
