@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Quickstart: the three-stage pipeline
+# # 0. Quickstart: the three-stage pipeline
 #
 # HunyuanVideo-1.5 turns a prompt into a video in three stages, each of which writes a file the next one reads:
 #
@@ -24,12 +24,18 @@
 #    flow-matching steps, with classifier-free guidance, into `stage2_latents.safetensors`.
 # 3. **The VAE** (`AutoencoderKLHunyuanVideo15`) decodes the latents into frames, written as `output_video.mp4`.
 #
-# Splitting the pipeline at these files is what lets each stage run where it fits best: the 7B text encoder
-# on a host CPU, the 8.3B DiT on a TPU slice or GPU box, the VAE wherever memory allows. This notebook runs
-# all three with `hyv_lib` and looks at every hand-off.
+# :::{figure} ../book/figures/00_three_stages.svg
+# :name: fig-00-three-stages
+# The three stages and the files between them, with the real 720p model's shapes. Each stage reads only the
+# previous stage's file and `generation_config.json`, so each can run in its own process, on its own machine.
+# :::
+#
+# Splitting the pipeline at these files is what lets each stage run where it fits best: the Qwen2.5-VL-7B text
+# encoder on a host CPU, the 8.3-billion-parameter DiT (chapter 1 counts them) on a TPU slice or GPU box, the VAE
+# wherever memory allows. This notebook runs all three with `hyv_lib` and looks at every hand-off.
 #
 # On a laptop CPU it uses **hyv-tiny** (preset `tiny_trained`): the real diffusers and transformers classes at a
-# tiny size, trained on this CPU to draw one colored shape moving on a plain background (the appendix shows how).
+# tiny size, trained on a CPU to draw one colored shape moving on a plain background (chapter 6 shows how).
 # Its weights ship with `hyv_lib`, so the video below is a real generation you can check against the prompt,
 # and the files and code paths are exactly those of the real model. On a machine with the real weights, set
 # `HYV_PRESET=720p_t2v` and `HYV_MODEL_PATH=<diffusers folder>` and run the same notebook with your own prompt.
@@ -40,7 +46,7 @@ import os
 # tiny_trained | tiny | 480p_t2v | 720p_t2v; real presets need a diffusers-format folder (or hub id)
 PRESET = os.environ.get("HYV_PRESET", "tiny_trained")
 MODEL_PATH = os.environ.get("HYV_MODEL_PATH") or None
-# hyv-tiny knows "a {color} {shape} moving {direction} on a {background} background" (see the appendix)
+# hyv-tiny knows "a {color} {shape} moving {direction} on a {background} background" (chapter 6)
 PROMPT = os.environ.get("HYV_PROMPT", "a red circle moving left on a gray background")
 OUTPUT_DIR = os.environ.get("HYV_OUTPUT_DIR", "stage_outputs/quickstart")
 # None = the preset's default; set small values to smoke-test real weights on a CPU
@@ -69,6 +75,7 @@ warnings.filterwarnings("ignore", message="IProgress not found")
 import hyv_lib
 from hyv_lib import pipeline
 from hyv_lib.display import file_rows, frame_grid, html_table, tensor_rows, video_html
+from hyv_lib.models import quiet_loading  # no weight-loading progress bars in the output
 
 preset = hyv_lib.get_preset(PRESET)
 real = hyv_lib.get_preset("720p_t2v")
@@ -89,15 +96,15 @@ html_table([{"setting": k, PRESET: preset.to_json()[k], "720p_t2v": real.to_json
 
 # %%
 t0 = time.perf_counter()
-pipeline.stage1(preset=PRESET, model_path=MODEL_PATH, prompt=PROMPT,
-                output_dir=OUTPUT_DIR)
+with quiet_loading():
+    pipeline.stage1(preset=PRESET, model_path=MODEL_PATH, prompt=PROMPT, output_dir=OUTPUT_DIR)
 print(f"stage 1: {time.perf_counter() - t0:.1f} s")
 stage1_file = os.path.join(OUTPUT_DIR, "stage1_embeddings.safetensors")
 html_table(file_rows(stage1_file))
 
 # %% [markdown]
 # The masks count the valid tokens. Everything after them is padding that attention must ignore;
-# how to do that exactly and cheaply on every platform is the subject of the attention chapter.
+# how to do that exactly and cheaply on every platform is the subject of chapter 2.
 
 # %%
 from safetensors.torch import load_file
@@ -129,28 +136,72 @@ html_table(tensor_rows(real.stage1_shapes(), real_dtypes))
 #
 # The sigmas are `linspace(1, 0, N+1)` warped by the flow shift $s$: $\sigma' = s\sigma / (1 + (s-1)\sigma)$,
 # which spends more steps at high noise. The loop calls the transformer through one small interface, a
-# *transformer step*, so later chapters can swap in a jitted JAX step, a sharded one or a cached one without
+# *transformer step*, so chapters 1, 3 and 4 can swap in a jitted JAX step, a sharded one or a cached one without
 # touching the loop.
 
 # %%
 t0 = time.perf_counter()
-latents = pipeline.stage2(input_dir=OUTPUT_DIR, height=HEIGHT, width=WIDTH, video_length=VIDEO_LENGTH,
-                          runtime=RUNTIME, mesh=MESH,
-                          num_inference_steps=STEPS, seed=42, attention=ATTENTION)
-print(f"stage 2: {time.perf_counter() - t0:.1f} s")
+with quiet_loading():
+    latents = pipeline.stage2(input_dir=OUTPUT_DIR, height=HEIGHT, width=WIDTH, video_length=VIDEO_LENGTH,
+                              runtime=RUNTIME, mesh=MESH, num_inference_steps=STEPS, seed=42,
+                              attention=ATTENTION, quiet=True)
+config = hyv_lib.stage_io.read_config(OUTPUT_DIR)
+print(f"stage 2: {config['num_inference_steps']} steps in {time.perf_counter() - t0:.1f} s")
 html_table(file_rows(os.path.join(OUTPUT_DIR, "stage2_latents.safetensors")))
 
 # %% [markdown]
-# The latent is 16x smaller than the video in height and width and 4x shorter in time (plus the first
-# frame, which the causal VAE encodes alone), hence the 4n+1 frame counts. Below: the shifted sigma schedule the
-# loop used, and the spread of the latents it produced.
+# ### How big is the hand-off at 720p?
+#
+# The latent is 16x smaller than the video in height and width and 4x shorter in time, plus the first frame,
+# which the causal VAE encodes alone (hence frame counts of the form $4n+1$). For $F$ frames of $H \times W$:
+#
+# $$
+# \text{latents} = [1,\ 32,\ \tfrac{F-1}{4}+1,\ \tfrac{H}{16},\ \tfrac{W}{16}], \qquad
+# \text{video tokens} = \left(\tfrac{F-1}{4}+1\right)\cdot\tfrac{H}{16}\cdot\tfrac{W}{16}
+# $$
+#
+# since the DiT's patch is $1\times1\times1$: one token per latent pixel, with 32 channels. At 720p and 121 frames,
+# $\tfrac{120}{4}+1 = 31$, $\tfrac{720}{16} = 45$ and $\tfrac{1280}{16} = 80$, so the latents are
+# $[1, 32, 31, 45, 80]$ and the DiT attends over $31 \cdot 45 \cdot 80 = 111{,}600$ video tokens. Stored in fp32,
+# `stage2_latents.safetensors` holds $32 \cdot 111{,}600 \cdot 4 = 14{,}284{,}800$ bytes (13.6 MiB) plus a
+# small header. The decoded video, as raw uint8 RGB frames, is $121 \cdot 720 \cdot 1280 \cdot 3 = 334{,}540{,}800$
+# bytes (319 MiB), 23.4 times more: each latent pixel stands for $4 \cdot 16 \cdot 16 \cdot 3 = 3{,}072$ bytes of
+# pixels against $32 \cdot 4 = 128$ bytes of latents (24x), and the first frame, decoded alone, trims that by
+# $121/124$. The same numbers from the preset, and this run's file against the same formula:
+
+# %%
+import math
+
+from hyv_lib.layout import video_tokens
+
+H, W, F = 720, 1280, 121
+shape = real.latent_shape(H, W, F)
+latent_bytes = math.prod(shape) * 4  # fp32
+frame_bytes = F * H * W * 3  # uint8 RGB
+print(f"720p_t2v, {F} frames of {H}x{W}: latents {list(shape)}, {video_tokens(real, H, W, F):,} video tokens")
+print(f"  stage2_latents.safetensors: {latent_bytes:,} bytes of fp32 latents ({latent_bytes / 2**20:.1f} MiB)")
+print(f"  decoded uint8 frames:       {frame_bytes:,} bytes ({frame_bytes / 2**20:.0f} MiB), "
+      f"{frame_bytes / latent_bytes:.1f}x the latents")
+stage2_file = os.path.join(OUTPUT_DIR, "stage2_latents.safetensors")
+ours = math.prod(latents.shape) * 4
+print(f"this run: latents {list(latents.shape)}, file {os.path.getsize(stage2_file):,} bytes = {ours:,} bytes "
+      f"of latents + {os.path.getsize(stage2_file) - ours} bytes of header")
+
+# %% [markdown]
+# :::{admonition} Takeaway
+# :class: tip
+# The hand-offs are small: the 720p/121-frame latents are 13.6 MiB, cheap to write, read or send to another
+# machine, so splitting the pipeline at the files costs little. What is large is the DiT's work on them:
+# 111,600 video tokens, plus the text context, in every attention of every step.
+# :::
+#
+# Below: the shifted sigma schedule the loop used, and the spread of the latents it produced.
 
 # %%
 import matplotlib.pyplot as plt
 import numpy as np
 from diffusers import FlowMatchEulerDiscreteScheduler
 
-config = hyv_lib.stage_io.read_config(OUTPUT_DIR)
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3))
 for shift in (1.0, 5.0, 9.0):
     sched = FlowMatchEulerDiscreteScheduler(shift=shift)
@@ -167,11 +218,12 @@ fig.tight_layout()
 #
 # The VAE decodes the latents to pixels in $[-1, 1]$, which become uint8 frames and an H.264 mp4. Spatial
 # tiling (on by default) decodes overlapping 256-pixel tiles and blends them, which bounds the decoder's memory
-# at 720p; the tiny video fits in one tile.
+# at 720p; a video no larger than 256 pixels a side, like hyv-tiny's, is a single tile.
 
 # %%
 t0 = time.perf_counter()
-frames = pipeline.stage3(input_dir=OUTPUT_DIR, runtime="tpu" if RUNTIME == "tpu" else "torch")
+with quiet_loading():
+    frames = pipeline.stage3(input_dir=OUTPUT_DIR, runtime="tpu" if RUNTIME == "tpu" else "torch")
 print(f"stage 3: {time.perf_counter() - t0:.1f} s, "
       f"frames {tuple(frames.shape)} {frames.dtype}")
 fig = frame_grid(frames.numpy(), columns=5, title=f"{PRESET}: {PROMPT!r}")
@@ -181,11 +233,18 @@ video_html(os.path.join(OUTPUT_DIR, "output_video.mp4"))
 
 # %% [markdown]
 # Every stage also extends `generation_config.json`, so a folder of stage files always says how it
-# was made, including the time each stage took:
+# was made, including the time and peak memory (RSS) of each stage. The file stores absolute paths; the table
+# shows only their last part.
 
 # %%
 config = hyv_lib.stage_io.read_config(OUTPUT_DIR)
-html_table([{"key": k, "value": config[k]} for k in sorted(config)])
+
+
+def shown(value):
+    return os.path.basename(value) if isinstance(value, str) and os.path.isabs(value) else value
+
+
+html_table([{"key": k, "value": shown(config[k])} for k in sorted(config)])
 
 # %% [markdown]
 # ## The same in memory
@@ -219,7 +278,9 @@ del pipe  # the real models are large: free them before anything else runs
 # - Stage 1 follows diffusers' text recipe exactly (chat template, `hidden_states[-3]`, crop, ByT5 for quoted
 #   text); the masks mark valid tokens, valid first.
 # - Stage 2 is a flow-matching Euler loop with CFG as one batch of 2; it calls the DiT through a single
-#   *transformer step* interface that the later chapters reimplement for TPU and GPU.
+#   *transformer step* interface that chapters 1, 3 and 4 reimplement for TPU and GPU.
+# - At 720p/121f the latents are [1, 32, 31, 45, 80]: 111,600 video tokens and a 13.6 MiB fp32 hand-off, 23.4x
+#   smaller than the decoded frames.
 # - Stage 3 decodes with VAE tiling and writes an mp4.
 # - `hyv_lib.load_pipeline(...).generate(...)` runs the same stages in memory, models loaded once.
 # - hyv-tiny runs the real classes on a CPU in seconds and draws what its prompt says; the 720p shapes come from
@@ -248,12 +309,26 @@ del pipe  # the real models are large: free them before anything else runs
 # the ByT5 embeddings are all zeros and the mask is all zeros, so the DiT sees no glyph tokens.
 # :::
 #
-# 3. Using `preset.latent_shape`, compute the number of video tokens the 720p model attends over for 121 frames,
-#    and how many joint-attention tokens that makes with the 1985 context tokens.
+# 3. The 480p model (preset `480p_t2v`) makes 121 frames at its default 16:9 size. Compute with
+#    `preset.default_height`, `preset.default_width` and `preset.latent_shape` its latent shape, its number of
+#    video tokens and the bytes of latents in `stage2_latents.safetensors`. How many times fewer tokens than 720p?
 #
 # :::{admonition} Answer
 # :class: dropdown
-# `latent_shape(720, 1280, 121)` is `(1, 32, 31, 45, 80)`. With a 1x1x1 patch, that is 31 * 45 * 80 = 111,600
-# video tokens, and 113,585 tokens in all with the context. Joint attention is quadratic in that number, which
-# is why attention dominates the cost at 720p.
+# The default size, diffusers' 16:9 bucket for 480p, is 480 x 848 (both multiples of 16), so the latents are
+# `(1, 32, 31, 30, 53)`: $31 \cdot 30 \cdot 53 = 49{,}290$ video tokens and $32 \cdot 49{,}290 \cdot 4 = 6{,}309{,}120$
+# bytes (6.0 MiB) of fp32 latents. That is $111{,}600 / 49{,}290 = 2.26$ times fewer tokens than 720p, and since
+# attention is quadratic in the joint sequence ($S$ = 51,275 against 113,585 with the 1985 context tokens of
+# exercise 4), $(113{,}585 / 51{,}275)^2 = 4.9$ times less attention work per step.
+# :::
+#
+# 4. Attention runs over the video tokens plus the 1985 context tokens (729 image + 256 ByT5 + 1000 text). How many
+#    bytes would a dense boolean mask `[2, 1, S, S]` take for the CFG batch at 720p/121f? Check with
+#    `hyv_lib.layout.dense_mask_bytes`.
+#
+# :::{admonition} Answer
+# :class: dropdown
+# $S = 111{,}600 + 1{,}985 = 113{,}585$, and $2 \cdot S^2 = 25{,}803{,}104{,}450$ bytes, 24.0 GiB: more than a
+# 16 GiB TPU v5e chip holds, for a mask that is rebuilt in every block. Chapter 2 gets the same exact result
+# without ever building it.
 # :::

@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Migrating PyTorch to JAX with torchax
+# # 1. Migrating PyTorch to JAX with torchax
 #
 # TPUs are programmed through XLA, and the usual way to reach XLA is JAX. HunyuanVideo-1.5, however, exists as
 # PyTorch code: diffusers' `HunyuanVideo15Transformer3DModel`. [torchax](https://github.com/google/torchax) runs
@@ -22,27 +22,37 @@
 # follows the migration step by step:
 #
 # 1. torchax in five minutes;
-# 2. diffusers' forward run naively: each failure shown live and caught;
-# 3. the fixes in `hyv_lib.tpu.TpuTransformer`, and why each one is exact;
-# 4. `jit`, recompilation, and the persistent compile cache;
-# 5. numerics against the oracle, and eager against jit timings measured here.
+# 2. how much memory the weights need, and why real presets load once, in bf16;
+# 3. diffusers' forward run naively: each failure shown live and caught;
+# 4. the fixes in `hyv_lib.tpu.TpuTransformer`, and why each one is exact;
+# 5. `jit`, recompilation, and the persistent compile cache;
+# 6. numerics against the oracle, and eager against jit timings measured here.
 #
-# On this machine JAX runs on the CPU. The same code runs on a TPU VM, where `jax.devices()` lists TPU chips.
+# :::{figure} ../book/figures/01_torch_to_xla.svg
+# :name: fig-01-torch-to-xla
+# The migration path. `TpuTransformer` splits diffusers' forward into prompt-only work, done once in eager
+# torch, and a static-shaped per-step module; torchax turns that module's weights into a pytree of JAX arrays and
+# its torch ops into JAX ops; `jax.jit` compiles it into one XLA program per latent shape. To the denoising loop
+# both runtimes are the same *transformer step*.
+# :::
+#
+# With the default settings JAX runs on this machine's CPU. The same code runs on a TPU VM, where
+# `jax.devices()` lists TPU chips, and with a real preset it loads the 8.3B model once, in bf16.
 
 # %% tags=["parameters"]
 import os
 
 PRESET = os.environ.get("HYV_PRESET", "tiny_trained")   # tiny_trained | tiny | 480p_t2v | 720p_t2v
 MODEL_PATH = os.environ.get("HYV_MODEL_PATH") or None  # diffusers folder / hub id for real presets
+MESH = os.environ.get("HYV_MESH") or None  # for the whole model's jitted step, e.g. tensor=8 on a v5e-8 (chapter 3)
 # Latent size of the experiments (frames, height, width in latent pixels): small, even for real weights.
 LATENT = (2, 6, 10)
-RUN_BENCHMARK = os.environ.get("HYV_RUN_BENCHMARK", "1") == "1"  # the bench-size timing (about two minutes)
+RUN_BENCHMARK = os.environ.get("HYV_RUN_BENCHMARK", "1") == "1"  # compile-cache demo + bench-size timing
 from hyv_lib.display import settings_not_used  # noqa: E402
 
-settings_not_used({
+_ = settings_not_used({
     "HYV_RUNTIME": "the chapter builds the JAX runtime step by step and compares it with eager torch",
-    "HYV_MESH": "one device here; meshes are chapter 3's subject",
-    "HYV_ATTENTION": "each attention backend is compared in turn",
+    "HYV_ATTENTION": "attention is 'auto' (Splash on TPU, XLA elsewhere), plus host_sdpa in the CPU timing",
     "HYV_HEIGHT": "the experiments run at the small latent size LATENT", "HYV_WIDTH": "see HYV_HEIGHT",
     "HYV_VIDEO_LENGTH": "see HYV_HEIGHT", "HYV_STEPS": "single forwards, no denoising loop",
 })
@@ -66,9 +76,9 @@ import diffusers
 
 import hyv_lib
 from hyv_lib.display import html_table
+from hyv_lib.models import load_components, quiet_loading
 
 diffusers.utils.logging.set_verbosity_error()  # quiet diffusers' advice about casting with .to()
-from hyv_lib.models import load_components
 
 print("jax", jax.__version__, "on", jax.default_backend(), "| torch", torch.__version__,
       "| torchax", torchax.__version__)
@@ -113,15 +123,90 @@ with env:
     print("new shape, traces:", len(traces))
 
 # %% [markdown]
-# ## diffusers' forward, naively
+# ## The weights: load once, in bf16
 #
-# Load the transformer, move it into the torchax environment, and call it as PyTorch would. The inputs are a CFG
-# batch of two prompts with real padding: different text lengths, and no quoted text. Two things go wrong.
+# Before anything runs, the model has to fit. The parameter count $N$ of the 720p transformer follows from its
+# config alone (`hyv_lib.perf` builds the diffusers class on PyTorch's `meta` device, which allocates nothing),
+# and the weights take $N$ times the bytes of one element:
+#
+# $$
+# N = 8{,}326{,}608{,}160, \qquad N \cdot 2\ \text{B} = 15.5\ \text{GiB in bf16}, \qquad
+# N \cdot 4\ \text{B} = 31.0\ \text{GiB in fp32}.
+# $$
+#
+# A TPU v5e chip has 16 GiB of HBM and a v6e chip 32 GiB (Google Cloud TPU documentation, recorded with its
+# source in `hyv_lib.perf.CHIPS`). In fp32 the weights alone overflow a v5e chip and leave a v6e chip 1.0 GiB for
+# the activations, the compiled program and everything else. In bf16 they leave 16.5 GiB on a v6e chip, and they
+# still fill all but 0.5 GiB of a v5e chip, which is why a v5e needs the weights sharded over its chips
+# (chapter 3; set `HYV_MESH`). The real presets therefore load in bf16, their `default_dtype`; the tiny ones in
+# fp32. The table computes the same numbers:
+
+# %%
+from hyv_lib import perf
+
+n_720p = perf.param_bytes("720p_t2v", "bf16")["params"]
+print(f"720p transformer: {n_720p:,} parameters")
+rows = []
+for dtype in ("bf16", "fp32"):
+    weights = n_720p * perf.dtype_bytes(dtype) / 2**30
+    row = {"dtype": dtype, "weights (GiB)": round(weights, 2)}
+    for chip in ("v5e", "v6e"):
+        hbm = perf.CHIPS[chip].hbm_bytes / 2**30
+        row[f"GiB left on one {chip} chip ({hbm:.0f} GiB HBM)"] = round(hbm - weights, 2)
+    rows.append(row)
+html_table(rows)
+
+# %% [markdown]
+# The notebook loads the transformer of `PRESET` once, in that preset's dtype, and never copies it. Each
+# experiment that needs diffusers' eager fp32 forward (the oracle) or a throwaway copy runs on a small *probe*
+# instead (next section).
 
 # %%
 preset = hyv_lib.get_preset(PRESET)
-model = load_components(preset, MODEL_PATH, ["transformer"], dtype="fp32")["transformer"]
-oracle_model = copy.deepcopy(model)  # diffusers' own forward in eager torch: the oracle
+dtype = preset.default_dtype
+with quiet_loading():
+    model = load_components(preset, MODEL_PATH, ["transformer"], dtype=dtype)["transformer"]
+n_loaded = sum(p.numel() for p in model.parameters())
+print(f"{PRESET}: {n_loaded:,} parameters in {dtype}, {n_loaded * perf.dtype_bytes(dtype) / 2**30:.3f} GiB"
+      + (" (the 720p count above)" if n_loaded == n_720p else ""))
+
+# %% [markdown]
+# :::{admonition} Takeaway
+# :class: tip
+# $8.33 \times 10^9$ parameters are 15.5 GiB in bf16 and 31.0 GiB in fp32. Serve the real model in bf16,
+# load it once, and keep fp32 comparisons with the oracle for tiny models or for a small piece of the real one.
+# :::
+
+# %% [markdown]
+# ## diffusers' forward, naively
+#
+# The experiments of this section and of the numerics section compare with the oracle, diffusers' eager forward
+# in fp32, and wrap throwaway copies of the model. They run on the **probe**: for a tiny preset the whole loaded
+# model, in fp32; for a real preset the same transformer cut to its first **two** blocks (embedders, token
+# refiner, two real dual-stream blocks and the output head, copied in fp32: 1.8 GiB at 720p against 31.0 GiB for
+# a whole fp32 copy). Two blocks are enough: every failure below happens in the embedders or in the first
+# block, and the second block is the one the NaN of the first reaches. The whole model comes back, once and
+# without a copy, when it is jitted.
+#
+# The inputs are a CFG batch of two prompts with real padding (different text lengths) and no quoted text.
+# Moved into the torchax environment and called as PyTorch would call it, the forward goes wrong in three ways.
+
+# %%
+def probe_of(model, blocks=None):
+    """An fp32 copy of `model` with only its first `blocks` transformer blocks (None: all of them)."""
+    every_block = model.transformer_blocks
+    model.transformer_blocks = torch.nn.ModuleList(list(every_block)[:blocks])
+    try:  # copy the cut model, then give the original its blocks back
+        return copy.deepcopy(model).float()
+    finally:
+        model.transformer_blocks = every_block
+
+
+probe = probe_of(model, None if preset.is_tiny else 2)
+n_probe = sum(p.numel() for p in probe.parameters())
+print(f"probe: {len(probe.transformer_blocks)} of {len(model.transformer_blocks)} blocks, {n_probe:,} parameters, "
+      f"{n_probe * 4 / 2**30:.3f} GiB in fp32")
+
 c = preset.latent_channels
 # Widths from the loaded model (equal to the preset's for real weights; a real-layout tiny folder has tiny ones).
 text_dim, byt5_dim, image_dim = (model.config.text_embed_dim, model.config.text_embed_2_dim,
@@ -137,19 +222,21 @@ inputs = dict(
     encoder_attention_mask_2=torch.zeros(2, preset.byt5_len, dtype=torch.long),
     image_embeds=torch.zeros(2, preset.image_tokens, image_dim),  # text-to-video
 )
-with torch.no_grad():
-    oracle = oracle_model(**inputs).sample
+i2v_inputs = {**inputs, "image_embeds": torch.randn(2, preset.image_tokens, image_dim, generator=g)}
+with torch.no_grad():  # diffusers' own forward in eager torch: the oracle
+    oracle = probe(**inputs).sample
+    oracle_i2v = probe(**i2v_inputs).sample
 print("oracle output", tuple(oracle.shape), "finite:", bool(torch.isfinite(oracle).all()))
 
 # %% [markdown]
 # **Failure 1: eager torchax gives NaN.** The op-by-op run follows the same code path as PyTorch,
 # including the dense `[B, 1, S, S]` mask. The padded text tokens are queries with no valid key, and JAX's
 # softmax of an all-masked row is `0/0`. The next block reads those rows as values, and the NaN spreads to every
-# token (the attention chapter shows the mechanism).
+# token (chapter 2 shows the mechanism).
 
 # %%
 with env, torch.no_grad():
-    naive = copy.deepcopy(oracle_model).to("jax")
+    naive = copy.deepcopy(probe).to("jax")
     out = naive(**{k: v.to("jax") for k, v in inputs.items()}).sample
     print("NaN in the output:", bool(jax_view(torch.isnan(out).any())))
 
@@ -164,6 +251,7 @@ with env, torch.no_grad():
         JittableModule(naive)(**{k: v.to("jax") for k, v in inputs.items()})
     except Exception as err:  # jax.errors.ConcretizationTypeError
         print(type(err).__name__ + ":", str(err).splitlines()[0])
+del naive
 
 # %% [markdown]
 # **Failure 3, waiting behind it: boolean indexing.** The valid-first reorder does `text[text_mask]`, whose
@@ -190,7 +278,7 @@ with env:
 # |---|---|---|
 # | `if torch.all(image_embeds == 0)` | decided in Python on the concrete embeddings; the step receives `image_scale` = 0 or 1 and an image mask as *data* | the step computes `image_embedder(x) * 0` exactly as diffusers does for t2v, and `* 1` for i2v |
 # | `text[text_mask]` reorder | `hyv_lib.layout.valid_first_order`: a stable argsort of the masks gives gather indices; the step does `torch.gather` | same permutation as the boolean indexing (a test compares with diffusers' own reorder bit for bit) |
-# | dense mask, NaN rows | the processors from the attention chapter: a `[B, S]` key-padding mask, padded rows exactly 0 | valid tokens never read padded ones, so their values are unchanged; padded rows no longer produce NaN |
+# | dense mask, NaN rows | the processors of chapter 2: a `[B, S]` key-padding mask, padded rows exactly 0 | valid tokens never read padded ones, so their values are unchanged; padded rows no longer produce NaN |
 # | RoPE tables per call | computed once per latent shape, outside `jit`, and passed in | they depend only on the shape |
 #
 # The timestep-dependent parts (time embedding, token refiner) stay inside the step. Everything else in the
@@ -205,32 +293,40 @@ print("gather indices", tuple(order.shape), "| valid context tokens per sample:"
 
 # %% [markdown]
 # ## `jit` once, reuse for every step
+#
+# Now the whole loaded model, in its own dtype (bf16 for a real preset) and without a copy: `TpuTransformer`
+# takes it as it is, installs `hyv_lib`'s attention processors on it in place, and hands its weights to JAX
+# (`attention="auto"`: Splash on a TPU, XLA elsewhere; with `HYV_MESH`, sharded over the mesh as in chapter 3).
 
 # %%
 from hyv_lib.tpu import TpuTransformer
 
-tpu = TpuTransformer(copy.deepcopy(oracle_model))  # attention="auto": Splash on TPU, XLA elsewhere
+step = TpuTransformer(model, mesh=MESH)
 t0 = time.perf_counter()
-out = tpu(**inputs)
+out = step(**inputs)
 first = time.perf_counter() - t0
 times = []
 for t in (650.0, 500.0, 250.0, 10.0):  # later steps: new timesteps, same shapes
     t0 = time.perf_counter()
-    tpu(**{**inputs, "timestep": torch.tensor([t, t])})
+    step(**{**inputs, "timestep": torch.tensor([t, t])})
     times.append(time.perf_counter() - t0)
+print(f"{PRESET} in {dtype} on {jax.default_backend()}: output {tuple(out.shape)} {out.dtype}, "
+      f"finite: {bool(torch.isfinite(out).all())}")
 print(f"first call (trace + compile): {first:.2f} s; next calls: {min(times) * 1e3:.1f} ms; "
-      f"compilations: {tpu.compilations}")
+      f"compilations: {step.compilations}")
 
 # %% [markdown]
 # A new prompt, a new timestep or an image-to-video input are new *data*, so they reuse the program.
 # A new latent *shape* (resolution or frame count) is a new program:
 
 # %%
-tpu(**{**inputs, "encoder_attention_mask": (torch.arange(preset.text_len)[None] < 3).long().repeat(2, 1)})
-print("after a new prompt mask:", tpu.compilations)
+step(**{**inputs, "encoder_attention_mask": (torch.arange(preset.text_len)[None] < 3).long().repeat(2, 1)})
+print("after a new prompt mask:", step.compilations)
+step(**i2v_inputs)
+print("after image-to-video inputs:", step.compilations)
 bigger = torch.randn(2, 2 * c + 1, LATENT[0] + 1, *LATENT[1:], generator=g)
-tpu(**{**inputs, "hidden_states": bigger})
-print("after one more latent frame:", tpu.compilations)
+step(**{**inputs, "hidden_states": bigger})
+print("after one more latent frame:", step.compilations)
 
 # %% [markdown]
 # This is why the denoising loop keeps shapes fixed: 50 steps at one resolution compile once. It is
@@ -242,61 +338,97 @@ print("after one more latent frame:", tpu.compilations)
 #
 # A compiled XLA program can be stored on disk and loaded by the next *process*.
 # `hyv_lib.tpu.enable_compile_cache()` turns on JAX's persistent compilation cache (default
-# `~/.cache/hyv_lib/jax`), and `stage2 --runtime tpu` enables it by itself. The benchmark below runs the first
-# call of a larger step in two fresh processes that share one cache folder. The second process loads the
-# program instead of compiling it, though it still traces the Python.
+# `~/.cache/hyv_lib/jax`), and `stage2 --runtime tpu` enables it by itself. Below, two fresh processes share one
+# cache folder, and each times the first call of a jitted step larger than tiny (the configuration of
+# `benchmarks/jit_step.py`, printed below). The second process loads the program instead of compiling it, though
+# it still traces the Python. The child processes run JAX on the CPU when this notebook holds an accelerator: a
+# TPU's chips belong to one process at a time.
 
 # %%
+import json
+import math
 import subprocess
 import sys
+import tempfile
 
-bench = os.path.join("..", "benchmarks", "jit_step.py")
+sys.path.insert(0, os.path.join("..", "benchmarks"))
+import jit_step  # noqa: E402  (the benchmark script's model and inputs)
+
+bench = jit_step.__file__
 if RUN_BENCHMARK:
-    result = subprocess.run([sys.executable, bench, "--repeats", "2", "--frames", "2", "4"],
-                            capture_output=True, text=True, check=True)
-    print(result.stdout)
+    jit_step.LATENT[0] = 2  # its latent: 2 x 24 x 40
+    bench_model, bench_inputs = jit_step.bench_model(), jit_step.bench_inputs()
+    width = bench_model.config.num_attention_heads * bench_model.config.attention_head_dim
+    print(f"bench step: width {width}, {len(bench_model.transformer_blocks)} blocks, "
+          f"{math.prod(bench_inputs['hidden_states'].shape[2:]):,} video tokens, CFG batch of 2, fp32")
+    child_env = dict(os.environ, **({} if jax.default_backend() == "cpu" else {"JAX_PLATFORMS": "cpu"}))
+    first_calls = []
+    with tempfile.TemporaryDirectory() as cache:
+        for _ in range(2):  # the script's compile probe: enable the cache, build the step, time its first call
+            child = subprocess.run([sys.executable, bench, "--frames", "2", "--compile-probe", cache],
+                                   capture_output=True, text=True, check=True, env=child_env)
+            first_calls.append(json.loads(child.stdout.splitlines()[-1])["first_call_s"])
+    print(f"first call, process 1 (empty cache, trace + compile): {first_calls[0]:.2f} s")
+    print(f"first call, process 2 (same cache, trace + load):     {first_calls[1]:.2f} s, "
+          f"{first_calls[0] / first_calls[1]:.1f}x faster")
 else:
     print("skipped (HYV_RUN_BENCHMARK=0)")
 
 # %% [markdown]
-# The same benchmark compares eager diffusers with the jitted step on a configuration larger than
-# tiny (width 256, 4 blocks, 2,000 to 4,000 tokens); it prints attention's share of the step. XLA fuses
-# the rest of the block (norms, modulation, RoPE, gating) and runs it faster than eager torch does, but
-# XLA:CPU has no fused attention kernel: its blockwise online softmax (`hyv_lib.xla_attention`) is slower than
-# torch's fused CPU flash kernel. So the benchmark times two jitted steps. `xla` keeps attention in XLA.
-# `host_sdpa` (`hyv_lib.host_attention`) hands q, k and v from inside the jitted program to torch's kernel
-# through `jax.pure_callback`; on the CPU backend both share host memory. Only on a CPU is that worth doing. On
-# a TPU the step runs the Splash kernel instead, and the later chapters estimate that cost with the planner.
-#
 # ## Numerics against the oracle
+#
+# The probe, jitted in fp32 and in bf16, against the oracle computed above. Each `TpuTransformer` wraps its own
+# copy of the probe, because it installs its processors on the model it is given and the probe must stay
+# diffusers' own.
 
 # %%
+tpu32 = TpuTransformer(copy.deepcopy(probe))
 rows = []
-for name, kwargs in (("t2v, real padding", inputs),
-                     ("i2v (non-zero image embeddings)",
-                      {**inputs, "image_embeds": torch.randn(2, preset.image_tokens, image_dim, generator=g)})):
-    with torch.no_grad():
-        expected = oracle_model(**kwargs).sample
-    got = tpu(**kwargs)
+for name, kwargs, expected in (("t2v, real padding", inputs, oracle),
+                               ("i2v (non-zero image embeddings)", i2v_inputs, oracle_i2v)):
+    got = tpu32(**kwargs)
     rows.append({"input": name, "dtype": "fp32", "max |jit - oracle|": f"{(got - expected).abs().max():.1e}",
                  "relative": f"{(got - expected).abs().max() / expected.abs().max():.1e}"})
-tpu16 = TpuTransformer(copy.deepcopy(oracle_model).to(torch.bfloat16))
+tpu16 = TpuTransformer(copy.deepcopy(probe).to(torch.bfloat16))
+relative32 = float((tpu32(**inputs) - oracle).abs().max() / oracle.abs().max())
 got = tpu16(**inputs).float()
+relative16 = float((got - oracle).abs().max() / oracle.abs().max())
 rows.append({"input": "t2v, real padding", "dtype": "bf16 weights and activations",
-             "max |jit - oracle|": f"{(got - oracle).abs().max():.1e}",
-             "relative": f"{(got - oracle).abs().max() / oracle.abs().max():.1e}"})
+             "max |jit - oracle|": f"{(got - oracle).abs().max():.1e}", "relative": f"{relative16:.1e}"})
+del tpu16
 html_table(rows)
 
-
 # %% [markdown]
-# In fp32 the jitted step agrees with diffusers' eager forward to float32 rounding, for both
-# text-to-video and image-to-video. In bf16 the error is that of bf16 arithmetic, about 8 bits of mantissa.
-#
-# ## Eager against jit, timed here
+# The jitted step agrees with diffusers' eager forward to the rounding of its dtype, for both text-to-video
+# and image-to-video. A float32 operation rounds to a relative $2^{-24} \approx 6\times10^{-8}$; bf16 keeps 8
+# significant bits, a relative $2^{-8} \approx 3.9\times10^{-3}$. After a whole forward the error is a small
+# multiple of that unit:
 
 # %%
-def best_of(fn, repeats=5):
-    fn()
+print(f"fp32: relative error {relative32:.1e} = {relative32 / 2**-24:.0f} x 2^-24")
+print(f"bf16: relative error {relative16:.1e} = {relative16 / 2**-8:.1f} x 2^-8")
+
+# %% [markdown]
+# ## Eager against jit, timed here
+#
+# The probe, and (unless `HYV_RUN_BENCHMARK=0`) the larger configuration of the compile-cache demo, each run
+# by diffusers' eager forward and by the jitted step. The jitted step is timed with every attention backend
+# that can run on this JAX backend: `auto` (Splash on a TPU, XLA elsewhere) and, on the CPU only, `host_sdpa`
+# (`hyv_lib.host_attention`), which hands q, k and v from inside the jitted program to torch's fused CPU
+# attention kernel through `jax.pure_callback`. That works only where JAX and torch share the host's memory.
+# XLA:CPU has no fused attention kernel of its own: `auto` runs a blockwise online softmax in XLA
+# (`hyv_lib.xla_attention`), which `benchmarks/jit_step.py` also times alone against torch's kernel. Each time
+# below is the best of three calls after one untimed call (which compiles).
+
+# %%
+from hyv_lib.attention import available_backends, resolve_backend
+
+auto = resolve_backend("auto", torch.device("jax"))  # splash on a TPU, xla elsewhere
+backends = [auto] + [b for b in ("host_sdpa",) if b != auto and available_backends()[b] is None]
+
+
+def best_of(fn, repeats=3):
+    fn()  # untimed: compiles a jitted step
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -304,18 +436,43 @@ def best_of(fn, repeats=5):
         best = min(best, time.perf_counter() - t0)
     return best
 
-with torch.no_grad():
-    eager = best_of(lambda: oracle_model(**inputs))
-jitted = best_of(lambda: tpu(**inputs))
-html_table([{"runtime": "diffusers eager (torch)", "ms per call": round(eager * 1e3, 1)},
-            {"runtime": "TpuTransformer (torchax jit)", "ms per call": round(jitted * 1e3, 1)},
-            {"runtime": "ratio eager / jit", "ms per call": round(eager / jitted, 2)}])
+
+def eager_vs_jit(name, fp32_model, kwargs, built=None):
+    """Best times of diffusers' eager forward and of the jitted step per backend (`built`: steps already made)."""
+    with torch.no_grad():
+        eager = best_of(lambda: fp32_model(**kwargs))
+    row = {"model": name, "video tokens": math.prod(kwargs["hidden_states"].shape[2:]),
+           "eager torch (ms)": round(eager * 1e3, 1)}
+    for backend in backends:
+        jitted = (built or {}).get(backend) or TpuTransformer(copy.deepcopy(fp32_model), attention=backend)
+        seconds = best_of(lambda: jitted(**kwargs))
+        row[f"jit, {backend} (ms)"] = round(seconds * 1e3, 1)
+        row[f"eager / jit, {backend}"] = round(eager / seconds, 2)
+    return row
+
+
+timings = [eager_vs_jit(f"probe ({PRESET})", probe, inputs, built={auto: tpu32})]
+if RUN_BENCHMARK:
+    timings.append(eager_vs_jit(f"bench (width {width})", bench_model, bench_inputs))
+html_table(timings)
+
+# %%
+where = ("both on this CPU" if jax.default_backend() == "cpu"
+         else f"eager on the host CPU, jit on {jax.default_backend()}")
+for row in timings:
+    ratios = ", ".join(f"{b}: {row[f'eager / jit, {b}']:.2f}x" for b in backends)
+    print(f"{row['model']}: eager time / jitted time = {ratios} (above 1: the jitted step is faster; {where})")
 
 # %% [markdown]
-# Both numbers come from this machine and this run; compare them only with each other. On a CPU, PyTorch's eager
-# kernels are already good, so `jit` gains little by itself. The reason to compile is the TPU. There, the
-# op-by-op torchax eager mode would dispatch every operator separately (and gives NaN, as shown above), while the
-# jitted step is one XLA program that can be sharded across chips.
+# All these numbers come from this machine and this run; compare them only with each other. On a CPU, XLA
+# fuses the work around attention (norms, modulation, RoPE, gating) that eager torch runs op by op, while
+# attention itself is XLA's blockwise loop against torch's fused kernel. `host_sdpa` uses torch's kernel inside
+# the jitted step, at the price of a round trip out of the compiled program for every attention call, a fixed
+# cost that weighs most when the step is small. Attention's share of the step grows with the token count, so
+# the ranking of the columns can change between the two rows. On a TPU the eager column is the host CPU's and the
+# jit columns the TPU's, so the ratio compares two processors, not two runtimes. The reason to compile is the
+# TPU anyway: there, torchax's op-by-op eager mode would dispatch every operator separately (and gives NaN, as
+# shown above), while the jitted step is one XLA program that can be sharded across chips.
 #
 # ## Using it
 #
@@ -333,6 +490,8 @@ html_table([{"runtime": "diffusers eager (torch)", "ms per call": round(eager * 
 #
 # - torchax runs PyTorch code on JAX arrays. Ops dispatch to JAX, and `jax_jit`/`JittableModule` compile whole
 #   torch functions with XLA.
+# - The 720p transformer's 8,326,608,160 parameters are 15.5 GiB in bf16 and 31.0 GiB in fp32: real presets load
+#   once, in bf16, and fp32 oracle checks run on a two-block probe of the model (or the whole tiny model).
 # - diffusers' forward fails in three ways under torchax: NaN in eager mode (fully masked softmax rows), a
 #   concretization error under `jit` (`torch.all(...)` in an `if`), and boolean indexing, whose output shape is
 #   data-dependent.
@@ -372,4 +531,29 @@ html_table([{"runtime": "diffusers eager (torch)", "ms per call": round(eager * 
 # One for the first run: the warmup pays for it, and the steps reuse it. One more for 480p, a new shape. In a
 # new process the step is *traced* again, because the in-memory cache is per process, but XLA loads the
 # executable from the persistent cache instead of compiling it.
+# :::
+#
+# 4. On 8 chips (`tensor=8`), how many GiB of bf16 weights does each chip hold at 720p with the rule sets
+#    `tp_replicated_out`, `tp` and `fsdp` of chapter 3? Which of them leave at least half of a 16 GiB v5e chip
+#    free? Use `hyv_lib.perf.param_bytes("720p_t2v", "bf16", rules, 8)["bytes_per_device"]`.
+#
+# :::{admonition} Answer
+# :class: dropdown
+# 10.34 GiB with `tp_replicated_out` (the row-parallel linears stay whole on every chip), 6.65 GiB with `tp` and
+# 2.22 GiB with `fsdp`, against 15.51 GiB replicated. `tp` and `fsdp` leave more than 8 GiB of a v5e chip free;
+# `tp_replicated_out`, the faster rule set on v6e in the gpu-tpu-pedia numbers cited in chapter 3, leaves
+# 5.66 GiB.
+# :::
+#
+# 5. The probe of a real preset keeps the embedders, the token refiner, the output head and the first two of the
+#    54 blocks. From `hyv_lib.perf.parameter_shapes("720p_t2v")`, count the parameters outside
+#    `transformer_blocks` and those of one block; how many GiB is the probe in fp32, and what fraction of the
+#    whole model is it?
+#
+# :::{admonition} Answer
+# :class: dropdown
+# 169,535,776 parameters outside the blocks and 151,056,896 per block, so the probe has
+# $169{,}535{,}776 + 2 \cdot 151{,}056{,}896 = 471{,}649{,}568$ parameters: 1.76 GiB in fp32, 5.7% of the
+# model's 8,326,608,160. The 54 blocks hold $54 \cdot 151{,}056{,}896 = 8{,}157{,}072{,}384$ parameters, 98% of
+# the model.
 # :::
