@@ -118,11 +118,11 @@ def main() -> None:
         print(json.dumps(eager_probe(args.repeats) if args.eager_probe else compile_probe(args.compile_probe)))
         return
     rows = [run_config(args, frames) for frames in args.frames]
-    print("\nvideo tokens | eager ms | jit (xla) ms | speed-up | jit (host_sdpa) ms | speed-up (goal >= 1.5x)")
+    print("\nvideo tokens | eager ms | jit (xla) ms | speed-up | jit (host_sdpa) ms | speed-up")
     for tokens, eager, jitted, hosted, ratios in rows:
-        best = max(ratios["xla"], ratios["host_sdpa"])
-        print(f"{tokens:12d} | {eager * 1e3:8.1f} | {jitted * 1e3:12.1f} | {ratios['xla']:7.2f}x | {hosted * 1e3:18.1f} "
-              f"| {ratios['host_sdpa']:7.2f}x{'  goal met' if best >= 1.5 else ''}")
+        hosted_cells = (f"{hosted * 1e3:18.1f} | {ratios['host_sdpa']:7.2f}x" if hosted is not None
+                        else f"{'(CPU backend only)':>18} |")
+        print(f"{tokens:12d} | {eager * 1e3:8.1f} | {jitted * 1e3:12.1f} | {ratios['xla']:7.2f}x | {hosted_cells}")
     print("(medians of --repeats calls; eager in a JAX-free child process)")
 
 
@@ -184,8 +184,13 @@ def run_config(args, frames: int) -> tuple[int, float, float, float, dict]:
         oracle = model(**kwargs).sample
     tpu = TpuTransformer(copy.deepcopy(model))
     out = tpu(**kwargs)
-    hosted_tpu = TpuTransformer(copy.deepcopy(model), attention="host_sdpa")
-    hosted_out = hosted_tpu(**kwargs)
+    from hyv_lib.attention import available_backends
+
+    # host_sdpa calls torch's CPU kernel from inside jit: it exists only where JAX runs on the CPU
+    hosted_tpu = None
+    if available_backends().get("host_sdpa") is None:
+        hosted_tpu = TpuTransformer(copy.deepcopy(model), attention="host_sdpa")
+    hosted_out = hosted_tpu(**kwargs) if hosted_tpu is not None else None
 
     def eager_in_child() -> float:
         result = in_child(args, frames, "--eager-probe")
@@ -196,18 +201,19 @@ def run_config(args, frames: int) -> tuple[int, float, float, float, dict]:
     # The machine's speed drifts within minutes: eager is timed before and after the jitted steps and averaged.
     eager_before = eager_in_child()
     jitted = median_time(lambda: tpu(**kwargs), args.repeats)
-    hosted = median_time(lambda: hosted_tpu(**kwargs), args.repeats)
+    hosted = median_time(lambda: hosted_tpu(**kwargs), args.repeats) if hosted_tpu is not None else None
     eager_after = eager_in_child()
     eager = (eager_before + eager_after) / 2
-    ratios = {"xla": eager / jitted, "host_sdpa": eager / hosted}
+    ratios = {"xla": eager / jitted, **({"host_sdpa": eager / hosted} if hosted is not None else {})}
     print(f"diffusers eager : {eager * 1e3:8.1f} ms/step (JAX-free process; {eager_before * 1e3:.1f} before and "
           f"{eager_after * 1e3:.1f} after the jitted runs)")
     print(f"jit, XLA attn   : {jitted * 1e3:8.1f} ms/step   (max |diff| vs eager {(out - oracle).abs().max():.1e}, "
           f"{tpu.compilations} compilation)  {ratios['xla']:.2f}x")
-    hosted_error = (hosted_out - oracle).abs().max()
-    print(f"jit, host SDPA  : {hosted * 1e3:8.1f} ms/step   (max |diff| vs eager {hosted_error:.1e}, "
-          f"{hosted_tpu.compilations} compilation)  {ratios['host_sdpa']:.2f}x")
-    print(f"speed-up        : {max(ratios.values()):8.2f}x  (best jitted; goal >= 1.5x)")
+    if hosted_tpu is not None:
+        hosted_error = (hosted_out - oracle).abs().max()
+        print(f"jit, host SDPA  : {hosted * 1e3:8.1f} ms/step   (max |diff| vs eager {hosted_error:.1e}, "
+              f"{hosted_tpu.compilations} compilation)  {ratios['host_sdpa']:.2f}x")
+    print(f"speed-up        : {max(ratios.values()):8.2f}x  (best jitted step against eager)")
     attention_breakdown(args, kwargs, tokens, eager, jitted)
     with tempfile.TemporaryDirectory() as cache:
         cold = in_child(args, frames, "--compile-probe", cache)
