@@ -14,11 +14,21 @@
 # ---
 
 # %% [markdown]
-# # Attention masking: exact, without an S×S mask
+# # 2. Attention masking: exact, without an S×S mask
 #
 # Every block of HunyuanVideo-1.5 runs *joint* attention over one long sequence: the video tokens, then the
 # context tokens (image, ByT5 and text embeddings). Most context tokens are padding, and attention has to ignore
-# them. This chapter does three things:
+# them: a valid query may attend to valid keys only, and a padded query's output does not matter.
+#
+# :::{figure} ../book/figures/02_joint_sequence_mask.svg
+# :name: fig-02-joint-sequence-mask
+# The joint sequence of one sample at 720p and 121 frames, before and after the valid-first reorder, and the mask
+# it needs. Valid queries see the valid prefix; padded keys get $-\infty$ (weight exactly 0); padded query rows
+# are set to 0. A `[B, S]` key-padding vector (or one valid length per sample) describes all of it; the dense
+# `[B, 1, S, S]` mask that diffusers builds stores the same information in $S$ times more bytes.
+# :::
+#
+# This chapter does three things:
 #
 # 1. It shows where the padding comes from, and what the obvious ways of ignoring it cost: a dense mask of
 #    many gigabytes, NaN on JAX, or a small bias that never goes away.
@@ -36,7 +46,7 @@ OUTPUT_DIR = os.environ.get("HYV_OUTPUT_DIR", "stage_outputs/attention")
 LATENT_FRAMES, LATENT_H, LATENT_W = 2, 6, 10
 from hyv_lib.display import settings_not_used  # noqa: E402
 
-settings_not_used({
+_ = settings_not_used({
     "HYV_RUNTIME": "the backends are called directly (the JAX ones through torchax)",
     "HYV_MESH": "one device", "HYV_ATTENTION": "every backend is measured in turn",
     "HYV_HEIGHT": "the model checks run at the small latent size above; the memory figures cover 720p by formula",
@@ -72,19 +82,24 @@ html_table([{"preset": p.name, "image": p.image_tokens, "ByT5": p.byt5_len, "tex
              "context": layout.context_tokens(p)} for p in (preset, real)])
 
 # %% [markdown]
-# Only a few of those tokens are valid:
+# Only some of those tokens are valid:
 #
 # - A text-to-video run has no image, so all image tokens are padding. (The model detects this because the
 #   image embeddings are all zero.)
 # - ByT5 only sees text in quotes, so without quotes every ByT5 token is padding.
 # - The text mask covers the prompt plus a few template tokens.
 #
-# Let us encode a prompt with and without quoted text:
+# Let us encode a prompt with quoted text and a negative prompt without. How many slots stay padding depends on the
+# preset's tokenizer and slot counts: hyv-tiny has only 24 text slots, so even this short prompt fills most of
+# them, while the real Qwen2.5-VL tokenizer would leave most of the 1000 slots padding:
 
 # %%
-embeds = pipeline.stage1(preset=PRESET, model_path=MODEL_PATH, output_dir=OUTPUT_DIR,
-                         prompt='a red square "OPEN"',  # short: hyv-tiny's text_len is 24
-                         negative_prompt="blurry")
+from hyv_lib.models import quiet_loading
+
+with quiet_loading():  # no weight-loading progress bars
+    embeds = pipeline.stage1(preset=PRESET, model_path=MODEL_PATH, output_dir=OUTPUT_DIR,
+                             prompt='a red square "OPEN"',  # short: hyv-tiny's text_len is 24
+                             negative_prompt="blurry")
 for name in ("prompt_embeds_mask", "prompt_embeds_mask_2",
              "negative_prompt_embeds_mask", "negative_prompt_embeds_mask_2"):
     print(f"{name:30s} {int(embeds[name].sum()):5d} valid of {embeds[name].shape[1]}")
@@ -111,8 +126,33 @@ print("valid context tokens form a prefix:", bool(reordered[0, :int(reordered.su
 #
 # ## What a dense mask costs
 #
-# diffusers' processor builds the mask `valid_i & valid_j` as a `[B, 1, S, S]` boolean tensor in every block.
-# With classifier-free guidance B = 2. The size follows from the presets:
+# diffusers' processor builds the mask `valid_i & valid_j` as a `[B, 1, S, S]` boolean tensor (1 byte per
+# element) in every block. With classifier-free guidance the batch holds the prompt and the negative prompt,
+# B = 2. At 720p and 121 frames, written out:
+#
+# - Latent grid: the VAE compresses time 4× and space 16×, so $T = (121 - 1)/4 + 1 = 31$, $H = 720/16 = 45$,
+#   $W = 1280/16 = 80$. The patch size is 1×1×1, one token per latent pixel:
+#   $N_v = 31 \cdot 45 \cdot 80 = 111{,}600$ video tokens.
+# - Context: $N_c = 729 + 256 + 1000 = 1{,}985$ tokens, so $S = N_v + N_c = 113{,}585$.
+# - Dense mask: $B \cdot S^2 = 2 \times 113{,}585^2 = 25{,}803{,}104{,}450$ bytes $\approx 24.0$ GiB for the CFG
+#   batch, or about 12.0 GiB per sample.
+# - Key-padding mask: $B \cdot S = 2 \times 113{,}585 = 227{,}170$ bytes $\approx 222$ KiB, a factor $S$ smaller.
+#   After the valid-first reorder even that is redundant: one valid length $n_b$ per sample says the same.
+#
+# `hyv_lib.layout` computes the same from the preset:
+
+# %%
+T, H, W = real.latent_shape(720, 1280, 121)[2:]
+s720 = layout.joint_sequence_length(real, 720, 1280, 121)
+dense = layout.dense_mask_bytes(real, 720, 1280, 121)  # B = 2 by default
+print(f"latent {T} x {H} x {W} = {layout.video_tokens(real, 720, 1280, 121):,} video tokens "
+      f"+ {layout.context_tokens(real):,} context = S {s720:,}")
+print(f"dense [2, 1, S, S] bool: {dense:,} bytes = {dense / 2**30:.1f} GiB "
+      f"({layout.dense_mask_bytes(real, 720, 1280, 121, batch=1) / 2**30:.1f} GiB per sample)")
+print(f"key-padding [2, S] bool: {2 * s720:,} bytes = {2 * s720 / 2**10:.0f} KiB, {dense // (2 * s720):,}x smaller")
+
+# %% [markdown]
+# The same for shorter videos and for 480p:
 
 # %%
 rows = []
@@ -124,9 +164,16 @@ for p, (h, w) in ((hyv_lib.get_preset("480p_t2v"), (480, 848)), (real, (720, 128
 html_table(rows)
 
 # %% [markdown]
-# That is about 24 GiB at 720p and 121 frames, more than the 16 GB of HBM on a TPU v5e chip (Cloud TPU
-# documentation), and it is built again in each of the 54 blocks. The mask also carries almost no information:
-# after the reorder, each sample's mask is one number, its valid length.
+# The dense mask grows with $S^2$, the key-padding vector with $S$. At 720p and 121 frames the dense mask is more
+# than the 16 GB of HBM on a TPU v5e chip (Cloud TPU documentation), and it is built again in each of the 54
+# blocks.
+#
+# :::{admonition} Takeaway
+# :class: tip
+# At 720p/121f the dense `[2, 1, S, S]` mask is about 24 GiB for the CFG batch (12 GiB per sample), while the
+# key-padding vector holding the same information is about 222 KiB. Pass the `[B, S]` vector (or the valid
+# lengths) to the kernel; never build the $S \times S$ tensor.
+# :::
 #
 # ## NaN: why "just mask with -inf" breaks under JAX
 #
@@ -229,7 +276,6 @@ fig.tight_layout()
 # %%
 from hyv_lib.splash import DEFAULT_BLOCK_SIZES
 
-s720 = layout.joint_sequence_length(real, 720, 1280, 121)
 block = DEFAULT_BLOCK_SIZES["block_kv"]
 padded = -(-s720 // block) * block
 print(f"S = {s720:,} -> {padded:,} at block_kv = {block}: {padded - s720:,} block-padding keys")
@@ -279,8 +325,8 @@ html_table(rows)
 
 # %% [markdown]
 # The exact backends agree with float64 to float32 rounding. K/V zeroing does not. (Its padded rows are
-# not zero either, but no valid token reads them.) Times on this CPU only show that interpret mode is slow. They
-# say nothing about TPU speed.
+# not zero either, but no valid token reads them.) The times are one call each on this CPU, with whatever else it
+# is running; they say nothing about speed on a TPU, where Splash runs natively instead of in interpret mode.
 #
 # ## On the model: every backend against diffusers
 #
@@ -322,18 +368,65 @@ html_table(rows)
 #
 # ## Memory: O(S) instead of O(S²)
 #
-# `benchmarks/attention_memory.py` runs one tiny-width forward per process and measures how much its peak
-# memory grows, with diffusers' processor and with ours. Two short lengths run here. Pass `--frames 4 8` for
-# the 16k and 32k token runs.
-# When S doubles, our extra memory should grow at most linearly and diffusers' almost fourfold.
+# What grows with $S$ is easiest to see in the largest tensor a forward creates. A `TorchDispatchMode` sees every
+# torch operation; the probe below records the largest new tensor (views of existing tensors excluded) in one
+# forward of the tiny model, batch 1, with 64×64 latent pixels per frame, with diffusers' processor and with ours.
+# When $S$ doubles, an O(S²) tensor grows about fourfold and an O(S) one twofold:
 
 # %%
-import subprocess
-import sys
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
-bench = os.path.join("..", "benchmarks", "attention_memory.py")
-result = subprocess.run([sys.executable, bench, "--frames", "1", "2"], capture_output=True, text=True, check=True)
-print(result.stdout)
+from hyv_lib.models import build_tiny_components, example_forward_kwargs
+
+
+class LargestTensor(TorchDispatchMode):
+    """The largest tensor any torch operation creates inside the ``with`` block (outputs that share an input's
+    storage, i.e. views, are skipped)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bytes, self.op = 0, None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if (isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs
+                    and t.untyped_storage().nbytes() > self.bytes):
+                self.bytes, self.op = t.untyped_storage().nbytes(), str(func)
+        return out
+
+
+tiny = hyv_lib.get_preset("tiny")
+diffusers_model = build_tiny_components(tiny, names=["transformer"])["transformer"]
+ours = copy.deepcopy(diffusers_model)
+A.use_attention(ours, "sdpa")
+rows = []
+for frames in (1, 2):
+    kwargs = example_forward_kwargs(tiny, latent=(frames, 64, 64), text_lengths=(20,), byt5_lengths=(0,))
+    s = frames * 64 * 64 + layout.context_tokens(tiny)
+    row = {"S": s}
+    for name, m in (("diffusers", diffusers_model), ("hyv_lib sdpa", ours)):
+        with torch.no_grad(), LargestTensor() as probe:
+            m(**kwargs)
+        row[f"{name}: largest MiB"] = round(probe.bytes / 2**20, 1)
+        row[f"{name}: op"] = probe.op
+    row["diffusers bytes / S²"] = round(row["diffusers: largest MiB"] * 2**20 / s**2, 2)
+    rows.append(row)
+first, second = rows
+print(f"S x{second['S'] / first['S']:.2f}: diffusers' largest tensor x"
+      f"{second['diffusers: largest MiB'] / first['diffusers: largest MiB']:.2f} (S² would be "
+      f"x{(second['S'] / first['S']) ** 2:.2f}), hyv_lib's x"
+      f"{second['hyv_lib sdpa: largest MiB'] / first['hyv_lib sdpa: largest MiB']:.2f}")
+html_table(rows)
+
+# %% [markdown]
+# diffusers' largest tensor is the $S \times S$ mask, and its 4 bytes per element show that it is not even the
+# boolean one: on this CPU, torch's SDPA turns the boolean mask into an additive float mask before the kernel
+# runs. It grows with $S^2$. Ours is an ordinary activation (an MLP matmul output) that grows in proportion to
+# $S$. `benchmarks/attention_memory.py` measures the whole process's peak resident memory instead, one fresh
+# process per run, at longer sequences.
 
 # %% [markdown]
 # ## GPU kernels, and what is known about their speed
@@ -345,7 +438,7 @@ print(result.stdout)
 # |---|---|---|---|
 # | `flash` | FlashAttention-2 `flash_attn_varlen_func` | yes | packed valid tokens + `cu_seqlens` |
 # | `flash3` | FlashAttention-3 (Hopper) varlen | yes | same |
-# | `sage` | SageAttention, INT8 $QK^T$ | no (lossy) | run on each sample's valid tokens |
+# | `sage` | SageAttention 1 (`sageattention==1.0.6`), INT8 $QK^T$ | no (lossy) | run on each sample's valid tokens |
 # | `sdpa` | torch SDPA (flash/efficient/math) | yes | each sample's valid prefix, no mask argument |
 # | `splash` | JAX Pallas Splash (TPU) | yes | segment ids |
 #
@@ -353,12 +446,19 @@ print(result.stdout)
 #
 # - **Kernel throughput**, H100 SXM5, head dim 128, non-causal, from the flash-attention repository's benchmark
 #   charts: FlashAttention-2 about 370 TFLOPS forward; FlashAttention-3 FP16 about 646–648 TFLOPS.
-# - **SageAttention2** (8-bit), H100, head dim 128: about 871–900 TOPS (SageAttention repository's charts). It is
-#   lossy: a ComfyUI report (issue #10823) links black HunyuanVideo-1.5 output to one SageAttention release.
+# - **SageAttention 1**, the release `requirements-gpu.txt` pins (`sageattention==1.0.6`: INT8 $QK^T$, FP16 $PV$).
+#   Its paper reports about 2.1× the throughput of FlashAttention-2 (Zhang et al., arXiv:2410.02367; its README
+#   says the kernel was tuned for RTX 4090 and 3090). On an H100 at head dim 128, the SageAttention repository's
+#   chart puts it at about 516–518 TOPS, where the same chart's FlashAttention-3 FP16 build reaches 459–470. The
+#   871–900 TOPS often quoted for the H100 belong to SageAttention2, a later release that `hyv_lib` does not
+#   install. Both are lossy: a ComfyUI report (issue #10823) links black HunyuanVideo-1.5 output to the
+#   SageAttention 2.2.0.post4 release.
 # - **HunyuanVideo-1.5 end to end**, 720p, 121 frames, 50 steps, 8×H100 (gpu-tpu-pedia, a single author whose
-#   documents label hardware inconsistently): FlashAttention-2 5.2 s/step; SageAttention 3.25 s/step.
+#   documents label hardware inconsistently): FlashAttention-2 5.2 s/step; SageAttention 3.25 s/step (its
+#   SageAttention path ignores the text mask, and the release it used is not stated).
 # - **TPU**, same project: v6e-8 with stock Splash and K/V zeroing 7.29 s/step. Its experiment with segment ids
-#   was *slower*, about 8.7 against 7.0 s/step. Exactness may cost time on TPU; a later chapter re-measures it.
+#   was *slower*, about 8.7 against 7.0 s/step. Exactness may cost time on a TPU. No chapter of this book times
+#   Splash on a TPU; chapter 7 counts the attention FLOPs that the padded context tokens add to a step.
 # - diffusers ≥ 0.37 rejects masks in its `flash`/`flash_hub`/`_flash_3` backends (PR #12892). HunyuanVideo-1.5's
 #   processor always passes a mask, so those backends fail for this model. Its varlen backends work.
 #
@@ -366,14 +466,14 @@ print(result.stdout)
 #
 # - The context is 1985 padded tokens (729 image + 256 ByT5 + 1000 text); after the valid-first reorder, the
 #   valid tokens of each sample are a prefix of the joint sequence.
-# - A dense `[2, 1, S, S]` mask costs about 24 GiB at 720p/121 frames, rebuilt in every block. A `[B, S]` vector
-#   (or just the valid lengths) holds the same information.
+# - A dense `[2, 1, S, S]` mask costs about 24 GiB at 720p/121 frames (12 GiB per sample), rebuilt in every
+#   block. A `[B, S]` vector of about 222 KiB (or just the valid lengths) holds the same information.
 # - Fully masked rows give NaN under JAX, and the NaN spreads through $0 \cdot \text{NaN}$. `hyv_lib` zeroes
 #   padded rows instead.
 # - Key-padding masks, varlen packing and Splash segment ids are exact. K/V zeroing shrinks every output by
 #   $Z/(Z+P)$, and so does treating block padding as valid.
 # - `use_attention(model, backend)` makes diffusers' model use any of them. The exact ones match the oracle to
-#   float32 rounding, and extra memory grows as O(S), not O(S²).
+#   float32 rounding, and the largest tensor of a forward grows as O(S), not O(S²).
 #
 # ## Exercises
 #
@@ -405,4 +505,19 @@ print(result.stdout)
 # `max(f for f in range(1, 122, 4) if layout.dense_mask_bytes(real, 720, 1280, f) <= 16 * 2**30)` gives 97
 # frames (25 latent frames, S = 91,985, about 15.8 GiB). At 101 frames it is already 17.0 GiB. The dense mask
 # alone would fill a 16 GB v5e chip before the model stored a single activation.
+# :::
+#
+# 4. A text-to-video prompt at 720p/121f has 120 valid text tokens and no quoted text. How many of the $S$ keys
+#    are padding? Suppose a query's scores were all near 0, so that every key adds about $e^0 = 1$ to the
+#    denominator. By what factor would K/V zeroing shrink its output, and by what factor if the 2048-key block
+#    padding were also treated as valid zero keys?
+#
+# :::{admonition} Answer
+# :class: dropdown
+# The valid keys are the 111,600 video tokens and the 120 text tokens, $n = 111{,}720$; the padding is
+# $P = 1985 - 120 = 1{,}865$ context tokens. With $Z_i \approx n$, the factor is
+# $Z/(Z + P) = 111{,}720 / 113{,}585 \approx 0.984$: every output shrinks by about 1.6%. Block padding brings the
+# key length to 114,688 (the 1,103 extra keys printed above), so $111{,}720 / 114{,}688 \approx 0.974$, a 2.6%
+# shrink. Check: `n = layout.video_tokens(real, 720, 1280, 121) + 120; n / s720, n / padded`. Real scores are
+# not all 0, so real $Z_i$ vary from token to token, and so does the bias.
 # :::

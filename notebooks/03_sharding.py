@@ -14,36 +14,50 @@
 # ---
 
 # %% [markdown]
-# # Sharding the DiT across devices
+# # 3. Sharding the DiT across devices
 #
 # One HunyuanVideo-1.5 step at 720p and 121 frames does about 12.6 PFLOP and needs 16.7 GB of bf16 weights plus
-# gigabytes of activations, so it has to be spread over several chips. This chapter:
+# gigabytes of activations, so it has to be spread over several chips. There are three ways to split it, and a
+# mesh can combine them: split the CFG pair of samples (`data`), split the heads and the matrices inside each block
+# (`tensor`, Megatron style), or split the video tokens and swap to a split by heads around attention (`sequence`,
+# Ulysses).
+#
+# :::{figure} ../book/figures/03_mesh_tp_ulysses.svg
+# :name: fig-03-mesh-tp-ulysses
+# (A) A v6e-8 as a `data=2 × tensor=4` mesh: each chip holds one sample of the CFG batch and 4 of the 16 heads.
+# (B) Megatron tensor parallelism in one block: the column-parallel projections (`to_q/k/v`, `fc1`) split their
+# output features, the row-parallel ones (`to_out`, `fc2`) their input features, and each row-parallel output is
+# all-reduced over the tensor row. Under `tp_replicated_out` the row-parallel weights are whole on every chip, and
+# XLA replaces half of the all-reduces with all-gathers. (C) Ulysses: an all-to-all turns sequence shards into
+# head shards for attention, and a second one turns them back.
+# :::
+#
+# This chapter:
 #
 # 1. sizes the problem with the planner (`hyv_lib.perf`): FLOPs, bytes per device, lower bounds on step time;
 # 2. asks the **TPU compiler** what the real 720p program needs on a v6e-8, without a TPU: libtpu compiles for a
 #    named slice on any Linux machine, and the planner is checked against it;
 # 3. builds device meshes with `data`, `tensor` and `sequence` axes and places the weights with three rule sets
 #    (`tp`, `tp_replicated_out`, `fsdp`) on 8 emulated CPU devices, checks every layout against diffusers'
-#    forward and counts the collectives XLA inserts;
+#    forward on a randomly initialised 8-head tiny model, and counts the collectives XLA inserts;
 # 4. runs Ulysses sequence parallelism, the GPU approach, with torch.distributed on CPU processes.
 #
 # The emulated devices run the programs a v6e-8 would run, on this CPU (`--xla_force_host_platform_device_count=8`).
 # The speed is not a TPU's; the memory and the collectives of the real-size program come from the TPU compiler.
+# Sharding is about shapes, so the chapter loads no weights: `HYV_PRESET` and `HYV_MODEL_PATH` do not change it.
 
 # %% tags=["parameters"]
 import os
 
-PRESET = os.environ.get("HYV_PRESET", "tiny_trained")   # unused: the planner sizes the real presets, the demos
-MODEL_PATH = os.environ.get("HYV_MODEL_PATH") or None  # build an 8-head tiny model (no weights are loaded here)
 N_DEVICES = int(os.environ.get("HYV_N_DEVICES", "8"))   # emulated CPU devices (a real TPU VM: its chips)
 COMPILE_PRESET = os.environ.get("HYV_COMPILE_PRESET", "tiny")  # the live TPU compile; 720p_t2v: minutes on a CPU
 TOPOLOGY = os.environ.get("HYV_TOPOLOGY", "v6e:2x2")    # its slice (tiny's 2 heads need a 4-device one)
 from hyv_lib.display import settings_not_used  # noqa: E402
 
-settings_not_used({
-    "HYV_PRESET": "the planner sizes the real presets and the demos build an 8-head tiny model (HYV_COMPILE_PRESET "
-                  "picks the live TPU compile)",
-    "HYV_MODEL_PATH": "no weights are loaded (sharding is about shapes)",
+_ = settings_not_used({
+    "HYV_PRESET": "the planner sizes the real presets and the demos build a randomly initialised 8-head tiny model "
+                  "(HYV_COMPILE_PRESET picks the live TPU compile)",
+    "HYV_MODEL_PATH": "no weights are loaded: sharding is about shapes, and the demos use random weights",
     "HYV_RUNTIME": "the tpu runtime is the subject", "HYV_MESH": "every layout is shown in turn",
     "HYV_ATTENTION": "XLA's kernel on the emulated CPU devices, Splash in the TPU compile",
     "HYV_HEIGHT": "the planner tables use the presets' sizes", "HYV_WIDTH": "see HYV_HEIGHT",
@@ -107,11 +121,73 @@ html_table(rows)
 
 # %% [markdown]
 # `tp` splits the attention and MLP matrices of the 54 blocks 8 ways. `tp_replicated_out` keeps the
-# row-parallel ones (attention output projection, MLP `fc2`) whole on every device, which costs about 4 GB per
-# device; the gpu-tpu-pedia project measured 8.12 → 7.29 s/step on a v6e-8 with this change (a single author, whose
-# documents label the hardware inconsistently). What the compiler makes of it is below. `fsdp` stores every block
-# matrix split over all devices and gathers each block's weights just before it runs. About a third of the
+# row-parallel ones (attention output projection, MLP `fc2`) whole on every device, which costs about 4 GB more
+# per device; the gpu-tpu-pedia project measured 8.12 → 7.29 s/step on a v6e-8 with this change (a single author,
+# whose documents label the hardware inconsistently). What the compiler makes of it is below. `fsdp` stores every
+# block matrix split over all devices and gathers each block's weights just before it runs. About a third of the
 # parameters (the AdaLN modulation linears, 12288×2048 per stream and block) stay whole under both TP rule sets.
+#
+# ## What has to cross the interconnect
+#
+# Memory is one side of a layout; the other is what the devices must exchange. Two layouts at the extremes, at
+# 720p and 121 frames on 8 devices, in bf16 ($x = 2$ bytes), with $L = 54$ blocks, hidden size $h = 2048$,
+# $N_v = 111{,}600$ video and $N_c = 1{,}985$ context tokens, and the CFG batch $B = 2$ on every device:
+#
+# **Plain TP on `tensor=8`.** In each block and stream, the two row-parallel matmuls (`to_out`, `fc2`) leave
+# partial sums of shape $[B, N, h]$ that are all-reduced. The last block's context stream after attention feeds
+# nothing, so the context counts $L - 1$ times. The all-reduced bytes per step are
+#
+# $$
+# M = 2 B h x \left[L N_v + (L - 1) N_c \right] = 2 \cdot 2 \cdot 2048 \cdot 2 \cdot (54 \cdot 111{,}600 + 53 \cdot 1{,}985)
+#   = 16{,}384 \cdot 6{,}131{,}605 \approx 100.5\ \text{GB}.
+# $$
+#
+# A ring all-reduce of $m$ bytes over $n$ devices sends $2 (n - 1)/n \cdot m$ from each device, so each device sends
+# $1.75\,M \approx 175.8$ GB per step (the token refiner's two small all-gathers add 14 MB).
+#
+# **Ulysses on `sequence=8`.** The weights stay whole: 16.65 GB on every device, and no all-reduce. Before
+# attention each device holds q, k and v for its $N_v/8 = 13{,}950$ video tokens and all 16 heads, each
+# $B \cdot 13{,}950 \cdot h \cdot x = 2 \cdot 13{,}950 \cdot 2048 \cdot 2 \approx 114.3$ MB. The all-to-all keeps
+# $1/8$ of it and sends $7/8$: about 100 MB per tensor. The K and V of one attention call are therefore about
+# 200 MB per device, about 1% of the weights each device holds; q, k, v and the output's way back make about
+# 400 MB per block, or about 21.6 GB per step. (Gathering the whole joint sequence's K and V on every device
+# instead would take $2 B S h x \approx 1.86$ GB per block.)
+#
+# The planner in `hyv_lib.perf` computes the same:
+
+# %%
+c = real.transformer
+L, h, x, B, n = c["num_layers"], c["num_attention_heads"] * c["attention_head_dim"], 2, 2, 8
+tok = perf.token_counts(real, 720, 1280, 121)
+Nv, Nc = tok["video"], tok["context"]
+M = 2 * B * h * x * (L * Nv + (L - 1) * Nc)
+tp_plan = perf.device_plan(real, 720, 1280, 121, {"tensor": n}, "tp")
+print(f"plain TP, tensor={n}: all-reduced M = {M / 1e9:.1f} GB (planner {tp_plan['collectives']['all-reduce'] / 1e9:.1f}); "
+      f"sent {2 * (n - 1) / n * M / 1e9:.1f} GB by the formula, {tp_plan['sent_bytes'] / 1e9:.1f} GB by the planner "
+      f"(+ refiner gathers)")
+
+shard = B * (Nv // n) * h * x  # one of q, k, v for the local tokens, all heads
+ulysses_plan = perf.device_plan(real, 720, 1280, 121, {"sequence": n}, "tp")
+kv_sent = 2 * (n - 1) / n * shard
+whole = perf.param_bytes(real, "bf16", "replicated")["bytes_per_device"]
+print(f"Ulysses, sequence={n}: one q/k/v shard {shard / 1e6:.1f} MB (planner: "
+      f"{ulysses_plan['collectives']['all-to-all'] / (4 * L) / 1e6:.1f} MB per all-to-all); "
+      f"K and V sent per attention call {kv_sent / 1e6:.0f} MB = {kv_sent / whole:.1%} of the {whole / 1e9:.2f} GB "
+      f"of weights per device")
+print(f"  per step: {4 * L * (n - 1) / n * shard / 1e9:.1f} GB by the formula; perf.collective_bytes(strategy='ulysses') "
+      f"{perf.collective_bytes(real, 720, 1280, 121, strategy='ulysses', mesh_shape=n)['bytes_per_device'] / 1e9:.1f} GB "
+      f"(it also counts the context tokens); plain TP sends "
+      f"{tp_plan['sent_bytes'] / (4 * L * (n - 1) / n * shard):.1f}x more")
+print(f"  all-gathering the joint sequence's whole K and V instead: {2 * B * tok['joint'] * h * x / 1e9:.2f} GB per block")
+
+# %% [markdown]
+# :::{admonition} Takeaway
+# :class: tip
+# Plain TP on 8 devices sends about 176 GB per device per step, because every block all-reduces whole activations
+# $[B, N, h]$ twice per stream; it holds 7.1 GB of weights per device. Ulysses sends about 22 GB (q, k, v and the
+# output, each split 8 ways; one attention call's K and V are about 1% of the weights), but holds all 16.7 GB of
+# weights on every device. TP saves memory and pays in bandwidth; sequence parallelism does the reverse.
+# :::
 #
 # ## What the TPU compiler says
 #
@@ -160,29 +236,38 @@ html_table(rows)
 # %%
 for layout, (c, p, k) in compared.items():
     memory = p["per_device_bytes"]["total"] / c["per_device_bytes"]["total"] - 1
-    wire = p["collective_total"] / sum(k.values()) - 1
-    print(f"{layout:18s} planner vs compiler: memory {memory:+.1%}, collective bytes {wire:+.1%}; "
-          f"compiled code {c['per_device_bytes']['code'] / GIB:.2f} GiB (not modelled)")
+    # kind by kind: the planner's bytes minus the compiler's, summed over all-reduce, all-gather, all-to-all
+    off = sum(abs(p["collectives"].get(kind, 0) - b) for kind, b in k.items()) / sum(k.values())
+    print(f"{layout:18s} planner vs compiler: memory {memory:+.1%}, collective bytes kind by kind off by {off:.2%} "
+          f"of the total; compiled code {c['per_device_bytes']['code'] / GIB:.2f} GiB (not modelled)")
+fsdp_c = compared["fsdp"][0]
+fsdp_gathers = next(x["count"] for x in fsdp_c["collectives"] if x["kind"] == "all-gather")
+print(f"all fit: {all(c['fits'] for c, _, _ in compared.values())}; largest total "
+      f"{max(c['per_device_bytes']['total'] for c, _, _ in compared.values()) / GIB:.1f} GiB of 31.25; fsdp: "
+      f"{fsdp_gathers} all-gathers, {fsdp_c['per_device_bytes']['code'] / GIB:.2f} GiB of code")
 
 # %% [markdown]
 # Every layout fits a v6e chip with room to spare, and the weights dominate except under FSDP, which splits them
-# eight ways. The planner's collective bytes match
-# the compiler's, kind by kind: its model of what XLA inserts was written from the compiled programs
-# (`perf.device_plan`'s docstring spells it out). Its memory is within a few percent for the TP layouts and the
-# sequence mesh. It misses FSDP's by more: that program carries the compiler's generated code for some 800 weight
-# gathers, close to a gigabyte per device, and the planner does not model generated code. Where the compiler has
-# reported on a configuration, the planner shows the compiler's total instead (`perf.device_plan(...,
-# topology="v6e:2x4")["memory_total"]`, used by `perf.bounds`); the temporaries are its one fitted term
-# (`perf.TEMPORARY_STREAM_COPIES`, `perf.FSDP_GATHERED_BLOCKS`). The grid for all chips, both sizes and DeepCache
-# is in {doc}`07_performance`.
+# eight ways. The planner's collective bytes match the compiler's kind by kind, to a small fraction of a percent
+# (small gathers and a tiny all-reduce are what it misses): its model of what XLA inserts was written from the
+# compiled programs (`perf.device_plan`'s docstring spells it out). Its memory is within a few
+# percent for the TP layouts and the sequence mesh. It misses FSDP's by more: that program carries the generated
+# code of its hundreds of weight all-gathers (printed above), and the planner does not model generated code. Where
+# the compiler has reported on a configuration, the planner shows the compiler's total instead
+# (`perf.device_plan(..., topology="v6e:2x4")["memory_total"]`, used by `perf.bounds`); the temporaries are its one
+# fitted term (`perf.TEMPORARY_STREAM_COPIES`, `perf.FSDP_GATHERED_BLOCKS`). The whole grid (other chips, 480p,
+# DeepCache) is in chapter 7.
 #
 # ### What `tp_replicated_out` really does
 #
-# The name suggests that keeping `to_out` and `fc2` whole on every device removes their all-reduces. The compiled
-# HLO shows something else. For `fc2`, XLA slices the replicated weight to the device's own columns of the MLP
+# The name suggests that keeping `to_out` and `fc2` whole on every device avoids their all-reduces. The compiled
+# HLO shows something else: the collectives are swapped, not avoided. The activation that enters these matmuls is
+# still split over `tensor` (each device computed only its own heads and MLP columns), so XLA has to bring the
+# pieces together somewhere. For `fc2`, it slices the replicated weight to the device's own columns of the MLP
 # activation and all-reduces the partial sums exactly as plain TP does. For the attention output projection it
 # all-gathers the attention output (the same bytes as the all-reduce it replaces) and then runs the whole `to_out`
-# matmul on every device. The counts per step:
+# matmul on every device. Every device also stores the whole `to_out` and `fc2` weights instead of its share (a
+# quarter on this `tensor=4` mesh). The counts per step:
 
 # %%
 rows = []
@@ -198,17 +283,20 @@ for layout in ("tp", "tp_replicated_out"):
 html_table(rows)
 
 # %%
-(tp, _, tp_k), (tro, _, tro_k) = compared["tp"], compared["tp_replicated_out"]
+(tp, tp_plan24, tp_k), (tro, tro_plan24, tro_k) = compared["tp"], compared["tp_replicated_out"]
 print(f"all-reduce bytes: {tro_k['all-reduce'] / tp_k['all-reduce']:.2f}x of plain TP's; all-gathers appear instead "
-      f"({tro_k['all-gather'] / GIB:.1f} GiB); non-attention FLOPs per device "
-      f"{tro['flops_per_device'] / tp['flops_per_device'] - 1:+.1%} (to_out run whole on all 4 tensor devices)")
+      f"({tro_k['all-gather'] / GIB:.1f} GiB); bytes sent per device {tro_plan24['sent_bytes'] / tp_plan24['sent_bytes'] - 1:+.0%}; "
+      f"non-attention FLOPs per device {tro['flops_per_device'] / tp['flops_per_device'] - 1:+.1%} "
+      f"(to_out run whole on all 4 tensor devices); weights per device "
+      f"{(tro_plan24['per_device_bytes']['weights'] - tp_plan24['per_device_bytes']['weights']) / 1e9:+.1f} GB")
 
 # %% [markdown]
-# So the swap is bytes for bytes in the HLO, half of plain TP's all-reduces become all-gathers of the same size.
+# So the swap is bytes for bytes in the HLO: half of plain TP's all-reduces become all-gathers of the same size.
 # On the wire that is less: a ring all-gather sends $(n-1)/n$ of its result per device, an all-reduce twice that, so
-# the bytes each device sends fall by a quarter. It pays for this with about 4 GB more weights per device and with
-# redundant `to_out` matmuls. Whether the trade wins is a question of overlap and timing that only a TPU can answer;
-# the 10% that gpu-tpu-pedia measured is consistent with fewer bytes on the wire.
+# the bytes each device sends fall by a quarter. It pays for this with more weights per device (the replicated
+# matrices are whole on every device: about 3.4 GB more on this mesh, about 4 GB on `tensor=8`) and with redundant
+# `to_out` matmuls. Whether the trade wins is a question of overlap and timing that only a TPU can answer. The 10%
+# that gpu-tpu-pedia measured could come from the fewer bytes on the wire; this chapter cannot tell.
 #
 # The planner's bounds, per device, for the same meshes, next to gpu-tpu-pedia's measured step times (the only
 # published ones for this model on TPU; its runs used `tensor=8`, so that is the mesh here):
@@ -227,12 +315,14 @@ for rules, mesh in (("tp", {"tensor": 8}), ("tp_replicated_out", {"tensor": 8}),
 html_table(rows)
 
 # %% [markdown]
-# Compute dominates every row, so the levers are the attention kernel's efficiency (the custom exp2 Splash kernel
-# went from 7.29 to 5.81 s/step on the v6e-8) and keeping collectives off the critical path. FSDP holds the least
-# weight per device and, on a sequence mesh, splits all the compute; its cost is gathering every block's weights
-# each step (and four all-to-alls per block), which XLA can overlap with the previous block.
-#
-#
+# Compute dominates every row, so the levers are the attention kernel's efficiency (gpu-tpu-pedia's custom exp2
+# Splash kernel went from 7.29 to 5.81 s/step on the v6e-8, together with a larger query block in the same change)
+# and keeping collectives off the critical path. FSDP holds the least weight per device. Its compute is split by
+# samples (`data=2`: one sample per device) and video tokens (`sequence=4`), not by weights: each device runs the
+# whole gathered matrices on its quarter of one sample's video tokens, and attention with 4 of the 16 heads. The
+# context tokens are not split over `sequence` (each device runs all 1,985 of its sample's), so its compute bound
+# comes out about the same as plain TP's on `tensor=8`, not lower. Its cost is gathering every block's weights each
+# step (and four all-to-alls per block), which XLA can overlap with the previous block.
 
 # %% [markdown]
 # ## Meshes and rule sets
@@ -372,15 +462,19 @@ html_table(rows)
 #
 # - At 720p and 121 frames one CFG step is about 12.6 PFLOP, 90% of it attention. The bf16 weights take
 #   16.7 GB, 7.1 GB per device under 8-way `tp`, or 11.1 GB with the row-parallel weights replicated.
+# - Plain TP on `tensor=8` sends about 176 GB per device per step (two all-reduces of $[B, N, h]$ per block and
+#   stream); Ulysses on 8 devices sends about 22 GB but keeps all the weights on every device.
 # - The TPU compiler runs on any Linux machine with libtpu: `python -m hyv_lib compile` compiles the real step for
-#   a named slice and reports per-device memory, collectives and FLOPs. At 720p every layout above fits a v6e-8,
-#   and the planner (`perf.device_plan`) agrees with the compiler on memory and collective bytes.
-# - `tp_replicated_out` does not remove collectives: XLA all-gathers the attention output and runs `to_out` whole on
-#   every device, and still all-reduces the MLP output. It halves the all-reduces and cuts the bytes on the wire by
-#   a quarter, for 4 GB more weights per device and some redundant compute.
+#   a named slice and reports per-device memory, collectives and FLOPs. At 720p every layout above fits a v6e-8.
+#   The planner (`perf.device_plan`) matches the compiler's collective bytes, and its memory to within a few
+#   percent except for FSDP's generated code.
+# - `tp_replicated_out` does not avoid collectives, it swaps them: XLA all-gathers the attention output and runs
+#   `to_out` whole on every device, and still all-reduces the MLP output. Half of the all-reduces become all-gathers
+#   of the same size, which cuts the bytes on the wire by a quarter, for more weights per device (the replicated
+#   matrices are whole everywhere) and some redundant compute.
 # - A `sequence` axis splits the heads together with `tensor` (Ulysses inside the mesh), so
 #   `sequence=2,tensor=4` does the per-device work of `tensor=8`; FSDP gathers each block's weights whole and splits
-#   its compute over `data` and `sequence`.
+#   its compute by samples (`data`) and video tokens (`sequence`).
 # - `TpuTransformer(..., mesh, sharding)` matches diffusers' forward on every layout tested here, and Ulysses gives
 #   the same output on 2 and 4 processes.
 #
@@ -418,10 +512,27 @@ html_table(rows)
 #
 # :::{admonition} Answer
 # :class: dropdown
-# Here the sequence is long (about 112k tokens) while the model is modest (8.3B), so activations dominate and the
+# Here the sequence is long (about 114k tokens) while the model is modest (8.3B), so activations dominate and the
 # weights fit on one GPU. Ulysses keeps the weights whole, which means no all-reduce after every matmul. Per
 # block it moves only the attention inputs and outputs, and each all-to-all sends 1/N of them to each peer.
-# At 720p on 8 devices the planner has each device send about 22 GB per step for Ulysses
-# (`perf.collective_bytes(..., strategy="ulysses")`) against about 176 GB for plain TP on `tensor=8`
-# (`perf.device_plan(..., {"tensor": 8}, "tp")["sent_bytes"]`).
+# At 720p on 8 devices that is about 22 GB per device per step against about 176 GB for plain TP on `tensor=8`
+# (the derivation above). The price is memory: each GPU holds all 16.7 GB of weights.
+# :::
+#
+# 4. On the compiled mesh `data=2,tensor=4` with plain `tp`, derive by hand the all-reduce bytes per device per
+#    step that the compiler reports (the 46.8 GiB in the layout table), and the bytes each device sends.
+#
+# :::{admonition} Answer
+# :class: dropdown
+# With `data=2` each device holds one sample, $B = 1$. Each block all-reduces two $[1, N, 2048]$ bf16 tensors per
+# stream, $2048 \cdot 2 = 4096$ bytes per token, and the context stream counts in 53 blocks:
+#
+# $$
+# 2 \cdot 4096 \cdot (54 \cdot 111{,}600 + 53 \cdot 1{,}985) = 49{,}368{,}268{,}800 + 861{,}839{,}360
+# = 50{,}230{,}108{,}160 \text{ bytes} = 46.78 \text{ GiB},
+# $$
+#
+# the compiler's figure to the byte
+# (`perf.device_plan(real, 720, 1280, 121, {"data": 2, "tensor": 4}, "tp")["collectives"]["all-reduce"]`). A ring
+# all-reduce over $n = 4$ sends $2 \cdot 3/4$ of it: $75.3$ GB $= 70.2$ GiB per device, the table's "GiB sent".
 # :::
