@@ -40,8 +40,10 @@ def _column(name: str) -> list[Rule]:
 #: the mesh axis of each dimension (the ``--sharding`` values).
 RULE_SETS: dict[str, list[Rule]] = {
     "tp": _column("tp") + [Rule(f"tp/{part} row", p, (None, "tensor")) for part, p in _ROW.items()],
-    # gpu-tpu-pedia measured 8.12 -> 7.29 s/step on v6e-8 by keeping the row-parallel weights whole
-    # (no split of the contraction dimension, so no partial sums to all-reduce for those matmuls).
+    # gpu-tpu-pedia measured 8.12 -> 7.29 s/step on v6e-8 by keeping the row-parallel weights whole. The
+    # collectives are swapped, not avoided: the compiled program all-gathers the head-split activations before
+    # those matmuls instead of all-reducing their partial sums, and every device holds those weights whole
+    # (chapter 3 prints both from the TPU compiler).
     "tp_replicated_out": _column("tp_replicated_out")
     + [Rule(f"tp_replicated_out/{part} replicated", p, ()) for part, p in _ROW.items()],
     # FSDP: every block matrix stored split along its first dimension over all devices and gathered whole just
