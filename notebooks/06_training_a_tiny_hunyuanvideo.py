@@ -14,23 +14,33 @@
 # ---
 
 # %% [markdown]
-# # Appendix: training a tiny HunyuanVideo-1.5
+# # 6. Training a tiny HunyuanVideo-1.5
 #
-# With random weights the tiny preset can only show noise. This appendix trains the *same* diffusers classes at a
-# tiny size on a procedural dataset, on this 2-core CPU. The result is **hyv-tiny**, which ships with `hyv_lib`
-# (`hyv_lib/weights/hyv-tiny`, under the issue's 30 MB) and which the other chapters load as their CPU default. With it, a
-# prompt such as "a red circle moving left on a gray background" gives a video you can check.
+# With random weights the tiny preset can only show noise. This chapter trains the *same* diffusers classes at a
+# tiny size on a procedural dataset, on a 2-core CPU. The result is **hyv-tiny**, which ships with `hyv_lib`
+# (`hyv_lib/weights/hyv-tiny`, under 30 MB, small enough to ship in the package: the first cell measures it) and
+# which the other chapters load as their CPU default. With it, a prompt such as "a red circle moving left on a gray
+# background" gives a video you can check.
+#
+# :::{figure} ../book/figures/06_making_hyv_tiny.svg
+# :name: fig-06-making-hyv-tiny
+# How hyv-tiny is made. Clips are rendered from a seed and captioned exactly; the VAE is trained in three stages
+# (images, clips, then the decoder alone) and frozen; the training clips are encoded once into latents and the
+# captions once through the frozen, randomly initialised text encoders; the DiT learns flow matching on those
+# latents; a script checks the quality gates on held-out captions; the folder that passes ships in the package.
+# :::
 #
 # The chapter covers:
 #
-# 1. the dataset: 180 captioned clips of one shape moving on a plain background, 45 captions held out;
+# 1. the dataset: 180 captions of one shape moving on a plain background (the clips are rendered from a seed),
+#    45 captions held out;
 # 2. the VAE (`AutoencoderKLHunyuanVideo15`, 16x space / 4x time compression like the real one). Its training
 #    collapsed until we changed two things, shown live;
 # 3. the DiT (`HunyuanVideo15Transformer3DModel`), trained with flow matching on the VAE's latents through the
 #    real text path (Qwen2.5-VL and ByT5 classes, tiny and frozen);
 # 4. the full run's curves from its log, and the quality gates measured on held-out captions;
 # 5. LoRA fine-tuning with `peft`: teaching the model a color it has never seen, and one it cannot learn;
-# 6. what changes at real scale.
+# 6. what changes at real scale, starting with what one training clip costs.
 #
 # The full training run is `tools/train_hyv_tiny.py` (its log ships with the weights); this notebook runs
 # short, live versions of each step.
@@ -38,7 +48,7 @@
 # %% tags=["parameters"]
 import os
 
-# This appendix trains and measures hyv-tiny itself, so only hyv-tiny's settings apply: with a real preset (or a
+# This chapter trains and measures hyv-tiny itself, so only hyv-tiny's settings apply: with a real preset (or a
 # runtime, mesh or size for the real model) the chapter says so and runs on hyv-tiny. HYV_MODEL_PATH may name a
 # retrained hyv-tiny folder (tools/train_hyv_tiny.py writes one).
 REQUESTED = os.environ.get("HYV_PRESET", "tiny_trained")
@@ -46,7 +56,7 @@ PRESET = "tiny_trained"
 MODEL_PATH = (os.environ.get("HYV_MODEL_PATH") or None) if REQUESTED == PRESET else None
 from hyv_lib.display import settings_not_used  # noqa: E402
 
-about_tiny = "this appendix trains and measures hyv-tiny, at its own size and settings"
+about_tiny = "this chapter trains and measures hyv-tiny, at its own size and settings"
 settings_not_used({name: about_tiny for name in ("HYV_RUNTIME", "HYV_MESH", "HYV_ATTENTION", "HYV_HEIGHT",
                                                  "HYV_WIDTH", "HYV_VIDEO_LENGTH", "HYV_STEPS")}
                   | ({"HYV_PRESET": about_tiny, "HYV_MODEL_PATH": "it names a real preset's weights"}
@@ -70,15 +80,25 @@ from diffusers import AutoencoderKLHunyuanVideo15
 import hyv_lib
 from hyv_lib import data, quality, train
 from hyv_lib.display import frame_grid, html_table
-from hyv_lib.models import load_components
+from hyv_lib.models import load_components, quiet_loading
 from hyv_lib.video import to_uint8_frames
 
 torch.set_num_threads(os.cpu_count() or 1)
 preset = hyv_lib.get_preset(PRESET)
 weights = MODEL_PATH or preset.bundled_path
-components = load_components(preset, MODEL_PATH, ["tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2",
-                                                  "transformer", "vae", "scheduler"])
-print(f"preset {preset.name}, weights from {weights}")
+with quiet_loading():  # no per-file progress bars
+    components = load_components(preset, MODEL_PATH, ["tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2",
+                                                      "transformer", "vae", "scheduler"])
+shown = "hyv_lib/weights/hyv-tiny (bundled)" if MODEL_PATH is None else os.path.basename(os.path.normpath(weights))
+params = {name: sum(p.numel() for p in m.parameters()) for name, m in components.items()
+          if isinstance(m, torch.nn.Module)}
+files = [os.path.join(d, f) for d, _, names in os.walk(weights) for f in names]
+on_disk = sum(os.path.getsize(f) for f in files)
+tensors = sum(os.path.getsize(f) for f in files if f.endswith(".safetensors"))
+print(f"preset {preset.name}, weights from {shown}")
+print("parameters: " + ", ".join(f"{k} {v:,}" for k, v in params.items()) + f"; total {sum(params.values()):,}")
+print(f"{sum(params.values()):,} parameters x 2 bytes (fp16 on disk) = {2 * sum(params.values()) / 1e6:.1f} MB; "
+      f"safetensors files {tensors / 1e6:.1f} MB; whole folder with the training log {on_disk / 1e6:.1f} MB")
 
 # %% [markdown]
 # ## The dataset
@@ -86,8 +106,9 @@ print(f"preset {preset.name}, weights from {weights}")
 # `hyv_lib.data` renders each clip from a seed: one shape (circle, square, triangle) of one color (red, green,
 # blue, yellow, white) moving left, right, up or down on a black, gray or purple background; 9 frames of 64x112,
 # the 16:9 bucket of the model's target size. The shape moves 1.6-2.6 pixels per frame (`data.SPEED`, a fraction
-# of the height): our first dataset moved it 6-10 pixels per frame, and a VAE that folds 4 frames into one latent
-# frame could then only paint it smeared along its path. At 720p the same speed is 18-29 pixels per frame. The caption is exact:
+# of the height; printed below): our first dataset moved it 6-10 pixels per frame, and a VAE that folds 4 frames
+# into one latent frame could then only paint it smeared along its path. At 720p the same speed would be 18-29
+# pixels per frame. The caption is exact:
 # "a {color} {shape} moving {direction} on a {background} background". Of the 180 combinations, 45 are held out,
 # chosen so that every single color, shape, direction and background still occurs in training. The model must
 # combine attributes it has seen in combinations it has not.
@@ -95,6 +116,10 @@ print(f"preset {preset.name}, weights from {weights}")
 # %%
 train_combos, held_out = data.split_combos()
 print(f"{len(data.all_combos())} captions: {len(train_combos)} for training, {len(held_out)} held out")
+slow, fast = (v * data.HEIGHT for v in data.SPEED)
+print(f"speed {slow:.1f}-{fast:.1f} px per frame at {data.HEIGHT} px high ({data.SPEED[0] * 720:.0f}-"
+      f"{data.SPEED[1] * 720:.0f} at 720p); over the clip {slow * (data.FRAMES - 1):.0f}-{fast * (data.FRAMES - 1):.0f} px"
+      f" = {slow * (data.FRAMES - 1) / 16:.1f}-{fast * (data.FRAMES - 1) / 16:.1f} latent pixels (16 px each)")
 examples = [train_combos[0], train_combos[40], train_combos[80], held_out[5]]
 fig, axes = plt.subplots(len(examples), 3, figsize=(7.5, 1.6 * len(examples)))
 for row, combo in zip(axes, examples):
@@ -138,7 +163,8 @@ print(f"clip {tuple(clip.shape[1:])} = {clip[0].numel():,} values -> latent {tup
 # weights the squared error 10x on the shape and a 2-pixel ring around it (`train.foreground_weights`). A fourth
 # is the order of the data: images first, then clips (next section).
 #
-# The next cell shows the first two recipes live (plain MSE in both) on four fixed 5x32x32 clips. The number to watch is the mean |latent|.
+# The next cell shows the first two recipes live (plain MSE in both) on four fixed 5x32x32 clips. The number to
+# watch is the mean |latent|.
 
 # %%
 demo_clips = torch.from_numpy(np.stack([data.render_clip(c, seed=i, height=32, width=32, frames=5)
@@ -168,13 +194,18 @@ fig.tight_layout()
 for name, log in demo.items():
     print(f"{name:32s}: mean |latent| {log[-1]['latent_abs']:7.2f}, PSNR {log[-1]['psnr_train']:.2f} dB "
           f"after {DEMO_STEPS} steps")
+drift = [log[-1]["latent_abs"] for log in demo.values()]
+print(f"without the fixes the latents end {drift[0] / drift[1]:.0f}x larger in magnitude")
 
 # %% [markdown]
-# The run without the fixes has its latents drift far from zero: the collapse, live. Forty steps are
-# too few to see the fixed recipe pull ahead in PSNR; the full run below shows that. Even with both fixes, the
-# gradient norm spiked now and then (the log's `grad_norm`). `train.rms_norm_floor` raises the floor of the RMS norms' division
-# from 1e-12 to 0.3 *during training only*. Above the floor the layer computes exactly what diffusers computes,
-# so the weights load into the unmodified class, and every PSNR below is measured without the floor.
+# Without the fixes the latents drift away from zero (left panel, and the last line above): the start of the
+# collapse. In PSNR that run may well be ahead after so few steps, because painting each clip in its mean color is
+# learned fast; it is also where that run stays. The full run below shows where the fixed recipe goes. Even
+# with both fixes, the gradient norm spiked now and then (the log's `grad_norm`). Two guards handle that.
+# `train.rms_norm_floor` raises the floor of the RMS norms' division from 1e-12 to 0.3 *during training only*;
+# above the floor the layer computes exactly what diffusers computes, so the weights load into the unmodified
+# class, and every PSNR below is measured without the floor. And `train.SpikeGuard` clips the gradient norm to 1
+# and skips an update whose norm jumps above 5 times its running mean (at most 3 in a row).
 
 # %% [markdown]
 # ## The full run, from its log
@@ -183,13 +214,13 @@ for name, log in demo.items():
 # AdamW, cosine decay, weight decay 0.05, the fixes and the floor above:
 #
 # 1. **images** (1-frame clips of 64x64, batch 16, peak learning rate 3e-4): a causal VAE encodes frame 0 on its
-#    own, so images teach the spatial code (shape, color, edges) at about a thirteenth of a clip's cost per
-#    sample;
+#    own, so images teach the spatial code (shape, color, edges) at about a tenth of a clip's cost per sample
+#    (measured from the log below);
 # 2. **clips of the size the model is used at** (9x64x112, batch 4, peak 1.5e-4): the temporal part. Shorter
 #    clips were cheaper but did not transfer: a 5-frame model never sees the third latent frame's causal
 #    context, and its held-out 9-frame PSNR *fell* while it trained;
-# 3. **the decoder alone** (the same clips, peak 1e-4), the encoder frozen. The clip stage ended at the gate
-#    (28.0 dB on the gate's 45 held-out clips) with its PSNR still rising. Freezing the encoder keeps the latents,
+# 3. **the decoder alone** (the same clips, peak 1e-4), the encoder frozen. The clip stage ended with its
+#    held-out PSNR still rising (its last evaluations are printed below). Freezing the encoder keeps the latents,
 #    and so any DiT trained on them, valid while the reconstruction improves.
 #
 # Each stage evaluates 16 held-out clips every 100 steps and keeps its best weights (a loss spike can cost a few
@@ -235,6 +266,17 @@ steps = {stage: sum(r["stage"] == stage for r in records) for stage in vae_stage
 vae_minutes = sum(max(r["seconds"] for r in records if r["stage"] == stage) for stage in vae_stages) / 60
 print(f"VAE: {steps['vae_image']} image + {steps['vae']} clip + {steps['vae_decoder']} decoder steps in "
       f"{vae_minutes:.0f} min; DiT: {len(dit_log)} steps in {dit_log[-1]['seconds'] / 60:.0f} min (2 CPU cores)")
+# Batch sizes of the run: tools/train_hyv_tiny.py's defaults (images 16, clips 4); the log has each step's time.
+step_s = {st: np.median(np.diff([r["seconds"] for r in records if r["stage"] == st])) for st in ("vae_image", "vae")}
+print(f"median step: images {step_s['vae_image']:.2f} s per 16 = {step_s['vae_image'] / 16 * 1e3:.0f} ms each; "
+      f"clips {step_s['vae']:.2f} s per 4 = {step_s['vae'] / 4 * 1e3:.0f} ms each "
+      f"({step_s['vae'] / 4 / (step_s['vae_image'] / 16):.0f}x an image)")
+for stage in vae_stages:
+    evals = [r["psnr_held_out"] for r in records if r["stage"] == stage and "psnr_held_out" in r]
+    print(f"{stage:11s}: held-out PSNR at its last evaluations " + ", ".join(f"{v:.2f}" for v in evals[-3:])
+          + " dB")
+print(f"updates skipped by the spike guard: {sum(r['skipped'] for r in records if 'skipped' in r)} of "
+      f"{sum('skipped' in r for r in records)}")
 
 # %% [markdown]
 # How good is the shipped VAE? Below, one held-out clip next to its reconstruction, and the PSNR of each frame
@@ -294,11 +336,12 @@ html_table(rows)
 # they are. At std 0.02 the caption's part of the DiT's input is smaller than a bias that is the same for every
 # token, and the DiT has to grow its weights before it can hear the words. At 0.5 the words dominate from the
 # first step, as the hidden states of a trained language model do. So `tiny_trained` builds its frozen Qwen2.5-VL
-# with `initializer_range=0.5`. In 2,500-step probe runs on this CPU (issue 6; the gate script on the 45 held-out
-# prompts), the color gate went from 47-49% at 0.02 to 82% at 0.5.
+# with `initializer_range=0.5`. In 2,500-step DiT probe runs made while hyv-tiny was developed (measured with the
+# gate script on the 45 held-out prompts; too slow to repeat here), the color rate went from 47-49% at 0.02 to 82%
+# at 0.5.
 #
-# Direction took longer. The shape moves about one latent pixel over the clip, and the DiT has to keep it on one
-# track across the three latent frames. The same 2,500-step probe still read the direction right in only 20% of
+# Direction took longer. The shape moves about one latent pixel over the whole clip (the dataset's printout), and
+# the DiT has to keep it on one track across the three latent frames. The same 2,500-step probe still read the direction right in only 20% of
 # the videos, about chance for four directions. The full run (6,000 steps, 16 clips per caption instead of 8)
 # passes the gate below. Two smaller changes came along the way: a word-level tokenizer
 # (`build_tiny_tokenizer(word_tokens=True)`, one token per caption word instead of ~60 bytes) made `text_len`
@@ -328,7 +371,8 @@ html_table([{"measure": "VAE PSNR, held-out clips", "value": f"{gates['vae_psnr_
 live = held_out[:LIVE_PROMPTS]
 start = time.perf_counter()
 videos = quality.generate_videos(components, preset, [c.caption for c in live], seed=1234, progress=False)
-print(f"{len(live)} videos in {time.perf_counter() - start:.1f} s")
+print(f"{len(live)} videos ({preset.default_steps} steps, CFG {preset.guidance_scale}) in "
+      f"{time.perf_counter() - start:.1f} s")
 readings = [quality.read_video(v) for v in videos]
 html_table([{"caption": c.caption, "read color": r.color, "read direction": r.direction,
              "ok": "yes" if (r.color, r.direction) == (c.color, c.direction) else "no"}
@@ -370,8 +414,9 @@ html_table(rows)
 # back close to orange, so orange is the color we teach.
 #
 # LoRA (Hu et al., 2021) trains low-rank updates to a few weight matrices. Here they are rank 16 on the attention
-# projections of both streams (video: `to_q/k/v/out`, text: `add_q/k/v_proj`, `to_add_out`), added through
-# `peft` as diffusers' training scripts do. Only the adapter is trained (`train.train_dit(..., parameters=adapter)`).
+# projections of both streams (video: `to_q/k/v/out`, text: `add_q/k/v_proj`, `to_add_out`; the token refiner's
+# attention uses the same `to_q/k/v/out` names, so it gets adapters too), added through `peft` as diffusers'
+# training scripts do. Only the adapter is trained (`train.train_dit(..., parameters=adapter)`).
 # The frozen text encoders already give "orange" an embedding (the tokenizer splits the new word into pieces it
 # knows); the adapter must teach the DiT what that embedding means. The data:
 #
@@ -440,30 +485,91 @@ frame_grid(after_videos[0], columns=5, title=f"after LoRA: {probe[0].caption}", 
 #
 # The tiny run keeps every *mechanism* of real training: a causal video VAE with DC-AE shortcuts, latents scaled
 # to unit variance, flow matching with a shifted noise schedule, caption dropout for CFG, and LoRA through peft.
-# The scale is what differs:
+# The scale is what differs, and a count of tokens shows by how much.
+#
+# One training clip is 9 frames of 64x112. The VAE makes $(9-1)/4+1 = 3$ latent frames of $64/16 \times 112/16 =
+# 4 \times 7$, so $3 \cdot 4 \cdot 7 = 84$ video tokens; `tiny_trained`'s context adds $24 + 16 + 4 = 44$ (text,
+# ByT5 and image slots), so the DiT sees $S = 128$ tokens per clip. A 720p clip of 121 frames has
+# $31 \cdot 45 \cdot 80 = 111{,}600$ video tokens and 1985 context tokens, $S = 113{,}585$: about 887 times as
+# many. Attention costs $4LS^2h$ per sample, so per block and per unit of width it grows by $887^2 \approx
+# 787{,}000$; with the real width and depth ($h = 2048$ against 64, $L = 54$ against 3),
+#
+# $$
+# \frac{F_\text{attn}^\text{720p}}{F_\text{attn}^\text{tiny}} = \frac{4 \cdot 54 \cdot 113{,}585^2 \cdot 2048}
+# {4 \cdot 3 \cdot 128^2 \cdot 64} = \frac{5.71 \times 10^{15}}{1.26 \times 10^{7}} \approx 4.5 \times 10^{8}.
+# $$
+#
+# A training step costs about three forwards (the backward pass about two). With $F_\text{fwd} \approx 191$ MFLOP
+# for one tiny clip (three quarters of it in ByT5's projection, which diffusers builds 2048 wide at every size),
+# hyv-tiny's whole DiT run is about
+#
+# $$
+# 3 \times 16\ \text{clips} \times 6000\ \text{steps} \times 191\ \text{MFLOP} \approx 55\ \text{TFLOP}
+# \approx 0.43\%\ \text{of one 720p denoising step (12.65 PFLOP)}.
+# $$
+#
+# The cell computes these numbers with `hyv_lib.perf.step_flops`, which counts every matmul of the diffusers class
+# from the preset's shapes:
+
+# %%
+from hyv_lib import perf
+
+DIT_BATCH = 16  # tools/train_hyv_tiny.py --dit_batch (its default, used for the shipped weights)
+real = hyv_lib.get_preset("720p_t2v")
+tiny_f = perf.step_flops(preset, data.HEIGHT, data.WIDTH, data.FRAMES, batch=1)
+real_f = perf.step_flops(real, 720, 1280, 121, batch=1)
+t_tok, r_tok = tiny_f["tokens"], real_f["tokens"]
+print(f"tokens per clip: hyv-tiny {t_tok['video']} video + {t_tok['context']} context = {t_tok['joint']}; "
+      f"720p/121f {r_tok['video']:,} + {r_tok['context']:,} = {r_tok['joint']:,} ({r_tok['joint'] / t_tok['joint']:.0f}x)")
+by_hand = 4 * real.transformer["num_layers"] * r_tok["joint"] ** 2 * 2048 / (
+    4 * preset.transformer["num_layers"] * t_tok["joint"] ** 2 * 64)
+print(f"block attention per sample: hyv-tiny {tiny_f['parts']['blocks_attention']:.3g} FLOP, 720p "
+      f"{real_f['parts']['blocks_attention']:.3g} FLOP, ratio {real_f['parts']['blocks_attention'] / tiny_f['parts']['blocks_attention']:.3g}"
+      f" (by hand {by_hand:.3g})")
+print(f"one forward of one clip: hyv-tiny {tiny_f['total'] / 1e6:.0f} MFLOP, of which the embedders "
+      f"{tiny_f['parts']['embedders'] / tiny_f['total']:.0%} (ByT5's projection is 2048 wide in every size); "
+      f"720p {real_f['total'] / 1e15:.2f} PFLOP")
+train_flops = 3 * DIT_BATCH * len(dit_log) * tiny_f["total"]
+cfg_step = perf.step_flops(real, 720, 1280, 121)["total"]  # batch 2: one denoising step with CFG
+print(f"whole DiT run: 3 x {DIT_BATCH} x {len(dit_log)} x {tiny_f['total'] / 1e6:.0f} MFLOP = {train_flops / 1e12:.0f} "
+      f"TFLOP = {train_flops / cfg_step:.2%} of one 720p denoising step ({cfg_step / 1e15:.2f} PFLOP)")
+
+# %% [markdown]
+# :::{admonition} Takeaway
+# :class: tip
+# A hyv-tiny training clip is 128 tokens, a 720p clip 113,585. Attention is quadratic in the tokens: the blocks'
+# attention in one real forward is about $4.5 \times 10^8$ times the tiny one's, and the *entire* DiT training of
+# hyv-tiny is less than one percent of a single 720p denoising step. That is why hyv-tiny trains on a 2-core CPU in
+# about 75 minutes (the log's times above), and why what carries over from it is the mechanisms, not the numbers.
+# :::
+#
+# What real training adds:
 #
 # * the HunyuanVideo-1.5 report describes a multi-stage recipe: image then video pre-training, growing resolution
 #   and length, then fine-tuning and distillation steps (see the [references](../book/references.md));
 # * the VAE is trained with perceptual and adversarial losses as well as a pixel loss; ours uses a pixel loss;
-# * a real DiT step is 12.65 PFLOP at 720p/121 frames (chapter 07). Training shards weights and activations with
-#   FSDP or the sharding rules of chapter 03, plus sequence parallelism (Ulysses), on hundreds of accelerators.
+# * a real denoising step (one forward over the CFG pair) is the 12.65 PFLOP counted in chapter 7, and training
+#   shards weights and activations over many accelerators, with FSDP or the sharding rules of chapter 3, plus
+#   sequence parallelism (Ulysses).
 #
 # ## Summary
 #
 # * hyv-tiny is the real diffusers classes at a tiny size: a 16x/4x causal VAE and a 3-block DiT, trained on
-#   this CPU. Its weights, log and gate results ship with `hyv_lib`, and the other chapters load it by default.
+#   a 2-core CPU. Its weights, log and gate results ship with `hyv_lib`, and the other chapters load it by default.
 # * The VAE only trained after two changes: zero-initialised residual branches and a latent-mean penalty.
 #   Without them the latents drift to a constant offset that the RMS norms turn into a one-color output.
 #   A foreground-weighted loss, an image stage before the clip stage and a last decoder-only stage made it
 #   good enough to pass its gate.
 # * The DiT only heard its caption once the frozen random text encoder's features were loud enough: at Qwen's
-#   init (std 0.02) they were smaller than a bias in the DiT's first text layer. Direction, a sub-latent-pixel
-#   motion kept across three latent frames, needed the longest training.
+#   init (std 0.02) they were smaller than a bias in the DiT's first text layer. Direction, a motion of about one
+#   latent pixel over three latent frames, needed the longest training.
 # * The gates (VAE PSNR on held-out clips; color and direction of videos from held-out captions) are measured
 #   by a script, shown above, and re-checked live on a few captions.
 # * LoRA teaches a color the base model never saw (orange), training only low-rank updates to the attention
 #   projections, with known-color clips mixed in so the old colors survive. It can only teach what the VAE can
 #   draw: the VAE decodes cyan as blue.
+# * A training clip is 128 tokens against 113,585 for a 720p clip; the whole tiny DiT run costs less than one
+#   percent of one 720p denoising step. The mechanisms carry over to real scale, the numbers do not.
 #
 # ## Exercises
 #
@@ -476,6 +582,10 @@ frame_grid(after_videos[0], columns=5, title=f"after LoRA: {probe[0].caption}", 
 #    features as useful as loud ones?
 # 5. Run the LoRA cell without the prior-preservation clips (pass only the orange dataset to `train_dit`). Which
 #    row of the probe table do you expect to change, and why? Try it.
+# 6. hyv-tiny's folder stores its weights in fp16 (first cell of the chapter). How many MB would the weights take
+#    in fp32, and would the folder then stay under 30 MB?
+# 7. The LoRA cell prints its trainable parameters. Derive that number from the rank and the matrices it adapts,
+#    then compute it for the same `target_modules` on the real 8.3 B DiT. How many MB is that adapter in bf16?
 #
 # :::{admonition} Answers
 # :class: dropdown
@@ -488,7 +598,7 @@ frame_grid(after_videos[0], columns=5, title=f"after LoRA: {probe[0].caption}", 
 # 3. The AdaLN modulation linears (`norm1.linear`, `norm1_context.linear`) take the timestep embedding, and the
 #    context embedder (`context_embedder`) maps text into the model. Adding them to `target_modules` lets the
 #    adapter change how text and time steer each block. They are large in the real model (a third of its 8.3B
-#    parameters, see chapter 03), so rank x (in + out) parameters per matrix is cheap, but the LoRA checkpoint
+#    parameters, see chapter 3), so rank x (in + out) parameters per matrix is cheap, but the LoRA checkpoint
 #    and the optimizer state grow accordingly.
 # 4. The LayerNorm sees `proj_in`'s whole output: the caption's part *plus* the bias. It rescales that sum, so
 #    when the bias is about eight times larger, every token normalises to nearly the same vector and the
@@ -497,5 +607,18 @@ frame_grid(after_videos[0], columns=5, title=f"after LoRA: {probe[0].caption}", 
 # 5. The known-color row. Every batch then asks for orange, so nothing in the loss penalises an update that
 #    also pushes yellow or red captions toward orange, and the adapter's low-rank change is shared by every
 #    caption that passes through the same projections. The mixed-in clips of known captions make such a
-#    shift cost loss, which keeps the change specific to the new word. (The orange row may also move; with one seed and 12 captions, small changes are noise.)
+#    shift cost loss, which keeps the change specific to the new word. (The orange row may also move; with one
+#    seed and 12 captions, small changes are noise.)
+# 6. The four networks hold 48,256 + 20,952 + 4,948,400 + 3,972,799 = 8,990,407 parameters (text encoder, ByT5,
+#    DiT, VAE). At 2 bytes that is 18.0 MB, what the first cell prints for the safetensors files; at 4 bytes it
+#    would be 36.0 MB, over 30 MB before the 1.4 MB training log is added. Of the DiT's 4.95 M parameters,
+#    4.38 M are ByT5's projection (`context_embedder_2`), whose hidden width diffusers fixes at 2048 whatever the
+#    model's size.
+# 7. A rank-$r$ adapter on a matrix of $d_\text{in} \times d_\text{out}$ adds $r(d_\text{in} + d_\text{out})$
+#    parameters. hyv-tiny has 8 matching matrices in each of its 3 blocks plus 4 in its token refiner (`to_q`,
+#    `to_k`, `to_v`, `to_out.0`), 28 in all, each $64 \times 64$: $28 \times 16 \times 128 = 57{,}344$. The real
+#    DiT has 54 blocks and 2 refiner layers: $54 \times 8 + 2 \times 4 = 440$ matrices of $2048 \times 2048$, so
+#    $440 \times 16 \times 4096 = 28{,}835{,}840$ parameters, 57.7 MB in bf16 and 0.35% of the 8.33 B. Check with
+#    `perf.parameter_shapes(hyv_lib.get_preset("720p_t2v"))`, counting the shapes whose names end in one of the
+#    target modules plus `.weight`.
 # :::

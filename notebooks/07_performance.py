@@ -14,20 +14,32 @@
 # ---
 
 # %% [markdown]
-# # Performance: roofline, MFU and the road to 50%
+# # 7. Performance: roofline, MFU and the road to 50%
 #
 # How fast *should* one denoising step of HunyuanVideo-1.5 be, how fast is it in published runs, and what would it
 # take to close the gap? This chapter answers with arithmetic, not with a benchmark: every number below is either
 # computed here by the planner in `hyv_lib.perf` from the model's configuration and the chips' published peaks,
-# or cited with its source and hardware.
+# read from the TPU compiler's saved reports, or cited with its source and hardware.
 #
 # 1. **Count** one CFG step (a forward over the batch of 2 prompts) at 480p and 720p: FLOPs split into attention
 #    and linear layers.
 # 2. **Bound** it per chip: compute, HBM and interconnect lower bounds (a roofline).
-# 3. **Convert** published step times into model FLOP utilisation (MFU).
-# 4. **Plan** the road to 50% MFU on a TPU v6e-8: which levers exist, and how much each can give.
+# 3. **Compile** the real 720p step for TPU slices without having one, to read per-device memory and
+#    collectives from the TPU compiler itself (the figure below).
+# 4. **Convert** published step times into model FLOP utilisation (MFU).
+# 5. **Plan** the road to 50% MFU on a TPU v6e-8: which levers exist, and how much each can give.
 #
-# Nothing here runs the model, so the chapter executes in seconds on any CPU and reads the same on a TPU VM.
+# :::{figure} ../book/figures/07_compile_without_tpu.svg
+# :name: fig-07-compile-without-tpu
+# How `python -m hyv_lib compile` (`hyv_lib.tpu_compile`) checks a TPU layout on a CPU. libtpu describes the devices
+# of a named slice; the diffusers DiT on torch's meta device gives every weight's name and shape, which become
+# abstract bf16 arrays placed on a mesh of those devices by a sharding rule set; the jitted step that
+# `TpuTransformer` runs on a TPU VM is lowered and compiled by XLA's TPU compiler, with the Splash kernel compiled
+# by Mosaic. The compiler's memory analysis, cost analysis and optimised HLO are what the chapter reads back.
+# :::
+#
+# Nothing here runs the model or loads weights, so the chapter reads the same on a CPU and on a TPU VM; the
+# compiler reports were saved by `benchmarks/tpu_compile.py`, so this notebook does not need libtpu either.
 
 # %% tags=["parameters"]
 import os
@@ -36,16 +48,23 @@ FRAMES = int(os.environ.get("HYV_FRAMES", "121"))       # video length of the ro
 TARGET_MFU = float(os.environ.get("HYV_TARGET_MFU", "0.5"))  # the goal of the last section
 from hyv_lib.display import NOTEBOOK_SETTINGS, settings_not_used  # noqa: E402
 
-settings_not_used({name: "this chapter is arithmetic on the real presets (planner, compiler reports, published "
-                         "timings): no model runs" for name in NOTEBOOK_SETTINGS})
+# No model runs here: the counts use the real presets' configurations (hyv_lib.get_preset("720p_t2v"), no weights),
+# the memory and collectives come from saved TPU compiler reports, and the step times are published ones. So
+# HYV_PRESET, HYV_MODEL_PATH and the other run settings are not used; the next line says so if any is set.
+_ = settings_not_used({name: "this chapter is arithmetic on the real presets' configurations, saved TPU compiler "
+                             "reports and published timings: no model runs and no weights are loaded"
+                       for name in NOTEBOOK_SETTINGS})
 
 # %%
+import math
 import warnings
 
 import matplotlib.pyplot as plt
 import numpy as np
 
 warnings.filterwarnings("ignore", message="IProgress not found")
+
+from IPython.display import display
 
 import hyv_lib
 from hyv_lib import perf
@@ -79,6 +98,82 @@ print("source:", V6E.source)
 #
 # Their ratio is $S/(6h)$: attention overtakes the linear layers once the sequence is longer than $6h = 12{,}288$
 # tokens, and a 720p video is far longer.
+#
+# ### Worked out: 720p, 121 frames
+#
+# The latent of a 1280x720 video of 121 frames has $(121-1)/4+1 = 31$ frames of $720/16 \times 1280/16 = 45 \times
+# 80$; with patch size 1 that is $31 \cdot 45 \cdot 80 = 111{,}600$ video tokens. The context adds
+# $1000 + 256 + 729 = 1985$ (text, ByT5, image), so $S = 113{,}585$. With $L = 54$, $B = 2$ and $h = 2048$:
+#
+# $$
+# F_\text{attn} = 4LBS^2h = 4 \cdot 54 \cdot 2 \cdot 113{,}585^2 \cdot 2048 \approx 11.41\ \text{PFLOP}.
+# $$
+#
+# The linear layers follow the rule of thumb "2 FLOPs per parameter per token", with one catch: count only the
+# weights a token passes through. Each block holds three groups of $12h^2 \approx 50.3$ M parameters: the video
+# stream's q, k, v, out and MLP, the same for the text stream, and the two AdaLN modulation linears ($h \to 6h$
+# each), which run once per sample on the timestep embedding. A token meets only its own stream's group, so
+# $P_\text{tok} = L \cdot 12h^2 \approx 2.72$ billion of the model's 8.33 billion parameters:
+#
+# $$
+# F_\text{lin} \approx 2 \cdot P_\text{tok} \cdot S \cdot B = 2 \cdot 2.72 \times 10^9 \cdot 113{,}585 \cdot 2
+# \approx 1.235\ \text{PFLOP},
+# $$
+#
+# a third of what $2 \times 8.33\text{B} \times S \times B$ would give. One CFG step is therefore about 12.65 PFLOP.
+# `hyv_lib.perf` takes a v6e chip's peak as 918 TFLOP/s in bf16 (`perf.CHIPS["v6e"].source`: the Google Cloud TPU
+# documentation, printed above), so eight chips running at 100% of peak would need
+#
+# $$
+# t_\text{min} = \frac{12.65 \times 10^{15}\ \text{FLOP}}{8 \cdot 918 \times 10^{12}\ \text{FLOP/s}}
+# \approx 1.72\ \text{s per step, or } 86\ \text{s for 50 steps}.
+# $$
+#
+# The next cell computes the same quantities from the preset and the diffusers class (parameter names and shapes
+# from a meta-device instance), next to the planner's full count, `perf.step_flops`, which also counts the token
+# refiner, the embedders, the modulation and the output head:
+
+# %%
+L = P720.transformer["num_layers"]
+h = P720.transformer["num_attention_heads"] * P720.transformer["attention_head_dim"]
+B = 2
+tokens = perf.token_counts(P720, 720, 1280, 121)
+S = tokens["joint"]
+_, _, t_lat, h_lat, w_lat = P720.latent_shape(720, 1280, 121)
+shapes = dict(perf.parameter_shapes(P720))  # the diffusers DiT's parameter names and shapes, no weights
+video_stream = tuple(f".{m}.weight" for m in ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
+                                              "ff.net.0.proj", "ff.net.2"))
+P_tok = sum(math.prod(shape) for name, shape in shapes.items()
+            if name.startswith("transformer_blocks.") and name.endswith(video_stream))
+print(f"video tokens {t_lat} x {h_lat} x {w_lat} = {tokens['video']:,}; S = {tokens['video']:,} + "
+      f"{tokens['context']:,} = {S:,}")
+print(f"parameters {sum(math.prod(s) for s in shapes.values()) / 1e9:.2f} B; one stream's block weights "
+      f"P_tok = {P_tok / 1e9:.3f} B (L x 12h^2 = {L * 12 * h * h / 1e9:.3f} B)")
+by_hand = {"attention": 4 * L * B * S**2 * h, "linear": 2 * P_tok * S * B}
+by_hand["total"] = by_hand["attention"] + by_hand["linear"]
+html_table([{"720p, 121 frames, one CFG step": k, "by hand, PFLOP": f"{v / 1e15:.3f}",
+             "perf.step_flops, PFLOP": f"{F720[k] / 1e15:.3f}", "difference": f"{v / F720[k] - 1:+.2%}"}
+            for k, v in by_hand.items()])
+
+# %%
+t_min = F720["total"] / (8 * V6E.peak_bf16_flops)
+print(f"at {V6E.peak_bf16_flops / 1e12:.0f} TFLOP/s per chip: one step on 8 x v6e takes at least "
+      f"{F720['total'] / 1e15:.2f} PFLOP / (8 x {V6E.peak_bf16_flops / 1e12:.0f} TFLOP/s) = {t_min:.2f} s, "
+      f"{50 * t_min:.0f} s for 50 steps")
+for c in perf.CITED_STEP_TIMES:
+    if c["chip"] == "v6e":
+        print(f"  published {c['seconds']} s/step ({c['label']}) is {c['seconds'] / t_min:.1f}x that")
+
+# %% [markdown]
+# :::{admonition} Takeaway
+# :class: tip
+# One 720p, 121-frame CFG step is about 12.65 PFLOP: $4LBS^2h$ for attention (11.41) plus 2 FLOPs per token for
+# each weight *its stream* passes through (1.235), not for all 8.33 B parameters. Even at the full 918 TFLOP/s of
+# eight v6e chips that is 1.72 s a step; the published TPU runs take 3.4 to 4.7 times as long. The rest of the
+# chapter asks where that factor goes.
+# :::
+#
+# The same count for both presets, at the default size of each:
 
 # %%
 def flops_row(name, frames):
@@ -189,22 +284,28 @@ v6e_720 = next(p for p in points if p[0] == "v6e" and p[1] == "720p_t2v")
 ridge = V6E.peak_bf16_flops / V6E.hbm_bandwidth
 print(f"v6e, 720p: intensity {v6e_720[2]:,.0f} FLOP/B ({v6e_720[2] / ridge:.0f}x the ridge); "
       f"pessimistic {v6e_720[3]:,.0f} FLOP/B ({v6e_720[3] / ridge:.1f}x)")
+worst = max((max(r["HBM s"], r["interconnect s"] if r["interconnect s"] != "n/a" else 0) / r["compute s"], r["8 x"],
+             r["preset"]) for r in rows)
+print(f"largest HBM or interconnect bound in the table: {worst[0]:.0%} of the compute bound ({worst[1]}, {worst[2]})")
 
 # %% [markdown]
 # The step is compute-bound with a wide margin on every chip: the points sit one to two orders of magnitude
 # to the right of the ridge, and even the pessimistic count (every block's activations written and read once more)
-# stays right of it. HBM bandwidth and, for the layouts that avoid TP's all-reduces, the interconnect are not what
-# limits this workload. What limits it is how close the matrix units get to their peak, above all inside the
-# attention kernel, which does about nine tenths of the FLOPs.
+# stays right of it. Neither HBM bandwidth nor, at link peak, the interconnect limits this workload: in the table
+# both bounds stay well below the compute bound (the last line above gives the largest ratio), for the default TPU
+# layout, which still all-reduces, as for Ulysses on GPUs. What limits it is how close the matrix units get to
+# their peak, above all inside the attention kernel, which does about nine tenths of the FLOPs.
 #
 # ## Will it fit? Compiled, not estimated
 #
-# The memory column above is the planner's. The TPU compiler can say it for certain, without a TPU: libtpu compiles
-# for a named slice on any Linux machine, and `python -m hyv_lib compile` lowers the real step (54 blocks, bf16, Splash
-# compiled by Mosaic) for it and reports per-device bytes against what the compiler lets a program use
-# ({doc}`03_sharding` shows one report and how it compares with the planner). `benchmarks/tpu_compile.py` runs it for
-# four 8-chip-class slices, four layouts, two sizes and DeepCache's pair of programs; the table reads its saved
-# results (compiled by the TPU compiler on a CPU; a memory and collective check, not a timing):
+# The memory column above is the planner's. The TPU compiler can say it for certain, without a TPU (the figure at
+# the top of the chapter): libtpu describes a named slice on any Linux machine, and `python -m hyv_lib compile`
+# lowers the real step (54 blocks, bf16 weights, Splash compiled by Mosaic) for it and reports per-device bytes
+# against what the compiler lets a program use ({doc}`03_sharding` shows one report and how it compares with the
+# planner). `benchmarks/tpu_compile.py` runs it over a grid of 8-chip-class slices, layouts, the two presets' sizes
+# and DeepCache's pair of programs, and saves every report in `hyv_lib/compiled/tpu_compile.json`. The table reads
+# that file, whatever it holds when the book is built (compiled by the TPU compiler on a CPU; a memory and
+# collective check, not a timing):
 
 # %%
 import json
@@ -212,21 +313,26 @@ import json
 with open(perf.COMPILED_RESULTS) as f:  # saved by benchmarks/tpu_compile.py, shipped in hyv_lib/compiled/
     COMPILED = json.load(f)
 GIB = 2**30
-SLICES = {"v5e-8": "8 chips", "v5p-8": "4 chips", "v6e-8": "8 chips", "v7x-8": "4 chips, 8 devices"}
+grid = [key.split("/") + [record] for key, record in COMPILED.items() if key.count("/") == 3]
+slices = sorted({g[0] for g in grid}, key=lambda name: (int(name.rsplit("-", 1)[1]), name))
+columns = [f"{size} {cache}" for size in sorted({g[2] for g in grid}) for cache in ("uncached", "deepcache")]
 rows = []
-for slice_, chips in SLICES.items():
-    for layout in ("tp", "tp_replicated_out", "fsdp", "sequence"):
-        row = {"slice": f"{slice_} ({chips})", "layout": layout}
-        for size in ("480p", "720p"):
-            for cache in ("uncached", "deepcache"):
-                r = COMPILED.get(f"{slice_}/{layout}/{size}/{cache}")
-                if r is None:
-                    row[f"{size} {cache}"] = "not compiled"
-                    continue
-                row.setdefault("mesh", ",".join(f"{a}={n}" for a, n in r["mesh"].items() if n > 1))
-                row[f"{size} {cache}"] = (f"{r['per_device_bytes']['total'] / GIB:.1f} GiB"
-                                          + ("" if r["fits"] else " (does not fit)"))
-        limit = COMPILED.get(f"{slice_}/tp/720p/uncached", {}).get("hbm_available_per_device")
+for slice_ in slices:
+    records = [g for g in grid if g[0] == slice_]
+    first = records[0][4]
+    chips = f"{first['chips']} chips" + (f", {first['devices']} devices" if first["devices"] != first["chips"] else "")
+    limit = next((g[4]["hbm_available_per_device"] for g in records if "hbm_available_per_device" in g[4]), None)
+    order = ("tp", "tp_replicated_out", "fsdp", "sequence")  # the benchmark's layouts first, then any others
+    for layout in sorted({g[1] for g in records}, key=lambda n: (order.index(n) if n in order else len(order), n)):
+        row = {"slice": f"{slice_} ({chips})", "layout": layout, "mesh": ""}
+        for column in columns:
+            size, cache = column.split()
+            r = COMPILED.get(f"{slice_}/{layout}/{size}/{cache}")
+            if r is None:
+                row[column] = "not compiled"
+                continue
+            row["mesh"] = ",".join(f"{a}={n}" for a, n in r["mesh"].items() if n > 1) or "one device"
+            row[column] = f"{r['per_device_bytes']['total'] / GIB:.1f} GiB" + ("" if r["fits"] else " (does not fit)")
         row["usable HBM per device"] = f"{limit / GIB:.2f} GiB" if limit else ""
         rows.append(row)
 print("per-device bytes (weights + inputs + temporaries + outputs + code), one CFG step; e.g.",
@@ -237,22 +343,44 @@ html_table(rows)
 done = [r for r in COMPILED.values() if "compile_seconds" in r]
 full = [r["compile_seconds"] for k, r in COMPILED.items() if k.endswith("720p/uncached")]
 misfits = sorted(k for k, r in COMPILED.items() if not r.get("fits", True))
-print(f"{len(done)} configurations compiled; the full 720p step took {min(full):.0f}-{max(full):.0f} s each to compile "
-      f"on this 2-core CPU (shared with other work during the run: the low end is the quieter machine)")
+print(f"{len(done)} configurations in the saved file; the full 720p step took {min(full):.0f}-{max(full):.0f} s "
+      f"each to compile on a 2-core CPU (shared with other work during the runs: the low end is the quieter machine)")
 print("does not fit:", ", ".join(misfits) if misfits else "none")
 
 # %% [markdown]
-# A cell reading "not compiled" is a configuration the saved run has not reached yet (the benchmark resumes where it
-# stopped; the count above says how many are in). The compile times in the saved file come from runs of the
-# benchmark on a 2-core CPU. A layout that the
-# compiler rejects for HBM is the cheapest failure there is: it costs minutes here instead of an hour of a rented slice.
-# The command to check any other layout, size or slice before renting it:
+# A cell reading "not compiled" is a configuration that the saved file does not hold; the commands below compile
+# it. A layout that the compiler rejects for HBM is the cheapest failure there is: it costs minutes on a CPU
+# instead of an hour of a rented slice. To check any other layout, size or slice before renting it:
 #
 # ```bash
 # python -m hyv_lib compile --preset 720p_t2v --topology v6e:2x4 --mesh data=2,tensor=4 --sharding tp_replicated_out
 # python -m hyv_lib compile --preset 480p_t2v --topology v5e:2x4 --mesh data=2,sequence=4 --sharding fsdp --enable_cache
 # python -m hyv_lib compile --preset 720p_t2v --topology v6e:4x4 --mesh data=2,tensor=8 --json   # 16 chips, 4 hosts
 # ```
+#
+# The reports also hold what the compiler put between the devices. Here are the two tensor-parallel rule sets on
+# the same v6e-8 mesh, straight from the saved HLO counts:
+
+# %%
+pair = {rules: COMPILED.get(f"v6e-8/{rules}/720p/uncached") for rules in ("tp", "tp_replicated_out")}
+if None in pair.values():
+    print("the saved file lacks one of the two v6e-8 720p reports; compile them with the first command above")
+else:
+    display(html_table([
+        {"rule set (v6e-8, data=2,tensor=4, 720p)": rules,
+         **{f"{kind} (count, GiB)": next((f"{c['count']}, {c['bytes'] / GIB:.2f}" for c in r["collectives"]
+                                           if c["kind"] == kind), "none") for kind in ("all-reduce", "all-gather")},
+         "weights + inputs GiB": round(r["per_device_bytes"]["arguments"] / GIB, 2),
+         "total GiB": round(r["per_device_bytes"]["total"] / GIB, 2)} for rules, r in pair.items()]))
+
+# %% [markdown]
+# `tp_replicated_out` replicates the row-parallel weights (`to_out.0`, `to_add_out` and the MLPs' second linears).
+# The compiler does not simply drop collectives for it: about half of `tp`'s all-reduces become all-gathers of
+# the same total size (the attention output is gathered and the whole `to_out` runs on every device), while the
+# MLP outputs are still all-reduced. An all-gather sends half the bytes of an all-reduce of the same result, so the
+# traffic falls by about a quarter. The price is memory: the replicated weights are whole on every device, so each
+# device holds more weights than under `tp` (the arguments column). The section on communication below turns these
+# counts into seconds.
 
 # %% [markdown]
 # ## Measured times as MFU
@@ -264,9 +392,10 @@ print("does not fit:", ", ".join(misfits) if misfits else "none")
 # $F$ is the *model's* count, here `perf.step_flops` at 720p and 121 frames, whatever the kernel actually
 # executes. The only published HunyuanVideo-1.5 step times on these systems come from one project,
 # gpu-tpu-pedia (a single author; not reproduced here; see {doc}`../book/references`). Its documents label the
-# same TPU runs *v4-8* in some places and *v6e-8* in others. They cannot have been v4: a v4-8 is 4 chips of
-# 275 TFLOP/s, and the step's FLOPs in 7.29 s would be more than its peak (the first line below). The MFU below
-# therefore assumes v6e, as its current README says.
+# same TPU runs *v4-8* in some places and *v6e-8* in others. They cannot have been v4. A v4-8 is 4 chips of
+# 275 TFLOP/s, 1.1 PFLOP/s in all; doing the step's 12.65 PFLOP in 7.29 s takes about 1.74 PFLOP/s, more than
+# that peak (the first lines below), and the faster runs would need more still. On eight v6e chips the same time
+# is a plausible 24% MFU. The MFU below therefore assumes v6e, as the project's current README says.
 #
 # A cache changes the picture. A DeepCache step averages over full and cached steps, and a cached step skips 53 of
 # the 54 blocks. Dividing the full-step $F$ by its *average* time gives an **effective** MFU: the throughput of a
@@ -274,7 +403,10 @@ print("does not fit:", ", ".join(misfits) if misfits else "none")
 # block-count ratio, by the same time.
 
 # %%
-print(f"7.29 s/step on a v4-8 (4 chips) would be {perf.mfu(F720['total'], 7.29, 'v4', 4):.0%} MFU: impossible")
+V4 = perf.CHIPS["v4"]
+print(f"{F720['total'] / 1e15:.2f} PFLOP in 7.29 s = {F720['total'] / 7.29 / 1e15:.2f} PFLOP/s; a v4-8 peaks at 4 x "
+      f"{V4.peak_bf16_flops / 1e12:.0f} TFLOP/s = {4 * V4.peak_bf16_flops / 1e15:.2f} PFLOP/s: "
+      f"{perf.mfu(F720['total'], 7.29, 'v4', 4):.0%} MFU, impossible; on 8 x v6e {perf.mfu(F720['total'], 7.29, 'v6e', 8):.0%}")
 schedule = DeepCacheSchedule(50)  # HunyuanVideo-1.5's 11 / 45 / 4 schedule
 skip_ratio = schedule.block_speedup(54)  # FLOPs without the cache / FLOPs with it (1 block recomputed)
 print(f"DeepCache 11/45/4: {len(schedule.full_steps)} of 50 steps full; FLOPs executed fall {skip_ratio:.2f}x")
@@ -296,7 +428,11 @@ for r in runs:
     rows.append({"system": r["system"], "configuration": r["config"], "s/step": round(r["s"], 2),
                  "MFU (effective if cached)": f"{effective:.1%}", "real MFU": f"{effective / r['cache']:.1%}",
                  "source": r["source"]})
-html_table(rows)
+display(html_table(rows))
+for system, t_uncached, t_cached in (("8 x v6e", 350 / 50, 203 / 50), ("8 x H100", 5.2, 2.84)):
+    chip = system.split()[-1]
+    print(f"{system}, same source: uncached {t_uncached:.2f} s/step = {perf.mfu(F720['total'], t_uncached, chip, 8):.1%} "
+          f"MFU; with DeepCache {perf.mfu(F720['total'], t_cached, chip, 8) / skip_ratio:.1%} real MFU")
 
 # %% [markdown]
 # For comparison, the best public TPU number for a video DiT of this class is for another model, Wan2.2-A14B
@@ -337,9 +473,13 @@ plt.show()
 
 # %% [markdown]
 # Both platforms land at 21–31% MFU without a cache. The cached runs look like 42–56% *effective* MFU,
-# but the chips do not work harder: the real MFU drops below the uncached runs', because a cached step costs more
-# than its FLOPs (next section). maxdiffusion's Wan2.2 number shows that a JAX video DiT on TPU can run above
-# 50% MFU, on a newer chip.
+# but the chips do not work harder: the real MFU drops below that of the same source's uncached run (the lines
+# under the table), because a cached step costs more than its FLOPs (next section). maxdiffusion's Wan2.2 number
+# shows that a JAX video DiT on TPU can run above 50% MFU, on a newer chip.
+#
+# The v6e compute bound in the chart sits a little above the worked example's 1.72 s, because it is the planner's
+# per-device count for the default layout: under `tp_replicated_out` every device runs the replicated `to_out`
+# projections whole, so each does somewhat more than an eighth of the FLOPs.
 
 # %% [markdown]
 # ## The road to 50% MFU on a v6e-8
@@ -435,8 +575,9 @@ plt.show()
 # ### Communication and layout
 #
 # The curve's second line is what exposed collectives cost. The planner's per-device traffic for the layouts an
-# 8-chip v6e slice can use (720p, 121 frames, bf16; TPU rows from `perf.device_plan`, whose collectives match the
-# compiled HLO, {doc}`03_sharding`), with the memory each needs:
+# 8-chip v6e slice can use (720p, 121 frames, bf16; TPU rows from `perf.device_plan`, with the memory total and
+# the collectives' result bytes from the saved compiler report wherever the layout was compiled), with the memory
+# each needs:
 
 # %%
 ICI_SEND = V6E.interconnect_bandwidth / 2  # bytes/s a chip can send: half the bidirectional figure
@@ -448,42 +589,55 @@ layouts = [
     ("fsdp", {"data": 2, "sequence": 4}, "--runtime tpu --mesh data=2,sequence=4 --sharding fsdp"),
     ("ulysses", {"sequence": 8}, "the GPU layout: torchrun ... --runtime ulysses"),
 ]
-rows = []
+rows, sent_by = [], {}
 for rules, mesh, flags in layouts:
+    name = f"{rules} {','.join(f'{k}={v}' for k, v in mesh.items())}"
     if rules == "ulysses":
         sent = perf.collective_bytes(P720, 720, 1280, 121, strategy="ulysses", mesh_shape=mesh)["bytes_per_device"]
         weights = perf.param_bytes(P720, "bf16", "replicated")["bytes_per_device"]
-        rest = perf.activation_bytes(P720, 720, 1280, 121, mesh_shape=mesh)["bytes_per_device"]
-        source = "planner"
+        total = weights + perf.activation_bytes(P720, 720, 1280, 121, mesh_shape=mesh)["bytes_per_device"]
+        source, results, compiled = "planner", None, None
     else:
         plan = perf.device_plan(P720, 720, 1280, 121, mesh, rules, topology="v6e:2x4")
-        sent, weights = plan["sent_bytes"], plan["per_device_bytes"]["weights"]
-        rest = plan["memory_total"] - weights  # the compiler's total where benchmarks/tpu_compile.py compiled it
-        source = plan["memory_source"]
+        sent, weights, total = plan["sent_bytes"], plan["per_device_bytes"]["weights"], plan["memory_total"]
+        source, results = plan["memory_source"], plan["collective_total"]
+        compiled = sum(c["bytes"] for c in plan["compiled"]["collectives"]) if plan["compiled"] else None
+    sent_by[name] = sent
     rows.append({"rules": rules, "mesh": ",".join(f"{k}={v}" for k, v in mesh.items()),
-                 "weights GB/device": round(weights / 1e9, 1), "rest GB/device": round(rest / 1e9, 1),
-                 "memory from": source, "fits 32 GiB": weights + rest <= V6E.hbm_bytes,
+                 "weights GB/device": round(weights / 1e9, 1), "total GB/device": round(total / 1e9, 1),
+                 "memory from": source, "fits 32 GiB": total <= V6E.hbm_bytes,
+                 "collective results GiB, planner": "n/a" if results is None else round(results / GIB, 2),
+                 "same, compiled HLO": "not compiled" if compiled is None else round(compiled / GIB, 2),
                  "GB sent/device/step": round(sent / 1e9, 1),
                  "ICI bound s": round(sent / ICI_SEND, 3), "share of target": f"{sent / ICI_SEND / T_TARGET:.1%}",
                  "how to run it": flags})
-html_table(rows)
+display(html_table(rows))
+tp8 = sent_by["tp tensor=8"]
+print(f"bytes sent vs tp on tensor=8: data=2,tensor=4 {1 - sent_by['tp data=2,tensor=4'] / tp8:.0%} less; "
+      f"tp_replicated_out on it another {1 - sent_by['tp_replicated_out data=2,tensor=4'] / sent_by['tp data=2,tensor=4']:.0%} "
+      "less; " + ", ".join(f"{n.split()[0]} {tp8 / sent_by[n]:.1f}x less" for n in ("tp_replicated_out data=2,tensor=4",
+                                                                              "fsdp data=2,sequence=4",
+                                                                              "ulysses sequence=8")))
 saved = perf.device_plan(P720, 720, 1280, 121, {"tensor": 8}, "tp")["sent_bytes"] - perf.device_plan(
     P720, 720, 1280, 121, {"tensor": 8}, "tp_replicated_out")["sent_bytes"]
 print(f"on tensor=8, tp_replicated_out sends {saved / 1e9:.0f} GB less per chip and step than tp: at most "
       f"{saved / ICI_SEND:.2f} s at the ICI's peak, against the 0.83 s (8.12 -> 7.29 s) gpu-tpu-pedia measured")
 
 # %% [markdown]
-# Plain tensor parallelism on `tensor=8` sends the most: two all-reduces of the full activations per block and
-# stream, on both CFG samples. Putting the CFG pair on a `data` axis (one sample per device) cuts that by more than
-# half, and `tp_replicated_out` cuts another quarter by turning half of the all-reduces into all-gathers of the same
-# size. A `sequence` axis under `tp` adds its all-to-alls to the all-reduces rather than replacing them. The layouts
-# that move only the attention inputs and outputs (Ulysses on GPUs) or the weights and the all-to-alls (FSDP on a
-# sequence mesh) send the least. gpu-tpu-pedia's measured gain from replicating the row-parallel weights is several
-# times the planner's bound for the bytes that change saves (the line under the table), a sign that real collectives
-# ran well below link peak and were not hidden. gpu-tpu-pedia also reports that on
-# CogVideoX, `dp2 x tp4` ran 1.58x faster than `tp8` on a v6e-8 (`tpu/CogVideoX/README.md`, unverified), the same
-# effect on a smaller model. Communication is the second lever: it need not take more than a few percent of the
-# step, if the layout is chosen for it.
+# Where a layout was compiled, the planner's collective bytes and the compiler's HLO agree to within rounding
+# (the two collective columns). Plain tensor parallelism on `tensor=8` sends the most: two all-reduces of the full
+# activations per block and stream, on both CFG samples. Putting the CFG pair on a `data` axis (one sample per
+# device) cuts that by more than half, and `tp_replicated_out` cuts about another quarter by turning half of the
+# all-reduces into all-gathers of the same size, at the cost of more weights per device (the first column). A
+# `sequence` axis under `tp` adds its all-to-alls to the all-reduces rather than replacing them. FSDP on a
+# `data=2,sequence=4` mesh gathers every block's weights whole once per step and adds the sequence axis'
+# all-to-alls, yet sends less than any tensor-parallel layout and holds the least memory; Ulysses on
+# GPUs, which moves only the attention inputs and outputs, sends the least of all. gpu-tpu-pedia's measured gain
+# from replicating the row-parallel weights is several times the planner's bound for the bytes that change saves
+# (the last line above), a sign that real collectives ran well below link peak and were not hidden. gpu-tpu-pedia
+# also reports that on CogVideoX, `dp2 x tp4` ran 1.58x faster than `tp8` on a v6e-8 (`tpu/CogVideoX/README.md`,
+# unverified), the same effect on a smaller model. Communication is the second lever: at link peak it need not take
+# more than a few percent of the step, if the layout is chosen for it.
 
 # %% [markdown]
 # ### Doing less work: padding and DeepCache
@@ -573,8 +727,9 @@ html_table(rows)
 #   about half of peak (about 1.7 times the rate the exp2 run implies), with the linear layers near the best
 #   measured matmul rate and the collectives hidden. Hiding the softmax alone, if the guide's one-third share holds,
 #   gets most of the way there.
-# - **Layout keeps communication out of the way.** TP's all-reduces would eat an eighth of the 3.4 s budget even at
-#   link peak; Ulysses-style, FSDP or `data`-split layouts send an order of magnitude less.
+# - **Layout keeps communication out of the way.** Plain TP's all-reduces on `tensor=8` would eat an eighth of the
+#   3.4 s budget even at link peak; the default `tp_replicated_out` on `data=2,tensor=4`, FSDP and Ulysses send
+#   about 3 to 8 times less (the line under the communication table).
 # - **DeepCache reaches the wall time, not the MFU.** On today's kernel it predicts about the 50% step time in
 #   effective terms, at unchanged or lower real MFU and with a quality cost ({doc}`04_deepcache`). It multiplies
 #   with every other lever, and removing the cached-step overhead adds to it.
@@ -584,13 +739,18 @@ html_table(rows)
 # %% [markdown]
 # ## Summary
 #
-# - One CFG step at 720p and 121 frames is about 12.6 PFLOP (480p: about 2.9), and 90% of it is attention
-#   (81% at 480p); the attention-to-linear ratio of a block is $S/(6h)$.
+# - One CFG step at 720p and 121 frames is about 12.65 PFLOP (480p: about 2.9), and 90% of it is attention
+#   (81% at 480p); by hand, $4LBS^2h$ for attention plus 2 FLOPs per token for each weight of its own stream. The
+#   attention-to-linear ratio of a block is $S/(6h)$. At the peak of eight v6e chips the step takes at least 1.72 s.
 # - The step is compute-bound on every chip considered, one to two orders of magnitude past the HBM ridge, so
 #   the time is decided by how close the matrix units run to peak.
-# - gpu-tpu-pedia's published runs (single author, TPU generation uncertain) sit at about 21–30% MFU on a v6e-8
-#   and about 31% on 8×H100; their DeepCache runs look like 42–56% *effective* MFU, but real MFU falls.
-#   maxdiffusion's Wan2.2 on v7x-8 reaches about 54%.
+# - The TPU compiler runs on a CPU for a named slice: compiling the real step with abstract bf16 weights gives
+#   per-device memory and the collectives in the HLO. It shows what `tp_replicated_out` does: half of `tp`'s
+#   all-reduces become all-gathers of the same size (a quarter fewer bytes on the wire), and every device holds the
+#   replicated weights whole.
+# - gpu-tpu-pedia's published runs (single author; its documents label the TPU runs both v4-8 and v6e-8, and the
+#   times rule out v4) sit at about 21–30% MFU on a v6e-8 and about 31% on 8×H100; their DeepCache runs look like
+#   42–56% *effective* MFU, but real MFU falls. maxdiffusion's Wan2.2 on v7x-8 reaches about 54%.
 # - 50% MFU on a v6e-8 is about 3.4 s per step. The main lever is the attention kernel (about half of peak
 #   needed, against about 28% implied today); the layout should keep collectives to a few percent; DeepCache and
 #   skipping padding cut FLOPs, shortening the step without raising real MFU.
@@ -640,7 +800,39 @@ html_table(rows)
 # %% [markdown]
 # :::{admonition} Answer
 # :class: dropdown
-# `perf.step_flops(P720, 720, 1280, 121, valid_context=120)` counts about 3% less attention, about 3% of the step
-# since attention is 90% of it. That is worth a kernel feature (with valid-first ordering the padding is one
-# contiguous tail that a block-sparse kernel can skip), but it is more than twenty times too small for a 1.69x.
+# `perf.step_flops(P720, 720, 1280, 121, valid_context=120)` counts 3.3% less attention, which is 2.9% of the
+# step since attention is 90% of it. That is worth a kernel feature (with valid-first ordering the padding is one
+# contiguous tail that a block-sparse kernel can skip), but a 1.69x speed-up must remove $1 - 1/1.69 = 41\%$ of
+# the step's time, about fourteen times more.
+# :::
+#
+# 5. On the v6e-8 mesh `data=2,tensor=4`, how many more bytes of weights does each device hold under
+#    `tp_replicated_out` than under `tp`? Derive it from the replicated matrices, then compare with the compiler's
+#    arguments in the saved reports.
+
+# %% [markdown]
+# :::{admonition} Answer
+# :class: dropdown
+# The replicated matrices are, per block, `to_out.0` and `to_add_out` ($h \times h$ each) and the two MLPs' second
+# linears ($h \times 4h$ each): $2h^2 + 8h^2 = 10h^2 \approx 41.9$ M parameters, or $54 \times 41.9\,\text{M}
+# \approx 2.26$ billion, 4.53 GB in bf16. Under `tp` a device holds a quarter of them (tensor = 4), under
+# `tp_replicated_out` all of them: $\tfrac34 \times 4.53 \approx 3.40$ GB more per device.
+# `perf.param_bytes(P720, "bf16", "tp_replicated_out", {"data": 2, "tensor": 4})["bytes_per_device"]` minus the
+# same for `"tp"` gives 3.40 GB. The compiler's arguments (weights plus inputs) differ by 3.37 GB
+# (`COMPILED["v6e-8/tp_replicated_out/720p/uncached"]["per_device_bytes"]["arguments"]` minus the `tp` one): the
+# 0.03 GB less is the last block's `to_add_out` and `ff_context.net.2`, whose output nothing reads, so `jax.jit`
+# drops them.
+# :::
+#
+# 6. Double the video to 241 frames at 720p. How many tokens and PFLOP is one CFG step, by what factor does the
+#    attention grow, and how long would the step take on a v6e-8 at the 29.6% MFU of the exp2 run?
+
+# %% [markdown]
+# :::{admonition} Answer
+# :class: dropdown
+# $(241-1)/4+1 = 61$ latent frames, $61 \times 3600 = 219{,}600$ video tokens, $S = 221{,}585$. Attention grows by
+# $(221{,}585 / 113{,}585)^2 \approx 3.81$ (to 43.4 PFLOP), the linear layers only by $221{,}585/113{,}585 \approx
+# 1.95$; `perf.step_flops(P720, 720, 1280, 241)` gives 45.85 PFLOP in total, 94.7% of it attention. At 29.6% of
+# 8 x 918 TFLOP/s (2.18 PFLOP/s) that is about 21.1 s per step, 3.6 times the 5.81 s of 121 frames for twice the
+# frames: attention's quadratic cost makes long videos disproportionately expensive.
 # :::
