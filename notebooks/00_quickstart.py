@@ -229,7 +229,7 @@ print(f"stage 3: {time.perf_counter() - t0:.1f} s, "
 fig = frame_grid(frames.numpy(), columns=5, title=f"{PRESET}: {PROMPT!r}")
 
 # %%
-video_html(os.path.join(OUTPUT_DIR, "output_video.mp4"))
+video_html(os.path.join(OUTPUT_DIR, "output_video.mp4"), media_dir="../_static/videos")  # linked, not inlined
 
 # %% [markdown]
 # Every stage also extends `generation_config.json`, so a folder of stage files always says how it
