@@ -14,15 +14,28 @@
 # ---
 
 # %% [markdown]
-# # End-to-end 720p generation
+# # 5. End-to-end 720p generation
 #
 # The earlier chapters took the pipeline apart. This one runs it whole at the real output size: 1280×720 pixels,
-# through all three stages. On this CPU that means the real token counts and the real VAE tiling, with the tiny
-# preset's small models. On a TPU VM or a GPU box, the same notebook runs the 8.3B model: set `HYV_PRESET=720p_t2v`,
+# through all three stages. On this CPU that means the real spatial layout (45 × 80 latents, 3,600 video tokens
+# per latent frame) and the real VAE tiling, with fewer frames (9 instead of 121) and the tiny preset's small
+# models. On a TPU VM or a GPU box, the same notebook runs the 8.3B model: set `HYV_PRESET=720p_t2v`,
 # `HYV_MODEL_PATH` and, for the TPU mesh, `HYV_RUNTIME=tpu HYV_MESH=data=2,tensor=4` (see {doc}`../book/runbook`).
 #
-# We measure, per stage, the wall time and the peak memory. We compare VAE decoding with spatial tiles against
-# decoding in one piece, and we end with the per-chip plan for a v6e-8.
+# We measure, per stage, the wall time and the peak memory. Stage 3, the VAE decode, gets a closer look: at
+# 720p and 121 frames the decoder cannot run on the whole video at once, so diffusers decodes it in overlapping
+# spatial tiles (the figure below). We derive why, compare tiles against one piece on the tiny
+# preset, and end with the per-chip plan for a v6e-8.
+#
+# :::{figure} ../book/figures/05_tiled_vae_decode.svg
+# :name: fig-05-tiled-vae-decode
+#
+# The tiled VAE decode of `AutoencoderKLHunyuanVideo15` at 720p. The latent grid (45 × 80) is cut into tiles of
+# 16 × 16 latents (256 px at 16× compression) every 12 latents, so neighbours overlap by 4 latents; each tile
+# is decoded alone, over all frames, into 256 × 256 pixels. In the output, each tile keeps 192 px, and its first
+# 64 px are blended linearly with the neighbour above or to the left. Bottom: the largest tensors of a one-piece
+# decode against one tile's, in fp32, beside one accelerator's memory (derived in this chapter).
+# :::
 
 # %% tags=["parameters"]
 import os
@@ -38,11 +51,12 @@ RUNTIME = os.environ.get("HYV_RUNTIME", "torch")              # torch | tpu (| u
 MESH = os.environ.get("HYV_MESH") or None                     # e.g. data=2,tensor=4 on a v6e-8, with RUNTIME=tpu
 ATTENTION = os.environ.get("HYV_ATTENTION", "auto")            # exact by default; flash on a GPU, splash on a TPU
 ENABLE_CACHE = os.environ.get("HYV_ENABLE_CACHE", "0") == "1"
-COMPARE_UNTILED = os.environ.get("HYV_COMPARE_UNTILED", "1") == "1"  # decodes once more without tiles
+# Decode once more without tiles, for comparison: on by default for the tiny presets only. With real weights at
+# 720p a one-piece decode needs far more memory than one accelerator has (derived below); opt in with care.
+COMPARE_UNTILED = os.environ.get("HYV_COMPARE_UNTILED", "1" if PRESET.startswith("tiny") else "0") == "1"
 OUTPUT_DIR = os.environ.get("HYV_OUTPUT_DIR", "stage_outputs/end_to_end_720p")
 
 # %%
-import json
 import time
 import warnings
 
@@ -51,12 +65,13 @@ warnings.filterwarnings("ignore", message="IProgress not found")
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
+from diffusers import AutoencoderKLHunyuanVideo15
 
 import hyv_lib
 from hyv_lib import perf, pipeline, quality
 from hyv_lib.display import frame_grid, html_table, video_html
 from hyv_lib.memory import PeakMemory
-from hyv_lib.models import load_components
+from hyv_lib.models import load_components, quiet_loading
 from hyv_lib.stage_io import read_config
 from hyv_lib.video import decode_latents
 
@@ -69,16 +84,17 @@ print(f"{PRESET}: {WIDTH}x{HEIGHT}, {VIDEO_LENGTH} frames -> latents {latent}, {
 # %% [markdown]
 # ## The three stages
 #
-# `pipeline.generate` runs stage 1 (text encoders), stage 2 (the denoising loop) and stage 3 (VAE decode) into one
-# folder. Every stage appends its settings, its time and its memory to `generation_config.json`. A sampler thread
-# records the peak resident memory (RSS) of the process while the stage's main work runs
+# `pipeline.generate` runs stage 1 (text encoders), stage 2 (the denoising loop) and stage 3 (VAE decode, tiled)
+# into one folder. Every stage appends its settings, its time and its memory to `generation_config.json`. A sampler
+# thread records the peak resident memory (RSS) of the process while the stage's main work runs
 # (`hyv_lib.memory.PeakMemory`), along with how far it rose above the RSS at the start.
 
 # %%
 start = time.perf_counter()
-frames = pipeline.generate(preset=PRESET, model_path=MODEL_PATH, prompt=PROMPT, output_dir=OUTPUT_DIR,
-                           height=HEIGHT, width=WIDTH, video_length=VIDEO_LENGTH, num_inference_steps=STEPS,
-                           runtime=RUNTIME, mesh=MESH, enable_cache=ENABLE_CACHE, attention=ATTENTION, quiet=True)
+with quiet_loading():  # no weight-loading progress bars
+    frames = pipeline.generate(preset=PRESET, model_path=MODEL_PATH, prompt=PROMPT, output_dir=OUTPUT_DIR,
+                               height=HEIGHT, width=WIDTH, video_length=VIDEO_LENGTH, num_inference_steps=STEPS,
+                               runtime=RUNTIME, mesh=MESH, enable_cache=ENABLE_CACHE, attention=ATTENTION, quiet=True)
 total = time.perf_counter() - start
 config = read_config(OUTPUT_DIR)
 html_table([{"stage": name, "time, s": config[f"stage{i}_time_s"],
@@ -92,48 +108,156 @@ frame_grid(frames.numpy(), columns=5, title=f"{PRESET} at {WIDTH}x{HEIGHT}: {PRO
 plt.show()
 
 # %%
-video_html(os.path.join(OUTPUT_DIR, "output_video.mp4"), width=640)
+video_html(os.path.join(OUTPUT_DIR, "output_video.mp4"), width=640, media_dir="../_static/videos")  # linked
 
 # %% [markdown]
-# The tiny preset's weights are random, so the frames are structured noise. The point here is the pipeline at
-# the real size: token counts, memory, tiling and file sizes.
+# With the `tiny` preset the weights are random, so the frames are structured noise. The point here is the
+# pipeline at the real size: token counts, memory, tiling and file sizes.
 #
-# ## VAE decoding: tiles or one piece
+# ## VAE decoding in tiles
 #
-# The decoder's activations at full resolution dominate stage 3's memory. diffusers' tiled decode cuts the latent
-# into overlapping spatial tiles (256 pixels, overlap 0.25 by default), decodes each, and blends the overlaps
-# linearly. We decode the same latents both ways and compare time, memory and pixels:
+# diffusers' `AutoencoderKLHunyuanVideo15` decodes in spatial tiles when tiling is on (`hyv_lib` turns it on;
+# `--disable_tiling` turns it off) and the latent is larger than one tile. The tile size and overlap are attributes
+# of the VAE; here they are, read from the installed diffusers, with the tiles they give for this latent:
+
+# %%
+with quiet_loading():  # no weight-loading progress bars
+    vae = load_components(preset, MODEL_PATH, ["vae"])["vae"]
+tile, overlap = vae.tile_latent_min_height, vae.tile_overlap_factor
+stride = int(tile * (1 - overlap))
+row_starts, col_starts = range(0, latent[3], stride), range(0, latent[4], stride)
+print(f"tile {vae.tile_sample_min_height} px = {tile} latents, overlap factor {overlap}: a new tile every {stride} "
+      f"latents, neighbours share {tile - stride} latents; blend {int(vae.tile_sample_min_height * overlap)} px, "
+      f"keep {vae.tile_sample_min_height - int(vae.tile_sample_min_height * overlap)} px per tile")
+print(f"latent {latent[3]} x {latent[4]}: {len(row_starts)} row(s) x {len(col_starts)} column(s) = "
+      f"{len(row_starts) * len(col_starts)} tile(s), each decoded over all {VIDEO_LENGTH} frames")
+
+# %% [markdown]
+# ### Why one piece does not fit at 720p and 121 frames
+#
+# The decoder narrows as it upsamples: its five stages run at 1024, 1024, 512, 256 and 128 channels (the VAE
+# config's `block_out_channels` `[128, 256, 512, 1024, 1024]`, read backwards), doubling height and width four
+# times (16×) and the frames twice (31 latent frames become $1 + 4 \cdot 30 = 121$). The largest tensors are the
+# last stage's, 128 channels at full size (and, just as large, the 512-channel output of the last upsampler's
+# convolution, just before it moves channels into pixels). In fp32, the default `--vae_dtype` (4 bytes):
+#
+# $$C \cdot F \cdot H \cdot W \cdot 4\,\text{B} = 128 \cdot 121 \cdot 720 \cdot 1280 \cdot 4\,\text{B}
+# = 5.71 \times 10^{10}\,\text{B} \approx 53.2\ \text{GiB}$$
+#
+# (26.6 GiB in bf16). One resnet block holds several tensors of that size at once: its input for the residual,
+# the padded copy its causal convolution makes, and the convolution's output. A TPU v6e chip has 32 GiB and an
+# H100 80 GB. There is a second large item: the mid block's self-attention runs over all
+# $31 \cdot 45 \cdot 80 = 111{,}600$ latent positions and builds a dense causal mask of $111{,}600^2 \cdot 4\,\text{B}
+# \approx 46.4$ GiB. One 256 × 256 tile needs $128 \cdot 121 \cdot 256 \cdot 256 \cdot 4\,\text{B} \approx 3.8$ GiB
+# for its largest tensor, $720 \cdot 1280 / 256^2 \approx 14$ times less, and its mask covers only
+# $31 \cdot 16 \cdot 16 = 7{,}936$ positions.
+#
+# The cell below checks this against diffusers' own decoder: it builds the real 720p VAE config from
+# `hyv_lib.presets` on PyTorch's `meta` device (shapes only, no weights, no memory), runs the decoder on a
+# 720p/121f latent and on one tile, and records the largest tensor any decoder module returns.
+
+# %%
+real = hyv_lib.get_preset("720p_t2v")
+with torch.device("meta"):
+    real_vae = AutoencoderKLHunyuanVideo15(**real.vae)
+
+
+def decoder_sizes(vae, latent_shape):
+    """The size of the largest tensors decoder modules return (elements, their distinct shapes), and the number of
+    positions the mid block attends over."""
+    outputs, attended = [], []
+    hooks = [m.register_forward_hook(lambda m, args, out: outputs.append((out.numel(), tuple(out.shape))))
+             for m in vae.decoder.modules() if m is not vae.decoder]
+    attention = vae.decoder.mid_block.attentions[0]
+    hooks.append(attention.register_forward_pre_hook(lambda m, args: attended.append(np.prod(args[0].shape[2:]))))
+    try:
+        with torch.no_grad():
+            vae.decoder(torch.empty(latent_shape, device="meta"))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    largest = max(n for n, _ in outputs)
+    return (largest, sorted({shape for n, shape in outputs if n == largest})), int(attended[0])
+
+
+full_latent = real.latent_shape(720, 1280, 121)
+tile_latent = full_latent[:3] + (tile, tile)
+fp32, bf16, gib = 4, 2, 2**30
+(full_n, full_shape), full_tokens = decoder_sizes(real_vae, full_latent)
+(tile_n, tile_shape), tile_tokens = decoder_sizes(real_vae, tile_latent)
+formula = 128 * 121 * 720 * 1280 * fp32
+print(f"formula: 128 x 121 x 720 x 1280 x 4 B = {formula:.3e} B = {formula / gib:.1f} GiB")
+print(f"one piece, latent {full_latent}: largest decoder tensors {full_shape} = {full_n * fp32 / gib:.1f} GiB in fp32, "
+      f"{full_n * bf16 / gib:.1f} GiB in bf16; mid-block mask over {full_tokens:,} positions: "
+      f"{full_tokens**2 * fp32 / gib:.1f} GiB")
+print(f"one tile,  latent {tile_latent}: largest decoder tensors {tile_shape} = {tile_n * fp32 / gib:.1f} GiB in fp32; "
+      f"mid-block mask over {tile_tokens:,} positions: {tile_tokens**2 * fp32 / gib:.2f} GiB")
+for chip in ("v6e", "H100"):
+    spec = perf.get_chip(chip)
+    print(f"{spec.name}: {spec.hbm_bytes / gib:.1f} GiB of memory")
+
+# %% [markdown]
+# The decoder agrees with the formula: 53.2 GiB for its largest tensor in one piece, 3.8 GiB in a tile.
+#
+# :::{admonition} Takeaway
+# :class: tip
+# Decoding 720p/121f in one piece needs a single 53.2 GiB tensor (128 ch × 121 × 720 × 1280 in fp32), several of
+# them at once, and a 46.4 GiB attention mask in the mid block: more than a 32 GiB v6e chip and, together, more
+# than an 80 GB H100. A 256 px tile cuts the largest tensor to 3.8 GiB. That is why `hyv_lib` decodes in tiles by
+# default, and why this notebook never decodes real 720p weights in one piece unless asked to.
+# :::
+#
+# ## Tiles against one piece
+#
+# At the tiny preset's widths a one-piece decode fits easily, so we can compare. Stage 3 above decoded in tiles
+# (its memory is in `generation_config.json`); below, the same latents are decoded once more in one piece
+# (`HYV_COMPARE_UNTILED`, on by default for the tiny presets only), and we compare memory and pixels. The time of
+# stage 3 also covers loading the VAE and writing the mp4; the one-piece time is the decode alone.
 
 # %%
 from safetensors.torch import load_file
 
 latents = load_file(os.path.join(OUTPUT_DIR, "stage2_latents.safetensors"))["latents"]
-vae = load_components(preset, MODEL_PATH, ["vae"])["vae"]
-rows, decoded = [], {}
-for tiled in ([True, False] if COMPARE_UNTILED else [True]):
+rows = [{"decode": "tiled (stage 3)", "time, s": config["stage3_time_s"],
+         "RSS growth, MiB": config["stage3_rss_growth_mib"], "peak RSS, MiB": config["stage3_peak_rss_mib"]}]
+if COMPARE_UNTILED:
     with PeakMemory() as memory:
         t0 = time.perf_counter()
-        decoded[tiled] = decode_latents(vae, latents, tiling=tiled).numpy()
+        one_piece = decode_latents(vae, latents, tiling=False).numpy()
         seconds = time.perf_counter() - t0
-    rows.append({"decode": "tiled" if tiled else "one piece", "time, s": round(seconds, 1),
-                 "RSS growth, MiB": round(memory.growth_bytes / 2**20), "peak RSS, MiB": round(memory.peak_bytes / 2**20)})
+    rows.append({"decode": "one piece (decode only)", "time, s": round(seconds, 1),
+                 "RSS growth, MiB": round(memory.growth_bytes / 2**20, 1),
+                 "peak RSS, MiB": round(memory.peak_bytes / 2**20, 1)})
+else:
+    print("HYV_COMPARE_UNTILED=0: no one-piece decode (the default for real presets)")
 html_table(rows)
 
 # %%
 if COMPARE_UNTILED:
-    difference = np.abs(decoded[True].astype(int) - decoded[False].astype(int))
-    print(f"tiled vs one piece: PSNR {quality.psnr(decoded[True], decoded[False], 255):.1f} dB, "
-          f"mean |difference| {difference.mean():.2f}, max {difference.max()} (of 255)")
+    tiled = frames.numpy()
+    difference = np.abs(tiled.astype(int) - one_piece.astype(int))
+    # The blend bands: the first 64 px of every tile after the first, in each direction
+    blend, keep = int(vae.tile_sample_min_height * overlap), vae.tile_sample_min_height - int(
+        vae.tile_sample_min_height * overlap)
+    band = np.zeros(difference.shape[1:3], bool)
+    for start in range(keep, HEIGHT, keep):
+        band[start:start + blend, :] = True
+    for start in range(keep, WIDTH, keep):
+        band[:, start:start + blend] = True
+    print(f"tiled vs one piece: PSNR {quality.psnr(tiled, one_piece, 255):.1f} dB, max |difference| "
+          f"{difference.max()} (of 255); mean |difference| in the blend bands {difference[:, band].mean():.2f}, "
+          f"elsewhere {difference[:, ~band].mean():.2f} ({band.mean():.0%} of the pixels are in the bands)")
     fig, ax = plt.subplots(figsize=(8, 4.5))
     ax.imshow(difference[len(difference) // 2].max(axis=-1), cmap="magma")
     ax.set(title="|tiled - one piece|, middle frame: the blended tile seams", xticks=[], yticks=[])
     plt.show()
 
 # %% [markdown]
-# The differences concentrate in the overlap bands, where the tiles are blended. Away from the seams, both
-# decodes agree. Tiling trades a small, local difference for bounded memory. At 121 frames and the real VAE
-# (128-1024 channels), the one-piece decode needs far more memory than a single accelerator has, which is why
-# tiling is on by default (`--disable_tiling` turns it off).
+# On the tiny preset, the differences concentrate in the blend bands; away from them the two decodes differ far
+# less (the printed means). Tiling trades a small, local difference, and time (every overlap is decoded more than
+# once: exercise 4), for bounded memory. The one-piece decode's
+# memory grows with the whole frame, the tiled decode's with one tile (plus the decoded tiles it keeps until it
+# blends them, and the output).
 #
 # ## The files
 #
@@ -167,11 +291,13 @@ html_table(rows)
 # %% [markdown]
 # ## Summary
 #
-# * The whole pipeline runs at 1280×720 on this CPU with the tiny preset. The token counts of stage 2 and the VAE tiling
-#   of stage 3 are the real ones; only the widths and depths are small.
+# * The whole pipeline runs at 1280×720 on this CPU with the tiny preset. The spatial layout of stage 2 (45 × 80
+#   latents per frame) and the VAE tiling of stage 3 are the real ones; the frames are fewer, and the widths and
+#   depths small.
 # * `generation_config.json` records every stage's time and peak memory, so a run documents its own cost.
-# * Tiled VAE decoding bounds memory. Its output differs from the one-piece decode only near the blended seams
-#   (measured above).
+# * At 720p and 121 frames a one-piece decode needs a 53.2 GiB tensor in fp32 (and a 46.4 GiB mask in the mid
+#   block); a 256 px tile needs 3.8 GiB. Tiled decoding is the default, and its output differs from the one-piece
+#   decode mainly in the blended seams (measured above on the tiny preset).
 # * The same notebook is the real-model runbook: set the preset, the weights and the runtime.
 #
 # ## Exercises
@@ -180,15 +306,27 @@ html_table(rows)
 # 2. Why does `generate --height 720 --width 1280` need both flags, and what does `--aspect_ratio 9:16` give at
 #    720p in diffusers' buckets?
 # 3. Predict the RSS growth of a one-piece decode at twice the frames, then measure it with `HYV_VIDEO_LENGTH=17`.
+# 4. How many tiles does the decoder cut a 720p latent into, and how many pixels does it decode per frame in all,
+#    compared with the 1280 × 720 it outputs?
+# 5. At 480p (848 × 480, 121 frames), how large is the decoder's largest tensor in fp32 and in bf16, and how many
+#    tiles does the tiled decode use?
 #
 # :::{admonition} Answers
 # :class: dropdown
-# 1. Weights (about 16.7 GB in bf16 replicated, less when sharded: chapter 3's rule sets) and attention activations
-#    over 113,585 joint tokens. The mesh and rule set move the weights; Splash's blocked kernel keeps attention
-#    at O(S) memory instead of a 12 GiB dense mask.
+# 1. Weights (about 16.7 GB in bf16 replicated, `perf.param_bytes("720p_t2v", "bf16")`; less when sharded: chapter
+#    3's rule sets) and attention activations over 113,585 joint tokens. The mesh and rule set move the weights;
+#    Splash's blocked kernel keeps attention at O(S) memory instead of a dense mask of 24 GiB for the CFG batch
+#    (12 GiB per sample, `hyv_lib.layout.dense_mask_bytes`).
 # 2. One of them alone is ambiguous, so `hyv_lib` asks for both (or neither, and then the bucket of
 #    `--aspect_ratio` decides). For 9:16 at 720p, diffusers' bucket list and nearest-ratio match give 1264x720
 #    (height x width): `hyv_lib.presets.bucket_size(hyv_lib.get_preset("720p_t2v"), "9:16")`.
 # 3. Roughly twice: the decoder's activations scale with the number of frames (17 frames -> 5 latent frames
 #    instead of 3, decoded to 17 frames instead of 9).
+# 4. Rows start every 12 latents over 45 (0, 12, 24, 36) and columns over 80 (0, 12, ..., 72): 4 × 7 = 28 tiles.
+#    The tiles are 16 latents (256 px) high, except the last row (45 − 36 = 9 latents, 144 px), and 16 wide, except
+#    the last column (80 − 72 = 8 latents, 128 px). So the decoder produces (3 · 256 + 144) × (6 · 256 + 128) =
+#    912 × 1664 pixels per frame, 1.65 times the 720 × 1280 it keeps: the overlaps are decoded twice (four times
+#    where four tiles meet).
+# 5. 128 · 121 · 480 · 848 · 4 B ≈ 2.52 × 10¹⁰ B ≈ 23.5 GiB in fp32, 11.7 GiB in bf16. The latent is 30 × 53:
+#    rows at 0, 12, 24 and columns at 0, 12, 24, 36, 48 give 3 × 5 = 15 tiles.
 # :::
