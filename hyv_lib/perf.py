@@ -496,7 +496,10 @@ TEMPORARY_STREAM_COPIES = 3
 FSDP_GATHERED_BLOCKS = 0.5
 
 
-#: Where benchmarks/tpu_compile.py saves what the TPU compiler reported (shipped with the package).
+#: Where benchmarks/tpu_compile.py saves what the TPU compiler reported (shipped with the package):
+#: ``hyv_lib/compiled/tpu_compile.json`` in the installed package, as an absolute path.
+#:
+#: :meta hide-value:
 COMPILED_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compiled", "tpu_compile.json")
 #: The TPU slice (libtpu topology) of n chips that the saved results use, per chip.
 SLICES = {("v5e", 8): "v5e:2x4", ("v5p", 4): "v5p:2x2x1", ("v6e", 8): "v6e:2x4", ("v7x", 4): "tpu7x:2x2x1"}
