@@ -64,7 +64,8 @@ def build_tiny_tokenizer(word_tokens: bool = False):
     ``word_tokens`` (hyv-tiny): BPE merges trained with ``tokenizers``' BpeTrainer on the procedural captions
     (``hyv_lib.data``), split at word boundaries as GPT-2/Qwen do, so every caption word is one token, as in
     the real tokenizer. Byte by byte, a caption was ~60 tokens and a colour word of another length shifted every
-    later token; the DiT trained on that never learned colour or direction from the text (found while training hyv-tiny).
+    later token; the DiT trained on that never learned colour or direction from the text (found while training
+    hyv-tiny).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import Qwen2TokenizerFast

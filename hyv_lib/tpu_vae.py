@@ -18,7 +18,8 @@ def block_causal_mask(n_frame: int, n_hw: int, dtype: torch.dtype, device, batch
     """
     frame = torch.arange(n_frame * n_hw, device=device) // n_hw
     zero = torch.zeros((), dtype=dtype, device=device)
-    mask = torch.where(frame[None, :] <= frame[:, None], zero, torch.full((), float("-inf"), dtype=dtype, device=device))
+    minus_inf = torch.full((), float("-inf"), dtype=dtype, device=device)
+    mask = torch.where(frame[None, :] <= frame[:, None], zero, minus_inf)
     return mask if batch_size is None else mask.unsqueeze(0).expand(batch_size, -1, -1)
 
 
