@@ -1,10 +1,15 @@
-"""Peak resident memory (RSS) of this process during a block of code, sampled by a background thread."""
+"""Memory of a block of code: peak resident memory (RSS, sampled by a background thread) and the largest tensor
+created."""
 
 from __future__ import annotations
 
 import os
 import threading
 import time
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 # Considered: resource.getrusage's ru_maxrss (a lifetime peak: it cannot isolate one stage inside a process that
 # already peaked) and tracemalloc (Python objects only, blind to torch's allocator). Sampling the RSS from /proc
@@ -58,3 +63,26 @@ class PeakMemory:
     @property
     def growth_bytes(self) -> int:
         return max(0, self.peak_bytes - self.start_bytes)
+
+
+
+class LargestTensor(TorchDispatchMode):
+    """``with LargestTensor() as probe: model(...)`` then ``probe.elements`` (most elements of any new tensor a torch
+    operation created inside the block), ``probe.bytes`` and ``probe.op`` (the largest such tensor in bytes, and the
+    operation that made it). Views, which share their input's storage, are skipped. It shows whether a forward ever builds an S x S tensor, independent of the
+    allocator and of the RSS noise of :class:`PeakMemory`."""
+
+    def __init__(self):
+        super().__init__()
+        self.elements = self.bytes = 0
+        self.op: str | None = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view:
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    self.elements = max(self.elements, t.numel())
+                    if t.numel() * t.element_size() > self.bytes:
+                        self.bytes, self.op = t.numel() * t.element_size(), str(func)
+        return out

@@ -368,35 +368,14 @@ html_table(rows)
 #
 # ## Memory: O(S) instead of O(S²)
 #
-# What grows with $S$ is easiest to see in the largest tensor a forward creates. A `TorchDispatchMode` sees every
-# torch operation; the probe below records the largest new tensor (views of existing tensors excluded) in one
+# What grows with $S$ is easiest to see in the largest tensor a forward creates. `hyv_lib.memory.LargestTensor`,
+# a `TorchDispatchMode`, sees every torch operation and records the largest new tensor (views excluded) in one
 # forward of the tiny model, batch 1, with 64×64 latent pixels per frame, with diffusers' processor and with ours.
 # When $S$ doubles, an O(S²) tensor grows about fourfold and an O(S) one twofold:
 
 # %%
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
-
+from hyv_lib.memory import LargestTensor
 from hyv_lib.models import build_tiny_components, example_forward_kwargs
-
-
-class LargestTensor(TorchDispatchMode):
-    """The largest tensor any torch operation creates inside the ``with`` block (outputs that share an input's
-    storage, i.e. views, are skipped)."""
-
-    def __init__(self):
-        super().__init__()
-        self.bytes, self.op = 0, None
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
-        for t in tree_leaves(out):
-            if (isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs
-                    and t.untyped_storage().nbytes() > self.bytes):
-                self.bytes, self.op = t.untyped_storage().nbytes(), str(func)
-        return out
-
 
 tiny = hyv_lib.get_preset("tiny")
 diffusers_model = build_tiny_components(tiny, names=["transformer"])["transformer"]

@@ -8,9 +8,9 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from hyv_lib import attention as A
+from hyv_lib.memory import LargestTensor
 from hyv_lib.models import build_tiny_components
 from hyv_lib.presets import get_preset
 from tiny_inputs import forward_kwargs
@@ -194,23 +194,6 @@ def test_edge_masks_give_no_nan(tiny_transformer, lengths):
         assert torch.isfinite(model(**model_inputs(**lengths)).sample).all()
 
 
-class LargestTensor(TorchDispatchMode):
-    """Records the largest new tensor any aten op produces (views, e.g. a weight's transpose, are skipped)."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func.is_view:
-            return out
-        for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
 def test_processor_never_builds_an_s_by_s_tensor(tiny_transformer):
     # Long enough that S^2 dwarfs every activation (the ByT5 projection is 2048 wide even in tiny).
     kwargs = model_inputs(latent_hw=(12, 20))
@@ -221,8 +204,8 @@ def test_processor_never_builds_an_s_by_s_tensor(tiny_transformer):
     A.use_attention(model, "sdpa")
     with torch.no_grad(), LargestTensor() as our_run:
         model(**kwargs)
-    assert diffusers_run.largest >= 2 * s * s  # its [B, 1, S, S] mask
-    assert our_run.largest < s * s
+    assert diffusers_run.elements >= 2 * s * s  # its [B, 1, S, S] mask
+    assert our_run.elements < s * s
 
 
 def test_default_torch_runtime_and_deepcache_over_it_build_no_s_by_s_tensor(tiny_transformer):
@@ -239,14 +222,14 @@ def test_default_torch_runtime_and_deepcache_over_it_build_no_s_by_s_tensor(tiny
     stock = make_step(copy.deepcopy(tiny_transformer), "torch", attention="diffusers")
     with torch.no_grad(), LargestTensor() as stock_run:
         stock(**kwargs)
-    assert stock_run.largest >= 2 * s * s
+    assert stock_run.elements >= 2 * s * s
     steps = {"torch": make_step(copy.deepcopy(tiny_transformer), "torch"),
              "deepcache": make_step(copy.deepcopy(tiny_transformer), "torch", cache=DeepCacheSchedule(3, 1, 3, 2))}
     for name, step in steps.items():
         for call in range(3 if name == "deepcache" else 1):  # full, cached, full
             with torch.no_grad(), LargestTensor() as run:
                 out = step(**kwargs)
-            assert run.largest < s * s, (name, call)
+            assert run.elements < s * s, (name, call)
             if call != 1:
                 assert (out - oracle).abs().max() <= 1e-5, (name, call)
     assert steps["deepcache"].cached_calls == 1

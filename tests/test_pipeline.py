@@ -172,3 +172,14 @@ def test_explicit_size_overrides_the_bucket(tiny_run, tmp_path, size):
     latents = pipeline.stage2(str(tiny_run), output_dir=str(tmp_path), height=size[0], width=size[1],
                               video_length=5, num_inference_steps=1, quiet=True)
     assert latents.shape == TINY.latent_shape(*size, 5)
+
+
+def test_largest_tensor_counts_new_tensors_not_views():
+    from hyv_lib.memory import LargestTensor
+
+    base = torch.zeros(1000, dtype=torch.bool)  # made before the block
+    with LargestTensor() as probe:
+        base.view(10, 100)  # a view of 1,000 elements: skipped
+        torch.ones(300, dtype=torch.bool)  # most elements: 300 (300 bytes)
+        torch.ones(10, 20)  # most bytes: 200 float32 elements = 800 bytes
+    assert (probe.elements, probe.bytes) == (300, 800) and "ones" in probe.op
