@@ -76,7 +76,7 @@ import diffusers
 
 import hyv_lib
 from hyv_lib.display import html_table
-from hyv_lib.models import load_components, quiet_loading
+from hyv_lib.models import first_blocks_copy, load_components, quiet_loading
 
 diffusers.utils.logging.set_verbosity_error()  # quiet diffusers' advice about casting with .to()
 
@@ -192,17 +192,7 @@ print(f"{PRESET}: {n_loaded:,} parameters in {dtype}, {n_loaded * perf.dtype_byt
 # Moved into the torchax environment and called as PyTorch would call it, the forward goes wrong in three ways.
 
 # %%
-def probe_of(model, blocks=None):
-    """An fp32 copy of `model` with only its first `blocks` transformer blocks (None: all of them)."""
-    every_block = model.transformer_blocks
-    model.transformer_blocks = torch.nn.ModuleList(list(every_block)[:blocks])
-    try:  # copy the cut model, then give the original its blocks back
-        return copy.deepcopy(model).float()
-    finally:
-        model.transformer_blocks = every_block
-
-
-probe = probe_of(model, None if preset.is_tiny else 2)
+probe = first_blocks_copy(model, None if preset.is_tiny else 2)  # fp32
 n_probe = sum(p.numel() for p in probe.parameters())
 print(f"probe: {len(probe.transformer_blocks)} of {len(model.transformer_blocks)} blocks, {n_probe:,} parameters, "
       f"{n_probe * 4 / 2**30:.3f} GiB in fp32")

@@ -76,3 +76,29 @@ def test_tiny_stage1_shapes_follow_the_real_layout():
     assert set(tiny.stage1_shapes()) == set(real.stage1_shapes())
     assert real.stage1_shapes()["prompt_embeds"] == (1, 1000, 3584)
     assert all(len(tiny.stage1_shapes()[k]) == len(v) for k, v in real.stage1_shapes().items())
+
+
+def test_first_blocks_copy_keeps_the_first_blocks_in_fp32_and_leaves_the_model_alone():
+    """A bf16 model cut to 1 of its blocks: fp32, the first block's weights, the original untouched; cut to all
+    blocks it computes what the fp32 model computes."""
+    import torch
+
+    from hyv_lib.models import build_tiny_components, example_forward_kwargs, first_blocks_copy
+    from hyv_lib.presets import get_preset
+
+    tiny = get_preset("tiny")
+    model = build_tiny_components(tiny, names=["transformer"])["transformer"]
+    blocks = len(model.transformer_blocks)
+    assert blocks >= 2
+    half = model.to(torch.bfloat16)
+    cut = first_blocks_copy(half, 1)
+    assert len(cut.transformer_blocks) == 1 and len(half.transformer_blocks) == blocks
+    assert all(p.dtype == torch.float32 for p in cut.parameters())
+    assert all(p.dtype == torch.bfloat16 for p in half.parameters())
+    first = dict(half.transformer_blocks[0].named_parameters())
+    for name, p in cut.transformer_blocks[0].named_parameters():
+        assert torch.equal(p, first[name].float()) and p.data_ptr() != first[name].data_ptr()
+    whole = first_blocks_copy(half)
+    kwargs = example_forward_kwargs(tiny)
+    with torch.no_grad():
+        assert torch.equal(whole(**kwargs).sample, half.float()(**kwargs).sample)
