@@ -56,7 +56,6 @@ class Pipeline:
                                    sharding=self.stage2_settings.get("sharding", "tp_replicated_out"),
                                    attention=settings["attention"], vae_runtime=self.stage3_settings["runtime"],
                                    progress=not self.stage2_settings.get("quiet", False))
-        self.components = self.video.components
         self.step = self.video.step_for(pipeline.cache_schedule(settings), settings.get("no_cache_blocks", 1))
 
     @property
@@ -70,10 +69,10 @@ class Pipeline:
         from . import pipeline
 
         pipeline.stage1(preset=self.spec.name, prompt=prompt, negative_prompt=negative_prompt, output_dir=output_dir,
-                        model_path=self.model_path, dtype=self.dtype, components=self.components)
-        pipeline.stage2(input_dir=output_dir, seed=seed, step=self.step, components=self.components,
+                        model_path=self.model_path, dtype=self.dtype, components=self.video.components)
+        pipeline.stage2(input_dir=output_dir, seed=seed, step=self.step, components=self.video.components,
                         **self.stage2_settings)
-        return pipeline.stage3(input_dir=output_dir, components=self.components, **self.stage3_settings)
+        return pipeline.stage3(input_dir=output_dir, components=self.video.components, **self.stage3_settings)
 
 
 @dataclass
