@@ -65,12 +65,11 @@ class PeakMemory:
         return max(0, self.peak_bytes - self.start_bytes)
 
 
-
 class LargestTensor(TorchDispatchMode):
     """``with LargestTensor() as probe: model(...)`` then ``probe.elements`` (most elements of any new tensor a torch
     operation created inside the block), ``probe.bytes`` and ``probe.op`` (the largest such tensor in bytes, and the
-    operation that made it). Views, which share their input's storage, are skipped. It shows whether a forward ever builds an S x S tensor, independent of the
-    allocator and of the RSS noise of :class:`PeakMemory`."""
+    operation that made it). Views, which share their input's storage, are skipped. It shows whether a forward
+    ever builds an S x S tensor, independent of the allocator and of the RSS noise of :class:`PeakMemory`."""
 
     def __init__(self):
         super().__init__()
