@@ -80,8 +80,8 @@ CITED_STEP_TIMES: list[dict[str, Any]] = [
          source="gpu-tpu-pedia tpu/HunyuanVideo-1.5/README.md (v6e-8) [U]"),
     dict(preset="720p_t2v", chip="v6e", n_chips=8, seconds=5.81, label="custom exp2 Splash kernel",
          source="gpu-tpu-pedia tpu/HunyuanVideo-1.5/README.md (v6e-8) [U]"),
-    dict(preset="720p_t2v", chip="H100", n_chips=8, seconds=5.10, label="FlashAttention-2 (the project's DESIGN "
-         "notes quote 5.2)", source="gpu-tpu-pedia tpu/HunyuanVideo-1.5/README.md (8xH100) [U]"),
+    dict(preset="720p_t2v", chip="H100", n_chips=8, seconds=5.10, label="FlashAttention-2 (its "
+         "docs/deepcache_explained.md gives 5.2)", source="gpu-tpu-pedia tpu/HunyuanVideo-1.5/README.md (8xH100) [U]"),
 ]
 
 

@@ -195,7 +195,9 @@ print(f"this run: latents {list(latents.shape)}, file {os.path.getsize(stage2_fi
 # 111,600 video tokens, plus the text context, in every attention of every step.
 # :::
 #
-# Below: the shifted sigma schedule the loop used, and the spread of the latents it produced.
+# Below, left: the 50-step sigma schedule at flow shifts 1, 5 and 9 (the 480p and 720p presets use 5 and 9; this
+# run's shift and step count are in the preset table at the top); right: the spread of the latents this run
+# produced.
 
 # %%
 import matplotlib.pyplot as plt
@@ -270,7 +272,8 @@ del pipe  # the real models are large: free them before anything else runs
 # python -m hyv_lib generate --preset tiny_trained --prompt "a red circle moving left on a gray background" --output_dir out
 # ```
 #
-# or three, one per stage (`stage1`, `stage2`, `stage3`) with the flags of the gpu-tpu-pedia staged scripts.
+# or three, one per stage (`stage1`, `stage2`, `stage3`) with the flags of the gpu-tpu-pedia staged scripts
+# ({doc}`../book/references`).
 #
 # ## Summary
 #

@@ -507,10 +507,11 @@ for row in timings:
 # :::{admonition} Answer
 # :class: dropdown
 # After `w` warmup steps, the real loop would start at sigma index `w`. Every Euler update would then use the
-# wrong `dt`, and the loop would run past the end of the sigma table. gpu-tpu-pedia's TPU script has this
-# bug, found by code reading. `hyv_lib.pipeline.denoise` runs warmup calls on the first input and discards the
-# result without calling the scheduler. A test checks that `--warmup_steps 2` gives bitwise the same latents
-# as 0, on both runtimes.
+# wrong `dt`, and the loop would run past the end of the sigma table. gpu-tpu-pedia's torchax stage-2 script
+# (`generate_hunyuan_torchax_staged/stage2_transformer.py`, {doc}`../book/references`) runs its warmup steps
+# through `scheduler.step` on the scheduler that the real loop then reuses. `hyv_lib.pipeline.denoise` runs
+# warmup calls on the first input and discards the result without calling the scheduler. A test checks that
+# `--warmup_steps 2` gives bitwise the same latents as 0, on both runtimes.
 # :::
 #
 # 3. Predict the number of compilations for a 50-step run at 720p after a 2-step warmup, then for a second run

@@ -165,7 +165,7 @@ html_table(rows)
 
 # %% [markdown]
 # The dense mask grows with $S^2$, the key-padding vector with $S$. At 720p and 121 frames the dense mask is more
-# than the 16 GB of HBM on a TPU v5e chip (Cloud TPU documentation), and it is built again in each of the 54
+# than the 16 GiB of HBM on a TPU v5e chip (Cloud TPU documentation), and it is built again in each of the 54
 # blocks.
 #
 # :::{admonition} Takeaway
@@ -403,8 +403,9 @@ html_table(rows)
 # %% [markdown]
 # diffusers' largest tensor is the $S \times S$ mask, and its 4 bytes per element show that it is not even the
 # boolean one: on this CPU, torch's SDPA turns the boolean mask into an additive float mask before the kernel
-# runs. It grows with $S^2$. Ours is an ordinary activation (an MLP matmul output) that grows in proportion to
-# $S$. `benchmarks/attention_memory.py` measures the whole process's peak resident memory instead, one fresh
+# runs. It grows with $S^2$. Ours is an ordinary activation, the MLP matmul output of the video tokens: it grows
+# linearly with their count (×2.00 here, slightly more than $S$, which also holds the fixed context).
+# `benchmarks/attention_memory.py` measures the whole process's peak resident memory instead, one fresh
 # process per run, at longer sequences.
 
 # %% [markdown]
@@ -430,20 +431,22 @@ html_table(rows)
 #   says the kernel was tuned for RTX 4090 and 3090). On an H100 at head dim 128, the SageAttention repository's
 #   chart puts it at about 516–518 TOPS, where the same chart's FlashAttention-3 FP16 build reaches 459–470. The
 #   871–900 TOPS often quoted for the H100 belong to SageAttention2, a later release that `hyv_lib` does not
-#   install. Both are lossy: a ComfyUI report (issue #10823) links black HunyuanVideo-1.5 output to the
-#   SageAttention 2.2.0.post4 release.
+#   install. Both are lossy: a ComfyUI report (Comfy-Org/ComfyUI issue #10823) links black HunyuanVideo-1.5
+#   output to the SageAttention 2.2.0.post4 release.
 # - **HunyuanVideo-1.5 end to end**, 720p, 121 frames, 50 steps, 8×H100 (gpu-tpu-pedia, a single author whose
-#   documents label hardware inconsistently): FlashAttention-2 5.2 s/step; SageAttention 3.25 s/step (its
-#   SageAttention path ignores the text mask, and the release it used is not stated).
+#   documents label hardware inconsistently; {doc}`../book/references`): FlashAttention-2 5.2 s/step;
+#   SageAttention 3.25 s/step (its SageAttention path ignores the text mask, and the release it used is not
+#   stated).
 # - **TPU**, same project: v6e-8 with stock Splash and K/V zeroing 7.29 s/step. Its experiment with segment ids
 #   was *slower*, about 8.7 against 7.0 s/step. Exactness may cost time on a TPU. No chapter of this book times
 #   Splash on a TPU; chapter 7 counts the attention FLOPs that the padded context tokens add to a step.
-# - diffusers ≥ 0.37 rejects masks in its `flash`/`flash_hub`/`_flash_3` backends (PR #12892). HunyuanVideo-1.5's
-#   processor always passes a mask, so those backends fail for this model. Its varlen backends work.
+# - diffusers ≥ 0.37 rejects masks in its `flash`/`flash_hub`/`_flash_3` backends (huggingface/diffusers
+#   PR #12892). HunyuanVideo-1.5's processor always passes a mask, so those backends fail for this model. Its
+#   varlen backends work.
 #
 # ## Summary
 #
-# - The context is 1985 padded tokens (729 image + 256 ByT5 + 1000 text); after the valid-first reorder, the
+# - The context is padded to 1985 tokens (729 image + 256 ByT5 + 1000 text); after the valid-first reorder, the
 #   valid tokens of each sample are a prefix of the joint sequence.
 # - A dense `[2, 1, S, S]` mask costs about 24 GiB at 720p/121 frames (12 GiB per sample), rebuilt in every
 #   block. A `[B, S]` vector of about 222 KiB (or just the valid lengths) holds the same information.
@@ -483,7 +486,7 @@ html_table(rows)
 # :class: dropdown
 # `max(f for f in range(1, 122, 4) if layout.dense_mask_bytes(real, 720, 1280, f) <= 16 * 2**30)` gives 97
 # frames (25 latent frames, S = 91,985, about 15.8 GiB). At 101 frames it is already 17.0 GiB. The dense mask
-# alone would fill a 16 GB v5e chip before the model stored a single activation.
+# alone would fill a 16 GiB v5e chip before the model stored a single activation.
 # :::
 #
 # 4. A text-to-video prompt at 720p/121f has 120 valid text tokens and no quoted text. How many of the $S$ keys

@@ -42,8 +42,9 @@
 #    forward on a randomly initialised 8-head tiny model, and counts the collectives XLA inserts;
 # 4. runs Ulysses sequence parallelism, the GPU approach, with torch.distributed on CPU processes.
 #
-# The emulated devices run the programs a v6e-8 would run, on this CPU (`--xla_force_host_platform_device_count=8`).
-# The speed is not a TPU's; the memory and the collectives of the real-size program come from the TPU compiler.
+# The emulated devices run the same sharded step a v6e-8 would run, compiled for the CPU
+# (`--xla_force_host_platform_device_count=8`). The speed is not a TPU's; the memory and the collectives of the
+# real-size program come from the TPU compiler.
 # Sharding is about shapes, so the chapter loads no weights: `HYV_PRESET` and `HYV_MODEL_PATH` do not change it.
 
 # %% tags=["parameters"]
@@ -59,7 +60,7 @@ _ = settings_not_used({
                   "(HYV_COMPILE_PRESET picks the live TPU compile)",
     "HYV_MODEL_PATH": "no weights are loaded: sharding is about shapes, and the demos use random weights",
     "HYV_RUNTIME": "the tpu runtime is the subject", "HYV_MESH": "every layout is shown in turn",
-    "HYV_ATTENTION": "XLA's kernel on the emulated CPU devices, Splash in the TPU compile",
+    "HYV_ATTENTION": "XLA's kernel (and Splash in interpret mode) on the emulated CPU devices, Splash in the TPU compile",
     "HYV_HEIGHT": "the planner tables use the presets' sizes", "HYV_WIDTH": "see HYV_HEIGHT",
     "HYV_VIDEO_LENGTH": "see HYV_HEIGHT", "HYV_STEPS": "single steps, no loop",
 })
@@ -203,10 +204,10 @@ from hyv_lib.tpu_compile import compile_step, format_report
 print(format_report(compile_step(COMPILE_PRESET, TOPOLOGY)))
 
 # %% [markdown]
-# The real 720p/121-frame step takes a few minutes to compile on this 2-core CPU, so the chapter reads the
-# results of `benchmarks/tpu_compile.py`, which runs the same command for every chip, layout, size and cache mode
-# (one `python -m hyv_lib compile ... --json` process each) and saves them. The command behind each row is in the
-# file. For the v6e-8 at 720p, next to the planner's prediction for the same mesh (`perf.device_plan`):
+# The real 720p/121-frame step takes minutes to compile on a CPU (the table's `compile s` column), so the chapter
+# reads the results of `benchmarks/tpu_compile.py`, which runs the same command for every chip, layout, size and
+# cache mode (one `python -m hyv_lib compile ... --json` process each) and saves them. The command behind each row
+# is in the file. For the v6e-8 at 720p, next to the planner's prediction for the same mesh (`perf.device_plan`):
 
 # %%
 import json
@@ -251,8 +252,9 @@ print(f"all fit: {all(c['fits'] for c, _, _ in compared.values())}; largest tota
 # eight ways. The planner's collective bytes match the compiler's kind by kind, to a small fraction of a percent
 # (small gathers and a tiny all-reduce are what it misses): its model of what XLA inserts was written from the
 # compiled programs (`perf.device_plan`'s docstring spells it out). Its memory is within a few
-# percent for the TP layouts and the sequence mesh. It misses FSDP's by more: that program carries the generated
-# code of its hundreds of weight all-gathers (printed above), and the planner does not model generated code. Where
+# percent for the TP layouts and the sequence mesh. The planner does not model the compiled code, about 0.8 to
+# 0.9 GiB under `tp`, `fsdp` and `sequence` alike (printed above); on FSDP's small total that is a much larger share,
+# hence its bigger miss. Where
 # the compiler has reported on a configuration, the planner shows the compiler's total instead
 # (`perf.device_plan(..., topology="v6e:2x4")["memory_total"]`, used by `perf.bounds`); the temporaries are its one
 # fitted term (`perf.TEMPORARY_STREAM_COPIES`, `perf.FSDP_GATHERED_BLOCKS`). The whole grid (other chips, 480p,
@@ -467,7 +469,7 @@ html_table(rows)
 # - The TPU compiler runs on any Linux machine with libtpu: `python -m hyv_lib compile` compiles the real step for
 #   a named slice and reports per-device memory, collectives and FLOPs. At 720p every layout above fits a v6e-8.
 #   The planner (`perf.device_plan`) matches the compiler's collective bytes, and its memory to within a few
-#   percent except for FSDP's generated code.
+#   percent except for FSDP, whose small total makes the compiled code the planner does not model a large share.
 # - `tp_replicated_out` does not avoid collectives, it swaps them: XLA all-gathers the attention output and runs
 #   `to_out` whole on every device, and still all-reduces the MLP output. Half of the all-reduces become all-gathers
 #   of the same size, which cuts the bytes on the wire by a quarter, for more weights per device (the replicated

@@ -428,7 +428,7 @@ print(f"tpu runtime: {tpu.compilations} compilations for {STEPS} steps; "
 # |---|---|---|---|---|
 # | 720p, 121 frames, 50 steps, TPU v6e-8 | ≈350 s | ≈203 s | 1.72× | gpu-tpu-pedia |
 # | 720p, 49 frames, 50 steps, TPU | 113.95 s | 62.43 s | 1.83× | gpu-tpu-pedia |
-# | 720p, 121 frames, 50 steps, 8×H100 | 5.2 s/step | 2.84 s/step | 1.83× | gpu-tpu-pedia; HunyuanVideo-1.5 README |
+# | 720p, 121 frames, 50 steps, 8×H100 | 5.2 s/step | 2.84 s/step | 1.83× | gpu-tpu-pedia (GPU `docs/deepcache_explained.md`) |
 #
 # gpu-tpu-pedia is a single author's project whose documents label the TPU hardware inconsistently (v4-8 and v6e-8
 # for similar runs), and its READMEs also claim "+45%", "+70%" and "~2×". The table keeps the measured runs.

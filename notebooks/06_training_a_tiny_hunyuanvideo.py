@@ -18,8 +18,8 @@
 #
 # With random weights the tiny preset can only show noise. This chapter trains the *same* diffusers classes at a
 # tiny size on a procedural dataset, on a 2-core CPU. The result is **hyv-tiny**, which ships with `hyv_lib`
-# (`hyv_lib/weights/hyv-tiny`, under 30 MB, small enough to ship in the package: the first cell measures it) and
-# which the other chapters load as their CPU default. With it, a prompt such as "a red circle moving left on a gray
+# (`hyv_lib/weights/hyv-tiny`, under 30 MB, small enough to ship in the package: the first printout measures it) and
+# which most other chapters load as their CPU default. With it, a prompt such as "a red circle moving left on a gray
 # background" gives a video you can check.
 #
 # :::{figure} ../book/figures/06_making_hyv_tiny.svg
@@ -478,6 +478,11 @@ frame_grid(before_videos[0], columns=5, title=f"before LoRA: {probe[0].caption}"
 frame_grid(after_videos[0], columns=5, title=f"after LoRA: {probe[0].caption}", scale=1.3);
 
 # %% [markdown]
+# Read the probe table row by row. The orange row is the new word: before the adapter the model cannot draw orange,
+# after it most held-out orange captions come out orange (the strips above show the first one). The known-color row
+# is what the mixed-in clips protect, so compare it before and after, not with the gate's color rate: it has only 9
+# captions, another seed, and orange in the reader's palette.
+#
 # `transformer.save_lora_adapter(path)` would save the adapter alone (its size is printed above, in
 # parameters) instead of the whole model.
 #
@@ -547,7 +552,9 @@ print(f"whole DiT run: 3 x {DIT_BATCH} x {len(dit_log)} x {tiny_f['total'] / 1e6
 #
 # * the HunyuanVideo-1.5 report describes a multi-stage recipe: image then video pre-training, growing resolution
 #   and length, then fine-tuning and distillation steps (see the [references](../book/references.md));
-# * the VAE is trained with perceptual and adversarial losses as well as a pixel loss; ours uses a pixel loss;
+# * video VAEs of this family are trained with perceptual (LPIPS) and adversarial terms besides the pixel and KL
+#   terms (the first HunyuanVideo report, arXiv 2412.03603, section 3.1, gives its 3D VAE's loss); ours uses a
+#   pixel loss;
 # * a real denoising step (one forward over the CFG pair) is the 12.65 PFLOP counted in chapter 7, and training
 #   shards weights and activations over many accelerators, with FSDP or the sharding rules of chapter 3, plus
 #   sequence parallelism (Ulysses).
@@ -555,7 +562,7 @@ print(f"whole DiT run: 3 x {DIT_BATCH} x {len(dit_log)} x {tiny_f['total'] / 1e6
 # ## Summary
 #
 # * hyv-tiny is the real diffusers classes at a tiny size: a 16x/4x causal VAE and a 3-block DiT, trained on
-#   a 2-core CPU. Its weights, log and gate results ship with `hyv_lib`, and the other chapters load it by default.
+#   a 2-core CPU. Its weights, log and gate results ship with `hyv_lib`, and most other chapters load it by default.
 # * The VAE only trained after two changes: zero-initialised residual branches and a latent-mean penalty.
 #   Without them the latents drift to a constant offset that the RMS norms turn into a one-color output.
 #   A foreground-weighted loss, an image stage before the clip stage and a last decoder-only stage made it
@@ -582,7 +589,7 @@ print(f"whole DiT run: 3 x {DIT_BATCH} x {len(dit_log)} x {tiny_f['total'] / 1e6
 #    features as useful as loud ones?
 # 5. Run the LoRA cell without the prior-preservation clips (pass only the orange dataset to `train_dit`). Which
 #    row of the probe table do you expect to change, and why? Try it.
-# 6. hyv-tiny's folder stores its weights in fp16 (first cell of the chapter). How many MB would the weights take
+# 6. hyv-tiny's folder stores its weights in fp16 (the chapter's first printout). How many MB would the weights take
 #    in fp32, and would the folder then stay under 30 MB?
 # 7. The LoRA cell prints its trainable parameters. Derive that number from the rank and the matrices it adapts,
 #    then compute it for the same `target_modules` on the real 8.3 B DiT. How many MB is that adapter in bf16?
@@ -593,8 +600,9 @@ print(f"whole DiT run: 3 x {DIT_BATCH} x {len(dit_log)} x {tiny_f['total'] / 1e6
 #    never saw yellow could not be expected to draw it. The LoRA section shows this twice: the VAE draws the
 #    unseen cyan as blue, and the DiT drew orange only after training on orange clips.
 # 2. Noise and data would be on different scales. At σ = 0.5, x_σ would still be dominated by the data, so the
-#    shifted schedule would spend most steps where the layout is already decided. The initial noise (std 1)
-#    would also not match the data's spread at σ = 1.
+#    shifted schedule would spend most steps where the layout is already decided. The velocity target
+#    ε − x₀ would also be mostly data: its variance would be 1 + 25 = 26 instead of 1 + 1 = 2, so the loss (and
+#    the learning rate tuned for it) would be on a 13 times larger scale.
 # 3. The AdaLN modulation linears (`norm1.linear`, `norm1_context.linear`) take the timestep embedding, and the
 #    context embedder (`context_embedder`) maps text into the model. Adding them to `target_modules` lets the
 #    adapter change how text and time steer each block. They are large in the real model (a third of its 8.3B
@@ -610,7 +618,7 @@ print(f"whole DiT run: 3 x {DIT_BATCH} x {len(dit_log)} x {tiny_f['total'] / 1e6
 #    shift cost loss, which keeps the change specific to the new word. (The orange row may also move; with one
 #    seed and 12 captions, small changes are noise.)
 # 6. The four networks hold 48,256 + 20,952 + 4,948,400 + 3,972,799 = 8,990,407 parameters (text encoder, ByT5,
-#    DiT, VAE). At 2 bytes that is 18.0 MB, what the first cell prints for the safetensors files; at 4 bytes it
+#    DiT, VAE). At 2 bytes that is 18.0 MB, what the first printout shows for the safetensors files; at 4 bytes it
 #    would be 36.0 MB, over 30 MB before the 1.4 MB training log is added. Of the DiT's 4.95 M parameters,
 #    4.38 M are ByT5's projection (`context_embedder_2`), whose hidden width diffusers fixes at 2048 whatever the
 #    model's size.

@@ -198,9 +198,10 @@ html_table([{"part of one 720p CFG step": k, "TFLOP": f"{v / 1e12:,.3f}", "share
             for k, v in parts.items()])
 
 # %% [markdown]
-# Everything outside the 54 joint blocks (token refiner, embedders, AdaLN modulation, output head) is below
-# 0.01% of the step, so the step is the blocks, and the blocks are mostly attention. The share grows with the
-# video, because attention is quadratic in $S$ and the linear layers are linear in it:
+# Everything besides the blocks' attention and linear layers (the blocks' AdaLN modulation, token refiner,
+# embedders, output head) is below 0.01% of the step, so the step is the blocks' matmuls, and those are mostly
+# attention. The share grows with the video, because attention is quadratic in $S$ and the linear layers are linear
+# in it:
 
 # %%
 labels, attn, lin = [], [], []
@@ -344,7 +345,7 @@ done = [r for r in COMPILED.values() if "compile_seconds" in r]
 full = [r["compile_seconds"] for k, r in COMPILED.items() if k.endswith("720p/uncached")]
 misfits = sorted(k for k, r in COMPILED.items() if not r.get("fits", True))
 print(f"{len(done)} configurations in the saved file; the full 720p step took {min(full):.0f}-{max(full):.0f} s "
-      f"each to compile on a 2-core CPU (shared with other work during the runs: the low end is the quieter machine)")
+      f"each to compile on a 2-core CPU (compile times vary with the machine's load)")
 print("does not fit:", ", ".join(misfits) if misfits else "none")
 
 # %% [markdown]
@@ -540,7 +541,7 @@ html_table(rows)
 #
 # | Kernel | Fraction of peak | Hardware, shape | Source |
 # |---|---|---|---|
-# | Splash attention (stock) | ≈37% (43.93 ms against a 15.97 ms roofline) | v6e, Wan 720p, 5 heads per chip | gpu-tpu-pedia `tpu/Wan2.2/docs/wan_tpu_optimization_guide.md` (unverified) |
+# | Splash attention (stock) | ≈36% (a 15.97 ms roofline over 43.93 ms; the guide says about 37%) | v6e, Wan 720p, 5 heads per chip | gpu-tpu-pedia `tpu/Wan2.2/docs/wan_tpu_optimization_guide.md` (unverified) |
 # | FlashAttention-2, forward | ≈37% (370 TFLOP/s) | H100 SXM5, head dim 128, non-causal | flash-attention `assets/flash3_fp16_fwd.png` |
 # | FlashAttention-3, fp16 forward | ≈65% (646–648 TFLOP/s) | same | same |
 # | maxdiffusion fixed-max ring hop | "91% of the K=128 MXU roofline" (roofline not defined) | v7x | maxdiffusion commit `8dd63054` (unverified) |
@@ -628,15 +629,16 @@ print(f"on tensor=8, tp_replicated_out sends {saved / 1e9:.0f} GB less per chip 
 # (the two collective columns). Plain tensor parallelism on `tensor=8` sends the most: two all-reduces of the full
 # activations per block and stream, on both CFG samples. Putting the CFG pair on a `data` axis (one sample per
 # device) cuts that by more than half, and `tp_replicated_out` cuts about another quarter by turning half of the
-# all-reduces into all-gathers of the same size, at the cost of more weights per device (the first column). A
+# all-reduces into all-gathers of the same size, at the cost of more weights per device (the weights column). A
 # `sequence` axis under `tp` adds its all-to-alls to the all-reduces rather than replacing them. FSDP on a
 # `data=2,sequence=4` mesh gathers every block's weights whole once per step and adds the sequence axis'
 # all-to-alls, yet sends less than any tensor-parallel layout and holds the least memory; Ulysses on
 # GPUs, which moves only the attention inputs and outputs, sends the least of all. gpu-tpu-pedia's measured gain
 # from replicating the row-parallel weights is several times the planner's bound for the bytes that change saves
-# (the last line above), a sign that real collectives ran well below link peak and were not hidden. gpu-tpu-pedia
-# also reports that on CogVideoX, `dp2 x tp4` ran 1.58x faster than `tp8` on a v6e-8 (`tpu/CogVideoX/README.md`,
-# unverified), the same effect on a smaller model. Communication is the second lever: at link peak it need not take
+# (the last line above): either its collectives ran well below link peak and were not hidden, or the change helped
+# in some other way; the bytes alone do not explain it. gpu-tpu-pedia also reports that on CogVideoX, `dp2 x tp4`
+# ran 1.58x faster than `tp8` on a v6e-8 (`tpu/CogVideoX/README.md`, unverified), the same effect on a smaller
+# model. Communication is the second lever: at link peak it need not take
 # more than a few percent of the step, if the layout is chosen for it.
 
 # %% [markdown]
@@ -734,7 +736,7 @@ html_table(rows)
 #   effective terms, at unchanged or lower real MFU and with a quality cost ({doc}`04_deepcache`). It multiplies
 #   with every other lever, and removing the cached-step overhead adds to it.
 # - Not counted here: lower precision. fp8 or int8 attention (SageAttention on 8×H100: 3.25 s/step, visibly lossy,
-#   gpu-tpu-pedia) changes the numerics, and the peak MFU is measured against.
+#   gpu-tpu-pedia) changes the numerics and the peak that MFU is measured against.
 
 # %% [markdown]
 # ## Summary
