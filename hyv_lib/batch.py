@@ -63,13 +63,15 @@ class Pipeline:
         """Compilations of the transformer step so far (tpu runtime), else None."""
         return self.video.compilations
 
-    def generate(self, prompt: str, output_dir: str, negative_prompt: str = "", seed: int = 42) -> torch.Tensor:
+    def generate(self, prompt: str, output_dir: str, negative_prompt: str = "", seed: int = 42,
+                 image_path: str | None = None) -> torch.Tensor:
         """One video into ``output_dir`` (the three stage files, the mp4 and generation_config.json); returns its
-        uint8 frames [F, H, W, 3]."""
+        uint8 frames [F, H, W, 3]. ``image_path``: the first frame of an image-to-video run."""
         from . import pipeline
 
         pipeline.stage1(preset=self.spec.name, prompt=prompt, negative_prompt=negative_prompt, output_dir=output_dir,
-                        model_path=self.model_path, dtype=self.dtype, components=self.video.components)
+                        model_path=self.model_path, dtype=self.dtype, components=self.video.components,
+                        image_path=image_path)
         pipeline.stage2(input_dir=output_dir, seed=seed, step=self.step, components=self.video.components,
                         **self.stage2_settings)
         return pipeline.stage3(input_dir=output_dir, components=self.video.components, **self.stage3_settings)
@@ -83,6 +85,7 @@ class PromptEntry:
     prompt: str
     negative_prompt: str = ""
     seed: int | None = None
+    image_path: str | None = None
 
 
 @dataclass
@@ -100,7 +103,7 @@ class BatchReport:
 
 def read_prompts_file(path: str) -> tuple[list[PromptEntry], list[dict[str, Any]]]:
     """Parse a prompts file: one prompt per line, or a JSON object per line with ``prompt`` and optionally
-    ``negative_prompt`` and ``seed``. Blank lines and lines starting with ``#`` are skipped. Returns the entries
+    ``negative_prompt``, ``seed`` and ``image_path`` (image-to-video; relative to the file's folder). Blank lines and lines starting with ``#`` are skipped. Returns the entries
     and the bad lines (line number and why), which do not stop the others."""
     if not os.path.isfile(path):
         raise HyvInputError("--prompts_file", f"no such file: {path}")
@@ -115,9 +118,10 @@ def read_prompts_file(path: str) -> tuple[list[PromptEntry], list[dict[str, Any]
                 continue
             try:
                 item = json.loads(text)
-                unknown = set(item) - {"prompt", "negative_prompt", "seed"}
+                unknown = set(item) - {"prompt", "negative_prompt", "seed", "image_path"}
                 if unknown:
-                    raise ValueError(f"unknown key(s) {sorted(unknown)}; valid: prompt, negative_prompt, seed")
+                    raise ValueError(f"unknown key(s) {sorted(unknown)}; valid: prompt, negative_prompt, seed, "
+                                     "image_path")
                 if not isinstance(item.get("prompt"), str):
                     raise ValueError("needs a string 'prompt'")
                 if not isinstance(item.get("negative_prompt", ""), str):
@@ -125,7 +129,12 @@ def read_prompts_file(path: str) -> tuple[list[PromptEntry], list[dict[str, Any]
                 seed = item.get("seed")
                 if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
                     raise ValueError(f"'seed' must be an integer in [0, 2**63), got {seed!r}")
-                entries.append(PromptEntry(number, item["prompt"], item.get("negative_prompt", ""), seed))
+                image_path = item.get("image_path")
+                if image_path is not None and (not isinstance(image_path, str) or not image_path):
+                    raise ValueError(f"'image_path' must be a non-empty string, got {image_path!r}")
+                if image_path is not None:
+                    image_path = os.path.join(os.path.dirname(os.path.abspath(path)), image_path)
+                entries.append(PromptEntry(number, item["prompt"], item.get("negative_prompt", ""), seed, image_path))
             except ValueError as err:  # json.JSONDecodeError is a ValueError
                 bad.append(dict(line=number, error=str(err)))
     return entries, bad
@@ -145,11 +154,11 @@ def is_complete(folder: str) -> bool:
 
 
 def run_prompts_file(path: str, output_dir: str, pipeline: Pipeline, seed: int = 42,
-                     progress: bool = True) -> BatchReport:
+                     progress: bool = True, image_path: str | None = None) -> BatchReport:
     """Generate every prompt of ``path`` with one :class:`Pipeline`, each into ``output_dir/NNNN`` (the entry's
     number in the file's order, from 0000). Entries whose folder is complete are skipped (a rerun picks up where
     one stopped); an entry that fails is reported and the others still run; bad lines are reported, not run. An
-    entry without a seed uses ``seed`` + its number."""
+    entry without a seed uses ``seed`` + its number, one without an image ``image_path``."""
     from tqdm.auto import tqdm
 
     entries, bad = read_prompts_file(path)
@@ -163,7 +172,8 @@ def run_prompts_file(path: str, output_dir: str, pipeline: Pipeline, seed: int =
             continue
         try:
             pipeline.generate(entry.prompt, folder, entry.negative_prompt,
-                              entry.seed if entry.seed is not None else seed + index)
+                              entry.seed if entry.seed is not None else seed + index,
+                              image_path=entry.image_path or image_path)
             report.entries.append(dict(row, status="done"))
         except Exception as err:  # noqa: BLE001 - one bad prompt must not lose the others
             report.entries.append(dict(row, status="failed", error=f"{type(err).__name__}: {err}",

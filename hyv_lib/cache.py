@@ -65,7 +65,8 @@ class TorchDeepCache:
     A full step *is* ``model(**kwargs)``, with a pre-hook on the first uncached block recording what enters
     it (video and context tokens, the 1-D mask, RoPE), so a schedule of only full steps gives exactly the
     uncached latents. A cached step recomputes the timestep embedding, runs the last blocks on the recorded
-    tokens, and applies the output layer.
+    tokens, and applies the output layer. Each step's keyword arguments (MeanFlow's ``timestep_r`` included)
+    reach both halves.
     """
 
     def __init__(self, model):
@@ -80,6 +81,9 @@ class TorchDeepCache:
 
     @torch.no_grad()
     def run_and_cache(self, uncached_blocks: int, **kwargs) -> tuple[torch.Tensor, Any]:
+        from .layout import check_timestep_r
+
+        check_timestep_r(self.model, kwargs.get("timestep_r"))
         recorded = {}
 
         def record(module, args):
@@ -93,11 +97,14 @@ class TorchDeepCache:
         return out, (video, context, mask, rope)
 
     @torch.no_grad()
-    def run_from_cache(self, cache: Any, uncached_blocks: int, hidden_states, timestep, **_) -> torch.Tensor:
+    def run_from_cache(self, cache: Any, uncached_blocks: int, hidden_states, timestep, timestep_r=None,
+                       **_) -> torch.Tensor:
         from .forward import output_tokens, unpatchify
+        from .layout import check_timestep_r
 
+        check_timestep_r(self.model, timestep_r)
         video, context, mask, rope = cache
-        temb = self.model.time_embed(timestep)
+        temb = self.model.time_embed(timestep, timestep_r=timestep_r)  # as diffusers' forward computes it
         for block in self._tail(uncached_blocks):
             video, context = block(video, context, temb, mask, rope)
         return unpatchify(output_tokens(self.model, video, temb), hidden_states.shape)

@@ -12,13 +12,17 @@ from .errors import HyvInputError
 
 
 def _add_stage1(p: argparse.ArgumentParser, output_dir: bool = True) -> None:
-    g = p.add_argument_group("stage 1: text encoders")
+    g = p.add_argument_group("stage 1: text (and image) encoders")
     g.add_argument("--preset", default="tiny",
-                   help="tiny (random weights) | 480p_t2v | 720p_t2v (default: tiny)")
+                   help="tiny (random weights) | tiny_trained | 480p_t2v | 720p_t2v | 480p_i2v | 720p_i2v | "
+                        "480p_i2v_step_distilled (default: tiny)")
     g.add_argument("--model_path", default=None,
                    help="diffusers-format folder or hub id; required for real presets")
     g.add_argument("--prompt", default="", help="text prompt; quoted text also goes to ByT5 (default: empty)")
     g.add_argument("--negative_prompt", default="", help="negative prompt for CFG (default: empty)")
+    g.add_argument("--image_path", default=None,
+                   help="image-to-video: the first frame (PNG or JPEG), cropped to the preset's bucket nearest its "
+                        "aspect ratio, which sets the video's size; required by the i2v presets")
     if output_dir:
         g.add_argument("--output_dir", default="stage_outputs", help="where the stage files go")
     g.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16 (default: the preset's)")
@@ -120,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="run all three stages")
     gen.add_argument("--prompts_file", default=None,
                      help="many videos in one process: a prompt per line, or JSON lines with prompt / negative_prompt "
-                          "/ seed; each into OUTPUT_DIR/NNNN; models load and the step compiles once; complete "
+                          "/ seed / image_path; each into OUTPUT_DIR/NNNN; models load and the step compiles once; complete "
                           "folders are skipped on a rerun; exit code 1 if any prompt or line failed")
     _add_stage1(gen)
     _add_stage2(gen, dirs=False)
@@ -172,13 +176,18 @@ def _generate_many(args: argparse.Namespace) -> int:
     if args.prompt:
         raise HyvInputError("--prompts_file", "give --prompt or --prompts_file, not both")
     read_prompts_file(args.prompts_file)  # a missing file is bad input: before any model loads
+    if args.image_path is not None:
+        from .image import load_image
+
+        load_image(args.image_path)
     stage2 = {k: v for k, v in _stage2_kwargs(args).items() if k != "seed"}
     stage3 = dict(fps=args.fps, disable_tiling=args.disable_tiling, save_frames=args.save_frames,
                   vae_dtype=args.vae_dtype)
     if args.output_video:
         raise HyvInputError("--output_video", "with --prompts_file each video goes to OUTPUT_DIR/NNNN/output_video.mp4")
     pipe = Pipeline(args.preset, args.model_path, args.dtype, stage2=stage2, stage3=stage3)
-    report = run_prompts_file(args.prompts_file, args.output_dir, pipe, seed=args.seed, progress=not args.quiet)
+    report = run_prompts_file(args.prompts_file, args.output_dir, pipe, seed=args.seed, progress=not args.quiet,
+                              image_path=args.image_path)
     for bad in report.bad_lines:
         print(f"error: --prompts_file: line {bad['line']}: {bad['error']} (skipped)", file=sys.stderr)
     for entry in report.entries:
@@ -231,7 +240,8 @@ def _run_command(args: argparse.Namespace) -> int:
             _save_tiny(args)
         elif args.command == "stage1":
             pipeline.stage1(preset=args.preset, prompt=args.prompt, negative_prompt=args.negative_prompt,
-                            output_dir=args.output_dir, model_path=args.model_path, dtype=args.dtype)
+                            output_dir=args.output_dir, model_path=args.model_path, dtype=args.dtype,
+                            image_path=args.image_path)
         elif args.command == "stage2":
             pipeline.stage2(input_dir=args.input_dir, output_dir=args.output_dir, **_stage2_kwargs(args))
         elif args.command == "stage3":
@@ -244,7 +254,8 @@ def _run_command(args: argparse.Namespace) -> int:
             pipeline.generate(preset=args.preset, prompt=args.prompt, negative_prompt=args.negative_prompt,
                               output_dir=args.output_dir, model_path=args.model_path, dtype=args.dtype,
                               output_video=args.output_video, fps=args.fps, disable_tiling=args.disable_tiling,
-                              save_frames=args.save_frames, vae_dtype=args.vae_dtype, **_stage2_kwargs(args))
+                              save_frames=args.save_frames, vae_dtype=args.vae_dtype, image_path=args.image_path,
+                              **_stage2_kwargs(args))
     except HyvInputError as err:
         print(f"error: {err.argument}: {err.message}", file=sys.stderr)
         return 2

@@ -69,14 +69,15 @@ class VideoPipeline:
                  mesh: str | None = None, sharding: str = "tp_replicated_out", attention: str = "auto",
                  vae_runtime: str | None = None, vae_dtype: str = "fp32", tiling: bool = True,
                  model_path: str | None = None):
-        from .models import PIPELINE_COMPONENTS
+        from .models import IMAGE_COMPONENTS, PIPELINE_COMPONENTS
         from .pipeline import make_step, resolve_settings
 
         with python_names():
             self.preset = get_preset(preset)
         if not isinstance(components, dict):
             raise HyvInputError("components", f"must be a dict of loaded components, got {type(components).__name__}")
-        missing = [name for name in PIPELINE_COMPONENTS if name not in components]
+        needed = PIPELINE_COMPONENTS + (() if "t2v" in self.preset.tasks else IMAGE_COMPONENTS)
+        missing = [name for name in needed if name not in components]
         if missing:
             raise HyvInputError("components", f"missing {', '.join(missing)} (hyv_lib.load_pipeline loads them all)")
         with python_names():
@@ -130,29 +131,50 @@ class VideoPipeline:
         except ValueError as err:
             raise HyvInputError("uncached_blocks", str(err)) from None
 
-    def encode(self, prompt: str, negative_prompt: str = "") -> dict[str, torch.Tensor]:
-        """Stage 1 in memory: the stage-1 tensors of ``prompt`` and ``negative_prompt``."""
+    def encode(self, prompt: str, negative_prompt: str = "", image=None) -> dict[str, torch.Tensor]:
+        """Stage 1 in memory: the stage-1 tensors of ``prompt`` and ``negative_prompt`` (and of ``image``, a first
+        frame already cropped to its bucket: :func:`hyv_lib.image.crop_to_bucket`)."""
+        from .models import IMAGE_COMPONENTS, torch_dtype
         from .pipeline import encode_pair
 
         for name, value in (("prompt", prompt), ("negative_prompt", negative_prompt)):
             if not isinstance(value, str):
                 raise HyvInputError(name, f"must be a string, got {type(value).__name__}")
         with torch.no_grad():
-            return encode_pair(self.components, self.preset, prompt, negative_prompt, self.dtype)
+            embeds = encode_pair(self.components, self.preset, prompt, negative_prompt, self.dtype)
+            if image is not None:
+                from .image import encode_image
+
+                missing = [n for n in IMAGE_COMPONENTS if n not in self.components]
+                if missing:
+                    raise HyvInputError("image", f"this pipeline has no {', '.join(missing)}: load it with "
+                                                 "hyv_lib.load_pipeline and a preset that takes an image")
+                encoded = encode_image(self.components, self.preset, image)
+                embeds.update(image_embeds=encoded["image_embeds"].to(torch_dtype(self.dtype)),
+                              cond_latents=encoded["cond_latents"])
+        return embeds
 
     @torch.no_grad()
     def generate(self, prompt: str, negative_prompt: str = "", height: int | None = None, width: int | None = None,
                  video_length: int | None = None, num_inference_steps: int | None = None,
                  guidance_scale: float | None = None, flow_shift: float | None = None, seed: int = 0,
-                 cache=None, uncached_blocks: int = 1, progress: bool = True) -> Video:
+                 cache=None, uncached_blocks: int = 1, progress: bool = True, image=None) -> Video:
         """One video from ``prompt``. Each None setting takes the preset's default; ``cache`` is a
         :class:`hyv_lib.cache.DeepCacheSchedule` (``uncached_blocks`` recomputed on cached steps) or None.
-        Every setting is checked before any model runs."""
-        from .pipeline import resolve_settings, sample_latents
+        ``image`` (a PIL image or the path of a PNG/JPEG): the first frame of an image-to-video run; its bucket sets
+        the height and width. Every setting is checked before any model runs."""
+        from .image import check_image, crop_to_bucket, image_bucket, load_image
+        from .pipeline import Stage2Settings, check_task, image_size_settings, resolve_settings, sample_latents
         from .video import decode_latents
 
         start = time.perf_counter()
         with python_names():
+            task = check_task(self.preset, image is not None, argument="image")
+            if image is not None:
+                image = load_image(image, "image") if isinstance(image, (str, os.PathLike)) else check_image(image)
+                fixed = image_size_settings(Stage2Settings(height=height, width=width),
+                                            image_bucket(self.preset, image))
+                height, width = fixed.height, fixed.width
             settings = resolve_settings(
                 self.preset, height=height, width=width, video_length=video_length,
                 num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
@@ -161,13 +183,13 @@ class VideoPipeline:
         if cache is not None and cache.num_steps != settings["num_inference_steps"]:
             raise HyvInputError("cache", f"the schedule has {cache.num_steps} steps but num_inference_steps is "
                                          f"{settings['num_inference_steps']}")
-        embeds = self.encode(prompt, negative_prompt)
+        embeds = self.encode(prompt, negative_prompt, None if image is None else crop_to_bucket(self.preset, image))
         latents = sample_latents(step, self.components["transformer"], self.components["scheduler"].config,
                                  self.preset, embeds, settings, progress=progress, device=self.device)
         frames = decode_latents(self.components["vae"], latents, tiling=self.tiling, runtime=self.vae_runtime,
                                 dtype=(torch.bfloat16 if self.vae_dtype == "bf16" else torch.float32)
                                 if self.vae_runtime == "tpu" else None)
-        config = dict(prompt=prompt, negative_prompt=negative_prompt, preset=self.preset.name,
+        config = dict(prompt=prompt, negative_prompt=negative_prompt, preset=self.preset.name, task=task,
                       model_path=self.model_path, dtype=self.dtype, **settings, fps=self.preset.fps,
                       stage3_runtime=self.vae_runtime, vae_dtype=self.vae_dtype, vae_tiling=self.tiling,
                       time_s=round(time.perf_counter() - start, 3))
@@ -191,7 +213,7 @@ def load_pipeline(preset: str | Preset = "tiny_trained", model_path: str | None 
         video = pipe.generate("a red circle moving left on a gray background", seed=1)
         video.save("circle.mp4")
     """
-    from .models import PIPELINE_COMPONENTS, load_components, quiet_loading, torch_dtype
+    from .models import IMAGE_COMPONENTS, PIPELINE_COMPONENTS, load_components, quiet_loading, torch_dtype
 
     with python_names():
         spec = get_preset(preset)
@@ -202,6 +224,7 @@ def load_pipeline(preset: str | Preset = "tiny_trained", model_path: str | None 
         resolve_settings(spec, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention)
         context = contextlib.nullcontext() if progress else quiet_loading()
         with context:
-            components = load_components(spec, model_path, PIPELINE_COMPONENTS, dtype=dtype)
+            names = PIPELINE_COMPONENTS + (IMAGE_COMPONENTS if "i2v" in spec.tasks else ())
+            components = load_components(spec, model_path, names, dtype=dtype)
     return VideoPipeline(spec, components, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention,
                          vae_runtime=vae_runtime, vae_dtype=vae_dtype, tiling=tiling, model_path=model_path)

@@ -16,6 +16,8 @@ from .presets import Preset
 
 #: Component names of a diffusers ``HunyuanVideo15Pipeline`` folder (model_index.json).
 COMPONENTS = ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "transformer", "vae", "scheduler", "guider")
+#: What image-to-video adds (``HunyuanVideo15ImageToVideoPipeline``): SigLIP and its image processor.
+IMAGE_COMPONENTS = ("image_encoder", "feature_extractor")
 
 #: What a text-to-video pipeline loads (:func:`hyv_lib.load_pipeline`).
 PIPELINE_COMPONENTS = ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2", "transformer", "scheduler", "vae")
@@ -111,6 +113,8 @@ def build_tiny_components(preset: Preset, seed: int = 0, names: Iterable[str] = 
     from transformers import ByT5Tokenizer, Qwen2_5_VLTextModel, T5Config, T5EncoderModel
     from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLTextConfig
 
+    from .presets import siglip_image_size
+
     if not preset.is_tiny:
         raise HyvInputError("--preset", f"{preset.name} is a real preset: its weights load from --model_path")
     names = set(names)
@@ -136,22 +140,65 @@ def build_tiny_components(preset: Preset, seed: int = 0, names: Iterable[str] = 
         out["scheduler"] = FlowMatchEulerDiscreteScheduler(shift=preset.flow_shift)
     if "guider" in names:
         out["guider"] = ClassifierFreeGuidance(guidance_scale=preset.guidance_scale)
+    if names & set(IMAGE_COMPONENTS):
+        from transformers import SiglipVisionConfig, SiglipVisionModel
+
+        size = siglip_image_size(preset)
+        if "image_encoder" in names:
+            config = SiglipVisionConfig(**preset.image_encoder, image_size=size)
+            if config.hidden_size != preset.transformer["image_embed_dim"]:
+                raise ValueError(f"{preset.name}: SigLIP width {config.hidden_size} != the transformer's "
+                                 f"image_embed_dim {preset.transformer['image_embed_dim']}")
+            out["image_encoder"] = _seeded(seed + 5, lambda: SiglipVisionModel(config))
+        if "feature_extractor" in names:
+            out["feature_extractor"] = image_processor(size)
     for module in out.values():
         if isinstance(module, torch.nn.Module):
             module.eval().requires_grad_(False)
     return out
 
 
+def image_processor(size: int | None = None):
+    """SigLIP's image processor (resize to ``size`` x ``size``, bicubic, to [-1, 1]), or its class when ``size`` is
+    None. transformers picks the torchvision-backed class when torchvision is installed; without it (as here) it
+    picks the PIL-backed ``SiglipImageProcessorPil`` and warns each time: we ask for that one directly, with the
+    same settings and the same pixels."""
+    import importlib.util
+
+    import transformers
+
+    name = "SiglipImageProcessor" if importlib.util.find_spec("torchvision") else "SiglipImageProcessorPil"
+    cls = getattr(transformers, name)
+    return cls if size is None else cls(size={"height": size, "width": size})
+
+
+def i2v_pipeline_class():
+    """diffusers' ``HunyuanVideo15ImageToVideoPipeline``, imported without transformers' one-time notice that
+    ``SiglipImageProcessor`` falls back to the PIL class when torchvision is missing (we use that class on purpose:
+    :func:`image_processor`)."""
+    from transformers.utils import logging
+
+    logger = logging.get_logger("transformers.utils.import_utils")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        from diffusers import HunyuanVideo15ImageToVideoPipeline
+    finally:
+        logger.setLevel(level)
+    return HunyuanVideo15ImageToVideoPipeline
+
+
 def _loader(name: str):
     from diffusers import AutoencoderKLHunyuanVideo15, FlowMatchEulerDiscreteScheduler, HunyuanVideo15Transformer3DModel
     from diffusers.guiders import ClassifierFreeGuidance
-    from transformers import ByT5Tokenizer, Qwen2_5_VLTextModel, Qwen2Tokenizer, T5EncoderModel
+    from transformers import ByT5Tokenizer, Qwen2_5_VLTextModel, Qwen2Tokenizer, SiglipVisionModel, T5EncoderModel
 
     return {
         "text_encoder": Qwen2_5_VLTextModel, "tokenizer": Qwen2Tokenizer, "text_encoder_2": T5EncoderModel,
         "tokenizer_2": ByT5Tokenizer, "transformer": HunyuanVideo15Transformer3DModel,
         "vae": AutoencoderKLHunyuanVideo15, "scheduler": FlowMatchEulerDiscreteScheduler,
-        "guider": ClassifierFreeGuidance,
+        "guider": ClassifierFreeGuidance, "image_encoder": SiglipVisionModel,
+        "feature_extractor": image_processor(),
     }[name]
 
 
@@ -198,12 +245,18 @@ def load_components(
             )
         components = build_tiny_components(preset, seed=seed, names=names)
     else:
-        check_model_path(model_path, names)
         components = {}
+        if preset.is_tiny and os.path.isdir(model_path):
+            # A tiny folder saved before image-to-video existed (hyv-tiny's) has no SigLIP: build it in code, seeded,
+            # as the tiny presets always do when there are no weights to load.
+            built = [n for n in names if n in IMAGE_COMPONENTS and not os.path.isdir(os.path.join(model_path, n))]
+            components.update(build_tiny_components(preset, seed=seed, names=built))
+            names = [n for n in names if n not in built]
+        check_model_path(model_path, names)
         for name in names:
             cls = _loader(name)
             kwargs = {"subfolder": name}
-            if name in ("text_encoder", "text_encoder_2", "transformer"):
+            if name in ("text_encoder", "text_encoder_2", "transformer", "image_encoder"):
                 kwargs["torch_dtype"] = torch_dtype(dtype)
             try:
                 components[name] = cls.from_pretrained(model_path, **kwargs)
@@ -220,24 +273,31 @@ def load_components(
 
 
 def save_pipeline(components: dict[str, Any], path: str) -> None:
-    """Write a diffusers-format HunyuanVideo15Pipeline folder (model_index.json + one subfolder each)."""
+    """Write a diffusers-format folder (model_index.json + one subfolder each): a HunyuanVideo15Pipeline, or a
+    HunyuanVideo15ImageToVideoPipeline when the components include SigLIP (``image_encoder``,
+    ``feature_extractor``)."""
     from diffusers import HunyuanVideo15Pipeline
 
-    missing = [n for n in COMPONENTS if n not in components]
+    image = any(n in components for n in IMAGE_COMPONENTS)
+    names = COMPONENTS + IMAGE_COMPONENTS if image else COMPONENTS
+    missing = [n for n in names if n not in components]
     if missing:
         raise ValueError(f"save_pipeline needs every component; missing {missing}")
-    HunyuanVideo15Pipeline(**{n: components[n] for n in COMPONENTS}).save_pretrained(path, safe_serialization=True)
+    cls = i2v_pipeline_class() if image else HunyuanVideo15Pipeline
+    cls(**{n: components[n] for n in names}).save_pretrained(path, safe_serialization=True)
 
 
 def save_tiny_pipeline(path: str, seed: int = 0, preset: Preset | str = "tiny") -> None:
     """Save tiny components as a diffusers-format folder: for ``preset="tiny"`` loadable with ``--preset tiny
-    --model_path``; for a real preset (``720p_t2v``, ``480p_t2v``) the real layout with tiny widths
-    (:func:`hyv_lib.presets.real_layout_tiny`), loadable with ``--preset 720p_t2v --model_path`` like real weights."""
+    --model_path``; for a real preset (``720p_t2v``, ``480p_i2v``, ...) the real layout with tiny widths
+    (:func:`hyv_lib.presets.real_layout_tiny`), loadable with ``--preset 720p_t2v --model_path`` like real weights.
+    Presets that take an image get SigLIP too (an image-to-video pipeline folder)."""
     from .presets import get_preset, real_layout_tiny
 
     spec = get_preset(preset)
     spec = spec if spec.is_tiny else real_layout_tiny(spec)
-    save_pipeline(build_tiny_components(spec, seed=seed), path)
+    names = COMPONENTS + IMAGE_COMPONENTS if "i2v" in spec.tasks else COMPONENTS
+    save_pipeline(build_tiny_components(spec, seed=seed, names=names), path)
 
 
 def first_blocks_copy(transformer, blocks: int | None = None, dtype: torch.dtype = torch.float32):

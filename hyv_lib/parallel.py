@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from .attention import attention, context_qkv, use_attention
 from .forward import context_layout, context_tokens, output_tokens, unpatchify
-from .layout import check_supported
+from .layout import check_supported, check_timestep_r
 
 
 # --------------------------------------------------------------------------------------------- layout
@@ -216,8 +216,7 @@ class UlyssesTransformer:
     def __call__(self, hidden_states, timestep, encoder_hidden_states, encoder_attention_mask,
                  encoder_hidden_states_2=None, encoder_attention_mask_2=None, image_embeds=None,
                  timestep_r=None, attention_kwargs=None, return_dict: bool = False) -> torch.Tensor:
-        if timestep_r is not None:
-            raise NotImplementedError("timestep_r (meanflow) is not supported")
+        check_timestep_r(self.model, timestep_r)
         m, world, rank = self.model, self.world, self.rank
         out_device = hidden_states.device
         device, dtype = self.device, self.dtype
@@ -229,8 +228,9 @@ class UlyssesTransformer:
         batch, channels, frames, height, width = latents.shape
         tokens = frames * height * width
         shard = shard_length(tokens, world)
-        timestep = put(torch.as_tensor(timestep).reshape(-1).expand(batch), dtype)
-        temb = m.time_embed(timestep)
+        timestep, timestep_r = (None if t is None else put(torch.as_tensor(t).reshape(-1).expand(batch), dtype)
+                                for t in (timestep, timestep_r))
+        temb = m.time_embed(timestep, timestep_r=timestep_r)  # MeanFlow: plus timestep_r's embedding
         context, context_mask = self._context(
             timestep, put(encoder_hidden_states, dtype), put(encoder_attention_mask),
             put(encoder_hidden_states_2, dtype), put(encoder_attention_mask_2), put(image_embeds, dtype))

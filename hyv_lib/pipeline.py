@@ -265,6 +265,9 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
     axes = parse_mesh(mesh)
     if axes and runtime != "tpu":
         raise HyvInputError("--mesh", "needs --runtime tpu")
+    if axes and axes.get("data", 1) > 1 and guidance_scale == 1.0:
+        raise HyvInputError("--mesh", f"data={axes['data']} splits the CFG pair, but --guidance_scale 1 runs one "
+                                      "sample per step; put the devices on tensor (e.g. tensor=8)")
     if multi_host:
         if runtime != "tpu":
             raise HyvInputError("--multi_host", "needs --runtime tpu")
@@ -360,9 +363,9 @@ def sample_latents(step: TransformerStep, transformer, scheduler_config, preset:
                    embeds: dict[str, torch.Tensor], settings: dict[str, Any], *, progress: bool = True,
                    device: torch.device | None = None) -> torch.Tensor:
     """Stage 2's work without files: seeded noise denoised by ``step`` with CFG, conditioned on the stage-1
-    tensors ``embeds``, with resolved ``settings`` (:func:`resolve_settings`); fp32 latents on the CPU.
-    ``transformer`` supplies the dtype and widths; the scheduler is built from ``scheduler_config`` with the
-    settings' flow shift."""
+    tensors ``embeds`` (with ``image_embeds`` and ``cond_latents``: image-to-video), with resolved ``settings``
+    (:func:`resolve_settings`); fp32 latents on the CPU. ``transformer`` supplies the dtype and widths (and whether
+    it is a MeanFlow model); the scheduler is built from ``scheduler_config`` with the settings' flow shift."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
     config = transformer.config
@@ -375,22 +378,59 @@ def sample_latents(step: TransformerStep, transformer, scheduler_config, preset:
     scheduler = FlowMatchEulerDiscreteScheduler.from_config(scheduler_config, shift=settings["flow_shift"])
     shape = preset.latent_shape(settings["height"], settings["width"], settings["video_length"])
     shape = (shape[0], config.out_channels, *shape[2:])  # the model decides the channels
+    cond_latents = embeds.get("cond_latents")
+    if cond_latents is not None and tuple(cond_latents.shape[-2:]) != shape[-2:]:
+        raise HyvInputError("--height", f"the first frame's latents are {list(cond_latents.shape[-2:])} but the "
+                                        f"video's are {list(shape[-2:])}: the image decides the size")
     conditioning = {k: v.to(device) for k, v in prepare_conditioning(
         embeds, preset, model_dtype, image_dim=config.image_embed_dim).items()}
     return denoise(step, initial_latents(shape, settings["seed"]).to(device), conditioning, scheduler,
                    num_inference_steps=settings["num_inference_steps"], guidance_scale=settings["guidance_scale"],
-                   model_dtype=model_dtype, warmup_steps=settings["warmup_steps"], progress=progress).cpu()
+                   model_dtype=model_dtype, warmup_steps=settings["warmup_steps"], progress=progress,
+                   cond_latents=None if cond_latents is None else cond_latents.to(device),
+                   meanflow=bool(getattr(config, "use_meanflow", False))).cpu()
 
 
 # ------------------------------------------------------------------------------------------------- stage 1
+def check_task(preset: Preset, has_image: bool, argument: str = "--image_path") -> str:
+    """"i2v" with a first frame, else "t2v"; a HyvInputError naming ``argument`` when the preset's checkpoint was not
+    trained for that task (an image for a text-to-video checkpoint, or none for an image-to-video one)."""
+    from .presets import PRESETS
+
+    task = "i2v" if has_image else "t2v"
+    if task not in preset.tasks:
+        if not has_image:
+            raise HyvInputError(argument, f"preset {preset.name} is an image-to-video checkpoint: give the first "
+                                          "frame (a PNG or JPEG image)")
+        others = ", ".join(n for n, p in PRESETS.items() if task in p.tasks and not p.is_tiny)
+        raise HyvInputError(argument, f"preset {preset.name} is a text-to-video checkpoint; image-to-video presets: "
+                                      f"{others} (or the tiny ones)")
+    return task
+
+
+def image_size_settings(settings: Stage2Settings, size: tuple[int, int]) -> Stage2Settings:
+    """Image-to-video: the first frame's bucket (height, width) is the video's size; a different --height/--width is
+    a HyvInputError (the condition latents could not be placed)."""
+    for name, given, fixed in (("--height", settings.height, size[0]), ("--width", settings.width, size[1])):
+        if given is not None and given != fixed:
+            raise HyvInputError(name, f"is {given}, but the first frame was bucketed to {size[0]}x{size[1]} in stage "
+                                      "1 and decides the video's size; leave --height and --width unset")
+    return dataclasses.replace(settings, height=size[0], width=size[1])
+
+
 def stage1(
     preset: str = "tiny", prompt: str = "", negative_prompt: str = "", output_dir: str | None = None,
     model_path: str | None = None, dtype: str | None = None, components: dict[str, Any] | None = None,
+    image_path: str | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Encode the prompt and negative prompt; write stage1_embeddings.safetensors + generation_config.json.
+    """Encode the prompt and negative prompt (and, with ``image_path``, the first frame of an image-to-video run);
+    write stage1_embeddings.safetensors + generation_config.json.
 
-    ``components`` (tokenizer, text_encoder, tokenizer_2, text_encoder_2, already loaded for this preset, model path
-    and dtype) skips loading them: :class:`hyv_lib.batch.Pipeline` keeps them between prompts."""
+    The image is cropped to its bucket as diffusers' I2V pipeline does, then encoded by SigLIP (``image_embeds``)
+    and the VAE (``cond_latents``); the bucket fixes the video's height and width for stage 2. ``components``
+    (tokenizer, text_encoder, tokenizer_2, text_encoder_2, and for an image image_encoder, feature_extractor, vae;
+    already loaded for this preset, model path and dtype) skips loading them: :class:`hyv_lib.batch.Pipeline` keeps
+    them between prompts."""
     start = time.perf_counter()
     _require_folder("output_dir", output_dir)
     spec = get_preset(preset)
@@ -398,18 +438,36 @@ def stage1(
     torch_dtype(dtype)  # validates --dtype
     if not isinstance(prompt, str) or not isinstance(negative_prompt, str):
         raise HyvInputError("--prompt", "prompt and negative prompt must be strings")
+    task = check_task(spec, image_path is not None)
+    image = None
+    if image_path is not None:
+        from .image import crop_to_bucket, load_image
+
+        image = crop_to_bucket(spec, load_image(image_path))
     if model_path is None and not spec.is_tiny:
         load_components(spec, None, [])  # raises the "needs --model_path" error before any work
     ensure_output_dir(output_dir)
     names = ["tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2"]
+    if image is not None:
+        from .models import IMAGE_COMPONENTS
+
+        names += [*IMAGE_COMPONENTS, "vae"]
     with PeakMemory() as memory:
         if components is None:
             components = load_components(spec, model_path, names, dtype=dtype)
         tensors = encode_pair(components, spec, prompt, negative_prompt, dtype)
+        if image is not None:
+            from .image import encode_image
+
+            encoded = encode_image(components, spec, image)
+            tensors.update(image_embeds=encoded["image_embeds"].to(torch_dtype(dtype)),
+                           cond_latents=encoded["cond_latents"])
     save_tensors(tensors, os.path.join(output_dir, STAGE1_FILE), metadata={"preset": spec.name})
+    image_fields = {} if image is None else dict(image_path=os.path.abspath(image_path), image_height=image.size[1],
+                                                 image_width=image.size[0])
     update_config(
-        output_dir, base={}, prompt=prompt, negative_prompt=negative_prompt, preset=spec.name,
-        model_path=model_path, dtype=dtype, hyv_lib_version=__version__,
+        output_dir, base={}, prompt=prompt, negative_prompt=negative_prompt, preset=spec.name, task=task,
+        **image_fields, model_path=model_path, dtype=dtype, hyv_lib_version=__version__,
         stage1_time_s=round(time.perf_counter() - start, 3), **memory_fields("stage1", memory),
     )
     return tensors
@@ -420,9 +478,13 @@ def prepare_conditioning(embeds: dict[str, torch.Tensor], preset: Preset, dtype:
                          image_dim: int | None = None) -> dict[str, Any]:
     """Stage-1 tensors -> the forward's conditioning kwargs as a CFG batch of 2 ([negative, positive]).
 
-    t2v passes all-zero image embeddings (the model then masks those tokens out), as diffusers does;
+    t2v passes all-zero image embeddings (the model then masks those tokens out), as diffusers does; i2v passes the
+    first frame's SigLIP tokens to both halves (diffusers does not drop the image for the negative prompt).
     ``image_dim`` (default: the preset's) is the transformer's ``image_embed_dim``.
     """
+    image = embeds.get("image_embeds")
+    if image is None:
+        image = torch.zeros(1, preset.image_tokens, image_dim or preset.image_dim)
 
     def pair(name: str) -> torch.Tensor:
         return torch.cat([embeds["negative_" + name], embeds[name]], dim=0)
@@ -432,7 +494,7 @@ def prepare_conditioning(embeds: dict[str, torch.Tensor], preset: Preset, dtype:
         "encoder_attention_mask": pair("prompt_embeds_mask").to(torch.int64),
         "encoder_hidden_states_2": pair("prompt_embeds_2").to(dtype),
         "encoder_attention_mask_2": pair("prompt_embeds_mask_2").to(torch.int64),
-        "image_embeds": torch.zeros(2, preset.image_tokens, image_dim or preset.image_dim, dtype=dtype),
+        "image_embeds": image.to(dtype).repeat(2, 1, 1),
     }
 
 
@@ -445,29 +507,45 @@ def initial_latents(shape: tuple[int, ...], seed: int) -> torch.Tensor:
 def denoise(
     step: TransformerStep, latents: torch.Tensor, conditioning: dict[str, Any], scheduler, *,
     num_inference_steps: int, guidance_scale: float, model_dtype: torch.dtype = torch.float32,
-    warmup_steps: int = 0, progress: bool = True,
+    warmup_steps: int = 0, progress: bool = True, cond_latents: torch.Tensor | None = None, meanflow: bool = False,
 ) -> torch.Tensor:
-    """Flow-matching Euler loop with CFG as one batch of 2; returns fp32 latents.
+    """Flow-matching Euler loop with CFG as one batch of 2 (one sample when ``guidance_scale`` is 1, as diffusers'
+    guider runs it); returns fp32 latents.
 
     Sigmas are linspace(1, 0, N+1)[:-1] shifted by the scheduler (as diffusers' pipeline sets them).
     Warmup calls run the step on the first input and discard the result without touching the
     scheduler, so they cannot change the latents (gpu-tpu-pedia's warmup advanced the step index).
+    ``cond_latents`` [1, C, 1, h, w] (image-to-video): the first frame's latents go into latent frame 0 of the
+    condition channels and the mask channel is 1 there, 0 elsewhere. ``meanflow``: each call also gets
+    ``timestep_r``, the next timestep (0 after the last), as diffusers' I2V pipeline passes it.
     """
     from tqdm import tqdm  # plain text bar: works in terminals and in executed notebooks alike
 
     scheduler.set_timesteps(sigmas=np.linspace(1.0, 0.0, num_inference_steps + 1)[:-1], device=latents.device)
     latents = latents.float()
-    # t2v: 32 zero condition channels + a zero mask channel after the noisy latents.
+    # After the noisy latents: C condition channels and a mask channel (t2v: all zero).
     b, c, f, h, w = latents.shape
     condition = torch.zeros(b, c + 1, f, h, w, dtype=latents.dtype, device=latents.device)
+    if cond_latents is not None:
+        condition[:, :c, :1] = cond_latents.to(latents.dtype)
+        condition[:, c, 0] = 1.0
+    cfg = guidance_scale != 1.0
+    if not cfg:  # the [negative, positive] pair's positive half: uncond + 1 * (cond - uncond) is cond
+        conditioning = {k: v[1:] for k, v in conditioning.items()}
+    batch = 2 if cfg else 1
+    timesteps = scheduler.timesteps
 
-    def model_kwargs(x: torch.Tensor, t: torch.Tensor) -> dict[str, Any]:
+    def model_kwargs(x: torch.Tensor, i: int) -> dict[str, Any]:
         hidden = torch.cat([x, condition], dim=1).to(model_dtype)
-        return {"hidden_states": hidden.repeat(2, 1, 1, 1, 1), "timestep": t.expand(2).to(model_dtype),
-                **conditioning}
+        kwargs = {"hidden_states": hidden.repeat(batch, 1, 1, 1, 1),
+                  "timestep": timesteps[i].expand(batch).to(model_dtype), **conditioning}
+        if meanflow:
+            after = timesteps[i + 1] if i + 1 < len(timesteps) else torch.zeros((), device=timesteps.device)
+            kwargs["timestep_r"] = after.expand(batch).to(model_dtype)
+        return kwargs
 
     for _ in range(warmup_steps):
-        step(**model_kwargs(latents, scheduler.timesteps[0]))
+        step(**model_kwargs(latents, 0))
     if hasattr(step, "reset"):  # stateful steps (DeepCache) count steps from here: warmup must not shift them
         step.reset()
     schedule = getattr(step, "schedule", None)
@@ -481,10 +559,12 @@ def denoise(
             warnings.warn(f"DeepCache caches none of these {num_inference_steps} steps (cached range "
                           f"{schedule.start}..{schedule.end}, interval {schedule.interval}): every step runs full",
                           stacklevel=2)
-    for t in tqdm(scheduler.timesteps, desc="denoising", disable=not progress, leave=False):
-        noise_uncond, noise_cond = step(**model_kwargs(latents, t)).float().chunk(2)
-        guided = noise_uncond + guidance_scale * (noise_cond - noise_uncond)
-        latents = scheduler.step(guided, t, latents, return_dict=False)[0]
+    for i, t in enumerate(tqdm(timesteps, desc="denoising", disable=not progress, leave=False)):
+        noise = step(**model_kwargs(latents, i)).float()
+        if cfg:
+            noise_uncond, noise_cond = noise.chunk(2)
+            noise = noise_uncond + guidance_scale * (noise_cond - noise_uncond)
+        latents = scheduler.step(noise, t, latents, return_dict=False)[0]
     return latents
 
 
@@ -510,6 +590,9 @@ def stage2(
     config = read_config(input_dir) if os.path.isdir(input_dir) else {}
     embeds = load_stage1(input_dir)
     spec = _preset_from_config(config, input_dir)
+    if "cond_latents" in embeds:  # image-to-video: the size is the first frame's
+        requested = image_size_settings(
+            requested, tuple(n * spec.spatial_compression for n in embeds["cond_latents"].shape[-2:]))
     settings = resolve_settings(spec, requested)
     output_dir = ensure_output_dir(output_dir or input_dir)
     dtype = config.get("dtype", spec.default_dtype)
@@ -617,23 +700,31 @@ def generate(
     preset: str = "tiny", prompt: str = "", negative_prompt: str = "", output_dir: str | None = None,
     model_path: str | None = None, dtype: str | None = None, output_video: str | None = None,
     fps: float | None = None, disable_tiling: bool = False, save_frames: bool = False, vae_dtype: str = "fp32",
-    **stage2_kwargs: Any,
+    image_path: str | None = None, **stage2_kwargs: Any,
 ) -> torch.Tensor:
-    """Run stage 1, 2 and 3 into ``output_dir``; returns the uint8 frames [F,H,W,3]. ``stage2_kwargs``: the fields
-    of :class:`Stage2Settings`, and ``quiet``.
+    """Run stage 1, 2 and 3 into ``output_dir``; returns the uint8 frames [F,H,W,3]. ``image_path``: the first
+    frame of an image-to-video run (see :func:`stage1`). ``stage2_kwargs``: the fields of :class:`Stage2Settings`,
+    and ``quiet``.
 
-    Stage-2 settings are checked before the text encoders run, so bad input fails fast. With ``runtime="tpu"``
-    stage 3 decodes on JAX too.
+    Stage-2 settings (and the image) are checked before the text encoders run, so bad input fails fast. With
+    ``runtime="tpu"`` stage 3 decodes on JAX too.
     """
     _require_folder("output_dir", output_dir)
     stage2_settings = {k: v for k, v in stage2_kwargs.items() if k not in ("quiet", "step", "components")}
-    resolve_settings(get_preset(preset), **stage2_settings)
+    spec = get_preset(preset)
+    requested = Stage2Settings.from_kwargs(stage2_settings)
+    check_task(spec, image_path is not None)
+    if image_path is not None:
+        from .image import image_bucket, load_image
+
+        requested = image_size_settings(requested, image_bucket(spec, load_image(image_path)))
+    resolve_settings(spec, requested)
     if fps is not None and not fps > 0:
         raise HyvInputError("--fps", f"must be > 0, got {fps}")
     if vae_dtype not in ("fp32", "bf16"):
         raise HyvInputError("--vae_dtype", f"must be fp32 or bf16, got {vae_dtype!r}")
     stage1(preset=preset, prompt=prompt, negative_prompt=negative_prompt, output_dir=output_dir,
-           model_path=model_path, dtype=dtype)
+           model_path=model_path, dtype=dtype, image_path=image_path)
     stage2(input_dir=output_dir, **stage2_kwargs)
     return stage3(input_dir=output_dir, output_video=output_video, fps=fps, disable_tiling=disable_tiling,
                   save_frames=save_frames, vae_dtype=vae_dtype,

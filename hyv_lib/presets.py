@@ -10,7 +10,12 @@ from typing import Any
 from .errors import HyvInputError
 
 # Flow shift and CFG per variant follow the official PIPELINE_CONFIGS
-# (Tencent-Hunyuan/HunyuanVideo-1.5, hyvideo/commons/__init__.py): 480p shift 5, 720p t2v shift 9, CFG 6.
+# (Tencent-Hunyuan/HunyuanVideo-1.5, hyvideo/commons/__init__.py): 480p shift 5, 720p t2v shift 9, 720p i2v shift 7,
+# CFG 6. The step-distilled 480p I2V model (MeanFlow) runs shift 7 with CFG off (1.0) in 8 or 12 steps (official
+# README, "Optimal Inference Configurations"; diffusers PR #12802 adds its config with use_meanflow=True).
+
+#: What a preset's checkpoint generates from: text alone (t2v) or a text and a first frame (i2v).
+TASKS = ("t2v", "i2v")
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,13 @@ class Preset:
     text_encoder_2: dict[str, Any] | None = None  # tiny only: T5 (ByT5) encoder config kwargs
     bundled_weights: str | None = None  # a diffusers-format folder inside hyv_lib/weights used without --model_path
     word_tokens: bool = False  # tiny only: the tokenizer has a token per caption word (models.build_tiny_tokenizer)
+    tasks: tuple[str, ...] = ("t2v",)  # what the checkpoint was trained for: ("t2v",), ("i2v",) or both
+    image_encoder: dict[str, Any] | None = None  # tiny only: SigLIP vision config kwargs (image-to-video)
+
+    @property
+    def use_meanflow(self) -> bool:
+        """The step-distilled (MeanFlow) variant: each step also gets the next timestep (``timestep_r``)."""
+        return bool(self.transformer.get("use_meanflow", False))
 
     @property
     def bundled_path(self) -> str | None:
@@ -105,7 +117,8 @@ class Preset:
         return data
 
 
-def _real(name: str, target_size: int, flow_shift: float, description: str) -> Preset:
+def _real(name: str, target_size: int, flow_shift: float, description: str, *, task: str = "t2v",
+          guidance_scale: float = 6.0, default_steps: int = 50, use_meanflow: bool = False) -> Preset:
     return Preset(
         name=name,
         description=description,
@@ -122,9 +135,9 @@ def _real(name: str, target_size: int, flow_shift: float, description: str) -> P
         temporal_compression=4,
         target_size=target_size,
         default_video_length=121,
-        default_steps=50,
+        default_steps=default_steps,
         flow_shift=flow_shift,
-        guidance_scale=6.0,
+        guidance_scale=guidance_scale,
         fps=24,
         default_dtype="bf16",
         crop_start=108,  # diffusers HunyuanVideo15Pipeline.prompt_template_encode_start_idx
@@ -132,13 +145,14 @@ def _real(name: str, target_size: int, flow_shift: float, description: str) -> P
             in_channels=65, out_channels=32, num_attention_heads=16, attention_head_dim=128, num_layers=54,
             num_refiner_layers=2, mlp_ratio=4.0, patch_size=1, patch_size_t=1, qk_norm="rms_norm",
             text_embed_dim=3584, text_embed_2_dim=1472, image_embed_dim=1152, rope_theta=256.0,
-            rope_axes_dim=[16, 56, 56], target_size=target_size, task_type="t2v", use_meanflow=False,
+            rope_axes_dim=[16, 56, 56], target_size=target_size, task_type=task, use_meanflow=use_meanflow,
         ),
         vae=dict(
             in_channels=3, out_channels=3, latent_channels=32, block_out_channels=[128, 256, 512, 1024, 1024],
             layers_per_block=2, spatial_compression_ratio=16, temporal_compression_ratio=4,
             scaling_factor=1.03682,
         ),
+        tasks=(task,),
     )
 
 
@@ -184,7 +198,19 @@ TINY = Preset(
     text_encoder_2=dict(
         vocab_size=384, d_model=24, d_kv=8, d_ff=48, num_layers=2, num_heads=3, feed_forward_proj="gated-gelu",
     ),
+    tasks=TASKS,  # random weights: either task runs (the shapes are what is tested)
+    # SigLIP as the real one (so400m-patch14-384: 27 x 27 = 729 tokens of width 1152), shrunk to width image_dim;
+    # its image_size follows image_tokens (siglip_image_size): 32 px = 4 x 4 patches = 16 tokens here.
+    image_encoder=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, patch_size=8),
 )
+
+
+def siglip_image_size(preset: "Preset") -> int:
+    """Pixel size of the tiny SigLIP's square input for the preset's image-token count (patches^2 tokens)."""
+    side = round(preset.image_tokens ** 0.5)
+    if side * side != preset.image_tokens:
+        raise ValueError(f"{preset.name}: image_tokens {preset.image_tokens} is not a square number of patches")
+    return side * preset.image_encoder["patch_size"]
 
 def real_layout_tiny(preset: "Preset | str") -> Preset:
     """The tiny classes (random widths of ``tiny``) with a real preset's *layout*: its text_len (1000) and ByT5 length
@@ -200,13 +226,18 @@ def real_layout_tiny(preset: "Preset | str") -> Preset:
     return dataclasses.replace(
         TINY, name=real.name, description=f"{real.name}'s layout with tiny widths and random weights (tests, CI)",
         text_len=real.text_len, byt5_len=real.byt5_len, image_tokens=real.image_tokens, latent_channels=channels,
+        tasks=real.tasks,
         spatial_compression=real.spatial_compression, temporal_compression=real.temporal_compression,
         target_size=real.target_size, default_video_length=real.default_video_length,
         default_steps=real.default_steps, flow_shift=real.flow_shift, guidance_scale=real.guidance_scale,
         fps=real.fps, default_dtype=real.default_dtype,
         transformer=dict(TINY.transformer, in_channels=2 * channels + 1, out_channels=channels,
-                         target_size=real.target_size),
-        vae=dict(TINY.vae, latent_channels=channels, spatial_compression_ratio=real.spatial_compression,
+                         target_size=real.target_size, task_type=real.transformer["task_type"],
+                         use_meanflow=real.use_meanflow),
+        # The encoder averages groups of block_out[-1] / (2 x latent) channels into its shortcut: the last widths must
+        # be at least twice the latent channels for it to encode (image-to-video's first frame).
+        vae=dict(TINY.vae, latent_channels=channels, block_out_channels=[8, 16, 32, 2 * channels, 2 * channels],
+                 spatial_compression_ratio=real.spatial_compression,
                  temporal_compression_ratio=real.temporal_compression, scaling_factor=real.vae["scaling_factor"]),
     )
 
@@ -265,8 +296,9 @@ TINY_TRAINED = dataclasses.replace(
     bundled_weights="hyv-tiny",
 )
 
-#: Every preset by name: the real 480p/720p text-to-video settings and the tiny ones (``tiny``: random weights;
-#: ``tiny_trained``: the bundled hyv-tiny). ``python -m hyv_lib info --preset NAME --json`` prints one.
+#: Every preset by name: the real 480p/720p text-to-video and image-to-video settings (and the step-distilled 480p
+#: I2V one) and the tiny ones (``tiny``: random weights; ``tiny_trained``: the bundled hyv-tiny).
+#: ``python -m hyv_lib info --preset NAME --json`` prints one.
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
@@ -274,6 +306,13 @@ PRESETS: dict[str, Preset] = {
         TINY_TRAINED,
         _real("480p_t2v", 640, 5.0, "HunyuanVideo-1.5 480p text-to-video (8.3B DiT), diffusers format."),
         _real("720p_t2v", 960, 9.0, "HunyuanVideo-1.5 720p text-to-video (8.3B DiT), diffusers format."),
+        _real("480p_i2v", 640, 5.0, "HunyuanVideo-1.5 480p image-to-video (8.3B DiT + SigLIP), diffusers format.",
+              task="i2v"),
+        _real("720p_i2v", 960, 7.0, "HunyuanVideo-1.5 720p image-to-video (8.3B DiT + SigLIP), diffusers format.",
+              task="i2v"),
+        _real("480p_i2v_step_distilled", 640, 7.0, "HunyuanVideo-1.5 480p image-to-video, step-distilled "
+              "(MeanFlow: 8 or 12 steps, CFG off), diffusers format.", task="i2v", guidance_scale=1.0,
+              default_steps=8, use_meanflow=True),
     )
 }
 

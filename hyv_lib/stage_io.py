@@ -23,6 +23,8 @@ _EMBEDS = ("prompt_embeds", "prompt_embeds_2")
 _MASKS = ("prompt_embeds_mask", "prompt_embeds_mask_2")
 STAGE1_NAMES = tuple(p + n for p in ("", "negative_") for n in ("prompt_embeds", "prompt_embeds_mask",
                                                                  "prompt_embeds_2", "prompt_embeds_mask_2"))
+#: Image-to-video adds the first frame's SigLIP tokens [1, N, D] and VAE latents [1, C, 1, h, w].
+IMAGE_NAMES = ("image_embeds", "cond_latents")
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _INTS = (torch.int64, torch.int32, torch.bool)
 
@@ -91,16 +93,24 @@ def _require_input_dir(input_dir: str) -> None:
 
 
 def load_stage1(input_dir: str) -> dict[str, torch.Tensor]:
-    """Load and validate stage1_embeddings.safetensors: exactly the 8 names, ranks 3/2, float embeds,
-    integer/bool masks, batch 1, and masks as long as their embeddings."""
+    """Load and validate stage1_embeddings.safetensors: exactly the 8 text names (plus both image names for
+    image-to-video), ranks 3/2, float embeds, integer/bool masks, batch 1, and masks as long as their embeddings."""
     _require_input_dir(input_dir)
     path = os.path.join(input_dir, STAGE1_FILE)
     tensors = _load_tensors(path, "--input_dir")
-    if set(tensors) != set(STAGE1_NAMES):
-        missing = sorted(set(STAGE1_NAMES) - set(tensors))
-        extra = sorted(set(tensors) - set(STAGE1_NAMES))
-        raise HyvInputError("--input_dir", f"{STAGE1_FILE} must hold exactly {', '.join(STAGE1_NAMES)}; "
-                                           f"missing {missing or 'none'}, unexpected {extra or 'none'}")
+    expected = set(STAGE1_NAMES) | (set(IMAGE_NAMES) if set(IMAGE_NAMES) & set(tensors) else set())
+    if set(tensors) != expected:
+        missing = sorted(expected - set(tensors))
+        extra = sorted(set(tensors) - expected)
+        raise HyvInputError("--input_dir", f"{STAGE1_FILE} must hold exactly {', '.join(STAGE1_NAMES)} (and "
+                                           f"{' and '.join(IMAGE_NAMES)} for image-to-video); missing "
+                                           f"{missing or 'none'}, unexpected {extra or 'none'}")
+    for name, rank, layout in (("image_embeds", 3, "[1, N, D]"), ("cond_latents", 5, "[1, C, 1, h, w]")):
+        value = tensors.get(name)
+        if value is not None and (value.ndim != rank or value.shape[0] != 1 or value.dtype not in _FLOATS
+                                  or (rank == 5 and value.shape[2] != 1)):
+            raise HyvInputError("--input_dir", f"{STAGE1_FILE}: {name} must be a float tensor {layout}, got "
+                                               f"{value.dtype} {list(value.shape)}")
     for prefix in ("", "negative_"):
         for embeds_name, mask_name in zip(_EMBEDS, _MASKS):
             embeds, mask = tensors[prefix + embeds_name], tensors[prefix + mask_name]

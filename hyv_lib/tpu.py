@@ -9,7 +9,7 @@ import torch
 
 from .attention import use_attention
 from .forward import context_layout, context_tokens, output_tokens, unpatchify
-from .layout import check_supported
+from .layout import check_supported, check_timestep_r
 
 DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "hyv_lib", "jax")
 
@@ -79,10 +79,11 @@ class _Step(torch.nn.Module):
         return call_jax(jax.lax.with_sharding_constraint, tokens, spec)
 
     def _embed(self, hidden_states, timestep, text_states, text_mask, byt5_states, byt5_mask, image_embeds,
-               image_scale, order):
-        """Timestep embedding, video tokens and the valid-first context tokens before the first block."""
+               image_scale, order, timestep_r):
+        """Timestep embedding (plus MeanFlow's ``timestep_r`` one), video tokens and the valid-first context tokens
+        before the first block. The token refiner gets ``timestep`` only, as in diffusers."""
         m = self.model
-        temb = m.time_embed(timestep)
+        temb = m.time_embed(timestep, timestep_r=timestep_r)
         video = self._shard_sequence(m.x_embedder(hidden_states))
         context = context_tokens(m, timestep, text_states, text_mask, byt5_states, byt5_mask, image_embeds,
                                  image_scale, order)
@@ -105,20 +106,21 @@ class _Step(torch.nn.Module):
         return unpatchify(output_tokens(self.model, video, temb), latent_shape)
 
     def forward(self, hidden_states, timestep, text_states, text_mask, byt5_states, byt5_mask, image_embeds,
-                image_scale, order, context_mask, rope_cos, rope_sin):
+                image_scale, order, context_mask, rope_cos, rope_sin, timestep_r=None):
         self.traces += 1
         temb, video, context = self._embed(hidden_states, timestep, text_states, text_mask, byt5_states, byt5_mask,
-                                           image_embeds, image_scale, order)
+                                           image_embeds, image_scale, order, timestep_r)
         video, _ = self._blocks(self.model.transformer_blocks, video, context, temb, context_mask, rope_cos, rope_sin)
         return self._head(video, temb, hidden_states.shape)
 
     def forward_and_cache(self, hidden_states, timestep, text_states, text_mask, byt5_states, byt5_mask,
-                          image_embeds, image_scale, order, context_mask, rope_cos, rope_sin, uncached_blocks=1):
+                          image_embeds, image_scale, order, context_mask, rope_cos, rope_sin, timestep_r=None,
+                          uncached_blocks=1):
         """DeepCache's full step: the forward, plus the video and context tokens entering the last
         ``uncached_blocks`` blocks (what the cached steps start from)."""
         self.traces += 1
         temb, video, context = self._embed(hidden_states, timestep, text_states, text_mask, byt5_states, byt5_mask,
-                                           image_embeds, image_scale, order)
+                                           image_embeds, image_scale, order, timestep_r)
         split = len(self.model.transformer_blocks) - uncached_blocks
         deep = self.model.transformer_blocks[:split]
         video, context = self._blocks(deep, video, context, temb, context_mask, rope_cos, rope_sin)
@@ -128,11 +130,11 @@ class _Step(torch.nn.Module):
         return self._head(video, temb, hidden_states.shape), cache
 
     def forward_from_cache(self, hidden_states, timestep, video, context, context_mask, rope_cos, rope_sin,
-                           uncached_blocks=1):
+                           timestep_r=None, uncached_blocks=1):
         """DeepCache's cached step: a fresh timestep embedding, the last ``uncached_blocks`` blocks on the
         cached tokens, and the output layer (``hidden_states`` only gives the output shape)."""
         self.traces += 1
-        temb = self.model.time_embed(timestep)
+        temb = self.model.time_embed(timestep, timestep_r=timestep_r)
         tail = self.model.transformer_blocks[len(self.model.transformer_blocks) - uncached_blocks:]
         video, _ = self._blocks(tail, video, context, temb, context_mask, rope_cos, rope_sin)
         return self._head(video, temb, hidden_states.shape)
@@ -286,20 +288,25 @@ class TpuTransformer:
         self._prepared = ((tensors, versions), prepared)
         return prepared
 
-    def _step_args(self, hidden_states, timestep, **conditioning) -> dict[str, torch.Tensor]:
+    def _step_args(self, hidden_states, timestep, timestep_r=None, **conditioning) -> dict[str, torch.Tensor]:
         prepared = self.prepare(**conditioning)
         cos, sin = self._rope(tuple(hidden_states.shape))
         if self.mesh is not None and hidden_states.shape[0] % self.mesh.shape["data"]:
             raise ValueError(f"batch {hidden_states.shape[0]} cannot be split over the mesh's data axis "
                              f"of size {self.mesh.shape['data']}")
-        hidden, timestep = self._latent_args(hidden_states, timestep)
-        return dict(hidden_states=hidden, timestep=timestep, rope_cos=cos, rope_sin=sin, **prepared)
+        return dict(self._latent_args(hidden_states, timestep, timestep_r), rope_cos=cos, rope_sin=sin, **prepared)
 
-    def _latent_args(self, hidden_states, timestep):
-        """The per-step inputs: latents and timesteps, on the data axis."""
-        timestep = torch.as_tensor(timestep).reshape(-1).expand(hidden_states.shape[0])
-        return (self._to_jax(hidden_states.to(self.dtype), ("data",)),
-                self._to_jax(timestep.to(self.dtype), ("data",)))
+    def _latent_args(self, hidden_states, timestep, timestep_r=None) -> dict[str, Any]:
+        """The per-step inputs: latents, timesteps and MeanFlow's ``timestep_r`` (None for other models), on the data
+        axis. ``timestep_r`` is a traced input like ``timestep``: a new value is data, not a new program."""
+        check_timestep_r(self.model, timestep_r)
+
+        def per_sample(t):
+            t = torch.as_tensor(t).reshape(-1).expand(hidden_states.shape[0])
+            return self._to_jax(t.to(self.dtype), ("data",))
+
+        return dict(hidden_states=self._to_jax(hidden_states.to(self.dtype), ("data",)), timestep=per_sample(timestep),
+                    timestep_r=None if timestep_r is None else per_sample(timestep_r))
 
     def _jit(self, name: str, uncached_blocks: int | None = None):
         """The ``jax.jit`` of one step method, shared by the runtime calls and :meth:`lower`.
@@ -358,9 +365,9 @@ class TpuTransformer:
             if cache is None:
                 raise ValueError("forward_from_cache needs cache=(video, context), e.g. from cache_spec()")
             jitted = self._jit(method, uncached_blocks)
-            call = dict(hidden_states=args["hidden_states"], timestep=args["timestep"], video=cache[0],
-                        context=cache[1], context_mask=args["context_mask"], rope_cos=args["rope_cos"],
-                        rope_sin=args["rope_sin"])
+            call = dict(hidden_states=args["hidden_states"], timestep=args["timestep"], timestep_r=args["timestep_r"],
+                        video=cache[0], context=cache[1], context_mask=args["context_mask"],
+                        rope_cos=args["rope_cos"], rope_sin=args["rope_sin"])
         with self.env, torch.no_grad(), active_mesh(self.mesh):
             return jitted.lower(jax_view(self.jitted.params), jax_view(self.jitted.buffers), **jax_view(call))
 
@@ -380,19 +387,17 @@ class TpuTransformer:
         out, cache = self._run("forward_and_cache", uncached_blocks, **args)
         return _to_cpu(out), (cache, args["context_mask"], args["rope_cos"], args["rope_sin"])
 
-    def run_from_cache(self, cache, uncached_blocks: int, hidden_states, timestep, **conditioning):
+    def run_from_cache(self, cache, uncached_blocks: int, hidden_states, timestep, timestep_r=None, **_):
         """DeepCache's cached step on JAX: only the timestep embedding, the last blocks and the output layer."""
         (video, context), context_mask, rope_cos, rope_sin = cache
-        hidden, timestep = self._latent_args(hidden_states, timestep)
-        return _to_cpu(self._run("forward_from_cache", uncached_blocks, hidden, timestep, video, context,
-                                 context_mask, rope_cos, rope_sin))
+        return _to_cpu(self._run("forward_from_cache", uncached_blocks, video=video, context=context,
+                                 context_mask=context_mask, rope_cos=rope_cos, rope_sin=rope_sin,
+                                 **self._latent_args(hidden_states, timestep, timestep_r)))
 
     def __call__(self, hidden_states, timestep, encoder_hidden_states, encoder_attention_mask,
                  encoder_hidden_states_2=None, encoder_attention_mask_2=None, image_embeds=None,
                  timestep_r=None, attention_kwargs=None, return_dict: bool = False) -> torch.Tensor:
-        if timestep_r is not None:
-            raise NotImplementedError("timestep_r (meanflow) is not supported")
-        args = self._step_args(hidden_states, timestep, encoder_hidden_states=encoder_hidden_states,
+        args = self._step_args(hidden_states, timestep, timestep_r, encoder_hidden_states=encoder_hidden_states,
                                encoder_attention_mask=encoder_attention_mask,
                                encoder_hidden_states_2=encoder_hidden_states_2,
                                encoder_attention_mask_2=encoder_attention_mask_2, image_embeds=image_embeds)
@@ -405,9 +410,8 @@ class TpuTransformer:
 
 
 def _conditioning(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The forward's conditioning keyword arguments, minus the ones TpuTransformer ignores or refuses."""
-    if kwargs.pop("timestep_r", None) is not None:
-        raise NotImplementedError("timestep_r (meanflow) is not supported")
+    """The forward's conditioning keyword arguments (``timestep_r`` included), minus the ones TpuTransformer
+    ignores."""
     kwargs.pop("attention_kwargs", None)
     kwargs.pop("return_dict", None)
     return kwargs

@@ -60,3 +60,27 @@ def test_save_tiny_refuses_a_non_empty_folder_and_writes_nothing(tmp_path, capsy
     assert sorted(p.name for p in tmp_path.iterdir()) == ["busy"] and [p.name for p in target.iterdir()] == ["keep.txt"]
     assert run(["save_tiny", "--preset", "9000p", "--output_dir", str(tmp_path / "new")]) == 2
     assert not (tmp_path / "new").exists()
+
+
+def test_step_distilled_i2v_layout_runs_from_an_image(tmp_path, capsys):
+    """--preset 480p_i2v_step_distilled on its real layout (SigLIP's 729 tokens, 480p buckets, MeanFlow, 8 steps at
+    CFG 1): a 16:9 image buckets to 480x848, stage 1 writes the image tensors, the loop runs one sample per step."""
+    from PIL import Image
+
+    folder = tmp_path / "hyv-480p-i2v-distilled-layout"
+    assert run(["save_tiny", "--preset", "480p_i2v_step_distilled", "--output_dir", str(folder), "--quiet"]) == 0
+    capsys.readouterr()
+    assert json.loads((folder / "model_index.json").read_text())["_class_name"] == "HunyuanVideo15ImageToVideoPipeline"
+    assert json.loads((folder / "transformer" / "config.json").read_text())["use_meanflow"] is True
+    image = tmp_path / "frame.png"
+    Image.new("RGB", (1280, 720), (40, 90, 160)).save(image)
+    out = tmp_path / "out"
+    assert run(["generate", "--preset", "480p_i2v_step_distilled", "--model_path", str(folder), "--prompt", "a cat",
+                "--image_path", str(image), "--output_dir", str(out), "--video_length", "5",
+                "--num_inference_steps", "2", "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+    embeds = load_file(out / "stage1_embeddings.safetensors")
+    assert embeds["image_embeds"].shape[:2] == (1, 729) and embeds["cond_latents"].shape == (1, 32, 1, 30, 53)
+    assert load_file(out / "stage2_latents.safetensors")["latents"].shape == (1, 32, 2, 30, 53)
+    config = json.loads((out / "generation_config.json").read_text())
+    assert (config["task"], config["height"], config["width"], config["guidance_scale"]) == ("i2v", 480, 848, 1.0)
