@@ -84,17 +84,27 @@ def attribute_rates(readings: list[VideoReading], combos: list[data.Combo]) -> d
 
 def generate_videos(components: dict[str, Any], preset, prompts: list[str], *, seed: int = 0,
                     num_inference_steps: int | None = None, guidance_scale: float | None = None,
-                    progress: bool = True) -> list[np.ndarray]:
+                    progress: bool = True, images: list | None = None) -> list[np.ndarray]:
     """One video per prompt (seeds ``seed``, ``seed + 1``, ...) at the preset's default size and length, through
-    :class:`hyv_lib.inference.VideoPipeline` on the loaded ``components``: uint8 frames [F, H, W, 3] each."""
+    :class:`hyv_lib.inference.VideoPipeline` on the loaded ``components``: uint8 frames [F, H, W, 3] each.
+    ``images`` (one first frame per prompt, PIL images or paths): image-to-video, each at its image's bucket."""
     from tqdm.auto import tqdm
 
     from .inference import VideoPipeline
 
+    if images is not None and len(images) != len(prompts):
+        raise ValueError(f"images: one per prompt, got {len(images)} for {len(prompts)} prompts")
     pipe = VideoPipeline(preset, components)
     return [pipe.generate(prompt, seed=seed + i, num_inference_steps=num_inference_steps,
-                          guidance_scale=guidance_scale, progress=False).frames
+                          guidance_scale=guidance_scale, progress=False,
+                          image=None if images is None else images[i]).frames
             for i, prompt in enumerate(tqdm(prompts, desc="generate", disable=not progress))]
+
+
+def first_frame_psnr(video, image) -> float:
+    """PSNR (dB, peak 255) of a generated video's first frame against the image it started from (both uint8,
+    the image already at the video's size)."""
+    return psnr(np.asarray(video)[0], np.asarray(image), peak=255.0)
 
 
 def psnr(test, reference, peak: float | None = None) -> float:

@@ -153,7 +153,8 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
                  sharding: str = "tp_replicated_out", height: int | None = None, width: int | None = None,
                  video_length: int | None = None, enable_cache: bool = False, no_cache_blocks: int = 1,
                  attention_options: dict | None = None, num_layers: int | None = None) -> dict[str, Any]:
-    """Compile one denoising step (a CFG batch of 2) of ``preset`` for the TPU slice ``topology``, here.
+    """Compile one denoising step of ``preset`` for the TPU slice ``topology``, here: a CFG batch of 2, or one sample
+    for a preset that runs CFG off (``guidance_scale`` 1, the step-distilled one).
 
     ``mesh`` ('data=2,tensor=4' or a dict; default :func:`hyv_lib.perf.default_layout`) must use all the slice's devices;
     ``sharding`` is a rule set of :data:`hyv_lib.sharding.RULE_SETS`. ``enable_cache`` compiles DeepCache's pair
@@ -180,8 +181,9 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
                                                  f"got {no_cache_blocks!r}")
     devices = topology_devices(topology)
     heads = preset.transformer["num_attention_heads"]
+    batch = 1 if preset.guidance_scale == 1.0 else 2  # what pipeline.denoise runs per step
     axes = (parse_mesh(mesh) if isinstance(mesh, str) or mesh is None else dict(mesh)) or default_layout(
-        len(devices), heads, sharding)
+        len(devices), heads, sharding, batch=batch)
     try:
         jax_mesh = make_mesh(**axes, devices=devices)
     except (ValueError, TypeError) as err:
@@ -189,8 +191,9 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
     if heads % head_split(jax_mesh):
         raise HyvInputError("--mesh", f"the {heads} attention heads cannot be split over tensor x sequence = "
                                       f"{jax_mesh.shape['tensor']} x {jax_mesh.shape['sequence']}")
-    if 2 % jax_mesh.shape["data"]:
-        raise HyvInputError("--mesh", f"data={jax_mesh.shape['data']} does not divide the CFG batch of 2")
+    if batch % jax_mesh.shape["data"]:
+        raise HyvInputError("--mesh", f"data={jax_mesh.shape['data']} does not divide the batch of {batch} "
+                                      f"({'the CFG pair' if batch == 2 else 'CFG off: one sample per step'})")
     config = dict(preset.transformer, **({} if num_layers is None else {"num_layers": num_layers}))
     model = abstract_transformer(_with_transformer(preset, config))
     with quiet_libtpu():
@@ -199,7 +202,7 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
                                   attention_options=attention_options)
         except ValueError as err:
             raise HyvInputError("--sharding", str(err)) from None
-        inputs = example_inputs(preset, height, width, video_length)
+        inputs = example_inputs(preset, height, width, video_length, batch=batch)
         programs = {}
         if not enable_cache:
             programs["step"] = _compile(step.lower, inputs)
@@ -214,7 +217,7 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
     report = dict(
         topology=topology, device_kind=devices[0].device_kind, devices=len(devices),
         processes=len({d.process_index for d in devices}), chips=chips,
-        mesh={a: int(n) for a, n in jax_mesh.shape.items()}, sharding=sharding, preset=preset.name,
+        mesh={a: int(n) for a, n in jax_mesh.shape.items()}, sharding=sharding, preset=preset.name, batch=batch,
         size=dict(height=height, width=width, video_length=video_length),
         tokens=token_counts(_with_transformer(preset, config), height, width, video_length),
         **_combine(programs),
@@ -342,7 +345,8 @@ def format_report(report: dict[str, Any]) -> str:
     att = report["attention"]
     lines = [
         f"{report['preset']} at {size_['height']}x{size_['width']}, {size_['video_length']} frames "
-        f"({tok['video']:,} video + {tok['context']:,} context tokens), a CFG batch of 2",
+        f"({tok['video']:,} video + {tok['context']:,} context tokens), "
+        f"{'a CFG batch of 2' if report.get('batch', 2) == 2 else 'one sample (CFG off)'}",
         f"compiled for {report['topology']}: {report['devices']} x {report['device_kind']} on {report['chips']} chips, "
         f"{report['processes']} host process(es)",
         f"mesh {mesh}, sharding {report['sharding']}, Splash {'native (Mosaic)' if att['native'] else 'NOT native'} "

@@ -280,16 +280,21 @@ def flow_matching_sigmas(batch_size: int, shift: float, generator: torch.Generat
 
 
 def dit_loss(transformer, x0: torch.Tensor, conditioning: dict[str, torch.Tensor], shift: float,
-             generator: torch.Generator | None = None) -> torch.Tensor:
+             generator: torch.Generator | None = None, cond_latents: torch.Tensor | None = None) -> torch.Tensor:
     """Flow-matching loss: x_t = (1 - sigma) x0 + sigma * noise, target velocity noise - x0 (the
-    scheduler's Euler step x += (sigma_next - sigma) * v then walks back towards x0). t2v input: the noisy
-    latents, then zero condition latents and a zero mask channel, as the pipeline builds it."""
+    scheduler's Euler step x += (sigma_next - sigma) * v then walks back towards x0). The input is the noisy
+    latents, then the condition latents and a mask channel, as the pipeline builds them: zeros for t2v; with
+    ``cond_latents`` [B, C, 1, h, w] (i2v) the first frame's latents in latent frame 0 and the mask 1 there."""
     b, c, f, h, w = x0.shape
     noise = torch.randn(x0.shape, generator=generator)
     sigma = flow_matching_sigmas(b, shift, generator)
     s = sigma.view(b, 1, 1, 1, 1)
     noisy = (1 - s) * x0 + s * noise
-    hidden = torch.cat([noisy, torch.zeros(b, c + 1, f, h, w)], dim=1)
+    condition = torch.zeros(b, c + 1, f, h, w)
+    if cond_latents is not None:
+        condition[:, :c, :1] = cond_latents
+        condition[:, c, 0] = 1.0
+    hidden = torch.cat([noisy, condition], dim=1)
     prediction = transformer(hidden_states=hidden, timestep=sigma * 1000, **conditioning, return_dict=False)[0]
     return (prediction.float() - (noise - x0)).pow(2).mean()
 
@@ -323,12 +328,17 @@ def train_dit(
     negative: dict[str, torch.Tensor], *, steps: int, shift: float, image_tokens: int, image_dim: int,
     batch_size: int = 32, lr: float = 5e-4, drop_prob: float = 0.1, seed: int = 0,
     parameters: list[torch.nn.Parameter] | None = None, log: Callable[[dict[str, Any]], None] | None = None,
-    progress: bool = True, stage: str = "dit",
+    progress: bool = True, stage: str = "dit", first_frames: dict[str, torch.Tensor] | None = None,
+    i2v_prob: float = 0.5,
 ) -> list[dict[str, Any]]:
     """Flow-matching training of ``transformer`` (or only ``parameters`` of it, e.g. LoRA) on scaled latents.
 
     ``latents`` [N, C, T, h, w] are already multiplied by the VAE's scaling factor; ``caption_index[i]``
-    names the row of ``embeds`` (stage-1 tensors of every caption) that describes clip i.
+    names the row of ``embeds`` (stage-1 tensors of every caption) that describes clip i. ``first_frames``
+    (:func:`first_frame_conditions` of the same clips) makes a fraction ``i2v_prob`` of the batches
+    image-to-video: each clip conditioned on its own first frame. A batch is all one task because diffusers'
+    forward decides t2v for the whole batch (all image embeddings zero) and would otherwise attend to the t2v
+    samples' zero image tokens.
     """
     generator = torch.Generator().manual_seed(seed)
     params = list(parameters) if parameters is not None else list(transformer.parameters())
@@ -345,17 +355,46 @@ def train_dit(
         pick = torch.randint(len(latents), (batch_size,), generator=generator)
         drop = torch.rand(batch_size, generator=generator) < drop_prob
         conditioning = select_conditioning(embeds, negative, caption_index[pick], drop, image_tokens, image_dim)
-        loss = dit_loss(transformer, latents[pick], conditioning, shift, generator)
+        cond_latents = None
+        if first_frames is not None and torch.rand((), generator=generator) < i2v_prob:
+            # The caption may be dropped (CFG), the image never: sampling gives both CFG halves the image.
+            conditioning["image_embeds"] = first_frames["image_embeds"][pick]
+            cond_latents = first_frames["cond_latents"][pick]
+        loss = dit_loss(transformer, latents[pick], conditioning, shift, generator, cond_latents)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm, skipped = guard.step(optimizer, params)
         record = {"stage": stage, "step": step + 1, "loss": loss.item(), "grad_norm": grad_norm, "skipped": skipped,
                   "seconds": time.perf_counter() - start}
+        if first_frames is not None:
+            record["task"] = "t2v" if cond_latents is None else "i2v"
         records.append(record)
         if log is not None:
             log(record)
     transformer.eval().requires_grad_(False)
     return records
+
+
+def first_frame_image(clip: torch.Tensor | np.ndarray):
+    """Frame 0 of a clip [3, F, H, W] in [-1, 1] as the 8-bit RGB PIL image a user would give stage 1."""
+    from PIL import Image
+
+    from .video import to_uint8_frames
+
+    return Image.fromarray(to_uint8_frames(torch.as_tensor(clip)[:, :1])[0].numpy())
+
+
+@torch.no_grad()
+def first_frame_conditions(components: dict, preset, clips: torch.Tensor | np.ndarray,
+                           progress: bool = True) -> dict[str, torch.Tensor]:
+    """Image-to-video training conditions of clips [N, 3, F, H, W]: each clip's first frame, as an 8-bit image,
+    through exactly stage 1's path (bucket crop, SigLIP, VAE): ``image_embeds`` [N, tokens, dim] and ``cond_latents``
+    [N, C, 1, h, w], scaled as the latents are."""
+    from .image import crop_to_bucket, encode_image
+
+    parts = [encode_image(components, preset, crop_to_bucket(preset, first_frame_image(clip)))
+             for clip in tqdm(clips, desc="first frames", disable=not progress)]
+    return {k: torch.cat([p[k].float() for p in parts]) for k in parts[0]}
 
 
 def encode_captions(text_components: dict, preset, captions: list[str], batch_size: int = 32) -> dict[str, torch.Tensor]:
@@ -368,18 +407,22 @@ def encode_captions(text_components: dict, preset, captions: list[str], batch_si
 
 
 def build_latent_dataset(vae, text_components: dict, preset, combos: list[data.Combo], clips_per_combo: int,
-                         seed: int = 0, progress: bool = True) -> dict[str, Any]:
+                         seed: int = 0, progress: bool = True, image_components: dict | None = None) -> dict[str, Any]:
     """Render clips, encode them once with the (frozen) VAE and the captions once with the text encoders.
 
     Returns ``latents`` (scaled by the VAE's scaling factor), ``caption_index``, ``embeds`` (one row per
-    combo) and ``negative`` (the empty prompt, used for caption dropout).
+    combo) and ``negative`` (the empty prompt, used for caption dropout); with ``image_components`` (SigLIP's
+    ``image_encoder`` and ``feature_extractor``) also ``first_frames`` (:func:`first_frame_conditions`).
     """
     clips, _ = data.make_dataset(combos, clips_per_combo, seed=seed)
     latents = encode_latents(vae, torch.from_numpy(clips), progress=progress) * vae.config.scaling_factor
     caption_index = torch.arange(len(combos)).repeat_interleave(clips_per_combo)
     embeds = encode_captions(text_components, preset, [c.caption for c in combos])
     negative = encode_captions(text_components, preset, [""])
-    return {"latents": latents, "caption_index": caption_index, "embeds": embeds, "negative": negative}
+    out = {"latents": latents, "caption_index": caption_index, "embeds": embeds, "negative": negative}
+    if image_components is not None:
+        out["first_frames"] = first_frame_conditions({**image_components, "vae": vae}, preset, clips, progress)
+    return out
 
 
 def concat_latent_datasets(*datasets: dict[str, Any]) -> dict[str, Any]:

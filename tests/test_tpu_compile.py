@@ -177,3 +177,14 @@ def test_the_stock_block_sizes_do_not_fit_v5e_scoped_vmem():
 
     with quiet_libtpu(), pytest.raises(jax.errors.JaxRuntimeError, match="vmem"):
         _splash_program("v5e:2x4", jnp.bfloat16, block_q=2048, block_kv=2048, block_kv_compute=1024).compile()
+
+
+def test_cfg_off_meanflow_step_compiles_one_sample_on_the_tensor_axis():
+    """The step-distilled recipe (CFG 1, MeanFlow): the compiled step takes one sample and timestep_r, so the
+    default mesh puts every device on tensor, and a data axis is refused (it would have nothing to split)."""
+    preset = dataclasses.replace(small(use_meanflow=True), guidance_scale=1.0)
+    report = compile_step(preset, "v6e:2x4", height=256, width=256, video_length=13)
+    assert report["batch"] == 1 and report["mesh"] == {"data": 1, "tensor": 8, "sequence": 1} and report["fits"]
+    with pytest.raises(Exception) as err:
+        compile_step(preset, "v6e:2x4", mesh="data=2,tensor=4", height=256, width=256, video_length=13)
+    assert "does not divide the batch of 1" in str(err.value)

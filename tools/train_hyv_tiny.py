@@ -1,10 +1,13 @@
-"""Reproduce the hyv-tiny weights: train the VAE, then the DiT, on the procedural clips (75 min on 2 cores).
+"""Reproduce the hyv-tiny weights: train the VAE, then the DiT, then fine-tune the DiT for image-to-video, on the
+procedural clips (about 90 min on 2 cores).
 
-    .venv/bin/python tools/train_hyv_tiny.py --out runs/hyv-tiny [--stage vae|vae_decoder|dit|all]
+    .venv/bin/python tools/train_hyv_tiny.py --out runs/hyv-tiny [--stage vae|vae_decoder|dit|dit_i2v|all]
 
-Writes OUT/vae_image, OUT/vae_clips and OUT/vae (diffusers format), OUT/train_log.jsonl (one record per step)
-and, after the DiT stage, the complete diffusers-format pipeline folder OUT/pipeline. hyv_lib/weights/hyv-tiny
-is a copy of it, with that log, the gate script's gates.json and a model card. The DiT reads only the VAE's
+Writes OUT/vae_image, OUT/vae_clips and OUT/vae (diffusers format), OUT/train_log.jsonl (one record per step),
+after the DiT stage the text-to-video pipeline folder OUT/pipeline, and after the image-to-video fine-tune
+(``dit_i2v``: half the batches conditioned on each clip's own first frame, half text-only, so one checkpoint
+serves both tasks) the complete image-to-video pipeline folder OUT/pipeline_i2v (with the seeded tiny SigLIP).
+hyv_lib/weights/hyv-tiny is a copy of the last, with that log, the gate script's gates.json and a model card. The DiT reads only the VAE's
 encoder, so ``--stage vae_decoder`` after a DiT run leaves the DiT valid (training is deterministic on CPU:
 a rerun of the DiT stage gave bit-identical weights).
 """
@@ -24,7 +27,7 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--stage", choices=["vae", "vae_decoder", "dit", "all"], default="all",
+    parser.add_argument("--stage", choices=["vae", "vae_decoder", "dit", "dit_i2v", "all"], default="all",
                         help="vae: all three VAE stages; vae_decoder: only the third, on OUT/vae_clips")
     parser.add_argument("--vae_image_steps", type=int, default=900,
                         help="first VAE stage: 1-frame clips (images), batch 16")
@@ -44,6 +47,12 @@ def main() -> int:
     parser.add_argument("--dit_batch", type=int, default=16)
     parser.add_argument("--dit_lr", type=float, default=6e-4)
     parser.add_argument("--clips_per_combo", type=int, default=16)
+    parser.add_argument("--i2v_steps", type=int, default=2500, help="image-to-video fine-tune of the DiT, batch "
+                        "--dit_batch")
+    parser.add_argument("--i2v_lr", type=float, default=3e-4)
+    parser.add_argument("--i2v_prob", type=float, default=0.5, help="fraction of the fine-tune's batches that are "
+                        "image-to-video (the rest keep text-to-video)")
+    parser.add_argument("--i2v_init", default=None, help="fine-tune this pipeline folder (default: OUT/pipeline)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
@@ -55,6 +64,8 @@ def main() -> int:
         train_vae_stage(args, preset, train_combos, held_out, log, decoder_only=args.stage == "vae_decoder")
     if args.stage in ("dit", "all"):
         train_dit_stage(args, preset, train_combos, log)
+    if args.stage in ("dit_i2v", "all"):
+        train_i2v_stage(args, preset, train_combos, log)
     return 0
 
 
@@ -129,6 +140,28 @@ def train_dit_stage(args, preset, train_combos, log) -> None:
     # casts back to fp32.
     half = {n: copy.deepcopy(m).half() if isinstance(m, torch.nn.Module) else m for n, m in components.items()}
     save_pipeline({n: half[n] for n in COMPONENTS}, os.path.join(args.out, "pipeline"))
+
+
+def train_i2v_stage(args, preset, train_combos, log) -> None:
+    """Fine-tune a trained text-to-video pipeline's DiT on t2v and i2v batches; save the image-to-video folder."""
+    import copy
+
+    from hyv_lib import train
+    from hyv_lib.models import COMPONENTS, IMAGE_COMPONENTS, load_components, save_pipeline
+
+    init = args.i2v_init or os.path.join(args.out, "pipeline")
+    # The SigLIP is the preset's seeded one (built in code when the folder has none), frozen like the text encoders.
+    components = load_components(preset, init, COMPONENTS + IMAGE_COMPONENTS, dtype="fp32", seed=args.seed)
+    text = {k: components[k] for k in ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2")}
+    dataset = train.build_latent_dataset(components["vae"], text, preset, train_combos, args.clips_per_combo,
+                                         seed=args.seed, image_components={k: components[k] for k in IMAGE_COMPONENTS})
+    transformer = components["transformer"]
+    train.train_dit(transformer, dataset["latents"], dataset["caption_index"], dataset["embeds"], dataset["negative"],
+                    steps=args.i2v_steps, shift=preset.flow_shift, image_tokens=preset.image_tokens,
+                    image_dim=preset.image_dim, batch_size=args.dit_batch, lr=args.i2v_lr, seed=args.seed + 11,
+                    log=log, stage="dit_i2v", first_frames=dataset["first_frames"], i2v_prob=args.i2v_prob)
+    half = {n: copy.deepcopy(m).half() if isinstance(m, torch.nn.Module) else m for n, m in components.items()}
+    save_pipeline(half, os.path.join(args.out, "pipeline_i2v"))
 
 
 if __name__ == "__main__":
