@@ -110,6 +110,25 @@ def render_clip(combo: Combo, seed: int, height: int = HEIGHT, width: int = WIDT
     return clip * 2 - 1
 
 
+def draw_frame(color: str, shape: str, background: str, center: tuple[float, float] | None = None,
+               radius: float | None = None, height: int = HEIGHT, width: int = WIDTH):
+    """One still frame as a PIL RGB image, drawn as :func:`render_clip` draws its frames: a shape of ``radius``
+    pixels (default 0.17 x height) centred at ``center`` = (x, y) pixels (default: the middle). Image-to-video's
+    first frame."""
+    from PIL import Image
+
+    palette = {**COLORS, **UNSEEN_COLORS}
+    for name, value, valid in (("color", color, palette), ("shape", shape, SHAPES), ("background", background,
+                                                                                    BACKGROUNDS)):
+        if value not in valid:
+            raise ValueError(f"{name} must be one of {', '.join(valid)}, got {value!r}")
+    cx, cy = (width / 2, height / 2) if center is None else center
+    ys, xs = np.mgrid[0:height, 0:width].astype(np.float32) + 0.5
+    alpha = _coverage(shape, xs, ys, cx, cy, 0.17 * height if radius is None else radius)[..., None]
+    frame = np.array(BACKGROUNDS[background], np.float32) * (1 - alpha) + np.array(palette[color], np.float32) * alpha
+    return Image.fromarray((frame * 255).round().astype(np.uint8))
+
+
 def make_dataset(combos: list[Combo], clips_per_combo: int, seed: int = 0) -> tuple[np.ndarray, list[str]]:
     """Render ``clips_per_combo`` seeded clips per caption: (clips [N, 3, F, H, W], captions [N])."""
     clips, captions = [], []

@@ -83,7 +83,8 @@ def main() -> int:
         first = [quality.first_frame_psnr(v, np.asarray(im)) for v, im in zip(i2v_videos, images)]
         results["i2v"] = {"rates": {k: round(v, 3) for k, v in i2v_rates.items()},
                           "first_frame_psnr_db": {"mean": round(float(np.mean(first)), 2),
-                                                  "min": round(float(np.min(first)), 2)},
+                                                  "min": round(float(np.min(first)), 2),
+                                                  "per_prompt": [round(float(x), 2) for x in first]},
                           "generation_seconds": round(i2v_seconds, 1),
                           "misses": [{"caption": c.caption, "read": r.__dict__}
                                      for c, r in zip(held_out, i2v_readings) if r.direction != c.direction]}
