@@ -273,8 +273,8 @@ TINY_TRAINED = dataclasses.replace(
     TINY,
     name="tiny_trained",
     description="hyv-tiny: the tiny classes trained on procedural moving shapes (64x112, 9 frames; prompts like "
-    "'a red circle moving left on a gray background', words from hyv_lib.presets.tiny_vocabulary()); weights bundled in "
-    "hyv_lib/weights/hyv-tiny.",
+    "'a red circle moving left on a gray background', words from hyv_lib.presets.tiny_vocabulary()), from the text "
+    "alone or from a first frame too (--image_path); weights bundled in hyv_lib/weights/hyv-tiny.",
     text_len=24,  # after the crop: 9 word tokens of a caption + 13 of the template's closing turn
     word_tokens=True,
     # Frozen random text encoder with larger weights: at Qwen's default init (std 0.02) its features are ~0.1 per
@@ -282,7 +282,7 @@ TINY_TRAINED = dataclasses.replace(
     # 2500-step DiT probe got the colour right in 82% of held-out prompts (chapter 06 shows the scales).
     text_encoder=dict(TINY.text_encoder, initializer_range=0.5),
     byt5_len=16,  # captions quote nothing (all padding); 16 still fits a short quoted word
-    image_tokens=4,  # t2v only: image tokens are zeros and masked out
+    image_tokens=4,  # SigLIP tokens of the first frame (16 x 16 pixels, 8 x 8 patches); t2v: zeros, masked out
     latent_channels=_TRAINED_LATENT,
     target_size=96,  # 16:9 bucket 64 x 112, the training size
     default_steps=20,
