@@ -465,8 +465,8 @@ html_table(rows)
 # :::{admonition} Answer
 # :class: dropdown
 # With $P = 0$ the factor $Z/(Z+P)$ is 1. The relative error is $P/(Z+P)$, and $P/(500+P) = 0.01$ gives
-# $P \approx 5.05$, so about 5 padded keys. A real prompt of about 100 tokens leaves over 1,800 padded context
-# tokens, so the bias is far from small unless $Z$ is huge.
+# $P \approx 5.05$, so about 5 padded keys. A real text-to-video prompt of about 100 tokens leaves over 1,800
+# padded context tokens, so the bias is far from small unless $Z$ is huge.
 # :::
 #
 # 2. Why does the Splash backend give padded tokens segment id 0 instead of a fresh id per padded token?

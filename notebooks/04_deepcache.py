@@ -297,11 +297,12 @@ print(f"r is {r_cpu * SPEED_LAYERS - 1:+.0%} off k/L, so every speed-up is "
 # %% [markdown]
 # The speed-up is below the block count exactly when $r > k/L$. A cached step still embeds the timestep, runs the
 # output layer and pays the step function's own overhead, which pushes $r$ up; it also skips the embedders and the
-# token refiner, which pulls $r$ down. At 54 blocks the two nearly cancel on this CPU: $r$ lands close to $1/L$
-# (the printed deviation), so the speed-ups come out close to the block-count bound, on one side of it or the
-# other from run to run. In a shallow model (a small `HYV_SPEED_LAYERS`) the skipped embedders and refiner weigh
-# more, and the speed-up can beat the block count: the 3-block quality model below is such a model (compare its
-# speed-ups with its bound). On real hardware the balance tips the other way (exercise 5).
+# token refiner, which pulls $r$ down. At 54 blocks the two partly cancel on this CPU: $r$ stays near $1/L$, within
+# some tens of percent (the printed deviation), and since $c\,r$ is small next to $f$ the speed-ups come out close
+# to the block-count bound, on one side of it or the other from run to run. In a shallow model (a small
+# `HYV_SPEED_LAYERS`) the skipped embedders and refiner weigh more, and the speed-up can beat the block count:
+# the 3-block quality model below is such a model (compare its speed-ups with its bound). On real hardware the
+# balance tips the other way (exercise 5).
 #
 # ## Quality
 #
@@ -372,9 +373,10 @@ if READ:
 # Read the table from top to bottom: wider intervals cache more steps and drift further from the uncached
 # latents, and the loop times follow the number of cached steps (within timing noise). The readings tell whether
 # the drift changed what the video shows (colour, direction, background) or only how it looks. In the default
-# run every video still reads as the prompt says, and the drift shows in the PSNR and in how far the shape
-# travels. The reading averages the whole foreground, though: the frame strips below (uncached, then the widest
-# interval) show what it misses, a small stray blob that the widest interval adds in the last frames.
+# run every video still reads as the prompt says, and the drift shows in the PSNR and, at the widest intervals,
+# slightly in how far the shape travels. The reading averages the whole foreground, though, so the frame strips
+# below (uncached, then the widest interval) are the closer check: the two are hard to tell apart, down to the
+# faint smudge under the shape in the last frame, which the uncached run has too.
 
 # %%
 fig, ax = plt.subplots(figsize=(5.5, 3.5))

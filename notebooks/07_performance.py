@@ -299,14 +299,15 @@ print(f"largest HBM or interconnect bound in the table: {worst[0]:.0%} of the co
 #
 # ## Will it fit? Compiled, not estimated
 #
-# The memory column above is the planner's. The TPU compiler can say it for certain, without a TPU (the figure at
-# the top of the chapter): libtpu describes a named slice on any Linux machine, and `python -m hyv_lib compile`
-# lowers the real step (54 blocks, bf16 weights, Splash compiled by Mosaic) for it and reports per-device bytes
-# against what the compiler lets a program use ({doc}`03_sharding` shows one report and how it compares with the
-# planner). `benchmarks/tpu_compile.py` runs it over a grid of 8-chip-class slices, layouts, the two presets' sizes
-# and DeepCache's pair of programs, and saves every report in `hyv_lib/compiled/tpu_compile.json`. The table reads
-# that file, whatever it holds when the book is built (compiled by the TPU compiler on a CPU; a memory and
-# collective check, not a timing):
+# The memory columns above are the planner's, except in the rows whose `memory from` says `TPU compiler`: those
+# take the compiler's total from the saved reports described here. The TPU compiler can say it for certain,
+# without a TPU (the figure at the top of the chapter): libtpu describes a named slice on any Linux machine, and
+# `python -m hyv_lib compile` lowers the real step (54 blocks, bf16 weights, Splash compiled by Mosaic) for it and
+# reports per-device bytes against what the compiler lets a program use ({doc}`03_sharding` shows one report and
+# how it compares with the planner). `benchmarks/tpu_compile.py` runs it over a grid of 8-chip-class slices,
+# layouts, the two presets' sizes and DeepCache's pair of programs, and saves every report in
+# `hyv_lib/compiled/tpu_compile.json`. The table reads that file, which holds the whole grid (compiled by the TPU
+# compiler on a CPU; a memory and collective check, not a timing):
 
 # %%
 import json
@@ -349,9 +350,10 @@ print(f"{len(done)} configurations in the saved file; the full 720p step took {m
 print("does not fit:", ", ".join(misfits) if misfits else "none")
 
 # %% [markdown]
-# A cell reading "not compiled" is a configuration that the saved file does not hold; the commands below compile
-# it. A layout that the compiler rejects for HBM is the cheapest failure there is: it costs minutes on a CPU
-# instead of an hour of a rented slice. To check any other layout, size or slice before renting it:
+# All 64 configurations (4 slices, 4 layouts, 2 sizes, with and without DeepCache) are compiled, and every one
+# fits; the tightest, `tp_replicated_out` on the v5e-8 at 720p, leaves about 2 GiB of its 15.75 GiB. A layout that
+# the compiler rejects for HBM would be the cheapest failure there is: it costs minutes on a CPU instead of an hour
+# of a rented slice. To check any other layout, size or slice before renting it:
 #
 # ```bash
 # python -m hyv_lib compile --preset 720p_t2v --topology v6e:2x4 --mesh data=2,tensor=4 --sharding tp_replicated_out
