@@ -96,18 +96,26 @@ def render_clip(combo: Combo, seed: int, height: int = HEIGHT, width: int = WIDT
     else:
         cy0 = start_along if dy > 0 else height - start_along
         cx0 = rng.uniform(margin, width - margin)
-    ys, xs = np.mgrid[0:height, 0:width].astype(np.float32) + 0.5
-    palette = {**COLORS, **UNSEEN_COLORS}
-    if combo.color not in palette:
-        raise ValueError(f"color must be one of {', '.join(palette)}, got {combo.color!r}")
-    fg = np.array(palette[combo.color], np.float32)[:, None, None]
-    bg = np.array(BACKGROUNDS[combo.background], np.float32)[:, None, None]
     clip = np.empty((3, frames, height, width), np.float32)
     for t in range(frames):
         step = distance * t / max(frames - 1, 1)  # a 1-frame clip (an image) is the start frame
-        alpha = _coverage(combo.shape, xs, ys, cx0 + dx * step, cy0 + dy * step, r)[None]
-        clip[:, t] = bg * (1 - alpha) + fg * alpha
+        clip[:, t] = _draw(combo.color, combo.shape, combo.background, cx0 + dx * step, cy0 + dy * step, r,
+                           height, width)
     return clip * 2 - 1
+
+
+def _draw(color: str, shape: str, background: str, cx: float, cy: float, r: float, height: int,
+          width: int) -> np.ndarray:
+    """One frame [3, height, width] in [0, 1]: the shape (soft edge) of ``color`` on ``background``."""
+    palette = {**COLORS, **UNSEEN_COLORS}
+    for name, value, valid in (("color", color, palette), ("background", background, BACKGROUNDS)):
+        if value not in valid:
+            raise ValueError(f"{name} must be one of {', '.join(valid)}, got {value!r}")
+    ys, xs = np.mgrid[0:height, 0:width].astype(np.float32) + 0.5
+    alpha = _coverage(shape, xs, ys, cx, cy, r)[None]
+    fg = np.array(palette[color], np.float32)[:, None, None]
+    bg = np.array(BACKGROUNDS[background], np.float32)[:, None, None]
+    return bg * (1 - alpha) + fg * alpha
 
 
 def draw_frame(color: str, shape: str, background: str, center: tuple[float, float] | None = None,
@@ -117,16 +125,9 @@ def draw_frame(color: str, shape: str, background: str, center: tuple[float, flo
     first frame."""
     from PIL import Image
 
-    palette = {**COLORS, **UNSEEN_COLORS}
-    for name, value, valid in (("color", color, palette), ("shape", shape, SHAPES), ("background", background,
-                                                                                    BACKGROUNDS)):
-        if value not in valid:
-            raise ValueError(f"{name} must be one of {', '.join(valid)}, got {value!r}")
     cx, cy = (width / 2, height / 2) if center is None else center
-    ys, xs = np.mgrid[0:height, 0:width].astype(np.float32) + 0.5
-    alpha = _coverage(shape, xs, ys, cx, cy, 0.17 * height if radius is None else radius)[..., None]
-    frame = np.array(BACKGROUNDS[background], np.float32) * (1 - alpha) + np.array(palette[color], np.float32) * alpha
-    return Image.fromarray((frame * 255).round().astype(np.uint8))
+    frame = _draw(color, shape, background, cx, cy, 0.17 * height if radius is None else radius, height, width)
+    return Image.fromarray((frame.transpose(1, 2, 0) * 255).round().astype(np.uint8))
 
 
 def make_dataset(combos: list[Combo], clips_per_combo: int, seed: int = 0) -> tuple[np.ndarray, list[str]]:

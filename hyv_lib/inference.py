@@ -134,25 +134,13 @@ class VideoPipeline:
     def encode(self, prompt: str, negative_prompt: str = "", image=None) -> dict[str, torch.Tensor]:
         """Stage 1 in memory: the stage-1 tensors of ``prompt`` and ``negative_prompt`` (and of ``image``, a first
         frame already cropped to its bucket: :func:`hyv_lib.image.crop_to_bucket`)."""
-        from .models import IMAGE_COMPONENTS, torch_dtype
         from .pipeline import encode_pair
 
         for name, value in (("prompt", prompt), ("negative_prompt", negative_prompt)):
             if not isinstance(value, str):
                 raise HyvInputError(name, f"must be a string, got {type(value).__name__}")
         with torch.no_grad():
-            embeds = encode_pair(self.components, self.preset, prompt, negative_prompt, self.dtype)
-            if image is not None:
-                from .image import encode_image
-
-                missing = [n for n in IMAGE_COMPONENTS if n not in self.components]
-                if missing:
-                    raise HyvInputError("image", f"this pipeline has no {', '.join(missing)}: load it with "
-                                                 "hyv_lib.load_pipeline and a preset that takes an image")
-                encoded = encode_image(self.components, self.preset, image)
-                embeds.update(image_embeds=encoded["image_embeds"].to(torch_dtype(self.dtype)),
-                              cond_latents=encoded["cond_latents"])
-        return embeds
+            return encode_pair(self.components, self.preset, prompt, negative_prompt, self.dtype, image, "image")
 
     @torch.no_grad()
     def generate(self, prompt: str, negative_prompt: str = "", height: int | None = None, width: int | None = None,

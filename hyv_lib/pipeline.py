@@ -344,10 +344,12 @@ def _preset_from_config(config: dict[str, Any], input_dir: str) -> Preset:
 
 
 def encode_pair(components: dict[str, Any], preset: Preset, prompt: str, negative_prompt: str = "",
-                dtype: str = "fp32") -> dict[str, torch.Tensor]:
+                dtype: str = "fp32", image=None, argument: str = "--image_path") -> dict[str, torch.Tensor]:
     """The stage-1 tensors of a prompt and its negative prompt (one text-encoder batch [negative, positive]):
     ``prompt_embeds``, ``prompt_embeds_mask``, ``prompt_embeds_2``, ``prompt_embeds_mask_2`` and their
-    ``negative_`` twins, batch 1 each, floats in ``dtype``."""
+    ``negative_`` twins, batch 1 each, floats in ``dtype``. With ``image`` (a first frame already cropped to its
+    bucket, :func:`hyv_lib.image.crop_to_bucket`) also ``image_embeds`` (in ``dtype``) and ``cond_latents`` (fp32),
+    which need SigLIP and the VAE in ``components`` (a HyvInputError naming ``argument`` otherwise)."""
     from .text import encode_prompts
 
     encoded = encode_prompts(components, preset, [negative_prompt, prompt])
@@ -356,6 +358,16 @@ def encode_pair(components: dict[str, Any], preset: Preset, prompt: str, negativ
         for name, value in encoded.items():
             value = value[index : index + 1]
             tensors[prefix + name] = value.to(torch_dtype(dtype)) if value.is_floating_point() else value
+    if image is not None:
+        from .image import encode_image
+        from .models import IMAGE_COMPONENTS
+
+        missing = [n for n in (*IMAGE_COMPONENTS, "vae") if n not in components]
+        if missing:
+            raise HyvInputError(argument, f"encoding a first frame needs {', '.join(missing)}; load the components "
+                                          "of a preset that takes an image")
+        frame = encode_image(components, preset, image)
+        tensors.update(image_embeds=frame["image_embeds"].to(torch_dtype(dtype)), cond_latents=frame["cond_latents"])
     return tensors
 
 
@@ -455,13 +467,7 @@ def stage1(
     with PeakMemory() as memory:
         if components is None:
             components = load_components(spec, model_path, names, dtype=dtype)
-        tensors = encode_pair(components, spec, prompt, negative_prompt, dtype)
-        if image is not None:
-            from .image import encode_image
-
-            encoded = encode_image(components, spec, image)
-            tensors.update(image_embeds=encoded["image_embeds"].to(torch_dtype(dtype)),
-                           cond_latents=encoded["cond_latents"])
+        tensors = encode_pair(components, spec, prompt, negative_prompt, dtype, image)
     save_tensors(tensors, os.path.join(output_dir, STAGE1_FILE), metadata={"preset": spec.name})
     image_fields = {} if image is None else dict(image_path=os.path.abspath(image_path), image_height=image.size[1],
                                                  image_width=image.size[0])

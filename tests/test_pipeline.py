@@ -1,5 +1,6 @@
 """The three stages: file formats, determinism, warmup, the oracle loop, and the real-weights load path."""
 
+import gc
 import json
 import time
 
@@ -63,6 +64,7 @@ def test_peak_memory_measures_again_when_reused():
     meter = PeakMemory()
     seen = []
     for _ in range(2):
+        gc.collect()  # garbage of earlier tests freed inside the block would hide the buffer's growth
         with meter:
             buffer = torch.ones(64 * 2**20, dtype=torch.uint8)
             _wait_for_samples(meter)
@@ -74,6 +76,7 @@ def test_peak_memory_measures_again_when_reused():
 def test_peak_memory_sees_a_short_lived_allocation():
     from hyv_lib.memory import PeakMemory
 
+    gc.collect()  # as above
     with PeakMemory() as memory:
         block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
         _wait_for_samples(memory)
