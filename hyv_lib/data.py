@@ -17,7 +17,7 @@ COLORS = {
     "yellow": (0.95, 0.88, 0.10),
     "white": (1.00, 1.00, 1.00),
 }
-# Never in the training set. Chapter 06's LoRA demo teaches orange; cyan shows the limit: the VAE, trained on
+# Never in the training set. Chapter 7's LoRA demo teaches orange; cyan shows the limit: the VAE, trained on
 # the five colors above, decodes cyan as blue, so no DiT fine-tuning can draw it.
 UNSEEN_COLORS = {"cyan": (0.05, 0.90, 0.90), "orange": (1.00, 0.50, 0.05)}
 BACKGROUNDS = {"black": (0.0, 0.0, 0.0), "gray": (0.45, 0.45, 0.45), "purple": (0.22, 0.02, 0.28)}

@@ -504,6 +504,32 @@ def prepare_conditioning(embeds: dict[str, torch.Tensor], preset: Preset, dtype:
     }
 
 
+def sampling_schedule(scheduler, num_inference_steps: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loop's schedule: sets ``scheduler``'s sigmas to linspace(1, 0, N+1)[:-1], which a
+    FlowMatchEulerDiscreteScheduler shifts by its flow shift s (sigma' = s sigma / (1 + (s - 1) sigma)), and returns
+    (timesteps [N], timestep_r [N]): timestep i is 1000 sigma'_i, and timestep_r[i] is the next timestep (0 after the
+    last), what a step-distilled (MeanFlow) model gets with each step, as diffusers' I2V pipeline passes it.
+    :func:`denoise` runs exactly this schedule."""
+    scheduler.set_timesteps(sigmas=np.linspace(1.0, 0.0, num_inference_steps + 1)[:-1], device=device)
+    timesteps = scheduler.timesteps
+    timestep_r = torch.cat([timesteps[1:], torch.zeros(1, dtype=timesteps.dtype, device=timesteps.device)])
+    return timesteps, timestep_r
+
+
+def condition_channels(latents: torch.Tensor, cond_latents: torch.Tensor | None = None) -> torch.Tensor:
+    """What the DiT gets after the noisy ``latents`` [B, C, F, h, w] on the channel axis (its in_channels are
+    2 C + 1): C condition channels and one mask channel, [B, C + 1, F, h, w]. Image to video (``cond_latents``
+    [1, C, 1, h, w], the first frame's VAE latents): the condition channels hold them in latent frame 0 and zeros
+    after, and the mask is 1 on frame 0, 0 elsewhere. Text to video (None): all zeros. As diffusers' pipelines
+    build them (``prepare_cond_latents_and_mask``)."""
+    b, c, f, h, w = latents.shape
+    condition = torch.zeros(b, c + 1, f, h, w, dtype=latents.dtype, device=latents.device)
+    if cond_latents is not None:
+        condition[:, :c, :1] = cond_latents.to(latents.dtype)
+        condition[:, c, 0] = 1.0
+    return condition
+
+
 def initial_latents(shape: tuple[int, ...], seed: int) -> torch.Tensor:
     """Gaussian starting latents from a CPU generator: the same seed gives the same bits anywhere."""
     return torch.randn(shape, generator=torch.Generator("cpu").manual_seed(seed), dtype=torch.float32)
@@ -518,36 +544,31 @@ def denoise(
     """Flow-matching Euler loop with CFG as one batch of 2 (one sample when ``guidance_scale`` is 1, as diffusers'
     guider runs it); returns fp32 latents.
 
-    Sigmas are linspace(1, 0, N+1)[:-1] shifted by the scheduler (as diffusers' pipeline sets them).
+    Sigmas are linspace(1, 0, N+1)[:-1] shifted by the scheduler, as diffusers' pipeline sets them
+    (:func:`sampling_schedule`).
     Warmup calls run the step on the first input and discard the result without touching the
     scheduler, so they cannot change the latents (gpu-tpu-pedia's warmup advanced the step index).
     ``cond_latents`` [1, C, 1, h, w] (image-to-video): the first frame's latents go into latent frame 0 of the
-    condition channels and the mask channel is 1 there, 0 elsewhere. ``meanflow``: each call also gets
-    ``timestep_r``, the next timestep (0 after the last), as diffusers' I2V pipeline passes it.
+    condition channels and the mask channel is 1 there, 0 elsewhere (:func:`condition_channels`). ``meanflow``: each
+    call also gets ``timestep_r``, the next timestep (0 after the last), as diffusers' I2V pipeline passes it.
     """
     from tqdm import tqdm  # plain text bar: works in terminals and in executed notebooks alike
 
-    scheduler.set_timesteps(sigmas=np.linspace(1.0, 0.0, num_inference_steps + 1)[:-1], device=latents.device)
+    timesteps, timesteps_r = sampling_schedule(scheduler, num_inference_steps, device=latents.device)
     latents = latents.float()
     # After the noisy latents: C condition channels and a mask channel (t2v: all zero).
-    b, c, f, h, w = latents.shape
-    condition = torch.zeros(b, c + 1, f, h, w, dtype=latents.dtype, device=latents.device)
-    if cond_latents is not None:
-        condition[:, :c, :1] = cond_latents.to(latents.dtype)
-        condition[:, c, 0] = 1.0
+    condition = condition_channels(latents, cond_latents)
     cfg = guidance_scale != 1.0
     if not cfg:  # the [negative, positive] pair's positive half: uncond + 1 * (cond - uncond) is cond
         conditioning = {k: v[1:] for k, v in conditioning.items()}
     batch = 2 if cfg else 1
-    timesteps = scheduler.timesteps
 
     def model_kwargs(x: torch.Tensor, i: int) -> dict[str, Any]:
         hidden = torch.cat([x, condition], dim=1).to(model_dtype)
         kwargs = {"hidden_states": hidden.repeat(batch, 1, 1, 1, 1),
                   "timestep": timesteps[i].expand(batch).to(model_dtype), **conditioning}
         if meanflow:
-            after = timesteps[i + 1] if i + 1 < len(timesteps) else torch.zeros((), device=timesteps.device)
-            kwargs["timestep_r"] = after.expand(batch).to(model_dtype)
+            kwargs["timestep_r"] = timesteps_r[i].expand(batch).to(model_dtype)
         return kwargs
 
     for _ in range(warmup_steps):

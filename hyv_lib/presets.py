@@ -99,15 +99,23 @@ class Preset:
             width // self.spatial_compression,
         )
 
-    def stage1_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Name -> shape of the 8 tensors in stage1_embeddings.safetensors."""
+    def stage1_shapes(self, image_size: tuple[int, int] | None = None) -> dict[str, tuple[int, ...]]:
+        """Name -> shape of the tensors in stage1_embeddings.safetensors: the 8 text tensors, and with ``image_size``
+        (the first frame's bucket as (height, width): image to video) also ``image_embeds`` [1, image_tokens,
+        image_dim] (SigLIP's tokens) and ``cond_latents`` [1, latent_channels, 1, height / 16, width / 16] (the
+        frame's VAE latents; 16 = the spatial compression)."""
         shapes = {
             "prompt_embeds": (1, self.text_len, self.text_dim),
             "prompt_embeds_mask": (1, self.text_len),
             "prompt_embeds_2": (1, self.byt5_len, self.byt5_dim),
             "prompt_embeds_mask_2": (1, self.byt5_len),
         }
-        return {**shapes, **{f"negative_{k}": v for k, v in shapes.items()}}
+        shapes = {**shapes, **{f"negative_{k}": v for k, v in shapes.items()}}
+        if image_size is not None:
+            height, width = image_size
+            latent = self.latent_shape(height, width, 1)  # checks the size; one frame -> one latent frame
+            shapes.update(image_embeds=(1, self.image_tokens, self.image_dim), cond_latents=latent)
+        return shapes
 
     def to_json(self) -> dict[str, Any]:
         """The preset as plain JSON-able data (what ``python -m hyv_lib info --json`` prints)."""
@@ -279,7 +287,7 @@ TINY_TRAINED = dataclasses.replace(
     word_tokens=True,
     # Frozen random text encoder with larger weights: at Qwen's default init (std 0.02) its features are ~0.1 per
     # token, smaller than the bias of the DiT's text input layer, and the DiT ignored the colour word; at 0.5 a
-    # 2500-step DiT probe got the colour right in 82% of held-out prompts (chapter 06 shows the scales).
+    # 2500-step DiT probe got the colour right in 82% of held-out prompts (chapter 7 shows the scales).
     text_encoder=dict(TINY.text_encoder, initializer_range=0.5),
     byt5_len=16,  # captions quote nothing (all padding); 16 still fits a short quoted word
     image_tokens=4,  # SigLIP tokens of the first frame (16 x 16 pixels, 8 x 8 patches); t2v: zeros, masked out

@@ -52,17 +52,29 @@ def foreground_rgb(video) -> np.ndarray | None:
     return frames[foreground].mean(axis=0) if foreground.sum() >= MIN_FOREGROUND_PIXELS else None
 
 
+def _centroids(foreground: np.ndarray) -> np.ndarray:
+    ys, xs = np.mgrid[0 : foreground.shape[1], 0 : foreground.shape[2]]
+    return np.array([(xs[m].mean(), ys[m].mean()) if m.sum() >= MIN_FOREGROUND_PIXELS else (np.nan, np.nan)
+                     for m in foreground]).reshape(-1, 2)
+
+
+def centroid_track(video) -> np.ndarray:
+    """The foreground's centroid in each frame, [F, 2] as (x, y) pixels (y grows downwards); NaN in a frame with
+    fewer than :data:`MIN_FOREGROUND_PIXELS` foreground pixels. :func:`read_video` reads the direction from it."""
+    return _centroids(_background_and_foreground(_as_unit_float(video))[1])
+
+
 def read_video(video, colors: dict[str, tuple[float, float, float]] | None = None) -> VideoReading:
     """The foreground's mean color (``foreground_rgb``) is matched to the nearest of ``colors`` (default: the
-    training colors), its centroid track (first to last frame) gives the direction, and the border's median
-    color the background."""
+    training colors), its centroid track (:func:`centroid_track`, first to last frame with a shape) gives the
+    direction, and the border's median color the background."""
     frames = _as_unit_float(video)
     background, foreground = _background_and_foreground(frames)
     if foreground.sum() < MIN_FOREGROUND_PIXELS:
         return VideoReading(_nearest(background, data.BACKGROUNDS), None, None, 0.0)
     color = _nearest(frames[foreground].mean(axis=0), data.COLORS if colors is None else colors)
-    ys, xs = np.mgrid[0 : frames.shape[1], 0 : frames.shape[2]]
-    centroids = [(xs[m].mean(), ys[m].mean()) for m in foreground if m.sum() >= MIN_FOREGROUND_PIXELS]
+    track = _centroids(foreground)
+    centroids = [tuple(c) for c in track if not np.isnan(c[0])]
     direction, travel = None, 0.0
     if len(centroids) >= 2:
         dx, dy = np.subtract(centroids[-1], centroids[0])

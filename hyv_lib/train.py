@@ -1,4 +1,4 @@
-"""Train the tiny VAE and DiT on the procedural clips: the loops behind the hyv-tiny weights and chapter 06."""
+"""Train the tiny VAE and DiT on the procedural clips: the loops behind the hyv-tiny weights and chapter 7."""
 
 from __future__ import annotations
 

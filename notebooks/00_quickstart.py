@@ -36,7 +36,7 @@
 #
 # On a laptop CPU it uses **hyv-tiny** (preset `tiny_trained`): the real diffusers and transformers classes at a
 # tiny size, trained on a CPU to draw one colored shape moving on a plain background, from the caption alone or
-# from a caption and a first frame (chapter 6 shows how; this notebook runs text to video).
+# from a caption and a first frame (chapter 6 runs image to video; this notebook runs text to video).
 # Its weights ship with `hyv_lib`, so the video below is a real generation you can check against the prompt,
 # and the files and code paths are exactly those of the real model. On a machine with the real weights, set
 # `HYV_PRESET=720p_t2v` and `HYV_MODEL_PATH=<diffusers folder>` and run the same notebook with your own prompt.
@@ -47,7 +47,7 @@ import os
 # tiny_trained | tiny | 480p_t2v | 720p_t2v; real presets need a diffusers-format folder (or hub id)
 PRESET = os.environ.get("HYV_PRESET", "tiny_trained")
 MODEL_PATH = os.environ.get("HYV_MODEL_PATH") or None
-# hyv-tiny knows "a {color} {shape} moving {direction} on a {background} background" (chapter 6)
+# hyv-tiny knows "a {color} {shape} moving {direction} on a {background} background" (chapter 7)
 PROMPT = os.environ.get("HYV_PROMPT", "a blue circle moving left on a gray background")
 OUTPUT_DIR = os.environ.get("HYV_OUTPUT_DIR", "stage_outputs/quickstart")
 # None = the preset's default; set small values to smoke-test real weights on a CPU

@@ -439,7 +439,7 @@ html_table(rows)
 #   stated).
 # - **TPU**, same project: v6e-8 with stock Splash and K/V zeroing 7.29 s/step. Its experiment with segment ids
 #   was *slower*, about 8.7 against 7.0 s/step. Exactness may cost time on a TPU. No chapter of this book times
-#   Splash on a TPU; chapter 7 counts the attention FLOPs that the padded context tokens add to a step.
+#   Splash on a TPU; chapter 8 counts the attention FLOPs that the padded context tokens add to a step.
 # - diffusers ≥ 0.37 rejects masks in its `flash`/`flash_hub`/`_flash_3` backends (huggingface/diffusers
 #   PR #12892). HunyuanVideo-1.5's processor always passes a mask, so those backends fail for this model. Its
 #   varlen backends work.

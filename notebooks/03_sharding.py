@@ -258,7 +258,7 @@ print(f"all fit: {all(c['fits'] for c, _, _ in compared.values())}; largest tota
 # the compiler has reported on a configuration, the planner shows the compiler's total instead
 # (`perf.device_plan(..., topology="v6e:2x4")["memory_total"]`, used by `perf.bounds`); the temporaries are its one
 # fitted term (`perf.TEMPORARY_STREAM_COPIES`, `perf.FSDP_GATHERED_BLOCKS`). The whole grid (other chips, 480p,
-# DeepCache) is in chapter 7.
+# DeepCache) is in chapter 8.
 #
 # ### What `tp_replicated_out` really does
 #

@@ -111,3 +111,15 @@ def test_the_frozen_tokenizer_words_are_the_datasets_and_build_the_shipped_token
     assert all(tokens(caption) == len(caption.split()) == 9 for caption in expected)  # one token per word
     assert {w for c in expected for w in c.split()} == set(tiny_vocabulary())
     assert tokens("a dark circle moving left on a gray background") > 9  # out of vocabulary: split
+
+
+def test_centroid_track_follows_the_shape_frame_by_frame():
+    """centroid_track gives the (x, y) the reader's direction comes from: a shape moving right has x rising every
+    frame at a steady y, first to last as far as read_video's travel; a frame without a shape is NaN."""
+    clip = to_uint8_frames(data.render_clip(data.Combo("green", "square", "right", "black"), seed=2))
+    track = quality.centroid_track(clip)
+    assert track.shape == (data.FRAMES, 2)
+    assert (np.diff(track[:, 0]) > 0).all() and np.ptp(track[:, 1]) < 0.5
+    assert np.hypot(*(track[-1] - track[0])) == pytest.approx(quality.read_video(clip).travel_px)
+    clip[-1] = clip[-1, 0, 0]  # the last frame: background only
+    assert np.isnan(quality.centroid_track(clip)[-1]).all() and not np.isnan(quality.centroid_track(clip)[:-1]).any()

@@ -48,6 +48,7 @@ def test_stage1_and_stage2_equal_the_diffusers_i2v_pipeline(tiny_folder, image_p
     stage1 = load_file(tmp_path / "stage1_embeddings.safetensors")
     assert list(stage1["image_embeds"].shape) == [1, TINY.image_tokens, TINY.image_dim]
     assert list(stage1["cond_latents"].shape) == [1, TINY.latent_channels, 1, 96 // 16, 160 // 16]  # bucket 96x160
+    assert {k: tuple(v.shape) for k, v in stage1.items()} == TINY.stage1_shapes(image_size=(96, 160))
     config = json.loads((tmp_path / "generation_config.json").read_text())
     assert (config["task"], config["image_height"], config["image_width"]) == ("i2v", 96, 160)
     ours = pipeline.stage2(str(tmp_path), num_inference_steps=3, seed=5, quiet=True)
@@ -151,3 +152,35 @@ def test_the_image_decides_the_size(image_path, tmp_path):
                           height=64, width=64, quiet=True)
     assert err.value.argument == "--height" and "96x160" in err.value.message
     assert not list(tmp_path.iterdir())
+
+
+def test_stage1_shapes_of_an_image_to_video_file():
+    """The real 720p I2V file from the preset: SigLIP's 729 tokens of width 1152 and one latent frame of the bucket."""
+    shapes = get_preset("720p_i2v").stage1_shapes(image_size=(720, 1280))
+    assert shapes["image_embeds"] == (1, 729, 1152) and shapes["cond_latents"] == (1, 32, 1, 45, 80)
+    assert {k: v for k, v in shapes.items() if k not in ("image_embeds", "cond_latents")} == \
+        get_preset("720p_t2v").stage1_shapes()
+    with pytest.raises(HyvInputError, match="multiple of 16"):
+        get_preset("720p_i2v").stage1_shapes(image_size=(720, 1270))
+
+
+def test_the_step_distilled_schedule():
+    """Shift 7, 8 steps: the timesteps of the official step-distilled recipe, and timestep_r = the next one (0 last);
+    the loop's timestep_r values are checked against diffusers in test_meanflow_step_distilled_loop_equals_diffusers."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    preset = get_preset("480p_i2v_step_distilled")
+    timesteps, timestep_r = pipeline.sampling_schedule(FlowMatchEulerDiscreteScheduler(shift=preset.flow_shift),
+                                                       preset.default_steps)
+    assert [round(float(t), 2) for t in timesteps] == [1000.0, 980.0, 954.55, 921.05, 875.0, 807.69, 700.0, 500.0]
+    assert timestep_r.tolist() == timesteps[1:].tolist() + [0.0]
+
+
+def test_condition_channels_hold_the_first_frame_and_its_mask():
+    latents = torch.randn(1, 4, 3, 2, 5)
+    cond = torch.randn(1, 4, 1, 2, 5)
+    condition = pipeline.condition_channels(latents, cond)
+    assert condition.shape == (1, 5, 3, 2, 5)
+    assert torch.equal(condition[:, :4, :1], cond) and not condition[:, :4, 1:].any()
+    assert condition[:, 4, 0].eq(1).all() and not condition[:, 4, 1:].any()
+    assert not pipeline.condition_channels(latents).any()  # text to video: zeros

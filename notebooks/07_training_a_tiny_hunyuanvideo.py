@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 6. Training a tiny HunyuanVideo-1.5
+# # 7. Training a tiny HunyuanVideo-1.5
 #
 # With random weights the tiny preset can only show noise. This chapter trains the *same* diffusers classes at a
 # tiny size on a procedural dataset, on a 2-core CPU. The result is **hyv-tiny**, which ships with `hyv_lib`
@@ -22,8 +22,8 @@
 # which most other chapters load as their CPU default. With it, a prompt such as "a red circle moving left on a gray
 # background" gives a video you can check, from the caption alone or from the caption and a first frame.
 #
-# :::{figure} ../book/figures/06_making_hyv_tiny.svg
-# :name: fig-06-making-hyv-tiny
+# :::{figure} ../book/figures/07_making_hyv_tiny.svg
+# :name: fig-07-making-hyv-tiny
 # How hyv-tiny is made. Clips are rendered from a seed and captioned exactly; the VAE is trained in three stages
 # (images, clips, then the decoder alone) and frozen; the training clips are encoded once into latents and the
 # captions once through the frozen, randomly initialised text encoders; the DiT learns flow matching on those
@@ -583,7 +583,7 @@ print(f"whole DiT run: 3 x {DIT_BATCH} x {len(dit_log)} x {tiny_f['total'] / 1e6
 # * video VAEs of this family are trained with perceptual (LPIPS) and adversarial terms besides the pixel and KL
 #   terms (the first HunyuanVideo report, arXiv 2412.03603, section 3.1, gives its 3D VAE's loss); ours uses a
 #   pixel loss;
-# * a real denoising step (one forward over the CFG pair) is the 12.65 PFLOP counted in chapter 7, and training
+# * a real denoising step (one forward over the CFG pair) is the 12.65 PFLOP counted in chapter 8, and training
 #   shards weights and activations over many accelerators, with FSDP or the sharding rules of chapter 3, plus
 #   sequence parallelism (Ulysses).
 #

@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 7. Performance: roofline, MFU and the road to 50%
+# # 8. Performance: roofline, MFU and the road to 50%
 #
 # How fast *should* one denoising step of HunyuanVideo-1.5 be, how fast is it in published runs, and what would it
 # take to close the gap? This chapter answers with arithmetic, not with a benchmark: every number below is either
@@ -29,8 +29,8 @@
 # 4. **Convert** published step times into model FLOP utilisation (MFU).
 # 5. **Plan** the road to 50% MFU on a TPU v6e-8: which levers exist, and how much each can give.
 #
-# :::{figure} ../book/figures/07_compile_without_tpu.svg
-# :name: fig-07-compile-without-tpu
+# :::{figure} ../book/figures/08_compile_without_tpu.svg
+# :name: fig-08-compile-without-tpu
 # How `python -m hyv_lib compile` (`hyv_lib.tpu_compile`) checks a TPU layout on a CPU. libtpu describes the devices
 # of a named slice; the diffusers DiT on torch's meta device gives every weight's name and shape, which become
 # abstract bf16 arrays placed on a mesh of those devices by a sharding rule set; the jitted step that
