@@ -25,12 +25,9 @@ install: $(STAMP)
 # JAX would otherwise probe for a TPU at start-up; JAX_PLATFORMS=cpu skips that (TPU compiles still work).
 export JAX_PLATFORMS ?= cpu
 
-# Two pytest-xdist workers by default (the CI machine has 2 cores; TEST_WORKERS=0 runs in one process). Each test
-# file runs whole on one worker (--dist loadfile), so module fixtures are built once.
 # pytest exits 5 when it collects no tests: say so and fail, rather than pass on nothing.
-TEST_WORKERS ?= 2
 test: $(STAMP)
-	@$(BIN)/python -m pytest tests -q -n $(TEST_WORKERS) --dist loadfile || { rc=$$?; [ $$rc -eq 5 ] && echo "error: pytest collected no tests"; exit $$rc; }
+	@$(BIN)/python -m pytest tests -q || { rc=$$?; [ $$rc -eq 5 ] && echo "error: pytest collected no tests"; exit $$rc; }
 
 book: $(STAMP)
 	rm -rf _build  # doctrees too: otherwise Sphinx skips (and does not execute) unchanged notebooks

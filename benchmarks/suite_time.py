@@ -3,15 +3,11 @@ per-file seconds and the ratio. Not a unit test:
 
     .venv/bin/python benchmarks/suite_time.py --base a61c01a^      # e.g. the commit before issue 20's first change
 
-Each suite runs the way its commit's `make test` ran it: the base in one process (the default, ``--base-workers 0``),
-the working tree with ``--workers`` pytest-xdist workers (default 2, as the Makefile; ``--dist loadfile``). With
-workers, a file's seconds are its tests' time on a worker that shared the CPU with the other one, so the per-file
-columns compare cost, and the wall time compares what a developer waits.
-
 The base commit is checked out into a temporary git worktree and run with this checkout's .venv (PYTHONPATH points
 at the worktree, so its hyv_lib is the one imported). Each run gets a fresh, empty JAX compile cache, so neither
-starts warm. Files present in only one of the two suites are listed apart: the like-for-like ratio is over the files
-both have (a file's tests may have changed in between; the counts are printed next to the times).
+starts warm. Files present in only one of the two suites are listed apart. Two like-for-like ratios: over the files
+both have (a file may have gained or lost tests in between; the counts are printed next to the times), and over the
+test ids both have (the same test by name: its check may have been strengthened since, never dropped silently).
 """
 
 from __future__ import annotations
@@ -28,17 +24,22 @@ import xml.etree.ElementTree as ET
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_suite(tree: str, junit: str, cache: str, workers: int = 0) -> float:
+def run_suite(tree: str, junit: str, cache: str) -> float:
     """pytest over ``tree``/tests with this .venv; returns the wall seconds (any exit code but 'no tests' is fine:
     a failing test still took its time, and the report says how many failed)."""
     env = dict(os.environ, PYTHONPATH=tree, HYV_COMPILE_CACHE_DIR=cache, JAX_PLATFORMS="cpu")
     start = time.perf_counter()
     code = subprocess.call([sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider",
-                            f"--junitxml={junit}", *(["-n", str(workers), "--dist", "loadfile"] if workers else [])],
-                           cwd=tree, env=env, stdout=subprocess.DEVNULL)
+                            f"--junitxml={junit}"], cwd=tree, env=env, stdout=subprocess.DEVNULL)
     if code == 5:
         raise SystemExit(f"pytest collected no tests in {tree}")
     return time.perf_counter() - start
+
+
+def per_test(junit: str) -> dict[str, float]:
+    """test id (classname::name) -> seconds, from a junit XML report."""
+    return {f"{case.get('classname')}::{case.get('name')}": float(case.get("time", 0))
+            for case in ET.parse(junit).getroot().iter("testcase")}
 
 
 def per_file(junit: str) -> dict[str, dict[str, float]]:
@@ -57,19 +58,18 @@ def per_file(junit: str) -> dict[str, dict[str, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--base", required=True, help="a commit (e.g. a61c01a^)")
-    parser.add_argument("--workers", type=int, default=2, help="pytest-xdist workers for the working tree (0: none)")
-    parser.add_argument("--base-workers", type=int, default=0, help="pytest-xdist workers for the base (0: none)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="suite-time-") as tmp:
         base_tree = os.path.join(tmp, "base")
         subprocess.check_call(["git", "worktree", "add", "--detach", "-q", base_tree, args.base], cwd=ROOT)
         try:
-            walls, files = {}, {}
-            for label, tree, workers in (("base", base_tree, args.base_workers), ("now", ROOT, args.workers)):
+            walls, files, tests_by_id = {}, {}, {}
+            for label, tree in (("base", base_tree), ("now", ROOT)):
                 junit = os.path.join(tmp, f"{label}.xml")
-                walls[label] = run_suite(tree, junit, os.path.join(tmp, f"cache-{label}"), workers)
+                walls[label] = run_suite(tree, junit, os.path.join(tmp, f"cache-{label}"))
                 files[label] = per_file(junit)
-                print(f"{label}: {walls[label]:.0f} s wall ({workers or 'no'} workers)", flush=True)
+                tests_by_id[label] = per_test(junit)
+                print(f"{label}: {walls[label]:.0f} s wall", flush=True)
         finally:
             subprocess.call(["git", "worktree", "remove", "--force", base_tree], cwd=ROOT)
     both = sorted(set(files["base"]) & set(files["now"]))
@@ -86,6 +86,10 @@ def main() -> None:
           f"{walls['now'] / walls['base']:.2f}")
     print(f"files in both ({len(both)}): base {common['base']:.0f} s, now {common['now']:.0f} s: now/base = "
           f"{common['now'] / common['base']:.2f}")
+    same = set(tests_by_id["base"]) & set(tests_by_id["now"])
+    same_s = {k: sum(tests_by_id[k][t] for t in same) for k in ("base", "now")}
+    print(f"tests in both, by id ({len(same)} of the base's {len(tests_by_id['base'])}): base {same_s['base']:.0f} s, "
+          f"now {same_s['now']:.0f} s: now/base = {same_s['now'] / same_s['base']:.2f}")
 
 
 if __name__ == "__main__":

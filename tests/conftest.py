@@ -26,20 +26,3 @@ def tiny_folder(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny_model") / "hyv-tiny"
     save_tiny_pipeline(str(path))
     return path
-
-
-# `make test` runs two workers (pytest-xdist, `--dist loadfile`: a file runs whole on one worker, so its module
-# fixtures are built once). Starting the longest files first keeps both workers busy to the end (longest processing
-# time first); the rest keep their order. Seconds of each file alone on a 2-core machine, from
-# benchmarks/suite_time.py: refresh this list when a file's time changes much.
-LONGEST_FILES = ("test_notebooks_real_layout.py",  # ~250 s
-                 "test_tpu_compile.py",  # ~180 s
-                 "test_perf.py",  # ~150 s
-                 "test_sharding.py",  # ~75 s
-                 "test_multihost.py",  # ~70 s
-                 "test_cli.py")  # ~65 s
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: other files keep their order
