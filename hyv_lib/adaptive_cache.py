@@ -236,7 +236,7 @@ def bundled_calibration(preset) -> str | None:
 def _video_tokens(cache: Any):
     """The video tokens of a runtime's cache: (video, context, mask, rope) from TorchDeepCache, or
     ((video, context), mask, cos, sin) from the TPU runtime."""
-    return cache[0][0] if isinstance(cache[0], tuple) else cache[0]
+    return cache[0][0] if isinstance(cache[0], (tuple, list)) else cache[0]
 
 
 def _relative_change(runtime, previous, current) -> float:

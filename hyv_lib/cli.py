@@ -121,8 +121,11 @@ def _calibrate_cache(args: argparse.Namespace) -> None:
     """``calibrate_cache``: the curve of one uncached run, written atomically to ``--output``."""
     from .adaptive_cache import calibrate
 
+    from .stage_io import ensure_output_dir
+
     if not args.output.endswith(".json"):
         raise HyvInputError("--output", f"must be a .json file, got {args.output!r}")
+    ensure_output_dir(os.path.dirname(os.path.abspath(args.output)), "--output")  # before the run, not after
     calibration = calibrate(args.preset, args.model_path, prompt=args.prompt, negative_prompt=args.negative_prompt,
                             image_path=args.image_path, seed=args.seed, num_inference_steps=args.num_inference_steps,
                             flow_shift=args.flow_shift, guidance_scale=args.guidance_scale,

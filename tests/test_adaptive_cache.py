@@ -123,36 +123,43 @@ def test_threshold_zero_runs_every_step_full_and_gives_exactly_the_uncached_late
     assert (step.full_calls, step.cached_calls, step.skipped_steps) == (STEPS, 0, [])
 
 
-def skipping_schedule(curve, max_skip=2):
-    """A threshold between the curve's largest single step and twice it: every post-retention step alone may be
-    skipped, so some are."""
-    return MagCacheSchedule(curve, threshold=1.5 * max(curve), max_skip=max_skip, retention=0.25)
-
-
-def test_a_higher_threshold_skips_the_schedules_steps_and_no_more_than_k_in_a_row(model, calibrated):
-    curve, _, uncached = calibrated
-    schedule = skipping_schedule(curve, max_skip=2)
-    assert schedule.cached_steps  # this threshold skips something on this curve
+@pytest.fixture(scope="module")
+def skipping(model, calibrated):
+    """(schedule, step, latents) of a torch run with a threshold of 1.5x the curve's largest value (each step alone
+    may be skipped after the retained ones, so some are) and K = 2."""
+    curve = calibrated[0]
+    schedule = MagCacheSchedule(curve, threshold=1.5 * max(curve), max_skip=2, retention=0.25)
     step = DeepCacheStep(TorchDeepCache(model), schedule)
-    latents = run_loop(step)
+    return schedule, step, run_loop(step)
+
+
+def test_a_higher_threshold_skips_the_schedules_steps_and_no_more_than_k_in_a_row(calibrated, skipping):
+    uncached = calibrated[2]
+    schedule, step, latents = skipping
+    assert schedule.cached_steps  # this threshold skips something on this curve
     assert step.skipped_steps == schedule.cached_steps
     assert (step.full_calls, step.cached_calls) == (len(schedule.full_steps), len(schedule.cached_steps))
     assert {0, 1} <= set(schedule.full_steps)  # retention 0.25 of 8 steps
+    runs, run = [], 0
+    for s in range(STEPS):
+        run = 0 if schedule.is_full(s) else run + 1
+        runs.append(run)
+    assert max(runs) <= 2
     assert not torch.equal(latents, uncached)
     assert (latents - uncached).abs().max() < 0.5 * uncached.abs().max()
 
 
-def test_tpu_runtime_calibrates_alike_skips_the_same_steps_and_compiles_two_programs(model, calibrated):
+def test_tpu_runtime_calibrates_alike_skips_the_same_steps_and_compiles_two_programs(model, calibrated, skipping):
     from hyv_lib.tpu import TpuTransformer
 
-    curve, _, _ = calibrated
-    schedule = skipping_schedule(curve)
-    torch_cached = DeepCacheStep(TorchDeepCache(copy.deepcopy(model)), schedule)
-    reference = run_loop(torch_cached)
+    curve = calibrated[0]
+    schedule, torch_cached, reference = skipping
     tpu = TpuTransformer(copy.deepcopy(model), attention="xla")
     calibration = CalibrationStep(tpu, 1)
     run_loop(calibration)  # through the full program: the first of the two
     assert calibration.curve == pytest.approx(curve, rel=1e-4, abs=1e-6)
+    own = MagCacheSchedule(calibration.curve, schedule.threshold, schedule.max_skip, schedule.retention)
+    assert own.full_steps == schedule.full_steps  # its own curve makes the same decisions
     step = DeepCacheStep(tpu, schedule)
     latents = run_loop(step)
     assert step.skipped_steps == torch_cached.skipped_steps == schedule.cached_steps
@@ -256,6 +263,19 @@ def test_bad_flags_exit_2_naming_the_flag(capsys, tmp_path, flags, argument):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("flags,argument", [
+    (["--output", "cal.txt"], "--output"),
+    (["--output", "cal.json", "--no_cache_blocks", "9"], "--no_cache_blocks"),
+    (["--output", "cal.json", "--runtime", "ulysses"], "--runtime"),
+    (["--output", "cal.json", "--num_inference_steps", "0"], "--num_inference_steps"),
+])
+def test_calibrate_cache_rejects_bad_flags_before_running(capsys, tmp_path, monkeypatch, flags, argument):
+    monkeypatch.chdir(tmp_path)
+    code, err = hyv(capsys, "calibrate_cache", "--preset", "tiny", "--quiet", *flags)
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"error: {argument}:"), err
+    assert not list(tmp_path.iterdir())
+
+
 def test_calibrate_cache_then_generate_records_the_method_and_the_skipped_steps(capsys, tmp_path):
     """The CLI end to end on the tiny preset: a calibration file, a run that uses it, and one without a file that
     calibrates on the fly (with a warning) to the same curve, so it skips the same steps."""
@@ -303,14 +323,10 @@ def test_the_in_memory_pipeline_takes_a_magcache_schedule(tmp_path):
                                  cache_retention=0.25, cache_calibration=path)
     # By hand: retention keeps step 0; t1 error .1 < .12 cached; t2 drift .15, error .25 full; t3 error .2 full.
     assert schedule.cached_steps == [1]
-    uncached = pipe.generate("a red ball", seed=1, video_length=5, num_inference_steps=4, progress=False)
-    video = pipe.generate("a red ball", seed=1, video_length=5, num_inference_steps=4, cache=schedule, progress=False)
+    small = dict(seed=1, video_length=5, num_inference_steps=4, height=32, width=48, progress=False)
+    video = pipe.generate("a red ball", cache=schedule, **small)
     assert video.config["cache_skipped_steps"] == [1] and video.config["cache_method"] == "magcache"
-    assert video.config["cache_calibration"] == path
-    with pytest.warns(UserWarning, match="caches none"):
-        exact = pipe.generate("a red ball", seed=1, video_length=5, num_inference_steps=4, progress=False,
-                              cache=MagCacheSchedule.from_calibration(cal, threshold=0.0))
-    assert torch.equal(exact.latents, uncached.latents)
+    assert (video.config["cache_calibration"], video.config["cache_threshold"]) == (path, 0.12)
     with pytest.raises(HyvInputError, match="cache_threshold"):
         magcache_schedule("tiny", num_inference_steps=4, cache_threshold=-1, cache_calibration=path)
     with pytest.raises(HyvInputError, match="flow_shift"):
