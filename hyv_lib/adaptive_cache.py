@@ -15,10 +15,10 @@ import torch
 from .cache import block_speedup
 from .errors import HyvInputError
 
-#: The decision's defaults (``--cache_threshold``, ``--cache_max_skip``, ``--cache_retention``). MagCache's published
-#: HunyuanVideo settings are a threshold of 0.12-0.24 with K = 4-6 and a retention of 0.2, but its threshold bounds a
-#: different quantity (see :class:`MagCacheSchedule`), so ours was chosen on hyv-tiny's curve (runbook: DeepCache and
-#: MagCache).
+#: The decision's defaults (``--cache_threshold``, ``--cache_max_skip``, ``--cache_retention``). MagCache's public
+#: script for HunyuanVideo (the first version) uses a threshold of 0.24 (or 0.12) with K = 6 (or 4) and a retention of
+#: 0.2, but its threshold bounds a different quantity (see :class:`MagCacheSchedule`); ours was set on hyv-tiny's
+#: shipped curve, where 0.1 lets single steps in the middle of the 20 reuse the cache (6 of them), and K = 3.
 DEFAULT_THRESHOLD = 0.1
 DEFAULT_MAX_SKIP = 3
 DEFAULT_RETENTION = 0.2
