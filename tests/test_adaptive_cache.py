@@ -289,13 +289,13 @@ def test_a_calibration_for_other_steps_exits_2_naming_the_flag(capsys, tmp_path)
 def test_calibrate_cache_then_generate_records_the_method_and_the_skipped_steps(capsys, tmp_path):
     """The CLI end to end on the tiny preset: a calibration file, a run that uses it, and one without a file that
     calibrates on the fly (with a warning) to the same curve, so it skips the same steps."""
-    common = ["--preset", "tiny", "--video_length", "5", "--num_inference_steps", "6", "--height", "32", "--width",
+    common = ["--preset", "tiny", "--video_length", "5", "--num_inference_steps", "4", "--height", "32", "--width",
               "48"]
     path = tmp_path / "cal.json"
     code, err = hyv(capsys, "calibrate_cache", *common, "--output", str(path), "--quiet")
     assert code == 0, err
     cal = load_calibration(str(path))
-    assert (cal.num_inference_steps, cal.video_length, cal.height, len(cal.curve)) == (6, 5, 32, 6)
+    assert (cal.num_inference_steps, cal.video_length, cal.height, len(cal.curve)) == (4, 5, 32, 4)
     threshold = str(1.5 * max(cal.curve))
     flags = ["--enable_cache", "--cache_method", "magcache", "--cache_threshold", threshold, "--cache_max_skip", "2",
              "--cache_retention", "0.2", "--prompt", "a red ball", "--quiet"]
