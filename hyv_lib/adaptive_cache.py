@@ -69,10 +69,12 @@ class MagCacheSchedule:
     and recomputes those blocks and the output layer with the fresh timestep. What such a step gets wrong is how
     far those tokens moved since the last full step, so the curve is their relative change between consecutive
     steps, ``curve[t] = mean_tokens ||c_t - c_(t-1)|| / ||c_(t-1)||`` (:data:`QUANTITY`), measured on an all-full run
-    (:func:`calibrate`); a skip from step a to t is wrong by at most ``sum(curve[a+1..t])``, which replaces
-    MagCache's ``|1 - prod gamma|``. A threshold therefore means something else than MagCache's, and the published
-    values do not carry over. The comparison is strict (``error < threshold``), so ``threshold=0`` runs every step
-    full: exactly the uncached result.
+    (:func:`calibrate`). Tokens cached at step a and used at step t are off by about ``sum(curve[a+1..t])`` (the
+    triangle inequality per token, up to the change of the norms), which replaces MagCache's ``|1 - prod gamma|``;
+    as in MagCache, each skipped step adds that staleness to the accumulated error. A threshold therefore means
+    something else than MagCache's, and the published values do not carry over. The comparison is strict
+    (``error < threshold``; MagCache's code uses ``<=``), so ``threshold=0`` runs every step full: exactly the
+    uncached result.
 
     The decision depends only on the step index and the curve, so it is made before the loop (``full_steps``) and
     :class:`hyv_lib.cache.DeepCacheStep` runs it unchanged: on the TPU runtime a host-side branch between the two
