@@ -56,7 +56,8 @@ class Pipeline:
                                    sharding=self.stage2_settings.get("sharding", "tp_replicated_out"),
                                    attention=settings["attention"], vae_runtime=self.stage3_settings["runtime"],
                                    progress=not self.stage2_settings.get("quiet", False))
-        self.step = self.video.step_for(pipeline.cache_schedule(settings), settings.get("no_cache_blocks", 1))
+        self.step = self.video.step_for(pipeline.cache_schedule(settings, self.spec, model_path),
+                                        settings.get("no_cache_blocks", 1))
 
     @property
     def compilations(self) -> int | None:

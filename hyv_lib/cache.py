@@ -47,8 +47,23 @@ class DeepCacheSchedule:
     def block_speedup(self, num_blocks: int, uncached_blocks: int = 1) -> float:
         """Upper bound on the speed-up from skipping blocks alone: blocks run without the cache divided by
         blocks run with it (cached steps still run ``uncached_blocks`` trailing blocks)."""
-        cached = self.num_steps - len(self.full_steps)
-        return self.num_steps * num_blocks / (len(self.full_steps) * num_blocks + cached * uncached_blocks)
+        return block_speedup(self.num_steps, len(self.full_steps), num_blocks, uncached_blocks)
+
+    def describe(self) -> str:
+        """The schedule in a few words, for messages."""
+        return f"cached range {self.start}..{self.end}, interval {self.interval}"
+
+    def settings(self) -> dict[str, Any]:
+        """The generation_config.json fields of this schedule (the CLI flags' names)."""
+        return dict(cache_method="deepcache", cache_start_step=self.start, cache_end_step=self.end,
+                    cache_step_interval=self.interval)
+
+
+def block_speedup(num_steps: int, full_steps: int, num_blocks: int, uncached_blocks: int = 1) -> float:
+    """Blocks run by ``num_steps`` uncached steps over blocks run when only ``full_steps`` of them run every block
+    and the others run ``uncached_blocks`` trailing blocks: the speed-up bound of any step cache here."""
+    cached = num_steps - full_steps
+    return num_steps * num_blocks / (full_steps * num_blocks + cached * uncached_blocks)
 
 
 class CacheableRuntime(Protocol):
@@ -132,6 +147,7 @@ class DeepCacheStep:
     def reset(self) -> None:
         """Forget the cache and restart the step count (a new denoising run)."""
         self.calls, self.full_calls, self.cached_calls, self.cache = 0, 0, 0, None
+        self.skipped_steps: list[int] = []
 
     def __call__(self, **kwargs) -> torch.Tensor:
         index, self.calls = self.calls, self.calls + 1
@@ -146,6 +162,7 @@ class DeepCacheStep:
             out, self.cache = self.runtime.run_and_cache(self.uncached_blocks, **kwargs)
             return out
         self.cached_calls += 1
+        self.skipped_steps.append(index)
         return self.runtime.run_from_cache(self.cache, self.uncached_blocks, **kwargs)
 
 

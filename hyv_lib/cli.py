@@ -1,4 +1,4 @@
-"""Command line: ``python -m hyv_lib info|compile|save_tiny|stage1|stage2|stage3|generate`` (flag names of the gpu-tpu-pedia staged
+"""Command line: ``python -m hyv_lib info|compile|save_tiny|calibrate_cache|stage1|stage2|stage3|generate`` (flag names of the gpu-tpu-pedia staged
 scripts)."""
 
 from __future__ import annotations
@@ -59,12 +59,26 @@ def _add_stage2(p: argparse.ArgumentParser, dirs: bool = True) -> None:
                         "the same command on every host (gcloud ... ssh --worker=all)")
     c = p.add_argument_group("stage 2: DeepCache (torch and tpu runtimes)")
     c.add_argument("--enable_cache", action="store_true", help="reuse deep features on the schedule's cached steps")
+    c.add_argument("--cache_method", default=None,
+                   help="deepcache (the fixed schedule of the --cache_*_step flags) | magcache (adaptive: skips by a "
+                        "calibrated per-step curve) (default deepcache)")
     c.add_argument("--cache_start_step", type=int, default=11, help="first step of the cached range (default 11)")
     c.add_argument("--cache_end_step", type=int, default=45, help="steps from here on are full again (default 45)")
     c.add_argument("--cache_step_interval", type=int, default=4,
                    help="in the range, every N-th step is full (default 4)")
     c.add_argument("--no_cache_blocks", type=int, default=1,
                    help="trailing blocks recomputed on cached steps (default 1)")
+    c.add_argument("--cache_threshold", type=float, default=None,
+                   help="magcache: reuse the cache while the accumulated estimated error stays under this; 0 runs "
+                        "every step full (default 0.1)")
+    c.add_argument("--cache_max_skip", type=int, default=None,
+                   help="magcache: at most this many cached steps in a row (default 3)")
+    c.add_argument("--cache_retention", type=float, default=None,
+                   help="magcache: this fraction of the first steps always runs full (default 0.2)")
+    c.add_argument("--cache_calibration", default=None,
+                   help="magcache: calibration JSON of `calibrate_cache` (default: the one shipped with "
+                        "tiny_trained, or, for a tiny preset, one uncached calibration run first; required for real "
+                        "presets)")
 
 
 def _add_stage3(p: argparse.ArgumentParser, input_dir: bool = True) -> None:
@@ -79,6 +93,51 @@ def _add_stage3(p: argparse.ArgumentParser, input_dir: bool = True) -> None:
     g.add_argument("--disable_tiling", action="store_true", help="decode without spatial VAE tiles")
     g.add_argument("--save_frames", action="store_true", help="also write stage3_frames.safetensors")
     g.add_argument("--vae_dtype", default="fp32", help="fp32 | bf16: what the VAE decoder computes in (default fp32)")
+
+
+def _add_calibration(p: argparse.ArgumentParser) -> None:
+    from .adaptive_cache import CALIBRATION_PROMPT, CALIBRATION_SEED
+
+    p.add_argument("--preset", default="tiny_trained", help="a preset of `info` (default tiny_trained)")
+    p.add_argument("--model_path", default=None, help="diffusers-format folder or hub id; required for real presets")
+    p.add_argument("--prompt", default=CALIBRATION_PROMPT, help=f"one sample's prompt (default {CALIBRATION_PROMPT!r})")
+    p.add_argument("--negative_prompt", default="", help="negative prompt for CFG (default: empty)")
+    p.add_argument("--image_path", default=None, help="first frame, for the image-to-video presets")
+    p.add_argument("--seed", type=int, default=CALIBRATION_SEED, help=f"seed (default {CALIBRATION_SEED})")
+    p.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16 (default: the preset's)")
+    for name, kind, text in (("--num_inference_steps", int, "denoising steps"), ("--flow_shift", float, "sigma shift"),
+                             ("--guidance_scale", float, "CFG scale"), ("--height", int, "pixels"),
+                             ("--width", int, "pixels"), ("--video_length", int, "frames, 4n+1")):
+        p.add_argument(name, type=kind, default=None, help=f"{text} (default: the preset's)")
+    p.add_argument("--aspect_ratio", default="16:9", help="W:H bucket (default 16:9)")
+    p.add_argument("--no_cache_blocks", type=int, default=1, help="trailing blocks of the cached step (default 1)")
+    p.add_argument("--runtime", default="torch", help="torch | tpu (default torch)")
+    p.add_argument("--mesh", default=None, help="tpu runtime: device mesh, e.g. tensor=8 (default: one device)")
+    p.add_argument("--sharding", default="tp_replicated_out", help="tp | tp_replicated_out | fsdp")
+    p.add_argument("--attention", default="auto", help="as for stage2 (default auto)")
+
+
+def _calibrate_cache(args: argparse.Namespace) -> None:
+    """``calibrate_cache``: the curve of one uncached run, written atomically to ``--output``."""
+    from .adaptive_cache import calibrate
+
+    from .stage_io import ensure_output_dir
+
+    if not args.output.endswith(".json"):
+        raise HyvInputError("--output", f"must be a .json file, got {args.output!r}")
+    ensure_output_dir(os.path.dirname(os.path.abspath(args.output)), "--output")  # before the run, not after
+    calibration = calibrate(args.preset, args.model_path, prompt=args.prompt, negative_prompt=args.negative_prompt,
+                            image_path=args.image_path, seed=args.seed, num_inference_steps=args.num_inference_steps,
+                            flow_shift=args.flow_shift, guidance_scale=args.guidance_scale,
+                            aspect_ratio=args.aspect_ratio, height=args.height, width=args.width,
+                            video_length=args.video_length, no_cache_blocks=args.no_cache_blocks,
+                            runtime=args.runtime, mesh=args.mesh, sharding=args.sharding, attention=args.attention,
+                            dtype=args.dtype, progress=not args.quiet)
+    calibration.save(args.output)
+    if not args.quiet:
+        print(f"calibrate_cache: done, {calibration.preset} at {calibration.num_inference_steps} steps, flow shift "
+              f"{calibration.flow_shift}: curve {list(calibration.curve)} in {os.path.abspath(args.output)}",
+              file=sys.stderr)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,6 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="compile DeepCache's full and cached programs instead of the plain step")
     comp.add_argument("--no_cache_blocks", type=int, default=1, help="trailing blocks of the cached step (default 1)")
     comp.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    cal = sub.add_parser("calibrate_cache", help="magcache: one uncached run that writes the per-step curve "
+                                                 "(--cache_calibration) for a preset and step count")
+    cal.add_argument("--output", required=True, help="the JSON file to write")
+    _add_calibration(cal)
     tiny = sub.add_parser("save_tiny", help="write a tiny diffusers-format model folder: with a real preset, that "
                                             "preset's layout (text lengths, channels, VAE) at tiny widths, loadable "
                                             "with --model_path like the real weights")
@@ -129,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_stage1(gen)
     _add_stage2(gen, dirs=False)
     _add_stage3(gen, input_dir=False)
-    for p in [gen, tiny, *(sp for sp, _ in stages.values())]:
+    for p in [gen, tiny, cal, *(sp for sp, _ in stages.values())]:
         p.add_argument("--quiet", action="store_true", help="no progress bar or summary line")
     return parser
 
@@ -238,6 +301,8 @@ def _run_command(args: argparse.Namespace) -> int:
             print(json.dumps(report, indent=2) if args.json else format_report(report))
         elif args.command == "save_tiny":
             _save_tiny(args)
+        elif args.command == "calibrate_cache":
+            _calibrate_cache(args)
         elif args.command == "stage1":
             pipeline.stage1(preset=args.preset, prompt=args.prompt, negative_prompt=args.negative_prompt,
                             output_dir=args.output_dir, model_path=args.model_path, dtype=args.dtype,
@@ -259,7 +324,7 @@ def _run_command(args: argparse.Namespace) -> int:
     except HyvInputError as err:
         print(f"error: {err.argument}: {err.message}", file=sys.stderr)
         return 2
-    if args.command not in ("info", "compile", "save_tiny") and not getattr(args, "quiet", False):
+    if args.command not in ("info", "compile", "save_tiny", "calibrate_cache") and not getattr(args, "quiet", False):
         out = getattr(args, "output_dir", None) or getattr(args, "input_dir", None)
         print(f"{args.command}: done, files in {os.path.abspath(out)}", file=sys.stderr)
     return 0

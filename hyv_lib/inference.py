@@ -117,14 +117,17 @@ class VideoPipeline:
         return getattr(self.step, "compilations", None)
 
     def step_for(self, cache, uncached_blocks: int):
-        """The uncached step, or (``cache``: a :class:`hyv_lib.cache.DeepCacheSchedule`) a DeepCache step around the
-        same runtime that recomputes ``uncached_blocks`` blocks on cached steps (the tpu programs are shared)."""
+        """The uncached step, or (``cache``: a :class:`hyv_lib.cache.DeepCacheSchedule` or an adaptive
+        :class:`hyv_lib.adaptive_cache.MagCacheSchedule`) a DeepCache step around the same runtime that recomputes
+        ``uncached_blocks`` blocks on cached steps (the tpu programs are shared)."""
         if cache is None:
             return self.step
+        from .adaptive_cache import MagCacheSchedule
         from .cache import DeepCacheSchedule, DeepCacheStep, TorchDeepCache
 
-        if not isinstance(cache, DeepCacheSchedule):
-            raise HyvInputError("cache", f"must be None or a hyv_lib.cache.DeepCacheSchedule, got {cache!r}")
+        if not isinstance(cache, (DeepCacheSchedule, MagCacheSchedule)):
+            raise HyvInputError("cache", "must be None, a hyv_lib.cache.DeepCacheSchedule or a "
+                                         f"hyv_lib.adaptive_cache.MagCacheSchedule, got {cache!r}")
         runtime = TorchDeepCache(self.components["transformer"]) if self.runtime == "torch" else self.step
         try:
             return DeepCacheStep(runtime, cache, uncached_blocks)
@@ -148,7 +151,9 @@ class VideoPipeline:
                  guidance_scale: float | None = None, flow_shift: float | None = None, seed: int = 0,
                  cache=None, uncached_blocks: int = 1, progress: bool = True, image=None) -> Video:
         """One video from ``prompt``. Each None setting takes the preset's default; ``cache`` is a
-        :class:`hyv_lib.cache.DeepCacheSchedule` (``uncached_blocks`` recomputed on cached steps) or None.
+        :class:`hyv_lib.cache.DeepCacheSchedule`, an adaptive :class:`hyv_lib.adaptive_cache.MagCacheSchedule`
+        (e.g. :func:`hyv_lib.adaptive_cache.magcache_schedule`) or None (``uncached_blocks`` recomputed on cached
+        steps).
         ``image`` (a PIL image or the path of a PNG/JPEG): the first frame of an image-to-video run; its bucket sets
         the height and width. Every setting is checked before any model runs."""
         from .image import check_image, crop_to_bucket, image_bucket, load_image
@@ -171,6 +176,13 @@ class VideoPipeline:
         if cache is not None and cache.num_steps != settings["num_inference_steps"]:
             raise HyvInputError("cache", f"the schedule has {cache.num_steps} steps but num_inference_steps is "
                                          f"{settings['num_inference_steps']}")
+        calibrated = getattr(cache, "calibration", None) or {}
+        for name in ("preset", "flow_shift", "no_cache_blocks"):
+            mine = {"preset": self.preset.name, "flow_shift": settings["flow_shift"],
+                    "no_cache_blocks": uncached_blocks}[name]
+            if name in calibrated and calibrated[name] != mine:
+                raise HyvInputError("cache", f"the magcache schedule was calibrated with {name} {calibrated[name]!r} "
+                                             f"but this video has {mine!r}")
         embeds = self.encode(prompt, negative_prompt, None if image is None else crop_to_bucket(self.preset, image))
         latents = sample_latents(step, self.components["transformer"], self.components["scheduler"].config,
                                  self.preset, embeds, settings, progress=progress, device=self.device)
@@ -182,9 +194,9 @@ class VideoPipeline:
                       stage3_runtime=self.vae_runtime, vae_dtype=self.vae_dtype, vae_tiling=self.tiling,
                       time_s=round(time.perf_counter() - start, 3))
         if cache is not None:
-            config.update(enable_cache=True, cache_start_step=cache.start, cache_end_step=cache.end,
-                          cache_step_interval=cache.interval, no_cache_blocks=uncached_blocks,
-                          cache_full_steps=step.full_calls, cache_cached_steps=step.cached_calls)
+            config.update(enable_cache=True, **cache.settings(), no_cache_blocks=uncached_blocks,
+                          cache_full_steps=step.full_calls, cache_cached_steps=step.cached_calls,
+                          cache_skipped_steps=list(step.skipped_steps))
         return Video(frames=frames.numpy(), latents=latents, config=config)
 
 

@@ -42,6 +42,9 @@ def torch_step(transformer) -> TransformerStep:
     return step
 
 
+#: The step caches (``--cache_method``): DeepCache's fixed schedule, or the adaptive MagCache-style one
+#: (:mod:`hyv_lib.adaptive_cache`). Both run DeepCache's full and cached programs.
+CACHE_METHODS = ("deepcache", "magcache")
 #: The transformer runtimes (``--runtime``): eager diffusers, torchax/JAX jit (TPU), Ulysses sequence parallel.
 RUNTIMES = ("torch", "tpu", "ulysses")
 #: ``--attention`` values besides hyv_lib's backends (:data:`hyv_lib.attention.BACKENDS`): ``auto`` (the best exact
@@ -80,8 +83,9 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
     on the torch runtime (the oracle: it builds a dense [B, 1, S, S] mask, 24 GiB at 720p/121f for the CFG batch).
     The step reads the model's device and dtype when it runs, not when it is built.
     ``mesh`` ('tensor=8', 'data=2,tensor=4', ...) shards the tpu step with the rule set ``sharding``.
-    ``cache`` (a :class:`hyv_lib.cache.DeepCacheSchedule`) wraps the torch or tpu step in DeepCache,
-    recomputing the last ``uncached_blocks`` blocks on cached steps.
+    ``cache`` (a :class:`hyv_lib.cache.DeepCacheSchedule`, or the adaptive
+    :class:`hyv_lib.adaptive_cache.MagCacheSchedule`) wraps the torch or tpu step in DeepCache, recomputing the last
+    ``uncached_blocks`` blocks on cached steps.
     """
     if attention == "diffusers" and runtime != "torch":
         raise HyvInputError("--attention", f"diffusers' own processor runs on --runtime torch only, not {runtime!r}")
@@ -194,10 +198,15 @@ class Stage2Settings:
     mesh: str | None = None  #: tpu runtime: e.g. ``data=2,tensor=4``
     sharding: str = "tp_replicated_out"  #: a rule set of :data:`hyv_lib.sharding.RULE_SETS`
     enable_cache: bool = False  #: DeepCache (torch and tpu runtimes)
+    cache_method: str | None = None  #: ``deepcache`` (the default with enable_cache) or ``magcache`` (adaptive)
     cache_start_step: int = 11
     cache_end_step: int = 45
     cache_step_interval: int = 4
     no_cache_blocks: int = 1  #: trailing blocks recomputed on cached steps
+    cache_threshold: float | None = None  #: magcache: skip while the accumulated error stays under this
+    cache_max_skip: int | None = None  #: magcache: at most this many cached steps in a row
+    cache_retention: float | None = None  #: magcache: this fraction of the first steps always runs full
+    cache_calibration: str | None = None  #: magcache: a file of ``python -m hyv_lib calibrate_cache``
     multi_host: bool = False  #: tpu runtime on a multi-host slice
     attention: str = "auto"  #: ``auto``, ``diffusers`` or a backend of :data:`hyv_lib.attention.BACKENDS`
 
@@ -229,7 +238,7 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
     num_inference_steps, guidance_scale, flow_shift = s.num_inference_steps, s.guidance_scale, s.flow_shift
     seed, warmup_steps, runtime, mesh, sharding = s.seed, s.warmup_steps, s.runtime, s.mesh, s.sharding
     enable_cache, cache_start_step, cache_end_step = s.enable_cache, s.cache_start_step, s.cache_end_step
-    cache_step_interval, no_cache_blocks = s.cache_step_interval, s.no_cache_blocks
+    cache_step_interval, no_cache_blocks, cache_method = s.cache_step_interval, s.no_cache_blocks, s.cache_method
     multi_host, attention = s.multi_host, s.attention
     for name, value, kind in (("--height", height, int), ("--width", width, int), ("--video_length", video_length, int),
                               ("--num_inference_steps", num_inference_steps, int), ("--seed", seed, int),
@@ -286,6 +295,15 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
     bucket = bucket_size(preset, aspect_ratio)  # validates --aspect_ratio even when a size is given
     height, width = bucket if height is None else (height, width)
     cache = {}
+    magcache_flags = {"--cache_threshold": s.cache_threshold, "--cache_max_skip": s.cache_max_skip,
+                      "--cache_retention": s.cache_retention, "--cache_calibration": s.cache_calibration}
+    if cache_method is not None and cache_method not in CACHE_METHODS:
+        raise HyvInputError("--cache_method", f"must be one of {', '.join(CACHE_METHODS)}, got {cache_method!r}")
+    if cache_method is not None and not enable_cache:
+        raise HyvInputError("--cache_method", "needs --enable_cache")
+    given = [flag for flag, value in magcache_flags.items() if value is not None]
+    if given and cache_method != "magcache":
+        raise HyvInputError(given[0], "applies to --enable_cache --cache_method magcache only")
     if enable_cache:
         if runtime not in ("torch", "tpu"):
             raise HyvInputError("--enable_cache", f"DeepCache runs on --runtime torch or tpu, not {runtime!r}")
@@ -301,8 +319,15 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
         if num_layers is not None and no_cache_blocks > num_layers:
             raise HyvInputError("--no_cache_blocks", f"must be at most the model's {num_layers} blocks, "
                                                      f"got {no_cache_blocks}")
-        cache = dict(cache_start_step=cache_start_step, cache_end_step=cache_end_step,
-                     cache_step_interval=cache_step_interval, no_cache_blocks=no_cache_blocks)
+        if cache_method == "magcache":
+            from .adaptive_cache import resolve_magcache
+
+            cache = dict(**resolve_magcache(preset, num_inference_steps, flow_shift, no_cache_blocks,
+                                            s.cache_threshold, s.cache_max_skip, s.cache_retention,
+                                            s.cache_calibration), no_cache_blocks=no_cache_blocks)
+        else:
+            cache = dict(cache_method="deepcache", cache_start_step=cache_start_step, cache_end_step=cache_end_step,
+                         cache_step_interval=cache_step_interval, no_cache_blocks=no_cache_blocks)
     return dict(aspect_ratio=aspect_ratio, height=height, width=width, video_length=video_length,
                 num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
                 seed=seed, warmup_steps=warmup_steps, runtime=runtime, attention=attention, mesh=mesh,
@@ -310,10 +335,18 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
                 **({"multi_host": True} if multi_host else {}))
 
 
-def cache_schedule(settings: dict[str, Any]):
-    """The DeepCacheSchedule of resolved settings, or None when the cache is off."""
+def cache_schedule(settings: dict[str, Any], preset: Preset | None = None, model_path: str | None = None):
+    """The schedule of resolved settings: a DeepCacheSchedule, a :class:`hyv_lib.adaptive_cache.MagCacheSchedule`
+    (``cache_method`` magcache; ``preset`` and ``model_path`` serve a calibration made on the fly for a tiny preset
+    without a calibration file), or None when the cache is off."""
     if not settings.get("enable_cache"):
         return None
+    if settings.get("cache_method") == "magcache":
+        from .adaptive_cache import schedule_for
+
+        if preset is None:
+            raise ValueError("a magcache schedule needs the preset")
+        return schedule_for(settings, preset, model_path)
     from .cache import DeepCacheSchedule
 
     return DeepCacheSchedule(settings["num_inference_steps"], settings["cache_start_step"],
@@ -583,9 +616,8 @@ def denoise(
             warnings.warn(f"the DeepCache schedule has {schedule.num_steps} steps but the loop runs "
                           f"{num_inference_steps}", stacklevel=2)
         if schedule.cached_in(num_inference_steps) == 0:
-            warnings.warn(f"DeepCache caches none of these {num_inference_steps} steps (cached range "
-                          f"{schedule.start}..{schedule.end}, interval {schedule.interval}): every step runs full",
-                          stacklevel=2)
+            warnings.warn(f"DeepCache caches none of these {num_inference_steps} steps ({schedule.describe()}): "
+                          "every step runs full", stacklevel=2)
     for i, t in enumerate(tqdm(timesteps, desc="denoising", disable=not progress, leave=False)):
         noise = step(**model_kwargs(latents, i)).float()
         if cfg:
@@ -631,7 +663,8 @@ def stage2(
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         transformer.to(device)  # before the step is built (a no-op when a kept model is already there)
     owns_group = runtime == "ulysses" and not torch.distributed.is_initialized()  # else the caller's: left as found
-    step = step or make_step(transformer, runtime, mesh, sharding, cache=cache_schedule(settings),
+    step = step or make_step(transformer, runtime, mesh, sharding,
+                             cache=cache_schedule(settings, spec, config.get("model_path")),
                              uncached_blocks=settings.get("no_cache_blocks", 1), attention=attention)
     with PeakMemory() as memory:
         latents = sample_latents(step, transformer, components["scheduler"].config, spec, embeds, settings,
@@ -640,7 +673,8 @@ def stage2(
         save_tensors({"latents": latents}, os.path.join(output_dir, STAGE2_FILE), metadata={"preset": spec.name})
         counts = {}
         if settings["enable_cache"] and hasattr(step, "full_calls"):  # what the cache did, next to what was asked
-            counts = dict(cache_full_steps=step.full_calls, cache_cached_steps=step.cached_calls)
+            counts = dict(cache_full_steps=step.full_calls, cache_cached_steps=step.cached_calls,
+                          cache_skipped_steps=list(getattr(step, "skipped_steps", [])))
         update_config(output_dir, base=config, **settings, **counts,
                       stage2_time_s=round(time.perf_counter() - start, 3), **memory_fields("stage2", memory))
     if runtime == "ulysses":
