@@ -22,7 +22,8 @@ from .errors import HyvInputError
 DEFAULT_THRESHOLD = 0.1
 DEFAULT_MAX_SKIP = 3
 DEFAULT_RETENTION = 0.2
-#: The calibration shipped next to a preset's bundled weights (``hyv_lib/weights/hyv-tiny/``).
+#: The calibrations shipped next to a preset's bundled weights (``hyv_lib/weights/hyv-tiny/``), one per
+#: ``no_cache_blocks`` (this name for 1, ``magcache_calibration_no_cache_blocks_0.json`` for 0, ...).
 CALIBRATION_FILE = "magcache_calibration.json"
 #: The prompt and seed of a calibration run unless others are given: one sample, as MagCache calibrates.
 CALIBRATION_PROMPT = "a red circle moving right on a gray background"
@@ -228,10 +229,16 @@ def load_calibration(path: str, argument: str = "--cache_calibration") -> MagCac
     return dataclasses.replace(calibration, curve=curve)
 
 
-def bundled_calibration(preset) -> str | None:
-    """The calibration file shipped with a preset's bundled weights, or None."""
+def calibration_file_name(no_cache_blocks: int = 1) -> str:
+    """The file name of a shipped calibration for ``no_cache_blocks`` (:data:`CALIBRATION_FILE` for 1)."""
+    stem, ext = os.path.splitext(CALIBRATION_FILE)
+    return CALIBRATION_FILE if no_cache_blocks == 1 else f"{stem}_no_cache_blocks_{no_cache_blocks}{ext}"
+
+
+def bundled_calibration(preset, no_cache_blocks: int = 1) -> str | None:
+    """The calibration file shipped with a preset's bundled weights for ``no_cache_blocks``, or None."""
     folder = preset.bundled_path
-    path = None if folder is None else os.path.join(folder, CALIBRATION_FILE)
+    path = None if folder is None else os.path.join(folder, calibration_file_name(no_cache_blocks))
     return path if path is not None and os.path.isfile(path) else None
 
 
@@ -306,11 +313,7 @@ def calibrate(preset: str = "tiny_trained", model_path: str | None = None, *, pr
         no_cache_blocks=no_cache_blocks)
     image = None
     if image_path is not None:
-        from .image import crop_to_bucket, image_bucket, load_image
-
-        loaded = load_image(image_path)
-        requested = pipeline.image_size_settings(requested, image_bucket(spec, loaded))
-        image = crop_to_bucket(spec, loaded)
+        requested, image = pipeline.first_frame(spec, image_path, requested)
     if runtime == "ulysses":
         raise HyvInputError("--runtime", "calibration runs with torch or tpu")
     settings = pipeline.resolve_settings(spec, requested)
@@ -365,7 +368,7 @@ def resolve_magcache(preset, num_inference_steps: int, flow_shift: float, no_cac
         found.check(preset.name, num_inference_steps, flow_shift, no_cache_blocks)
         path = found.path
     else:
-        path = bundled_calibration(preset)
+        path = bundled_calibration(preset, no_cache_blocks)
         if path is not None:
             shipped = load_calibration(path)
             if (shipped.num_inference_steps, shipped.flow_shift, shipped.no_cache_blocks) != \

@@ -78,9 +78,10 @@ class TorchDeepCache:
     """The eager-torch halves of DeepCache around diffusers' own forward.
 
     A full step *is* ``model(**kwargs)``, with a pre-hook on the first uncached block recording what enters
-    it (video and context tokens, the 1-D mask, RoPE), so a schedule of only full steps gives exactly the
-    uncached latents. A cached step recomputes the timestep embedding, runs the last blocks on the recorded
-    tokens, and applies the output layer. Each step's keyword arguments (MeanFlow's ``timestep_r`` included)
+    it (video and context tokens, the 1-D mask, RoPE), or with ``uncached_blocks=0`` a hook on the last block
+    recording what leaves it, so a schedule of only full steps gives exactly the uncached latents. A cached step
+    recomputes the timestep embedding, runs the last blocks (none for 0) on the recorded tokens, and applies the
+    output layer. Each step's keyword arguments (MeanFlow's ``timestep_r`` included)
     reach both halves.
     """
 
@@ -92,7 +93,7 @@ class TorchDeepCache:
 
     def _tail(self, uncached_blocks: int):
         blocks = self.model.transformer_blocks
-        return blocks[len(blocks) - uncached_blocks:]
+        return blocks[len(blocks) - uncached_blocks:]  # empty for 0
 
     @torch.no_grad()
     def run_and_cache(self, uncached_blocks: int, **kwargs) -> tuple[torch.Tensor, Any]:
@@ -103,7 +104,13 @@ class TorchDeepCache:
 
         def record(module, args):
             recorded["inputs"] = args  # (video, context, temb, mask, rope): temb is recomputed per step
-        handle = self._tail(uncached_blocks)[0].register_forward_pre_hook(record)
+
+        def record_output(module, args, output):  # uncached_blocks=0: what leaves the last block
+            recorded["inputs"] = (*output, *args[2:])
+        if uncached_blocks:
+            handle = self._tail(uncached_blocks)[0].register_forward_pre_hook(record)
+        else:
+            handle = self.model.transformer_blocks[-1].register_forward_hook(record_output)
         try:
             out = self.model(**kwargs, return_dict=False)[0]
         finally:
@@ -130,7 +137,8 @@ class DeepCacheStep:
 
     On full steps the runtime runs the whole network and keeps the tokens entering the last
     ``uncached_blocks`` blocks; on cached steps it recomputes only the timestep embedding, those blocks and
-    the output layer. CFG's two branches are one batch, so they are cached together. The step counts its
+    the output layer. ``uncached_blocks=0`` caches the tokens leaving the whole block stack: a cached step is
+    then the output layer alone (with the fresh timestep), the cheapest step and the coarsest. CFG's two branches are one batch, so they are cached together. The step counts its
     calls; the denoising loop calls :meth:`reset` before its first step, so warmup calls do not shift the
     schedule. On the TPU runtime the full and cached steps are two jitted functions chosen by a Python
     branch, so nothing recompiles from step to step.
@@ -138,8 +146,8 @@ class DeepCacheStep:
 
     def __init__(self, runtime: CacheableRuntime, schedule: DeepCacheSchedule, uncached_blocks: int = 1):
         num_blocks = _num_blocks(runtime)
-        if not isinstance(uncached_blocks, int) or not 1 <= uncached_blocks <= num_blocks:
-            raise ValueError(f"uncached_blocks (--no_cache_blocks) must be an integer in 1..{num_blocks} "
+        if not isinstance(uncached_blocks, int) or not 0 <= uncached_blocks <= num_blocks:
+            raise ValueError(f"uncached_blocks (--no_cache_blocks) must be an integer in 0..{num_blocks} "
                              f"(the model has {num_blocks} blocks), got {uncached_blocks!r}")
         self.runtime, self.schedule, self.uncached_blocks = runtime, schedule, uncached_blocks
         self.reset()

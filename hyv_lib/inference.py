@@ -156,17 +156,14 @@ class VideoPipeline:
         steps).
         ``image`` (a PIL image or the path of a PNG/JPEG): the first frame of an image-to-video run; its bucket sets
         the height and width. Every setting is checked before any model runs."""
-        from .image import check_image, crop_to_bucket, image_bucket, load_image
-        from .pipeline import Stage2Settings, check_task, image_size_settings, resolve_settings, sample_latents
+        from .pipeline import Stage2Settings, check_task, first_frame, resolve_settings, sample_latents
         from .video import decode_latents
 
         start = time.perf_counter()
         with python_names():
             task = check_task(self.preset, image is not None, argument="image")
             if image is not None:
-                image = load_image(image, "image") if isinstance(image, (str, os.PathLike)) else check_image(image)
-                fixed = image_size_settings(Stage2Settings(height=height, width=width),
-                                            image_bucket(self.preset, image))
+                fixed, image = first_frame(self.preset, image, Stage2Settings(height=height, width=width), "image")
                 height, width = fixed.height, fixed.width
             settings = resolve_settings(
                 self.preset, height=height, width=width, video_length=video_length,
@@ -183,16 +180,18 @@ class VideoPipeline:
             if name in calibrated and calibrated[name] != mine:
                 raise HyvInputError("cache", f"the magcache schedule was calibrated with {name} {calibrated[name]!r} "
                                              f"but this video has {mine!r}")
-        embeds = self.encode(prompt, negative_prompt, None if image is None else crop_to_bucket(self.preset, image))
+        embeds = self.encode(prompt, negative_prompt, image)
+        denoise_start = time.perf_counter()
         latents = sample_latents(step, self.components["transformer"], self.components["scheduler"].config,
                                  self.preset, embeds, settings, progress=progress, device=self.device)
+        denoise_s = time.perf_counter() - denoise_start
         frames = decode_latents(self.components["vae"], latents, tiling=self.tiling, runtime=self.vae_runtime,
                                 dtype=(torch.bfloat16 if self.vae_dtype == "bf16" else torch.float32)
                                 if self.vae_runtime == "tpu" else None)
         config = dict(prompt=prompt, negative_prompt=negative_prompt, preset=self.preset.name, task=task,
                       model_path=self.model_path, dtype=self.dtype, **settings, fps=self.preset.fps,
                       stage3_runtime=self.vae_runtime, vae_dtype=self.vae_dtype, vae_tiling=self.tiling,
-                      time_s=round(time.perf_counter() - start, 3))
+                      time_s=round(time.perf_counter() - start, 3), denoise_time_s=round(denoise_s, 3))
         if cache is not None:
             config.update(enable_cache=True, **cache.settings(), no_cache_blocks=uncached_blocks,
                           cache_full_steps=step.full_calls, cache_cached_steps=step.cached_calls,

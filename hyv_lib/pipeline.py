@@ -309,7 +309,7 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
             raise HyvInputError("--enable_cache", f"DeepCache runs on --runtime torch or tpu, not {runtime!r}")
         for name, value, low in (("--cache_start_step", cache_start_step, 0), ("--cache_end_step", cache_end_step, 0),
                                  ("--cache_step_interval", cache_step_interval, 1),
-                                 ("--no_cache_blocks", no_cache_blocks, 1)):
+                                 ("--no_cache_blocks", no_cache_blocks, 0)):
             if not isinstance(value, int) or value < low:
                 raise HyvInputError(name, f"must be an integer >= {low}, got {value!r}")
         if cache_end_step < cache_start_step:
@@ -461,6 +461,16 @@ def image_size_settings(settings: Stage2Settings, size: tuple[int, int]) -> Stag
             raise HyvInputError(name, f"is {given}, but the first frame was bucketed to {size[0]}x{size[1]} in stage "
                                       "1 and decides the video's size; leave --height and --width unset")
     return dataclasses.replace(settings, height=size[0], width=size[1])
+
+
+def first_frame(spec, image, settings: Stage2Settings, argument: str = "--image_path") -> tuple[Stage2Settings, Any]:
+    """Image-to-video's first frame: ``image`` (a path, or a PIL image) loaded and checked (HyvInputError naming
+    ``argument``), ``settings`` with the size of its bucket (:func:`image_size_settings`), and the frame cropped to
+    that bucket (what stage 1 encodes)."""
+    from .image import check_image, crop_to_bucket, image_bucket, load_image
+
+    image = load_image(image, argument) if isinstance(image, (str, os.PathLike)) else check_image(image, argument)
+    return image_size_settings(settings, image_bucket(spec, image)), crop_to_bucket(spec, image)
 
 
 def stage1(
@@ -776,9 +786,7 @@ def generate(
     requested = Stage2Settings.from_kwargs(stage2_settings)
     check_task(spec, image_path is not None)
     if image_path is not None:
-        from .image import image_bucket, load_image
-
-        requested = image_size_settings(requested, image_bucket(spec, load_image(image_path)))
+        requested = first_frame(spec, image_path, requested)[0]
     resolve_settings(spec, requested)
     if fps is not None and not fps > 0:
         raise HyvInputError("--fps", f"must be > 0, got {fps}")

@@ -176,8 +176,8 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
     if sharding not in RULE_SETS:
         raise HyvInputError("--sharding", f"must be one of {', '.join(RULE_SETS)}, got {sharding!r}")
     height, width, video_length = _size(preset, height, width, video_length)
-    if not isinstance(no_cache_blocks, int) or not 1 <= no_cache_blocks <= preset.transformer["num_layers"]:
-        raise HyvInputError("--no_cache_blocks", f"must be an integer in 1..{preset.transformer['num_layers']}, "
+    if not isinstance(no_cache_blocks, int) or not 0 <= no_cache_blocks <= preset.transformer["num_layers"]:
+        raise HyvInputError("--no_cache_blocks", f"must be an integer in 0..{preset.transformer['num_layers']}, "
                                                  f"got {no_cache_blocks!r}")
     devices = topology_devices(topology)
     heads = preset.transformer["num_attention_heads"]
