@@ -196,20 +196,23 @@ def test_a_calibration_file_round_trips_and_a_mismatched_one_is_refused(tmp_path
             load_calibration(str(tmp_path / "bad.json"))
 
 
-def test_the_shipped_tiny_trained_calibration_fits_its_defaults_and_its_first_values_regenerate():
-    """The shipped file is a record of the bundled weights: its settings are the preset's, and the first values of
-    its curve come back from the same calibration loop (stopped after 4 of its 20 steps)."""
+@pytest.mark.parametrize("no_cache_blocks", [1, 0])
+def test_the_shipped_tiny_trained_calibration_fits_its_defaults_and_its_first_values_regenerate(no_cache_blocks):
+    """The shipped files (one per no_cache_blocks) are records of the bundled weights: their settings are the
+    preset's, and the first values of a curve come back from the same calibration loop (stopped after 4 of its 20
+    steps)."""
     from hyv_lib import adaptive_cache, pipeline
 
     preset = get_preset("tiny_trained")
-    path = bundled_calibration(preset)
+    path = bundled_calibration(preset, no_cache_blocks)
     shipped = load_calibration(path)
-    assert (shipped.num_inference_steps, shipped.flow_shift, shipped.guidance_scale) == \
-        (preset.default_steps, preset.flow_shift, preset.guidance_scale)
-    settings = resolve_settings(preset, enable_cache=True, cache_method="magcache")
+    assert (shipped.num_inference_steps, shipped.flow_shift, shipped.guidance_scale, shipped.no_cache_blocks) == \
+        (preset.default_steps, preset.flow_shift, preset.guidance_scale, no_cache_blocks)
+    settings = resolve_settings(preset, enable_cache=True, cache_method="magcache", no_cache_blocks=no_cache_blocks)
     assert settings["cache_calibration"] == path and settings["cache_threshold"] == adaptive_cache.DEFAULT_THRESHOLD
-    assert resolve_settings(preset, num_inference_steps=6, enable_cache=True,
+    assert resolve_settings(preset, num_inference_steps=6, enable_cache=True, no_cache_blocks=no_cache_blocks,
                             cache_method="magcache")["cache_calibration"] is None  # other steps: calibrated anew
+    assert bundled_calibration(preset, 2) is None
 
     class Stop(Exception):
         pass
@@ -232,7 +235,8 @@ def test_the_shipped_tiny_trained_calibration_fits_its_defaults_and_its_first_va
                 return None
 
         patch.setattr(pipeline, "sample_latents", sample)
-        first = adaptive_cache.calibrate("tiny_trained", prompt=shipped.prompt, seed=shipped.seed)
+        first = adaptive_cache.calibrate("tiny_trained", prompt=shipped.prompt, seed=shipped.seed,
+                                         no_cache_blocks=no_cache_blocks)
     assert first.curve == pytest.approx(list(shipped.curve[:4]), abs=2e-6)
 
 
