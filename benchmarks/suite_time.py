@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import subprocess
 import sys
@@ -58,6 +59,7 @@ def per_file(junit: str) -> dict[str, dict[str, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--base", required=True, help="a commit (e.g. a61c01a^)")
+    parser.add_argument("--save", default=None, help="also write the per-test seconds of both runs here (JSON)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="suite-time-") as tmp:
         base_tree = os.path.join(tmp, "base")
@@ -72,6 +74,9 @@ def main() -> None:
                 print(f"{label}: {walls[label]:.0f} s wall", flush=True)
         finally:
             subprocess.call(["git", "worktree", "remove", "--force", base_tree], cwd=ROOT)
+    if args.save:
+        with open(args.save, "w") as f:
+            json.dump(dict(base=args.base, walls=walls, tests=tests_by_id), f, indent=1)
     both = sorted(set(files["base"]) & set(files["now"]))
     print(f"\n| file | base s (tests) | now s (tests) |\n|---|---|---|")
     for name in sorted(set(files["base"]) | set(files["now"])):

@@ -1,4 +1,4 @@
-"""Speed-quality frontier of step caches: each cache setting timed and graded on the same prompts as the uncached run."""
+"""Speed-quality frontier of step caches: each setting timed and graded on the same prompts as the uncached run."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 
 from .errors import HyvInputError
 
-#: Where ``benchmarks/cache_frontier.py`` writes its full run (a record of the bundled hyv-tiny weights, like gates.json).
+#: The file of ``benchmarks/cache_frontier.py``'s full run, next to hyv-tiny's weights (a record, like gates.json).
 RESULTS_FILE = "cache_frontier.json"
 _FORMAT = "hyv_lib.cache_frontier/1"
 
@@ -123,12 +123,14 @@ def measure_frontier(pipe, prompts: list[str], settings: list[CacheSetting], *, 
         rows.append(dict(
             name=s.name, method=s.method, options=s.options, uncached_blocks=s.uncached_blocks, steps=num_steps,
             full_steps=num_steps - len(skipped[s.name]), skipped_steps=skipped[s.name],
-            speedup_denoise=times[reference][0] / times[s.name][0], speedup_total=times[reference][1] / times[s.name][1],
+            speedup_denoise=times[reference][0] / times[s.name][0],
+            speedup_total=times[reference][1] / times[s.name][1],
             denoise_seconds=times[s.name][0], total_seconds=times[s.name][1],
             color=rates["color"], direction=rates["direction"], background=rates["background"],
             psnr_db=float("inf") if mse == 0 else float(10 * np.log10(255.0**2 / mse))))
     return dict(format=_FORMAT, preset=pipe.preset.name, prompts=len(prompts), seed=seed, num_inference_steps=steps,
-                machine=f"{platform.machine()}, {os.cpu_count()} CPU cores, torch on CPU", date=time.strftime("%Y-%m-%d"),
+                machine=f"{platform.machine()}, {os.cpu_count()} CPU cores, torch on CPU",
+                date=time.strftime("%Y-%m-%d"),
                 rows=rows)
 
 
@@ -212,7 +214,7 @@ def plot_frontier(results: dict[str, Any], title: str | None = None):
                               label="hollow: no block recomputed"))
     quality.legend(handles=handles + [quality.get_lines()[-1]], fontsize=8, loc="lower left")
     acc.legend(fontsize=8, loc="lower left")
-    fig.suptitle(title or f"{results['preset']}: {results['prompts']} held-out prompts, {results['num_inference_steps']} "
-                          f"steps ({results['machine']})", fontsize=10)
+    fig.suptitle(title or f"{results['preset']}: {results['prompts']} held-out prompts, "
+                          f"{results['num_inference_steps']} steps ({results['machine']})", fontsize=10)
     fig.tight_layout()
     return fig
