@@ -64,7 +64,7 @@ settings_not_used({name: about_tiny for name in ("HYV_RUNTIME", "HYV_MESH", "HYV
                      if REQUESTED != PRESET else {}))
 LIVE_PROMPTS = int(os.environ.get("HYV_LIVE_PROMPTS", "8"))  # held-out captions generated live (the gate script does all 45)
 DEMO_STEPS = int(os.environ.get("HYV_DEMO_STEPS", "40"))  # steps of the live VAE-training demo
-LORA_STEPS = int(os.environ.get("HYV_LORA_STEPS", "800"))
+LORA_STEPS = int(os.environ.get("HYV_LORA_STEPS", "600"))
 
 # %%
 import json
@@ -491,7 +491,7 @@ print(f"LoRA: {sum(p.numel() for p in adapter):,} trainable parameters of "
 start = time.perf_counter()
 lora_log = train.train_dit(transformer, lora_set["latents"], lora_set["caption_index"], lora_set["embeds"],
                            lora_set["negative"], steps=LORA_STEPS, shift=preset.flow_shift,
-                           image_tokens=preset.image_tokens, image_dim=preset.image_dim, batch_size=16, lr=2e-3,
+                           image_tokens=preset.image_tokens, image_dim=preset.image_dim, batch_size=16, lr=3e-3,
                            parameters=adapter, stage="lora", progress=False)
 print(f"{LORA_STEPS} LoRA steps in {time.perf_counter() - start:.0f} s; loss {np.mean([r['loss'] for r in lora_log[:20]]):.3f} "
       f"-> {np.mean([r['loss'] for r in lora_log[-20:]]):.3f} (mean of 20 steps)")
