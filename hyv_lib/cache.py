@@ -81,8 +81,7 @@ class TorchDeepCache:
     it (video and context tokens, the 1-D mask, RoPE), or with ``uncached_blocks=0`` a hook on the last block
     recording what leaves it, so a schedule of only full steps gives exactly the uncached latents. A cached step
     recomputes the timestep embedding, runs the last blocks (none for 0) on the recorded tokens, and applies the
-    output layer. Each step's keyword arguments (MeanFlow's ``timestep_r`` included)
-    reach both halves.
+    output layer. Each step's keyword arguments (MeanFlow's ``timestep_r`` included) reach both halves.
     """
 
     def __init__(self, model):
@@ -138,10 +137,10 @@ class DeepCacheStep:
     On full steps the runtime runs the whole network and keeps the tokens entering the last
     ``uncached_blocks`` blocks; on cached steps it recomputes only the timestep embedding, those blocks and
     the output layer. ``uncached_blocks=0`` caches the tokens leaving the whole block stack: a cached step is
-    then the output layer alone (with the fresh timestep), the cheapest step and the coarsest. CFG's two branches are one batch, so they are cached together. The step counts its
-    calls; the denoising loop calls :meth:`reset` before its first step, so warmup calls do not shift the
-    schedule. On the TPU runtime the full and cached steps are two jitted functions chosen by a Python
-    branch, so nothing recompiles from step to step.
+    then the output layer alone (with the fresh timestep), the cheapest step and the coarsest. CFG's two
+    branches are one batch, so they are cached together. The step counts its calls; the denoising loop calls
+    :meth:`reset` before its first step, so warmup calls do not shift the schedule. On the TPU runtime the full
+    and cached steps are two jitted functions chosen by a Python branch, so nothing recompiles from step to step.
     """
 
     def __init__(self, runtime: CacheableRuntime, schedule: DeepCacheSchedule, uncached_blocks: int = 1):

@@ -111,7 +111,8 @@ def _add_calibration(p: argparse.ArgumentParser) -> None:
                              ("--width", int, "pixels"), ("--video_length", int, "frames, 4n+1")):
         p.add_argument(name, type=kind, default=None, help=f"{text} (default: the preset's)")
     p.add_argument("--aspect_ratio", default="16:9", help="W:H bucket (default 16:9)")
-    p.add_argument("--no_cache_blocks", type=int, default=1, help="trailing blocks of the cached step, 0..num_layers (default 1)")
+    p.add_argument("--no_cache_blocks", type=int, default=1,
+                   help="trailing blocks of the cached step, 0..num_layers (default 1)")
     p.add_argument("--runtime", default="torch", help="torch | tpu (default torch)")
     p.add_argument("--mesh", default=None, help="tpu runtime: device mesh, e.g. tensor=8 (default: one device)")
     p.add_argument("--sharding", default="tp_replicated_out", help="tp | tp_replicated_out | fsdp")
@@ -173,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--video_length", type=int, default=None, help="frames, 4n+1 (default: the preset's)")
     comp.add_argument("--enable_cache", action="store_true",
                       help="compile DeepCache's full and cached programs instead of the plain step")
-    comp.add_argument("--no_cache_blocks", type=int, default=1, help="trailing blocks of the cached step, 0..num_layers (default 1)")
+    comp.add_argument("--no_cache_blocks", type=int, default=1,
+                      help="trailing blocks of the cached step, 0..num_layers (default 1)")
     comp.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     cal = sub.add_parser("calibrate_cache", help="magcache: one uncached run that writes the per-step curve "
                                                  "(--cache_calibration) for a preset and step count")

@@ -88,12 +88,11 @@ def measure_frontier(pipe, prompts: list[str], settings: list[CacheSetting], *, 
                                         "(the reference of speed and PSNR)")
     if not prompts:
         raise HyvInputError("prompts", "give at least one prompt")
+    if len({s.name for s in settings}) != len(settings):
+        raise HyvInputError("settings", "each setting needs its own name")
     combos = [data.parse_caption(p) for p in prompts] if combos is None else combos
     steps = pipe.preset.default_steps
     schedules = [s.schedule(pipe.preset, s.steps or steps) for s in settings]
-
-    if len({s.name for s in settings}) != len(settings):
-        raise HyvInputError("settings", "each setting needs its own name")
 
     def generate(i, prompt, k):
         s = settings[k]
@@ -115,7 +114,7 @@ def measure_frontier(pipe, prompts: list[str], settings: list[CacheSetting], *, 
             skipped[s.name] = video.config.get("cache_skipped_steps", [])
     reference = settings[0].name
     rows = []
-    for s, schedule in zip(settings, schedules):
+    for s in settings:
         rates = attribute_rates([read_video(v) for v in frames[s.name]], combos)
         mse = np.mean([np.mean((v.astype(np.float64) - r.astype(np.float64)) ** 2)
                        for v, r in zip(frames[s.name], frames[reference])])
