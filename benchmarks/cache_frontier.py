@@ -7,7 +7,7 @@ the same held-out prompts (hyv-tiny's gate prompts and seeds) at the shipped sam
 3, guidance 4.5). Speed: wall time of the denoising loop (and of the whole generation) summed over the prompts,
 against the warmed, hook-free uncached pipeline, measured in one run with the settings taking turns per prompt.
 Quality: colour and direction accuracy read from the frames (the gates' reader), and frame PSNR against the uncached
-video. Goal (issue 23): a setting at >= 2.5x whose colour and direction accuracy stay within 5 points of uncached.
+video. Target: a setting at >= 2.5x whose colour and direction accuracy stay within 5 points of uncached.
 With --output hyv_lib/weights/hyv-tiny/cache_frontier.json the run becomes the record chapter 04 shows.
 Not a unit test; absolute times only compare within one run.
 """
@@ -62,8 +62,8 @@ def main(argv=None) -> int:
         print("  ".join(str(r[k]).ljust(w) for k, w in widths.items()))
     reference = results["rows"][0]
     met = [r["name"] for r in results["rows"][1:] if r["method"] != "uncached" and meets_goal(r, reference)]
-    print(f"\n{results['prompts']} prompts, {results['machine']}. Goal (>= 2.5x denoising, colour and direction within "
-          f"5 points of uncached) met by: {', '.join(met) if met else 'no cache setting'}")
+    print(f"\n{results['prompts']} prompts, {results['machine']}. Reaching >= 2.5x denoising with colour and direction "
+          f"within 5 points of uncached: {', '.join(met) if met else 'no cache setting'}")
     if args.output:
         from hyv_lib.stage_io import atomic_path
 

@@ -522,15 +522,14 @@ plot_frontier(record)
 plt.show()
 rows_by_name = {r["name"]: r for r in record["rows"]}
 base = record["rows"][0]
-goal = [r for r in record["rows"][1:] if r["method"] != "uncached" and meets_goal(r, base)]
+on_target = [r for r in record["rows"][1:] if r["method"] != "uncached" and meets_goal(r, base)]
 per_prompt = 100 / record["prompts"]
 print(f"uncached: colour {100 * base['color']:.1f}%, direction {100 * base['direction']:.1f}% on "
       f"{record['prompts']} prompts (one prompt = {per_prompt:.1f} points)")
-for r in goal:
-    print(f"goal met by {r['name']}: {r['speedup_denoise']:.2f}x denoising ({r['speedup_total']:.2f}x end to end), "
-          f"colour {100 * (r['color'] - base['color']):+.1f}, "
-          f"direction {100 * (r['direction'] - base['direction']):+.1f} "
-          f"points, {r['psnr_db']:.1f} dB")
+for r in on_target:
+    print(f"2.5x within 5 points: {r['name']}: {r['speedup_denoise']:.2f}x denoising "
+          f"({r['speedup_total']:.2f}x end to end), colour {100 * (r['color'] - base['color']):+.1f}, "
+          f"direction {100 * (r['direction'] - base['direction']):+.1f} points, {r['psnr_db']:.1f} dB")
 fewer = rows_by_name["uncached, 7 steps"]
 print(f"uncached, 7 steps: {fewer['speedup_denoise']:.2f}x, colour {100 * (fewer['color'] - base['color']):+.1f}, "
       f"direction {100 * (fewer['direction'] - base['direction']):+.1f} points, {fewer['psnr_db']:.1f} dB")
@@ -544,15 +543,16 @@ print(f"uncached, 7 steps: {fewer['speedup_denoise']:.2f}x, colour {100 * (fewer
 #   speed, the calibrated plan keeps colour at 88.9% and 27.4 dB where DeepCache's interval-4 plan from step 2
 #   drops to 82.2% and 23.5 dB. It places more of them late (steps 13, 16 and 18 against 14 and 18), where the
 #   curve climbs.
-# * **The goal is met, narrowly.** MagCache at threshold 0.5 reaches 2.54× with colour and direction 4.4 points
-#   under uncached: two prompts each, of 45. One more miss would fail it, and a rerun's timing can move the
-#   speed-up by a few hundredths; the next setting (threshold 0.8, 2.87×) already loses 13 colour points.
+# * **2.5× within 5 points is reachable, narrowly.** MagCache at threshold 0.5 reaches 2.54× with colour and
+#   direction 4.4 points under uncached: two prompts each, of 45. One more miss would fail it, and a rerun's timing
+#   can move the speed-up by a few hundredths; the next setting (threshold 0.8, 2.87×) already loses 13 colour
+#   points.
 # * **Fewer steps is the strongest competitor.** Seven uncached steps are as fast (2.78×), closer to the uncached
 #   frames (30.3 dB) and keep direction, but lose 6.7 colour points; ten steps (1.97×) lose nothing in colour.
 #   hyv-tiny was trained and gated at 20 steps, more than it needs, so this is partly a property of the model:
 #   on the real model, measure the fewer-steps row before choosing a cache.
-# * The end-to-end speed-ups are far lower (1.43× for the goal setting): on this tiny model text encoding and the
-#   VAE decode take about half of a generation, and no step cache touches them.
+# * The end-to-end speed-ups are far lower (1.43× for that MagCache setting): on this tiny model text encoding and
+#   the VAE decode take about half of a generation, and no step cache touches them.
 
 # %% [markdown]
 # ## On TPU: two programs and a Python branch

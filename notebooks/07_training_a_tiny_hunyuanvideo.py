@@ -505,7 +505,7 @@ frame_grid(after_videos[0], columns=5, title=f"after LoRA: {probe[0].caption}", 
 # %% [markdown]
 # Read the probe table row by row. The orange row is the new word: before the adapter the model cannot draw orange,
 # after it most held-out orange captions come out orange. The strips above show the first caption: after the
-# adapter it starts orange and drifts toward yellow-green, so not every video is a clean orange. The known-color row
+# adapter it starts yellow-orange and drifts to yellow-green, so not every video is a clean orange. The known-color row
 # is what the mixed-in clips protect, so compare it before and after, not with the gate's color rate: it has only 9
 # captions, another seed, and orange in the reader's palette.
 #

@@ -1,5 +1,7 @@
 """Shared fixtures: one tiny end-to-end run and one saved tiny pipeline folder per test session."""
 
+import copy
+import json
 import os
 
 import pytest
@@ -26,3 +28,19 @@ def tiny_folder(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny_model") / "hyv-tiny"
     save_tiny_pipeline(str(path))
     return path
+
+
+@pytest.fixture(scope="session")
+def compile_once():
+    """``hyv_lib.tpu_compile.compile_step`` remembered for the session: one libtpu compile takes 10-15 s here, and
+    the planner test and the TPU compile tests check some of the same programs. Each caller gets its own copy."""
+    from hyv_lib.tpu_compile import compile_step
+
+    reports = {}
+
+    def compiled(preset, topology, **kwargs):
+        key = json.dumps([repr(preset), topology, kwargs], sort_keys=True, default=str)
+        if key not in reports:
+            reports[key] = compile_step(preset, topology, **kwargs)
+        return copy.deepcopy(reports[key])
+    return compiled

@@ -173,7 +173,7 @@ def test_fsdp_compute_splits_over_data_and_sequence_only():
     assert 0.95 < seq["flops"]["linear"] / tp["flops"]["linear"] < 1.1
 
 
-def test_planner_agrees_with_the_tpu_compiler_on_v6e_8():
+def test_planner_agrees_with_the_tpu_compiler_on_v6e_8(compile_once):
     """The planner against the TPU compiler (libtpu, no TPU) on a small config for v6e:2x4, every layout the
     book prints, with real-width blocks (16 heads x 128): collective bytes per kind within 10% of the compiled
     HLO's, per-device memory within 15% of the
@@ -181,13 +181,11 @@ def test_planner_agrees_with_the_tpu_compiler_on_v6e_8():
     pytest.importorskip("libtpu", reason="the TPU compiler comes with libtpu (requirements.txt, Linux only)")
     import dataclasses
 
-    from hyv_lib.tpu_compile import compile_step
-
     small = dataclasses.replace(TINY, name="small", transformer=dict(
         TINY.transformer, num_attention_heads=16, attention_head_dim=128, num_layers=2, rope_axes_dim=[16, 56, 56]))
     for rules, mesh in (("tp", {"data": 2, "tensor": 4}), ("tp_replicated_out", {"data": 2, "tensor": 4}),
                         ("fsdp", {"data": 2, "sequence": 4}), ("tp", {"sequence": 2, "tensor": 4})):
-        compiled = compile_step(small, "v6e:2x4", mesh=mesh, sharding=rules, height=256, width=256, video_length=13)
+        compiled = compile_once(small, "v6e:2x4", mesh=mesh, sharding=rules, height=256, width=256, video_length=13)
         plan = perf.device_plan(small, 256, 256, 13, mesh, rules)
         kinds = {c["kind"]: c["bytes"] for c in compiled["collectives"]}
         total = compiled["per_device_bytes"]["total"]

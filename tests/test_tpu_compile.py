@@ -72,8 +72,10 @@ def test_a_stopped_process_prints_no_libtpu_stack_trace():
     assert out.returncode == -15 and out.stderr == "", out.stderr[-2000:]
 
 
-def test_small_step_compiles_for_v6e_8_with_the_mosaic_kernel_in_the_hlo():
-    report = compile_step(small(), "v6e:2x4", height=256, width=256, video_length=13)
+def test_small_step_compiles_for_v6e_8_with_the_mosaic_kernel_in_the_hlo(compile_once):
+    # the planner test (test_perf) compiles this very program: shared, not compiled twice
+    report = compile_once(small(heads=16), "v6e:2x4", mesh={"data": 2, "tensor": 4}, sharding="tp_replicated_out",
+                          height=256, width=256, video_length=13)
     assert report["devices"] == 8 and report["processes"] == 1  # a v6e-8 is one host
     assert report["mesh"] == {"data": 2, "tensor": 4, "sequence": 1}
     # 2 joint blocks + 1 refiner layer, each one tpu_custom_call (Splash lowered by Mosaic), no interpret-mode loop
@@ -83,6 +85,8 @@ def test_small_step_compiles_for_v6e_8_with_the_mosaic_kernel_in_the_hlo():
 
 def test_deepcache_pair_compiles_as_two_programs():
     report = compile_step(small(), "v6e:2x4", height=256, width=256, video_length=13, enable_cache=True)
+    assert report["mesh"] == {"data": 2, "tensor": 4, "sequence": 1}  # the default mesh of a v6e-8
+    assert report["sharding"] == "tp_replicated_out"
     full, cached = report["programs"]["full"], report["programs"]["cached"]
     assert full["splash_kernels"] == 3 and cached["splash_kernels"] == 1  # the cached step runs 1 block
     assert cached["flops_per_device"] < full["flops_per_device"] / 2
