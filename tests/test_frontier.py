@@ -99,3 +99,20 @@ def test_benchmark_bad_input_exits_2_before_loading(argv, message):
     result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "cache_frontier.py"), *argv],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_benchmark_script_writes_its_table_json_and_plot(tmp_path, capsys):
+    """The script end to end on one prompt and two settings (the uncached reference always runs), in this process."""
+    import importlib.util
+
+    path = os.path.join(ROOT, "benchmarks", "cache_frontier.py")
+    spec = importlib.util.spec_from_file_location("cache_frontier", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out, plot = tmp_path / "frontier.json", tmp_path / "frontier.png"
+    assert script.main(["--prompts", "1", "--settings", "2", "--output", str(out), "--plot", str(plot)]) == 0
+    results = json.loads(out.read_text())
+    assert [r["name"] for r in results["rows"]] == ["uncached", "uncached, 7 steps"] and results["prompts"] == 1
+    assert plot.stat().st_size > 10_000
+    printed = capsys.readouterr().out
+    assert "uncached, 7 steps" in printed and "within 5 points of uncached" in printed
