@@ -173,5 +173,24 @@ class DeepCacheStep:
         return self.runtime.run_from_cache(self.cache, self.uncached_blocks, **kwargs)
 
 
+def step_times(runtime: CacheableRuntime, uncached_blocks: int = 1, rounds: int = 15,
+               **forward_kwargs) -> tuple[float, float]:
+    """Median seconds of a full step (``run_and_cache``) and of a cached step (``run_from_cache``) of ``runtime`` on
+    the same inputs: one warm-up call each, then ``rounds`` interleaved rounds, so a busy machine slows both alike."""
+    import time
+
+    with torch.no_grad():
+        _, cache = runtime.run_and_cache(uncached_blocks, **forward_kwargs)  # fills the cache, warms the full step
+        runtime.run_from_cache(cache, uncached_blocks, **forward_kwargs)
+        times: tuple[list[float], list[float]] = ([], [])
+        for _ in range(rounds):
+            for kind, call in enumerate((lambda: runtime.run_and_cache(uncached_blocks, **forward_kwargs),
+                                         lambda: runtime.run_from_cache(cache, uncached_blocks, **forward_kwargs))):
+                start = time.perf_counter()
+                call()
+                times[kind].append(time.perf_counter() - start)
+    return tuple(sorted(t)[len(t) // 2] for t in times)
+
+
 def _num_blocks(runtime) -> int:
     return len(runtime.model.transformer_blocks)

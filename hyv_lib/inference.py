@@ -174,9 +174,8 @@ class VideoPipeline:
             raise HyvInputError("cache", f"the schedule has {cache.num_steps} steps but num_inference_steps is "
                                          f"{settings['num_inference_steps']}")
         calibrated = getattr(cache, "calibration", None) or {}
-        for name in ("preset", "flow_shift", "no_cache_blocks"):
-            mine = {"preset": self.preset.name, "flow_shift": settings["flow_shift"],
-                    "no_cache_blocks": uncached_blocks}[name]
+        for name, mine in (("preset", self.preset.name), ("flow_shift", settings["flow_shift"]),
+                           ("no_cache_blocks", uncached_blocks)):
             if name in calibrated and calibrated[name] != mine:
                 raise HyvInputError("cache", f"the magcache schedule was calibrated with {name} {calibrated[name]!r} "
                                              f"but this video has {mine!r}")

@@ -82,7 +82,7 @@ from IPython.display import display
 
 import hyv_lib
 from hyv_lib import perf, quality
-from hyv_lib.cache import DeepCacheSchedule, DeepCacheStep, TorchDeepCache
+from hyv_lib.cache import DeepCacheSchedule, DeepCacheStep, TorchDeepCache, step_times
 from hyv_lib.display import frame_grid, html_table
 from hyv_lib.models import example_forward_kwargs, load_components, quiet_loading
 from hyv_lib.pipeline import denoise, make_step, prepare_conditioning
@@ -427,20 +427,11 @@ from hyv_lib.frontier import (default_settings, frontier_table, load_results, me
 with quiet_loading():
     tiny_pipe = hyv_lib.load_pipeline("tiny_trained", progress=False)  # the frontier's model, whatever PRESET is
 tiny_model, tiny_preset = tiny_pipe.components["transformer"], tiny_pipe.preset
-tiny_halves = TorchDeepCache(tiny_model)
 tiny_example = example_forward_kwargs(tiny_preset, latent=(3, 4, 7))  # a CFG batch at the shipped size
 step_ms = {}
-with torch.no_grad():
-    for k in (1, 0):
-        _, tiny_cache = tiny_halves.run_and_cache(k, **tiny_example)
-        rounds = {"full": [], "cached": []}
-        for _ in range(15):  # interleaved, medians: steady on a busy machine
-            for name, call in (("full", lambda: tiny_halves.run_and_cache(k, **tiny_example)),
-                               ("cached", lambda: tiny_halves.run_from_cache(tiny_cache, k, **tiny_example))):
-                t0 = time.perf_counter()
-                call()
-                rounds[name].append(time.perf_counter() - t0)
-        step_ms[k] = {name: 1e3 * float(np.median(t)) for name, t in rounds.items()}
+for k in (1, 0):  # medians of interleaved full and cached steps (hyv_lib.cache.step_times)
+    full_s, cached_s = step_times(TorchDeepCache(tiny_model), k, **tiny_example)
+    step_ms[k] = {"full": 1e3 * full_s, "cached": 1e3 * cached_s}
 for k, ms in step_ms.items():
     r_k = ms["cached"] / ms["full"]
     print(f"no_cache_blocks={k}: full step {ms['full']:.1f} ms, cached step {ms['cached']:.2f} ms, r = {r_k:.3f}; "

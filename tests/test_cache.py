@@ -182,3 +182,11 @@ def test_a_schedule_that_does_not_fit_the_loop_warns(model):
     with pytest.warns(UserWarning, match="more than its schedule's 2 steps"):
         for _ in range(3):
             step(**kwargs)
+
+
+def test_step_times_sees_a_cached_step_cheaper_than_a_full_one(model):
+    """Two blocks: a cached step with none recomputed skips both, so it is cheaper than a full step."""
+    from hyv_lib.cache import step_times
+
+    full, cached = step_times(TorchDeepCache(model), 0, rounds=5, **forward_kwargs(seed=2))
+    assert 0 < cached < full
