@@ -3,6 +3,7 @@ checkpoint (``python -m hyv_lib save_tiny``: the real preset's shapes at tiny wi
 runs them with the defaults; this runs them the way a reader with the 8.3B weights would (same code paths, tiny cost).
 The image-to-video chapter runs a second time with HYV_PRESET=720p_i2v and that preset's real-layout checkpoint."""
 
+import os
 import pathlib
 
 import nbformat
@@ -28,39 +29,60 @@ def _save_tiny(tmp_path_factory, preset):
     return path
 
 
-@pytest.fixture(scope="module")
-def real_layout(tmp_path_factory):
-    return _save_tiny(tmp_path_factory, "720p_t2v")
+# (test id, notebook, preset, extra settings) of every chapter run below. The image-to-video chapter's second run
+# has one caption: each 720p video costs about a minute here (the image's bucket fixes the size, HYV_HEIGHT does
+# not shrink it), and a second caption would run the same code again.
+RUNS = [(f"t2v-{p.stem}", p, "720p_t2v", {}) for p in NOTEBOOKS] + [
+    (f"i2v-{p.stem}", p, "720p_i2v", {"HYV_DIRECTIONS": "left"}) for p in I2V_NOTEBOOKS]
 
 
-@pytest.fixture(scope="module")
-def real_layout_i2v(tmp_path_factory):
-    return _save_tiny(tmp_path_factory, "720p_i2v")
-
-
-def _execute(path, preset, model_path, tmp_path, monkeypatch, **settings):
+async def _execute(path, env, cwd):
+    """Run one notebook in its own kernel (with ``env``); the text of a failure, or None."""
     from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
 
-    env = {"HYV_PRESET": preset, "HYV_MODEL_PATH": str(model_path), "HYV_OUTPUT_DIR": str(tmp_path / "out"),
-           "JAX_PLATFORMS": "cpu", **SMALL, **settings}
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)  # the kernel inherits this process's environment
     notebook = nbformat.read(path, as_version=4)
-    NotebookClient(notebook, timeout=900, kernel_name="python3",
-                   resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()  # raises CellExecutionError on failure
+    client = NotebookClient(notebook, timeout=900, kernel_name="python3", resources={"metadata": {"path": cwd}})
+    try:
+        await client.async_execute(env=env)
+    except CellExecutionError as err:
+        return str(err)[-4000:]
     text = "\n".join(str(o.get("text", "")) for c in notebook.cells if c.cell_type == "code" for o in c.outputs)
-    assert "Traceback" not in text
+    return "a cell printed a Traceback:\n" + text[-4000:] if "Traceback" in text else None
+
+
+@pytest.fixture(scope="module")
+def chapter_runs(request, tmp_path_factory):
+    """Every selected chapter run once, as many at a time as there are CPU cores (at most 4): a chapter at this
+    size keeps about one core busy (kernel start-up, imports, small models), so two run in about the time of one
+    on a 2-core machine. Returns {test id: failure text or None}."""
+    import asyncio
+
+    selected = {item.callspec.id for item in request.session.items
+                if item.module is request.module and hasattr(item, "callspec")}
+    # The image-to-video run (the longest, about a minute at 720p) starts first so that it does not run alone at the end.
+    runs = sorted((r for r in RUNS if r[0] in selected), key=lambda r: r[2] != "720p_i2v")
+    checkpoints = {}
+    for preset in sorted({r[2] for r in runs}):  # only the checkpoints the selected runs need
+        checkpoints[preset] = _save_tiny(tmp_path_factory, preset)
+
+    async def run_all():
+        limit = asyncio.Semaphore(max(1, min(4, os.cpu_count() or 1)))
+
+        async def one(test_id, path, preset, settings):
+            env = {**os.environ, "HYV_PRESET": preset, "HYV_MODEL_PATH": str(checkpoints[preset]),
+                   "HYV_OUTPUT_DIR": str(tmp_path_factory.mktemp(test_id) / "out"), "JAX_PLATFORMS": "cpu",
+                   **SMALL, **settings}
+            async with limit:
+                return test_id, await _execute(path, env, str(ROOT / "notebooks"))
+        return dict(await asyncio.gather(*(one(*r) for r in runs)))
+    return asyncio.run(run_all())
 
 
 @pytest.mark.slow  # a Jupyter kernel per chapter
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_chapter_runs_with_the_real_preset_and_a_model_path(path, real_layout, tmp_path, monkeypatch):
-    _execute(path, "720p_t2v", real_layout, tmp_path, monkeypatch)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("path", I2V_NOTEBOOKS, ids=[p.stem for p in I2V_NOTEBOOKS])
-def test_chapter_runs_with_an_image_to_video_preset_and_a_model_path(path, real_layout_i2v, tmp_path, monkeypatch):
-    # One caption: each 720p video costs about a minute here (the image's bucket fixes the size, HYV_HEIGHT does not
-    # shrink it), and a second caption would run the same code again.
-    _execute(path, "720p_i2v", real_layout_i2v, tmp_path, monkeypatch, HYV_DIRECTIONS="left")
+@pytest.mark.parametrize("test_id", [r[0] for r in RUNS])
+def test_chapter_runs_with_real_weight_settings(test_id, chapter_runs):
+    """t2v-*: HYV_PRESET=720p_t2v and its real-layout checkpoint; i2v-*: the image-to-video chapter again with
+    HYV_PRESET=720p_i2v and that preset's checkpoint."""
+    failure = chapter_runs[test_id]
+    assert failure is None, failure

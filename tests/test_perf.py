@@ -175,9 +175,9 @@ def test_fsdp_compute_splits_over_data_and_sequence_only():
 
 def test_planner_agrees_with_the_tpu_compiler_on_v6e_8(compile_once):
     """The planner against the TPU compiler (libtpu, no TPU) on a small config for v6e:2x4, every layout the
-    book prints, with real-width blocks (16 heads x 128): collective bytes per kind within 10% of the compiled
-    HLO's, per-device memory within 15% of the
-    compiler's total."""
+    book prints, with real-width blocks (16 heads x 128): collective bytes per kind within 1% of the compiled
+    HLO's (measured: equal), per-device memory within 3% of the compiler's total (measured: 0.2-1.6%, libtpu
+    0.0.42.1)."""
     pytest.importorskip("libtpu", reason="the TPU compiler comes with libtpu (requirements.txt, Linux only)")
     import dataclasses
 
@@ -194,9 +194,9 @@ def test_planner_agrees_with_the_tpu_compiler_on_v6e_8(compile_once):
               f"{sum(kinds.values()) / 2**20:.2f}")
         assert set(kinds) <= set(plan["collectives"]), (rules, kinds)
         for kind in plan["collectives"]:  # a kind carrying under 0.1% of the bytes (FSDP's 2 KiB all-reduce) may be 0
-            assert plan["collectives"][kind] == pytest.approx(kinds.get(kind, 0), rel=0.10,
+            assert plan["collectives"][kind] == pytest.approx(kinds.get(kind, 0), rel=0.01,
                                                               abs=1e-3 * sum(kinds.values())), (rules, mesh, kind)
-        assert plan["per_device_bytes"]["total"] == pytest.approx(total, rel=0.15), (rules, mesh)
+        assert plan["per_device_bytes"]["total"] == pytest.approx(total, rel=0.03), (rules, mesh)
 
 
 @pytest.mark.parametrize("change, name", [
