@@ -138,8 +138,16 @@ def build_tiny_components(preset: Preset, seed: int = 0, names: Iterable[str] = 
         out["vae"] = _seeded(seed + 4, lambda: AutoencoderKLHunyuanVideo15(**preset.vae))
     if "scheduler" in names:
         out["scheduler"] = FlowMatchEulerDiscreteScheduler(shift=preset.flow_shift)
-    if "guider" in names:
-        out["guider"] = ClassifierFreeGuidance(guidance_scale=preset.guidance_scale)
+    if "guider" in names:  # saved so that diffusers' pipeline classes load the folder; hyv_lib runs CFG itself
+        from diffusers.utils import logging as diffusers_logging
+
+        logger = diffusers_logging.get_logger("diffusers.guiders.guider_utils")
+        level = logger.level
+        logger.setLevel(diffusers_logging.ERROR)  # its "experimental feature" notice says nothing to our users
+        try:
+            out["guider"] = ClassifierFreeGuidance(guidance_scale=preset.guidance_scale)
+        finally:
+            logger.setLevel(level)
     if names & set(IMAGE_COMPONENTS):
         from transformers import SiglipVisionConfig, SiglipVisionModel
 
