@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,16 +20,26 @@ GENERATE_SETTINGS = ("height", "width", "video_length", "num_inference_steps", "
                      "seed")
 
 
+_FLAG = re.compile(r"--([a-z][a-z0-9_]*)")
+
+
+def _python_text(message: str) -> str:
+    """``message`` with each ``--flag`` written as the parameter ``flag``, unless the message quotes a command to run
+    (``python -m hyv_lib calibrate_cache --preset ...``), whose flags must stay as typed."""
+    return message if "python -m" in message else _FLAG.sub(r"\1", message)
+
+
 @contextlib.contextmanager
 def python_names():
     """Re-raise HyvInputError with the Python parameter's name (``height``) instead of the CLI flag
-    (``--height``): the validation is shared with the CLI, the message should fit the caller."""
+    (``--height``), in the argument and in the message: the validation is shared with the CLI, the message should
+    fit the caller."""
     try:
         yield
     except HyvInputError as err:
-        if not err.argument.startswith("--"):
+        if not err.argument.startswith("--") and "--" not in err.message:
             raise
-        raise HyvInputError(err.argument[2:], err.message) from None
+        raise HyvInputError(err.argument.removeprefix("--"), _python_text(err.message)) from None
 
 
 @dataclass
@@ -43,8 +54,9 @@ class Video:
     def save(self, path: str, fps: float | None = None) -> str:
         """Write the frames as an H.264 mp4 at ``fps`` (default: the preset's), atomically; returns ``path``."""
         from .stage_io import ensure_output_dir
-        from .video import write_mp4
+        from .video import check_mp4_path, write_mp4
 
+        check_mp4_path(path)
         fps = self.config.get("fps") if fps is None else fps
         if not isinstance(fps, (int, float)) or isinstance(fps, bool) or not fps > 0:
             raise HyvInputError("fps", f"must be a number > 0, got {fps!r}")

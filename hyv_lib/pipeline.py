@@ -19,6 +19,7 @@ from .stage_io import (
     CONFIG_FILE, FRAMES_FILE, STAGE1_FILE, STAGE2_FILE, VIDEO_FILE, ensure_output_dir, load_stage1, load_stage2,
     read_config, save_tensors, update_config,
 )
+from .video import check_mp4_path
 
 class TransformerStep(Protocol):
     """A transformer step: called with the keyword arguments of HunyuanVideo15Transformer3DModel.forward
@@ -245,6 +246,10 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
                               ("--warmup_steps", warmup_steps, int), ("--guidance_scale", guidance_scale, float),
                               ("--flow_shift", flow_shift, float)):
         _check_type(name, value, kind)
+    # numpy scalars pass the check; from here on they are Python numbers (torch's manual_seed takes no np.int64)
+    height, width, video_length, num_inference_steps, seed, warmup_steps = (
+        None if v is None else int(v) for v in (height, width, video_length, num_inference_steps, seed, warmup_steps))
+    guidance_scale, flow_shift = (None if v is None else float(v) for v in (guidance_scale, flow_shift))
     video_length = preset.default_video_length if video_length is None else video_length
     num_inference_steps = preset.default_steps if num_inference_steps is None else num_inference_steps
     guidance_scale = preset.guidance_scale if guidance_scale is None else guidance_scale
@@ -722,6 +727,7 @@ def stage3(
     spec = _preset_from_config(config, input_dir)
     fps = spec.fps if fps is None else fps
     output_video = output_video or os.path.join(input_dir, VIDEO_FILE)
+    check_mp4_path(output_video, "--output_video")
     out_dir = os.path.dirname(os.path.abspath(output_video))
     ensure_output_dir(out_dir, "--output_video")
     if components is None:
@@ -792,6 +798,8 @@ def generate(
         raise HyvInputError("--fps", f"must be > 0, got {fps}")
     if vae_dtype not in ("fp32", "bf16"):
         raise HyvInputError("--vae_dtype", f"must be fp32 or bf16, got {vae_dtype!r}")
+    if output_video is not None:
+        check_mp4_path(output_video, "--output_video")
     stage1(preset=preset, prompt=prompt, negative_prompt=negative_prompt, output_dir=output_dir,
            model_path=model_path, dtype=dtype, image_path=image_path)
     stage2(input_dir=output_dir, **stage2_kwargs)

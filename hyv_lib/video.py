@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import warnings
+from typing import Any
 
 import numpy as np
 import torch
@@ -54,10 +56,18 @@ def decode_latents(vae, latents: torch.Tensor, tiling: bool = True, tile_paralle
     return to_uint8_frames(video[0])
 
 
+def check_mp4_path(path: Any, argument: str = "path") -> None:
+    """HyvInputError naming ``argument`` unless ``path`` is a str or PathLike ending in ``.mp4``: ffmpeg picks the
+    container from the suffix, so ``video.avi`` would silently become an AVI file and ``video`` fail late."""
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path).lower().endswith(".mp4"):
+        raise HyvInputError(argument, f"must be a path ending in .mp4, got {path!r}")
+
+
 def write_mp4(frames: torch.Tensor | np.ndarray, path: str, fps: float) -> None:
     """Write uint8 frames [F,H,W,3] as H.264 mp4 (yuv420p, playable everywhere), atomically."""
     import imageio_ffmpeg
 
+    check_mp4_path(path)
     if isinstance(frames, torch.Tensor):
         frames = frames.detach().cpu().numpy()
     array = np.ascontiguousarray(frames)

@@ -70,6 +70,10 @@ def test_bad_input_exits_2_with_one_line(tmp_path):
     r = hyv("generate", "--video_length", "8", "--output_dir", str(tmp_path), check=False)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == ["error: --video_length: must be 4n+1 (e.g. 9, 33, 61, 121), got 8"]
+    out = tmp_path / "avi"
+    r = hyv("generate", "--output_dir", str(out), "--output_video", str(tmp_path / "v.avi"), check=False)
+    assert r.returncode == 2 and r.stderr.startswith("error: --output_video: must be a path ending in .mp4")
+    assert not out.exists()  # refused before stage 1 wrote anything
 
 
 def test_deepcache_flags_land_in_the_config(tmp_path):

@@ -55,7 +55,11 @@ def test_save_writes_the_frames_and_checks_fps(pipe, tmp_path):
     assert np.abs(frames.astype(int) - video.frames).mean() < 3  # H.264 at crf 18
     with pytest.raises(HyvInputError, match="fps"):
         video.save(str(tmp_path / "w.mp4"), fps=0)
-    assert not (tmp_path / "w.mp4").exists()
+    for bad in ("w.avi", "w"):  # ffmpeg would pick the container from the suffix: an AVI file, or fail late
+        with pytest.raises(HyvInputError) as err:
+            video.save(str(tmp_path / bad))
+        assert err.value.argument == "path" and ".mp4" in err.value.message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sub"]
 
 
 def test_bf16_components_generate_the_same_video(pipe):
@@ -89,13 +93,21 @@ def test_deepcache_per_call_and_its_all_full_schedule_is_exact(pipe):
     (dict(height="720"), "height"), (dict(video_length=33.0), "video_length"),
     (dict(num_inference_steps=4.0), "num_inference_steps"), (dict(seed="7"), "seed"),
     (dict(guidance_scale="4"), "guidance_scale"), (dict(video_length=8), "video_length"),
-    (dict(prompt=3), "prompt"), (dict(cache="deepcache"), "cache"),
+    (dict(prompt=3), "prompt"), (dict(cache="deepcache"), "cache"), (dict(height=96), "width"),
 ])
 def test_bad_settings_name_the_python_parameter(pipe, kwargs, name):
     kwargs = {"prompt": PROMPT, **kwargs}
     with pytest.raises(HyvInputError) as err:
         pipe.generate(**kwargs, progress=False)
-    assert err.value.argument == name
+    assert err.value.argument == name and "--" not in str(err.value)  # parameters, not CLI flags, in the text too
+
+
+def test_numpy_numbers_are_taken_as_python_numbers(pipe):
+    """np.int64 seeds (from np.random) and numpy floats: the same video as the Python numbers give."""
+    kwargs = dict(video_length=5, num_inference_steps=2, progress=False)
+    plain = pipe.generate(PROMPT, seed=3, guidance_scale=4.0, **kwargs)
+    numpy = pipe.generate(PROMPT, seed=np.int64(3), guidance_scale=np.float32(4.0), **kwargs)
+    assert np.array_equal(plain.frames, numpy.frames) and type(numpy.config["seed"]) is int
 
 
 def test_load_pipeline_checks_its_arguments_before_loading(monkeypatch):
