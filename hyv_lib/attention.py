@@ -103,8 +103,9 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_ma
     """The oracle: plain softmax(QK^T/sqrt(D)) V in fp32 over valid keys. Materialises [B,H,S,S] (O(S^2))."""
     scores = torch.einsum("bhqd,bhkd->bhqk", q.float(), k.float()) / math.sqrt(q.shape[-1])
     scores = scores.masked_fill(~kv_mask[:, None, None, :], float("-inf"))
-    # A row with no valid key is all -inf: give it zero weights instead of NaN.
-    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    # A sample with no valid key has all -inf rows: zero weights instead of NaN. Only those (not nan_to_num): a NaN
+    # that comes in with q, k or v must come out, or the oracle would hide a numerical blow-up.
+    probs = torch.softmax(scores, dim=-1).masked_fill(~kv_mask.any(-1)[:, None, None, None], 0.0)
     out = torch.einsum("bhqk,bhkd->bhqd", probs, v.float())
     return (out * kv_mask[:, None, :, None]).to(q.dtype)
 

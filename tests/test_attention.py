@@ -278,3 +278,14 @@ def test_options_go_only_to_backends_that_take_them():
     with pytest.raises(TypeError, match="'sdpa' takes no options"):
         A.attention(q, k, v, mask, backend="sdpa", block_kv=8)
     assert A.available_backends()["host_sdpa"] is None  # JAX runs on this machine's CPU
+
+
+def test_the_oracle_zeroes_keyless_samples_but_passes_nan_inputs_through():
+    """Hand-worked: a sample with no valid key gives zeros; a NaN in one valid query row gives NaN in that row only
+    (zeroing every NaN would hide a numerical blow-up in whatever the oracle checks)."""
+    q, k, v = torch.randn(3, 2, 1, 4, 8, dtype=torch.float64)
+    mask = torch.tensor([[True, True, True, False], [False] * 4])
+    q[0, 0, 1, 0] = float("nan")
+    out = A.reference_attention(q, k, v, mask)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    assert out[0, 0, 1].isnan().all() and out[0, 0, [0, 2, 3]].isfinite().all()
