@@ -320,10 +320,18 @@ class _MeshShape:
         self.shape = {axis: shape.get(axis, 1) for axis in MESH_AXES}
 
 
-def _mesh(mesh_shape: int | Mapping[str, int] | None, axis: str = "tensor") -> dict[str, int]:
-    """int n -> n devices on ``axis``; a dict of data/tensor/sequence sizes; None -> one device."""
+def _mesh(mesh_shape: int | str | Mapping[str, int] | None, axis: str = "tensor") -> dict[str, int]:
+    """int n -> n devices on ``axis``; a dict of data/tensor/sequence sizes, or the string form the CLI and
+    ``make_step`` take ('data=2,tensor=4'); None -> one device."""
     if mesh_shape is None:
         mesh_shape = 1
+    if isinstance(mesh_shape, str):
+        from .pipeline import parse_mesh
+
+        try:
+            mesh_shape = parse_mesh(mesh_shape) or 1
+        except HyvInputError as err:  # it names the CLI's --mesh
+            raise HyvInputError("mesh_shape", err.message) from None
     mesh = {axis: mesh_shape} if isinstance(mesh_shape, int) else dict(mesh_shape)
     if any(k not in MESH_AXES or not isinstance(v, int) or v < 1 for k, v in mesh.items()):
         raise HyvInputError("mesh_shape", f"an int or a dict of {', '.join(MESH_AXES)} with positive integer "
@@ -528,14 +536,15 @@ def compiled_report(preset: Preset | str, height: int, width: int, video_length:
 
 
 def device_plan(preset: Preset | str, height: int, width: int, video_length: int,
-                mesh_shape: int | Mapping[str, int] | None = None, rules: str = "tp_replicated_out", *,
+                mesh_shape: int | str | Mapping[str, int] | None = None, rules: str = "tp_replicated_out", *,
                 batch: int = 2, dtype: str = "bf16", enable_cache: bool = False,
                 topology: str | None = None) -> dict[str, Any]:
     """What one device holds, computes and exchanges in one CFG step of :class:`hyv_lib.tpu.TpuTransformer` on a
     mesh: the planner's side of ``python -m hyv_lib compile`` (which asks the TPU compiler instead).
 
-    ``mesh_shape``: data/tensor/sequence sizes (an int n = ``tensor=n``); ``rules``: ``tp``, ``tp_replicated_out``,
-    ``fsdp`` or ``replicated``. With b = ceil(B / data) samples, N_v video and N_c context tokens, L blocks, hidden h,
+    ``mesh_shape``: data/tensor/sequence sizes (an int n = ``tensor=n``; or 'data=2,tensor=4'), data dividing
+    ``batch``; ``rules``: ``tp``, ``tp_replicated_out``,
+    ``fsdp`` or ``replicated``. With b = B / data samples, N_v video and N_c context tokens, L blocks, hidden h,
     MLP width f, t = tensor, s = sequence, x = dtype bytes, it models what the compiled HLO does (checked against
     the TPU compiler in tests/test_perf.py and chapter 3):
 
@@ -573,8 +582,11 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
         raise HyvInputError("mesh_shape", f"{heads} heads cannot be split over tensor x sequence = {t} x {sq}")
     if rules not in rule_set_names():
         raise HyvInputError("rules", f"unknown rule set {rules!r}; valid: {', '.join(rule_set_names())}")
+    _check_count("batch", batch)
+    if batch % d_:  # the tpu runtime and the compiler refuse it too: a data axis splits whole samples
+        raise HyvInputError("mesh_shape", f"data={d_} does not divide the batch of {batch}")
     tok = token_counts(preset, height, width, video_length)
-    b = -(-batch // d_)
+    b = batch // d_
     nv, nc, lt = -(-tok["video"] // sq), tok["context"], preset.text_len
     refiner = dims["refiner_layers"]
 
@@ -665,7 +677,7 @@ def default_layout(devices: int, heads: int, rules: str = "tp_replicated_out", b
 
 
 def bounds(preset: Preset | str, height: int, width: int, video_length: int, chip: str | Chip, n_chips: int,
-           rules: str = "tp_replicated_out", *, mesh_shape: Mapping[str, int] | None = None, batch: int = 2,
+           rules: str = "tp_replicated_out", *, mesh_shape: str | Mapping[str, int] | None = None, batch: int = 2,
            dtype: str = "bf16", strategy: str | None = None, attention: str = "flash") -> dict[str, Any]:
     """Lower bounds on the time of one CFG step on ``n_chips`` chips, and whether it fits in HBM.
 
@@ -692,7 +704,7 @@ def bounds(preset: Preset | str, height: int, width: int, video_length: int, chi
     attention_io = d["layers"] * 4 * batch * flops["tokens"]["joint"] * d["hidden"] * x / devices
     rule_name = rules if isinstance(rules, str) else "custom"
     if rule_name in RULE_SET_LAYOUTS:
-        mesh = dict(mesh_shape) if mesh_shape else default_layout(devices, d["heads"], rule_name, batch)
+        mesh = _mesh(mesh_shape) if mesh_shape else default_layout(devices, d["heads"], rule_name, batch)
         if math.prod(mesh.values()) != devices:
             raise HyvInputError("mesh_shape", f"{mesh} is not {devices} devices ({n_chips} x {spec.name})")
         try:

@@ -212,3 +212,18 @@ def test_planner_arguments_are_checked_and_named(change, name):
     with pytest.raises(HyvInputError) as err:
         perf.bounds(**kwargs)
     assert err.value.argument == name
+
+
+def test_device_plan_takes_the_mesh_string_and_refuses_a_data_axis_that_splits_a_sample():
+    """The string form of make_step and the CLI gives the dict's plan; data=3 (or data=2 with CFG off) would split
+    a sample, which the tpu runtime and the TPU compiler refuse, so the planner does too instead of planning it."""
+    from hyv_lib.errors import HyvInputError
+
+    args = ("720p_t2v", 720, 1280, 121)
+    assert perf.device_plan(*args, "data=2,tensor=4", "tp") == perf.device_plan(*args, {"data": 2, "tensor": 4}, "tp")
+    assert perf.bounds(*args, "v6e", 8, mesh_shape="data=2,tensor=4")["step_s"] == perf.bounds(
+        *args, "v6e", 8, mesh_shape={"data": 2, "tensor": 4})["step_s"]
+    for mesh, batch in (({"data": 3, "tensor": 4}, 2), ({"data": 2, "tensor": 4}, 1), ("data:2", 2)):
+        with pytest.raises(HyvInputError) as err:
+            perf.device_plan(*args, mesh, "tp", batch=batch)
+        assert err.value.argument == "mesh_shape", mesh
