@@ -77,7 +77,7 @@ def make_mesh(data: int = 1, tensor: int | None = None, sequence: int = 1, devic
         tensor = len(devices) // (data * sequence)
     if data * tensor * sequence != len(devices):
         raise ValueError(f"mesh data={data} x tensor={tensor} x sequence={sequence} = {data * tensor * sequence} "
-                         f"devices, but {len(devices)} are present")
+                         f"devices, but {len(devices)} {'is' if len(devices) == 1 else 'are'} present")
     return Mesh(np.array(devices).reshape(data, tensor, sequence), AXES)
 
 
