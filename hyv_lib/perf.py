@@ -543,10 +543,9 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
     mesh: the planner's side of ``python -m hyv_lib compile`` (which asks the TPU compiler instead).
 
     ``mesh_shape``: data/tensor/sequence sizes (an int n = ``tensor=n``; or 'data=2,tensor=4'), data dividing
-    ``batch``; ``rules``: ``tp``, ``tp_replicated_out``,
-    ``fsdp`` or ``replicated``. With b = B / data samples, N_v video and N_c context tokens, L blocks, hidden h,
-    MLP width f, t = tensor, s = sequence, x = dtype bytes, it models what the compiled HLO does (checked against
-    the TPU compiler in tests/test_perf.py and chapter 3):
+    ``batch``; ``rules``: ``tp``, ``tp_replicated_out``, ``fsdp`` or ``replicated``. With b = B / data samples, N_v
+    video and N_c context tokens, L blocks, hidden h, MLP width f, t = tensor, s = sequence, x = dtype bytes, it
+    models what the compiled HLO does (checked against the TPU compiler in tests/test_perf.py and chapter 3):
 
     - ``collectives`` (bytes of the collectives' results per device, as :func:`hlo_collectives` counts them):
       ``tp`` all-reduces each row-parallel output, 2 per block and stream, [b, N_v/s, h] and [b, N_c, h] (the last
