@@ -67,7 +67,8 @@ def chapter_runs(request, tmp_path_factory):
         checkpoints[preset] = _save_tiny(tmp_path_factory, preset)
 
     async def run_all():
-        limit = asyncio.Semaphore(max(1, min(4, os.cpu_count() or 1)))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        limit = asyncio.Semaphore(max(1, min(4, cores)))
 
         async def one(test_id, path, preset, settings):
             env = {**os.environ, "HYV_PRESET": preset, "HYV_MODEL_PATH": str(checkpoints[preset]),
