@@ -418,7 +418,7 @@ def magcache_schedule(preset: str = "tiny_trained", num_inference_steps: int | N
         pipe = hyv_lib.load_pipeline("tiny_trained")
         video = pipe.generate(prompt, cache=magcache_schedule("tiny_trained", cache_threshold=0.1))
     """
-    from .inference import python_names
+    from .errors import python_names
     from .pipeline import resolve_settings
     from .presets import get_preset
 

@@ -4,11 +4,12 @@ scripts)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 
-from .errors import HyvInputError
+from .errors import HyvInputError, cli_names
 
 
 def _add_stage1(p: argparse.ArgumentParser, output_dir: bool = True) -> None:
@@ -272,12 +273,13 @@ def _generate_many(args: argparse.Namespace) -> int:
 def run(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run one command; returns the exit code (bad input: 2)."""
     args = build_parser().parse_args(argv)
-    if getattr(args, "quiet", False):  # --quiet: no weight-loading or shard-writing bars either
-        from .models import quiet_loading
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(cli_names())  # errors name this command's flags, not Python parameters
+        if getattr(args, "quiet", False):  # --quiet: no weight-loading or shard-writing bars either
+            from .models import quiet_loading
 
-        with quiet_loading():
-            return _run_command(args)
-    return _run_command(args)
+            stack.enter_context(quiet_loading())
+        return _run_command(args)
 
 
 def _run_command(args: argparse.Namespace) -> int:

@@ -1,4 +1,12 @@
-"""The one exception type for bad user input: it names the argument and what is valid."""
+"""The one exception type for bad user input: it names the argument (the CLI flag or the Python parameter, as
+the caller used) and what is valid."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import re
+from typing import Iterator
 
 
 class HyvInputError(ValueError):
@@ -12,3 +20,38 @@ class HyvInputError(ValueError):
         self.argument = argument
         self.message = message
         super().__init__(f"{argument}: {message}")
+
+
+# The validation is shared by the CLI and the Python API and raises with CLI flags (``--height``). Inside
+# :func:`cli_names` (the CLI's command runner) they stay flags; :func:`python_names` around a public Python entry
+# point turns them into the parameters' names everywhere else.
+_CALLED_FROM_CLI = contextvars.ContextVar("hyv_lib_called_from_cli", default=False)
+_FLAG = re.compile(r"--([a-z][a-z0-9_]*)")
+
+
+@contextlib.contextmanager
+def cli_names() -> Iterator[None]:
+    """Within this block (the CLI running a command), HyvInputError keeps naming CLI flags."""
+    token = _CALLED_FROM_CLI.set(True)
+    try:
+        yield
+    finally:
+        _CALLED_FROM_CLI.reset(token)
+
+
+def _python_text(message: str) -> str:
+    """``message`` with each ``--flag`` written as the parameter ``flag``, unless the message quotes a command to run
+    (``python -m hyv_lib calibrate_cache --preset ...``), whose flags must stay as typed."""
+    return message if "python -m" in message else _FLAG.sub(r"\1", message)
+
+
+@contextlib.contextmanager
+def python_names() -> Iterator[None]:
+    """Re-raise HyvInputError with the Python parameter's name (``height``) instead of the CLI flag (``--height``),
+    in the argument and in the message, unless the CLI is the caller (:func:`cli_names`). Also a decorator."""
+    try:
+        yield
+    except HyvInputError as err:
+        if _CALLED_FROM_CLI.get() or (not err.argument.startswith("--") and "--" not in err.message):
+            raise
+        raise HyvInputError(err.argument.removeprefix("--"), _python_text(err.message)) from None

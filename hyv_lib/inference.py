@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,34 +11,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import HyvInputError
+from .errors import HyvInputError, python_names
 from .presets import Preset, get_preset
 
 #: What :meth:`VideoPipeline.generate` takes per video; each None is the preset's default.
 GENERATE_SETTINGS = ("height", "width", "video_length", "num_inference_steps", "guidance_scale", "flow_shift",
                      "seed")
-
-
-_FLAG = re.compile(r"--([a-z][a-z0-9_]*)")
-
-
-def _python_text(message: str) -> str:
-    """``message`` with each ``--flag`` written as the parameter ``flag``, unless the message quotes a command to run
-    (``python -m hyv_lib calibrate_cache --preset ...``), whose flags must stay as typed."""
-    return message if "python -m" in message else _FLAG.sub(r"\1", message)
-
-
-@contextlib.contextmanager
-def python_names():
-    """Re-raise HyvInputError with the Python parameter's name (``height``) instead of the CLI flag
-    (``--height``), in the argument and in the message: the validation is shared with the CLI, the message should
-    fit the caller."""
-    try:
-        yield
-    except HyvInputError as err:
-        if not err.argument.startswith("--") and "--" not in err.message:
-            raise
-        raise HyvInputError(err.argument.removeprefix("--"), _python_text(err.message)) from None
 
 
 @dataclass

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from . import __version__
-from .errors import HyvInputError
+from .errors import HyvInputError, python_names
 from .memory import PeakMemory
 from .models import load_components, torch_dtype
 from .presets import Preset, bucket_size, get_preset
@@ -478,6 +478,7 @@ def first_frame(spec, image, settings: Stage2Settings, argument: str = "--image_
     return image_size_settings(settings, image_bucket(spec, image)), crop_to_bucket(spec, image)
 
 
+@python_names()  # called from Python: errors name parameters; from the CLI: flags
 def stage1(
     preset: str = "tiny", prompt: str = "", negative_prompt: str = "", output_dir: str | None = None,
     model_path: str | None = None, dtype: str | None = None, components: dict[str, Any] | None = None,
@@ -642,6 +643,7 @@ def denoise(
     return latents
 
 
+@python_names()  # called from Python: errors name parameters; from the CLI: flags
 def stage2(
     input_dir: str | None = None, output_dir: str | None = None, *, quiet: bool = False,
     step: TransformerStep | None = None, components: dict[str, Any] | None = None, **settings: Any,
@@ -702,6 +704,7 @@ def stage2(
 
 
 # ------------------------------------------------------------------------------------------------- stage 3
+@python_names()  # called from Python: errors name parameters; from the CLI: flags
 def stage3(
     input_dir: str | None = None, output_video: str | None = None, fps: float | None = None,
     disable_tiling: bool = False, save_frames: bool = False, runtime: str = "torch", vae_dtype: str = "fp32",
@@ -716,6 +719,7 @@ def stage3(
     """
     start = time.perf_counter()
     _require_folder("input_dir", input_dir)
+    _check_type("--fps", fps, float)
     if fps is not None and not fps > 0:
         raise HyvInputError("--fps", f"must be > 0, got {fps}")
     if runtime not in ("torch", "tpu"):
@@ -773,6 +777,7 @@ def stage3(
     return frames
 
 
+@python_names()  # called from Python: errors name parameters; from the CLI: flags
 def generate(
     preset: str = "tiny", prompt: str = "", negative_prompt: str = "", output_dir: str | None = None,
     model_path: str | None = None, dtype: str | None = None, output_video: str | None = None,
@@ -794,6 +799,7 @@ def generate(
     if image_path is not None:
         requested = first_frame(spec, image_path, requested)[0]
     resolve_settings(spec, requested)
+    _check_type("--fps", fps, float)
     if fps is not None and not fps > 0:
         raise HyvInputError("--fps", f"must be > 0, got {fps}")
     if vae_dtype not in ("fp32", "bf16"):

@@ -183,4 +183,21 @@ def test_stage2_settings_are_one_list_shared_by_the_functions_and_the_cli(tiny_r
     out = tmp_path / "out"
     with pytest.raises(HyvInputError, match="is not a stage-2 setting") as err:
         pipeline.stage2(str(tiny_run), output_dir=str(out), num_steps=4)
-    assert err.value.argument == "--num_steps" and not out.exists()
+    assert err.value.argument == "num_steps" and not out.exists()  # called from Python: the parameter's name
+
+
+def test_stage_functions_name_parameters_and_the_cli_names_flags(tiny_run, tmp_path, capsys):
+    """The same check from both doors: Python gets ``fps``/``width`` (in the text too), the CLI ``--fps``/``--width``."""
+    for call, argument in ((lambda: pipeline.stage3(str(tiny_run), output_video=str(tmp_path / "v.mp4"), fps="24"),
+                            "fps"),
+                           (lambda: pipeline.generate("tiny", "a", output_dir=str(tmp_path / "g"), height=64),
+                            "width")):
+        with pytest.raises(HyvInputError) as err:
+            call()
+        assert err.value.argument == argument and "--" not in str(err.value), err.value
+    assert run(["generate", "--output_dir", str(tmp_path / "g"), "--height", "64"]) == 2
+    assert capsys.readouterr().err.startswith("error: --width: give both --height and --width")
+    assert run(["stage3", "--input_dir", str(tiny_run), "--output_video", str(tmp_path / "v.mp4"),
+                    "--fps", "0"]) == 2
+    assert capsys.readouterr().err.startswith("error: --fps:")
+    assert not list(tmp_path.iterdir())

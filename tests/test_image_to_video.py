@@ -150,7 +150,7 @@ def test_the_image_decides_the_size(image_path, tmp_path):
     with pytest.raises(HyvInputError) as err:
         pipeline.generate(preset="tiny", prompt=PROMPT, output_dir=str(tmp_path), image_path=str(image_path),
                           height=64, width=64, quiet=True)
-    assert err.value.argument == "--height" and "96x160" in err.value.message
+    assert err.value.argument == "height" and "96x160" in err.value.message
     assert not list(tmp_path.iterdir())
 
 
