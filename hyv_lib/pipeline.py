@@ -56,8 +56,11 @@ ATTENTION_CHOICES = ("auto", "diffusers")
 
 def parse_mesh(text: str | None) -> dict[str, int] | None:
     """'data=2,tensor=4' -> {'data': 2, 'tensor': 4}; None or '' -> None (one device)."""
-    if not text:
+    if text is None or text == "":
         return None
+    if not isinstance(text, str):
+        raise HyvInputError("--mesh", f"must be a string such as 'tensor=8' or 'data=2,tensor=4', got "
+                                      f"{type(text).__name__} {text!r}")
     from .sharding import AXES
 
     axes = {}

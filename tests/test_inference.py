@@ -114,7 +114,8 @@ def test_load_pipeline_checks_its_arguments_before_loading(monkeypatch):
     monkeypatch.setattr(models, "load_components", lambda *a, **k: pytest.fail("loaded before checking"))
     for kwargs, name in ((dict(preset="nope"), "preset"), (dict(preset=["tiny"]), "preset"),
                          (dict(dtype="fp8"), "dtype"), (dict(runtime="gpu"), "runtime"),
-                         (dict(runtime="tpu", mesh="tensor=3"), "mesh"), (dict(attention="fast"), "attention")):
+                         (dict(runtime="tpu", mesh="tensor=3"), "mesh"), (dict(runtime="tpu", mesh={"tensor": 1}), "mesh"),
+                         (dict(attention="fast"), "attention")):
         with pytest.raises(HyvInputError) as err:
             hyv_lib.load_pipeline(**kwargs)
         assert err.value.argument == name, kwargs
