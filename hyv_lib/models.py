@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import os
 import re
 from typing import Any, Iterable
@@ -139,15 +140,9 @@ def build_tiny_components(preset: Preset, seed: int = 0, names: Iterable[str] = 
     if "scheduler" in names:
         out["scheduler"] = FlowMatchEulerDiscreteScheduler(shift=preset.flow_shift)
     if "guider" in names:  # saved so that diffusers' pipeline classes load the folder; hyv_lib runs CFG itself
-        from diffusers.utils import logging as diffusers_logging
-
-        logger = diffusers_logging.get_logger("diffusers.guiders.guider_utils")
-        level = logger.level
-        logger.setLevel(diffusers_logging.ERROR)  # its "experimental feature" notice says nothing to our users
-        try:
+        # its "experimental feature" notice says nothing to our users
+        with _errors_only("diffusers.guiders.guider_utils"):
             out["guider"] = ClassifierFreeGuidance(guidance_scale=preset.guidance_scale)
-        finally:
-            logger.setLevel(level)
     if names & set(IMAGE_COMPONENTS):
         from transformers import SiglipVisionConfig, SiglipVisionModel
 
@@ -184,16 +179,22 @@ def i2v_pipeline_class():
     """diffusers' ``HunyuanVideo15ImageToVideoPipeline``, imported without transformers' one-time notice that
     ``SiglipImageProcessor`` falls back to the PIL class when torchvision is missing (we use that class on purpose:
     :func:`image_processor`)."""
-    from transformers.utils import logging
+    with _errors_only("transformers.utils.import_utils"):
+        from diffusers import HunyuanVideo15ImageToVideoPipeline
+    return HunyuanVideo15ImageToVideoPipeline
 
-    logger = logging.get_logger("transformers.utils.import_utils")
+
+@contextlib.contextmanager
+def _errors_only(logger_name: str):
+    """The named logger (a diffusers or transformers module's) passes only errors inside the block; its level is
+    restored after."""
+    logger = logging.getLogger(logger_name)
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:
-        from diffusers import HunyuanVideo15ImageToVideoPipeline
+        yield
     finally:
         logger.setLevel(level)
-    return HunyuanVideo15ImageToVideoPipeline
 
 
 def _loader(name: str):

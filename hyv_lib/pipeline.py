@@ -707,6 +707,18 @@ def stage2(
 
 
 # ------------------------------------------------------------------------------------------------- stage 3
+def _check_stage3_settings(output_video: str | None, fps: Any, vae_dtype: str) -> None:
+    """Stage 3's own settings (HyvInputError naming the flag): checked by :func:`stage3` before it loads anything
+    and by :func:`generate` before stage 1 writes anything."""
+    _check_type("--fps", fps, float)
+    if fps is not None and not fps > 0:
+        raise HyvInputError("--fps", f"must be > 0, got {fps}")
+    if vae_dtype not in ("fp32", "bf16"):
+        raise HyvInputError("--vae_dtype", f"must be fp32 or bf16, got {vae_dtype!r}")
+    if output_video is not None:
+        check_mp4_path(output_video, "--output_video")
+
+
 @python_names()  # called from Python: errors name parameters; from the CLI: flags
 def stage3(
     input_dir: str | None = None, output_video: str | None = None, fps: float | None = None,
@@ -722,19 +734,14 @@ def stage3(
     """
     start = time.perf_counter()
     _require_folder("input_dir", input_dir)
-    _check_type("--fps", fps, float)
-    if fps is not None and not fps > 0:
-        raise HyvInputError("--fps", f"must be > 0, got {fps}")
+    _check_stage3_settings(output_video, fps, vae_dtype)
     if runtime not in ("torch", "tpu"):
         raise HyvInputError("--runtime", f"stage 3 runs on torch or tpu, got {runtime!r}")
-    if vae_dtype not in ("fp32", "bf16"):
-        raise HyvInputError("--vae_dtype", f"must be fp32 or bf16, got {vae_dtype!r}")
     config = read_config(input_dir) if os.path.isdir(input_dir) else {}
     latents = load_stage2(input_dir)
     spec = _preset_from_config(config, input_dir)
     fps = spec.fps if fps is None else fps
     output_video = output_video or os.path.join(input_dir, VIDEO_FILE)
-    check_mp4_path(output_video, "--output_video")
     out_dir = os.path.dirname(os.path.abspath(output_video))
     ensure_output_dir(out_dir, "--output_video")
     if components is None:
@@ -802,13 +809,7 @@ def generate(
     if image_path is not None:
         requested = first_frame(spec, image_path, requested)[0]
     resolve_settings(spec, requested)
-    _check_type("--fps", fps, float)
-    if fps is not None and not fps > 0:
-        raise HyvInputError("--fps", f"must be > 0, got {fps}")
-    if vae_dtype not in ("fp32", "bf16"):
-        raise HyvInputError("--vae_dtype", f"must be fp32 or bf16, got {vae_dtype!r}")
-    if output_video is not None:
-        check_mp4_path(output_video, "--output_video")
+    _check_stage3_settings(output_video, fps, vae_dtype)
     stage1(preset=preset, prompt=prompt, negative_prompt=negative_prompt, output_dir=output_dir,
            model_path=model_path, dtype=dtype, image_path=image_path)
     stage2(input_dir=output_dir, **stage2_kwargs)
