@@ -31,9 +31,9 @@ def measure(processor: str, frames: int) -> dict:
     """Run in a child process: one forward, return sequence length and peak-RSS growth in MiB."""
     import torch
 
-    from hyv_lib.attention import use_attention
-    from hyv_lib.models import build_tiny_components
-    from hyv_lib.presets import get_preset
+    from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.components import build_tiny_components
+    from hyv_lib.models.processors import use_attention
 
     torch.set_num_threads(2)
     tiny = get_preset("tiny")

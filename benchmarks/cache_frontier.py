@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/cache_frontier.py [--prompts 45] [--output results.json] [--plot frontier.png]
 
-Every setting of :func:`hyv_lib.frontier.default_settings` (uncached, fewer steps, DeepCache, MagCache) generates
+Every setting of :func:`hyv_lib.tiny.frontier.default_settings` (uncached, fewer steps, DeepCache, MagCache) generates
 the same held-out prompts (hyv-tiny's gate prompts and seeds) at the shipped sampling settings (20 steps, flow shift
 3, guidance 4.5). Speed: wall time of the denoising loop (and of the whole generation) summed over the prompts,
 against the warmed, hook-free uncached pipeline, measured in one run with the settings taking turns per prompt.
@@ -32,8 +32,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     import hyv_lib
-    from hyv_lib import data
-    from hyv_lib.frontier import default_settings, frontier_table, measure_frontier, meets_goal, plot_frontier
+    from hyv_lib.tiny import data
+    from hyv_lib.tiny.frontier import default_settings, frontier_table, measure_frontier, meets_goal, plot_frontier
 
     held_out = data.split_combos()[1]
     if not 1 <= args.prompts <= len(held_out):
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     print(f"\n{results['prompts']} prompts, {results['machine']}. Reaching >= 2.5x denoising with colour and direction "
           f"within 5 points of uncached: {', '.join(met) if met else 'no cache setting'}")
     if args.output:
-        from hyv_lib.stage_io import atomic_path
+        from hyv_lib.base.files import atomic_path
 
         with atomic_path(args.output) as tmp, open(tmp, "w") as f:
             json.dump(results, f, indent=1)

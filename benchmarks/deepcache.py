@@ -23,7 +23,7 @@ import torch
 def bench_model(num_layers: int):
     from diffusers import HunyuanVideo15Transformer3DModel
 
-    from hyv_lib.presets import get_preset
+    from hyv_lib.base.presets import get_preset
 
     config = dict(get_preset("tiny").transformer, num_attention_heads=2, attention_head_dim=32, num_layers=num_layers,
                   rope_axes_dim=[8, 12, 12])
@@ -33,7 +33,7 @@ def bench_model(num_layers: int):
 
 def conditioning(preset):
     """The conditioning half of a CFG batch of 2 with real padding (14 and 40 valid text tokens, t2v)."""
-    from hyv_lib.models import example_forward_kwargs
+    from hyv_lib.models.components import example_forward_kwargs
 
     kwargs = example_forward_kwargs(preset, byt5_lengths=(0, 0))
     return {k: v for k, v in kwargs.items() if k not in ("hidden_states", "timestep")}
@@ -42,7 +42,7 @@ def conditioning(preset):
 def run(step, latents, cond, steps=50, shift=5.0, guidance=6.0):
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    from hyv_lib.pipeline import denoise
+    from hyv_lib.pipeline.sampling import denoise
 
     start = time.perf_counter()
     out = denoise(step, latents, cond, FlowMatchEulerDiscreteScheduler(shift=shift), num_inference_steps=steps,
@@ -52,8 +52,8 @@ def run(step, latents, cond, steps=50, shift=5.0, guidance=6.0):
 
 def step_costs(model, runtime, latents, cond, repeats=10):
     """(full step ms, cached step ms) of the DeepCache step of ``runtime``, best of ``repeats`` each."""
-    from hyv_lib.cache import DeepCacheSchedule
-    from hyv_lib.pipeline import make_step
+    from hyv_lib.runtimes.deepcache import DeepCacheSchedule
+    from hyv_lib.runtimes.step import make_step
 
     step = make_step(model, runtime, cache=DeepCacheSchedule(2, start=0, end=2, interval=2))  # full, cached
     c = latents.shape[1]
@@ -78,13 +78,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
-    from hyv_lib import quality
-    from hyv_lib.cache import DeepCacheSchedule
-    from hyv_lib.models import load_components
-    from hyv_lib.pipeline import make_step, prepare_conditioning
-    from hyv_lib.presets import get_preset
-    from hyv_lib.text import encode_prompts
-    from hyv_lib.video import decode_latents
+    from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.components import load_components
+    from hyv_lib.pipeline.sampling import prepare_conditioning
+    from hyv_lib.pipeline.text import encode_prompts
+    from hyv_lib.runtimes.deepcache import DeepCacheSchedule
+    from hyv_lib.runtimes.step import make_step
+    from hyv_lib.runtimes.vae import decode_latents
+    from hyv_lib.tiny import quality
 
     tiny = get_preset("tiny")
     model = bench_model(args.layers)
@@ -104,7 +105,7 @@ def main() -> None:
         seconds = min(run(step, latents, cond, args.steps)[1] for _ in range(args.repeats))
         speed[interval] = (uncached_s / seconds, schedule.block_speedup(args.layers), len(schedule.full_steps))
 
-    from hyv_lib.presets import TINY_TRAINED
+    from hyv_lib.base.presets import TINY_TRAINED
 
     # Per-step costs in isolation (best of 10), far less noisy than whole loops on this machine.
     full_ms, cached_ms = step_costs(copy.deepcopy(model), args.runtime, latents, cond)

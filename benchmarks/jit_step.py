@@ -33,7 +33,7 @@ def bench_model():
     import torch
     from diffusers import HunyuanVideo15Transformer3DModel
 
-    from hyv_lib.presets import get_preset
+    from hyv_lib.base.presets import get_preset
 
     config = dict(get_preset("tiny").transformer, num_attention_heads=HEADS[0], attention_head_dim=128, num_layers=4,
                   rope_axes_dim=[16, 56, 56])
@@ -44,7 +44,7 @@ def bench_model():
 def bench_inputs():
     import torch
 
-    from hyv_lib.presets import get_preset
+    from hyv_lib.base.presets import get_preset
 
     tiny = get_preset("tiny")
     g = torch.Generator().manual_seed(0)
@@ -94,7 +94,8 @@ def in_child(args, frames: int, *probe_args: str) -> dict:
 
 def compile_probe(cache_dir: str) -> dict:
     """In a child process: time the first call (trace + compile, or cache load) of the jitted step."""
-    from hyv_lib.tpu import TpuTransformer, enable_compile_cache
+    from hyv_lib.parallel.jax_env import enable_compile_cache
+    from hyv_lib.runtimes.tpu import TpuTransformer
 
     enable_compile_cache(cache_dir)
     tpu = TpuTransformer(bench_model())
@@ -132,9 +133,9 @@ def attention_breakdown(args, kwargs, tokens: int, eager: float, jitted: float) 
     import jax.numpy as jnp
     import torch
 
-    from hyv_lib.layout import context_tokens
-    from hyv_lib.presets import get_preset
-    from hyv_lib.xla_attention import xla_attention_jax
+    from hyv_lib.base.presets import get_preset
+    from hyv_lib.kernels.xla import xla_attention_jax
+    from hyv_lib.models.layout import context_tokens
 
     batch, heads, dim = 2, args.heads, 128
     seq = tokens + context_tokens(get_preset("tiny"))  # bench_inputs' context: tiny's text + ByT5 + image slots
@@ -169,14 +170,14 @@ def attention_breakdown(args, kwargs, tokens: int, eager: float, jitted: float) 
 def run_config(args, frames: int) -> tuple[int, float, float, float, dict]:
     import torch
 
-    from hyv_lib.tpu import TpuTransformer
+    from hyv_lib.runtimes.tpu import TpuTransformer
 
     LATENT[0] = frames
     torch.set_num_threads(os.cpu_count() or 1)
     model, kwargs = bench_model(), bench_inputs()
     tokens = LATENT[0] * LATENT[1] * LATENT[2]
-    from hyv_lib.layout import context_tokens
-    from hyv_lib.presets import get_preset
+    from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.layout import context_tokens
 
     print(f"\nbench config: width {128 * args.heads}, 4 blocks, {tokens} video tokens + "
           f"{context_tokens(get_preset('tiny'))} context, batch 2, fp32")
@@ -184,7 +185,7 @@ def run_config(args, frames: int) -> tuple[int, float, float, float, dict]:
         oracle = model(**kwargs).sample
     tpu = TpuTransformer(copy.deepcopy(model))
     out = tpu(**kwargs)
-    from hyv_lib.attention import available_backends
+    from hyv_lib.kernels.dispatch import available_backends
 
     # host_sdpa calls torch's CPU kernel from inside jit: it exists only where JAX runs on the CPU
     hosted_tpu = None

@@ -3,7 +3,7 @@ of the tiny VAE (the real tile grid: 256-pixel tiles with 0.25 overlap over 1280
 
     .venv/bin/python benchmarks/tile_parallel.py [--frames 9] [--ranks 2 4] [--repeats 3]
 
-Each configuration runs in fresh processes (hyv_lib.parallel.run_distributed); times are the median of the repeats
+Each configuration runs in fresh processes (hyv_lib.parallel.distributed.run_distributed); times are the median of the repeats
 of the decode call on rank 0, measured in the same run, so the ratios compare like with like. The ranks' per-tile
 timelines show whether they decode at the same time. A machine with fewer cores than ranks cannot speed up past
 its core count.
@@ -22,7 +22,7 @@ def _decode(vae, z, repeats):
     import torch
     import torch.distributed as dist
 
-    from hyv_lib.tile_parallel import tile_parallel_decode
+    from hyv_lib.runtimes.tile_parallel import tile_parallel_decode
 
     torch.set_num_threads(1)
     seconds, timeline = [], []
@@ -60,9 +60,9 @@ def main() -> None:
 
     import torch
 
-    from hyv_lib.models import build_tiny_components
-    from hyv_lib.parallel import run_distributed
-    from hyv_lib.presets import get_preset
+    from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.components import build_tiny_components
+    from hyv_lib.parallel.distributed import run_distributed
 
     tiny = get_preset("tiny")
     vae = build_tiny_components(tiny, names=["vae"])["vae"]

@@ -19,7 +19,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# Saved inside the package: the planner (hyv_lib.perf.compiled_report) and the book read them from there.
+# Saved inside the package: the planner (hyv_lib.planning.planner.compiled_report) and the book read them from there.
 RESULTS = os.path.join(os.path.dirname(HERE), "hyv_lib", "compiled", "tpu_compile.json")
 
 #: The slices: v5e-8 and v6e-8 (8 chips, one host), v5p-8 (4 chips = 4 devices), v7x-8 (4 chips = 8 devices).

@@ -1,21 +1,46 @@
-"""hyv_lib: HunyuanVideo-1.5 on TPU and GPU — presets, staged pipeline, kernels and runtimes."""
+"""hyv_lib: HunyuanVideo-1.5 on TPU and GPU — presets, staged pipeline, kernels and runtimes.
+
+The public API is this package's names (``hyv_lib.load_pipeline``, ``hyv_lib.TpuTransformer``, ...), each imported
+from its layer on first use, so ``import hyv_lib`` stays light (no torch, no JAX). The layers, bottom to top:
+``base``, ``parallel``, ``kernels``, ``models``, ``runtimes``, ``pipeline`` and ``planning`` (peers), ``tiny`` and
+``notebook``, then ``cli``; each imports only from the layers below it (checked by ``lint-imports``).
+"""
+
+import importlib
 
 __version__ = "0.1.0"
 
-from .errors import HyvInputError  # noqa: E402
-from .presets import PRESETS, Preset, get_preset  # noqa: E402
-
-
-_LAZY = {"load_pipeline": "inference", "VideoPipeline": "inference", "Video": "inference"}
+#: Public name -> the module that defines it (relative to hyv_lib).
+_PUBLIC = {
+    "HyvInputError": "base.errors",
+    "PRESETS": "base.presets", "Preset": "base.presets", "get_preset": "base.presets",
+    "PeakMemory": "base.memory",
+    "make_mesh": "parallel.mesh", "parse_mesh": "parallel.mesh",
+    "available_backends": "kernels.registry", "attention": "kernels.dispatch",
+    "build_tiny_components": "models.components", "load_components": "models.components",
+    "use_attention": "models.processors",
+    "make_step": "runtimes.step", "TpuTransformer": "runtimes.tpu", "UlyssesTransformer": "runtimes.ulysses",
+    "DeepCacheSchedule": "runtimes.deepcache", "MagCacheSchedule": "runtimes.magcache",
+    "Stage2Settings": "pipeline.settings", "resolve_settings": "pipeline.settings",
+    "stage1": "pipeline.stages", "stage2": "pipeline.stages", "stage3": "pipeline.stages",
+    "generate": "pipeline.stages",
+    "load_pipeline": "pipeline.inference", "VideoPipeline": "pipeline.inference", "Video": "pipeline.inference",
+    "magcache_schedule": "pipeline.calibration",
+    "compile_step": "planning.tpu_compile", "device_plan": "planning.planner", "bounds": "planning.planner",
+}
 
 
 def __getattr__(name: str):
-    """The in-memory pipeline, imported on first use so that ``import hyv_lib`` stays light (no torch import)."""
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    """Import a public name's module on first use (PEP 562)."""
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
+        globals()[name] = value  # later look-ups skip this function
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["__version__", "HyvInputError", "PRESETS", "Preset", "get_preset", "load_pipeline", "VideoPipeline", "Video"]
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_PUBLIC])
+
+
+__all__ = ["__version__", *_PUBLIC]

@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-from .errors import HyvInputError, cli_names
+from .base.errors import HyvInputError, cli_names
 
 
 def _add_stage1(p: argparse.ArgumentParser, output_dir: bool = True) -> None:
@@ -98,7 +98,7 @@ def _add_stage3(p: argparse.ArgumentParser, input_dir: bool = True) -> None:
 
 
 def _add_calibration(p: argparse.ArgumentParser) -> None:
-    from .adaptive_cache import CALIBRATION_PROMPT, CALIBRATION_SEED
+    from .runtimes.magcache import CALIBRATION_PROMPT, CALIBRATION_SEED
 
     p.add_argument("--preset", default="tiny_trained", help="a preset of `info` (default tiny_trained)")
     p.add_argument("--model_path", default=None, help="diffusers-format folder or hub id; required for real presets")
@@ -122,9 +122,8 @@ def _add_calibration(p: argparse.ArgumentParser) -> None:
 
 def _calibrate_cache(args: argparse.Namespace) -> None:
     """``calibrate_cache``: the curve of one uncached run, written atomically to ``--output``."""
-    from .adaptive_cache import calibrate
-
-    from .stage_io import ensure_output_dir
+    from .base.files import ensure_output_dir
+    from .pipeline.calibration import calibrate
 
     if not args.output.endswith(".json"):
         raise HyvInputError("--output", f"must be a .json file, got {args.output!r}")
@@ -202,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _stage2_kwargs(args: argparse.Namespace) -> dict:
-    from .pipeline import STAGE2_SETTINGS
+    from .pipeline.settings import STAGE2_SETTINGS
 
     return {n: getattr(args, n) for n in (*STAGE2_SETTINGS, "quiet")}  # the flags carry the settings' names
 
@@ -212,8 +211,8 @@ def _save_tiny(args: argparse.Namespace) -> None:
     import shutil
     import tempfile
 
-    from .models import save_tiny_pipeline
-    from .presets import get_preset
+    from .base.presets import get_preset
+    from .models.components import save_tiny_pipeline
 
     spec = get_preset(args.preset)
     target = os.path.abspath(args.output_dir)
@@ -237,14 +236,14 @@ def _save_tiny(args: argparse.Namespace) -> None:
 
 
 def _generate_many(args: argparse.Namespace) -> int:
-    """``generate --prompts_file``: one :class:`hyv_lib.batch.Pipeline` for every prompt of the file."""
-    from .batch import Pipeline, read_prompts_file, run_prompts_file
+    """``generate --prompts_file``: one :class:`hyv_lib.pipeline.batch.Pipeline` for every prompt of the file."""
+    from .pipeline.batch import Pipeline, read_prompts_file, run_prompts_file
 
     if args.prompt:
         raise HyvInputError("--prompts_file", "give --prompt or --prompts_file, not both")
     read_prompts_file(args.prompts_file)  # a missing file is bad input: before any model loads
     if args.image_path is not None:
-        from .image import load_image
+        from .pipeline.image import load_image
 
         load_image(args.image_path)
     stage2 = {k: v for k, v in _stage2_kwargs(args).items() if k != "seed"}
@@ -276,7 +275,7 @@ def run(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         stack.enter_context(cli_names())  # errors name this command's flags, not Python parameters
         if getattr(args, "quiet", False):  # --quiet: no weight-loading or shard-writing bars either
-            from .models import quiet_loading
+            from .models.components import quiet_loading
 
             stack.enter_context(quiet_loading())
         return _run_command(args)
@@ -284,11 +283,11 @@ def run(argv: list[str] | None = None) -> int:
 
 def _run_command(args: argparse.Namespace) -> int:
     """One parsed command; returns the exit code."""
-    from . import pipeline
-    from .presets import get_preset
+    from .base.presets import get_preset
+    from .pipeline.stages import generate, stage1, stage2, stage3
 
     if getattr(args, "runtime", None) == "tpu":  # the CLI's policy, not a library side effect
-        from .tpu import enable_compile_cache
+        from .parallel.jax_env import enable_compile_cache
 
         enable_compile_cache(os.environ.get("HYV_COMPILE_CACHE_DIR"))
     try:
@@ -298,7 +297,7 @@ def _run_command(args: argparse.Namespace) -> int:
             print(json.dumps(data, indent=2) if args.json else
                   "\n".join(f"{k}: {v}" for k, v in data.items() if not isinstance(v, dict)))
         elif args.command == "compile":
-            from .tpu_compile import compile_step, format_report
+            from .planning.tpu_compile import compile_step, format_report
 
             report = compile_step(args.preset, args.topology, mesh=args.mesh, sharding=args.sharding,
                                   height=args.height, width=args.width, video_length=args.video_length,
@@ -309,19 +308,19 @@ def _run_command(args: argparse.Namespace) -> int:
         elif args.command == "calibrate_cache":
             _calibrate_cache(args)
         elif args.command == "stage1":
-            pipeline.stage1(preset=args.preset, prompt=args.prompt, negative_prompt=args.negative_prompt,
+            stage1(preset=args.preset, prompt=args.prompt, negative_prompt=args.negative_prompt,
                             output_dir=args.output_dir, model_path=args.model_path, dtype=args.dtype,
                             image_path=args.image_path)
         elif args.command == "stage2":
-            pipeline.stage2(input_dir=args.input_dir, output_dir=args.output_dir, **_stage2_kwargs(args))
+            stage2(input_dir=args.input_dir, output_dir=args.output_dir, **_stage2_kwargs(args))
         elif args.command == "stage3":
-            pipeline.stage3(input_dir=args.input_dir, output_video=args.output_video, fps=args.fps,
+            stage3(input_dir=args.input_dir, output_video=args.output_video, fps=args.fps,
                             disable_tiling=args.disable_tiling, save_frames=args.save_frames, runtime=args.runtime,
                             vae_dtype=args.vae_dtype)
         elif args.command == "generate" and args.prompts_file:
             return _generate_many(args)
         elif args.command == "generate":
-            pipeline.generate(preset=args.preset, prompt=args.prompt, negative_prompt=args.negative_prompt,
+            generate(preset=args.preset, prompt=args.prompt, negative_prompt=args.negative_prompt,
                               output_dir=args.output_dir, model_path=args.model_path, dtype=args.dtype,
                               output_video=args.output_video, fps=args.fps, disable_tiling=args.disable_tiling,
                               save_frames=args.save_frames, vae_dtype=args.vae_dtype, image_path=args.image_path,

@@ -74,9 +74,9 @@ import warnings
 warnings.filterwarnings("ignore", message="IProgress not found")
 
 import hyv_lib
-from hyv_lib import pipeline
-from hyv_lib.display import file_rows, frame_grid, html_table, tensor_rows, video_html
-from hyv_lib.models import quiet_loading  # no weight-loading progress bars in the output
+from hyv_lib.pipeline.stages import stage1, stage2, stage3
+from hyv_lib.notebook.display import file_rows, frame_grid, html_table, tensor_rows, video_html
+from hyv_lib.models.components import quiet_loading  # no weight-loading progress bars in the output
 
 preset = hyv_lib.get_preset(PRESET)
 real = hyv_lib.get_preset("720p_t2v")
@@ -98,7 +98,7 @@ html_table([{"setting": k, PRESET: preset.to_json()[k], "720p_t2v": real.to_json
 # %%
 t0 = time.perf_counter()
 with quiet_loading():
-    pipeline.stage1(preset=PRESET, model_path=MODEL_PATH, prompt=PROMPT, output_dir=OUTPUT_DIR)
+    stage1(preset=PRESET, model_path=MODEL_PATH, prompt=PROMPT, output_dir=OUTPUT_DIR)
 print(f"stage 1: {time.perf_counter() - t0:.1f} s")
 stage1_file = os.path.join(OUTPUT_DIR, "stage1_embeddings.safetensors")
 html_table(file_rows(stage1_file))
@@ -143,10 +143,10 @@ html_table(tensor_rows(real.stage1_shapes(), real_dtypes))
 # %%
 t0 = time.perf_counter()
 with quiet_loading():
-    latents = pipeline.stage2(input_dir=OUTPUT_DIR, height=HEIGHT, width=WIDTH, video_length=VIDEO_LENGTH,
+    latents = stage2(input_dir=OUTPUT_DIR, height=HEIGHT, width=WIDTH, video_length=VIDEO_LENGTH,
                               runtime=RUNTIME, mesh=MESH, num_inference_steps=STEPS, seed=42,
                               attention=ATTENTION, quiet=True)
-config = hyv_lib.stage_io.read_config(OUTPUT_DIR)
+config = hyv_lib.pipeline.stage_io.read_config(OUTPUT_DIR)
 print(f"stage 2: {config['num_inference_steps']} steps in {time.perf_counter() - t0:.1f} s")
 html_table(file_rows(os.path.join(OUTPUT_DIR, "stage2_latents.safetensors")))
 
@@ -173,7 +173,7 @@ html_table(file_rows(os.path.join(OUTPUT_DIR, "stage2_latents.safetensors")))
 # %%
 import math
 
-from hyv_lib.layout import video_tokens
+from hyv_lib.models.layout import video_tokens
 
 H, W, F = 720, 1280, 121
 shape = real.latent_shape(H, W, F)
@@ -226,7 +226,7 @@ fig.tight_layout()
 # %%
 t0 = time.perf_counter()
 with quiet_loading():
-    frames = pipeline.stage3(input_dir=OUTPUT_DIR, runtime="tpu" if RUNTIME == "tpu" else "torch")
+    frames = stage3(input_dir=OUTPUT_DIR, runtime="tpu" if RUNTIME == "tpu" else "torch")
 print(f"stage 3: {time.perf_counter() - t0:.1f} s, "
       f"frames {tuple(frames.shape)} {frames.dtype}")
 fig = frame_grid(frames.numpy(), columns=5, title=f"{PRESET}: {PROMPT!r}")
@@ -240,7 +240,7 @@ video_html(os.path.join(OUTPUT_DIR, "output_video.mp4"), media_dir="../_static/v
 # shows only their last part.
 
 # %%
-config = hyv_lib.stage_io.read_config(OUTPUT_DIR)
+config = hyv_lib.pipeline.stage_io.read_config(OUTPUT_DIR)
 
 
 def shown(value):
@@ -329,7 +329,7 @@ del pipe  # the real models are large: free them before anything else runs
 #
 # 4. Attention runs over the video tokens plus the 1985 context tokens (729 image + 256 ByT5 + 1000 text). How many
 #    bytes would a dense boolean mask `[2, 1, S, S]` take for the CFG batch at 720p/121f? Check with
-#    `hyv_lib.layout.dense_mask_bytes`.
+#    `hyv_lib.models.layout.dense_mask_bytes`.
 #
 # :::{admonition} Answer
 # :class: dropdown

@@ -24,7 +24,7 @@
 # 1. torchax in five minutes;
 # 2. how much memory the weights need, and why real presets load once, in bf16;
 # 3. diffusers' forward run naively: each failure shown live and caught;
-# 4. the fixes in `hyv_lib.tpu.TpuTransformer`, and why each one is exact;
+# 4. the fixes in `hyv_lib.runtimes.tpu.TpuTransformer`, and why each one is exact;
 # 5. `jit`, recompilation, and the persistent compile cache;
 # 6. numerics against the oracle, and eager against jit timings measured here.
 #
@@ -48,7 +48,7 @@ MESH = os.environ.get("HYV_MESH") or None  # for the whole model's jitted step, 
 # Latent size of the experiments (frames, height, width in latent pixels): small, even for real weights.
 LATENT = (2, 6, 10)
 RUN_BENCHMARK = os.environ.get("HYV_RUN_BENCHMARK", "1") == "1"  # compile-cache demo + bench-size timing
-from hyv_lib.display import settings_not_used  # noqa: E402
+from hyv_lib.notebook.display import settings_not_used  # noqa: E402
 
 _ = settings_not_used({
     "HYV_RUNTIME": "the chapter builds the JAX runtime step by step and compares it with eager torch",
@@ -75,8 +75,8 @@ from torchax.interop import JittableModule, call_jax, jax_jit, jax_view, torch_v
 import diffusers
 
 import hyv_lib
-from hyv_lib.display import html_table
-from hyv_lib.models import first_blocks_copy, load_components, quiet_loading
+from hyv_lib.notebook.display import html_table
+from hyv_lib.models.components import first_blocks_copy, load_components, quiet_loading
 
 diffusers.utils.logging.set_verbosity_error()  # quiet diffusers' advice about casting with .to()
 
@@ -126,7 +126,7 @@ with env:
 # ## The weights: load once, in bf16
 #
 # Before anything runs, the model has to fit. The parameter count $N$ of the 720p transformer follows from its
-# config alone (`hyv_lib.perf` builds the diffusers class on PyTorch's `meta` device, which allocates nothing),
+# config alone (`hyv_lib.planning.planner` builds the diffusers class on PyTorch's `meta` device, which allocates nothing),
 # and the weights take $N$ times the bytes of one element:
 #
 # $$
@@ -135,23 +135,24 @@ with env:
 # $$
 #
 # A TPU v5e chip has 16 GiB of HBM and a v6e chip 32 GiB (Google Cloud TPU documentation, recorded with its
-# source in `hyv_lib.perf.CHIPS`). In fp32 the weights alone overflow a v5e chip and leave a v6e chip 1.0 GiB for
+# source in `hyv_lib.planning.hardware.CHIPS`). In fp32 the weights alone overflow a v5e chip and leave a v6e chip 1.0 GiB for
 # the activations, the compiled program and everything else. In bf16 they leave 16.5 GiB on a v6e chip, and they
 # still fill all but 0.5 GiB of a v5e chip, which is why a v5e needs the weights sharded over its chips
 # (chapter 3; set `HYV_MESH`). The real presets therefore load in bf16, their `default_dtype`; the tiny ones in
 # fp32. The table computes the same numbers:
 
 # %%
-from hyv_lib import perf
+from hyv_lib.planning.hardware import CHIPS
+from hyv_lib.planning.costs import dtype_bytes, param_bytes
 
-n_720p = perf.param_bytes("720p_t2v", "bf16")["params"]
+n_720p = param_bytes("720p_t2v", "bf16")["params"]
 print(f"720p transformer: {n_720p:,} parameters")
 rows = []
 for dtype in ("bf16", "fp32"):
-    weights = n_720p * perf.dtype_bytes(dtype) / 2**30
+    weights = n_720p * dtype_bytes(dtype) / 2**30
     row = {"dtype": dtype, "weights (GiB)": round(weights, 2)}
     for chip in ("v5e", "v6e"):
-        hbm = perf.CHIPS[chip].hbm_bytes / 2**30
+        hbm = CHIPS[chip].hbm_bytes / 2**30
         row[f"GiB left on one {chip} chip ({hbm:.0f} GiB HBM)"] = round(hbm - weights, 2)
     rows.append(row)
 html_table(rows)
@@ -167,7 +168,7 @@ dtype = preset.default_dtype
 with quiet_loading():
     model = load_components(preset, MODEL_PATH, ["transformer"], dtype=dtype)["transformer"]
 n_loaded = sum(p.numel() for p in model.parameters())
-print(f"{PRESET}: {n_loaded:,} parameters in {dtype}, {n_loaded * perf.dtype_bytes(dtype) / 2**30:.3f} GiB"
+print(f"{PRESET}: {n_loaded:,} parameters in {dtype}, {n_loaded * dtype_bytes(dtype) / 2**30:.3f} GiB"
       + (" (the 720p count above)" if n_loaded == n_720p else ""))
 
 # %% [markdown]
@@ -260,14 +261,14 @@ with env:
 # %% [markdown]
 # ## The fixes, and why each is exact
 #
-# `hyv_lib.tpu.TpuTransformer` splits the forward in two. Anything that depends only on the prompt or the
+# `hyv_lib.runtimes.tpu.TpuTransformer` splits the forward in two. Anything that depends only on the prompt or the
 # latent *shape* is computed once, eagerly, on concrete data. The per-step part is traced once and has static
 # shapes.
 #
 # | problem | fix | why the result is unchanged |
 # |---|---|---|
 # | `if torch.all(image_embeds == 0)` | decided in Python on the concrete embeddings; the step receives `image_scale` = 0 or 1 and an image mask as *data* | the step computes `image_embedder(x) * 0` exactly as diffusers does for t2v, and `* 1` for i2v |
-# | `text[text_mask]` reorder | `hyv_lib.layout.valid_first_order`: a stable argsort of the masks gives gather indices; the step does `torch.gather` | same permutation as the boolean indexing (a test compares with diffusers' own reorder bit for bit) |
+# | `text[text_mask]` reorder | `hyv_lib.models.layout.valid_first_order`: a stable argsort of the masks gives gather indices; the step does `torch.gather` | same permutation as the boolean indexing (a test compares with diffusers' own reorder bit for bit) |
 # | dense mask, NaN rows | the processors of chapter 2: a `[B, S]` key-padding mask, padded rows exactly 0 | valid tokens never read padded ones, so their values are unchanged; padded rows no longer produce NaN |
 # | RoPE tables per call | computed once per latent shape, outside `jit`, and passed in | they depend only on the shape |
 #
@@ -275,7 +276,7 @@ with env:
 # step is diffusers' own submodules.
 
 # %%
-from hyv_lib.layout import valid_first_order
+from hyv_lib.models.layout import valid_first_order
 
 order, reordered_mask = valid_first_order(
     torch.zeros(2, preset.image_tokens), inputs["encoder_attention_mask_2"], inputs["encoder_attention_mask"])
@@ -289,7 +290,7 @@ print("gather indices", tuple(order.shape), "| valid context tokens per sample:"
 # (`attention="auto"`: Splash on a TPU, XLA elsewhere; with `HYV_MESH`, sharded over the mesh as in chapter 3).
 
 # %%
-from hyv_lib.tpu import TpuTransformer
+from hyv_lib.runtimes.tpu import TpuTransformer
 
 step = TpuTransformer(model, mesh=MESH)
 t0 = time.perf_counter()
@@ -327,7 +328,7 @@ print("after one more latent frame:", step.compilations)
 # ## The persistent compile cache
 #
 # A compiled XLA program can be stored on disk and loaded by the next *process*.
-# `hyv_lib.tpu.enable_compile_cache()` turns on JAX's persistent compilation cache (default
+# `hyv_lib.parallel.jax_env.enable_compile_cache()` turns on JAX's persistent compilation cache (default
 # `~/.cache/hyv_lib/jax`), and `stage2 --runtime tpu` enables it by itself. Below, two fresh processes share one
 # cache folder, and each times the first call of a jitted step larger than tiny (the configuration of
 # `benchmarks/jit_step.py`, printed below). The second process loads the program instead of compiling it, though
@@ -404,14 +405,14 @@ print(f"bf16: relative error {relative16:.1e} = {relative16 / 2**-8:.1f} x 2^-8"
 # The probe, and (unless `HYV_RUN_BENCHMARK=0`) the larger configuration of the compile-cache demo, each run
 # by diffusers' eager forward and by the jitted step. The jitted step is timed with every attention backend
 # that can run on this JAX backend: `auto` (Splash on a TPU, XLA elsewhere) and, on the CPU only, `host_sdpa`
-# (`hyv_lib.host_attention`), which hands q, k and v from inside the jitted program to torch's fused CPU
+# (`hyv_lib.kernels.host`), which hands q, k and v from inside the jitted program to torch's fused CPU
 # attention kernel through `jax.pure_callback`. That works only where JAX and torch share the host's memory.
 # XLA:CPU has no fused attention kernel of its own: `auto` runs a blockwise online softmax in XLA
-# (`hyv_lib.xla_attention`), which `benchmarks/jit_step.py` also times alone against torch's kernel. Each time
+# (`hyv_lib.kernels.xla`), which `benchmarks/jit_step.py` also times alone against torch's kernel. Each time
 # below is the best of three calls after one untimed call (which compiles).
 
 # %%
-from hyv_lib.attention import available_backends, resolve_backend
+from hyv_lib.kernels.dispatch import available_backends, resolve_backend
 
 auto = resolve_backend("auto", torch.device("jax"))  # splash on a TPU, xla elsewhere
 backends = [auto] + [b for b in ("host_sdpa",) if b != auto and available_backends()[b] is None]
@@ -467,7 +468,7 @@ for row in timings:
 # ## Using it
 #
 # ```python
-# from hyv_lib.tpu import TpuTransformer, enable_compile_cache
+# from hyv_lib.runtimes.tpu import TpuTransformer, enable_compile_cache
 #
 # enable_compile_cache()
 # step = TpuTransformer(transformer)        # callable with the forward's keyword arguments
@@ -509,7 +510,7 @@ for row in timings:
 # After `w` warmup steps, the real loop would start at sigma index `w`. Every Euler update would then use the
 # wrong `dt`, and the loop would run past the end of the sigma table. gpu-tpu-pedia's torchax stage-2 script
 # (`generate_hunyuan_torchax_staged/stage2_transformer.py`, {doc}`../book/references`) runs its warmup steps
-# through `scheduler.step` on the scheduler that the real loop then reuses. `hyv_lib.pipeline.denoise` runs
+# through `scheduler.step` on the scheduler that the real loop then reuses. `hyv_lib.pipeline.sampling.denoise` runs
 # warmup calls on the first input and discards the result without calling the scheduler. A test checks that
 # `--warmup_steps 2` gives bitwise the same latents as 0, on both runtimes.
 # :::
@@ -526,7 +527,7 @@ for row in timings:
 #
 # 4. On 8 chips (`tensor=8`), how many GiB of bf16 weights does each chip hold at 720p with the rule sets
 #    `tp_replicated_out`, `tp` and `fsdp` of chapter 3? Which of them leave at least half of a 16 GiB v5e chip
-#    free? Use `hyv_lib.perf.param_bytes("720p_t2v", "bf16", rules, 8)["bytes_per_device"]`.
+#    free? Use `hyv_lib.planning.costs.param_bytes("720p_t2v", "bf16", rules, 8)["bytes_per_device"]`.
 #
 # :::{admonition} Answer
 # :class: dropdown
@@ -537,7 +538,7 @@ for row in timings:
 # :::
 #
 # 5. The probe of a real preset keeps the embedders, the token refiner, the output head and the first two of the
-#    54 blocks. From `hyv_lib.perf.parameter_shapes("720p_t2v")`, count the parameters outside
+#    54 blocks. From `hyv_lib.planning.costs.parameter_shapes("720p_t2v")`, count the parameters outside
 #    `transformer_blocks` and those of one block; how many GiB is the probe in fp32, and what fraction of the
 #    whole model is it?
 #

@@ -33,7 +33,7 @@
 # 1. It shows where the padding comes from, and what the obvious ways of ignoring it cost: a dense mask of
 #    many gigabytes, NaN on JAX, or a small bias that never goes away.
 # 2. It derives three exact alternatives: key-padding masks, packed varlen sequences, and Splash segment ids.
-# 3. It runs them all through `hyv_lib.attention` and checks each against diffusers' own forward, including
+# 3. It runs them all through `hyv_lib.kernels.dispatch` and checks each against diffusers' own forward, including
 #    the real TPU Splash kernel in Pallas interpret mode.
 
 # %% tags=["parameters"]
@@ -44,7 +44,7 @@ MODEL_PATH = os.environ.get("HYV_MODEL_PATH") or None  # diffusers folder / hub 
 OUTPUT_DIR = os.environ.get("HYV_OUTPUT_DIR", "stage_outputs/attention")
 # Latent size of the model-level checks: small on purpose, even for real weights.
 LATENT_FRAMES, LATENT_H, LATENT_W = 2, 6, 10
-from hyv_lib.display import settings_not_used  # noqa: E402
+from hyv_lib.notebook.display import settings_not_used  # noqa: E402
 
 _ = settings_not_used({
     "HYV_RUNTIME": "the backends are called directly (the JAX ones through torchax)",
@@ -64,9 +64,12 @@ import numpy as np
 import torch
 
 import hyv_lib
-from hyv_lib import attention as A
-from hyv_lib import layout, pipeline
-from hyv_lib.display import html_table, token_layout_figure
+from hyv_lib.kernels.dispatch import attention
+from hyv_lib.models.processors import use_attention
+from hyv_lib.models import layout
+from hyv_lib.pipeline.sampling import prepare_conditioning
+from hyv_lib.pipeline.stages import stage1
+from hyv_lib.notebook.display import html_table, token_layout_figure
 
 preset = hyv_lib.get_preset(PRESET)
 real = hyv_lib.get_preset("720p_t2v")
@@ -94,10 +97,10 @@ html_table([{"preset": p.name, "image": p.image_tokens, "ByT5": p.byt5_len, "tex
 # them, while the real Qwen2.5-VL tokenizer would leave most of the 1000 slots padding:
 
 # %%
-from hyv_lib.models import quiet_loading
+from hyv_lib.models.components import quiet_loading
 
 with quiet_loading():  # no weight-loading progress bars
-    embeds = pipeline.stage1(preset=PRESET, model_path=MODEL_PATH, output_dir=OUTPUT_DIR,
+    embeds = stage1(preset=PRESET, model_path=MODEL_PATH, output_dir=OUTPUT_DIR,
                              prompt='a red square "OPEN"',  # short: hyv-tiny's text_len is 24
                              negative_prompt="blurry")
 for name in ("prompt_embeds_mask", "prompt_embeds_mask_2",
@@ -107,7 +110,7 @@ for name in ("prompt_embeds_mask", "prompt_embeds_mask_2",
 # %% [markdown]
 # Before the blocks, the model reorders each sample's context so that **valid tokens come first**:
 # `[valid image, valid ByT5, valid text, invalid image, invalid ByT5, invalid text]`. diffusers does this with
-# boolean indexing per sample. `hyv_lib.layout.valid_first_order` does the same with a stable sort and a gather,
+# boolean indexing per sample. `hyv_lib.models.layout.valid_first_order` does the same with a stable sort and a gather,
 # which has static shapes (the torch-to-JAX chapter needs that), and a test checks it against diffusers' own
 # reorder. Here is the joint sequence of the positive prompt:
 
@@ -139,7 +142,7 @@ print("valid context tokens form a prefix:", bool(reordered[0, :int(reordered.su
 # - Key-padding mask: $B \cdot S = 2 \times 113{,}585 = 227{,}170$ bytes $\approx 222$ KiB, a factor $S$ smaller.
 #   After the valid-first reorder even that is redundant: one valid length $n_b$ per sample says the same.
 #
-# `hyv_lib.layout` computes the same from the preset:
+# `hyv_lib.models.layout` computes the same from the preset:
 
 # %%
 T, H, W = real.latent_shape(720, 1280, 121)[2:]
@@ -201,14 +204,14 @@ print("after block 1, NaN per token:", jnp.isnan(h1).any(axis=1))
 print("after block 2, NaN per token:", jnp.isnan(h2).any(axis=1))
 
 # %% [markdown]
-# The same two layers through `hyv_lib.attention` stay finite: a padded query gets an exact zero output
+# The same two layers through `hyv_lib.kernels.dispatch` stay finite: a padded query gets an exact zero output
 # instead of a softmax over an empty set.
 
 # %%
 xt = torch.tensor(np.asarray(x))[None, None]  # [B=1, H=1, S=4, D=8]
 mask = torch.tensor(np.asarray(valid))[None]
-y = A.attention(xt, xt, xt, mask, backend="reference")
-y = A.attention(y, y, y, mask, backend="reference")
+y = attention(xt, xt, xt, mask, backend="reference")
+y = attention(y, y, y, mask, backend="reference")
 print("any NaN after two layers:", torch.isnan(y).any().item())
 print("output of the padded token:", y[0, 0, 3].abs().max().item())
 
@@ -253,8 +256,8 @@ for p in pads:
     s = n_valid + p
     qs, ks, vs = (t[:, :, :s] for t in (q, k, v))
     mask = torch.arange(s)[None] < n_valid
-    exact = A.attention(qs, ks, vs, mask, backend="reference")[0, 0, :n_valid]
-    approx = A.attention(qs, ks, vs, mask, backend="kv_zeroing")[0, 0, :n_valid]
+    exact = attention(qs, ks, vs, mask, backend="reference")[0, 0, :n_valid]
+    approx = attention(qs, ks, vs, mask, backend="kv_zeroing")[0, 0, :n_valid]
     z = torch.exp(qs[0, 0, :n_valid] @ ks[0, 0, :n_valid].T / d**0.5).sum(-1)
     measured.append((approx - exact).abs().max().item())
     predicted.append((exact * (z / (z + p) - 1)[:, None]).abs().max().item())
@@ -274,7 +277,7 @@ fig.tight_layout()
 # much padding:
 
 # %%
-from hyv_lib.splash import DEFAULT_BLOCK_SIZES
+from hyv_lib.kernels.splash import DEFAULT_BLOCK_SIZES
 
 block = DEFAULT_BLOCK_SIZES["block_kv"]
 padded = -(-s720 // block) * block
@@ -287,7 +290,7 @@ print(f"S = {s720:,} -> {padded:,} at block_kv = {block}: {padded - s720:,} bloc
 #
 # ## The real Splash kernel on CPU
 #
-# `hyv_lib.splash` calls JAX's Pallas Splash attention kernel (`make_splash_mha` with `SegmentIds`). On a TPU it
+# `hyv_lib.kernels.splash` calls JAX's Pallas Splash attention kernel (`make_splash_mha` with `SegmentIds`). On a TPU it
 # runs natively. Anywhere else it runs in Pallas *interpret mode*, which executes the same kernel code (grid,
 # blocks, online softmax) with ordinary XLA operations: slowly, but with the same numerics. Below, every backend
 # that can run here is compared with a float64 computation, on the joint-sequence mask of the prompt above.
@@ -313,9 +316,9 @@ expected = float64_attention(q, k, v, kv_mask)
 rows = []
 for backend, options in (("reference", {}), ("sdpa", {}), ("kv_zeroing", {}),
                          ("splash", dict(block_q=128, block_kv=128, block_kv_compute=128))):
-    A.attention(q, k, v, kv_mask, backend=backend, **options)  # warm up (Splash compiles)
+    attention(q, k, v, kv_mask, backend=backend, **options)  # warm up (Splash compiles)
     t0 = time.perf_counter()
-    out = A.attention(q, k, v, kv_mask, backend=backend, **options)
+    out = attention(q, k, v, kv_mask, backend=backend, **options)
     ms = (time.perf_counter() - t0) * 1e3
     valid_rows = kv_mask[:, None, :, None].expand_as(out)
     rows.append({"backend": backend, "max |err| (valid rows)": f"{(out.double() - expected)[valid_rows].abs().max():.1e}",
@@ -330,7 +333,7 @@ html_table(rows)
 #
 # ## On the model: every backend against diffusers
 #
-# `hyv_lib.attention.use_attention(model, backend)` installs the masked processor on every attention of a
+# `hyv_lib.models.processors.use_attention(model, backend)` installs the masked processor on every attention of a
 # `HunyuanVideo15Transformer3DModel`: the dual-stream blocks (54 in the real model, a few here) and the token refiner. The processor
 # receives diffusers' `[B, L_context]` mask, extends it with `True` for the video tokens, and passes the
 # `[B, S]` vector to the backend. No `S x S` tensor is built. The oracle is diffusers' own eager forward:
@@ -338,10 +341,10 @@ html_table(rows)
 # %%
 import copy
 
-from hyv_lib.models import load_components
+from hyv_lib.models.components import load_components
 
 transformer = load_components(preset, MODEL_PATH, ["transformer"], dtype="fp32")["transformer"]
-conditioning = pipeline.prepare_conditioning(embeds, preset, torch.float32,
+conditioning = prepare_conditioning(embeds, preset, torch.float32,
                                             image_dim=transformer.config.image_embed_dim)
 c = preset.latent_channels
 g = torch.Generator().manual_seed(2)
@@ -353,7 +356,7 @@ rows = []
 for backend, options in (("reference", {}), ("sdpa", {}), ("kv_zeroing", {}),
                          ("splash", dict(block_q=128, block_kv=128, block_kv_compute=128))):
     model = copy.deepcopy(transformer)
-    n = A.use_attention(model, backend, **options)
+    n = use_attention(model, backend, **options)
     with torch.no_grad():
         out = model(**inputs).sample
     err = (out - oracle).abs().max().item()
@@ -368,19 +371,19 @@ html_table(rows)
 #
 # ## Memory: O(S) instead of O(S²)
 #
-# What grows with $S$ is easiest to see in the largest tensor a forward creates. `hyv_lib.memory.LargestTensor`,
+# What grows with $S$ is easiest to see in the largest tensor a forward creates. `hyv_lib.base.memory.LargestTensor`,
 # a `TorchDispatchMode`, sees every torch operation and records the largest new tensor (views excluded) in one
 # forward of the tiny model, batch 1, with 64×64 latent pixels per frame, with diffusers' processor and with ours.
 # When $S$ doubles, an O(S²) tensor grows about fourfold and an O(S) one twofold:
 
 # %%
-from hyv_lib.memory import LargestTensor
-from hyv_lib.models import build_tiny_components, example_forward_kwargs
+from hyv_lib.base.memory import LargestTensor
+from hyv_lib.models.components import build_tiny_components, example_forward_kwargs
 
 tiny = hyv_lib.get_preset("tiny")
 diffusers_model = build_tiny_components(tiny, names=["transformer"])["transformer"]
 ours = copy.deepcopy(diffusers_model)
-A.use_attention(ours, "sdpa")
+use_attention(ours, "sdpa")
 rows = []
 for frames in (1, 2):
     kwargs = example_forward_kwargs(tiny, latent=(frames, 64, 64), text_lengths=(20,), byt5_lengths=(0,))
@@ -411,7 +414,7 @@ html_table(rows)
 # %% [markdown]
 # ## GPU kernels, and what is known about their speed
 #
-# On GPUs the same semantics map onto these kernels (`hyv_lib.attention.available_backends()` says which ones can
+# On GPUs the same semantics map onto these kernels (`hyv_lib.kernels.dispatch.available_backends()` says which ones can
 # run on a machine, and why not):
 #
 # | backend | kernel | exact? | how the mask is used |
@@ -479,7 +482,7 @@ html_table(rows)
 # would be K/V zeroing again.
 # :::
 #
-# 3. Use `hyv_lib.layout.dense_mask_bytes` to find the longest 720p video (4n+1 frames) whose `[2, 1, S, S]`
+# 3. Use `hyv_lib.models.layout.dense_mask_bytes` to find the longest 720p video (4n+1 frames) whose `[2, 1, S, S]`
 #    mask still fits in 16 GiB.
 #
 # :::{admonition} Answer

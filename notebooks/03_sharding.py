@@ -34,7 +34,7 @@
 #
 # This chapter:
 #
-# 1. sizes the problem with the planner (`hyv_lib.perf`): FLOPs, bytes per device, lower bounds on step time;
+# 1. sizes the problem with the planner (`hyv_lib.planning.planner`): FLOPs, bytes per device, lower bounds on step time;
 # 2. asks the **TPU compiler** what the real 720p program needs on a v6e-8, without a TPU: libtpu compiles for a
 #    named slice on any Linux machine, and the planner is checked against it;
 # 3. builds device meshes with `data`, `tensor` and `sequence` axes and places the weights with three rule sets
@@ -53,7 +53,7 @@ import os
 N_DEVICES = int(os.environ.get("HYV_N_DEVICES", "8"))   # emulated CPU devices (a real TPU VM: its chips)
 COMPILE_PRESET = os.environ.get("HYV_COMPILE_PRESET", "tiny")  # the live TPU compile; 720p_t2v: minutes on a CPU
 TOPOLOGY = os.environ.get("HYV_TOPOLOGY", "v6e:2x2")    # its slice (tiny's 2 heads need a 4-device one)
-from hyv_lib.display import settings_not_used  # noqa: E402
+from hyv_lib.notebook.display import settings_not_used  # noqa: E402
 
 _ = settings_not_used({
     "HYV_PRESET": "the planner sizes the real presets and the demos build a randomly initialised 8-head tiny model "
@@ -82,18 +82,24 @@ import torch
 from diffusers import HunyuanVideo15Transformer3DModel
 
 import hyv_lib
-from hyv_lib import perf
-from hyv_lib.display import html_table
-from hyv_lib.models import example_forward_kwargs
-from hyv_lib.sharding import RULE_SETS, make_mesh
-from hyv_lib.tpu import TpuTransformer
+from hyv_lib.planning.planner import (
+    COMPILED_RESULTS, FSDP_GATHERED_BLOCKS, TEMPORARY_STREAM_COPIES, bounds, device_plan,
+)
+from hyv_lib.planning.costs import collective_bytes, param_bytes, step_flops, token_counts
+from hyv_lib.planning.hlo import hlo_collectives
+from hyv_lib.planning.hardware import mfu
+from hyv_lib.notebook.display import html_table
+from hyv_lib.models.components import example_forward_kwargs
+from hyv_lib.parallel.sharding import RULE_SETS
+from hyv_lib.parallel.mesh import make_mesh
+from hyv_lib.runtimes.tpu import TpuTransformer
 
 print(jax.device_count(), "devices:", jax.devices()[0].platform)
 
 # %% [markdown]
 # ## How big is one step?
 #
-# `hyv_lib.perf.step_flops` counts the matmuls of one forward over the CFG batch of 2. The parameter shapes come
+# `hyv_lib.planning.costs.step_flops` counts the matmuls of one forward over the CFG batch of 2. The parameter shapes come
 # from a meta-device instance of the diffusers class, and the attention term is $4 B H S^2 D$ per block over the
 # joint sequence, context padding included (the kernels compute it). On the tiny config, the same count matches
 # the matmul FLOPs in XLA's compiled HLO exactly (a test checks it).
@@ -102,7 +108,7 @@ print(jax.device_count(), "devices:", jax.devices()[0].platform)
 rows = []
 for name in ("480p_t2v", "720p_t2v"):
     p = hyv_lib.get_preset(name)
-    f = perf.step_flops(p, p.default_height, p.default_width, 121)
+    f = step_flops(p, p.default_height, p.default_width, 121)
     rows.append({"preset": name, "size": f"{p.default_height}x{p.default_width}x121",
                  "joint tokens S": f"{f['tokens']['joint']:,}", "PFLOP per CFG step": round(f["total"] / 1e15, 2),
                  "attention share": f"{f['attention_share']:.1%}"})
@@ -116,7 +122,7 @@ html_table(rows)
 real = hyv_lib.get_preset("720p_t2v")
 rows = []
 for rules in ("replicated", "tp", "tp_replicated_out", "fsdp"):
-    report = perf.param_bytes(real, "bf16", rules, mesh_shape=8)
+    report = param_bytes(real, "bf16", rules, mesh_shape=8)
     rows.append({"rule set (8 devices)": rules, "weights per device, GB": round(report["bytes_per_device"] / 1e9, 2)})
 html_table(rows)
 
@@ -154,29 +160,29 @@ html_table(rows)
 # 400 MB per block, or about 21.6 GB per step. (Gathering the whole joint sequence's K and V on every device
 # instead would take $2 B S h x \approx 1.86$ GB per block.)
 #
-# The planner in `hyv_lib.perf` computes the same:
+# The planner in `hyv_lib.planning.planner` computes the same:
 
 # %%
 c = real.transformer
 L, h, x, B, n = c["num_layers"], c["num_attention_heads"] * c["attention_head_dim"], 2, 2, 8
-tok = perf.token_counts(real, 720, 1280, 121)
+tok = token_counts(real, 720, 1280, 121)
 Nv, Nc = tok["video"], tok["context"]
 M = 2 * B * h * x * (L * Nv + (L - 1) * Nc)
-tp_plan = perf.device_plan(real, 720, 1280, 121, {"tensor": n}, "tp")
+tp_plan = device_plan(real, 720, 1280, 121, {"tensor": n}, "tp")
 print(f"plain TP, tensor={n}: all-reduced M = {M / 1e9:.1f} GB (planner {tp_plan['collectives']['all-reduce'] / 1e9:.1f}); "
       f"sent {2 * (n - 1) / n * M / 1e9:.1f} GB by the formula, {tp_plan['sent_bytes'] / 1e9:.1f} GB by the planner "
       f"(+ refiner gathers)")
 
 shard = B * (Nv // n) * h * x  # one of q, k, v for the local tokens, all heads
-ulysses_plan = perf.device_plan(real, 720, 1280, 121, {"sequence": n}, "tp")
+ulysses_plan = device_plan(real, 720, 1280, 121, {"sequence": n}, "tp")
 kv_sent = 2 * (n - 1) / n * shard
-whole = perf.param_bytes(real, "bf16", "replicated")["bytes_per_device"]
+whole = param_bytes(real, "bf16", "replicated")["bytes_per_device"]
 print(f"Ulysses, sequence={n}: one q/k/v shard {shard / 1e6:.1f} MB (planner: "
       f"{ulysses_plan['collectives']['all-to-all'] / (4 * L) / 1e6:.1f} MB per all-to-all); "
       f"K and V sent per attention call {kv_sent / 1e6:.0f} MB = {kv_sent / whole:.1%} of the {whole / 1e9:.2f} GB "
       f"of weights per device")
-print(f"  per step: {4 * L * (n - 1) / n * shard / 1e9:.1f} GB by the formula; perf.collective_bytes(strategy='ulysses') "
-      f"{perf.collective_bytes(real, 720, 1280, 121, strategy='ulysses', mesh_shape=n)['bytes_per_device'] / 1e9:.1f} GB "
+print(f"  per step: {4 * L * (n - 1) / n * shard / 1e9:.1f} GB by the formula; collective_bytes(strategy='ulysses') "
+      f"{collective_bytes(real, 720, 1280, 121, strategy='ulysses', mesh_shape=n)['bytes_per_device'] / 1e9:.1f} GB "
       f"(it also counts the context tokens); plain TP sends "
       f"{tp_plan['sent_bytes'] / (4 * L * (n - 1) / n * shard):.1f}x more")
 print(f"  all-gathering the joint sequence's whole K and V instead: {2 * B * tok['joint'] * h * x / 1e9:.2f} GB per block")
@@ -199,7 +205,7 @@ print(f"  all-gathering the joint sequence's whole K and V instead: {2 * B * tok
 # tiny preset, whose head dim of 16 Splash pads to the TPU's 128 lanes):
 
 # %%
-from hyv_lib.tpu_compile import compile_step, format_report
+from hyv_lib.planning.tpu_compile import compile_step, format_report
 
 print(format_report(compile_step(COMPILE_PRESET, TOPOLOGY)))
 
@@ -207,19 +213,19 @@ print(format_report(compile_step(COMPILE_PRESET, TOPOLOGY)))
 # The real 720p/121-frame step takes minutes to compile on a CPU (the table's `compile s` column), so the chapter
 # reads the results of `benchmarks/tpu_compile.py`, which runs the same command for every chip, layout, size and
 # cache mode (one `python -m hyv_lib compile ... --json` process each) and saves them. The command behind each row
-# is in the file. For the v6e-8 at 720p, next to the planner's prediction for the same mesh (`perf.device_plan`):
+# is in the file. For the v6e-8 at 720p, next to the planner's prediction for the same mesh (`device_plan`):
 
 # %%
 import json
 
-with open(perf.COMPILED_RESULTS) as f:  # saved by benchmarks/tpu_compile.py, shipped in hyv_lib/compiled/
+with open(COMPILED_RESULTS) as f:  # saved by benchmarks/tpu_compile.py, shipped in hyv_lib/compiled/
     COMPILED = json.load(f)
 GIB = 2**30
 LAYOUTS = {"tp": "tp", "tp_replicated_out": "tp_replicated_out", "fsdp": "fsdp", "sequence": "tp"}
 rows, compared = [], {}
 for layout, rules in LAYOUTS.items():
     c = COMPILED[f"v6e-8/{layout}/720p/uncached"]
-    plan = perf.device_plan(real, 720, 1280, 121, c["mesh"], rules)
+    plan = device_plan(real, 720, 1280, 121, c["mesh"], rules)
     kinds = {k["kind"]: k["bytes"] for k in c["collectives"]}
     compared[layout] = (c, plan, kinds)
     b = c["per_device_bytes"]
@@ -251,13 +257,13 @@ print(f"all fit: {all(c['fits'] for c, _, _ in compared.values())}; largest tota
 # Every layout fits a v6e chip with room to spare, and the weights dominate except under FSDP, which splits them
 # eight ways. The planner's collective bytes match the compiler's kind by kind, to a small fraction of a percent
 # (small gathers and a tiny all-reduce are what it misses): its model of what XLA inserts was written from the
-# compiled programs (`perf.device_plan`'s docstring spells it out). Its memory is within a few
+# compiled programs (`device_plan`'s docstring spells it out). Its memory is within a few
 # percent for the TP layouts and the sequence mesh. The planner does not model the compiled code, about 0.8 to
 # 0.9 GiB under `tp`, `fsdp` and `sequence` alike (printed above); on FSDP's small total that is a much larger share,
 # hence its bigger miss. Where
 # the compiler has reported on a configuration, the planner shows the compiler's total instead
-# (`perf.device_plan(..., topology="v6e:2x4")["memory_total"]`, used by `perf.bounds`); the temporaries are its one
-# fitted term (`perf.TEMPORARY_STREAM_COPIES`, `perf.FSDP_GATHERED_BLOCKS`). The whole grid (other chips, 480p,
+# (`device_plan(..., topology="v6e:2x4")["memory_total"]`, used by `bounds`); the temporaries are its one
+# fitted term (`TEMPORARY_STREAM_COPIES`, `FSDP_GATHERED_BLOCKS`). The whole grid (other chips, 480p,
 # DeepCache) is in chapter 8.
 #
 # ### What `tp_replicated_out` really does
@@ -305,15 +311,15 @@ print(f"all-reduce bytes: {tro_k['all-reduce'] / tp_k['all-reduce']:.2f}x of pla
 
 # %%
 cited = {"tp": 8.12, "tp_replicated_out": 7.29}  # gpu-tpu-pedia, v6e-8, 720p/121f, stock Splash [unverified]
-flops = perf.step_flops(real, 720, 1280, 121)["total"]
+flops = step_flops(real, 720, 1280, 121)["total"]
 rows = []
 for rules, mesh in (("tp", {"tensor": 8}), ("tp_replicated_out", {"tensor": 8}), ("fsdp", {"data": 2, "sequence": 4})):
-    b = perf.bounds(real, 720, 1280, 121, "v6e", 8, rules, mesh_shape=mesh)
+    b = bounds(real, 720, 1280, 121, "v6e", 8, rules, mesh_shape=mesh)
     rows.append({"rule set": rules, "mesh": ",".join(f"{a}={n}" for a, n in b["mesh"].items() if n > 1),
                  "GB per device (weights + rest)": f"{b['weights_bytes'] / 1e9:.1f} + {b['activation_bytes'] / 1e9:.1f}",
                  "compute bound s": round(b["compute_s"], 2), "interconnect bound s": round(b["interconnect_s"], 2),
                  "measured s/step": cited.get(rules, ""),
-                 "MFU": f"{perf.mfu(flops, cited[rules], 'v6e', 8):.1%}" if rules in cited else ""})
+                 "MFU": f"{mfu(flops, cited[rules], 'v6e', 8):.1%}" if rules in cited else ""})
 html_table(rows)
 
 # %% [markdown]
@@ -371,7 +377,7 @@ for rules, axes, attention in cases:
     rows.append({"rules": rules, "mesh": ",".join(f"{k}={v}" for k, v in axes.items()), "attention": attention,
                  "max |out - oracle|": f"{(out - oracle).abs().max():.1e}",
                  "to_out.0 shard": str(list(weight.addressable_shards[0].data.shape)),
-                 **{op: c["count"] for op, c in perf.hlo_collectives(hlo).items()
+                 **{op: c["count"] for op, c in hlo_collectives(hlo).items()
                     if op in ("all-reduce", "all-gather", "all-to-all")}})
 html_table(rows)
 
@@ -432,11 +438,12 @@ html_table([{"mesh (8 devices, tp rules)": k, "XLA FLOPs per device": f"{v:.3g}"
 # The official GPU code parallelises differently. Each of N processes holds the whole model and 1/N of the video
 # tokens. In each attention, an all-to-all turns sequence shards into head shards, so every rank attends over
 # all tokens with H/N heads, and a second all-to-all turns them back. The text tokens are small, so they are
-# replicated and only head-sliced. `hyv_lib.parallel.UlyssesTransformer` does this on torch.distributed (nccl on
+# replicated and only head-sliced. `hyv_lib.runtimes.ulysses.UlyssesTransformer` does this on torch.distributed (nccl on
 # GPUs). Here it runs on gloo, with CPU processes:
 
 # %%
-from hyv_lib.parallel import run_distributed, ulysses_forward
+from hyv_lib.parallel.distributed import run_distributed
+from hyv_lib.runtimes.ulysses import ulysses_forward
 
 ulysses_model = copy.deepcopy(oracle_model)
 rows = []
@@ -468,7 +475,7 @@ html_table(rows)
 #   stream); Ulysses on 8 devices sends about 22 GB but keeps all the weights on every device.
 # - The TPU compiler runs on any Linux machine with libtpu: `python -m hyv_lib compile` compiles the real step for
 #   a named slice and reports per-device memory, collectives and FLOPs. At 720p every layout above fits a v6e-8.
-#   The planner (`perf.device_plan`) matches the compiler's collective bytes, and its memory to within a few
+#   The planner (`device_plan`) matches the compiler's collective bytes, and its memory to within a few
 #   percent except for FSDP, whose small total makes the compiled code the planner does not model a large share.
 # - `tp_replicated_out` does not avoid collectives, it swaps them: XLA all-gathers the attention output and runs
 #   `to_out` whole on every device, and still all-reduces the MLP output. Half of the all-reduces become all-gathers
@@ -494,7 +501,7 @@ html_table(rows)
 # guessing.
 # :::
 #
-# 2. Using `perf.param_bytes`, how much memory per device would splitting the AdaLN modulation linears
+# 2. Using `param_bytes`, how much memory per device would splitting the AdaLN modulation linears
 #    (`norm1.linear`, `norm1_context.linear`) save under `tp` on 8 devices? How would you confirm it with the
 #    compiler?
 #
@@ -504,7 +511,7 @@ html_table(rows)
 # Split 8 ways, that is 0.68 GB per device instead of 5.44, so `tp` would drop from about 7.1 to about 2.4 GB per
 # device. Try it with a custom rule list, such as
 # `RULE_SETS["tp"] + [Rule("tp/adaln", r"transformer_blocks\.\d+\.norm1(_context)?\.linear\.(weight|bias)", ("tensor", None))]`.
-# To confirm it, add that rule to `hyv_lib.sharding.RULE_SETS` under a new name and compile: the compiler's
+# To confirm it, add that rule to `hyv_lib.parallel.sharding.RULE_SETS` under a new name and compile: the compiler's
 # `arguments` per device should fall by the same amount (and it will show whether the modulation output now needs
 # a collective).
 # :::
@@ -535,6 +542,6 @@ html_table(rows)
 # $$
 #
 # the compiler's figure to the byte
-# (`perf.device_plan(real, 720, 1280, 121, {"data": 2, "tensor": 4}, "tp")["collectives"]["all-reduce"]`). A ring
+# (`device_plan(real, 720, 1280, 121, {"data": 2, "tensor": 4}, "tp")["collectives"]["all-reduce"]`). A ring
 # all-reduce over $n = 4$ sends $2 \cdot 3/4$ of it: $75.3$ GB $= 70.2$ GiB per device, the table's "GiB sent".
 # :::

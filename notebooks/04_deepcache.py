@@ -39,7 +39,7 @@
 #
 # 1. measures how much deep features change from step to step;
 # 2. builds the schedule and derives the most it can save;
-# 3. implements the cached step for the torch and TPU runtimes (`hyv_lib.cache`);
+# 3. implements the cached step for the torch and TPU runtimes (`hyv_lib.runtimes.deepcache`);
 # 4. measures speed and quality on this CPU;
 # 5. adds an adaptive cache (MagCache) planned from the trained model's own curve, and a deeper cache point;
 # 6. maps speed against quality for 14 settings on 45 held-out prompts, fewer steps included;
@@ -55,13 +55,13 @@ STEPS = int(os.environ.get("HYV_STEPS", "50"))
 INTERVALS = [int(i) for i in os.environ.get("HYV_INTERVALS", "2,4,6,8").split(",")]
 SPEED_LAYERS = int(os.environ.get("HYV_SPEED_LAYERS", "54"))  # depth of the speed-test model
 LIVE_PROMPTS = int(os.environ.get("HYV_LIVE_PROMPTS", "4"))  # held-out prompts of the live frontier run (hyv-tiny)
-# A prompt hyv-tiny draws right (its words: hyv_lib.presets.tiny_vocabulary())
+# A prompt hyv-tiny draws right (its words: hyv_lib.base.presets.tiny_vocabulary())
 PROMPT = os.environ.get("HYV_PROMPT", "a yellow circle moving up on a purple background")
 # None = the preset's default size; small values smoke-test real weights on a CPU
 HEIGHT = int(os.environ.get("HYV_HEIGHT", 0)) or None
 WIDTH = int(os.environ.get("HYV_WIDTH", 0)) or None
 VIDEO_LENGTH = int(os.environ.get("HYV_VIDEO_LENGTH", 0)) or None
-from hyv_lib.display import settings_not_used  # noqa: E402
+from hyv_lib.notebook.display import settings_not_used  # noqa: E402
 
 _ = settings_not_used({
     "HYV_RUNTIME": "both DeepCache runtimes (torch and tpu) are run and compared",
@@ -81,13 +81,15 @@ from diffusers import FlowMatchEulerDiscreteScheduler, HunyuanVideo15Transformer
 from IPython.display import display
 
 import hyv_lib
-from hyv_lib import perf, quality
-from hyv_lib.cache import DeepCacheSchedule, DeepCacheStep, TorchDeepCache, step_times
-from hyv_lib.display import frame_grid, html_table
-from hyv_lib.models import example_forward_kwargs, load_components, quiet_loading
-from hyv_lib.pipeline import denoise, make_step, prepare_conditioning
-from hyv_lib.text import encode_prompts
-from hyv_lib.video import decode_latents
+from hyv_lib.planning.costs import step_flops
+from hyv_lib.tiny import quality
+from hyv_lib.runtimes.deepcache import DeepCacheSchedule, DeepCacheStep, TorchDeepCache, step_times
+from hyv_lib.notebook.display import frame_grid, html_table
+from hyv_lib.models.components import example_forward_kwargs, load_components, quiet_loading
+from hyv_lib.pipeline.sampling import denoise, prepare_conditioning
+from hyv_lib.runtimes.step import make_step
+from hyv_lib.pipeline.text import encode_prompts
+from hyv_lib.runtimes.vae import decode_latents
 
 # The models here are small: their ops gain nothing from a second thread, and one thread times steadily on a
 # shared machine.
@@ -199,7 +201,7 @@ print(f"full steps: {schedule.full_steps}")
 # 0.0185$. Work that both kinds of step repeat (the output layer, the scheduler, the loop) raises $r$ and pulls the
 # speed-up below the block count. The block count is therefore an upper bound, as long as a cached step saves only
 # blocks. Ours also skips the embedders and the token refiner, so a model whose blocks are few and cheap can beat
-# its block count. At 720p they hardly matter: `hyv_lib.perf.step_flops` counts the FLOPs of one CFG step at
+# its block count. At 720p they hardly matter: `hyv_lib.planning.costs.step_flops` counts the FLOPs of one CFG step at
 # 1280×720, 121 frames. The cached step is charged one block, the output layer and, to be safe, every embedder:
 
 # %%
@@ -209,7 +211,7 @@ c = n - f
 print(f"{f} full + {c} cached of {n} steps: n L / (f L + c k) = {n * L} / {f * L + c * k} = "
       f"{n * L / (f * L + c * k):.4f}; DeepCacheSchedule({n}).block_speedup({L}, {k}) = "
       f"{schedule.block_speedup(L, k):.4f}")
-flops = perf.step_flops("720p_t2v", 720, 1280, 121)
+flops = step_flops("720p_t2v", 720, 1280, 121)
 parts = flops["parts"]
 blocks = sum(v for name, v in parts.items() if name.startswith("blocks_"))
 cached_flops = k * blocks / L + parts["output"] + parts["embedders"]
@@ -406,7 +408,7 @@ plt.show()
 # from a measured curve. One uncached **calibration** run records, per step, how much the cached quantity moves,
 # and a rule turns the curve into a plan: the first `retention` fraction of the steps run full; after that each
 # step adds its estimated error to an accumulator and reuses the cache while the accumulated error stays under
-# `threshold` and at most `max_skip` steps in a row have been skipped. `hyv_lib.adaptive_cache.MagCacheSchedule`
+# `threshold` and at most `max_skip` steps in a row have been skipped. `hyv_lib.runtimes.magcache.MagCacheSchedule`
 # follows that rule. What it calibrates differs from the paper, because our skip reuses DeepCache's cache rather
 # than the residual of the whole block stack: the curve is the relative change, step to step, of the tokens the
 # cache holds (the class docstring says why this replaces MagCache's magnitude ratio). The thresholds therefore
@@ -420,27 +422,29 @@ plt.show()
 # calibrations shipped with its weights (one uncached run each, `python -m hyv_lib calibrate_cache`):
 
 # %%
-from hyv_lib import adaptive_cache, data
-from hyv_lib.frontier import (default_settings, frontier_table, load_results, measure_frontier, meets_goal,
-                              plot_frontier)
+from hyv_lib.runtimes.magcache import MagCacheSchedule, bundled_calibration, load_calibration
+from hyv_lib.tiny import data
+from hyv_lib.tiny.frontier import (
+    default_settings, frontier_table, load_results, measure_frontier, meets_goal, plot_frontier,
+)
 
 with quiet_loading():
     tiny_pipe = hyv_lib.load_pipeline("tiny_trained", progress=False)  # the frontier's model, whatever PRESET is
 tiny_model, tiny_preset = tiny_pipe.components["transformer"], tiny_pipe.preset
 tiny_example = example_forward_kwargs(tiny_preset, latent=(3, 4, 7))  # a CFG batch at the shipped size
 step_ms = {}
-for k in (1, 0):  # medians of interleaved full and cached steps (hyv_lib.cache.step_times)
+for k in (1, 0):  # medians of interleaved full and cached steps (hyv_lib.runtimes.deepcache.step_times)
     full_s, cached_s = step_times(TorchDeepCache(tiny_model), k, **tiny_example)
     step_ms[k] = {"full": 1e3 * full_s, "cached": 1e3 * cached_s}
 for k, ms in step_ms.items():
     r_k = ms["cached"] / ms["full"]
     print(f"no_cache_blocks={k}: full step {ms['full']:.1f} ms, cached step {ms['cached']:.2f} ms, r = {r_k:.3f}; "
           f"7 full of 20 steps: at most {20 / (7 + 13 * r_k):.2f}x")
-calibrations = {k: adaptive_cache.load_calibration(adaptive_cache.bundled_calibration(tiny_preset, k))
+calibrations = {k: load_calibration(bundled_calibration(tiny_preset, k))
                 for k in (1, 0)}
-plans = {"no_cache_blocks=1, threshold 0.3": adaptive_cache.MagCacheSchedule(calibrations[1].curve, 0.3),
+plans = {"no_cache_blocks=1, threshold 0.3": MagCacheSchedule(calibrations[1].curve, 0.3),
          "no_cache_blocks=0, threshold 0.5, max skip 3, retention 0.1":
-             adaptive_cache.MagCacheSchedule(calibrations[0].curve, 0.5, 3, 0.1)}
+             MagCacheSchedule(calibrations[0].curve, 0.5, 3, 0.1)}
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.2), gridspec_kw={"width_ratios": [1.2, 1]})
 for k, calibration in calibrations.items():
     a1.plot(range(1, 20), calibration.curve[1:], "o-", ms=3, label=f"no_cache_blocks={k}")
@@ -477,7 +481,7 @@ for name, plan in plans.items():
 #
 # ## The speed-quality frontier
 #
-# Which cache, at which setting? `benchmarks/cache_frontier.py` answers it with measurements (`hyv_lib.frontier`):
+# Which cache, at which setting? `benchmarks/cache_frontier.py` answers it with measurements (`hyv_lib.tiny.frontier`):
 # each setting generates the same held-out prompts with the gates' seeds at the shipped settings; the denoising
 # loop is timed against the warmed, hook-free uncached pipeline in the same run (the settings take turns per
 # prompt); the gates' reader grades colour and direction from the frames; PSNR measures how far the frames are
@@ -562,7 +566,7 @@ print(f"uncached, 7 steps: {fewer['speedup_denoise']:.2f}x, colour {100 * (fewer
 # exactly two programs for all the steps and agrees with the torch runtime's run above:
 
 # %%
-from hyv_lib.tpu import TpuTransformer
+from hyv_lib.runtimes.tpu import TpuTransformer
 
 plan = DeepCacheSchedule(STEPS, START, END, 4)
 if 4 in latents_by_interval:
@@ -678,5 +682,5 @@ print(f"skipped steps: tpu {on_tpu.config['cache_skipped_steps']}, torch "
 #    quality column for 6% less speed: pick them. Fewer steps is a fair competitor because it buys the same time
 #    with no extra machinery and no calibration: a cache is worth it only where it beats that row on the
 #    frontier. On hyv-tiny, 20 steps are more than the model needs, which is what makes fewer steps strong; the
-#    real model's 50 steps may leave less room (measure it the same way with `hyv_lib.frontier`).
+#    real model's 50 steps may leave less room (measure it the same way with `hyv_lib.tiny.frontier`).
 # :::

@@ -68,12 +68,16 @@ import torch
 from diffusers import AutoencoderKLHunyuanVideo15
 
 import hyv_lib
-from hyv_lib import perf, pipeline, quality
-from hyv_lib.display import frame_grid, html_table, video_html
-from hyv_lib.memory import PeakMemory
-from hyv_lib.models import load_components, quiet_loading
-from hyv_lib.stage_io import read_config
-from hyv_lib.video import decode_latents
+from hyv_lib.planning.hardware import get_chip
+from hyv_lib.planning.costs import param_bytes
+from hyv_lib.planning.planner import plan_table
+from hyv_lib.pipeline.stages import generate
+from hyv_lib.tiny import quality
+from hyv_lib.notebook.display import frame_grid, html_table, video_html
+from hyv_lib.base.memory import PeakMemory
+from hyv_lib.models.components import load_components, quiet_loading
+from hyv_lib.pipeline.stage_io import read_config
+from hyv_lib.runtimes.vae import decode_latents
 
 torch.set_num_threads(os.cpu_count() or 1)
 preset = hyv_lib.get_preset(PRESET)
@@ -84,15 +88,15 @@ print(f"{PRESET}: {WIDTH}x{HEIGHT}, {VIDEO_LENGTH} frames -> latents {latent}, {
 # %% [markdown]
 # ## The three stages
 #
-# `pipeline.generate` runs stage 1 (text encoders), stage 2 (the denoising loop) and stage 3 (VAE decode, tiled)
+# `generate` runs stage 1 (text encoders), stage 2 (the denoising loop) and stage 3 (VAE decode, tiled)
 # into one folder. Every stage appends its settings, its time and its memory to `generation_config.json`. A sampler
 # thread records the peak resident memory (RSS) of the process while the stage's main work runs
-# (`hyv_lib.memory.PeakMemory`), along with how far it rose above the RSS at the start.
+# (`hyv_lib.base.memory.PeakMemory`), along with how far it rose above the RSS at the start.
 
 # %%
 start = time.perf_counter()
 with quiet_loading():  # no weight-loading progress bars
-    frames = pipeline.generate(preset=PRESET, model_path=MODEL_PATH, prompt=PROMPT, output_dir=OUTPUT_DIR,
+    frames = generate(preset=PRESET, model_path=MODEL_PATH, prompt=PROMPT, output_dir=OUTPUT_DIR,
                                height=HEIGHT, width=WIDTH, video_length=VIDEO_LENGTH, num_inference_steps=STEPS,
                                runtime=RUNTIME, mesh=MESH, enable_cache=ENABLE_CACHE, attention=ATTENTION, quiet=True)
 total = time.perf_counter() - start
@@ -153,7 +157,7 @@ print(f"latent {latent[3]} x {latent[4]}: {len(row_starts)} row(s) x {len(col_st
 # $31 \cdot 16 \cdot 16 = 7{,}936$ positions.
 #
 # The cell below checks this against diffusers' own decoder: it builds the real 720p VAE config from
-# `hyv_lib.presets` on PyTorch's `meta` device (shapes only, no weights, no memory), runs the decoder on a
+# `hyv_lib.base.presets` on PyTorch's `meta` device (shapes only, no weights, no memory), runs the decoder on a
 # 720p/121f latent and on one tile, and records the largest tensor any decoder module returns.
 
 # %%
@@ -193,7 +197,7 @@ print(f"one piece, latent {full_latent}: largest decoder tensors {full_shape} = 
 print(f"one tile,  latent {tile_latent}: largest decoder tensors {tile_shape} = {tile_n * fp32 / gib:.1f} GiB in fp32; "
       f"mid-block mask over {tile_tokens:,} positions: {tile_tokens**2 * fp32 / gib:.2f} GiB")
 for chip in ("v6e", "H100"):
-    spec = perf.get_chip(chip)
+    spec = get_chip(chip)
     print(f"{spec.name}: {spec.hbm_bytes / gib:.1f} GiB of memory")
 
 # %% [markdown]
@@ -271,7 +275,7 @@ html_table([{"file": name, "MiB": round(os.path.getsize(os.path.join(OUTPUT_DIR,
 # ## At real size: the v6e-8 plan
 #
 # With the real 720p model, the same notebook's stage 2 runs on the TPU mesh (`HYV_RUNTIME=tpu
-# HYV_MESH=data=2,tensor=4`). The planner (`hyv_lib.perf`, chapter 3) gives what one CFG step needs per chip at 121
+# HYV_MESH=data=2,tensor=4`). The planner (`hyv_lib.planning.planner`, chapter 3) gives what one CFG step needs per chip at 121
 # frames; the memory is the TPU compiler's, compiled for a v6e-8 on a CPU (`python -m hyv_lib compile`, chapter 3).
 # The lower bounds assume peak FLOP/s, full HBM bandwidth and half the bidirectional ICI bandwidth. The last column is
 # a cited measurement with the MFU it implies: gpu-tpu-pedia's v6e-8 run with its custom exp2 Splash kernel (a single
@@ -279,7 +283,7 @@ html_table([{"file": name, "MiB": round(os.path.getsize(os.path.join(OUTPUT_DIR,
 
 # %%
 rows = []
-for r in perf.plan_table(presets=("720p_t2v",), chips=("v6e",), rules="tp_replicated_out"):
+for r in plan_table(presets=("720p_t2v",), chips=("v6e",), rules="tp_replicated_out"):
     rows.append({"preset": r["preset"], "chips": f"{r['n_chips']}x {r['chip']}",
                  "mesh": ",".join(f"{a}={n}" for a, n in r["mesh"].items() if n > 1),
                  "PFLOP/step": round(r["pflop_per_step"], 2), "weights GB/chip": round(r["weights_gb_per_device"], 2),
@@ -314,13 +318,13 @@ html_table(rows)
 #
 # :::{admonition} Answers
 # :class: dropdown
-# 1. Weights (about 16.7 GB in bf16 replicated, `perf.param_bytes("720p_t2v", "bf16")`; less when sharded: chapter
+# 1. Weights (about 16.7 GB in bf16 replicated, `param_bytes("720p_t2v", "bf16")`; less when sharded: chapter
 #    3's rule sets) and attention activations over 113,585 joint tokens. The mesh and rule set move the weights;
 #    Splash's blocked kernel keeps attention at O(S) memory instead of a dense mask of 24 GiB for the CFG batch
-#    (12 GiB per sample, `hyv_lib.layout.dense_mask_bytes`).
+#    (12 GiB per sample, `hyv_lib.models.layout.dense_mask_bytes`).
 # 2. One of them alone is ambiguous, so `hyv_lib` asks for both (or neither, and then the bucket of
 #    `--aspect_ratio` decides). For 9:16 at 720p, diffusers' bucket list and nearest-ratio match give 1264x720
-#    (height x width): `hyv_lib.presets.bucket_size(hyv_lib.get_preset("720p_t2v"), "9:16")`.
+#    (height x width): `hyv_lib.base.presets.bucket_size(hyv_lib.get_preset("720p_t2v"), "9:16")`.
 # 3. Roughly twice: the decoder's activations scale with the number of frames (17 frames -> 5 latent frames
 #    instead of 3, decoded to 17 frames instead of 9).
 # 4. Rows start every 12 latents over 45 (0, 12, 24, 36) and columns over 80 (0, 12, ..., 72): 4 × 7 = 28 tiles.

@@ -51,7 +51,7 @@ import os
 # no image: the live part then runs hyv-tiny and says so, and the tables use the preset's I2V sibling.
 PRESET = os.environ.get("HYV_PRESET", "tiny_trained")
 MODEL_PATH = os.environ.get("HYV_MODEL_PATH") or None
-# The drawn first frame: COLOR SHAPE BACKGROUND in hyv-tiny's words (hyv_lib.presets.tiny_vocabulary())
+# The drawn first frame: COLOR SHAPE BACKGROUND in hyv-tiny's words (hyv_lib.base.presets.tiny_vocabulary())
 FRAME = os.environ.get("HYV_FRAME", "yellow circle gray")
 DIRECTIONS = os.environ.get("HYV_DIRECTIONS", "left,right").split(",")  # one caption per direction, same frame
 SEEDS = int(os.environ.get("HYV_SEEDS", "4"))  # seeds per caption in the two-caption experiment
@@ -76,11 +76,14 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
 import hyv_lib
-from hyv_lib import data, perf, pipeline, quality
-from hyv_lib.display import frame_grid, html_table, tensor_rows, token_layout_figure
-from hyv_lib.forward import context_layout
-from hyv_lib.image import crop_to_bucket, image_bucket
-from hyv_lib.presets import PRESETS, bucket_size
+from hyv_lib.tiny import data, quality
+from hyv_lib.planning.planner import device_plan
+from hyv_lib.planning.costs import step_flops, token_counts
+from hyv_lib.pipeline.sampling import condition_channels, sampling_schedule
+from hyv_lib.notebook.display import frame_grid, html_table, tensor_rows, token_layout_figure
+from hyv_lib.models.forward import context_layout
+from hyv_lib.pipeline.image import crop_to_bucket, image_bucket
+from hyv_lib.base.presets import PRESETS, bucket_size
 
 requested = hyv_lib.get_preset(PRESET)
 if "i2v" in requested.tasks:
@@ -104,7 +107,7 @@ if live.name == "tiny":
 # %% [markdown]
 # ## A first frame, and where it goes
 #
-# `hyv_lib.data.draw_frame` draws a frame the way hyv-tiny's training clips were drawn: one shape on a plain
+# `hyv_lib.tiny.data.draw_frame` draws a frame the way hyv-tiny's training clips were drawn: one shape on a plain
 # background, here in the middle of the frame so that it is free to move either way. Any PNG or JPEG works the
 # same (`generate --image_path`, or `pipe.generate(prompt, image=...)` with a path or a PIL image). The image is
 # first cropped to a *bucket*: of the preset's sizes (all multiples of 16, about `target_size`² pixels), the one
@@ -155,7 +158,7 @@ print(f"{len(embeds)} tensors ({len(embeds) - 8} of them the image's); shapes as
 #
 # In stage 2 the DiT's `image_embedder` projects the SigLIP tokens to the model width and they take the image slots
 # of the context, in front of the ByT5 and text tokens. Text to video fills the same slots with zeros, which
-# diffusers' forward detects (`torch.all(image_embeds == 0)`) and masks out. `hyv_lib.forward.context_layout` makes
+# diffusers' forward detects (`torch.all(image_embeds == 0)`) and masks out. `hyv_lib.models.forward.context_layout` makes
 # the same decision outside the jitted step and returns the valid-first order of the context. Below, one sample's
 # sequence for each task (the prompt's own masks; pale tokens are padding):
 
@@ -183,13 +186,13 @@ print(f"valid context tokens: t2v {valid['t2v']}, i2v {valid['i2v']} (+{valid['i
 #
 # The second copy of the frame goes in beside the noise. The DiT's `in_channels` is $2C + 1$ (65 for $C = 32$):
 # the $C$ noisy latent channels, $C$ condition channels and one mask channel, concatenated on the channel axis at
-# every step. `hyv_lib.pipeline.condition_channels` builds the last $C + 1$ as diffusers' I2V pipeline does: the
+# every step. `hyv_lib.pipeline.sampling.condition_channels` builds the last $C + 1$ as diffusers' I2V pipeline does: the
 # frame's latents in latent frame 0, zeros after it, and a mask that is 1 on frame 0 only. Text to video passes the
 # same channels, all zero. Here they are for this video (the condition's first channel, and the mask):
 
 # %%
 noise_shape = (1, config.out_channels, frames_lat, h_lat, w_lat)
-condition = pipeline.condition_channels(torch.zeros(noise_shape), embeds["cond_latents"])
+condition = condition_channels(torch.zeros(noise_shape), embeds["cond_latents"])
 fig, axes = plt.subplots(2, frames_lat, figsize=(2.2 * frames_lat, 3.0), squeeze=False)
 for t in range(frames_lat):
     axes[0, t].imshow(condition[0, 0, t], cmap="RdBu_r", vmin=-3, vmax=3)
@@ -211,7 +214,7 @@ print(f"DiT input: {config.out_channels} noisy + {config.out_channels} condition
 #
 # `pipe.generate(caption, image=frame)` runs the three stages in memory. The first frame of the result should be
 # the drawn frame, up to what the VAE loses (a lossy round trip); after it, the shape should move as the caption
-# says. `hyv_lib.quality` reads both back: PSNR of the first frame against the cropped image, and the direction
+# says. `hyv_lib.tiny.quality` reads both back: PSNR of the first frame against the cropped image, and the direction
 # from the track of the shape's centroid (`quality.centroid_track`, the foreground being every pixel far from the
 # border's median colour).
 
@@ -332,7 +335,7 @@ print(f"{table.name}, {real_bucket[1]}x{real_bucket[0]} first frame: the image t
 # ## What image to video costs
 #
 # The DiT runs the same shapes for both tasks: the 65 input channels exist in text to video too (zeros), and so do
-# the 729 image slots of the context, as the sequences above showed. So the planner (`hyv_lib.perf`, chapters 3 and
+# the 729 image slots of the context, as the sequences above showed. So the planner (`hyv_lib.planning.planner`, chapters 3 and
 # 8) counts the same work for one denoising step of either task (at the preset's 16:9 size, 1280 × 720 for
 # `720p_i2v`, and 121 frames), and the same memory per device on a v6e-8 mesh (`data=2,tensor=4`,
 # `tp_replicated_out`; the planner's own estimate for both, to compare like with like). The difference appears only for a kernel that skips padded tokens (varlen FlashAttention on a
@@ -344,10 +347,10 @@ print(f"{table.name}, {real_bucket[1]}x{real_bucket[0]} first frame: the image t
 PROMPT_TOKENS = 120  # valid context tokens of a short prompt without quoted text (the assumption of chapter 8)
 rows, flops = [], {}
 for name, valid_context in ((t2v_twin.name, PROMPT_TOKENS), (table.name, PROMPT_TOKENS + table.image_tokens)):
-    tokens = perf.token_counts(name, H, W, F)
-    every = perf.step_flops(name, H, W, F)
-    varlen = perf.step_flops(name, H, W, F, valid_context=valid_context)
-    plan = perf.device_plan(name, H, W, F, {"data": 2, "tensor": 4}, "tp_replicated_out")
+    tokens = token_counts(name, H, W, F)
+    every = step_flops(name, H, W, F)
+    varlen = step_flops(name, H, W, F, valid_context=valid_context)
+    plan = device_plan(name, H, W, F, {"data": 2, "tensor": 4}, "tp_replicated_out")
     flops[name] = (every["total"], varlen["total"])
     rows.append({"preset": name, "joint tokens S": f"{tokens['joint']:,}",
                  "PFLOP/step, all context (Splash, segment ids)": round(every["total"] / 1e15, 3),
@@ -385,13 +388,13 @@ print(f"valid tokens only: i2v - t2v = {(i2v_var - t2v_var) / 1e12:.1f} TFLOP pe
 # so each step is one forward of one sample instead of a pair. Its transformer has `use_meanflow=True`: besides the
 # timestep $t$ of the current noise level, each call receives `timestep_r`, the timestep $r$ the step goes to. A
 # MeanFlow model (Geng et al., 2025) learns the *average* velocity over $[r, t]$ rather than the velocity at $t$, so a
-# long Euler step from $t$ to $r$ stays on course. `hyv_lib.pipeline.sampling_schedule` gives the loop's timesteps
+# long Euler step from $t$ to $r$ stays on course. `hyv_lib.pipeline.sampling.sampling_schedule` gives the loop's timesteps
 # for the preset's shift (7) and the $r$ of each step, the next timestep and 0 after the last, as diffusers' I2V
 # pipeline passes it:
 
 # %%
 distilled = PRESETS["480p_i2v_step_distilled"]
-timesteps, timestep_r = pipeline.sampling_schedule(FlowMatchEulerDiscreteScheduler(shift=distilled.flow_shift),
+timesteps, timestep_r = sampling_schedule(FlowMatchEulerDiscreteScheduler(shift=distilled.flow_shift),
                                                    distilled.default_steps)
 html_table([{"step": i, "sigma": round(float(t) / 1000, 4), "timestep t": round(float(t), 2),
              "timestep_r": round(float(r), 2), "t - r": round(float(t - r), 2)}
@@ -400,7 +403,7 @@ html_table([{"step": i, "sigma": round(float(t) / 1000, 4), "timestep t": round(
 # %%
 fig, ax = plt.subplots(figsize=(7, 3.2))
 for preset in (PRESETS["480p_i2v"], PRESETS["720p_i2v"], distilled):
-    ts, _ = pipeline.sampling_schedule(FlowMatchEulerDiscreteScheduler(shift=preset.flow_shift), preset.default_steps)
+    ts, _ = sampling_schedule(FlowMatchEulerDiscreteScheduler(shift=preset.flow_shift), preset.default_steps)
     n = len(ts)
     ax.step(np.arange(n + 1) / n, np.append(ts.numpy() / 1000, 0), where="post", marker="o" if n < 20 else None,
             ms=4, label=f"{preset.name}: {n} steps, shift {preset.flow_shift:g}")
@@ -408,8 +411,8 @@ ax.set(xlabel="fraction of the loop", ylabel="sigma (noise level)", title="Sampl
 ax.legend(fontsize=8)
 fig.tight_layout()
 plt.show()
-full = 50 * perf.step_flops("480p_i2v", 480, 848, 121)["total"]
-fast = distilled.default_steps * perf.step_flops(distilled, 480, 848, 121, batch=1)["total"]
+full = 50 * step_flops("480p_i2v", 480, 848, 121)["total"]
+fast = distilled.default_steps * step_flops(distilled, 480, 848, 121, batch=1)["total"]
 print(f"DiT work per 480p video, 121 frames: 480p_i2v 50 steps x CFG pair = {full / 1e15:.0f} PFLOP; "
       f"step-distilled {distilled.default_steps} steps x 1 sample = {fast / 1e15:.1f} PFLOP ({full / fast:.1f}x less)")
 
@@ -449,7 +452,7 @@ print(f"DiT work per 480p video, 121 frames: 480p_i2v 50 steps x CFG pair = {ful
 #
 # :::{admonition} Answers
 # :class: dropdown
-# 1. Both have ratio 16:9, so both get the same bucket, `hyv_lib.image.image_bucket(hyv_lib.get_preset("720p_i2v"),
+# 1. Both have ratio 16:9, so both get the same bucket, `hyv_lib.pipeline.image.image_bucket(hyv_lib.get_preset("720p_i2v"),
 #    image)` = 720 × 1280 (height × width): the photo is resized to cover it and centre-cropped. The condition
 #    latents are one latent frame of the bucket's size, and the video's latents must match them, so a different
 #    height or width could not hold the frame: `hyv_lib` refuses it with an error naming `--height`.
@@ -463,7 +466,7 @@ print(f"DiT work per 480p video, 121 frames: 480p_i2v 50 steps x CFG pair = {ful
 # 4. `tensor_rows(PRESETS["480p_i2v"].stage1_shapes(image_size=bucket_size(PRESETS["480p_i2v"], "16:9")), ...)`:
 #    the bucket is 480 × 848, so `cond_latents` is [1, 32, 1, 30, 53] in fp32, about 0.19 MiB, and
 #    `image_embeds` [1, 729, 1152] in bf16 is 1.60 MiB, as at 720p: about 1.80 MiB in all.
-# 5. `pipeline.sampling_schedule(FlowMatchEulerDiscreteScheduler(shift=7.0), 12)`: sigmas 1, 11/12, 10/12, ...
+# 5. `sampling_schedule(FlowMatchEulerDiscreteScheduler(shift=7.0), 12)`: sigmas 1, 11/12, 10/12, ...
 #    shifted by $7\sigma / (1 + 6\sigma)$ give 1000, 987.18 and 972.22 for the first three; the last timestep is
 #    $1000 \cdot (7/12) / (1 + 6/12) = 388.89$, and its `timestep_r` is 0: that step lands on clean latents.
 # :::

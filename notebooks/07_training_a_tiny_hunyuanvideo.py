@@ -55,7 +55,7 @@ import os
 REQUESTED = os.environ.get("HYV_PRESET", "tiny_trained")
 PRESET = "tiny_trained"
 MODEL_PATH = (os.environ.get("HYV_MODEL_PATH") or None) if REQUESTED == PRESET else None
-from hyv_lib.display import settings_not_used  # noqa: E402
+from hyv_lib.notebook.display import settings_not_used  # noqa: E402
 
 about_tiny = "this chapter trains and measures hyv-tiny, at its own size and settings"
 settings_not_used({name: about_tiny for name in ("HYV_RUNTIME", "HYV_MESH", "HYV_ATTENTION", "HYV_HEIGHT",
@@ -79,10 +79,10 @@ import torch
 from diffusers import AutoencoderKLHunyuanVideo15
 
 import hyv_lib
-from hyv_lib import data, quality, train
-from hyv_lib.display import frame_grid, html_table
-from hyv_lib.models import load_components, quiet_loading
-from hyv_lib.video import to_uint8_frames
+from hyv_lib.tiny import data, quality, train
+from hyv_lib.notebook.display import frame_grid, html_table
+from hyv_lib.models.components import load_components, quiet_loading
+from hyv_lib.runtimes.vae import to_uint8_frames
 
 torch.set_num_threads(os.cpu_count() or 1)
 preset = hyv_lib.get_preset(PRESET)
@@ -104,7 +104,7 @@ print(f"{sum(params.values()):,} parameters x 2 bytes (fp16 on disk) = {2 * sum(
 # %% [markdown]
 # ## The dataset
 #
-# `hyv_lib.data` renders each clip from a seed: one shape (circle, square, triangle) of one color (red, green,
+# `hyv_lib.tiny.data` renders each clip from a seed: one shape (circle, square, triangle) of one color (red, green,
 # blue, yellow, white) moving left, right, up or down on a black, gray or purple background; 9 frames of 64x112,
 # the 16:9 bucket of the model's target size. The shape moves 1.6-2.6 pixels per frame (`data.SPEED`, a fraction
 # of the height; printed below): our first dataset moved it 6-10 pixels per frame, and a VAE that folds 4 frames
@@ -326,8 +326,8 @@ print("PSNR per frame (dB):", " ".join(f"{v:.1f}" for v in per_frame),
 # %%
 import dataclasses
 
-from hyv_lib.models import build_tiny_components
-from hyv_lib.text import encode_prompts
+from hyv_lib.models.components import build_tiny_components
+from hyv_lib.pipeline.text import encode_prompts
 
 pair = [data.Combo(color, "circle", "left", "black").caption for color in ("red", "green")]
 proj_in = build_tiny_components(preset, seed=0, names=["transformer"])["transformer"].context_embedder.proj_in
@@ -540,16 +540,16 @@ frame_grid(after_videos[0], columns=5, title=f"after LoRA: {probe[0].caption}", 
 # $$
 #
 # The image-to-video fine-tune adds 2,500 steps of the same size, so all 8,500 DiT steps come to about 78 TFLOP,
-# 0.62% of that step. The cell computes these numbers (for the first stage) with `hyv_lib.perf.step_flops`, which
+# 0.62% of that step. The cell computes these numbers (for the first stage) with `hyv_lib.planning.costs.step_flops`, which
 # counts every matmul of the diffusers class from the preset's shapes:
 
 # %%
-from hyv_lib import perf
+from hyv_lib.planning.costs import parameter_shapes, step_flops
 
 DIT_BATCH = 16  # tools/train_hyv_tiny.py --dit_batch (its default, used for the shipped weights)
 real = hyv_lib.get_preset("720p_t2v")
-tiny_f = perf.step_flops(preset, data.HEIGHT, data.WIDTH, data.FRAMES, batch=1)
-real_f = perf.step_flops(real, 720, 1280, 121, batch=1)
+tiny_f = step_flops(preset, data.HEIGHT, data.WIDTH, data.FRAMES, batch=1)
+real_f = step_flops(real, 720, 1280, 121, batch=1)
 t_tok, r_tok = tiny_f["tokens"], real_f["tokens"]
 print(f"tokens per clip: hyv-tiny {t_tok['video']} video + {t_tok['context']} context = {t_tok['joint']}; "
       f"720p/121f {r_tok['video']:,} + {r_tok['context']:,} = {r_tok['joint']:,} ({r_tok['joint'] / t_tok['joint']:.0f}x)")
@@ -562,7 +562,7 @@ print(f"one forward of one clip: hyv-tiny {tiny_f['total'] / 1e6:.0f} MFLOP, of 
       f"{tiny_f['parts']['embedders'] / tiny_f['total']:.0%} (ByT5's projection is 2048 wide in every size); "
       f"720p {real_f['total'] / 1e15:.2f} PFLOP")
 train_flops = 3 * DIT_BATCH * len(dit_log) * tiny_f["total"]
-cfg_step = perf.step_flops(real, 720, 1280, 121)["total"]  # batch 2: one denoising step with CFG
+cfg_step = step_flops(real, 720, 1280, 121)["total"]  # batch 2: one denoising step with CFG
 print(f"whole DiT run: 3 x {DIT_BATCH} x {len(dit_log)} x {tiny_f['total'] / 1e6:.0f} MFLOP = {train_flops / 1e12:.0f} "
       f"TFLOP = {train_flops / cfg_step:.2%} of one 720p denoising step ({cfg_step / 1e15:.2f} PFLOP)")
 
@@ -657,6 +657,6 @@ print(f"whole DiT run: 3 x {DIT_BATCH} x {len(dit_log)} x {tiny_f['total'] / 1e6
 #    `to_k`, `to_v`, `to_out.0`), 28 in all, each $64 \times 64$: $28 \times 16 \times 128 = 57{,}344$. The real
 #    DiT has 54 blocks and 2 refiner layers: $54 \times 8 + 2 \times 4 = 440$ matrices of $2048 \times 2048$, so
 #    $440 \times 16 \times 4096 = 28{,}835{,}840$ parameters, 57.7 MB in bf16 and 0.35% of the 8.33 B. Check with
-#    `perf.parameter_shapes(hyv_lib.get_preset("720p_t2v"))`, counting the shapes whose names end in one of the
+#    `parameter_shapes(hyv_lib.get_preset("720p_t2v"))`, counting the shapes whose names end in one of the
 #    target modules plus `.weight`.
 # :::

@@ -18,7 +18,7 @@
 #
 # How fast *should* one denoising step of HunyuanVideo-1.5 be, how fast is it in published runs, and what would it
 # take to close the gap? This chapter answers with arithmetic, not with a benchmark: every number below is either
-# computed here by the planner in `hyv_lib.perf` from the model's configuration and the chips' published peaks,
+# computed here by the planner in `hyv_lib.planning.planner` from the model's configuration and the chips' published peaks,
 # read from the TPU compiler's saved reports, or cited with its source and hardware.
 #
 # 1. **Count** one CFG step (a forward over the batch of 2 prompts) at 480p and 720p: FLOPs split into attention
@@ -31,7 +31,7 @@
 #
 # :::{figure} ../book/figures/08_compile_without_tpu.svg
 # :name: fig-08-compile-without-tpu
-# How `python -m hyv_lib compile` (`hyv_lib.tpu_compile`) checks a TPU layout on a CPU. libtpu describes the devices
+# How `python -m hyv_lib compile` (`hyv_lib.planning.tpu_compile`) checks a TPU layout on a CPU. libtpu describes the devices
 # of a named slice; the diffusers DiT on torch's meta device gives every weight's name and shape, which become
 # abstract bf16 arrays placed on a mesh of those devices by a sharding rule set; the jitted step that
 # `TpuTransformer` runs on a TPU VM is lowered and compiled by XLA's TPU compiler, with the Splash kernel compiled
@@ -46,7 +46,7 @@ import os
 
 FRAMES = int(os.environ.get("HYV_FRAMES", "121"))       # video length of the roofline section (4n+1)
 TARGET_MFU = float(os.environ.get("HYV_TARGET_MFU", "0.5"))  # the goal of the last section
-from hyv_lib.display import NOTEBOOK_SETTINGS, settings_not_used  # noqa: E402
+from hyv_lib.notebook.display import NOTEBOOK_SETTINGS, settings_not_used  # noqa: E402
 
 # No model runs here: the counts use the real presets' configurations (hyv_lib.get_preset("720p_t2v"), no weights),
 # the memory and collectives come from saved TPU compiler reports, and the step times are published ones. So
@@ -67,15 +67,19 @@ warnings.filterwarnings("ignore", message="IProgress not found")
 from IPython.display import display
 
 import hyv_lib
-from hyv_lib import perf
-from hyv_lib.cache import DeepCacheSchedule
-from hyv_lib.display import html_table
+from hyv_lib.planning.hardware import CHIPS, CITED_STEP_TIMES, mfu
+from hyv_lib.planning.planner import COMPILED_RESULTS, bounds, default_layout, device_plan
+from hyv_lib.planning.costs import (
+    activation_bytes, collective_bytes, param_bytes, parameter_shapes, step_flops, token_counts,
+)
+from hyv_lib.runtimes.deepcache import DeepCacheSchedule
+from hyv_lib.notebook.display import html_table
 
 PRESETS = {name: hyv_lib.get_preset(name) for name in ("480p_t2v", "720p_t2v")}
 P720 = PRESETS["720p_t2v"]
 # The published HunyuanVideo-1.5 runs are all 720p (1280x720), 121 frames, 50 steps, CFG as a batch of 2.
-F720 = perf.step_flops(P720, 720, 1280, 121)
-V6E = perf.CHIPS["v6e"]
+F720 = step_flops(P720, 720, 1280, 121)
+V6E = CHIPS["v6e"]
 print(f"{V6E.name}: {V6E.peak_bf16_flops / 1e12:.0f} TFLOP/s bf16, {V6E.hbm_bytes / 2**30:.0f} GiB HBM at "
       f"{V6E.hbm_bandwidth / 1e9:,.0f} GB/s, {V6E.interconnect_bandwidth / 1e9:.0f} GB/s ICI (bidirectional)")
 print("source:", V6E.source)
@@ -84,7 +88,7 @@ print("source:", V6E.source)
 # %% [markdown]
 # ## One CFG step, counted
 #
-# `perf.step_flops` counts the matmuls of one transformer forward, 2 FLOPs per multiply-add, from the shapes in the
+# `step_flops` counts the matmuls of one transformer forward, 2 FLOPs per multiply-add, from the shapes in the
 # preset's diffusers config. Elementwise work (norms, softmax, RoPE, activations) is left out: a softmax costs a few
 # operations per logit against $4D = 512$ matmul FLOPs. With $L = 54$ blocks, batch $B = 2$ (CFG), $H = 16$ heads of
 # $D = 128$, hidden $h = HD = 2048$, MLP width $f = 4h$ and a joint sequence of $S$ tokens (video tokens plus all
@@ -121,7 +125,7 @@ print("source:", V6E.source)
 # $$
 #
 # a third of what $2 \times 8.33\text{B} \times S \times B$ would give. One CFG step is therefore about 12.65 PFLOP.
-# `hyv_lib.perf` takes a v6e chip's peak as 918 TFLOP/s in bf16 (`perf.CHIPS["v6e"].source`: the Google Cloud TPU
+# `hyv_lib.planning.planner` takes a v6e chip's peak as 918 TFLOP/s in bf16 (`CHIPS["v6e"].source`: the Google Cloud TPU
 # documentation, printed above), so eight chips running at 100% of peak would need
 #
 # $$
@@ -130,17 +134,17 @@ print("source:", V6E.source)
 # $$
 #
 # The next cell computes the same quantities from the preset and the diffusers class (parameter names and shapes
-# from a meta-device instance), next to the planner's full count, `perf.step_flops`, which also counts the token
+# from a meta-device instance), next to the planner's full count, `step_flops`, which also counts the token
 # refiner, the embedders, the modulation and the output head:
 
 # %%
 L = P720.transformer["num_layers"]
 h = P720.transformer["num_attention_heads"] * P720.transformer["attention_head_dim"]
 B = 2
-tokens = perf.token_counts(P720, 720, 1280, 121)
+tokens = token_counts(P720, 720, 1280, 121)
 S = tokens["joint"]
 _, _, t_lat, h_lat, w_lat = P720.latent_shape(720, 1280, 121)
-shapes = dict(perf.parameter_shapes(P720))  # the diffusers DiT's parameter names and shapes, no weights
+shapes = dict(parameter_shapes(P720))  # the diffusers DiT's parameter names and shapes, no weights
 video_stream = tuple(f".{m}.weight" for m in ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
                                               "ff.net.0.proj", "ff.net.2"))
 P_tok = sum(math.prod(shape) for name, shape in shapes.items()
@@ -152,7 +156,7 @@ print(f"parameters {sum(math.prod(s) for s in shapes.values()) / 1e9:.2f} B; one
 by_hand = {"attention": 4 * L * B * S**2 * h, "linear": 2 * P_tok * S * B}
 by_hand["total"] = by_hand["attention"] + by_hand["linear"]
 html_table([{"720p, 121 frames, one CFG step": k, "by hand, PFLOP": f"{v / 1e15:.3f}",
-             "perf.step_flops, PFLOP": f"{F720[k] / 1e15:.3f}", "difference": f"{v / F720[k] - 1:+.2%}"}
+             "step_flops, PFLOP": f"{F720[k] / 1e15:.3f}", "difference": f"{v / F720[k] - 1:+.2%}"}
             for k, v in by_hand.items()])
 
 # %%
@@ -160,7 +164,7 @@ t_min = F720["total"] / (8 * V6E.peak_bf16_flops)
 print(f"at {V6E.peak_bf16_flops / 1e12:.0f} TFLOP/s per chip: one step on 8 x v6e takes at least "
       f"{F720['total'] / 1e15:.2f} PFLOP / (8 x {V6E.peak_bf16_flops / 1e12:.0f} TFLOP/s) = {t_min:.2f} s, "
       f"{50 * t_min:.0f} s for 50 steps")
-for c in perf.CITED_STEP_TIMES:
+for c in CITED_STEP_TIMES:
     if c["chip"] == "v6e":
         print(f"  published {c['seconds']} s/step ({c['label']}) is {c['seconds'] / t_min:.1f}x that")
 
@@ -178,7 +182,7 @@ for c in perf.CITED_STEP_TIMES:
 # %%
 def flops_row(name, frames):
     p = PRESETS[name]
-    f = perf.step_flops(p, p.default_height, p.default_width, frames)
+    f = step_flops(p, p.default_height, p.default_width, frames)
     t = f["tokens"]
     return {"preset": name, "W x H x frames": f"{p.default_width}x{p.default_height}x{frames}",
             "video tokens": f"{t['video']:,}", "joint tokens S": f"{t['joint']:,}",
@@ -207,7 +211,7 @@ html_table([{"part of one 720p CFG step": k, "TFLOP": f"{v / 1e12:,.3f}", "share
 labels, attn, lin = [], [], []
 for name, p in PRESETS.items():
     for frames in sorted({33, 61, FRAMES}):
-        f = perf.step_flops(p, p.default_height, p.default_width, frames)
+        f = step_flops(p, p.default_height, p.default_width, frames)
         labels.append(f"{name.split('_')[0]}\n{frames} frames")
         attn.append(f["attention"] / 1e15)
         lin.append(f["linear"] / 1e15)
@@ -227,7 +231,7 @@ plt.show()
 # %% [markdown]
 # ## The roofline
 #
-# `perf.bounds` turns the counts into three lower bounds on the time of one CFG step on $n$ chips:
+# `bounds` turns the counts into three lower bounds on the time of one CFG step on $n$ chips:
 #
 # - **compute**: $F / (n \cdot \text{peak})$, at the chip's dense bf16 peak;
 # - **HBM**: the bytes each chip must move through HBM at least once (its share of the weights under the rule set,
@@ -236,18 +240,18 @@ plt.show()
 #   ICI or NVLink bandwidth (no sourced figure for TPU7x or v4, so that bound stays empty).
 #
 # TPUs use the runtime's default layout: `tp_replicated_out` on a mesh with the CFG pair on `data` and the rest on
-# `tensor` (`data=2,tensor=4` on eight v6e chips; `perf.default_layout`), with per-device FLOPs, memory and
-# collectives from `perf.device_plan`, the planner's model of the compiled step (checked against the TPU compiler in
+# `tensor` (`data=2,tensor=4` on eight v6e chips; `default_layout`), with per-device FLOPs, memory and
+# collectives from `device_plan`, the planner's model of the compiled step (checked against the TPU compiler in
 # {doc}`03_sharding`). JAX shows a TPU7x chip as two devices, so eight v7x chips are sixteen devices here. GPUs use
 # what `--runtime ulysses` does: whole weights on every GPU, Ulysses all-to-alls. The last column is the arithmetic
 # intensity per device, FLOPs over HBM bytes.
 
 # %%
-LAYOUT = {chip: ("replicated" if chip.startswith("H") else "tp_replicated_out") for chip in perf.CHIPS}
+LAYOUT = {chip: ("replicated" if chip.startswith("H") else "tp_replicated_out") for chip in CHIPS}
 rows, points = [], []
 for chip, rules in LAYOUT.items():
     for name, p in PRESETS.items():
-        b = perf.bounds(p, p.default_height, p.default_width, FRAMES, chip, 8, rules)
+        b = bounds(p, p.default_height, p.default_width, FRAMES, chip, 8, rules)
         intensity = b["flops_per_device"] / b["hbm_traffic_bytes"]
         # Pessimistic traffic: also write and read the activations (all but the weights) once per block.
         pessimistic = b["flops_per_device"] / (b["hbm_traffic_bytes"] + 2 * 54 * b["activation_bytes"])
@@ -266,7 +270,7 @@ html_table(rows)
 fig, ax = plt.subplots(figsize=(7.5, 4))
 xs = np.logspace(1, 5, 300)
 for i, chip in enumerate(("v5e", "v6e", "v7x", "H100")):
-    spec = perf.CHIPS[chip]
+    spec = CHIPS[chip]
     ridge = spec.peak_bf16_flops / spec.hbm_bandwidth
     ax.loglog(xs, np.minimum(spec.peak_bf16_flops, xs * spec.hbm_bandwidth) / 1e12, color=f"C{i}",
               label=f"{spec.name} (ridge {ridge:,.0f} FLOP/B)")
@@ -312,7 +316,7 @@ print(f"largest HBM or interconnect bound in the table: {worst[0]:.0%} of the co
 # %%
 import json
 
-with open(perf.COMPILED_RESULTS) as f:  # saved by benchmarks/tpu_compile.py, shipped in hyv_lib/compiled/
+with open(COMPILED_RESULTS) as f:  # saved by benchmarks/tpu_compile.py, shipped in hyv_lib/compiled/
     COMPILED = json.load(f)
 GIB = 2**30
 grid = [key.split("/") + [record] for key, record in COMPILED.items() if key.count("/") == 3]
@@ -392,7 +396,7 @@ else:
 #
 # $$\text{MFU} = \frac{F}{t_\text{step} \cdot n \cdot \text{peak}} .$$
 #
-# $F$ is the *model's* count, here `perf.step_flops` at 720p and 121 frames, whatever the kernel actually
+# $F$ is the *model's* count, here `step_flops` at 720p and 121 frames, whatever the kernel actually
 # executes. The only published HunyuanVideo-1.5 step times on these systems come from one project,
 # gpu-tpu-pedia (a single author; not reproduced here; see {doc}`../book/references`). Its documents label the
 # same TPU runs *v4-8* in some places and *v6e-8* in others. They cannot have been v4. A v4-8 is 4 chips of
@@ -406,17 +410,17 @@ else:
 # block-count ratio, by the same time.
 
 # %%
-V4 = perf.CHIPS["v4"]
+V4 = CHIPS["v4"]
 print(f"{F720['total'] / 1e15:.2f} PFLOP in 7.29 s = {F720['total'] / 7.29 / 1e15:.2f} PFLOP/s; a v4-8 peaks at 4 x "
       f"{V4.peak_bf16_flops / 1e12:.0f} TFLOP/s = {4 * V4.peak_bf16_flops / 1e15:.2f} PFLOP/s: "
-      f"{perf.mfu(F720['total'], 7.29, 'v4', 4):.0%} MFU, impossible; on 8 x v6e {perf.mfu(F720['total'], 7.29, 'v6e', 8):.0%}")
+      f"{mfu(F720['total'], 7.29, 'v4', 4):.0%} MFU, impossible; on 8 x v6e {mfu(F720['total'], 7.29, 'v6e', 8):.0%}")
 schedule = DeepCacheSchedule(50)  # HunyuanVideo-1.5's 11 / 45 / 4 schedule
 skip_ratio = schedule.block_speedup(54)  # FLOPs without the cache / FLOPs with it (1 block recomputed)
 print(f"DeepCache 11/45/4: {len(schedule.full_steps)} of 50 steps full; FLOPs executed fall {skip_ratio:.2f}x")
 
 GPP = "gpu-tpu-pedia tpu/HunyuanVideo-1.5/"
 runs = [dict(system=f"{c['n_chips']} x {c['chip']}", config=c["label"].split(" (")[0], s=c["seconds"], chip=c["chip"],
-             cache=1.0, source=c["source"]) for c in perf.CITED_STEP_TIMES]
+             cache=1.0, source=c["source"]) for c in CITED_STEP_TIMES]
 runs += [
     dict(system="8 x H100", config="FlashAttention-2 + Ulysses, 260 s / 50", s=5.2, chip="H100", cache=1.0,
          source=GPP + "README.md, generate_hunyuan_gpu_staged/README.md [U]"),
@@ -427,15 +431,15 @@ runs += [
 ]
 rows = []
 for r in runs:
-    effective = perf.mfu(F720["total"], r["s"], r["chip"], 8)
+    effective = mfu(F720["total"], r["s"], r["chip"], 8)
     rows.append({"system": r["system"], "configuration": r["config"], "s/step": round(r["s"], 2),
                  "MFU (effective if cached)": f"{effective:.1%}", "real MFU": f"{effective / r['cache']:.1%}",
                  "source": r["source"]})
 display(html_table(rows))
 for system, t_uncached, t_cached in (("8 x v6e", 350 / 50, 203 / 50), ("8 x H100", 5.2, 2.84)):
     chip = system.split()[-1]
-    print(f"{system}, same source: uncached {t_uncached:.2f} s/step = {perf.mfu(F720['total'], t_uncached, chip, 8):.1%} "
-          f"MFU; with DeepCache {perf.mfu(F720['total'], t_cached, chip, 8) / skip_ratio:.1%} real MFU")
+    print(f"{system}, same source: uncached {t_uncached:.2f} s/step = {mfu(F720['total'], t_uncached, chip, 8):.1%} "
+          f"MFU; with DeepCache {mfu(F720['total'], t_cached, chip, 8) / skip_ratio:.1%} real MFU")
 
 # %% [markdown]
 # For comparison, the best public TPU number for a video DiT of this class is for another model, Wan2.2-A14B
@@ -450,17 +454,17 @@ for system, t_uncached, t_cached in (("8 x v6e", 350 / 50, 203 / 50), ("8 x H100
 WAN_CFG_STEP = 2 * 19_573e12 / 3  # two forwards of maxdiffusion's training-pass count (3 forwards)
 rows = [
     {"model": "Wan2.2-A14B, 720p 81f", "system": "v7x-8 (4 chips)", "s/step": round(105.3 / 40, 3),
-     "PFLOP/step": round(WAN_CFG_STEP / 1e15, 2), "MFU": f"{perf.mfu(WAN_CFG_STEP, 105.3 / 40, 'v7x', 4):.1%}",
+     "PFLOP/step": round(WAN_CFG_STEP / 1e15, 2), "MFU": f"{mfu(WAN_CFG_STEP, 105.3 / 40, 'v7x', 4):.1%}",
      "source": "maxdiffusion 8dd63054 (fixed-m 2D ring)"},
     {"model": "Wan2.1-14B, 720p 81f", "system": "v6e-8", "s/step": 4.60,
-     "PFLOP/step": round(WAN_CFG_STEP / 1e15, 2), "MFU": f"{perf.mfu(WAN_CFG_STEP, 4.60, 'v6e', 8):.1%}",
+     "PFLOP/step": round(WAN_CFG_STEP / 1e15, 2), "MFU": f"{mfu(WAN_CFG_STEP, 4.60, 'v6e', 8):.1%}",
      "source": "gpu-tpu-pedia tpu/Wan2.1/README.md [U]"},
 ]
 html_table(rows)
 
 # %%
 T_TARGET = F720["total"] / (TARGET_MFU * 8 * V6E.peak_bf16_flops)
-bound = {chip: perf.bounds(P720, 720, 1280, 121, chip, 8, LAYOUT[chip])["compute_s"] for chip in ("v6e", "H100")}
+bound = {chip: bounds(P720, 720, 1280, 121, chip, 8, LAYOUT[chip])["compute_s"] for chip in ("v6e", "H100")}
 bars = [r for r in runs if r["cache"] == 1.0]
 fig, ax = plt.subplots(figsize=(8.5, 3.6))
 y = np.arange(len(bars))
@@ -492,7 +496,7 @@ plt.show()
 # %%
 print(f"{TARGET_MFU:.0%} MFU on 8 x v6e: {F720['total'] / 1e15:.2f} PFLOP / ({TARGET_MFU} x 8 x "
       f"{V6E.peak_bf16_flops / 1e12:.0f} TFLOP/s) = {T_TARGET:.2f} s per CFG step, {50 * T_TARGET:.0f} s for 50 steps")
-for c in perf.CITED_STEP_TIMES:
+for c in CITED_STEP_TIMES:
     if c["chip"] == "v6e":
         print(f"  from {c['seconds']} s/step ({c['label']}): {c['seconds'] / T_TARGET:.2f}x faster")
 
@@ -525,12 +529,12 @@ def attention_efficiency(seconds, exposed=0.0, e_lin=E_LIN, flops=F720):
 
 
 # plain TP on tensor=8, the mesh of the cited runs
-tp_allreduce = perf.bounds(P720, 720, 1280, 121, "v6e", 8, "tp", mesh_shape={"tensor": 8})["interconnect_s"]
-ulysses_a2a = perf.bounds(P720, 720, 1280, 121, "v6e", 8, "replicated")["interconnect_s"]
+tp_allreduce = bounds(P720, 720, 1280, 121, "v6e", 8, "tp", mesh_shape={"tensor": 8})["interconnect_s"]
+ulysses_a2a = bounds(P720, 720, 1280, 121, "v6e", 8, "replicated")["interconnect_s"]
 print(f"e_lin = {E_LIN:.1%}: the linear layers take at least {t_lin:.3f} s of a step")
 rows = [{"case": f"measured {c['seconds']} s ({c['label']})", "exposed s": 0,
          "attention efficiency": f"{attention_efficiency(c['seconds']):.1%}"}
-        for c in perf.CITED_STEP_TIMES if c["chip"] == "v6e"]
+        for c in CITED_STEP_TIMES if c["chip"] == "v6e"]
 for label, exposed in (("nothing exposed", 0.0), ("Ulysses all-to-all bound exposed", ulysses_a2a),
                        ("plain-TP all-reduce bound exposed", tp_allreduce)):
     rows.append({"case": f"target {T_TARGET:.2f} s, {label}", "exposed s": round(exposed, 3),
@@ -562,7 +566,7 @@ ax.plot(e * 100, [step_time(v) for v in e], color="C0", label="nothing exposed")
 ax.plot(e * 100, [step_time(v, tp_allreduce) for v in e], color="C3",
         label=f"+ plain-TP all-reduce bound ({tp_allreduce:.2f} s)")
 ax.axhline(T_TARGET, color="k", ls="--", lw=1, label=f"{TARGET_MFU:.0%} MFU ({T_TARGET:.2f} s)")
-for c in perf.CITED_STEP_TIMES:
+for c in CITED_STEP_TIMES:
     if c["chip"] == "v6e":
         ax.plot(attention_efficiency(c["seconds"]) * 100, c["seconds"], "o", color="C0")
         ax.annotate(f"{c['seconds']} s", (attention_efficiency(c["seconds"]) * 100, c["seconds"]),
@@ -578,7 +582,7 @@ plt.show()
 # ### Communication and layout
 #
 # The curve's second line is what exposed collectives cost. The planner's per-device traffic for the layouts an
-# 8-chip v6e slice can use (720p, 121 frames, bf16; TPU rows from `perf.device_plan`, with the memory total and
+# 8-chip v6e slice can use (720p, 121 frames, bf16; TPU rows from `device_plan`, with the memory total and
 # the collectives' result bytes from the saved compiler report wherever the layout was compiled), with the memory
 # each needs:
 
@@ -596,12 +600,12 @@ rows, sent_by = [], {}
 for rules, mesh, flags in layouts:
     name = f"{rules} {','.join(f'{k}={v}' for k, v in mesh.items())}"
     if rules == "ulysses":
-        sent = perf.collective_bytes(P720, 720, 1280, 121, strategy="ulysses", mesh_shape=mesh)["bytes_per_device"]
-        weights = perf.param_bytes(P720, "bf16", "replicated")["bytes_per_device"]
-        total = weights + perf.activation_bytes(P720, 720, 1280, 121, mesh_shape=mesh)["bytes_per_device"]
+        sent = collective_bytes(P720, 720, 1280, 121, strategy="ulysses", mesh_shape=mesh)["bytes_per_device"]
+        weights = param_bytes(P720, "bf16", "replicated")["bytes_per_device"]
+        total = weights + activation_bytes(P720, 720, 1280, 121, mesh_shape=mesh)["bytes_per_device"]
         source, results, compiled = "planner", None, None
     else:
-        plan = perf.device_plan(P720, 720, 1280, 121, mesh, rules, topology="v6e:2x4")
+        plan = device_plan(P720, 720, 1280, 121, mesh, rules, topology="v6e:2x4")
         sent, weights, total = plan["sent_bytes"], plan["per_device_bytes"]["weights"], plan["memory_total"]
         source, results = plan["memory_source"], plan["collective_total"]
         compiled = sum(c["bytes"] for c in plan["compiled"]["collectives"]) if plan["compiled"] else None
@@ -621,7 +625,7 @@ print(f"bytes sent vs tp on tensor=8: data=2,tensor=4 {1 - sent_by['tp data=2,te
       "less; " + ", ".join(f"{n.split()[0]} {tp8 / sent_by[n]:.1f}x less" for n in ("tp_replicated_out data=2,tensor=4",
                                                                               "fsdp data=2,sequence=4",
                                                                               "ulysses sequence=8")))
-saved = perf.device_plan(P720, 720, 1280, 121, {"tensor": 8}, "tp")["sent_bytes"] - perf.device_plan(
+saved = device_plan(P720, 720, 1280, 121, {"tensor": 8}, "tp")["sent_bytes"] - device_plan(
     P720, 720, 1280, 121, {"tensor": 8}, "tp_replicated_out")["sent_bytes"]
 print(f"on tensor=8, tp_replicated_out sends {saved / 1e9:.0f} GB less per chip and step than tp: at most "
       f"{saved / ICI_SEND:.2f} s at the ICI's peak, against the 0.83 s (8.12 -> 7.29 s) gpu-tpu-pedia measured")
@@ -658,7 +662,7 @@ rows = []
 for label, kwargs in (("all 1985 context tokens (Splash with segment ids)", {}),
                       ("120 valid context tokens (short prompt, no quoted text, t2v)", {"valid_context": 120}),
                       ("keys padded to a multiple of 2048 (a Splash KV block)", {"kv_block": 2048})):
-    f = perf.step_flops(P720, 720, 1280, 121, **kwargs)
+    f = step_flops(P720, 720, 1280, 121, **kwargs)
     rows.append({"attention counted over": label, "attended tokens": f"{f['tokens']['attended']:,}",
                  "attention PFLOP": round(f["attention"] / 1e15, 3),
                  "vs all context": f"{f['attention'] / F720['attention'] - 1:+.1%}"})
@@ -718,7 +722,7 @@ paths = [
 rows = []
 for label, e_attn, seconds, flop_ratio in paths:
     seconds = seconds if seconds is not None else step_time(e_attn)
-    mfu = perf.mfu(F720["total"], seconds, "v6e", 8)
+    mfu = mfu(F720["total"], seconds, "v6e", 8)
     rows.append({"path (8 x v6e, 720p, 121 f)": label, "attention efficiency": f"{e_attn:.1%}",
                  "s/step": round(seconds, 2), "effective MFU": f"{mfu:.1%}", "real MFU": f"{mfu / flop_ratio:.1%}",
                  "50 steps, s": round(50 * seconds)})
@@ -770,7 +774,7 @@ html_table(rows)
 # $6h = 12{,}288$ tokens. The context adds 1985, so the video needs $12{,}288 - 1985 = 10{,}303$ tokens; one 720p
 # latent frame is $45 \times 80 = 3600$ tokens, so about 2.9 latent frames. Video length $F$ gives $(F-1)/4+1$
 # latent frames: 5 frames (2 latent) stay below the crossover, 9 frames (3 latent) are just above it. Every useful
-# 720p clip is attention-dominated. Check with `perf.step_flops(P720, 720, 1280, 5)["attention_share"]` and
+# 720p clip is attention-dominated. Check with `step_flops(P720, 720, 1280, 5)["attention_share"]` and
 # `(..., 9)`.
 # :::
 #
@@ -779,7 +783,7 @@ html_table(rows)
 # %% [markdown]
 # :::{admonition} Answer
 # :class: dropdown
-# Effective MFU is `perf.mfu(F720["total"], 2.84, "H100", 8)`, about 56%; divided by the schedule's FLOP ratio
+# Effective MFU is `mfu(F720["total"], 2.84, "H100", 8)`, about 56%; divided by the schedule's FLOP ratio
 # (`DeepCacheSchedule(50).block_speedup(54)`, 1.96), the real MFU is about 29%, below the uncached run's 31%. The
 # speed-up (1.83x) is smaller than the FLOP ratio (1.96x), because each cached step costs about 0.09 of a full step
 # instead of 1/54: the cached blocks' outputs travel through host memory, and the step has fixed costs that do not
@@ -792,8 +796,8 @@ html_table(rows)
 # %% [markdown]
 # :::{admonition} Answer
 # :class: dropdown
-# `F720["total"] / (0.54 * 4 * perf.CHIPS["v7x"].peak_bf16_flops)` is about 2.5 s per step, about 127 s for 50
-# steps. With 192 GiB per chip, even fully replicated weights (16.7 GB) fit: `perf.bounds(P720, 720, 1280, 121,
+# `F720["total"] / (0.54 * 4 * CHIPS["v7x"].peak_bf16_flops)` is about 2.5 s per step, about 127 s for 50
+# steps. With 192 GiB per chip, even fully replicated weights (16.7 GB) fit: `bounds(P720, 720, 1280, 121,
 # "v7x", 4, "replicated")["fits"]`. The interconnect bound is empty, because the planner has no sourced TPU7x ICI
 # bandwidth. Note that the 4 chips show up as 8 JAX devices, so a mesh would have 8 devices.
 # :::
@@ -804,7 +808,7 @@ html_table(rows)
 # %% [markdown]
 # :::{admonition} Answer
 # :class: dropdown
-# `perf.step_flops(P720, 720, 1280, 121, valid_context=120)` counts 3.3% less attention, which is 2.9% of the
+# `step_flops(P720, 720, 1280, 121, valid_context=120)` counts 3.3% less attention, which is 2.9% of the
 # step since attention is 90% of it. That is worth a kernel feature (with valid-first ordering the padding is one
 # contiguous tail that a block-sparse kernel can skip), but a 1.69x speed-up must remove $1 - 1/1.69 = 41\%$ of
 # the step's time, about fourteen times more.
@@ -821,7 +825,7 @@ html_table(rows)
 # linears ($h \times 4h$ each): $2h^2 + 8h^2 = 10h^2 \approx 41.9$ M parameters, or $54 \times 41.9\,\text{M}
 # \approx 2.26$ billion, 4.53 GB in bf16. Under `tp` a device holds a quarter of them (tensor = 4), under
 # `tp_replicated_out` all of them: $\tfrac34 \times 4.53 \approx 3.40$ GB more per device.
-# `perf.param_bytes(P720, "bf16", "tp_replicated_out", {"data": 2, "tensor": 4})["bytes_per_device"]` minus the
+# `param_bytes(P720, "bf16", "tp_replicated_out", {"data": 2, "tensor": 4})["bytes_per_device"]` minus the
 # same for `"tp"` gives 3.40 GB. The compiler's arguments (weights plus inputs) differ by 3.37 GB
 # (`COMPILED["v6e-8/tp_replicated_out/720p/uncached"]["per_device_bytes"]["arguments"]` minus the `tp` one): the
 # 0.03 GB less is the last block's `to_add_out` and `ff_context.net.2`, whose output nothing reads, so `jax.jit`
@@ -836,7 +840,7 @@ html_table(rows)
 # :class: dropdown
 # $(241-1)/4+1 = 61$ latent frames, $61 \times 3600 = 219{,}600$ video tokens, $S = 221{,}585$. Attention grows by
 # $(221{,}585 / 113{,}585)^2 \approx 3.81$ (to 43.4 PFLOP), the linear layers only by $221{,}585/113{,}585 \approx
-# 1.95$; `perf.step_flops(P720, 720, 1280, 241)` gives 45.85 PFLOP in total, 94.7% of it attention. At 29.6% of
+# 1.95$; `step_flops(P720, 720, 1280, 241)` gives 45.85 PFLOP in total, 94.7% of it attention. At 29.6% of
 # 8 x 918 TFLOP/s (2.18 PFLOP/s) that is about 21.1 s per step, 3.6 times the 5.81 s of 121 frames for twice the
 # frames: attention's quadratic cost makes long videos disproportionately expensive.
 # :::

@@ -12,10 +12,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """A full tiny generation (stage 1-3) into a session folder; returns the folder."""
-    from hyv_lib import pipeline
+    from hyv_lib.pipeline.stages import generate
 
     out = tmp_path_factory.mktemp("tiny_run")
-    pipeline.generate(preset="tiny", prompt='a red ball and the word "HI"', output_dir=str(out), quiet=True,
+    generate(preset="tiny", prompt='a red ball and the word "HI"', output_dir=str(out), quiet=True,
                       save_frames=True)
     return out
 
@@ -23,7 +23,7 @@ def tiny_run(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_folder(tmp_path_factory):
     """The tiny pipeline saved as a diffusers-format folder (model_index.json + subfolders)."""
-    from hyv_lib.models import save_tiny_pipeline
+    from hyv_lib.models.components import save_tiny_pipeline
 
     path = tmp_path_factory.mktemp("tiny_model") / "hyv-tiny"
     save_tiny_pipeline(str(path))
@@ -32,9 +32,9 @@ def tiny_folder(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def compile_once():
-    """``hyv_lib.tpu_compile.compile_step`` remembered for the session: one libtpu compile takes 10-15 s here, and
+    """``hyv_lib.planning.tpu_compile.compile_step`` remembered for the session: one libtpu compile takes 10-15 s here, and
     the planner test and the TPU compile tests check some of the same programs. Each caller gets its own copy."""
-    from hyv_lib.tpu_compile import compile_step
+    from hyv_lib.planning.tpu_compile import compile_step
 
     reports = {}
 

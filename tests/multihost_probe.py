@@ -20,10 +20,10 @@ def main(process_id: int, port: int) -> None:
     from diffusers import HunyuanVideo15Transformer3DModel
     from torchax.interop import jax_view
 
-    from hyv_lib.models import example_forward_kwargs
-    from hyv_lib.presets import get_preset
-    from hyv_lib.sharding import make_mesh
-    from hyv_lib.tpu import TpuTransformer
+    from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.components import example_forward_kwargs
+    from hyv_lib.parallel.mesh import make_mesh
+    from hyv_lib.runtimes.tpu import TpuTransformer
 
     tiny = get_preset("tiny")
     torch.manual_seed(0)  # the same weights and inputs in both processes, as a real multi-host launch loads them

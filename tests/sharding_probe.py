@@ -14,11 +14,11 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_p
 import torch  # noqa: E402
 from diffusers import HunyuanVideo15Transformer3DModel  # noqa: E402
 
-from hyv_lib.models import example_forward_kwargs  # noqa: E402
-from hyv_lib.perf import hlo_collectives  # noqa: E402
-from hyv_lib.presets import get_preset  # noqa: E402
-from hyv_lib.sharding import make_mesh  # noqa: E402
-from hyv_lib.tpu import TpuTransformer  # noqa: E402
+from hyv_lib.base.presets import get_preset  # noqa: E402
+from hyv_lib.models.components import example_forward_kwargs  # noqa: E402
+from hyv_lib.parallel.mesh import make_mesh  # noqa: E402
+from hyv_lib.planning.hlo import hlo_collectives  # noqa: E402
+from hyv_lib.runtimes.tpu import TpuTransformer  # noqa: E402
 
 WEIGHTS = ("transformer_blocks.0.attn.to_q.weight", "transformer_blocks.0.attn.to_out.0.weight",
            "transformer_blocks.1.ff.net.2.weight", "transformer_blocks.1.ff_context.net.0.proj.weight")

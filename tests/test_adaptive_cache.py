@@ -8,13 +8,20 @@ import pytest
 import torch
 from tiny_inputs import TINY, forward_kwargs
 
-from hyv_lib.adaptive_cache import (
-    CalibrationStep, MagCacheCalibration, MagCacheSchedule, bundled_calibration, full_steps, load_calibration,
+from hyv_lib.base.errors import HyvInputError
+from hyv_lib.base.presets import get_preset
+from hyv_lib.pipeline.calibration import CalibrationStep
+from hyv_lib.pipeline.sampling import denoise
+from hyv_lib.pipeline.settings import resolve_settings
+from hyv_lib.runtimes.deepcache import DeepCacheStep, TorchDeepCache
+from hyv_lib.runtimes.magcache import (
+    MagCacheCalibration,
+    MagCacheSchedule,
+    bundled_calibration,
+    full_steps,
+    load_calibration,
 )
-from hyv_lib.cache import DeepCacheStep, TorchDeepCache
-from hyv_lib.errors import HyvInputError
-from hyv_lib.pipeline import denoise, resolve_settings, torch_step
-from hyv_lib.presets import get_preset
+from hyv_lib.runtimes.step import torch_step
 
 
 # ----------------------------------------------------------------------------------------------- the rule alone
@@ -63,7 +70,7 @@ def test_bad_schedules_raise(kwargs):
 # ----------------------------------------------------------------------------------------------- on the model
 @pytest.fixture(scope="module")
 def model():
-    from hyv_lib.models import build_tiny_components
+    from hyv_lib.models.components import build_tiny_components
 
     return build_tiny_components(TINY, names=["transformer"])["transformer"]
 
@@ -150,7 +157,7 @@ def test_a_higher_threshold_skips_the_schedules_steps_and_no_more_than_k_in_a_ro
 
 
 def test_tpu_runtime_calibrates_alike_skips_the_same_steps_and_compiles_two_programs(model, calibrated, skipping):
-    from hyv_lib.tpu import TpuTransformer
+    from hyv_lib.runtimes.tpu import TpuTransformer
 
     curve = calibrated[0]
     schedule, torch_cached, reference = skipping
@@ -201,7 +208,10 @@ def test_the_shipped_tiny_trained_calibration_fits_its_defaults_and_its_first_va
     """The shipped files (one per no_cache_blocks) are records of the bundled weights: their settings are the
     preset's, and the first values of a curve come back from the same calibration loop (stopped after 4 of its 20
     steps)."""
-    from hyv_lib import adaptive_cache, pipeline
+    from hyv_lib.pipeline import sampling
+    from hyv_lib.pipeline.calibration import calibrate
+    from hyv_lib.pipeline.sampling import sample_latents
+    from hyv_lib.runtimes.magcache import DEFAULT_THRESHOLD
 
     preset = get_preset("tiny_trained")
     path = bundled_calibration(preset, no_cache_blocks)
@@ -209,7 +219,7 @@ def test_the_shipped_tiny_trained_calibration_fits_its_defaults_and_its_first_va
     assert (shipped.num_inference_steps, shipped.flow_shift, shipped.guidance_scale, shipped.no_cache_blocks) == \
         (preset.default_steps, preset.flow_shift, preset.guidance_scale, no_cache_blocks)
     settings = resolve_settings(preset, enable_cache=True, cache_method="magcache", no_cache_blocks=no_cache_blocks)
-    assert settings["cache_calibration"] == path and settings["cache_threshold"] == adaptive_cache.DEFAULT_THRESHOLD
+    assert settings["cache_calibration"] == path and settings["cache_threshold"] == DEFAULT_THRESHOLD
     assert resolve_settings(preset, num_inference_steps=6, enable_cache=True, no_cache_blocks=no_cache_blocks,
                             cache_method="magcache")["cache_calibration"] is None  # other steps: calibrated anew
     assert bundled_calibration(preset, 2) is None
@@ -226,7 +236,7 @@ def test_the_shipped_tiny_trained_calibration_fits_its_defaults_and_its_first_va
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(CalibrationStep, "__call__", stop_after_four)
-        real_sample = pipeline.sample_latents
+        real_sample = sample_latents
 
         def sample(step, *args, **kwargs):
             try:
@@ -234,8 +244,8 @@ def test_the_shipped_tiny_trained_calibration_fits_its_defaults_and_its_first_va
             except Stop:
                 return None
 
-        patch.setattr(pipeline, "sample_latents", sample)
-        first = adaptive_cache.calibrate("tiny_trained", prompt=shipped.prompt, seed=shipped.seed,
+        patch.setattr(sampling, "sample_latents", sample)
+        first = calibrate("tiny_trained", prompt=shipped.prompt, seed=shipped.seed,
                                          no_cache_blocks=no_cache_blocks)
     assert first.curve == pytest.approx(list(shipped.curve[:4]), abs=2e-6)
 
@@ -328,7 +338,7 @@ def test_deepcache_stays_the_default_method(tmp_path):
 
 def test_the_in_memory_pipeline_takes_a_magcache_schedule(tmp_path):
     import hyv_lib
-    from hyv_lib.adaptive_cache import magcache_schedule
+    from hyv_lib.pipeline.calibration import magcache_schedule
 
     pipe = hyv_lib.load_pipeline("tiny", progress=False)
     cal = calibration(num_inference_steps=4, curve=(0.0, 0.1, 0.05, 0.2), flow_shift=TINY.flow_shift)

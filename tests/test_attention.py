@@ -8,12 +8,15 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
-
-from hyv_lib import attention as A
-from hyv_lib.memory import LargestTensor
-from hyv_lib.models import build_tiny_components
-from hyv_lib.presets import get_preset
 from tiny_inputs import forward_kwargs
+
+from hyv_lib.base.memory import LargestTensor
+from hyv_lib.base.presets import get_preset
+from hyv_lib.kernels import dispatch
+from hyv_lib.kernels.dispatch import BACKENDS, attention, available_backends, resolve_backend
+from hyv_lib.kernels.torch_kernels import flash_attention, pad, reference_attention, unpad, varlen_inputs
+from hyv_lib.models.components import build_tiny_components
+from hyv_lib.models.processors import use_attention
 
 TINY = get_preset("tiny")
 TOL = {torch.float32: 2e-5}  # max abs error vs float64, inputs ~N(0, 1)
@@ -61,12 +64,12 @@ CASES = [  # (b, h, s, d, lengths, scattered)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_backends_match_float64(backend, dtype, case):
-    reason = A.available_backends().get(backend)
+    reason = available_backends().get(backend)
     if reason is not None:  # host_sdpa needs JAX on the CPU (a TPU VM's JAX is on the TPU)
         pytest.skip(reason)
     b, h, s, d, lengths, scattered = CASES[case]
     q, k, v, mask = random_case(case, b, h, s, d, lengths, scattered, dtype)
-    out = A.attention(q, k, v, mask, backend=backend)
+    out = attention(q, k, v, mask, backend=backend)
     assert out.dtype == dtype and out.shape == q.shape
     assert torch.isfinite(out).all()
     expected = float64_attention(q, k, v, mask)
@@ -78,49 +81,49 @@ def test_backends_match_float64(backend, dtype, case):
 def test_splash_through_the_common_api():
     pytest.importorskip("jax")
     q, k, v, mask = random_case(5, 2, 2, 150, 16, [0, 97])
-    out = A.attention(q, k, v, mask, backend="splash", block_q=128, block_kv=128, block_kv_compute=128)
+    out = attention(q, k, v, mask, backend="splash", block_q=128, block_kv=128, block_kv_compute=128)
     assert (out.double() - float64_attention(q, k, v, mask)).abs().max() <= TOL[torch.float32]
 
 
 def test_kv_zeroing_is_not_exact():
     q, k, v, mask = random_case(1, 1, 2, 64, 16, [20])
     exact = float64_attention(q, k, v, mask)
-    approx = A.attention(q, k, v, mask, backend="kv_zeroing").double()
+    approx = attention(q, k, v, mask, backend="kv_zeroing").double()
     assert (approx - exact)[:, :, :20].abs().max() > 1e-2  # padded keys dilute every valid row
 
 
 def test_default_mask_means_all_valid_and_bad_shapes_are_rejected():
     q, k, v, _ = random_case(2, 1, 2, 10, 8)
-    torch.testing.assert_close(A.attention(q, k, v), F.scaled_dot_product_attention(q, k, v))
+    torch.testing.assert_close(attention(q, k, v), F.scaled_dot_product_attention(q, k, v))
     with pytest.raises(ValueError, match="kv_mask"):
-        A.attention(q, k, v, torch.ones(1, 9, dtype=torch.bool))
+        attention(q, k, v, torch.ones(1, 9, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"\[B, H, S, D\]"):
-        A.attention(q[0], k[0], v[0])
+        attention(q[0], k[0], v[0])
     with pytest.raises(TypeError, match="options"):
-        A.attention(q, k, v, backend="sdpa", block_q=128)
+        attention(q, k, v, backend="sdpa", block_q=128)
 
 
 def test_unknown_and_unavailable_backends_say_why():
     with pytest.raises(ValueError, match="one of"):
-        A.attention(*random_case(0, 1, 1, 4, 4)[:3], backend="xformers")
-    reasons = A.available_backends()
+        attention(*random_case(0, 1, 1, 4, 4)[:3], backend="xformers")
+    reasons = available_backends()
     assert reasons["reference"] is None and reasons["sdpa"] is None
     for name in ("flash", "flash3", "sage"):
         if reasons[name] is not None:
             with pytest.raises(RuntimeError, match=name):
-                A.attention(*random_case(0, 1, 1, 4, 4)[:3], backend=name)
+                attention(*random_case(0, 1, 1, 4, 4)[:3], backend=name)
             assert "install" in reasons[name] or "GPU" in reasons[name]
 
 
 def test_varlen_inputs_from_the_mask():
     mask = torch.tensor([[1, 1, 1, 0, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
-    indices, cu_seqlens, max_len = A.varlen_inputs(mask)
+    indices, cu_seqlens, max_len = varlen_inputs(mask)
     assert cu_seqlens.dtype == torch.int32 and cu_seqlens.tolist() == [0, 3, 3, 8]
     assert indices.tolist() == [0, 1, 2, 10, 11, 12, 13, 14] and max_len == 5
     x = torch.randn(3, 2, 5, 4)
-    packed = A.unpad(x, indices)
+    packed = unpad(x, indices)
     assert packed.shape == (8, 2, 4)
-    restored = A.pad(packed, indices, x.shape)
+    restored = pad(packed, indices, x.shape)
     torch.testing.assert_close(restored, x * mask[:, None, :, None])
 
 
@@ -143,17 +146,17 @@ def fake_flash_attn(monkeypatch):
 
 def test_flash_path_packing_on_cpu(fake_flash_attn):
     q, k, v, mask = random_case(3, 3, 2, 50, 16, [0, 50, 17])
-    out = A.flash_attention(q, k, v, mask)
+    out = flash_attention(q, k, v, mask)
     assert (out.double() - float64_attention(q, k, v, mask)).abs().max() <= TOL[torch.float32]
 
 
 @pytest.mark.parametrize("backend", ["flash", "flash3", "sage"])
 def test_gpu_backends(backend):
-    reason = A.available_backends()[backend]
+    reason = available_backends()[backend]
     if reason is not None:
         pytest.skip(reason)
     q, k, v, mask = (x.cuda() for x in random_case(4, 2, 2, 300, 128, [300, 123], dtype=torch.bfloat16))
-    out = A.attention(q, k, v, mask, backend=backend)
+    out = attention(q, k, v, mask, backend=backend)
     expected = float64_attention(q.cpu(), k.cpu(), v.cpu(), mask.cpu())
     tol = 0.1 if backend == "sage" else bf16_tolerance(expected)  # SageAttention quantises QK^T to int8
     assert (out.double().cpu() - expected).abs().max() <= tol  # untested here: no GPU
@@ -170,7 +173,7 @@ def tiny_transformer():
 
 
 def runnable_backends():
-    return [n for n, why in A.available_backends().items() if why is None and n not in ("kv_zeroing", "sage")]
+    return [n for n, why in available_backends().items() if why is None and n not in ("kv_zeroing", "sage")]
 
 
 @pytest.mark.parametrize("backend", runnable_backends())
@@ -179,7 +182,7 @@ def test_model_with_our_processor_equals_the_oracle(tiny_transformer, backend):
     with torch.no_grad():
         oracle = tiny_transformer(**kwargs).sample
         model = copy.deepcopy(tiny_transformer)
-        assert A.use_attention(model, backend) == TINY.transformer["num_layers"] + TINY.transformer["num_refiner_layers"]
+        assert use_attention(model, backend) == TINY.transformer["num_layers"] + TINY.transformer["num_refiner_layers"]
         ours = model(**kwargs).sample
     assert (ours - oracle).abs().max() <= 1e-5
 
@@ -189,7 +192,7 @@ def test_model_with_our_processor_equals_the_oracle(tiny_transformer, backend):
                                      dict(text_lengths=(14, 14), byt5_lengths=(0, 0))])  # empty prompt
 def test_edge_masks_give_no_nan(tiny_transformer, lengths):
     model = copy.deepcopy(tiny_transformer)
-    A.use_attention(model, "sdpa")
+    use_attention(model, "sdpa")
     with torch.no_grad():
         assert torch.isfinite(model(**model_inputs(**lengths)).sample).all()
 
@@ -201,7 +204,7 @@ def test_processor_never_builds_an_s_by_s_tensor(tiny_transformer):
     model = copy.deepcopy(tiny_transformer)
     with torch.no_grad(), LargestTensor() as diffusers_run:
         model(**kwargs)
-    A.use_attention(model, "sdpa")
+    use_attention(model, "sdpa")
     with torch.no_grad(), LargestTensor() as our_run:
         model(**kwargs)
     assert diffusers_run.elements >= 2 * s * s  # its [B, 1, S, S] mask
@@ -212,8 +215,8 @@ def test_default_torch_runtime_and_deepcache_over_it_build_no_s_by_s_tensor(tiny
     """The torch runtime's default step (and DeepCache's full and cached steps over it) attend exactly without a
     [B, 1, S, S] mask, and still equal diffusers' own forward; ``attention="diffusers"`` keeps the stock processor,
     which does build it (so the probe can fail)."""
-    from hyv_lib.cache import DeepCacheSchedule
-    from hyv_lib.pipeline import make_step
+    from hyv_lib.runtimes.deepcache import DeepCacheSchedule
+    from hyv_lib.runtimes.step import make_step
 
     kwargs = model_inputs(latent_hw=(12, 20))
     s = 3 * 12 * 20 + TINY.image_tokens + TINY.byt5_len + TINY.text_len
@@ -242,42 +245,42 @@ def test_xla_blockwise_online_softmax_across_blocks(block_kv):
     for case in range(len(CASES)):
         b, h, s, d, lengths, scattered = CASES[case]
         q, k, v, mask = random_case(10 + case, b, h, s, d, lengths, scattered)
-        out = A.attention(q, k, v, mask, backend="xla", block_kv=block_kv)
+        out = attention(q, k, v, mask, backend="xla", block_kv=block_kv)
         assert (out.double() - float64_attention(q, k, v, mask)).abs().max() <= TOL[torch.float32]
 
 
 def test_a_float_mask_is_an_error_not_an_inverted_mask():
     """An additive mask ([0, 0, -inf, -inf]) cast to bool would read True where the keys are padding."""
-    from hyv_lib.errors import HyvInputError
+    from hyv_lib.base.errors import HyvInputError
 
     q, k, v, mask = random_case(5, 1, 2, 4, 8, [2])
     additive = torch.where(mask, 0.0, float("-inf"))
     with pytest.raises(HyvInputError) as err:
-        A.attention(q, k, v, additive)
+        attention(q, k, v, additive)
     assert err.value.argument == "kv_mask" and "mask == 0" in str(err.value)
-    torch.testing.assert_close(A.attention(q, k, v, additive == 0), A.attention(q, k, v, mask))
+    torch.testing.assert_close(attention(q, k, v, additive == 0), attention(q, k, v, mask))
 
 
 def test_cuda_kernels_say_which_tensors_they_take(monkeypatch):
     """flash and Sage take fp16 / bf16 CUDA tensors: asked for CPU or fp32 tensors, backend resolution says so
     (even where the package is installed); auto does not pick them for fp32."""
-    monkeypatch.setattr(A, "available_backends", lambda: {**{n: None for n in A.BACKENDS}})
+    monkeypatch.setattr(dispatch, "available_backends", lambda: {**{n: None for n in BACKENDS}})
     with pytest.raises(ValueError, match="fp16 or bf16 CUDA tensors, got float32 tensors on cpu"):
-        A.resolve_backend("flash", torch.device("cpu"), torch.float32)
+        resolve_backend("flash", torch.device("cpu"), torch.float32)
     with pytest.raises(ValueError, match="got float32 tensors on cuda"):
-        A.resolve_backend("sage", torch.device("cuda"), torch.float32)
-    assert A.resolve_backend("flash", torch.device("cuda"), torch.bfloat16) == "flash"
-    assert A.resolve_backend("auto", torch.device("cuda"), torch.float32) == "sdpa"
-    assert A.resolve_backend("auto", torch.device("cuda"), torch.float16) == "flash3"
+        resolve_backend("sage", torch.device("cuda"), torch.float32)
+    assert resolve_backend("flash", torch.device("cuda"), torch.bfloat16) == "flash"
+    assert resolve_backend("auto", torch.device("cuda"), torch.float32) == "sdpa"
+    assert resolve_backend("auto", torch.device("cuda"), torch.float16) == "flash3"
 
 
 def test_options_go_only_to_backends_that_take_them():
     q, k, v, mask = random_case(3, 1, 2, 40, 16, [25])
     with pytest.raises(TypeError, match="'host_sdpa' takes no options"):
-        A.attention(q, k, v, mask, backend="host_sdpa", block_kv=8)
+        attention(q, k, v, mask, backend="host_sdpa", block_kv=8)
     with pytest.raises(TypeError, match="'sdpa' takes no options"):
-        A.attention(q, k, v, mask, backend="sdpa", block_kv=8)
-    assert A.available_backends()["host_sdpa"] is None  # JAX runs on this machine's CPU
+        attention(q, k, v, mask, backend="sdpa", block_kv=8)
+    assert available_backends()["host_sdpa"] is None  # JAX runs on this machine's CPU
 
 
 def test_the_oracle_zeroes_keyless_samples_but_passes_nan_inputs_through():
@@ -286,6 +289,6 @@ def test_the_oracle_zeroes_keyless_samples_but_passes_nan_inputs_through():
     q, k, v = torch.randn(3, 2, 1, 4, 8, dtype=torch.float64)
     mask = torch.tensor([[True, True, True, False], [False] * 4])
     q[0, 0, 1, 0] = float("nan")
-    out = A.reference_attention(q, k, v, mask)
+    out = reference_attention(q, k, v, mask)
     assert torch.equal(out[1], torch.zeros_like(out[1]))
     assert out[0, 0, 1].isnan().all() and out[0, 0, [0, 2, 3]].isfinite().all()

@@ -7,9 +7,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from hyv_lib import pipeline
+from hyv_lib.base.errors import HyvInputError
 from hyv_lib.cli import run
-from hyv_lib.errors import HyvInputError
+from hyv_lib.pipeline.stages import generate, stage2, stage3
 
 
 def fail(capsys, argv, argument):
@@ -173,7 +173,7 @@ def test_stage2_settings_are_one_list_shared_by_the_functions_and_the_cli(tiny_r
     """Every Stage2Settings field is a flag of stage2 and generate (same name, same default), and a name that is not
     a setting fails before anything is written."""
     from hyv_lib.cli import build_parser
-    from hyv_lib.pipeline import STAGE2_SETTINGS, Stage2Settings
+    from hyv_lib.pipeline.settings import STAGE2_SETTINGS, Stage2Settings
 
     defaults = Stage2Settings()
     for command in ("stage2", "generate"):
@@ -182,15 +182,15 @@ def test_stage2_settings_are_one_list_shared_by_the_functions_and_the_cli(tiny_r
             assert getattr(args, name) == getattr(defaults, name), (command, name)
     out = tmp_path / "out"
     with pytest.raises(HyvInputError, match="is not a stage-2 setting") as err:
-        pipeline.stage2(str(tiny_run), output_dir=str(out), num_steps=4)
+        stage2(str(tiny_run), output_dir=str(out), num_steps=4)
     assert err.value.argument == "num_steps" and not out.exists()  # called from Python: the parameter's name
 
 
 def test_stage_functions_name_parameters_and_the_cli_names_flags(tiny_run, tmp_path, capsys):
     """The same check from both doors: Python gets ``fps``/``width`` (in the text too), the CLI ``--fps``/``--width``."""
-    for call, argument in ((lambda: pipeline.stage3(str(tiny_run), output_video=str(tmp_path / "v.mp4"), fps="24"),
+    for call, argument in ((lambda: stage3(str(tiny_run), output_video=str(tmp_path / "v.mp4"), fps="24"),
                             "fps"),
-                           (lambda: pipeline.generate("tiny", "a", output_dir=str(tmp_path / "g"), height=64),
+                           (lambda: generate("tiny", "a", output_dir=str(tmp_path / "g"), height=64),
                             "width")):
         with pytest.raises(HyvInputError) as err:
             call()

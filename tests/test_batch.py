@@ -6,9 +6,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hyv_lib import pipeline
-from hyv_lib.batch import Pipeline, read_prompts_file, run_prompts_file
 from hyv_lib.cli import run
+from hyv_lib.pipeline.batch import Pipeline, read_prompts_file, run_prompts_file
+from hyv_lib.pipeline.stages import generate
 
 SETTINGS = dict(video_length=5, num_inference_steps=2, quiet=True)
 
@@ -37,7 +37,7 @@ def test_tpu_pipeline_compiles_once_for_every_prompt_and_matches_generate(tmp_pa
     report = run_prompts_file(str(prompts), str(tmp_path / "out"), pipe, seed=11, progress=False)
     assert [e["status"] for e in report.entries] == ["done", "done"] and report.failed == 0
     assert pipe.compilations == 1
-    pipeline.generate(preset="tiny", prompt="a blue cube", output_dir=str(tmp_path / "single"), seed=3,
+    generate(preset="tiny", prompt="a blue cube", output_dir=str(tmp_path / "single"), seed=3,
                       runtime="tpu", **SETTINGS)
     single = load_file(tmp_path / "single" / "stage2_latents.safetensors")["latents"]
     batch = load_file(tmp_path / "out" / "0001" / "stage2_latents.safetensors")["latents"]
@@ -88,7 +88,7 @@ def test_deepcache_pipeline_serves_every_prompt_its_own_schedule(tmp_path):
     assert [e["status"] for e in report.entries] == ["done", "done"]
     configs = [json.loads((tmp_path / "out" / f"000{i}" / "generation_config.json").read_text()) for i in (0, 1)]
     assert [(c["cache_full_steps"], c["cache_cached_steps"]) for c in configs] == [(3, 1), (3, 1)]
-    pipeline.generate(preset="tiny", prompt="a blue cube", output_dir=str(tmp_path / "single"), seed=6, **cached)
+    generate(preset="tiny", prompt="a blue cube", output_dir=str(tmp_path / "single"), seed=6, **cached)
     single = load_file(tmp_path / "single" / "stage2_latents.safetensors")["latents"]
     batch = load_file(tmp_path / "out" / "0001" / "stage2_latents.safetensors")["latents"]
     assert torch.equal(single, batch)

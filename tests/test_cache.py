@@ -2,7 +2,7 @@
 
 import pytest
 
-from hyv_lib.cache import DeepCacheSchedule
+from hyv_lib.runtimes.deepcache import DeepCacheSchedule
 
 
 def test_default_schedule_has_25_full_steps_of_50():
@@ -41,13 +41,14 @@ import copy  # noqa: E402
 import torch  # noqa: E402
 from tiny_inputs import TINY, forward_kwargs  # noqa: E402
 
-from hyv_lib.cache import DeepCacheStep, TorchDeepCache  # noqa: E402
-from hyv_lib.pipeline import denoise, make_step, torch_step  # noqa: E402
+from hyv_lib.pipeline.sampling import denoise  # noqa: E402
+from hyv_lib.runtimes.deepcache import DeepCacheStep, TorchDeepCache  # noqa: E402
+from hyv_lib.runtimes.step import make_step, torch_step  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def model():
-    from hyv_lib.models import build_tiny_components
+    from hyv_lib.models.components import build_tiny_components
 
     return build_tiny_components(TINY, names=["transformer"])["transformer"]
 
@@ -134,7 +135,7 @@ def test_cache_changes_the_result_only_a_little_and_warmup_changes_nothing(model
 
 
 def test_tpu_runtime_agrees_and_compiles_two_programs(model):
-    from hyv_lib.tpu import TpuTransformer
+    from hyv_lib.runtimes.tpu import TpuTransformer
 
     schedule = DeepCacheSchedule(8, start=2, end=8, interval=3)
     reference = run_loop(make_step(copy.deepcopy(model), "torch", cache=schedule))
@@ -154,8 +155,8 @@ def test_tpu_runtime_agrees_and_compiles_two_programs(model):
 
 
 def test_bad_cache_settings_name_the_flag(model):
-    from hyv_lib.errors import HyvInputError
-    from hyv_lib.pipeline import resolve_settings
+    from hyv_lib.base.errors import HyvInputError
+    from hyv_lib.pipeline.settings import resolve_settings
 
     with pytest.raises(HyvInputError, match="no_cache_blocks"):
         make_step(model, "torch", cache=DeepCacheSchedule(8), uncached_blocks=3)
@@ -186,7 +187,7 @@ def test_a_schedule_that_does_not_fit_the_loop_warns(model):
 
 def test_step_times_sees_a_cached_step_cheaper_than_a_full_one(model):
     """Two blocks: a cached step with none recomputed skips both, so it is cheaper than a full step."""
-    from hyv_lib.cache import step_times
+    from hyv_lib.runtimes.deepcache import step_times
 
     full, cached = step_times(TorchDeepCache(model), 0, rounds=5, **forward_kwargs(seed=2))
     assert 0 < cached < full

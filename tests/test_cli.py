@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hyv_lib.video import read_mp4
+from hyv_lib.pipeline.video_io import read_mp4
 
 
 def hyv(*args, check=True, subprocess_run=False):

@@ -11,8 +11,15 @@ import warnings
 
 import pytest
 
-from hyv_lib.frontier import (CacheSetting, default_settings, frontier_table, load_results, measure_frontier,
-                              meets_goal, pareto_front)
+from hyv_lib.tiny.frontier import (
+    CacheSetting,
+    default_settings,
+    frontier_table,
+    load_results,
+    measure_frontier,
+    meets_goal,
+    pareto_front,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,8 +53,8 @@ def test_frontier_on_two_held_out_prompts(pipe):
     """Uncached, a MagCache at threshold 0 (every step full: the same frames, bitwise), the whole-stack MagCache
     and 7 steps: the rows say what ran (full steps from the generation's own record) and grade it against the
     uncached frames."""
-    from hyv_lib import data
-    from hyv_lib.quality import attribute_rates, read_video
+    from hyv_lib.tiny import data
+    from hyv_lib.tiny.quality import attribute_rates, read_video
 
     combos = data.split_combos()[1][:2]
     settings = [CacheSetting("uncached"),

@@ -7,10 +7,10 @@ import os
 import numpy as np
 import torch
 
-from hyv_lib import data, quality, train
-from hyv_lib.models import load_components
-from hyv_lib.presets import get_preset
-from hyv_lib.video import read_mp4
+from hyv_lib.base.presets import get_preset
+from hyv_lib.models.components import load_components
+from hyv_lib.pipeline.video_io import read_mp4
+from hyv_lib.tiny import data, quality, train
 
 PRESET = get_preset("tiny_trained")
 FOLDER = PRESET.bundled_path

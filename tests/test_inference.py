@@ -10,10 +10,12 @@ import torch
 from safetensors.torch import load_file
 
 import hyv_lib
-from hyv_lib import cli, models, quality
-from hyv_lib.cache import DeepCacheSchedule
-from hyv_lib.errors import HyvInputError
-from hyv_lib.video import read_mp4
+from hyv_lib import cli
+from hyv_lib.base.errors import HyvInputError
+from hyv_lib.models import components as models
+from hyv_lib.pipeline.video_io import read_mp4
+from hyv_lib.runtimes.deepcache import DeepCacheSchedule
+from hyv_lib.tiny import quality
 
 PROMPT = "a red circle moving left on a gray background"
 
@@ -122,7 +124,7 @@ def test_load_pipeline_checks_its_arguments_before_loading(monkeypatch):
 
 
 def test_tpu_runtime_reuses_its_compiled_step_and_agrees_with_torch(pipe):
-    tpu = hyv_lib.inference.VideoPipeline(pipe.preset, hyv_lib.load_pipeline("tiny_trained").components,
+    tpu = hyv_lib.pipeline.inference.VideoPipeline(pipe.preset, hyv_lib.load_pipeline("tiny_trained").components,
                                           runtime="tpu", vae_runtime="torch")
     settings = dict(seed=4, video_length=5, num_inference_steps=3, progress=False)
     first = tpu.generate(PROMPT, **settings)
@@ -138,15 +140,16 @@ def test_library_calls_leave_global_state_as_found(pipe, tmp_path, monkeypatch):
     """RNG, JAX's compile-cache setting, the VAE's tiling, the umask and the caller's process group."""
     import jax
 
-    from hyv_lib import pipeline
-    from hyv_lib.parallel import free_port
-    from hyv_lib.stage_io import atomic_path
-    from hyv_lib.video import decode_latents
+    from hyv_lib.base.files import atomic_path
+    from hyv_lib.parallel.distributed import free_port
+    from hyv_lib.pipeline.stages import stage1, stage2
+    from hyv_lib.runtimes.step import make_step
+    from hyv_lib.runtimes.vae import decode_latents
 
     rng = torch.get_rng_state()
     cache_dir = jax.config.jax_compilation_cache_dir
     pipe.generate(PROMPT, seed=5, video_length=5, num_inference_steps=2, progress=False)
-    pipeline.make_step(hyv_lib.load_pipeline("tiny", progress=False).components["transformer"], "tpu")
+    make_step(hyv_lib.load_pipeline("tiny", progress=False).components["transformer"], "tpu")
     assert torch.equal(torch.get_rng_state(), rng)
     assert jax.config.jax_compilation_cache_dir == cache_dir
 
@@ -169,8 +172,8 @@ def test_library_calls_leave_global_state_as_found(pipe, tmp_path, monkeypatch):
     torch.distributed.init_process_group("gloo", rank=0, world_size=1)
     try:
         run = tmp_path / "run"
-        pipeline.stage1(preset="tiny", prompt="x", output_dir=str(run))
-        pipeline.stage2(str(run), runtime="ulysses", video_length=5, num_inference_steps=2, quiet=True)
+        stage1(preset="tiny", prompt="x", output_dir=str(run))
+        stage2(str(run), runtime="ulysses", video_length=5, num_inference_steps=2, quiet=True)
         assert torch.distributed.is_initialized()  # the caller's group is still there
     finally:
         torch.distributed.destroy_process_group()

@@ -11,10 +11,10 @@ import textwrap
 import pytest
 import torch
 
-from hyv_lib.cache import DeepCacheSchedule, TorchDeepCache
-from hyv_lib.models import build_tiny_components, example_forward_kwargs
-from hyv_lib.pipeline import make_step
-from hyv_lib.presets import TINY
+from hyv_lib.base.presets import TINY
+from hyv_lib.models.components import build_tiny_components, example_forward_kwargs
+from hyv_lib.runtimes.deepcache import DeepCacheSchedule, TorchDeepCache
+from hyv_lib.runtimes.step import make_step
 
 MEANFLOW = dataclasses.replace(TINY, transformer=dict(TINY.transformer, use_meanflow=True))
 # Max errors measured against diffusers (fp32, i2v with real padding; outputs up to |x| = 1.8): torch runtime 2.4e-7,
@@ -73,7 +73,7 @@ def test_tpu_runtime_takes_timestep_r_as_a_traced_input(oracle, expected):
 def test_timestep_r_on_a_model_without_meanflow_is_a_clear_error():
     """diffusers fails deep in its time embedding (TypeError: 'NoneType' object is not callable); hyv_lib names
     the argument instead. timestep_r=None on a MeanFlow model skips the r-embedding in every runtime, as in diffusers."""
-    from hyv_lib.tpu import TpuTransformer
+    from hyv_lib.runtimes.tpu import TpuTransformer
 
     plain = build_tiny_components(TINY, names=["transformer"])["transformer"]
     for runtime in (TpuTransformer(copy.deepcopy(plain)), make_step(copy.deepcopy(plain), "torch",
@@ -109,8 +109,8 @@ def test_deepcache_on_tpu(oracle, expected):
 def test_compile_only_path_lowers_timestep_r_as_an_input():
     """``python -m hyv_lib compile`` of a MeanFlow preset: its example inputs carry timestep_r, and the step lowered
     from the meta-device model takes it as a traced [B] input."""
-    from hyv_lib.tpu import TpuTransformer
-    from hyv_lib.tpu_compile import abstract_transformer, example_inputs
+    from hyv_lib.planning.tpu_compile import abstract_transformer, example_inputs
+    from hyv_lib.runtimes.tpu import TpuTransformer
 
     assert "timestep_r" not in example_inputs(TINY, 128, 128, 5)
     inputs = example_inputs(MEANFLOW, 128, 128, 5, dtype=torch.float32)
@@ -121,14 +121,14 @@ def test_compile_only_path_lowers_timestep_r_as_an_input():
 
 def ulysses_outputs(model, cases):
     """Each case's Ulysses forward on this rank (module level, so run_distributed's ranks can import it)."""
-    from hyv_lib.parallel import UlyssesTransformer
+    from hyv_lib.runtimes.ulysses import UlyssesTransformer
 
     ulysses = UlyssesTransformer(model)
     return [ulysses(**kw) for kw in cases]
 
 
 def test_ulysses_on_two_gloo_processes(oracle, expected):
-    from hyv_lib.parallel import run_distributed
+    from hyv_lib.parallel.distributed import run_distributed
 
     outs = run_distributed(ulysses_outputs, 2, copy.deepcopy(oracle), [kwargs(500.0), kwargs(250.0)], timeout=240)
     for out, r in zip(outs, (500.0, 250.0)):
@@ -141,8 +141,8 @@ SHARDED_PROBE = textwrap.dedent("""
     import torch
     sys.path.insert(0, sys.argv[1])
     from test_meanflow import MEANFLOW, diffusers_forward, kwargs, max_err
-    from hyv_lib.models import build_tiny_components
-    from hyv_lib.tpu import TpuTransformer
+    from hyv_lib.models.components import build_tiny_components
+    from hyv_lib.runtimes.tpu import TpuTransformer
     # 8 heads of the tiny size (16), so data=2 x tensor=4 can split them
     preset = dataclasses.replace(MEANFLOW, transformer=dict(MEANFLOW.transformer, num_attention_heads=8))
     oracle = build_tiny_components(preset, names=["transformer"])["transformer"]

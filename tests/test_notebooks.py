@@ -55,7 +55,7 @@ def test_notebook_has_no_outputs_and_its_chapter_parts(path):
         f"{path.name} needs exactly one code cell tagged 'parameters'"
     sources = "\n".join(c.source for c in committed.cells)
     assert "## Summary" in sources and "## Exercises" in sources and ":class: dropdown" in sources
-    from hyv_lib.display import NOTEBOOK_SETTINGS
+    from hyv_lib.notebook.display import NOTEBOOK_SETTINGS
 
     cell = parameters[0].source  # each setting is read there, or named in settings_not_used with its reason
     if "settings_not_used({name:" not in cell or "NOTEBOOK_SETTINGS" not in cell:  # 07: none applies, all named

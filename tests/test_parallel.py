@@ -7,10 +7,11 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-
-from hyv_lib.parallel import UlyssesTransformer, check_heads, run_distributed, shard_length
-from hyv_lib.presets import get_preset
 from tiny_inputs import forward_kwargs as inputs
+
+from hyv_lib.base.presets import get_preset
+from hyv_lib.parallel.distributed import run_distributed
+from hyv_lib.runtimes.ulysses import UlyssesTransformer, check_heads, shard_length
 
 TINY = get_preset("tiny")
 
@@ -38,7 +39,8 @@ def compare_with_oracle(heads, group=None):
     (eager diffusers vs Ulysses as the step) and the seconds per Ulysses call."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    from hyv_lib import pipeline
+    from hyv_lib.pipeline.sampling import denoise, initial_latents
+    from hyv_lib.runtimes.step import torch_step
 
     oracle = tiny_transformer(heads)
     ulysses = UlyssesTransformer(copy.deepcopy(oracle), group=group)
@@ -59,10 +61,10 @@ def compare_with_oracle(heads, group=None):
     # The pipeline's loop takes the wrapper as its transformer step unchanged.
     kwargs = inputs(seed=4, latent=(1, 3, 5))
     conditioning = {k: v for k, v in kwargs.items() if k not in ("hidden_states", "timestep")}
-    latents = pipeline.initial_latents((1, TINY.latent_channels, 1, 3, 5), seed=0)
-    runs = [pipeline.denoise(step, latents, conditioning, FlowMatchEulerDiscreteScheduler(shift=TINY.flow_shift),
+    latents = initial_latents((1, TINY.latent_channels, 1, 3, 5), seed=0)
+    runs = [denoise(step, latents, conditioning, FlowMatchEulerDiscreteScheduler(shift=TINY.flow_shift),
                              num_inference_steps=3, guidance_scale=6.0, progress=False)
-            for step in (pipeline.torch_step(oracle), ulysses)]
+            for step in (torch_step(oracle), ulysses)]
     return dict(heads=heads, ranks=dist.get_world_size(group), errors=errors, spread=max(spreads),
                 loop=(runs[0] - runs[1]).abs().max().item(), seconds=seconds)
 
@@ -157,14 +159,14 @@ def test_torchrun_cli_with_the_ulysses_runtime_equals_torch(tiny_run, tmp_path):
 
     from safetensors.torch import load_file
 
-    from hyv_lib import pipeline
+    from hyv_lib.pipeline.stages import stage2
 
     common = ["--num_inference_steps", "3", "--video_length", "5", "--quiet"]
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "hyv_lib",
                         "stage2", "--input_dir", str(tiny_run), "--output_dir", str(tmp_path / "uly"),
                         "--runtime", "ulysses", *common], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    expected = pipeline.stage2(str(tiny_run), output_dir=str(tmp_path / "torch"), num_inference_steps=3,
+    expected = stage2(str(tiny_run), output_dir=str(tmp_path / "torch"), num_inference_steps=3,
                                video_length=5, quiet=True)
     got = load_file(tmp_path / "uly" / "stage2_latents.safetensors")["latents"]
     assert (got - expected).abs().max() <= 1e-5
@@ -192,7 +194,7 @@ def torch_threads(n):
 
 def _tile_parallel_job(vae, z):
     """Every rank's decode; returns rank 0's video, the thread count and every rank's tile timeline."""
-    from hyv_lib.tile_parallel import tile_parallel_decode
+    from hyv_lib.runtimes.tile_parallel import tile_parallel_decode
 
     timeline = []
     video = tile_parallel_decode(vae, z, timeline=timeline)
@@ -202,9 +204,9 @@ def _tile_parallel_job(vae, z):
 
 
 def test_vae_tile_parallel_decode_equals_the_single_process_tiled_decode():
-    from hyv_lib.models import build_tiny_components
-    from hyv_lib.presets import get_preset
-    from hyv_lib.tile_parallel import tile_parallel_decode
+    from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.components import build_tiny_components
+    from hyv_lib.runtimes.tile_parallel import tile_parallel_decode
 
     tiny = get_preset("tiny")
     vae = build_tiny_components(tiny, names=["vae"])["vae"]

@@ -1,19 +1,21 @@
 """The analytic planner: FLOPs tied to the real classes and to XLA's counts, weight sharding, bounds, MFU."""
 
-import math
 
 import pytest
 import torch
 
-from hyv_lib import perf
-from hyv_lib.presets import get_preset
+from hyv_lib.base.presets import get_preset
+from hyv_lib.planning.costs import activation_bytes, collective_bytes, param_bytes, step_flops
+from hyv_lib.planning.hardware import CHIPS, mfu
+from hyv_lib.planning.hlo import xla_flops
+from hyv_lib.planning.planner import bounds, device_plan, plan_table
 
 TINY = get_preset("tiny")
 
 
 def test_720p_step_flops_and_attention_share():
-    f = perf.step_flops("720p_t2v", 720, 1280, 121, batch=2)
-    video_only = perf.step_flops("720p_t2v", 720, 1280, 121, batch=2, valid_context=0)
+    f = step_flops("720p_t2v", 720, 1280, 121, batch=2)
+    video_only = step_flops("720p_t2v", 720, 1280, 121, batch=2, valid_context=0)
     print(f"720p/121f CFG step: {f['total'] / 1e15:.2f} PFLOP, attention {f['attention_share']:.1%} "
           f"(S = {f['tokens']['joint']}); attending video tokens only: {video_only['total'] / 1e15:.2f} PFLOP")
     assert f["tokens"] == dict(video=31 * 45 * 80, context=1985, joint=113_585, text=1000, byt5=256, image=729,
@@ -40,7 +42,7 @@ def test_block_linear_flops_match_the_meta_model_shapes():
     assert set(weights) == set(img + txt + mod)  # every matmul of the block is counted exactly once
     w_img, w_txt, w_mod = (sum(weights[n] for n in names) for names in (img, txt, mod))
 
-    f = perf.step_flops(preset, 720, 1280, 121, batch=2)
+    f = step_flops(preset, 720, 1280, 121, batch=2)
     nv, nc, b, layers = f["tokens"]["video"], f["tokens"]["context"], 2, len(model.transformer_blocks)
     assert f["parts"]["blocks_linear"] + f["eager_extra"] == layers * 2 * b * (nv * w_img + nc * w_txt)
     assert f["parts"]["blocks_modulation"] == layers * 2 * b * w_mod
@@ -61,9 +63,9 @@ def _tiny_kwargs(t, h, w, batch=2):
 
 def test_tiny_analytic_flops_vs_xla_cost_analysis():
     pytest.importorskip("torchax")
-    from hyv_lib.models import build_tiny_components
-    from hyv_lib.tpu import TpuTransformer
-    from hyv_lib.xla_attention import DEFAULT_BLOCK_KV
+    from hyv_lib.kernels.xla import DEFAULT_BLOCK_KV
+    from hyv_lib.models.components import build_tiny_components
+    from hyv_lib.runtimes.tpu import TpuTransformer
 
     tpu = TpuTransformer(build_tiny_components(TINY, names=["transformer"])["transformer"], attention="xla")
     # Latent 2 x 12 x 14 -> 336 video + 176 context = 512 tokens: one key block of the XLA kernel, so its
@@ -71,8 +73,8 @@ def test_tiny_analytic_flops_vs_xla_cost_analysis():
     results = {}
     for latent in ((2, 12, 14), (2, 20, 34)):
         t, h, w = latent
-        x = perf.xla_flops(tpu.lower(**_tiny_kwargs(*latent)).compile())
-        f = perf.step_flops(TINY, 16 * h, 16 * w, 4 * (t - 1) + 1, batch=2, kv_block=DEFAULT_BLOCK_KV)
+        x = xla_flops(tpu.lower(**_tiny_kwargs(*latent)).compile())
+        f = step_flops(TINY, 16 * h, 16 * w, 4 * (t - 1) + 1, batch=2, kv_block=DEFAULT_BLOCK_KV)
         results[latent] = x, f
         print(f"tiny {latent} S={f['tokens']['joint']}: analytic {f['total'] / 1e6:.1f} MFLOP; XLA matmuls "
               f"{x['matmul'] / 1e6:.1f}; cost_analysis {x['cost_analysis'] / 1e6:.1f} "
@@ -88,14 +90,14 @@ def test_tiny_analytic_flops_vs_xla_cost_analysis():
 
 
 def test_param_bytes_rules():
-    from hyv_lib.sharding import Rule
+    from hyv_lib.parallel.sharding import Rule
 
-    replicated = perf.param_bytes("720p_t2v", "bf16", "replicated", 8)
+    replicated = param_bytes("720p_t2v", "bf16", "replicated", 8)
     assert replicated["params"] == 8_326_608_160  # hunyuanvideo15_facts.md §1.5, meta-device count
     assert replicated["bytes_per_device"] == 2 * 8_326_608_160
     report = {}
     for rules in ("tp", "tp_replicated_out", "fsdp"):
-        report[rules] = perf.param_bytes("720p_t2v", "bf16", rules, 8)
+        report[rules] = param_bytes("720p_t2v", "bf16", rules, 8)
         print(f"{rules} on 8 devices: {report[rules]['bytes_per_device'] / 1e9:.2f} GB per device "
               f"(replicated {replicated['bytes_per_device'] / 1e9:.2f} GB)")
         for row in report[rules]["rows"]:
@@ -117,57 +119,57 @@ def test_param_bytes_rules():
         assert sum(r["params"] for r in rules["rows"]) == replicated["params"]
 
     with pytest.raises(ValueError, match="megatron"):
-        perf.param_bytes("720p_t2v", rules="megatron")
+        param_bytes("720p_t2v", rules="megatron")
     with pytest.raises(ValueError, match="matched no parameter"):
-        perf.param_bytes(TINY, rules=[Rule("fused qkv", r".*\.to_qkv\.weight", ("tensor", None))], mesh_shape=2)
+        param_bytes(TINY, rules=[Rule("fused qkv", r".*\.to_qkv\.weight", ("tensor", None))], mesh_shape=2)
 
 
 def test_cited_mfu_on_v6e_8():
-    flops = perf.step_flops("720p_t2v", 720, 1280, 121)["total"]
+    flops = step_flops("720p_t2v", 720, 1280, 121)["total"]
     for seconds in (7.29, 5.81):
-        value = perf.mfu(flops, seconds, "v6e", 8)
+        value = mfu(flops, seconds, "v6e", 8)
         print(f"cited (gpu-tpu-pedia, v6e-8, 720p/121f, unverified): {seconds} s/step -> MFU {value:.1%}")
         assert 0.20 <= value <= 0.40
 
 
 def test_memory_collectives_bounds_and_plan_table():
-    flash = perf.activation_bytes("720p_t2v", 720, 1280, 121, mesh_shape=8, attention="flash")
-    dense = perf.activation_bytes("720p_t2v", 720, 1280, 121, mesh_shape=8, attention="dense")
-    assert dense["parts"]["attention"] > perf.CHIPS["v6e"].hbm_bytes > 100 * flash["parts"]["attention"]
-    assert perf.collective_bytes("720p_t2v", 720, 1280, 121, strategy="tp", mesh_shape=1)["bytes_per_device"] == 0
-    uly = perf.collective_bytes("720p_t2v", 720, 1280, 121, strategy="ulysses", mesh_shape=8)
+    flash = activation_bytes("720p_t2v", 720, 1280, 121, mesh_shape=8, attention="flash")
+    dense = activation_bytes("720p_t2v", 720, 1280, 121, mesh_shape=8, attention="dense")
+    assert dense["parts"]["attention"] > CHIPS["v6e"].hbm_bytes > 100 * flash["parts"]["attention"]
+    assert collective_bytes("720p_t2v", 720, 1280, 121, strategy="tp", mesh_shape=1)["bytes_per_device"] == 0
+    uly = collective_bytes("720p_t2v", 720, 1280, 121, strategy="ulysses", mesh_shape=8)
 
     # Plain TP on tensor=8, worked by hand: 2 all-reduces per block and stream of [2, N, 2048] bf16 (the last
     # block's context stream is dead), ring factor 2 * 7/8 on the wire.
-    plan = perf.device_plan("720p_t2v", 720, 1280, 121, {"tensor": 8}, "tp")
+    plan = device_plan("720p_t2v", 720, 1280, 121, {"tensor": 8}, "tp")
     per_sample = 2 * 2048 * 2  # two samples, hidden 2048, bf16
     reduced = per_sample * (2 * 54 * 111_600 + 2 * 53 * 1_985)
     assert plan["collectives"]["all-reduce"] == reduced
     assert plan["sent_bytes"] == pytest.approx(reduced * 2 * 7 / 8 + plan["collectives"]["all-gather"] * 7 / 8)
     assert uly["bytes_per_device"] < plan["sent_bytes"]
 
-    b = perf.bounds("720p_t2v", 720, 1280, 121, "v6e", 8, "tp", mesh_shape={"tensor": 8})
+    b = bounds("720p_t2v", 720, 1280, 121, "v6e", 8, "tp", mesh_shape={"tensor": 8})
     assert b["limit"] == "compute_s" and b["fits"]
     # bytes sent over half the published bidirectional ICI (800 GB/s on v6e)
     assert b["interconnect_s"] == pytest.approx(plan["sent_bytes"] / 400e9)
-    assert perf.bounds("720p_t2v", 720, 1280, 121, "v7x", 4)["interconnect_s"] is None  # no sourced figure
+    assert bounds("720p_t2v", 720, 1280, 121, "v7x", 4)["interconnect_s"] is None  # no sourced figure
     assert b["compute_s"] < 5.81  # every cited time is above the compute bound
-    rows = perf.plan_table()
-    assert len(rows) == 2 * len(perf.CHIPS) and {r["chip"] for r in rows} == set(perf.CHIPS)
+    rows = plan_table()
+    assert len(rows) == 2 * len(CHIPS) and {r["chip"] for r in rows} == set(CHIPS)
     v6e = next(r for r in rows if r["preset"] == "720p_t2v" and r["chip"] == "v6e")
     assert v6e["mesh"] == {"data": 2, "tensor": 4, "sequence": 1} and v6e["rules"] == "tp_replicated_out"
     assert v6e["cited_s"] == 5.81 and 0.2 < v6e["cited_mfu"] < 0.4
     with pytest.raises(ValueError, match="chip"):
-        perf.bounds("720p_t2v", 720, 1280, 121, "v3", 8)
+        bounds("720p_t2v", 720, 1280, 121, "v3", 8)
     with pytest.raises(ValueError, match="heads"):
-        perf.device_plan("720p_t2v", 720, 1280, 121, {"tensor": 32}, "tp")
+        device_plan("720p_t2v", 720, 1280, 121, {"tensor": 32}, "tp")
 
 
 def test_fsdp_compute_splits_over_data_and_sequence_only():
     """FSDP gathers whole weights: a tensor axis only splits the heads, so the matmuls run whole on each device."""
-    seq = perf.device_plan("720p_t2v", 720, 1280, 121, {"data": 2, "sequence": 4}, "fsdp")
-    ten = perf.device_plan("720p_t2v", 720, 1280, 121, {"data": 2, "tensor": 4}, "fsdp")
-    tp = perf.device_plan("720p_t2v", 720, 1280, 121, {"data": 2, "tensor": 4}, "tp")
+    seq = device_plan("720p_t2v", 720, 1280, 121, {"data": 2, "sequence": 4}, "fsdp")
+    ten = device_plan("720p_t2v", 720, 1280, 121, {"data": 2, "tensor": 4}, "fsdp")
+    tp = device_plan("720p_t2v", 720, 1280, 121, {"data": 2, "tensor": 4}, "tp")
     assert seq["flops"]["attention"] == ten["flops"]["attention"] == tp["flops"]["attention"]
     assert 3.5 < ten["flops"]["linear"] / tp["flops"]["linear"] < 4.0
     assert 0.95 < seq["flops"]["linear"] / tp["flops"]["linear"] < 1.1
@@ -186,7 +188,7 @@ def test_planner_agrees_with_the_tpu_compiler_on_v6e_8(compile_once):
     for rules, mesh in (("tp", {"data": 2, "tensor": 4}), ("tp_replicated_out", {"data": 2, "tensor": 4}),
                         ("fsdp", {"data": 2, "sequence": 4}), ("tp", {"sequence": 2, "tensor": 4})):
         compiled = compile_once(small, "v6e:2x4", mesh=mesh, sharding=rules, height=256, width=256, video_length=13)
-        plan = perf.device_plan(small, 256, 256, 13, mesh, rules)
+        plan = device_plan(small, 256, 256, 13, mesh, rules)
         kinds = {c["kind"]: c["bytes"] for c in compiled["collectives"]}
         total = compiled["per_device_bytes"]["total"]
         print(f"{rules} {mesh}: planner {plan['per_device_bytes']['total'] / 2**20:.1f} MiB vs compiled "
@@ -206,24 +208,24 @@ def test_planner_agrees_with_the_tpu_compiler_on_v6e_8(compile_once):
 ])
 def test_planner_arguments_are_checked_and_named(change, name):
     """The planner's public entry point rejects what would otherwise give raw errors or meaningless numbers."""
-    from hyv_lib.errors import HyvInputError
+    from hyv_lib.base.errors import HyvInputError
 
     kwargs = {**dict(preset="720p_t2v", height=720, width=1280, video_length=121, chip="v6e", n_chips=8), **change}
     with pytest.raises(HyvInputError) as err:
-        perf.bounds(**kwargs)
+        bounds(**kwargs)
     assert err.value.argument == name
 
 
 def test_device_plan_takes_the_mesh_string_and_refuses_a_data_axis_that_splits_a_sample():
     """The string form of make_step and the CLI gives the dict's plan; data=3 (or data=2 with CFG off) would split
     a sample, which the tpu runtime and the TPU compiler refuse, so the planner does too instead of planning it."""
-    from hyv_lib.errors import HyvInputError
+    from hyv_lib.base.errors import HyvInputError
 
     args = ("720p_t2v", 720, 1280, 121)
-    assert perf.device_plan(*args, "data=2,tensor=4", "tp") == perf.device_plan(*args, {"data": 2, "tensor": 4}, "tp")
-    assert perf.bounds(*args, "v6e", 8, mesh_shape="data=2,tensor=4")["step_s"] == perf.bounds(
+    assert device_plan(*args, "data=2,tensor=4", "tp") == device_plan(*args, {"data": 2, "tensor": 4}, "tp")
+    assert bounds(*args, "v6e", 8, mesh_shape="data=2,tensor=4")["step_s"] == bounds(
         *args, "v6e", 8, mesh_shape={"data": 2, "tensor": 4})["step_s"]
     for mesh, batch in (({"data": 3, "tensor": 4}, 2), ({"data": 2, "tensor": 4}, 1), ("data:2", 2)):
         with pytest.raises(HyvInputError) as err:
-            perf.device_plan(*args, mesh, "tp", batch=batch)
+            device_plan(*args, mesh, "tp", batch=batch)
         assert err.value.argument == "mesh_shape", mesh

@@ -6,11 +6,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hyv_lib import pipeline
-from hyv_lib.models import build_tiny_components, load_components
-from hyv_lib.presets import get_preset
-from hyv_lib.stage_io import STAGE1_NAMES, load_stage1
-from hyv_lib.video import read_mp4
+from hyv_lib.base.presets import get_preset
+from hyv_lib.models.components import build_tiny_components, load_components
+from hyv_lib.pipeline.sampling import denoise, initial_latents, prepare_conditioning
+from hyv_lib.pipeline.stage_io import STAGE1_NAMES, load_stage1
+from hyv_lib.pipeline.stages import generate, stage1, stage2
+from hyv_lib.pipeline.video_io import read_mp4
+from hyv_lib.runtimes.step import torch_step
 
 TINY = get_preset("tiny")
 
@@ -48,7 +50,7 @@ def test_generation_config_records_every_stage(tiny_run):
 _PEAK_MEMORY_SCRIPT = """
 import json, sys, time
 import torch
-from hyv_lib.memory import PeakMemory
+from hyv_lib.base.memory import PeakMemory
 
 def wait_for_samples(meter, count=2, timeout_s=10.0):
     # a fixed sleep was too short on a loaded CI machine: the thread did not run once while the buffer lived
@@ -90,16 +92,16 @@ def test_peak_memory_sees_short_lived_buffers_and_measures_again_when_reused():
 
 def test_same_seed_gives_bitwise_identical_latents_and_warmup_changes_nothing(tiny_run, tmp_path):
     reference = load_file(tiny_run / "stage2_latents.safetensors")["latents"]
-    again = pipeline.stage2(str(tiny_run), output_dir=str(tmp_path / "a"), quiet=True)
-    warm = pipeline.stage2(str(tiny_run), output_dir=str(tmp_path / "b"), warmup_steps=2, quiet=True)
-    other = pipeline.stage2(str(tiny_run), output_dir=str(tmp_path / "c"), seed=7, quiet=True)
+    again = stage2(str(tiny_run), output_dir=str(tmp_path / "a"), quiet=True)
+    warm = stage2(str(tiny_run), output_dir=str(tmp_path / "b"), warmup_steps=2, quiet=True)
+    other = stage2(str(tiny_run), output_dir=str(tmp_path / "c"), seed=7, quiet=True)
     assert torch.equal(again, reference)
     assert torch.equal(warm, reference)
     assert not torch.allclose(other, reference)
 
 
 def test_output_dir_gets_the_config_of_the_input_dir(tiny_run, tmp_path):
-    pipeline.stage2(str(tiny_run), output_dir=str(tmp_path), quiet=True, num_inference_steps=2)
+    stage2(str(tiny_run), output_dir=str(tmp_path), quiet=True, num_inference_steps=2)
     cfg = json.loads((tmp_path / "generation_config.json").read_text())
     assert cfg["prompt"] == 'a red ball and the word "HI"' and cfg["num_inference_steps"] == 2
 
@@ -112,10 +114,10 @@ def test_denoise_matches_the_diffusers_pipeline(tiny_run):
     pipe = HunyuanVideo15Pipeline(**components)
     pipe.set_progress_bar_config(disable=True)
     embeds = load_stage1(str(tiny_run))
-    start = pipeline.initial_latents(TINY.latent_shape(64, 96, 9), seed=3)
-    ours = pipeline.denoise(
-        pipeline.torch_step(components["transformer"]), start,
-        pipeline.prepare_conditioning(embeds, TINY, torch.float32), components["scheduler"],
+    start = initial_latents(TINY.latent_shape(64, 96, 9), seed=3)
+    ours = denoise(
+        torch_step(components["transformer"]), start,
+        prepare_conditioning(embeds, TINY, torch.float32), components["scheduler"],
         num_inference_steps=4, guidance_scale=6.0, progress=False)
     pipe.vision_num_semantic_tokens = TINY.image_tokens
     theirs = pipe(
@@ -133,7 +135,7 @@ def test_saved_tiny_folder_loads_through_the_real_weights_path(tiny_folder, tiny
     for name, module in loaded.items():
         ref = built[name].state_dict()
         assert all(torch.equal(v, ref[k]) for k, v in module.state_dict().items()), name
-    pipeline.generate(preset="tiny", model_path=str(tiny_folder), prompt='a red ball and the word "HI"',
+    generate(preset="tiny", model_path=str(tiny_folder), prompt='a red ball and the word "HI"',
                       output_dir=str(tmp_path), quiet=True)
     for f in ("stage1_embeddings.safetensors", "stage2_latents.safetensors"):
         a, b = load_file(tmp_path / f), load_file(tiny_run / f)
@@ -162,27 +164,27 @@ def test_real_preset_runs_a_diffusers_folder_through_the_model_path(tiny_folder,
 
 
 def test_empty_prompt_gives_finite_latents(tmp_path):
-    pipeline.stage1(preset="tiny", prompt="", output_dir=str(tmp_path))
-    latents = pipeline.stage2(str(tmp_path), num_inference_steps=2, quiet=True)
+    stage1(preset="tiny", prompt="", output_dir=str(tmp_path))
+    latents = stage2(str(tmp_path), num_inference_steps=2, quiet=True)
     assert torch.isfinite(latents).all()
 
 
 def test_bf16_run_is_finite_and_saved_in_bf16(tmp_path):
-    pipeline.stage1(preset="tiny", prompt="a cat", output_dir=str(tmp_path), dtype="bf16")
+    stage1(preset="tiny", prompt="a cat", output_dir=str(tmp_path), dtype="bf16")
     assert load_file(tmp_path / "stage1_embeddings.safetensors")["prompt_embeds"].dtype == torch.bfloat16
-    latents = pipeline.stage2(str(tmp_path), num_inference_steps=2, quiet=True)
+    latents = stage2(str(tmp_path), num_inference_steps=2, quiet=True)
     assert latents.dtype == torch.float32 and torch.isfinite(latents).all()
 
 
 @pytest.mark.parametrize("size", [(64, 96), (48, 48)])
 def test_explicit_size_overrides_the_bucket(tiny_run, tmp_path, size):
-    latents = pipeline.stage2(str(tiny_run), output_dir=str(tmp_path), height=size[0], width=size[1],
+    latents = stage2(str(tiny_run), output_dir=str(tmp_path), height=size[0], width=size[1],
                               video_length=5, num_inference_steps=1, quiet=True)
     assert latents.shape == TINY.latent_shape(*size, 5)
 
 
 def test_largest_tensor_counts_new_tensors_not_views():
-    from hyv_lib.memory import LargestTensor
+    from hyv_lib.base.memory import LargestTensor
 
     base = torch.zeros(1000, dtype=torch.bool)  # made before the block
     with LargestTensor() as probe:

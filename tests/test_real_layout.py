@@ -7,8 +7,8 @@ import torch
 from safetensors.torch import load_file
 
 import hyv_lib
+from hyv_lib.base.presets import get_preset
 from hyv_lib.cli import run
-from hyv_lib.presets import get_preset
 
 SMALL = ["--height", "128", "--width", "224", "--video_length", "5", "--num_inference_steps", "2"]
 
@@ -65,9 +65,9 @@ def test_save_tiny_refuses_a_non_empty_folder_and_writes_nothing(tmp_path, capsy
 def test_step_distilled_i2v_layout_runs_from_an_image(tmp_path, capsys):
     """--preset 480p_i2v_step_distilled on its real layout (SigLIP's 729 tokens, 480p buckets, MeanFlow, 8 steps at
     CFG 1): a 16:9 image buckets to 480x848, stage 1 writes the image tensors, the loop runs one sample per step."""
-    from PIL import Image
-
     import logging
+
+    from PIL import Image
 
     folder = tmp_path / "hyv-480p-i2v-distilled-layout"
     records = []

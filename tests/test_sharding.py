@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("torchax")
 
-from hyv_lib.sharding import RULE_SETS, Rule, plan  # noqa: E402
+from hyv_lib.parallel.sharding import RULE_SETS, Rule, plan  # noqa: E402
 
 MESHES = [{"tensor": 8}, {"data": 2, "tensor": 4}, {"sequence": 2, "tensor": 4}]
 PROBE = os.path.join(os.path.dirname(__file__), "sharding_probe.py")
@@ -85,15 +85,15 @@ def test_tp_all_reduces_in_the_hlo_are_the_ones_the_planner_predicts(probe):
     XLA drops the last block's context stream (its output is unused), and nothing else."""
     import dataclasses
 
-    from hyv_lib import perf
-    from hyv_lib.presets import get_preset
+    from hyv_lib.base.presets import get_preset
+    from hyv_lib.planning.costs import collective_bytes, token_counts
 
     tiny = get_preset("tiny")
     tiny = dataclasses.replace(tiny, transformer=dict(tiny.transformer, num_attention_heads=8))  # the probe's model
     case = next(c for c in probe["cases"] if c["rules"] == "tp" and c["mesh"] == {"tensor": 8})
-    tokens = perf.token_counts(tiny, 4 * 16, 6 * 16, 5)  # the probe's latent: 2 x 4 x 6
+    tokens = token_counts(tiny, 4 * 16, 6 * 16, 5)  # the probe's latent: 2 x 4 x 6
     n, layers, width = 8, tiny.transformer["num_layers"], 8 * 16
-    predicted = perf.collective_bytes(tiny, 64, 96, 5, dtype="fp32", strategy="tp", mesh_shape=n)
+    predicted = collective_bytes(tiny, 64, 96, 5, dtype="fp32", strategy="tp", mesh_shape=n)
     buffers = predicted["bytes_per_device"] / (2 * (n - 1) / n)  # undo the ring factor: bytes all-reduced
     dead = 2 * 2 * tokens["context"] * width * 4  # last block: context attention-out and MLP-out
     assert case["collectives"]["all-reduce"]["bytes"] == buffers - dead

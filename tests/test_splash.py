@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hyv_lib import HyvInputError
-from hyv_lib.splash import DEFAULT_BLOCK_SIZES, _resolve_block_sizes, splash_attention, splash_attention_jax
+from hyv_lib.kernels.splash import DEFAULT_BLOCK_SIZES, resolve_block_sizes, splash_attention, splash_attention_jax
 
 SMALL = dict(block_q=128, block_kv=256, block_kv_compute=128)  # keeps interpret mode fast; S below is not a multiple
 FP32_TOL = 1e-5
@@ -101,10 +101,10 @@ def test_no_nan_for_degenerate_masks():
 def test_default_block_sizes_and_clamping():
     assert all(b % 128 == 0 for b in DEFAULT_BLOCK_SIZES.values())
     assert DEFAULT_BLOCK_SIZES["block_kv"] % DEFAULT_BLOCK_SIZES["block_kv_compute"] == 0
-    assert _resolve_block_sizes(300, None, None, None) == (384, 384, 384)
-    assert _resolve_block_sizes(700, None, None, None) == (768, 768, 768)
-    assert _resolve_block_sizes(700, 512, 1024, 512) == (512, 768, 384)
-    assert _resolve_block_sizes(100_000, None, None, None) == tuple(DEFAULT_BLOCK_SIZES.values())
+    assert resolve_block_sizes(300, None, None, None) == (384, 384, 384)
+    assert resolve_block_sizes(700, None, None, None) == (768, 768, 768)
+    assert resolve_block_sizes(700, 512, 1024, 512) == (512, 768, 384)
+    assert resolve_block_sizes(100_000, None, None, None) == tuple(DEFAULT_BLOCK_SIZES.values())
     # Default blocks (clamped) on a short sequence, interpret chosen automatically (CPU -> interpret mode).
     gen = torch.Generator().manual_seed(5)
     q, k, v = qkv(1, 2, 200, 64, torch.float32, gen)

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from hyv_lib.models import build_tiny_components, build_tiny_tokenizer
-from hyv_lib.presets import TINY_TRAINED, get_preset
-from hyv_lib.text import encode_prompts, system_message, template_crop_start
+from hyv_lib.base.presets import TINY_TRAINED, get_preset
+from hyv_lib.models.components import build_tiny_components, build_tiny_tokenizer
+from hyv_lib.pipeline.text import encode_prompts, system_message, template_crop_start
 
 TINY = get_preset("tiny")
 
@@ -30,7 +30,7 @@ def test_word_tokenizer_gives_each_caption_word_one_token_and_stays_lossless(tmp
     """hyv-tiny's tokenizer: one token per word of every caption (unseen cyan too), bytes for the rest."""
     from transformers import Qwen2Tokenizer
 
-    from hyv_lib import data
+    from hyv_lib.tiny import data
 
     tok = build_tiny_tokenizer(word_tokens=True)
     for caption in ("a red circle moving left on a black background", "a cyan square moving up on a gray background"):
@@ -89,7 +89,7 @@ def test_word_tokenizer_is_the_one_hyv_tiny_was_trained_with():
     training script builds must number every token as the bundled one does."""
     from transformers import Qwen2Tokenizer
 
-    from hyv_lib import data
+    from hyv_lib.tiny import data
 
     bundled = Qwen2Tokenizer.from_pretrained(f"{TINY_TRAINED.bundled_path}/tokenizer")
     built = build_tiny_tokenizer(word_tokens=True)

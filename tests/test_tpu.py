@@ -12,11 +12,14 @@ from safetensors.torch import load_file
 
 pytest.importorskip("torchax")
 
-from hyv_lib import pipeline  # noqa: E402
-from hyv_lib.models import build_tiny_components  # noqa: E402
-from hyv_lib.presets import get_preset  # noqa: E402
 from tiny_inputs import forward_kwargs as inputs  # noqa: E402
-from hyv_lib.tpu import TpuTransformer  # noqa: E402
+
+from hyv_lib.base.presets import get_preset  # noqa: E402
+from hyv_lib.models.components import build_tiny_components  # noqa: E402
+from hyv_lib.pipeline.sampling import denoise, initial_latents, prepare_conditioning  # noqa: E402
+from hyv_lib.pipeline.stage_io import load_stage1  # noqa: E402
+from hyv_lib.pipeline.stages import stage2  # noqa: E402
+from hyv_lib.runtimes.tpu import TpuTransformer  # noqa: E402
 
 TINY = get_preset("tiny")
 
@@ -52,10 +55,10 @@ def test_host_sdpa_attention_inside_the_jitted_step_equals_the_oracle(models):
 def test_ten_step_loop_compiles_once(models, tiny_run):
     oracle, _ = models
     tpu = TpuTransformer(copy.deepcopy(oracle))
-    embeds = pipeline.load_stage1(str(tiny_run))
+    embeds = load_stage1(str(tiny_run))
     scheduler = build_tiny_components(TINY, names=["scheduler"])["scheduler"]
-    latents = pipeline.denoise(tpu, pipeline.initial_latents(TINY.latent_shape(64, 96, 9), 0),
-                               pipeline.prepare_conditioning(embeds, TINY, torch.float32), scheduler,
+    latents = denoise(tpu, initial_latents(TINY.latent_shape(64, 96, 9), 0),
+                               prepare_conditioning(embeds, TINY, torch.float32), scheduler,
                                num_inference_steps=10, guidance_scale=6.0, progress=False)
     assert torch.isfinite(latents).all()
     assert tpu.compilations == 1
@@ -96,14 +99,14 @@ def test_works_inside_a_torchax_environment(models):
 def test_stage2_tpu_runtime_matches_torch_and_warmup_is_neutral(tiny_run, tmp_path, monkeypatch):
     monkeypatch.setenv("HYV_COMPILE_CACHE_DIR", str(tmp_path / "cache"))
     common = dict(num_inference_steps=4, video_length=5, quiet=True)
-    runs = {(rt, w): pipeline.stage2(str(tiny_run), output_dir=str(tmp_path / f"{rt}{w}"), runtime=rt,
+    runs = {(rt, w): stage2(str(tiny_run), output_dir=str(tmp_path / f"{rt}{w}"), runtime=rt,
                                      warmup_steps=w, **common)
             for rt in ("torch", "tpu") for w in (0, 2)}
     assert torch.equal(runs["torch", 0], runs["torch", 2])
     assert torch.equal(runs["tpu", 0], runs["tpu", 2])
     assert (runs["tpu", 0] - runs["torch", 0]).abs().max() <= 1e-4
     assert json.loads((tmp_path / "tpu0" / "generation_config.json").read_text())["runtime"] == "tpu"
-    meshed = pipeline.stage2(str(tiny_run), output_dir=str(tmp_path / "mesh"), runtime="tpu", mesh="tensor=1",
+    meshed = stage2(str(tiny_run), output_dir=str(tmp_path / "mesh"), runtime="tpu", mesh="tensor=1",
                              sharding="tp", **common)  # the sharded code path on this one-device mesh
     assert (meshed - runs["torch", 0]).abs().max() <= 1e-4
     cfg = json.loads((tmp_path / "mesh" / "generation_config.json").read_text())
@@ -115,9 +118,9 @@ CACHE_PROBE = textwrap.dedent("""
     from jax import monitoring
     hits = []
     monitoring.register_event_listener(lambda e, **kw: hits.append(e) if e.endswith("cache_hits") else None)
-    from hyv_lib.tpu import TpuTransformer, enable_compile_cache
-    from hyv_lib.models import build_tiny_components
-    from hyv_lib.presets import get_preset
+    from hyv_lib.runtimes.tpu import TpuTransformer, enable_compile_cache
+    from hyv_lib.models.components import build_tiny_components
+    from hyv_lib.base.presets import get_preset
     enable_compile_cache(sys.argv[1])
     tiny = get_preset("tiny")
     model = build_tiny_components(tiny, names=["transformer"])["transformer"]

@@ -15,8 +15,8 @@ import pytest
 pytest.importorskip("libtpu", reason="the TPU compiler comes with libtpu (requirements.txt, Linux only)")
 
 from hyv_lib import cli  # noqa: E402
-from hyv_lib.presets import get_preset  # noqa: E402
-from hyv_lib.tpu_compile import compile_step, parse_hbm_oom  # noqa: E402
+from hyv_lib.base.presets import get_preset  # noqa: E402
+from hyv_lib.planning.tpu_compile import compile_step, parse_hbm_oom  # noqa: E402
 
 TINY = get_preset("tiny")
 HERE = os.path.dirname(__file__)
@@ -66,7 +66,7 @@ def test_cli_compile_prints_the_report_quietly_with_splash_native_for_a_tiny_hea
 def test_a_stopped_process_prints_no_libtpu_stack_trace():
     """libtpu installs a crash handler that dumps a stack trace on SIGTERM (how Jupyter stops a kernel); without a
     TPU attached hyv_lib puts the default back once libtpu has loaded."""
-    code = ("import os, signal, time; from hyv_lib.tpu_compile import topology_devices; topology_devices('v6e:2x2'); "
+    code = ("import os, signal, time; from hyv_lib.planning.tpu_compile import topology_devices; topology_devices('v6e:2x2'); "
             "os.kill(os.getpid(), signal.SIGTERM); time.sleep(5)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == -15 and out.stderr == "", out.stderr[-2000:]
@@ -136,11 +136,13 @@ def _splash_program(topology, dtype, **options):
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
 
-    from hyv_lib.sharding import active_mesh, per_shard
-    from hyv_lib.splash import splash_attention_jax
-    from hyv_lib.tpu_compile import topology_devices
+    from hyv_lib.kernels.splash import splash_attention_jax
+    from hyv_lib.parallel.mesh import active_mesh
+    from hyv_lib.parallel.sharding import per_shard
+    from hyv_lib.planning.tpu_compile import topology_devices
 
     devices = topology_devices(topology)[:4]
     mesh = Mesh(np.array(devices).reshape(1, 4, 1), ("data", "tensor", "sequence"))
@@ -159,7 +161,7 @@ def _splash_program(topology, dtype, **options):
 def test_default_splash_blocks_compile_at_the_real_length_on_every_chip_in_both_dtypes(topology):
     import jax.numpy as jnp
 
-    from hyv_lib.libtpu import quiet_libtpu
+    from hyv_lib.parallel.jax_env import quiet_libtpu
 
     for dtype in (jnp.bfloat16, jnp.float32):
         with quiet_libtpu():
@@ -177,7 +179,7 @@ def test_the_stock_block_sizes_do_not_fit_v5e_scoped_vmem():
     import jax
     import jax.numpy as jnp
 
-    from hyv_lib.libtpu import quiet_libtpu
+    from hyv_lib.parallel.jax_env import quiet_libtpu
 
     with quiet_libtpu(), pytest.raises(jax.errors.JaxRuntimeError, match="vmem"):
         _splash_program("v5e:2x4", jnp.bfloat16, block_q=2048, block_kv=2048, block_kv_compute=1024).compile()

@@ -9,10 +9,10 @@ from safetensors.torch import load_file
 
 pytest.importorskip("torchax")
 
+from hyv_lib.base.presets import get_preset  # noqa: E402
 from hyv_lib.cli import run  # noqa: E402
-from hyv_lib.models import build_tiny_components  # noqa: E402
-from hyv_lib.presets import get_preset  # noqa: E402
-from hyv_lib.tpu_vae import decode_on_jax  # noqa: E402
+from hyv_lib.models.components import build_tiny_components  # noqa: E402
+from hyv_lib.runtimes.tpu_vae import decode_on_jax  # noqa: E402
 
 TINY = get_preset("tiny")
 
@@ -86,7 +86,7 @@ def test_loop_free_causal_mask_equals_diffusers_and_traces_without_a_per_token_l
     from torchax.interop import JittableModule, jax_view
     from torchax.ops.mappings import t2j_dtype
 
-    from hyv_lib.tpu_vae import block_causal_mask, loop_free_causal_masks
+    from hyv_lib.models.patches import block_causal_mask, loop_free_causal_masks
 
     for frames, hw, batch in ((1, 4, None), (3, 4, 2), (5, 6, 1)):
         expected = HunyuanVideo15AttnBlock.prepare_causal_attention_mask(frames, hw, torch.float32, "cpu", batch)

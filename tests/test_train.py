@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from hyv_lib import data, train
-from hyv_lib.presets import TINY_TRAINED, get_preset
+from hyv_lib.base.presets import TINY_TRAINED, get_preset
+from hyv_lib.tiny import data, train
 
 
 def test_noise_levels_follow_the_schedulers_shift():
@@ -121,8 +121,8 @@ def test_spike_guard_skips_only_outlier_updates():
 def test_missing_bundled_weights_name_the_preset():
     import dataclasses
 
-    from hyv_lib.errors import HyvInputError
-    from hyv_lib.models import load_components
+    from hyv_lib.base.errors import HyvInputError
+    from hyv_lib.models.components import load_components
 
     broken = dataclasses.replace(TINY_TRAINED, bundled_weights="no-such-folder")
     with pytest.raises(HyvInputError, match="bundled weights are missing") as err:

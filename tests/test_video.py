@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from hyv_lib.models import build_tiny_components
-from hyv_lib.presets import get_preset
-from hyv_lib.stage_io import atomic_path
-from hyv_lib.video import decode_latents, read_mp4, to_uint8_frames, write_mp4
+from hyv_lib.base.files import atomic_path
+from hyv_lib.base.presets import get_preset
+from hyv_lib.models.components import build_tiny_components
+from hyv_lib.pipeline.video_io import read_mp4, write_mp4
+from hyv_lib.runtimes.vae import decode_latents, to_uint8_frames
 
 
 def smooth_clip(frames=9, height=96, width=160):
@@ -69,7 +70,7 @@ def test_tiled_decode_matches_one_piece_within_30_db():
     """Stage 3's spatial tiles (256 px, overlap 0.25, linear blending) against one-piece decoding on a frame larger
     than a tile. They differ (each tile's mid-block attention sees only its own tile; seams are blended), but by
     little: measured 34.5 dB PSNR on this random tiny VAE, asserted >= 30 dB."""
-    from hyv_lib import quality
+    from hyv_lib.tiny import quality
 
     tiny = get_preset("tiny")
     vae = build_tiny_components(tiny, names=["vae"])["vae"]
@@ -83,7 +84,7 @@ def test_tiled_decode_matches_one_piece_within_30_db():
 
 def test_write_mp4_refuses_frames_that_are_not_uint8(tmp_path):
     """A float [-1, 1] video cast to uint8 would be an all-black mp4: it is an error naming the argument."""
-    from hyv_lib.errors import HyvInputError
+    from hyv_lib.base.errors import HyvInputError
 
     with pytest.raises(HyvInputError) as err:
         write_mp4(np.zeros((2, 16, 16, 3), dtype=np.float32), str(tmp_path / "v.mp4"), 8)
@@ -110,8 +111,8 @@ def test_video_html_embeds_a_scaled_copy_of_a_large_file(tmp_path):
 
     import numpy as np
 
-    from hyv_lib.display import video_html
-    from hyv_lib.video import read_mp4, write_mp4
+    from hyv_lib.notebook.display import video_html
+    from hyv_lib.pipeline.video_io import read_mp4, write_mp4
 
     frames = np.random.default_rng(0).integers(0, 256, (5, 256, 448, 3), dtype=np.uint8)  # noise: incompressible
     path = str(tmp_path / "big.mp4")
@@ -129,7 +130,7 @@ def test_video_html_with_a_media_dir_links_the_file_by_a_relative_url(tmp_path, 
     the working folder, so it resolves both in Jupyter and in the built site."""
     import re
 
-    from hyv_lib.display import video_html
+    from hyv_lib.notebook.display import video_html
 
     clip = smooth_clip(frames=5, height=32, width=48)
     (tmp_path / "notebooks").mkdir()

@@ -5,7 +5,6 @@ import re
 import subprocess
 import sys
 
-import pytest
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -27,9 +27,9 @@ def main() -> int:
     import numpy as np
     import torch
 
-    from hyv_lib import data, quality, train
-    from hyv_lib.models import load_components
-    from hyv_lib.presets import TINY_TRAINED
+    from hyv_lib.base.presets import TINY_TRAINED
+    from hyv_lib.models.components import load_components
+    from hyv_lib.tiny import data, quality, train
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model_path", default=None, help="pipeline folder (default: the bundled hyv-tiny)")
@@ -43,7 +43,7 @@ def main() -> int:
     preset = TINY_TRAINED
     if args.model_path is None and not os.path.isdir(preset.bundled_path):
         parser.error(f"no bundled weights at {preset.bundled_path}: pass --model_path (e.g. RUN/pipeline)")
-    from hyv_lib.models import IMAGE_COMPONENTS, PIPELINE_COMPONENTS
+    from hyv_lib.models.components import IMAGE_COMPONENTS, PIPELINE_COMPONENTS
 
     components = load_components(preset, args.model_path, PIPELINE_COMPONENTS + IMAGE_COMPONENTS)
     _, held_out = data.split_combos()

@@ -22,8 +22,8 @@ import torch
 
 
 def main() -> int:
-    from hyv_lib import data, train
-    from hyv_lib.presets import TINY_TRAINED
+    from hyv_lib.base.presets import TINY_TRAINED
+    from hyv_lib.tiny import data, train
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True)
@@ -81,7 +81,7 @@ def train_vae_stage(args, preset, train_combos, held_out, log, decoder_only: boo
     import numpy as np
     from diffusers import AutoencoderKLHunyuanVideo15
 
-    from hyv_lib import data, train
+    from hyv_lib.tiny import data, train
 
     def held_out_clips(frames):
         return torch.from_numpy(np.stack([data.render_clip(c, seed=10_000 + i, frames=frames)
@@ -118,8 +118,8 @@ def train_dit_stage(args, preset, train_combos, log) -> None:
 
     from diffusers import AutoencoderKLHunyuanVideo15, HunyuanVideo15Transformer3DModel
 
-    from hyv_lib import data, train
-    from hyv_lib.models import COMPONENTS, build_tiny_components, save_pipeline
+    from hyv_lib.models.components import COMPONENTS, build_tiny_components, save_pipeline
+    from hyv_lib.tiny import data, train
 
     vae = AutoencoderKLHunyuanVideo15.from_pretrained(os.path.join(args.out, "vae")).eval().requires_grad_(False)
     text = build_tiny_components(preset, seed=args.seed, names=["tokenizer", "text_encoder", "tokenizer_2",
@@ -146,8 +146,8 @@ def train_i2v_stage(args, preset, train_combos, log) -> None:
     """Fine-tune a trained text-to-video pipeline's DiT on t2v and i2v batches; save the image-to-video folder."""
     import copy
 
-    from hyv_lib import train
-    from hyv_lib.models import COMPONENTS, IMAGE_COMPONENTS, load_components, save_pipeline
+    from hyv_lib.models.components import COMPONENTS, IMAGE_COMPONENTS, load_components, save_pipeline
+    from hyv_lib.tiny import train
 
     init = args.i2v_init or os.path.join(args.out, "pipeline")
     # The SigLIP is the preset's seeded one (built in code when the folder has none), frozen like the text encoders.

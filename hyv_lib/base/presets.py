@@ -1,0 +1,378 @@
+"""Named model presets: the real HunyuanVideo-1.5 configs and a tiny CPU-sized one."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import HyvInputError
+
+# Flow shift and CFG per variant follow the official PIPELINE_CONFIGS
+# (Tencent-Hunyuan/HunyuanVideo-1.5, hyvideo/commons/__init__.py): 480p shift 5, 720p t2v shift 9, 720p i2v shift 7,
+# CFG 6. The step-distilled 480p I2V model (MeanFlow) runs shift 7 with CFG off (1.0) in 8 or 12 steps (official
+# README, "Optimal Inference Configurations"; diffusers PR #12802 adds its config with use_meanflow=True).
+
+#: What a preset's checkpoint generates from: text alone (t2v) or a text and a first frame (i2v).
+TASKS = ("t2v", "i2v")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Everything that fixes shapes and defaults for one model variant.
+
+    Real presets describe checkpoints loaded with ``from_pretrained`` from a diffusers-format folder;
+    the tiny preset builds the same diffusers/transformers classes with small configs in code.
+    """
+
+    name: str
+    description: str
+    is_tiny: bool
+    hub_id: str | None
+    text_len: int  # MLLM tokens after cropping the chat template
+    text_dim: int
+    byt5_len: int
+    byt5_dim: int
+    image_tokens: int  # SigLIP tokens (zeros for t2v)
+    image_dim: int
+    latent_channels: int
+    spatial_compression: int
+    temporal_compression: int
+    target_size: int  # pixel "base size" of the aspect-ratio buckets
+    default_video_length: int
+    default_steps: int
+    flow_shift: float
+    guidance_scale: float
+    fps: int
+    default_dtype: str
+    crop_start: int | None  # template tokens to drop; None = compute from the tokenizer
+    transformer: dict[str, Any] = field(default_factory=dict)
+    vae: dict[str, Any] = field(default_factory=dict)
+    text_encoder: dict[str, Any] | None = None  # tiny only: Qwen2.5-VL text config kwargs
+    text_encoder_2: dict[str, Any] | None = None  # tiny only: T5 (ByT5) encoder config kwargs
+    bundled_weights: str | None = None  # a diffusers-format folder inside hyv_lib/weights used without --model_path
+    word_tokens: bool = False  # tiny only: the tokenizer has a token per caption word (models.build_tiny_tokenizer)
+    tasks: tuple[str, ...] = ("t2v",)  # what the checkpoint was trained for: ("t2v",), ("i2v",) or both
+    image_encoder: dict[str, Any] | None = None  # tiny only: SigLIP vision config kwargs (image-to-video)
+
+    @property
+    def use_meanflow(self) -> bool:
+        """The step-distilled (MeanFlow) variant: each step also gets the next timestep (``timestep_r``)."""
+        return bool(self.transformer.get("use_meanflow", False))
+
+    @property
+    def bundled_path(self) -> str | None:
+        """Absolute path of the bundled weights folder, or None when the preset builds random weights."""
+        if self.bundled_weights is None:
+            return None
+        import os
+
+        return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "weights", self.bundled_weights)
+
+    @property
+    def default_height(self) -> int:
+        return default_size(self)[0]
+
+    @property
+    def default_width(self) -> int:
+        return default_size(self)[1]
+
+    def latent_shape(self, height: int, width: int, video_length: int) -> tuple[int, int, int, int, int]:
+        """Shape of ``latents`` in stage2_latents.safetensors for a video of this size (HyvInputError naming the
+        argument for a size the VAE cannot take: height and width positive multiples of the spatial compression,
+        video_length = 4n+1)."""
+        for name, value in (("height", height), ("width", width), ("video_length", video_length)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise HyvInputError(name, f"must be a positive integer, got {value!r}")
+        for name, value in (("height", height), ("width", width)):
+            if value % self.spatial_compression:
+                raise HyvInputError(name, f"must be a multiple of {self.spatial_compression}, got {value}")
+        if (video_length - 1) % self.temporal_compression:
+            raise HyvInputError("video_length", f"must be {self.temporal_compression}n+1 (e.g. 9, 33, 121), "
+                                                f"got {video_length}")
+        return (
+            1,
+            self.latent_channels,
+            (video_length - 1) // self.temporal_compression + 1,
+            height // self.spatial_compression,
+            width // self.spatial_compression,
+        )
+
+    def stage1_shapes(self, image_size: tuple[int, int] | None = None) -> dict[str, tuple[int, ...]]:
+        """Name -> shape of the tensors in stage1_embeddings.safetensors: the 8 text tensors, and with ``image_size``
+        (the first frame's bucket as (height, width): image to video) also ``image_embeds`` [1, image_tokens,
+        image_dim] (SigLIP's tokens) and ``cond_latents`` [1, latent_channels, 1, height / 16, width / 16] (the
+        frame's VAE latents; 16 = the spatial compression)."""
+        shapes = {
+            "prompt_embeds": (1, self.text_len, self.text_dim),
+            "prompt_embeds_mask": (1, self.text_len),
+            "prompt_embeds_2": (1, self.byt5_len, self.byt5_dim),
+            "prompt_embeds_mask_2": (1, self.byt5_len),
+        }
+        shapes = {**shapes, **{f"negative_{k}": v for k, v in shapes.items()}}
+        if image_size is not None:
+            height, width = image_size
+            latent = self.latent_shape(height, width, 1)  # checks the size; one frame -> one latent frame
+            shapes.update(image_embeds=(1, self.image_tokens, self.image_dim), cond_latents=latent)
+        return shapes
+
+    def to_json(self) -> dict[str, Any]:
+        """The preset as plain JSON-able data (what ``python -m hyv_lib info --json`` prints)."""
+        data = dataclasses.asdict(self)
+        data["default_height"] = self.default_height
+        data["default_width"] = self.default_width
+        return data
+
+
+def _real(name: str, target_size: int, flow_shift: float, description: str, *, task: str = "t2v",
+          guidance_scale: float = 6.0, default_steps: int = 50, use_meanflow: bool = False) -> Preset:
+    return Preset(
+        name=name,
+        description=description,
+        is_tiny=False,
+        hub_id=f"hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-{name}",
+        text_len=1000,
+        text_dim=3584,
+        byt5_len=256,
+        byt5_dim=1472,
+        image_tokens=729,
+        image_dim=1152,
+        latent_channels=32,
+        spatial_compression=16,
+        temporal_compression=4,
+        target_size=target_size,
+        default_video_length=121,
+        default_steps=default_steps,
+        flow_shift=flow_shift,
+        guidance_scale=guidance_scale,
+        fps=24,
+        default_dtype="bf16",
+        crop_start=108,  # diffusers HunyuanVideo15Pipeline.prompt_template_encode_start_idx
+        transformer=dict(
+            in_channels=65, out_channels=32, num_attention_heads=16, attention_head_dim=128, num_layers=54,
+            num_refiner_layers=2, mlp_ratio=4.0, patch_size=1, patch_size_t=1, qk_norm="rms_norm",
+            text_embed_dim=3584, text_embed_2_dim=1472, image_embed_dim=1152, rope_theta=256.0,
+            rope_axes_dim=[16, 56, 56], target_size=target_size, task_type=task, use_meanflow=use_meanflow,
+        ),
+        vae=dict(
+            in_channels=3, out_channels=3, latent_channels=32, block_out_channels=[128, 256, 512, 1024, 1024],
+            layers_per_block=2, spatial_compression_ratio=16, temporal_compression_ratio=4,
+            scaling_factor=1.03682,
+        ),
+        tasks=(task,),
+    )
+
+
+_TINY_LATENT = 8
+TINY = Preset(
+    name="tiny",
+    description="The real diffusers/transformers classes with small configs and seeded random weights (CPU, seconds).",
+    is_tiny=True,
+    hub_id=None,
+    text_len=128,
+    text_dim=32,
+    byt5_len=32,
+    byt5_dim=24,
+    image_tokens=16,
+    image_dim=16,
+    latent_channels=_TINY_LATENT,
+    spatial_compression=16,
+    temporal_compression=4,
+    target_size=128,
+    default_video_length=9,
+    default_steps=8,
+    flow_shift=5.0,
+    guidance_scale=6.0,
+    fps=8,
+    default_dtype="fp32",
+    crop_start=None,
+    transformer=dict(
+        in_channels=2 * _TINY_LATENT + 1, out_channels=_TINY_LATENT, num_attention_heads=2, attention_head_dim=16,
+        num_layers=2, num_refiner_layers=1, mlp_ratio=4.0, patch_size=1, patch_size_t=1, qk_norm="rms_norm",
+        text_embed_dim=32, text_embed_2_dim=24, image_embed_dim=16, rope_theta=256.0, rope_axes_dim=[4, 6, 6],
+        target_size=128, task_type="t2v", use_meanflow=False,
+    ),
+    vae=dict(
+        in_channels=3, out_channels=3, latent_channels=_TINY_LATENT, block_out_channels=[8, 16, 16, 32, 32],
+        layers_per_block=1, spatial_compression_ratio=16, temporal_compression_ratio=4, scaling_factor=1.03682,
+    ),
+    # hidden_states[-3] needs >= 2 layers; mrope_section must sum to head_dim / 2 = 4.
+    text_encoder=dict(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [2, 1, 1]},
+    ),
+    text_encoder_2=dict(
+        vocab_size=384, d_model=24, d_kv=8, d_ff=48, num_layers=2, num_heads=3, feed_forward_proj="gated-gelu",
+    ),
+    tasks=TASKS,  # random weights: either task runs (the shapes are what is tested)
+    # SigLIP as the real one (so400m-patch14-384: 27 x 27 = 729 tokens of width 1152), shrunk to width image_dim;
+    # its image_size follows image_tokens (siglip_image_size): 32 px = 4 x 4 patches = 16 tokens here.
+    image_encoder=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, patch_size=8),
+)
+
+
+def siglip_image_size(preset: "Preset") -> int:
+    """Pixel size of the tiny SigLIP's square input for the preset's image-token count (patches^2 tokens)."""
+    side = round(preset.image_tokens ** 0.5)
+    if side * side != preset.image_tokens:
+        raise ValueError(f"{preset.name}: image_tokens {preset.image_tokens} is not a square number of patches")
+    return side * preset.image_encoder["patch_size"]
+
+def real_layout_tiny(preset: "Preset | str") -> Preset:
+    """The tiny classes (random widths of ``tiny``) with a real preset's *layout*: its text_len (1000) and ByT5 length
+    (256), image-token count (729), 32 latent channels (so in_channels 65), 16x/4x VAE, scheduler shift, guidance,
+    steps and buckets. Saved by ``python -m hyv_lib save_tiny --preset 720p_t2v``, it loads through
+    ``--preset 720p_t2v --model_path`` exactly as the real weights do: every shape that the real preset fixes is
+    real, only the widths (and so the cost) are tiny. Its videos are noise."""
+    real = get_preset(preset)
+    if real.is_tiny:
+        raise HyvInputError("--preset", f"{real.name} is already tiny; give a real preset "
+                                        f"({', '.join(n for n, p in PRESETS.items() if not p.is_tiny)})")
+    channels = real.latent_channels
+    return dataclasses.replace(
+        TINY, name=real.name, description=f"{real.name}'s layout with tiny widths and random weights (tests, CI)",
+        text_len=real.text_len, byt5_len=real.byt5_len, image_tokens=real.image_tokens, latent_channels=channels,
+        tasks=real.tasks,
+        spatial_compression=real.spatial_compression, temporal_compression=real.temporal_compression,
+        target_size=real.target_size, default_video_length=real.default_video_length,
+        default_steps=real.default_steps, flow_shift=real.flow_shift, guidance_scale=real.guidance_scale,
+        fps=real.fps, default_dtype=real.default_dtype,
+        transformer=dict(TINY.transformer, in_channels=2 * channels + 1, out_channels=channels,
+                         target_size=real.target_size, task_type=real.transformer["task_type"],
+                         use_meanflow=real.use_meanflow),
+        # The encoder averages groups of block_out[-1] / (2 x latent) channels into its shortcut: the last widths must
+        # be at least twice the latent channels for it to encode (image-to-video's first frame).
+        vae=dict(TINY.vae, latent_channels=channels, block_out_channels=[8, 16, 32, 2 * channels, 2 * channels],
+                 spatial_compression_ratio=real.spatial_compression,
+                 temporal_compression_ratio=real.temporal_compression, scaling_factor=real.vae["scaling_factor"]),
+    )
+
+
+_TRAINED_LATENT = 16
+# The config of hyv-tiny, the trained tiny model: tools/train_hyv_tiny.py trains it from this config,
+#: The words of hyv-tiny's captions (frozen: its word tokenizer was trained on every caption of these lists, so a
+#: new word would renumber the tokens the shipped DiT learned to read). Kept here, not derived from the training
+#: data module: the tokenizer is part of the model. tests/test_data.py checks the dataset's words are these.
+TINY_CAPTION_WORDS = {
+    "color": ("red", "green", "blue", "yellow", "white", "cyan"),
+    "shape": ("circle", "square", "triangle"),
+    "direction": ("left", "right", "up", "down"),
+    "background": ("black", "gray", "purple"),
+}
+
+
+def tiny_tokenizer_captions() -> list[str]:
+    """Every caption hyv-tiny's word tokenizer was trained on, in the training order."""
+    words = TINY_CAPTION_WORDS
+    return [f"a {c} {s} moving {d} on a {b} background" for c in words["color"] for s in words["shape"]
+            for d in words["direction"] for b in words["background"]]
+
+
+def tiny_vocabulary() -> list[str]:
+    """The words hyv-tiny knows, each one token. Any other word (e.g. "dark") is split into sub-word tokens it
+    never saw in training: the prompt still runs, but the video follows it less or not at all."""
+    return sorted({word for caption in tiny_tokenizer_captions() for word in caption.split()})
+
+
+# and its weights ship in hyv_lib/weights/hyv-tiny with the training log and the measured quality gates.
+TINY_TRAINED = dataclasses.replace(
+    TINY,
+    name="tiny_trained",
+    description="hyv-tiny: the tiny classes trained on procedural moving shapes (64x112, 9 frames; prompts like "
+    "'a red circle moving left on a gray background', words from hyv_lib.base.presets.tiny_vocabulary()), from the text "
+    "alone or from a first frame too (--image_path); weights bundled in hyv_lib/weights/hyv-tiny.",
+    text_len=24,  # after the crop: 9 word tokens of a caption + 13 of the template's closing turn
+    word_tokens=True,
+    # Frozen random text encoder with larger weights: at Qwen's default init (std 0.02) its features are ~0.1 per
+    # token, smaller than the bias of the DiT's text input layer, and the DiT ignored the colour word; at 0.5 a
+    # 2500-step DiT probe got the colour right in 82% of held-out prompts (chapter 7 shows the scales).
+    text_encoder=dict(TINY.text_encoder, initializer_range=0.5),
+    byt5_len=16,  # captions quote nothing (all padding); 16 still fits a short quoted word
+    image_tokens=4,  # SigLIP tokens of the first frame (16 x 16 pixels, 8 x 8 patches); t2v: zeros, masked out
+    latent_channels=_TRAINED_LATENT,
+    target_size=96,  # 16:9 bucket 64 x 112, the training size
+    default_steps=20,
+    transformer=dict(
+        TINY.transformer, in_channels=2 * _TRAINED_LATENT + 1, out_channels=_TRAINED_LATENT, num_attention_heads=2,
+        attention_head_dim=32, num_layers=3, rope_axes_dim=[8, 12, 12], target_size=96,
+    ),
+    vae=dict(TINY.vae, latent_channels=_TRAINED_LATENT, block_out_channels=[8, 16, 32, 64, 64]),
+    flow_shift=3.0,  # 84 video tokens: far fewer than 720p, so less shift towards high noise
+    guidance_scale=4.5,
+    bundled_weights="hyv-tiny",
+)
+
+#: Every preset by name: the real 480p/720p text-to-video and image-to-video settings (and the step-distilled 480p
+#: I2V one) and the tiny ones (``tiny``: random weights; ``tiny_trained``: the bundled hyv-tiny).
+#: ``python -m hyv_lib info --preset NAME --json`` prints one.
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        TINY,
+        TINY_TRAINED,
+        _real("480p_t2v", 640, 5.0, "HunyuanVideo-1.5 480p text-to-video (8.3B DiT), diffusers format."),
+        _real("720p_t2v", 960, 9.0, "HunyuanVideo-1.5 720p text-to-video (8.3B DiT), diffusers format."),
+        _real("480p_i2v", 640, 5.0, "HunyuanVideo-1.5 480p image-to-video (8.3B DiT + SigLIP), diffusers format.",
+              task="i2v"),
+        _real("720p_i2v", 960, 7.0, "HunyuanVideo-1.5 720p image-to-video (8.3B DiT + SigLIP), diffusers format.",
+              task="i2v"),
+        _real("480p_i2v_step_distilled", 640, 7.0, "HunyuanVideo-1.5 480p image-to-video, step-distilled "
+              "(MeanFlow: 8 or 12 steps, CFG off), diffusers format.", task="i2v", guidance_scale=1.0,
+              default_steps=8, use_meanflow=True),
+    )
+}
+
+
+def get_preset(name: str | Preset) -> Preset:
+    """Look a preset up by name (a :class:`Preset` passes through); an unknown name raises HyvInputError listing
+    the valid ones."""
+    if isinstance(name, Preset):
+        return name
+    if not isinstance(name, str):
+        raise HyvInputError("--preset", f"must be a preset name ({', '.join(PRESETS)}) or a Preset, "
+                                        f"got {type(name).__name__}")
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise HyvInputError("--preset", f"unknown preset {name!r}; valid: {', '.join(PRESETS)}") from None
+
+
+def parse_aspect_ratio(aspect_ratio: str) -> tuple[int, int]:
+    """'16:9' -> (16, 9) as (width, height), the official CLI's W:H convention."""
+    try:
+        w, h = (int(x) for x in aspect_ratio.split(":"))
+        if w <= 0 or h <= 0:
+            raise ValueError
+    except ValueError:
+        raise HyvInputError(
+            "--aspect_ratio", f"must be W:H with positive integers (e.g. 16:9, 9:16, 4:3, 1:1), got {aspect_ratio!r}"
+        ) from None
+    return w, h
+
+
+def bucket_size(preset: Preset, aspect_ratio: str = "16:9") -> tuple[int, int]:
+    """(height, width) of the preset's resolution bucket closest to ``aspect_ratio``, as diffusers picks it.
+
+    Uses diffusers' HunyuanVideo15ImageProcessor.calculate_default_height_width, whose bucket list and
+    one-sided nearest-ratio match differ from the official repo for some ratios (e.g. 9:16 at 720p).
+    """
+    w, h = parse_aspect_ratio(aspect_ratio)
+    if max(w, h) / min(w, h) > 4:
+        raise HyvInputError("--aspect_ratio", f"ratio must be at most 4 (buckets stop at 4:1), got {aspect_ratio!r}")
+    return bucket_for(preset.target_size, preset.spatial_compression, w, h)
+
+
+@functools.lru_cache(maxsize=None)
+def bucket_for(target_size: int, stride: int, w: int, h: int) -> tuple[int, int]:
+    from diffusers.pipelines.hunyuan_video1_5.image_processor import HunyuanVideo15ImageProcessor
+
+    processor = HunyuanVideo15ImageProcessor(vae_scale_factor=stride)
+    height, width = processor.calculate_default_height_width(h, w, target_size)
+    return int(height), int(width)
+
+
+def default_size(preset: Preset) -> tuple[int, int]:
+    """The 16:9 bucket: 480x848 for 480p, 720x1280 for 720p (diffusers' T2V default)."""
+    return bucket_size(preset, "16:9")

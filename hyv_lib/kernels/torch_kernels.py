@@ -1,0 +1,103 @@
+"""The torch attention kernels with exact key-padding masks: the fp32 reference, SDPA per sample, flash-attn varlen, SageAttention, and the inexact K/V zeroing."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+
+# ------------------------------------------------------------------------------------------------ kernels
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_mask: torch.Tensor) -> torch.Tensor:
+    """The oracle: plain softmax(QK^T/sqrt(D)) V in fp32 over valid keys. Materialises [B,H,S,S] (O(S^2))."""
+    scores = torch.einsum("bhqd,bhkd->bhqk", q.float(), k.float()) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~kv_mask[:, None, None, :], float("-inf"))
+    # A sample with no valid key has all -inf rows: zero weights instead of NaN. Only those (not nan_to_num): a NaN
+    # that comes in with q, k or v must come out, or the oracle would hide a numerical blow-up.
+    probs = torch.softmax(scores, dim=-1).masked_fill(~kv_mask.any(-1)[:, None, None, None], 0.0)
+    out = torch.einsum("bhqk,bhkd->bhqd", probs, v.float())
+    return (out * kv_mask[:, None, :, None]).to(q.dtype)
+
+
+def _per_batch_valid(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_mask: torch.Tensor,
+    kernel: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """Run an unmasked ``kernel`` on each batch element's valid tokens only; invalid rows stay zero.
+
+    Valid tokens are a prefix after HunyuanVideo's valid-first reorder, so this is usually a slice
+    (no copy); scattered masks fall back to a gather. Extra memory is O(S), never O(S^2).
+    """
+    out = torch.zeros_like(q)
+    for b in range(q.shape[0]):
+        valid = kv_mask[b]
+        n = int(valid.sum())
+        if n == 0:
+            continue
+        if bool(valid[:n].all()):
+            idx = slice(0, n)
+        else:
+            idx = valid.nonzero(as_tuple=True)[0]
+        out[b : b + 1, :, idx] = kernel(q[b : b + 1, :, idx], k[b : b + 1, :, idx], v[b : b + 1, :, idx]).to(q.dtype)
+    return out
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_mask: torch.Tensor) -> torch.Tensor:
+    """torch SDPA with no mask argument on the valid tokens (lets torch pick its fused kernel)."""
+    return _per_batch_valid(q, k, v, kv_mask, lambda q_, k_, v_: F.scaled_dot_product_attention(q_, k_, v_))
+
+
+def varlen_inputs(kv_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """flash-attn varlen inputs from a [B, S] mask: flat indices of valid tokens (into B*S, row-major),
+    cumulative sequence lengths ``cu_seqlens`` (int32, [B+1], starting at 0) and the longest length."""
+    lengths = kv_mask.sum(dim=1, dtype=torch.int32)
+    cu_seqlens = F.pad(torch.cumsum(lengths, dim=0, dtype=torch.int32), (1, 0))
+    indices = kv_mask.flatten().nonzero(as_tuple=True)[0]
+    return indices, cu_seqlens, int(lengths.max()) if lengths.numel() else 0
+
+
+def unpad(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """[B, H, S, D] -> [total_valid, H, D], the packed layout of flash-attn's varlen functions."""
+    b, h, s, d = x.shape
+    return x.transpose(1, 2).reshape(b * s, h, d).index_select(0, indices)
+
+
+def pad(packed: torch.Tensor, indices: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """Inverse of :func:`unpad`: scatter [total_valid, H, D] into zeros of [B, H, S, D]."""
+    b, h, s, d = shape
+    out = packed.new_zeros(b * s, h, d)
+    out[indices] = packed
+    return out.view(b, s, h, d).transpose(1, 2)
+
+
+def flash_attention(q, k, v, kv_mask, *, version: int = 2) -> torch.Tensor:
+    """flash-attn varlen (FlashAttention-2, or 3 via flash_attn_interface) on the packed valid tokens."""
+    if version == 3:
+        from flash_attn_interface import flash_attn_varlen_func
+    else:
+        from flash_attn import flash_attn_varlen_func
+    indices, cu_seqlens, max_len = varlen_inputs(kv_mask)
+    if max_len == 0:
+        return torch.zeros_like(q)
+    qp, kp, vp = (unpad(x, indices) for x in (q, k, v))
+    out = flash_attn_varlen_func(qp, kp, vp, cu_seqlens, cu_seqlens, max_len, max_len,
+                                 softmax_scale=q.shape[-1] ** -0.5)
+    out = out[0] if isinstance(out, tuple) else out  # FA3 returns (out, lse)
+    return pad(out, indices, q.shape)
+
+
+def sage_attention(q, k, v, kv_mask) -> torch.Tensor:
+    """SageAttention (8-bit QK^T: LOSSY, not exact) on each batch element's valid tokens."""
+    from sageattention import sageattn
+
+    return _per_batch_valid(q, k, v, kv_mask,
+                            lambda q_, k_, v_: sageattn(q_, k_, v_, tensor_layout="HND", is_causal=False))
+
+
+def kv_zeroing_attention(q, k, v, kv_mask) -> torch.Tensor:
+    """TEACHING ONLY, inexact: gpu-tpu-pedia's TPU scheme. Padded K and V are zeroed and attention runs
+    with no mask, so each padded key still adds exp(0 - max) to every softmax denominator."""
+    keep = kv_mask[:, None, :, None].to(k.dtype)
+    return F.scaled_dot_product_attention(q, k * keep, v * keep)

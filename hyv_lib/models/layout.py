@@ -1,0 +1,58 @@
+"""Token layout of the joint sequence [video ; image ; ByT5 ; text]: sizes and the valid-first reorder as a gather."""
+
+from __future__ import annotations
+
+import torch
+
+from ..base.presets import Preset
+
+
+def video_tokens(preset: Preset, height: int, width: int, video_length: int) -> int:
+    """Video tokens of one sample: latent frames x latent height x latent width (patch size 1)."""
+    _, _, t, h, w = preset.latent_shape(height, width, video_length)
+    return t * h * w
+
+
+def context_tokens(preset: Preset) -> int:
+    """Context tokens after the reorder: image + ByT5 + text (729 + 256 + 1000 = 1985 for the real model)."""
+    return preset.image_tokens + preset.byt5_len + preset.text_len
+
+
+def joint_sequence_length(preset: Preset, height: int, width: int, video_length: int) -> int:
+    """S of the joint attention: video tokens followed by all (valid-first) context tokens."""
+    return video_tokens(preset, height, width, video_length) + context_tokens(preset)
+
+
+def dense_mask_bytes(preset: Preset, height: int, width: int, video_length: int, batch: int = 2) -> int:
+    """Bytes of the [B, 1, S, S] boolean mask diffusers' processor builds in every block (CFG: B = 2)."""
+    s = joint_sequence_length(preset, height, width, video_length)
+    return batch * s * s
+
+
+def valid_first_order(*masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gather indices that put valid tokens first, as diffusers' boolean-index reorder does.
+
+    ``masks`` are [B, L_k] masks of the sources in concatenation order (image, ByT5, text). Returns
+    ``order`` [B, sum L_k] with ``reordered = torch.cat(sources, 1).gather(1, order[..., None].expand(...))``
+    and the reordered mask. A stable sort keeps [valid image, valid ByT5, valid text, invalid image,
+    invalid ByT5, invalid text]: the same layout, but static-shaped and jittable (no boolean indexing).
+    """
+    valid = torch.cat([m.bool() for m in masks], dim=1)
+    order = torch.argsort((~valid).to(torch.int8), dim=1, stable=True)
+    return order, valid.gather(1, order)
+
+
+def check_supported(model, who: str) -> None:
+    """The restated forwards (TPU step, Ulysses, DeepCache) assume a 1x1x1 patch (one token per latent pixel, as in
+    every HunyuanVideo-1.5 checkpoint); anything else is a clear error."""
+    config = model.config
+    if config.patch_size != 1 or config.patch_size_t != 1:
+        raise ValueError(f"{who} supports patch size 1x1x1 (every HunyuanVideo-1.5 checkpoint)")
+
+
+def check_timestep_r(model, timestep_r) -> None:
+    """``timestep_r`` needs a MeanFlow model (``use_meanflow=True``): diffusers' forward would fail on others with a
+    TypeError deep inside its time embedding, so say which argument is wrong instead."""
+    if timestep_r is not None and not model.config.use_meanflow:
+        raise ValueError("timestep_r is only for step-distilled (MeanFlow) models, whose transformer config has "
+                         "use_meanflow=True; this model has use_meanflow=False: pass timestep_r=None")

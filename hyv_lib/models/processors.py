@@ -1,0 +1,143 @@
+"""diffusers attention processors for HunyuanVideo-1.5 that call hyv_lib's masked attention with the 1-D key mask."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..kernels.dispatch import attention, check_options, resolve_backend
+
+
+# ---------------------------------------------------------------------------------- diffusers processors
+class _Processor:
+    def __init__(self, backend: str = "auto", **options: Any):
+        self.backend = backend
+        self.options = options
+
+    def _attend(self, q, k, v, kv_mask):  # q, k, v: [B, S, H, D] as diffusers lays them out
+        out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), kv_mask,
+                        backend=self.backend, **self.options)
+        return _heads_split(out.transpose(1, 2).flatten(2, 3))
+
+
+def _heads_split(hidden: torch.Tensor) -> torch.Tensor:
+    """Inside a sharded jitted step, keep [B, S, H*D] in the attention kernel's layout (see
+    :func:`hyv_lib.parallel.sharding.keep_heads_split`); anything else passes through."""
+    if hidden.device.type != "jax":
+        return hidden
+    from ..parallel.sharding import keep_heads_split
+
+    return keep_heads_split(hidden)
+
+
+def context_qkv(attn, encoder_hidden_states: torch.Tensor):
+    """The context stream's q, k, v of a dual-stream block as [B, L, H, D], QK-normalised like diffusers."""
+    q, k, v = (proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
+               for proj in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))
+    if attn.norm_added_q is not None:
+        q = attn.norm_added_q(q)
+    if attn.norm_added_k is not None:
+        k = attn.norm_added_k(k)
+    return q, k, v
+
+
+class JointAttnProcessor(_Processor):
+    """Replaces HunyuanVideo15AttnProcessor2_0 in the dual-stream blocks.
+
+    Same projections, QK-norm and RoPE as diffusers; the [B, L_ctx] context mask is extended with True
+    for the video tokens to a [B, S] key-padding mask instead of a dense [B, 1, S, S] one.
+    """
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                 image_rotary_emb=None):
+        from diffusers.models.embeddings import apply_rotary_emb
+
+        def heads(x):
+            return x.unflatten(2, (attn.heads, -1))
+
+        query = attn.norm_q(heads(attn.to_q(hidden_states)))
+        key = attn.norm_k(heads(attn.to_k(hidden_states)))
+        value = heads(attn.to_v(hidden_states))
+        if image_rotary_emb is not None:
+            query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
+            key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
+        if encoder_hidden_states is not None:
+            enc_q, enc_k, enc_v = context_qkv(attn, encoder_hidden_states)
+            query, key, value = (torch.cat(pair, dim=1) for pair in ((query, enc_q), (key, enc_k), (value, enc_v)))
+        batch, seq_len = query.shape[:2]
+        if attention_mask is None:
+            kv_mask = None
+        else:
+            kv_mask = F.pad(attention_mask.bool(), (seq_len - attention_mask.shape[1], 0), value=True)
+        out = self._attend(query, key, value, kv_mask).to(query.dtype)
+        if encoder_hidden_states is None:
+            return out, None
+        video, context = out[:, : -encoder_hidden_states.shape[1]], out[:, -encoder_hidden_states.shape[1] :]
+        if out.device.type == "jax":
+            from ..parallel.sharding import stream_layout
+
+            video, context = stream_layout(_heads_split(video), video=True), stream_layout(_heads_split(context))
+        video = attn.to_out[1](attn.to_out[0](video))
+        if getattr(attn, "to_add_out", None) is not None:
+            context = attn.to_add_out(context)
+        return video, context
+
+
+class SelfAttnProcessor(_Processor):
+    """Replaces AttnProcessor2_0 in the token refiner's self-attention.
+
+    diffusers' refiner passes a dense [B, 1, L, L] mask built as m_i & m_j (L = 1000 text tokens, built
+    outside the processor); its diagonal is the 1-D mask m, which is all this processor uses.
+    """
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None):
+        batch = hidden_states.shape[0]
+
+        def heads(x):
+            return x.view(batch, -1, attn.heads, x.shape[-1] // attn.heads)
+
+        query, key, value = (heads(proj(hidden_states)) for proj in (attn.to_q, attn.to_k, attn.to_v))
+        if attn.norm_q is not None:
+            query = attn.norm_q(query)
+        if attn.norm_k is not None:
+            key = attn.norm_k(key)
+        kv_mask = None
+        if attention_mask is not None:
+            kv_mask = attention_mask.reshape(batch, -1, *attention_mask.shape[-2:])[:, 0].diagonal(dim1=-2, dim2=-1)
+        out = self._attend(query, key, value, kv_mask).to(query.dtype)
+        return attn.to_out[1](attn.to_out[0](out)) / attn.rescale_output_factor
+
+
+def use_attention(model: torch.nn.Module, backend: str = "auto", **options: Any) -> int:
+    """Install hyv_lib's masked attention on every attention of a HunyuanVideo15Transformer3DModel
+    (dual-stream blocks and token refiner). Returns how many processors were installed.
+
+    The backend and its options are checked now, so a missing package or a misspelt option fails here rather than
+    mid-forward. The model is changed in place: its attention modules get these processors.
+    """
+    from diffusers.models.attention_processor import Attention, AttnProcessor2_0
+    from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
+
+    if backend != "auto":
+        resolve_backend(backend, next(model.parameters()).device)
+    check_options(backend, options)  # now, not at the first traced call
+    installed = 0
+    for name, module in model.named_modules():
+        if not isinstance(module, Attention):
+            continue
+        processor = module.processor
+        if isinstance(processor, (HunyuanVideo15AttnProcessor2_0, JointAttnProcessor)):
+            module.set_processor(JointAttnProcessor(backend, **options))
+        elif isinstance(processor, (AttnProcessor2_0, SelfAttnProcessor)):
+            unsupported = [a for a in ("group_norm", "spatial_norm", "norm_cross") if getattr(module, a, None)]
+            if unsupported or module.residual_connection:
+                raise NotImplementedError(f"{name}: SelfAttnProcessor does not support {unsupported or 'residual'}")
+            module.set_processor(SelfAttnProcessor(backend, **options))
+        else:
+            raise NotImplementedError(f"{name}: unexpected attention processor {type(processor).__name__}")
+        installed += 1
+    if installed == 0:
+        raise ValueError("use_attention found no diffusers Attention module in the model")
+    return installed

@@ -1,0 +1,1 @@
+"""Presentation helpers for the book's notebooks: tables, frame grids, inline video."""

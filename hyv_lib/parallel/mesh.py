@@ -1,0 +1,105 @@
+"""Mesh strings and device meshes: 'data=2,tensor=4' -> axes -> a JAX Mesh, the active mesh and the chip a program targets."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Iterable
+
+from ..base.errors import HyvInputError
+
+
+def parse_mesh(text: str | None) -> dict[str, int] | None:
+    """'data=2,tensor=4' -> {'data': 2, 'tensor': 4}; None or '' -> None (one device)."""
+    if text is None or text == "":
+        return None
+    if not isinstance(text, str):
+        raise HyvInputError("--mesh", f"must be a string such as 'tensor=8' or 'data=2,tensor=4', got "
+                                      f"{type(text).__name__} {text!r}")
+    axes = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        if name.strip() not in AXES or not value.strip().isdigit() or int(value) < 1:
+            raise HyvInputError("--mesh", f"must be comma-separated AXIS=SIZE with AXIS in {', '.join(AXES)} "
+                                          f"(e.g. tensor=8 or data=2,tensor=4), got {text!r}")
+        axes[name.strip()] = int(value)
+    return axes
+
+AXES = ("data", "tensor", "sequence")
+
+
+def make_mesh(data: int = 1, tensor: int | None = None, sequence: int = 1, devices: Iterable | None = None):
+    """A jax Mesh with axes (data, tensor, sequence); ``tensor`` defaults to what the devices leave.
+
+    Works with ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (8 CPU devices) as on a v6e-8.
+    """
+    import numpy as np
+    from jax.sharding import Mesh
+
+    from .jax_env import jax_devices
+
+    devices = list(jax_devices() if devices is None else devices)
+    if tensor is None:
+        if len(devices) % (data * sequence):
+            raise ValueError(f"data={data} x sequence={sequence} does not divide {len(devices)} devices")
+        tensor = len(devices) // (data * sequence)
+    if data * tensor * sequence != len(devices):
+        raise ValueError(f"mesh data={data} x tensor={tensor} x sequence={sequence} = {data * tensor * sequence} "
+                         f"devices, but {len(devices)} {'is' if len(devices) == 1 else 'are'} present")
+    return Mesh(np.array(devices).reshape(data, tensor, sequence), AXES)
+
+
+_ACTIVE_MESH: contextvars.ContextVar = contextvars.ContextVar("hyv_lib_active_mesh", default=None)
+
+
+def current_mesh():
+    """The mesh of the innermost :func:`active_mesh` block, or None outside one."""
+    return _ACTIVE_MESH.get()
+
+
+@contextlib.contextmanager
+def active_mesh(mesh):
+    """While tracing a sharded step: attention kernels read the mesh to run per shard (heads on
+    "tensor" x "sequence", batch on "data") inside ``jax.shard_map``."""
+    token = _ACTIVE_MESH.set(mesh)
+    try:
+        yield mesh
+    finally:
+        _ACTIVE_MESH.reset(token)
+
+
+def target_platform() -> str:
+    """The platform the program being traced will run on: the active mesh's devices' (``tpu`` for a mesh of a
+    deviceless TPU topology, compiled on a CPU host), else JAX's default backend."""
+    mesh = _ACTIVE_MESH.get()
+    if mesh is not None:
+        return mesh.devices.flat[0].platform
+    from .jax_env import default_backend
+
+    return default_backend()
+
+
+def target_device_kind() -> str:
+    """The ``device_kind`` of the devices the traced program targets (e.g. ``TPU v6 lite``): the active mesh's,
+    else JAX's first default device's."""
+    mesh = _ACTIVE_MESH.get()
+    if mesh is not None:
+        return mesh.devices.flat[0].device_kind
+    from .jax_env import jax_devices
+
+    return jax_devices()[0].device_kind
+
+
+def head_axes(mesh) -> tuple[str, ...]:
+    """Mesh axes the attention heads are split over: ``tensor`` and, when present, ``sequence``.
+
+    Splitting heads over ``sequence`` too is what makes a sequence axis divide the attention: XLA turns the
+    sequence-sharded q, k, v into head shards with an all-to-all (Ulysses inside the mesh); with heads on
+    ``tensor`` alone, every sequence shard would compute the same heads over the whole sequence.
+    """
+    return tuple(a for a in ("tensor", "sequence") if mesh.shape[a] > 1) or ("tensor",)
+
+
+def head_split(mesh) -> int:
+    """How many ways the heads are split on ``mesh`` (tensor x sequence)."""
+    return mesh.shape["tensor"] * mesh.shape["sequence"]

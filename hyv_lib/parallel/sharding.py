@@ -1,0 +1,174 @@
+"""Device meshes and rule sets that map diffusers parameter names to JAX PartitionSpecs."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .mesh import AXES, current_mesh, head_axes
+
+# Megatron-style tensor parallelism on torch Linear weights ([out, in]): column-parallel layers split
+# their output features (and bias), row-parallel layers split their input features; XLA adds the
+# all-reduce after a row-parallel matmul.
+_BLOCK = r"transformer_blocks\.\d+\."
+_COLUMN = {"attn_qkv": _BLOCK + r"attn\.(to_q|to_k|to_v|add_q_proj|add_k_proj|add_v_proj)\.(weight|bias)",
+           "mlp_in": _BLOCK + r"(ff|ff_context)\.net\.0\.proj\.(weight|bias)"}
+_ROW = {"attn_out": _BLOCK + r"attn\.(to_out\.0|to_add_out)\.weight",
+        "mlp_out": _BLOCK + r"(ff|ff_context)\.net\.2\.weight"}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Parameters whose name fully matches ``pattern`` get ``spec`` (one entry per dim, cut to the ndim)."""
+
+    name: str
+    pattern: str
+    spec: tuple
+
+    def matches(self, param_name: str) -> bool:
+        return re.fullmatch(self.pattern, param_name) is not None
+
+
+def _column(name: str) -> list[Rule]:
+    return [Rule(f"{name}/{part} column", p, ("tensor", None)) for part, p in _COLUMN.items()]
+
+
+#: The weight-placement rule sets by name (``tp``, ``tp_replicated_out``, ``fsdp``): for each parameter pattern,
+#: the mesh axis of each dimension (the ``--sharding`` values).
+RULE_SETS: dict[str, list[Rule]] = {
+    "tp": _column("tp") + [Rule(f"tp/{part} row", p, (None, "tensor")) for part, p in _ROW.items()],
+    # gpu-tpu-pedia measured 8.12 -> 7.29 s/step on v6e-8 by keeping the row-parallel weights whole. The
+    # collectives are swapped, not avoided: the compiled program all-gathers the head-split activations before
+    # those matmuls instead of all-reducing their partial sums, and every device holds those weights whole
+    # (chapter 3 prints both from the TPU compiler).
+    "tp_replicated_out": _column("tp_replicated_out")
+    + [Rule(f"tp_replicated_out/{part} replicated", p, ()) for part, p in _ROW.items()],
+    # FSDP: every block matrix stored split along its first dimension over all devices and gathered whole just
+    # before its block runs (see GATHERED_RULE_SETS); compute then splits over the axes that split the activations:
+    # data (samples) and sequence (tokens), so pair it with a mesh like data=2,sequence=4.
+    "fsdp": [Rule("fsdp/matrix", _BLOCK + r".*\.weight", (AXES, None))],
+}
+
+#: Rule sets whose block weights are all-gathered whole right before each block (FSDP). Without the explicit
+#: gather, XLA's partitioner keeps the split weight and splits each matmul's output features over every device
+#: instead, resharding activations back and forth (collective-permutes on the modulation chunks, all-gathers of the
+#: MLP activations; seen in the TPU compiler's HLO).
+GATHERED_RULE_SETS = ("fsdp",)
+
+
+def _fits(shape: tuple[int, ...], spec: tuple, mesh) -> bool:
+    for dim, axes in zip(shape, spec):
+        if axes is None:
+            continue
+        size = 1
+        for axis in (axes if isinstance(axes, tuple) else (axes,)):
+            size *= mesh.shape[axis]
+        if dim % size:
+            return False
+    return len(spec) <= len(shape)
+
+
+def plan(named_shapes: dict[str, tuple[int, ...]], rules: str | list[Rule], mesh) -> tuple[dict[str, tuple], list[dict]]:
+    """Assign a spec to every parameter: the first matching rule, else replicated.
+
+    Returns (name -> spec, report rows). Each row gives a rule's tensor count, parameters, and bytes per
+    device per element byte (multiply by the dtype size). A rule that matches nothing, or a spec that
+    does not divide its dimension, raises ValueError.
+    """
+    if isinstance(rules, str):
+        if rules not in RULE_SETS:
+            raise ValueError(f"sharding must be one of {', '.join(RULE_SETS)}, got {rules!r}")
+        rules = RULE_SETS[rules]
+    specs: dict[str, tuple] = {}
+    stats: dict[str, dict[str, Any]] = {r.name: {"rule": r.name, "tensors": 0, "params": 0, "per_device": 0}
+                                        for r in rules}
+    stats["replicated (no rule)"] = {"rule": "replicated (no rule)", "tensors": 0, "params": 0, "per_device": 0}
+    for name, shape in named_shapes.items():
+        rule = next((r for r in rules if r.matches(name)), None)
+        spec = rule.spec[: len(shape)] if rule else ()  # a bias takes the spec of its weight's first dim
+        if rule and not _fits(shape, spec, mesh):
+            raise ValueError(f"{rule.name}: {name} {list(shape)} cannot be split as {spec} on mesh {dict(mesh.shape)}")
+        specs[name] = spec
+        numel = 1
+        for d in shape:
+            numel *= d
+        split = 1
+        for axes in spec:
+            for axis in (axes if isinstance(axes, tuple) else (axes,) if axes else ()):
+                split *= mesh.shape[axis]
+        row = stats[rule.name if rule else "replicated (no rule)"]
+        row["tensors"] += 1
+        row["params"] += numel
+        row["per_device"] += numel // split
+    unused = [r.name for r in rules if stats[r.name]["tensors"] == 0]
+    if unused:
+        raise ValueError(f"sharding rule(s) {', '.join(sorted(set(unused)))} matched no parameter")
+    return specs, list(stats.values())
+
+
+def keep_heads_split(hidden):
+    """Pin a [B, S, H*D] attention output (a torchax tensor) to the kernel's layout, features split like the heads.
+
+    On a mesh with a ``sequence`` axis the caller next cuts the joint sequence into video and context tokens; left
+    unpinned, XLA's partitioner propagates the video tokens' sequence split back into that slice, finds no cheap
+    way from heads-split to tokens-split there, and replicates the whole output on every device ("involuntary
+    full rematerialization"). Pinned, the slice stays local and the reshard becomes an all-to-all afterwards.
+    """
+    mesh = current_mesh()
+    if mesh is None or mesh.shape["sequence"] == 1:
+        return hidden
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+    from torchax.interop import call_jax
+
+    return call_jax(jax.lax.with_sharding_constraint, hidden, NamedSharding(mesh, P("data", None, head_axes(mesh))))
+
+
+def gather_whole(tensor):
+    """A weight all-gathered to every device of the active mesh (FSDP's per-block gather); a no-op without one."""
+    mesh = current_mesh()
+    if mesh is None:
+        return tensor
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+    from torchax.interop import call_jax
+
+    return call_jax(jax.lax.with_sharding_constraint, tensor, NamedSharding(mesh, P()))
+
+
+def stream_layout(hidden, video: bool = False):
+    """Pin a stream's [B, N, H*D] attention output to the layout its output projection wants on a mesh with a
+    ``sequence`` axis: features split over ``tensor``, and video tokens split over ``sequence`` (context tokens
+    whole). From the kernel's layout (features over tensor x sequence) this is one all-to-all over ``sequence``:
+    the second all-to-all of Ulysses."""
+    mesh = current_mesh()
+    if mesh is None or mesh.shape["sequence"] == 1:
+        return hidden
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+    from torchax.interop import call_jax
+
+    spec = P("data", "sequence" if video else None, "tensor")
+    return call_jax(jax.lax.with_sharding_constraint, hidden, NamedSharding(mesh, spec))
+
+
+def per_shard(kernel):
+    """Wrap a [B,H,S,D] attention kernel ``(q, k, v, kv_mask)`` in shard_map over the active mesh, if any.
+
+    Splash is a Pallas kernel that GSPMD cannot partition, so each device runs it on its own heads and
+    batch rows (heads over tensor x sequence, see :func:`head_axes`); XLA reshards q/k/v
+    (e.g. sequence-sharded -> head-sharded) around the call.
+    """
+    mesh = current_mesh()
+    if mesh is None:
+        return kernel
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    heads = P("data", head_axes(mesh), None, None)
+    return jax.shard_map(kernel, mesh=mesh, in_specs=(heads, heads, heads, P("data", None)), out_specs=heads,
+                         check_vma=False)

@@ -1,0 +1,133 @@
+"""Image-to-video conditioning: read and check the first frame, bucket and crop it, encode it (SigLIP and VAE)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import torch
+
+from ..base.errors import HyvInputError
+from ..base.presets import Preset
+from .settings import Stage2Settings
+
+#: PIL modes taken as they are converted to RGB (as diffusers' processors do); 16-bit, float and CMYK images are
+#: refused rather than silently clipped or colour-converted.
+IMAGE_MODES = ("RGB", "RGBA", "L", "LA", "P")
+#: The buckets stop at a 4:1 ratio (diffusers' generate_crop_size_list): a longer side is cropped away, not bucketed.
+MAX_ASPECT_RATIO = 4.0
+
+
+def load_image(path: Any, argument: str = "--image_path"):
+    """The RGB PIL image at ``path``; a HyvInputError naming ``argument`` when it is missing, unreadable, in a mode
+    outside :data:`IMAGE_MODES`, or of a size no bucket takes (a side under 16 px or a ratio beyond 4:1)."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise HyvInputError(argument, f"must be the path of a PNG or JPEG image, got {path!r}")
+    if not os.path.isfile(path):
+        raise HyvInputError(argument, f"{str(path)!r} does not exist or is not a file")
+    try:
+        with Image.open(path) as opened:
+            opened.load()
+            image = opened.copy()
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+        raise HyvInputError(argument, f"{str(path)!r} is not a readable image ({err})") from None
+    return check_image(image, argument)
+
+
+def check_image(image, argument: str = "image"):
+    """A PIL image checked and converted to RGB (see :func:`load_image`)."""
+    from PIL import Image
+
+    if not isinstance(image, Image.Image):
+        raise HyvInputError(argument, f"must be a PIL image, got {type(image).__name__}")
+    if image.mode not in IMAGE_MODES:
+        raise HyvInputError(argument, f"image mode {image.mode!r} is not supported; save it as 8-bit RGB, RGBA, "
+                                      f"grayscale or palette PNG/JPEG (modes {', '.join(IMAGE_MODES)})")
+    width, height = image.size
+    if min(width, height) < 16:
+        raise HyvInputError(argument, f"image is {width}x{height}; each side must be at least 16 pixels")
+    if max(width, height) / min(width, height) > MAX_ASPECT_RATIO:
+        raise HyvInputError(argument, f"image is {width}x{height}, a ratio beyond {MAX_ASPECT_RATIO:g}:1 that no "
+                                      "bucket takes; crop it first")
+    return image.convert("RGB")
+
+
+def image_bucket(preset: Preset, image) -> tuple[int, int]:
+    """(height, width) of the preset's bucket for the image's aspect ratio, as diffusers' I2V pipeline picks it."""
+    from ..base.presets import bucket_for
+
+    width, height = image.size
+    return bucket_for(preset.target_size, preset.spatial_compression, width, height)
+
+
+def crop_to_bucket(preset: Preset, image):
+    """The image resized to cover its bucket (Lanczos) and centre-cropped to it, as diffusers' I2V pipeline does
+    (its video processor's ``resize(..., resize_mode="crop")``)."""
+    height, width = image_bucket(preset, image)
+    return _video_processor(preset).resize(image, height=height, width=width, resize_mode="crop")
+
+
+def _video_processor(preset: Preset):
+    from diffusers.pipelines.hunyuan_video1_5.image_processor import HunyuanVideo15ImageProcessor
+
+    # The I2V pipeline's own settings (no second resize: the image is already at the bucket).
+    return HunyuanVideo15ImageProcessor(vae_scale_factor=preset.spatial_compression, do_resize=False,
+                                        do_convert_rgb=True)
+
+
+@torch.no_grad()
+def encode_image(components: dict[str, Any], preset: Preset, image) -> dict[str, torch.Tensor]:
+    """The stage-1 tensors of a first frame (already :func:`crop_to_bucket`-ed): ``image_embeds`` [1, N, D] (SigLIP's
+    last hidden state) and ``cond_latents`` [1, C, 1, h, w] (the VAE's latent mode times its scaling factor).
+
+    Calls diffusers' I2V pipeline's own two encoders (static methods, diffusers 0.42 pinned) rather than a copy, so
+    the conditioning is the pipeline's by construction; tests compare the whole stage 1 + 2 with the pipeline.
+    """
+    from ..models.components import i2v_pipeline_class
+
+    I2V = i2v_pipeline_class()
+    encoder, vae = components["image_encoder"], components["vae"]
+    device = next(encoder.parameters()).device
+    image_embeds = I2V._get_image_embeds(encoder, components["feature_extractor"], image, device)
+    height, width = image.size[1], image.size[0]
+    cond_latents = I2V._get_image_latents(vae, _video_processor(preset), image, height, width,
+                                          next(vae.parameters()).device)
+    return {"image_embeds": image_embeds.cpu(), "cond_latents": cond_latents.float().cpu()}
+
+
+# ------------------------------------------------------------------------------------------------- stage 1
+def check_task(preset: Preset, has_image: bool, argument: str = "--image_path") -> str:
+    """"i2v" with a first frame, else "t2v"; a HyvInputError naming ``argument`` when the preset's checkpoint was not
+    trained for that task (an image for a text-to-video checkpoint, or none for an image-to-video one)."""
+    from ..base.presets import PRESETS
+
+    task = "i2v" if has_image else "t2v"
+    if task not in preset.tasks:
+        if not has_image:
+            raise HyvInputError(argument, f"preset {preset.name} is an image-to-video checkpoint: give the first "
+                                          "frame (a PNG or JPEG image)")
+        others = ", ".join(n for n, p in PRESETS.items() if task in p.tasks and not p.is_tiny)
+        raise HyvInputError(argument, f"preset {preset.name} is a text-to-video checkpoint; image-to-video presets: "
+                                      f"{others} (or the tiny ones)")
+    return task
+
+
+def image_size_settings(settings: Stage2Settings, size: tuple[int, int]) -> Stage2Settings:
+    """Image-to-video: the first frame's bucket (height, width) is the video's size; a different --height/--width is
+    a HyvInputError (the condition latents could not be placed)."""
+    for name, given, fixed in (("--height", settings.height, size[0]), ("--width", settings.width, size[1])):
+        if given is not None and given != fixed:
+            raise HyvInputError(name, f"is {given}, but the first frame was bucketed to {size[0]}x{size[1]} in stage "
+                                      "1 and decides the video's size; leave --height and --width unset")
+    return dataclasses.replace(settings, height=size[0], width=size[1])
+
+
+def first_frame(spec, image, settings: Stage2Settings, argument: str = "--image_path") -> tuple[Stage2Settings, Any]:
+    """Image-to-video's first frame: ``image`` (a path, or a PIL image) loaded and checked (HyvInputError naming
+    ``argument``), ``settings`` with the size of its bucket (:func:`image_size_settings`), and the frame cropped to
+    that bucket (what stage 1 encodes)."""
+    image = load_image(image, argument) if isinstance(image, (str, os.PathLike)) else check_image(image, argument)
+    return image_size_settings(settings, image_bucket(spec, image)), crop_to_bucket(spec, image)

@@ -1,0 +1,220 @@
+"""In memory: load the models once, then generate videos as frames (the stages' work without their files)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..base.errors import HyvInputError, python_names
+from ..base.presets import Preset, get_preset
+
+#: What :meth:`VideoPipeline.generate` takes per video; each None is the preset's default.
+GENERATE_SETTINGS = ("height", "width", "video_length", "num_inference_steps", "guidance_scale", "flow_shift",
+                     "seed")
+
+
+@dataclass
+class Video:
+    """One generated video: ``frames`` uint8 [F, H, W, 3], ``latents`` fp32 [1, C, T, h, w] (what stage 2 writes)
+    and ``config`` (what generation_config.json would hold for it)."""
+
+    frames: np.ndarray
+    latents: torch.Tensor
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def save(self, path: str, fps: float | None = None) -> str:
+        """Write the frames as an H.264 mp4 at ``fps`` (default: the preset's), atomically; returns ``path``."""
+        from ..base.files import ensure_output_dir
+        from .video_io import check_mp4_path, write_mp4
+
+        check_mp4_path(path)
+        fps = self.config.get("fps") if fps is None else fps
+        if not isinstance(fps, (int, float)) or isinstance(fps, bool) or not fps > 0:
+            raise HyvInputError("fps", f"must be a number > 0, got {fps!r}")
+        ensure_output_dir(os.path.dirname(os.path.abspath(path)), "path")
+        write_mp4(self.frames, path, fps)
+        return path
+
+
+class VideoPipeline:
+    """Text encoders, transformer step and VAE kept in memory: each :meth:`generate` runs the three stages on
+    them and returns a :class:`Video` (nothing is written unless :meth:`Video.save` is called).
+
+    Made by :func:`load_pipeline`, or from already-loaded ``components`` (the names of
+    :func:`hyv_lib.models.components.load_components`: tokenizer, text_encoder, tokenizer_2, text_encoder_2, transformer,
+    scheduler, vae). The transformer step is built once (``runtime``, ``mesh``, ``sharding``, ``attention`` as for
+    :func:`hyv_lib.runtimes.step.make_step`, which installs hyv_lib's attention on the transformer in place) and reused
+    by every call, so on the tpu runtime only the first video of each size compiles. ``vae_runtime`` (default: tpu
+    with the tpu runtime, else torch) and ``vae_dtype`` as for :func:`hyv_lib.pipeline.stages.stage3`.
+    """
+
+    def __init__(self, preset: str | Preset, components: dict[str, Any], *, runtime: str = "torch",
+                 mesh: str | None = None, sharding: str = "tp_replicated_out", attention: str = "auto",
+                 vae_runtime: str | None = None, vae_dtype: str = "fp32", tiling: bool = True,
+                 model_path: str | None = None):
+        from ..models.components import IMAGE_COMPONENTS, PIPELINE_COMPONENTS
+        from ..runtimes.step import make_step
+        from .settings import resolve_settings
+
+        with python_names():
+            self.preset = get_preset(preset)
+        if not isinstance(components, dict):
+            raise HyvInputError("components", f"must be a dict of loaded components, got {type(components).__name__}")
+        needed = PIPELINE_COMPONENTS + (() if "t2v" in self.preset.tasks else IMAGE_COMPONENTS)
+        missing = [name for name in needed if name not in components]
+        if missing:
+            raise HyvInputError("components", f"missing {', '.join(missing)} (hyv_lib.load_pipeline loads them all)")
+        with python_names():
+            resolve_settings(self.preset, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention)
+            if runtime == "ulysses":
+                raise HyvInputError("--runtime", "an in-memory pipeline runs with torch or tpu (ulysses is one "
+                                                 "process per device under torchrun: use the CLI's stage2)")
+        vae_runtime = vae_runtime or ("tpu" if runtime == "tpu" else "torch")
+        if vae_runtime not in ("torch", "tpu"):
+            raise HyvInputError("vae_runtime", f"must be torch or tpu, got {vae_runtime!r}")
+        if vae_dtype not in ("fp32", "bf16"):
+            raise HyvInputError("vae_dtype", f"must be fp32 or bf16, got {vae_dtype!r}")
+        self.components = components
+        self.model_path = model_path
+        self.runtime, self.mesh, self.sharding, self.attention = runtime, mesh, sharding, attention
+        self.vae_runtime, self.vae_dtype, self.tiling = vae_runtime, vae_dtype, tiling
+        transformer = components["transformer"]
+        self.device = torch.device("cpu")
+        if runtime == "torch" and torch.cuda.is_available():  # untested here: no GPU
+            self.device = torch.device("cuda", torch.cuda.current_device())
+            transformer.to(self.device)
+        with python_names():
+            self.step = make_step(transformer, runtime, mesh, sharding, attention=attention)
+        self._cached_steps: dict[tuple[Any, int], Any] = {}
+
+    @property
+    def dtype(self) -> str:
+        """The transformer's dtype as the CLI spells it (fp32, bf16, fp16)."""
+        from ..models.components import DTYPES
+
+        param_dtype = next(self.components["transformer"].parameters()).dtype
+        return next(name for name, value in DTYPES.items() if value == param_dtype)
+
+    @property
+    def compilations(self) -> int | None:
+        """Compilations of the transformer step so far (tpu runtime), else None."""
+        return getattr(self.step, "compilations", None)
+
+    def step_for(self, cache, uncached_blocks: int):
+        """The uncached step, or (``cache``: a :class:`hyv_lib.runtimes.deepcache.DeepCacheSchedule` or an adaptive
+        :class:`hyv_lib.runtimes.magcache.MagCacheSchedule`) a DeepCache step around the same runtime that recomputes
+        ``uncached_blocks`` blocks on cached steps (the tpu programs are shared)."""
+        if cache is None:
+            return self.step
+        from ..runtimes.deepcache import DeepCacheSchedule, DeepCacheStep, TorchDeepCache
+        from ..runtimes.magcache import MagCacheSchedule
+
+        if not isinstance(cache, (DeepCacheSchedule, MagCacheSchedule)):
+            raise HyvInputError("cache", "must be None, a hyv_lib.runtimes.deepcache.DeepCacheSchedule or a "
+                                         f"hyv_lib.runtimes.magcache.MagCacheSchedule, got {cache!r}")
+        runtime = TorchDeepCache(self.components["transformer"]) if self.runtime == "torch" else self.step
+        try:
+            return DeepCacheStep(runtime, cache, uncached_blocks)
+        except ValueError as err:
+            raise HyvInputError("uncached_blocks", str(err)) from None
+
+    def encode(self, prompt: str, negative_prompt: str = "", image=None) -> dict[str, torch.Tensor]:
+        """Stage 1 in memory: the stage-1 tensors of ``prompt`` and ``negative_prompt`` (and of ``image``, a first
+        frame already cropped to its bucket: :func:`hyv_lib.pipeline.image.crop_to_bucket`)."""
+        from .text import encode_pair
+
+        for name, value in (("prompt", prompt), ("negative_prompt", negative_prompt)):
+            if not isinstance(value, str):
+                raise HyvInputError(name, f"must be a string, got {type(value).__name__}")
+        with torch.no_grad():
+            return encode_pair(self.components, self.preset, prompt, negative_prompt, self.dtype, image, "image")
+
+    @torch.no_grad()
+    def generate(self, prompt: str, negative_prompt: str = "", height: int | None = None, width: int | None = None,
+                 video_length: int | None = None, num_inference_steps: int | None = None,
+                 guidance_scale: float | None = None, flow_shift: float | None = None, seed: int = 0,
+                 cache=None, uncached_blocks: int = 1, progress: bool = True, image=None) -> Video:
+        """One video from ``prompt``. Each None setting takes the preset's default; ``cache`` is a
+        :class:`hyv_lib.runtimes.deepcache.DeepCacheSchedule`, an adaptive :class:`hyv_lib.runtimes.magcache.MagCacheSchedule`
+        (e.g. :func:`hyv_lib.pipeline.calibration.magcache_schedule`) or None (``uncached_blocks`` recomputed on cached
+        steps).
+        ``image`` (a PIL image or the path of a PNG/JPEG): the first frame of an image-to-video run; its bucket sets
+        the height and width. Every setting is checked before any model runs."""
+        from ..runtimes.vae import decode_latents
+        from .image import check_task, first_frame
+        from .sampling import sample_latents
+        from .settings import Stage2Settings, resolve_settings
+
+        start = time.perf_counter()
+        with python_names():
+            task = check_task(self.preset, image is not None, argument="image")
+            if image is not None:
+                fixed, image = first_frame(self.preset, image, Stage2Settings(height=height, width=width), "image")
+                height, width = fixed.height, fixed.width
+            settings = resolve_settings(
+                self.preset, height=height, width=width, video_length=video_length,
+                num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
+                seed=seed, runtime=self.runtime, mesh=self.mesh, sharding=self.sharding, attention=self.attention)
+        step = self.step_for(cache, uncached_blocks)
+        if cache is not None and cache.num_steps != settings["num_inference_steps"]:
+            raise HyvInputError("cache", f"the schedule has {cache.num_steps} steps but num_inference_steps is "
+                                         f"{settings['num_inference_steps']}")
+        calibrated = getattr(cache, "calibration", None) or {}
+        for name, mine in (("preset", self.preset.name), ("flow_shift", settings["flow_shift"]),
+                           ("no_cache_blocks", uncached_blocks)):
+            if name in calibrated and calibrated[name] != mine:
+                raise HyvInputError("cache", f"the magcache schedule was calibrated with {name} {calibrated[name]!r} "
+                                             f"but this video has {mine!r}")
+        embeds = self.encode(prompt, negative_prompt, image)
+        denoise_start = time.perf_counter()
+        latents = sample_latents(step, self.components["transformer"], self.components["scheduler"].config,
+                                 self.preset, embeds, settings, progress=progress, device=self.device)
+        denoise_s = time.perf_counter() - denoise_start
+        frames = decode_latents(self.components["vae"], latents, tiling=self.tiling, runtime=self.vae_runtime,
+                                dtype=(torch.bfloat16 if self.vae_dtype == "bf16" else torch.float32)
+                                if self.vae_runtime == "tpu" else None)
+        config = dict(prompt=prompt, negative_prompt=negative_prompt, preset=self.preset.name, task=task,
+                      model_path=self.model_path, dtype=self.dtype, **settings, fps=self.preset.fps,
+                      stage3_runtime=self.vae_runtime, vae_dtype=self.vae_dtype, vae_tiling=self.tiling,
+                      time_s=round(time.perf_counter() - start, 3), denoise_time_s=round(denoise_s, 3))
+        if cache is not None:
+            config.update(enable_cache=True, **cache.settings(), no_cache_blocks=uncached_blocks,
+                          cache_full_steps=step.full_calls, cache_cached_steps=step.cached_calls,
+                          cache_skipped_steps=list(step.skipped_steps))
+        return Video(frames=frames.numpy(), latents=latents, config=config)
+
+
+def load_pipeline(preset: str | Preset = "tiny_trained", model_path: str | None = None, dtype: str | None = None,
+                  runtime: str = "torch", mesh: str | None = None, attention: str = "auto",
+                  sharding: str = "tp_replicated_out", vae_runtime: str | None = None, vae_dtype: str = "fp32",
+                  tiling: bool = True, progress: bool = True) -> VideoPipeline:
+    """Load every component of ``preset`` once (``model_path``: a diffusers-format folder; None: the preset's
+    bundled or in-code tiny weights) in ``dtype`` (default: the preset's) and return a :class:`VideoPipeline`.
+
+    ``progress=False`` also silences the weight-loading bars. Example::
+
+        pipe = hyv_lib.load_pipeline("tiny_trained")
+        video = pipe.generate("a red circle moving left on a gray background", seed=1)
+        video.save("circle.mp4")
+    """
+    from ..models.components import IMAGE_COMPONENTS, PIPELINE_COMPONENTS, load_components, quiet_loading, torch_dtype
+
+    with python_names():
+        spec = get_preset(preset)
+        dtype = dtype or spec.default_dtype
+        torch_dtype(dtype)
+        from .settings import resolve_settings
+
+        resolve_settings(spec, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention)
+        context = contextlib.nullcontext() if progress else quiet_loading()
+        with context:
+            names = PIPELINE_COMPONENTS + (IMAGE_COMPONENTS if "i2v" in spec.tasks else ())
+            components = load_components(spec, model_path, names, dtype=dtype)
+    return VideoPipeline(spec, components, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention,
+                         vae_runtime=vae_runtime, vae_dtype=vae_dtype, tiling=tiling, model_path=model_path)

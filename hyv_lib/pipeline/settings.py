@@ -1,0 +1,193 @@
+"""Stage-2 settings: the typed list of every setting and their resolution against a preset."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..base.errors import HyvInputError
+from ..base.presets import Preset, bucket_size
+from ..parallel.mesh import parse_mesh
+from ..runtimes.step import RUNTIMES, check_attention
+
+#: The step caches (``--cache_method``): DeepCache's fixed schedule, or the adaptive MagCache-style one
+#: (:mod:`hyv_lib.runtimes.magcache`). Both run DeepCache's full and cached programs.
+CACHE_METHODS = ("deepcache", "magcache")
+
+
+# ----------------------------------------------------------------------------------------------- validation
+def check_type(name: str, value: Any, kind: type) -> None:
+    """HyvInputError unless ``value`` is None or of ``kind`` (an int for int; an int or float for float; never a
+    bool or a string): '720' or 33.0 would otherwise fail deep inside, or flow into float shapes."""
+    valid = (int, float) if kind is float else (int,)
+    if value is None or (isinstance(value, valid) and not isinstance(value, bool)):
+        return
+    import numbers
+
+    if kind is int and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return  # numpy integers
+    if kind is float and isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return
+    raise HyvInputError(name, f"must be {'an integer' if kind is int else 'a number'}, "
+                              f"got {type(value).__name__} {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage2Settings:
+    """Every stage-2 setting, with its default: the one list that :func:`stage2`, :func:`generate`,
+    :class:`hyv_lib.pipeline.batch.Pipeline` and the CLI's stage-2 flags (same names) share. None takes the preset's value;
+    :func:`resolve_settings` checks types and ranges."""
+
+    aspect_ratio: str = "16:9"  #: W:H bucket used when height and width are not given
+    height: int | None = None
+    width: int | None = None
+    video_length: int | None = None  #: frames, 4n+1
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    flow_shift: float | None = None
+    seed: int = 42
+    warmup_steps: int = 0  #: untimed calls before the loop (they do not touch the scheduler)
+    runtime: str = "torch"  #: one of :data:`RUNTIMES`
+    mesh: str | None = None  #: tpu runtime: e.g. ``data=2,tensor=4``
+    sharding: str = "tp_replicated_out"  #: a rule set of :data:`hyv_lib.parallel.sharding.RULE_SETS`
+    enable_cache: bool = False  #: DeepCache (torch and tpu runtimes)
+    cache_method: str | None = None  #: ``deepcache`` (the default with enable_cache) or ``magcache`` (adaptive)
+    cache_start_step: int = 11
+    cache_end_step: int = 45
+    cache_step_interval: int = 4
+    no_cache_blocks: int = 1  #: trailing blocks recomputed on cached steps
+    cache_threshold: float | None = None  #: magcache: skip while the accumulated error stays under this
+    cache_max_skip: int | None = None  #: magcache: at most this many cached steps in a row
+    cache_retention: float | None = None  #: magcache: this fraction of the first steps always runs full
+    cache_calibration: str | None = None  #: magcache: a file of ``python -m hyv_lib calibrate_cache``
+    multi_host: bool = False  #: tpu runtime on a multi-host slice
+    attention: str = "auto"  #: ``auto``, ``diffusers`` or a backend of :data:`hyv_lib.kernels.dispatch.BACKENDS`
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict[str, Any]) -> "Stage2Settings":
+        """The settings of ``kwargs``; an unknown name is a HyvInputError listing the valid ones."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(kwargs) - set(names))
+        if unknown:
+            raise HyvInputError(f"--{unknown[0]}", f"is not a stage-2 setting; valid: {', '.join(names)}")
+        return cls(**kwargs)
+
+
+STAGE2_SETTINGS = tuple(f.name for f in dataclasses.fields(Stage2Settings))
+
+
+def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **kwargs: Any) -> dict[str, Any]:
+    """Fill unset stage-2 settings (a :class:`Stage2Settings`, or its fields as keyword arguments) from the preset,
+    validate them, and resolve (height, width).
+
+    Bad values raise HyvInputError naming the flag. Height and width come from the ``aspect_ratio``
+    bucket unless both are given.
+    """
+    if settings is not None and kwargs:
+        raise HyvInputError("settings", "give a Stage2Settings or keyword arguments, not both")
+    settings = settings if settings is not None else Stage2Settings.from_kwargs(kwargs)
+    s = settings
+    aspect_ratio, height, width, video_length = s.aspect_ratio, s.height, s.width, s.video_length
+    num_inference_steps, guidance_scale, flow_shift = s.num_inference_steps, s.guidance_scale, s.flow_shift
+    seed, warmup_steps, runtime, mesh, sharding = s.seed, s.warmup_steps, s.runtime, s.mesh, s.sharding
+    enable_cache, cache_start_step, cache_end_step = s.enable_cache, s.cache_start_step, s.cache_end_step
+    cache_step_interval, no_cache_blocks, cache_method = s.cache_step_interval, s.no_cache_blocks, s.cache_method
+    multi_host, attention = s.multi_host, s.attention
+    for name, value, kind in (("--height", height, int), ("--width", width, int), ("--video_length", video_length, int),
+                              ("--num_inference_steps", num_inference_steps, int), ("--seed", seed, int),
+                              ("--warmup_steps", warmup_steps, int), ("--guidance_scale", guidance_scale, float),
+                              ("--flow_shift", flow_shift, float)):
+        check_type(name, value, kind)
+    # numpy scalars pass the check; from here on they are Python numbers (torch's manual_seed takes no np.int64)
+    height, width, video_length, num_inference_steps, seed, warmup_steps = (
+        None if v is None else int(v) for v in (height, width, video_length, num_inference_steps, seed, warmup_steps))
+    guidance_scale, flow_shift = (None if v is None else float(v) for v in (guidance_scale, flow_shift))
+    video_length = preset.default_video_length if video_length is None else video_length
+    num_inference_steps = preset.default_steps if num_inference_steps is None else num_inference_steps
+    guidance_scale = preset.guidance_scale if guidance_scale is None else guidance_scale
+    flow_shift = preset.flow_shift if flow_shift is None else flow_shift
+    if video_length < 1 or (video_length - 1) % preset.temporal_compression:
+        raise HyvInputError("--video_length", f"must be 4n+1 (e.g. 9, 33, 61, 121), got {video_length}")
+    if (height is None) != (width is None):
+        raise HyvInputError("--height" if height is None else "--width",
+                            "give both --height and --width, or neither (then --aspect_ratio picks a bucket)")
+    stride = preset.spatial_compression
+    for name, value in (("--height", height), ("--width", width)):
+        if value is not None and (value <= 0 or value % stride):
+            raise HyvInputError(name, f"must be a positive multiple of {stride}, got {value}")
+    if num_inference_steps < 1:
+        raise HyvInputError("--num_inference_steps", f"must be >= 1, got {num_inference_steps}")
+    if not guidance_scale >= 1.0:
+        raise HyvInputError("--guidance_scale", f"must be >= 1 (1 disables CFG's effect), got {guidance_scale}")
+    if not flow_shift > 0:
+        raise HyvInputError("--flow_shift", f"must be > 0, got {flow_shift}")
+    if not 0 <= seed < 2**63:
+        raise HyvInputError("--seed", f"must be in [0, 2**63), got {seed}")
+    if warmup_steps < 0:
+        raise HyvInputError("--warmup_steps", f"must be >= 0, got {warmup_steps}")
+    if runtime not in RUNTIMES:
+        raise HyvInputError("--runtime", f"must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    check_attention(attention, runtime)
+    axes = parse_mesh(mesh)
+    if axes and runtime != "tpu":
+        raise HyvInputError("--mesh", "needs --runtime tpu")
+    if axes and axes.get("data", 1) > 1 and guidance_scale == 1.0:
+        raise HyvInputError("--mesh", f"data={axes['data']} splits the CFG pair, but --guidance_scale 1 runs one "
+                                      "sample per step; put the devices on tensor (e.g. tensor=8)")
+    if multi_host:
+        if runtime != "tpu":
+            raise HyvInputError("--multi_host", "needs --runtime tpu")
+        from ..parallel.jax_env import init_multi_host
+
+        init_multi_host()  # before the mesh check: until then a host sees only its own devices
+    from ..parallel.mesh import make_mesh
+    from ..parallel.sharding import RULE_SETS
+
+    if axes:
+        try:
+            make_mesh(**axes)  # the device count must match before any stage writes a file
+        except ValueError as err:
+            raise HyvInputError("--mesh", str(err)) from None
+    if sharding not in RULE_SETS:
+        raise HyvInputError("--sharding", f"must be one of {', '.join(RULE_SETS)}, got {sharding!r}")
+    bucket = bucket_size(preset, aspect_ratio)  # validates --aspect_ratio even when a size is given
+    height, width = bucket if height is None else (height, width)
+    cache = {}
+    magcache_flags = {"--cache_threshold": s.cache_threshold, "--cache_max_skip": s.cache_max_skip,
+                      "--cache_retention": s.cache_retention, "--cache_calibration": s.cache_calibration}
+    if cache_method is not None and cache_method not in CACHE_METHODS:
+        raise HyvInputError("--cache_method", f"must be one of {', '.join(CACHE_METHODS)}, got {cache_method!r}")
+    if cache_method is not None and not enable_cache:
+        raise HyvInputError("--cache_method", "needs --enable_cache")
+    given = [flag for flag, value in magcache_flags.items() if value is not None]
+    if given and cache_method != "magcache":
+        raise HyvInputError(given[0], "applies to --enable_cache --cache_method magcache only")
+    if enable_cache:
+        if runtime not in ("torch", "tpu"):
+            raise HyvInputError("--enable_cache", f"DeepCache runs on --runtime torch or tpu, not {runtime!r}")
+        for name, value, low in (("--cache_start_step", cache_start_step, 0), ("--cache_end_step", cache_end_step, 0),
+                                 ("--cache_step_interval", cache_step_interval, 1),
+                                 ("--no_cache_blocks", no_cache_blocks, 0)):
+            if not isinstance(value, int) or value < low:
+                raise HyvInputError(name, f"must be an integer >= {low}, got {value!r}")
+        if cache_end_step < cache_start_step:
+            raise HyvInputError("--cache_end_step", f"must be >= --cache_start_step ({cache_start_step}), "
+                                                    f"got {cache_end_step}")
+        num_layers = preset.transformer.get("num_layers")
+        if num_layers is not None and no_cache_blocks > num_layers:
+            raise HyvInputError("--no_cache_blocks", f"must be at most the model's {num_layers} blocks, "
+                                                     f"got {no_cache_blocks}")
+        if cache_method == "magcache":
+            from ..runtimes.magcache import resolve_magcache
+
+            cache = dict(**resolve_magcache(preset, num_inference_steps, flow_shift, no_cache_blocks,
+                                            s.cache_threshold, s.cache_max_skip, s.cache_retention,
+                                            s.cache_calibration), no_cache_blocks=no_cache_blocks)
+        else:
+            cache = dict(cache_method="deepcache", cache_start_step=cache_start_step, cache_end_step=cache_end_step,
+                         cache_step_interval=cache_step_interval, no_cache_blocks=no_cache_blocks)
+    return dict(aspect_ratio=aspect_ratio, height=height, width=width, video_length=video_length,
+                num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
+                seed=seed, warmup_steps=warmup_steps, runtime=runtime, attention=attention, mesh=mesh,
+                sharding=sharding if mesh else None, enable_cache=bool(enable_cache), **cache,
+                **({"multi_host": True} if multi_host else {}))

@@ -1,0 +1,129 @@
+"""Stage hand-off files: names, validation on load, and atomic writes (temp name, then rename)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import torch
+
+from ..base.errors import HyvInputError
+from ..base.files import atomic_path
+
+STAGE1_FILE = "stage1_embeddings.safetensors"
+STAGE2_FILE = "stage2_latents.safetensors"
+FRAMES_FILE = "stage3_frames.safetensors"
+VIDEO_FILE = "output_video.mp4"
+CONFIG_FILE = "generation_config.json"
+
+_EMBEDS = ("prompt_embeds", "prompt_embeds_2")
+_MASKS = ("prompt_embeds_mask", "prompt_embeds_mask_2")
+STAGE1_NAMES = tuple(p + n for p in ("", "negative_") for n in ("prompt_embeds", "prompt_embeds_mask",
+                                                                 "prompt_embeds_2", "prompt_embeds_mask_2"))
+#: Image-to-video adds the first frame's SigLIP tokens [1, N, D] and VAE latents [1, C, 1, h, w].
+IMAGE_NAMES = ("image_embeds", "cond_latents")
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+_INTS = (torch.int64, torch.int32, torch.bool)
+
+
+def save_tensors(tensors: dict[str, torch.Tensor], path: str, metadata: dict[str, str] | None = None) -> None:
+    """Write a safetensors file atomically (contiguous CPU copies)."""
+    from safetensors.torch import save_file
+
+    with atomic_path(path) as tmp:
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, tmp, metadata=metadata)
+
+
+def _load_tensors(path: str, argument: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    if not os.path.isfile(path):
+        raise HyvInputError(argument, f"{os.path.basename(path)} not found in {os.path.dirname(path) or '.'!r}; "
+                                      "run the previous stage first")
+    try:
+        return load_file(path)
+    except Exception as err:  # safetensors raises its own SafetensorError for truncated/garbled files
+        raise HyvInputError(argument, f"{path!r} is not a readable safetensors file ({err})") from None
+
+
+def _require_input_dir(input_dir: str) -> None:
+    if not os.path.isdir(input_dir):
+        raise HyvInputError("--input_dir", f"folder {input_dir!r} does not exist")
+
+
+def load_stage1(input_dir: str) -> dict[str, torch.Tensor]:
+    """Load and validate stage1_embeddings.safetensors: exactly the 8 text names (plus both image names for
+    image-to-video), ranks 3/2, float embeds, integer/bool masks, batch 1, and masks as long as their embeddings."""
+    _require_input_dir(input_dir)
+    path = os.path.join(input_dir, STAGE1_FILE)
+    tensors = _load_tensors(path, "--input_dir")
+    expected = set(STAGE1_NAMES) | (set(IMAGE_NAMES) if set(IMAGE_NAMES) & set(tensors) else set())
+    if set(tensors) != expected:
+        missing = sorted(expected - set(tensors))
+        extra = sorted(set(tensors) - expected)
+        raise HyvInputError("--input_dir", f"{STAGE1_FILE} must hold exactly {', '.join(STAGE1_NAMES)} (and "
+                                           f"{' and '.join(IMAGE_NAMES)} for image-to-video); missing "
+                                           f"{missing or 'none'}, unexpected {extra or 'none'}")
+    for name, rank, layout in (("image_embeds", 3, "[1, N, D]"), ("cond_latents", 5, "[1, C, 1, h, w]")):
+        value = tensors.get(name)
+        if value is not None and (value.ndim != rank or value.shape[0] != 1 or value.dtype not in _FLOATS
+                                  or (rank == 5 and value.shape[2] != 1)):
+            raise HyvInputError("--input_dir", f"{STAGE1_FILE}: {name} must be a float tensor {layout}, got "
+                                               f"{value.dtype} {list(value.shape)}")
+    for prefix in ("", "negative_"):
+        for embeds_name, mask_name in zip(_EMBEDS, _MASKS):
+            embeds, mask = tensors[prefix + embeds_name], tensors[prefix + mask_name]
+            if embeds.ndim != 3 or embeds.dtype not in _FLOATS:
+                raise HyvInputError("--input_dir", f"{STAGE1_FILE}: {prefix + embeds_name} must be a float tensor "
+                                                   f"[1, L, D], got {embeds.dtype} {list(embeds.shape)}")
+            if mask.ndim != 2 or mask.dtype not in _INTS:
+                raise HyvInputError("--input_dir", f"{STAGE1_FILE}: {prefix + mask_name} must be an integer or bool "
+                                                   f"tensor [1, L], got {mask.dtype} {list(mask.shape)}")
+            if embeds.shape[0] != 1 or mask.shape != embeds.shape[:2]:
+                raise HyvInputError("--input_dir", f"{STAGE1_FILE}: {prefix + mask_name} {list(mask.shape)} does not "
+                                                   f"match {prefix + embeds_name} {list(embeds.shape)} (batch must be 1)")
+    for name in STAGE1_NAMES[4:]:  # the negative_* tensors must match their positive counterparts
+        if tensors[name].shape != tensors[name.removeprefix("negative_")].shape:
+            raise HyvInputError("--input_dir", f"{STAGE1_FILE}: {name} and its positive counterpart differ in shape")
+    return tensors
+
+
+def load_stage2(input_dir: str) -> torch.Tensor:
+    """Load and validate stage2_latents.safetensors: one float tensor ``latents`` [1, C, T, H, W]."""
+    _require_input_dir(input_dir)
+    tensors = _load_tensors(os.path.join(input_dir, STAGE2_FILE), "--input_dir")
+    if set(tensors) != {"latents"}:
+        raise HyvInputError("--input_dir", f"{STAGE2_FILE} must hold exactly one tensor 'latents', "
+                                           f"got {sorted(tensors)}")
+    latents = tensors["latents"]
+    if latents.ndim != 5 or latents.shape[0] != 1 or latents.dtype not in _FLOATS:
+        raise HyvInputError("--input_dir", f"{STAGE2_FILE}: latents must be a float tensor [1, C, T, H, W], "
+                                           f"got {latents.dtype} {list(latents.shape)}")
+    return latents
+
+
+def read_config(directory: str) -> dict[str, Any]:
+    """generation_config.json of a stage folder ({} if absent); a corrupt file names --input_dir."""
+    path = os.path.join(directory, CONFIG_FILE)
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError) as err:
+        raise HyvInputError("--input_dir", f"{path!r} is not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise HyvInputError("--input_dir", f"{path!r} must hold a JSON object")
+    return data
+
+
+def update_config(directory: str, base: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
+    """Merge ``fields`` into ``base`` (default: the folder's current config) and write it atomically."""
+    data = dict(read_config(directory) if base is None else base)
+    data.update(fields)
+    with atomic_path(os.path.join(directory, CONFIG_FILE)) as tmp:
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+            f.write("\n")
+    return data

@@ -1,0 +1,286 @@
+"""The three stages (text -> embeddings -> latents -> video) with their files, and generate (all three)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+
+from .. import __version__
+from ..base.errors import HyvInputError, python_names
+from ..base.files import ensure_output_dir
+from ..base.memory import PeakMemory
+from ..base.presets import Preset, get_preset
+from ..models.components import load_components, torch_dtype
+from ..runtimes.step import TransformerStep, make_step
+from .calibration import cache_schedule
+from .image import check_task, first_frame, image_size_settings
+from .sampling import sample_latents
+from .settings import Stage2Settings, check_type, resolve_settings
+from .stage_io import (
+    CONFIG_FILE,
+    FRAMES_FILE,
+    STAGE1_FILE,
+    STAGE2_FILE,
+    VIDEO_FILE,
+    load_stage1,
+    load_stage2,
+    read_config,
+    save_tensors,
+    update_config,
+)
+from .text import encode_pair
+from .video_io import check_mp4_path
+
+
+def _rank() -> int:
+    """This process's rank under torch.distributed (0 when not distributed): only rank 0 writes files."""
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def memory_fields(stage: str, memory: PeakMemory) -> dict[str, float]:
+    """generation_config.json fields of a stage's memory: the process's peak RSS while the stage's main work
+    ran (stage 1: loading and running the text encoders; stage 2: the denoising loop; stage 3: the VAE decode),
+    and how far it rose above the RSS at the start of that work."""
+    mib = 2**20
+    return {f"{stage}_peak_rss_mib": round(memory.peak_bytes / mib, 1),
+            f"{stage}_rss_growth_mib": round(memory.growth_bytes / mib, 1)}
+
+
+def _require_folder(name: str, value: Any) -> None:
+    """The stage functions write or read files: the folder is the caller's choice, never an invented default (the
+    CLI's default is ``stage_outputs``)."""
+    if not isinstance(value, (str, os.PathLike)) or not str(value):
+        raise HyvInputError(f"--{name}", f"a folder is required, got {value!r}")
+
+
+def _preset_from_config(config: dict[str, Any], input_dir: str) -> Preset:
+    if "preset" not in config:
+        raise HyvInputError("--input_dir", f"{os.path.join(input_dir, CONFIG_FILE)!r} is missing or has no "
+                                           "'preset'; run stage1 into this folder first")
+    return get_preset(config["preset"])
+
+
+@python_names()  # called from Python: errors name parameters; from the CLI: flags
+def stage1(
+    preset: str = "tiny", prompt: str = "", negative_prompt: str = "", output_dir: str | None = None,
+    model_path: str | None = None, dtype: str | None = None, components: dict[str, Any] | None = None,
+    image_path: str | None = None,
+) -> dict[str, torch.Tensor]:
+    """Encode the prompt and negative prompt (and, with ``image_path``, the first frame of an image-to-video run);
+    write stage1_embeddings.safetensors + generation_config.json.
+
+    The image is cropped to its bucket as diffusers' I2V pipeline does, then encoded by SigLIP (``image_embeds``)
+    and the VAE (``cond_latents``); the bucket fixes the video's height and width for stage 2. ``components``
+    (tokenizer, text_encoder, tokenizer_2, text_encoder_2, and for an image image_encoder, feature_extractor, vae;
+    already loaded for this preset, model path and dtype) skips loading them: :class:`hyv_lib.pipeline.batch.Pipeline` keeps
+    them between prompts."""
+    start = time.perf_counter()
+    _require_folder("output_dir", output_dir)
+    spec = get_preset(preset)
+    dtype = dtype or spec.default_dtype
+    torch_dtype(dtype)  # validates --dtype
+    if not isinstance(prompt, str) or not isinstance(negative_prompt, str):
+        raise HyvInputError("--prompt", "prompt and negative prompt must be strings")
+    task = check_task(spec, image_path is not None)
+    image = None
+    if image_path is not None:
+        from .image import crop_to_bucket, load_image
+
+        image = crop_to_bucket(spec, load_image(image_path))
+    if model_path is None and not spec.is_tiny:
+        load_components(spec, None, [])  # raises the "needs --model_path" error before any work
+    ensure_output_dir(output_dir)
+    names = ["tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2"]
+    if image is not None:
+        from ..models.components import IMAGE_COMPONENTS
+
+        names += [*IMAGE_COMPONENTS, "vae"]
+    with PeakMemory() as memory:
+        if components is None:
+            components = load_components(spec, model_path, names, dtype=dtype)
+        tensors = encode_pair(components, spec, prompt, negative_prompt, dtype, image)
+    save_tensors(tensors, os.path.join(output_dir, STAGE1_FILE), metadata={"preset": spec.name})
+    image_fields = {} if image is None else dict(image_path=os.path.abspath(image_path), image_height=image.size[1],
+                                                 image_width=image.size[0])
+    update_config(
+        output_dir, base={}, prompt=prompt, negative_prompt=negative_prompt, preset=spec.name, task=task,
+        **image_fields, model_path=model_path, dtype=dtype, hyv_lib_version=__version__,
+        stage1_time_s=round(time.perf_counter() - start, 3), **memory_fields("stage1", memory),
+    )
+    return tensors
+
+
+@python_names()  # called from Python: errors name parameters; from the CLI: flags
+def stage2(
+    input_dir: str | None = None, output_dir: str | None = None, *, quiet: bool = False,
+    step: TransformerStep | None = None, components: dict[str, Any] | None = None, **settings: Any,
+) -> torch.Tensor:
+    """Denoise from the stage-1 embeddings; write stage2_latents.safetensors and extend the config.
+
+    ``settings`` are the fields of :class:`Stage2Settings` (``height``, ``video_length``, ``num_inference_steps``,
+    ``seed``, ``runtime``, ``mesh``, ``enable_cache``, ...); unset ones take the preset's defaults, and an unknown
+    name is an error. ``runtime``, ``mesh`` and ``sharding`` pick the
+    transformer step (see :func:`make_step`); ``step`` overrides it with any callable of that interface, and
+    ``components`` (transformer and scheduler, already loaded for this folder) skips loading them.
+    ``multi_host``: this process is one host of a multi-host TPU slice (:func:`hyv_lib.parallel.jax_env.init_multi_host`); every
+    host runs the same command and writes the same latents to its own ``output_dir``. ``attention``: see
+    :func:`make_step` (checked before anything is loaded or written).
+    """
+    start = time.perf_counter()
+    _require_folder("input_dir", input_dir)
+    requested = Stage2Settings.from_kwargs(settings)
+    runtime, mesh, sharding, attention = requested.runtime, requested.mesh, requested.sharding, requested.attention
+    config = read_config(input_dir) if os.path.isdir(input_dir) else {}
+    embeds = load_stage1(input_dir)
+    spec = _preset_from_config(config, input_dir)
+    if "cond_latents" in embeds:  # image-to-video: the size is the first frame's
+        requested = image_size_settings(
+            requested, tuple(n * spec.spatial_compression for n in embeds["cond_latents"].shape[-2:]))
+    settings = resolve_settings(spec, requested)
+    output_dir = ensure_output_dir(output_dir or input_dir)
+    dtype = config.get("dtype", spec.default_dtype)
+    if components is None:
+        components = load_components(spec, config.get("model_path"), ["transformer", "scheduler"], dtype=dtype)
+    transformer = components["transformer"]
+    device = torch.device("cpu")
+    if runtime in ("torch", "ulysses") and torch.cuda.is_available():  # a GPU (per rank); untested here: no GPU
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        transformer.to(device)  # before the step is built (a no-op when a kept model is already there)
+    owns_group = runtime == "ulysses" and not torch.distributed.is_initialized()  # else the caller's: left as found
+    step = step or make_step(transformer, runtime, mesh, sharding,
+                             cache=cache_schedule(settings, spec, config.get("model_path")),
+                             uncached_blocks=settings.get("no_cache_blocks", 1), attention=attention)
+    with PeakMemory() as memory:
+        latents = sample_latents(step, transformer, components["scheduler"].config, spec, embeds, settings,
+                                 progress=not quiet and _rank() == 0, device=device)
+    if _rank() == 0:  # every rank holds the same latents; one writes them
+        save_tensors({"latents": latents}, os.path.join(output_dir, STAGE2_FILE), metadata={"preset": spec.name})
+        counts = {}
+        if settings["enable_cache"] and hasattr(step, "full_calls"):  # what the cache did, next to what was asked
+            counts = dict(cache_full_steps=step.full_calls, cache_cached_steps=step.cached_calls,
+                          cache_skipped_steps=list(getattr(step, "skipped_steps", [])))
+        update_config(output_dir, base=config, **settings, **counts,
+                      stage2_time_s=round(time.perf_counter() - start, 3), **memory_fields("stage2", memory))
+    if runtime == "ulysses":
+        from ..parallel.distributed import barrier
+
+        barrier()
+        if owns_group:
+            torch.distributed.destroy_process_group()
+    return latents
+
+
+# ------------------------------------------------------------------------------------------------- stage 3
+def _check_stage3_settings(output_video: str | None, fps: Any, vae_dtype: str) -> None:
+    """Stage 3's own settings (HyvInputError naming the flag): checked by :func:`stage3` before it loads anything
+    and by :func:`generate` before stage 1 writes anything."""
+    check_type("--fps", fps, float)
+    if fps is not None and not fps > 0:
+        raise HyvInputError("--fps", f"must be > 0, got {fps}")
+    if vae_dtype not in ("fp32", "bf16"):
+        raise HyvInputError("--vae_dtype", f"must be fp32 or bf16, got {vae_dtype!r}")
+    if output_video is not None:
+        check_mp4_path(output_video, "--output_video")
+
+
+@python_names()  # called from Python: errors name parameters; from the CLI: flags
+def stage3(
+    input_dir: str | None = None, output_video: str | None = None, fps: float | None = None,
+    disable_tiling: bool = False, save_frames: bool = False, runtime: str = "torch", vae_dtype: str = "fp32",
+    components: dict[str, Any] | None = None,
+) -> torch.Tensor:
+    """Decode the stage-2 latents with the VAE and write the mp4 (and optionally the frames).
+
+    ``runtime``: ``torch`` (eager, on the GPU when CUDA is available, else the host CPU; tiles spread over the
+    ranks under torchrun) or ``tpu`` (the decoder jitted through torchax on JAX's device: the TPU on a TPU VM).
+    ``vae_dtype``: ``fp32`` (default) or ``bf16``, what the decoder computes in. ``components`` ({"vae": ...},
+    already loaded) skips loading it.
+    """
+    start = time.perf_counter()
+    _require_folder("input_dir", input_dir)
+    _check_stage3_settings(output_video, fps, vae_dtype)
+    if runtime not in ("torch", "tpu"):
+        raise HyvInputError("--runtime", f"stage 3 runs on torch or tpu, got {runtime!r}")
+    config = read_config(input_dir) if os.path.isdir(input_dir) else {}
+    latents = load_stage2(input_dir)
+    spec = _preset_from_config(config, input_dir)
+    fps = spec.fps if fps is None else fps
+    output_video = output_video or os.path.join(input_dir, VIDEO_FILE)
+    out_dir = os.path.dirname(os.path.abspath(output_video))
+    ensure_output_dir(out_dir, "--output_video")
+    if components is None:
+        components = load_components(spec, config.get("model_path"), ["vae"], dtype=config.get("dtype", "fp32"))
+    vae = components["vae"]
+    if runtime == "torch" and vae_dtype == "bf16":
+        torch.nn.Module.to(vae, torch.bfloat16)  # (diffusers' to() warns about fp32-pinned modules: this VAE has none)
+    if runtime == "torch" and torch.cuda.is_available():  # this rank's GPU (nccl's tile exchange needs GPU tensors)
+        vae.to(torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))  # untested here: no GPU
+    if latents.shape[1] != vae.config.latent_channels:
+        raise HyvInputError("--input_dir", f"{STAGE2_FILE}: latents have {latents.shape[1]} channels but the VAE "
+                                           f"expects {vae.config.latent_channels}")
+    from ..runtimes.vae import decode_latents
+    from .video_io import write_mp4
+
+    # Under torchrun (WORLD_SIZE > 1) the VAE tiles are spread over the ranks; rank 0 writes the files.
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if distributed and runtime == "tpu":
+        raise HyvInputError("--runtime", "stage 3 with --runtime tpu runs in one process, not under torchrun")
+    owns_group = distributed and not torch.distributed.is_initialized()  # else the caller's: left as found
+    if distributed:
+        from ..parallel.distributed import init_distributed
+
+        init_distributed()
+    with PeakMemory() as memory:
+        frames = decode_latents(vae, latents, tiling=not disable_tiling, tile_parallel=distributed, runtime=runtime,
+                                dtype=torch_dtype(vae_dtype) if runtime == "tpu" else None)
+    if _rank() == 0:
+        write_mp4(frames.numpy(), output_video, fps)
+        fields = {"output_video": os.path.abspath(output_video), "fps": fps, "vae_tiling": not disable_tiling,
+                  "stage3_runtime": runtime, "vae_dtype": vae_dtype}
+        if save_frames:
+            frames_path = os.path.join(out_dir, FRAMES_FILE)
+            save_tensors({"frames": frames.permute(3, 0, 1, 2).unsqueeze(0)}, frames_path)  # [1,3,F,H,W] uint8
+            fields["frames_file"] = frames_path
+        update_config(input_dir, base=config, **fields, stage3_time_s=round(time.perf_counter() - start, 3),
+                      **memory_fields("stage3", memory))
+    if distributed:
+        from ..parallel.distributed import barrier
+
+        barrier()
+        if owns_group:
+            torch.distributed.destroy_process_group()
+    return frames
+
+
+@python_names()  # called from Python: errors name parameters; from the CLI: flags
+def generate(
+    preset: str = "tiny", prompt: str = "", negative_prompt: str = "", output_dir: str | None = None,
+    model_path: str | None = None, dtype: str | None = None, output_video: str | None = None,
+    fps: float | None = None, disable_tiling: bool = False, save_frames: bool = False, vae_dtype: str = "fp32",
+    image_path: str | None = None, **stage2_kwargs: Any,
+) -> torch.Tensor:
+    """Run stage 1, 2 and 3 into ``output_dir``; returns the uint8 frames [F,H,W,3]. ``image_path``: the first
+    frame of an image-to-video run (see :func:`stage1`). ``stage2_kwargs``: the fields of :class:`Stage2Settings`,
+    and ``quiet``.
+
+    Stage-2 settings (and the image) are checked before the text encoders run, so bad input fails fast. With
+    ``runtime="tpu"`` stage 3 decodes on JAX too.
+    """
+    _require_folder("output_dir", output_dir)
+    stage2_settings = {k: v for k, v in stage2_kwargs.items() if k not in ("quiet", "step", "components")}
+    spec = get_preset(preset)
+    requested = Stage2Settings.from_kwargs(stage2_settings)
+    check_task(spec, image_path is not None)
+    if image_path is not None:
+        requested = first_frame(spec, image_path, requested)[0]
+    resolve_settings(spec, requested)
+    _check_stage3_settings(output_video, fps, vae_dtype)
+    stage1(preset=preset, prompt=prompt, negative_prompt=negative_prompt, output_dir=output_dir,
+           model_path=model_path, dtype=dtype, image_path=image_path)
+    stage2(input_dir=output_dir, **stage2_kwargs)
+    return stage3(input_dir=output_dir, output_video=output_video, fps=fps, disable_tiling=disable_tiling,
+                  save_frames=save_frames, vae_dtype=vae_dtype,
+                  runtime="tpu" if stage2_kwargs.get("runtime") == "tpu" else "torch")

@@ -1,0 +1,108 @@
+"""Stage-1 text encoding with diffusers' own HunyuanVideo-1.5 recipe (Qwen2.5-VL template + ByT5 glyphs)."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+from ..base.errors import HyvInputError
+from ..base.presets import Preset
+from ..models.components import torch_dtype
+
+
+def _recipe_defaults() -> dict:
+    # The system prompt and crop index are defaults of diffusers' static encoder function; reading them
+    # from its signature keeps this module identical to the pipeline without copying the text.
+    from diffusers import HunyuanVideo15Pipeline
+
+    params = inspect.signature(HunyuanVideo15Pipeline._get_mllm_prompt_embeds).parameters
+    return {name: params[name].default for name in ("system_message", "crop_start", "num_hidden_layers_to_skip")}
+
+
+def system_message() -> str:
+    """The system prompt HunyuanVideo-1.5 wraps every prompt in (diffusers' default)."""
+    return _recipe_defaults()["system_message"]
+
+
+def template_crop_start(tokenizer, system: str | None = None) -> int:
+    """Number of chat-template tokens before the user's text: what the recipe crops away.
+
+    Computed by rendering the template around a marker prompt. For the real Qwen2.5-VL tokenizer
+    diffusers hard-codes this as 108; the tiny byte-level tokenizer needs its own value.
+    """
+    from diffusers.pipelines.hunyuan_video1_5.pipeline_hunyuan_video1_5 import format_text_input
+
+    system = system_message() if system is None else system
+    marker = "\u2603"  # a character no template contains
+    conversation = format_text_input([marker], system)[0]
+    text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    prefix = text[: text.index(marker)]
+    return len(tokenizer(prefix, add_special_tokens=False).input_ids)
+
+
+@torch.no_grad()
+def encode_prompts(components: dict, preset: Preset, prompts: list[str]) -> dict[str, torch.Tensor]:
+    """Encode prompts (batch) into the four stage-1 tensors with diffusers' recipe.
+
+    Qwen2.5-VL: chat template with the system prompt, padded to crop + text_len, hidden_states[-3],
+    template tokens cropped; ByT5: only quoted text is encoded, zeros + mask 0 when there is none.
+    Returns ``prompt_embeds`` [B,text_len,text_dim], ``prompt_embeds_mask`` [B,text_len] (int64),
+    ``prompt_embeds_2`` [B,byt5_len,byt5_dim], ``prompt_embeds_mask_2`` [B,byt5_len] (int64).
+    """
+    from diffusers import HunyuanVideo15Pipeline
+
+    defaults = _recipe_defaults()
+    tokenizer, text_encoder = components["tokenizer"], components["text_encoder"]
+    crop = preset.crop_start if preset.crop_start is not None else template_crop_start(tokenizer)
+    device = text_encoder.device
+    embeds, mask = HunyuanVideo15Pipeline._get_mllm_prompt_embeds(
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        prompt=prompts,
+        device=device,
+        tokenizer_max_length=preset.text_len,
+        num_hidden_layers_to_skip=defaults["num_hidden_layers_to_skip"],
+        system_message=defaults["system_message"],
+        crop_start=crop,
+    )
+    embeds_2, mask_2 = HunyuanVideo15Pipeline._get_byt5_prompt_embeds(
+        tokenizer=components["tokenizer_2"],
+        text_encoder=components["text_encoder_2"],
+        prompt=prompts,
+        device=device,
+        tokenizer_max_length=preset.byt5_len,
+    )
+    return {
+        "prompt_embeds": embeds,
+        "prompt_embeds_mask": mask.to(torch.int64),
+        "prompt_embeds_2": embeds_2.to(embeds.dtype),
+        "prompt_embeds_mask_2": mask_2.to(torch.int64),
+    }
+
+
+def encode_pair(components: dict[str, Any], preset: Preset, prompt: str, negative_prompt: str = "",
+                dtype: str = "fp32", image=None, argument: str = "--image_path") -> dict[str, torch.Tensor]:
+    """The stage-1 tensors of a prompt and its negative prompt (one text-encoder batch [negative, positive]):
+    ``prompt_embeds``, ``prompt_embeds_mask``, ``prompt_embeds_2``, ``prompt_embeds_mask_2`` and their
+    ``negative_`` twins, batch 1 each, floats in ``dtype``. With ``image`` (a first frame already cropped to its
+    bucket, :func:`hyv_lib.pipeline.image.crop_to_bucket`) also ``image_embeds`` (in ``dtype``) and ``cond_latents`` (fp32),
+    which need SigLIP and the VAE in ``components`` (a HyvInputError naming ``argument`` otherwise)."""
+    encoded = encode_prompts(components, preset, [negative_prompt, prompt])
+    tensors = {}
+    for index, prefix in ((0, "negative_"), (1, "")):
+        for name, value in encoded.items():
+            value = value[index : index + 1]
+            tensors[prefix + name] = value.to(torch_dtype(dtype)) if value.is_floating_point() else value
+    if image is not None:
+        from ..models.components import IMAGE_COMPONENTS
+        from .image import encode_image
+
+        missing = [n for n in (*IMAGE_COMPONENTS, "vae") if n not in components]
+        if missing:
+            raise HyvInputError(argument, f"encoding a first frame needs {', '.join(missing)}; load the components "
+                                          "of a preset that takes an image")
+        frame = encode_image(components, preset, image)
+        tensors.update(image_embeds=frame["image_embeds"].to(torch_dtype(dtype)), cond_latents=frame["cond_latents"])
+    return tensors

@@ -1,0 +1,331 @@
+"""What one DiT step costs, counted from the preset: FLOPs, parameter, activation and collective bytes per layout."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from typing import Any, Mapping, Sequence
+
+from ..base.errors import HyvInputError
+from ..base.presets import Preset, get_preset
+from ..models.layout import context_tokens
+
+
+def as_preset(preset: Preset | str) -> Preset:
+    return get_preset(preset) if isinstance(preset, str) else preset
+
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+
+def dtype_bytes(dtype: str) -> int:
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise HyvInputError("dtype", f"must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}") from None
+
+
+# --------------------------------------------------------------------------------------------------- FLOPs
+#: Constants of diffusers' HunyuanVideo-1.5 classes that are not config fields.
+TIME_PROJ_DIM = 256  # Timesteps(num_channels=256) in the time embedding and the refiner's time_text_embed
+BYT5_HIDDEN = 2048  # HunyuanVideo15ByT5TextProjection(text_embed_2_dim, 2048, inner_dim): fixed width
+REFINER_MLP_RATIO = 4.0  # HunyuanVideo15TokenRefiner is built with its default mlp_ratio, not the model's
+
+
+def model_dims(preset: Preset) -> dict[str, int]:
+    c = preset.transformer
+    heads, head_dim = c["num_attention_heads"], c["attention_head_dim"]
+    hidden = heads * head_dim
+    return dict(heads=heads, head_dim=head_dim, hidden=hidden, mlp=int(hidden * c["mlp_ratio"]),
+                refiner_mlp=int(hidden * REFINER_MLP_RATIO), layers=c["num_layers"],
+                refiner_layers=c["num_refiner_layers"], patch=c["patch_size"], patch_t=c["patch_size_t"],
+                in_channels=c["in_channels"], out_channels=c["out_channels"], text_dim=c["text_embed_dim"],
+                byt5_dim=c["text_embed_2_dim"], image_dim=c["image_embed_dim"])
+
+
+def token_counts(preset: Preset | str, height: int, width: int, video_length: int) -> dict[str, int]:
+    """Tokens of one sample: video (after patching), context (image + ByT5 + text), joint = video + context."""
+    preset = as_preset(preset)
+    d = model_dims(preset)
+    _, _, t, h, w = preset.latent_shape(height, width, video_length)
+    video = (t // d["patch_t"]) * (h // d["patch"]) * (w // d["patch"])
+    context = context_tokens(preset)
+    return dict(video=video, context=context, joint=video + context, text=preset.text_len,
+                byt5=preset.byt5_len, image=preset.image_tokens)
+
+
+def _pad(n: int, block: int | None) -> int:
+    """Key length a blockwise kernel computes: hyv_lib's XLA kernel cuts n keys into near-``block`` blocks."""
+    if not block:
+        return n
+    from ..kernels.xla import kv_block_layout
+
+    n_blocks, size = kv_block_layout(n, block)
+    return n_blocks * size
+
+
+def step_flops(preset: Preset | str, height: int, width: int, video_length: int, batch: int = 2, *,
+               valid_context: int | None = None, kv_block: int | None = None) -> dict[str, Any]:
+    """Analytic FLOPs of ONE transformer forward over a batch (CFG: batch 2 = one denoising step).
+
+    Counts matmuls only, 2 FLOPs per multiply-add; elementwise work (norms, activations, softmax, RoPE,
+    bias adds) is left out: about 1% at the real sizes (softmax costs ~5 ops per logit against
+    4 D = 512 matmul FLOPs). Shapes come from ``preset.transformer``:
+    hidden h = heads x head_dim, MLP width f = h x mlp_ratio, tokens from the latent shape.
+
+    - ``attention``: QK^T and PV, 4 B H S S_k D per joint block (S = video + all 1985 context tokens),
+      plus the token refiner's self-attention over the text tokens. By default every context token is
+      counted, valid or padding: Splash with segment ids, hyv_lib's XLA kernel and a dense mask all
+      compute the padded positions. ``valid_context=n`` counts only n context tokens (what varlen
+      flash-attn skips to; the refiner always counts all text tokens). ``kv_block`` counts the key
+      length a blockwise kernel computes, padding included (hyv_lib's XLA kernel, target 512).
+    - ``linear``: 2 x tokens x weights per stream in the joint blocks (video tokens through the img
+      weights to_q/k/v, to_out.0, ff; context tokens through add_*_proj, to_add_out, ff_context),
+      the AdaLN modulation linears on the B timestep embeddings, the token refiner, the embedders
+      (patch embed, time, ByT5, image) and the output head. The last block's context projections
+      after attention are dead code (only video tokens reach the head): they are left out of the
+      total, as XLA drops them, and reported as ``eager_extra`` (what eager torch spends on top).
+
+    Returns ``attention``, ``linear``, ``total``, ``attention_share``, ``parts`` (summing to total),
+    ``eager_extra`` and ``tokens``.
+    """
+    preset = as_preset(preset)
+    d = model_dims(preset)
+    tok = token_counts(preset, height, width, video_length)
+    b, h, f, heads, hd = batch, d["hidden"], d["mlp"], d["heads"], d["head_dim"]
+    nv, nc = tok["video"], tok["context"]
+    if valid_context is not None and not 0 <= valid_context <= nc:
+        raise HyvInputError("valid_context", f"must be between 0 and {nc}, got {valid_context}")
+    s_attn = nv + (nc if valid_context is None else valid_context)
+    per_token_block = 4 * h * h + 2 * h * f  # q, k, v, out + MLP in/out, per stream
+    lt = preset.text_len
+    per_token_refiner = 4 * h * h + 2 * h * d["refiner_mlp"]
+    # The last block's context stream after attention (to_add_out, ff_context) feeds nothing: a compiler
+    # drops it (XLA does), eager torch computes it. Reported as ``eager_extra``, not in the total.
+    dead = 2 * b * nc * (h * h + 2 * h * f) if d["layers"] else 0
+    parts = {
+        "blocks_attention": d["layers"] * 4 * b * heads * s_attn * _pad(s_attn, kv_block) * hd,
+        "blocks_linear": d["layers"] * 2 * b * (nv + nc) * per_token_block - dead,
+        "blocks_modulation": d["layers"] * 2 * (2 * b * h * 6 * h),  # norm1 + norm1_context: h -> 6h on temb
+        "refiner_attention": d["refiner_layers"] * 4 * b * heads * lt * _pad(lt, kv_block) * hd,
+        "refiner_linear": (2 * b * lt * d["text_dim"] * h  # proj_in
+                           + d["refiner_layers"] * (2 * b * lt * per_token_refiner + 2 * b * h * 2 * h)  # + AdaNorm
+                           + 2 * b * (TIME_PROJ_DIM * h + h * h) + 2 * b * (d["text_dim"] * h + h * h)),
+        "embedders": (2 * b * nv * d["in_channels"] * d["patch_t"] * d["patch"] ** 2 * h  # x_embedder (conv)
+                      + 2 * b * (TIME_PROJ_DIM * h + h * h)  # time_embed
+                      + 2 * b * preset.byt5_len * (d["byt5_dim"] * BYT5_HIDDEN + BYT5_HIDDEN ** 2 + BYT5_HIDDEN * h)
+                      + 2 * b * preset.image_tokens * (d["image_dim"] ** 2 + d["image_dim"] * h)),
+        "output": 2 * b * h * 2 * h + 2 * b * nv * h * d["out_channels"] * d["patch_t"] * d["patch"] ** 2,
+    }
+    attention = parts["blocks_attention"] + parts["refiner_attention"]
+    total = sum(parts.values())
+    return dict(attention=attention, linear=total - attention, total=total, attention_share=attention / total,
+                parts=parts, eager_extra=dead, tokens=dict(tok, batch=batch, attended=s_attn))
+
+
+# ----------------------------------------------------------------------------------- parameters and rules
+def rule_set_names() -> tuple[str, ...]:
+    """``replicated`` (no rule) plus the rule sets the TPU runtime places weights with
+    (:data:`hyv_lib.parallel.sharding.RULE_SETS`: ``tp``, ``tp_replicated_out``, ``fsdp``)."""
+    from ..parallel.sharding import RULE_SETS
+
+    return ("replicated", *RULE_SETS)
+
+
+@functools.lru_cache(maxsize=8)
+def _meta_params(config_json: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    import torch
+    from diffusers import HunyuanVideo15Transformer3DModel
+
+    with torch.device("meta"):
+        model = HunyuanVideo15Transformer3DModel(**json.loads(config_json))
+    return tuple((name, tuple(p.shape)) for name, p in model.named_parameters())
+
+
+def parameter_shapes(preset: Preset | str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(name, shape) of every parameter of the preset's transformer, from a meta-device instance (no memory)."""
+    return _meta_params(json.dumps(as_preset(preset).transformer, sort_keys=True))
+
+
+MESH_AXES = ("data", "tensor", "sequence")  # hyv_lib.parallel.mesh.AXES
+
+
+class _MeshShape:
+    """Stands in for a jax Mesh where only ``.shape`` is read (hyv_lib.parallel.sharding.plan): no devices needed."""
+
+    def __init__(self, shape: dict[str, int]):
+        self.shape = {axis: shape.get(axis, 1) for axis in MESH_AXES}
+
+
+def as_mesh(mesh_shape: int | str | Mapping[str, int] | None, axis: str = "tensor") -> dict[str, int]:
+    """int n -> n devices on ``axis``; a dict of data/tensor/sequence sizes, or the string form the CLI and
+    ``make_step`` take ('data=2,tensor=4'); None -> one device."""
+    if mesh_shape is None:
+        mesh_shape = 1
+    if isinstance(mesh_shape, str):
+        from ..parallel.mesh import parse_mesh
+
+        try:
+            mesh_shape = parse_mesh(mesh_shape) or 1
+        except HyvInputError as err:  # it names the CLI's --mesh
+            raise HyvInputError("mesh_shape", err.message) from None
+    mesh = {axis: mesh_shape} if isinstance(mesh_shape, int) else dict(mesh_shape)
+    if any(k not in MESH_AXES or not isinstance(v, int) or v < 1 for k, v in mesh.items()):
+        raise HyvInputError("mesh_shape", f"an int or a dict of {', '.join(MESH_AXES)} with positive integer "
+                                          f"sizes; got {mesh_shape!r}")
+    return {a: mesh.get(a, 1) for a in MESH_AXES}
+
+
+def plan_specs(preset: Preset, rules: str, mesh: dict[str, int]) -> tuple[dict[str, tuple], list[dict]]:
+    from ..parallel.sharding import RULE_SETS, plan
+
+    return plan(dict(parameter_shapes(preset)), [] if rules == "replicated" else RULE_SETS[rules], _MeshShape(mesh))
+
+
+def split_factor(spec: tuple, mesh: dict[str, int]) -> int:
+    """How many ways a PartitionSpec splits a tensor on ``mesh``."""
+    n = 1
+    for axes in spec:
+        for axis in (axes if isinstance(axes, tuple) else (axes,) if axes else ()):
+            n *= mesh[axis]
+    return n
+
+
+def param_bytes(preset: Preset | str, dtype: str = "bf16", rules: str | Sequence[Any] | None = None,
+                mesh_shape: int | Mapping[str, int] | None = None) -> dict[str, Any]:
+    """Per-device weight bytes of the transformer under a sharding rule set.
+
+    ``rules``: ``replicated`` (the default: every weight whole on every device) or a rule set of
+    :mod:`hyv_lib.parallel.sharding`, exactly as the TPU runtime places them: ``tp`` (Megatron on the joint
+    blocks: to_q/k/v, add_*_proj, ff(.context).net.0.proj split by output features = column-parallel;
+    to_out.0, to_add_out, ff(.context).net.2 split by input features = row-parallel; the rest, including
+    the AdaLN modulation linears and the token refiner, replicated), ``tp_replicated_out`` (the
+    row-parallel ones replicated instead), ``fsdp`` (every joint-block weight split along its first
+    dimension over all devices), or a list of :class:`hyv_lib.parallel.sharding.Rule`. ``mesh_shape``: an int
+    (that many devices on the ``tensor`` axis) or a dict of ``data``/``tensor``/``sequence`` sizes.
+    Parameter names and shapes come from a meta-device instance of the diffusers class. A rule that
+    matches no parameter, or a split that does not divide its dimension, raises ValueError.
+    Returns ``bytes_per_device`` and one row per rule: tensors, params, bytes per device.
+    """
+    from ..parallel.sharding import RULE_SETS, plan
+
+    preset = as_preset(preset)
+    bpe = dtype_bytes(dtype)
+    if rules is None:
+        rules = "replicated"
+    if isinstance(rules, str) and rules not in rule_set_names():
+        raise HyvInputError("rules", f"unknown rule set {rules!r}; valid: {', '.join(rule_set_names())}")
+    name = rules if isinstance(rules, str) else "custom"
+    rule_list = [] if rules == "replicated" else RULE_SETS[rules] if isinstance(rules, str) else list(rules)
+    mesh = as_mesh(mesh_shape)
+    _, report = plan(dict(parameter_shapes(preset)), rule_list, _MeshShape(mesh))
+    rows = [dict(rule=r["rule"], tensors=r["tensors"], params=r["params"], bytes_per_device=r["per_device"] * bpe)
+            for r in report]
+    total = sum(r["params"] for r in rows)
+    return dict(rules=name, dtype=dtype, mesh=mesh, n_devices=math.prod(mesh.values()), rows=rows, params=total,
+                bytes_per_device=sum(r["bytes_per_device"] for r in rows), replicated_bytes=total * bpe)
+
+
+# ------------------------------------------------------------------------------------------- activations
+def activation_bytes(preset: Preset | str, height: int, width: int, video_length: int, batch: int = 2, *,
+                     dtype: str = "bf16", mesh_shape: int | Mapping[str, int] | None = None,
+                     attention: str = "flash") -> dict[str, Any]:
+    """Estimated per-device activation working set of ONE joint block (weights excluded).
+
+    ``mesh_shape``: an int (devices on ``tensor``) or a dict of ``data``/``tensor``/``sequence`` sizes.
+    With b = ceil(B / data) local samples, s = ceil(S / sequence) local tokens (S = joint sequence, all
+    context tokens), t = tensor, heads split over tensor x sequence (h_loc = ceil(H / (t sequence))),
+    x = dtype bytes:
+
+    - hidden: 2 b s h x  (the residual stream and its normalised copy)
+    - qkv: 3 b s (h / t) x  (after a Ulysses all_to_all each is b S h_loc D x, the same size)
+    - attn_out: b s (h / t) x
+    - mlp: b s (f / t) x  (the MLP intermediate)
+    - attention working set, ``flash`` (Splash / FlashAttention): a fp32 output accumulator plus running
+      max and sum per query, b h_loc S (D + 2) 4 bytes, i.e. O(S D) per head (tiles are O(1));
+      ``dense``: fp32 logits b h_loc S^2 4 plus diffusers' boolean [B, 1, S, S] mask b S^2 (a lower
+      estimate: softmax usually keeps another S^2 copy).
+    """
+    preset = as_preset(preset)
+    if attention not in ("flash", "dense"):
+        raise HyvInputError("attention", f"must be 'flash' or 'dense', got {attention!r}")
+    x = dtype_bytes(dtype)
+    mesh = as_mesh(mesh_shape)
+    t, sp = mesh["tensor"], mesh["sequence"]
+    d = model_dims(preset)
+    s_full = token_counts(preset, height, width, video_length)["joint"]
+    b, s = -(-batch // mesh["data"]), -(-s_full // sp)
+    h, f, hd = d["hidden"], d["mlp"], d["head_dim"]
+    h_loc = -(-d["heads"] // (t * sp))
+    parts = {
+        "hidden": 2 * b * s * h * x,
+        "qkv": 3 * b * s * -(-h // t) * x,
+        "attn_out": b * s * -(-h // t) * x,
+        "mlp": b * s * -(-f // t) * x,
+    }
+    if attention == "flash":
+        parts["attention"] = b * h_loc * s_full * (hd + 2) * 4
+    else:
+        parts["attention"] = b * h_loc * s_full * s_full * 4 + b * s_full * s_full
+    return dict(parts=parts, bytes_per_device=sum(parts.values()), attention=attention, mesh=mesh,
+                tokens_per_device=s, samples_per_device=b)
+
+
+# ------------------------------------------------------------------------------------------- collectives
+#: Strategy -> the mesh axis an int ``mesh_shape`` goes on.
+STRATEGIES = {"tp": "tensor", "ulysses": "sequence", "fsdp": "tensor", "dp": "data"}
+
+
+def collective_bytes(preset: Preset | str, height: int, width: int, video_length: int, batch: int = 2, *,
+                     dtype: str = "bf16", strategy: str = "tp",
+                     mesh_shape: int | Mapping[str, int] | None = None) -> dict[str, Any]:
+    """Bytes each device sends over the interconnect in one forward (one CFG step), by strategy.
+
+    ``mesh_shape``: an int (that many devices on the strategy's axis: tensor for tp and fsdp, sequence
+    for ulysses, data for dp) or a dict of data/tensor/sequence sizes. n = that axis' size,
+    b = ceil(B / data), x = dtype bytes, N_v / N_c = video / context tokens, S = N_v + N_c, h = hidden.
+
+    - ``tp`` (Megatron, the ``tp`` rule set): each row-parallel output (to_out.0 / to_add_out and
+      ff.net.2, per stream) is all-reduced; a ring all-reduce of m bytes sends 2 (n-1)/n m per device.
+      Per joint block: 2 x 2 (n-1)/n b S h x. (With ``tp_replicated_out`` XLA chooses other
+      collectives; this is the plain-TP count.)
+    - ``ulysses`` (sequence parallel; XLA's resharding around head-sharded attention on a mesh with a
+      sequence axis is the same pattern): per joint block, all_to_all of q, k, v (sequence -> heads)
+      and of the output (heads -> sequence); a device holds m = b S h x / n of each and sends
+      (n-1)/n m: 4 (n-1)/n b S h x / n per block; plus a final all-gather of the output latents.
+    - ``fsdp``: every weight the ``fsdp`` rule set splits is all-gathered once per forward:
+      (n-1)/n of those weight bytes (n = all devices).
+    - ``dp`` (CFG-parallel, a whole sample per device): only the final gather of the noise prediction.
+    """
+    preset = as_preset(preset)
+    if strategy not in STRATEGIES:
+        raise HyvInputError("strategy", f"must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    x = dtype_bytes(dtype)
+    d = model_dims(preset)
+    tok = token_counts(preset, height, width, video_length)
+    mesh = as_mesh(mesh_shape, STRATEGIES[strategy])
+    b = -(-batch // mesh["data"])
+    h = d["hidden"]
+    output = b * tok["video"] * d["out_channels"] * x  # the noise prediction of the local samples
+    if strategy == "tp":
+        n = mesh["tensor"]
+        per_block = 2 * (2 * (n - 1) / n) * b * tok["joint"] * h * x
+        total = d["layers"] * per_block
+        ops = dict(per_block=per_block, blocks=total)
+    elif strategy == "ulysses":
+        n = mesh["sequence"]
+        per_block = 4 * (n - 1) / n * b * tok["joint"] * h * x / n
+        gather = (n - 1) / n * output
+        total = d["layers"] * per_block + gather
+        ops = dict(per_block=per_block, blocks=d["layers"] * per_block, output_gather=gather)
+    elif strategy == "fsdp":
+        n = math.prod(mesh.values())
+        split = param_bytes(preset, dtype, "fsdp", mesh)["rows"]
+        total = (n - 1) / n * sum(r["params"] for r in split if r["rule"].startswith("fsdp")) * x
+        ops = dict(weight_all_gather=total)
+    else:
+        n = mesh["data"]
+        total = (n - 1) * output  # all-gather: each device sends its b samples to the n - 1 others
+        ops = dict(output_gather=total)
+    return dict(strategy=strategy, n=n, bytes_per_device=total, ops=ops, mesh=mesh)

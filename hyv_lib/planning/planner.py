@@ -1,0 +1,312 @@
+"""Analytic performance and memory planner: per-device memory, roofline bounds and MFU for a preset, size, chip and mesh."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import re
+from typing import Any, Mapping, Sequence
+
+from ..base.errors import HyvInputError
+from ..base.presets import Preset, get_preset
+from .costs import (
+    STRATEGIES,
+    activation_bytes,
+    as_mesh,
+    as_preset,
+    collective_bytes,
+    dtype_bytes,
+    model_dims,
+    param_bytes,
+    parameter_shapes,
+    plan_specs,
+    rule_set_names,
+    split_factor,
+    step_flops,
+    token_counts,
+)
+from .hardware import CHIPS, CITED_STEP_TIMES, NO_INTERCONNECT_SOURCE, SLICES, Chip, check_count, get_chip, mfu
+
+# ------------------------------------------------------------------------------ per-device plan of a layout
+#: Temporaries of the compiled step (the peak of XLA's buffer assignment, read from the TPU compiler's memory report
+#: at 720p): the patch embedding's output twice over, b x N_v x h, which the sequence axis does not split (the conv
+#: runs before the tokens are split); the attention kernel's padded q, k, v and output for the local heads; and a
+#: few copies of the local residual stream (b x N_v/sequence x h): this count is fitted, not derived.
+TEMPORARY_STREAM_COPIES = 3
+#: FSDP's gathered weights alive at once, in blocks: the compiler gathers a block's matrices in groups and frees each
+#: after use; at both 720p and a 2-block real-width model the temporaries hold about half a block.
+FSDP_GATHERED_BLOCKS = 0.5
+
+
+#: Where benchmarks/tpu_compile.py saves what the TPU compiler reported (shipped with the package):
+#: ``hyv_lib/compiled/tpu_compile.json`` in the installed package, as an absolute path.
+#:
+#: :meta hide-value:
+COMPILED_RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "compiled", "tpu_compile.json")
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_results(path: str) -> tuple[dict, ...]:
+    if not os.path.exists(path):
+        return ()
+    with open(path) as f:
+        return tuple(r for r in json.load(f).values() if "per_device_bytes" in r)
+
+
+def compiled_report(preset: Preset | str, height: int, width: int, video_length: int, topology: str,
+                    mesh_shape: Mapping[str, int], rules: str, enable_cache: bool = False) -> dict[str, Any] | None:
+    """The TPU compiler's report (``python -m hyv_lib compile --json``) saved for exactly this configuration in
+    :data:`COMPILED_RESULTS`, or None."""
+    name = as_preset(preset).name
+    mesh = as_mesh(mesh_shape)
+    for r in _compiled_results(COMPILED_RESULTS):
+        if (r["preset"] == name and r["topology"] == topology and r["sharding"] == rules and r["mesh"] == mesh
+                and r["size"] == dict(height=height, width=width, video_length=video_length)
+                and ("programs" in r) == enable_cache):
+            return r
+    return None
+
+
+def device_plan(preset: Preset | str, height: int, width: int, video_length: int,
+                mesh_shape: int | str | Mapping[str, int] | None = None, rules: str = "tp_replicated_out", *,
+                batch: int = 2, dtype: str = "bf16", enable_cache: bool = False,
+                topology: str | None = None) -> dict[str, Any]:
+    """What one device holds, computes and exchanges in one CFG step of :class:`hyv_lib.runtimes.tpu.TpuTransformer` on a
+    mesh: the planner's side of ``python -m hyv_lib compile`` (which asks the TPU compiler instead).
+
+    ``mesh_shape``: data/tensor/sequence sizes (an int n = ``tensor=n``; or 'data=2,tensor=4'), data dividing
+    ``batch``; ``rules``: ``tp``, ``tp_replicated_out``, ``fsdp`` or ``replicated``. With b = B / data samples, N_v
+    video and N_c context tokens, L blocks, hidden h, MLP width f, t = tensor, s = sequence, x = dtype bytes, it
+    models what the compiled HLO does (checked against the TPU compiler in tests/test_perf.py and chapter 3):
+
+    - ``collectives`` (bytes of the collectives' results per device, as :func:`hlo_collectives` counts them):
+      ``tp`` all-reduces each row-parallel output, 2 per block and stream, [b, N_v/s, h] and [b, N_c, h] (the last
+      block's context stream is dead code); ``tp_replicated_out`` all-gathers the attention output instead (the
+      replicated to_out then runs whole on every device) and still all-reduces the MLP output (XLA slices the
+      replicated fc2 to the local columns); a sequence axis adds 4 all-to-alls per block, [b, N_v/s, h/t] each
+      (q, k, v to head shards and the output back: Ulysses inside the mesh) and gathers the context stream's
+      attention output over it; ``fsdp`` all-gathers every block matrix whole. Token-refiner attention outputs are
+      gathered too. ``sent_bytes`` converts them to bytes on the wire (a ring all-reduce of m bytes over n devices
+      sends 2 (n-1)/n m, an all-gather or all-to-all (n-1)/n m).
+    - ``flops``: attention over data x tensor x sequence (heads over tensor x sequence); block matmuls over data,
+      the sequence for video tokens, and tensor only for the weights the rules split (``tp_replicated_out``'s
+      to_out runs whole; ``fsdp`` and ``replicated`` run every matmul whole, so their compute splits only over
+      data and sequence).
+    - ``per_device_bytes``: weights under the rules (exact, :func:`param_bytes`), the step's inputs (latents,
+      text, masks, RoPE tables), outputs (the noise prediction; with ``enable_cache`` the cached tokens too) and
+      temporaries (see :data:`TEMPORARY_STREAM_COPIES`, :data:`FSDP_GATHERED_BLOCKS`; partly fitted). Weights the
+      step never reads (the last block's context stream after attention) are left out, as ``jax.jit`` drops them.
+      The compiler's generated code is not
+      modelled: 0.04 GiB for ``tp_replicated_out`` at 720p on v6e-8, but about 0.8 GiB for ``tp`` and ``fsdp``.
+
+    ``topology`` (e.g. ``v6e:2x4``): when :data:`COMPILED_RESULTS` holds the compiler's report for this exact
+    configuration, ``compiled`` is that report and ``memory_total`` its per-device total (the compiler's word beats
+    the model: the planner misses FSDP's generated code, for one); otherwise ``memory_total`` is the planner's.
+    """
+    preset = as_preset(preset)
+    mesh = as_mesh(mesh_shape)
+    d_, t, sq = mesh["data"], mesh["tensor"], mesh["sequence"]
+    x = dtype_bytes(dtype)
+    dims = model_dims(preset)
+    h, f, layers, heads, hd = dims["hidden"], dims["mlp"], dims["layers"], dims["heads"], dims["head_dim"]
+    if heads % (t * sq):
+        raise HyvInputError("mesh_shape", f"{heads} heads cannot be split over tensor x sequence = {t} x {sq}")
+    if rules not in rule_set_names():
+        raise HyvInputError("rules", f"unknown rule set {rules!r}; valid: {', '.join(rule_set_names())}")
+    check_count("batch", batch)
+    if batch % d_:  # the tpu runtime and the compiler refuse it too: a data axis splits whole samples
+        raise HyvInputError("mesh_shape", f"data={d_} does not divide the batch of {batch}")
+    tok = token_counts(preset, height, width, video_length)
+    b = batch // d_
+    nv, nc, lt = -(-tok["video"] // sq), tok["context"], preset.text_len
+    refiner = dims["refiner_layers"]
+
+    # ---- collectives (HLO result bytes per device) and their group sizes
+    coll = {"all-reduce": 0.0, "all-gather": 0.0, "all-to-all": 0.0}
+    sent = 0.0
+
+    def add(kind, nbytes, group):
+        nonlocal sent
+        coll[kind] += nbytes
+        if group > 1:
+            sent += nbytes * (2 if kind == "all-reduce" else 1) * (group - 1) / group
+
+    weights = param_bytes(preset, dtype, rules, mesh)
+    # jax.jit drops arguments the program never reads: the last block's context-stream weights after attention
+    last = f"transformer_blocks.{layers - 1}."
+    dead_names = {name for name, _ in parameter_shapes(preset)
+                  if name.startswith(last) and re.search(r"to_add_out|ff_context", name)}
+    specs, _ = plan_specs(preset, rules, mesh)
+    dead_bytes = sum(math.prod(shape) // split_factor(specs[name], mesh) for name, shape in parameter_shapes(preset)
+                     if name in dead_names) * x
+    if t * sq > 1:
+        add("all-gather", refiner * b * lt * h * x, t * sq)
+    if sq > 1:
+        add("all-to-all", 4 * layers * b * nv * (h // t) * x, sq)
+        add("all-gather", (layers - 1) * b * nc * (h // t) * x, sq)
+    if t > 1 and rules == "tp":
+        add("all-reduce", 2 * layers * b * nv * h * x + 2 * (layers - 1) * b * nc * h * x, t)
+    elif t > 1 and rules == "tp_replicated_out":
+        add("all-gather", layers * b * nv * h * x + (layers - 1) * b * nc * h * x, t)
+        add("all-reduce", layers * b * nv * h * x + (layers - 1) * b * nc * h * x, t)
+    if rules == "fsdp":
+        matrices = sum(math.prod(shape) for name, shape in parameter_shapes(preset)
+                       if name.startswith("transformer_blocks.") and len(shape) == 2)
+        dead = sum(math.prod(shape) for name, shape in parameter_shapes(preset)
+                   if name in dead_names and len(shape) == 2)
+        add("all-gather", (matrices - dead) * x, d_ * t * sq)
+
+    # ---- FLOPs per device
+    total = step_flops(preset, height, width, video_length, batch)
+    parts = total["parts"]
+    whole = rules in ("fsdp", "replicated")
+    split_all = 1 if whole else t  # the tensor split of the column/row matmuls the rules split
+    split_out = 1 if whole or rules == "tp_replicated_out" else t  # to_out's
+    per_token = 2 * ((3 * h * h + 2 * h * f) / split_all + h * h / split_out)
+    dead_tokens = nc * (2 * ((h * f) / split_all + h * h / split_out) + 2 * h * f / split_all)  # last block, context
+    linear = b * (layers * (nv + nc) * per_token - dead_tokens)
+    small = (parts["blocks_modulation"] + parts["refiner_linear"] + parts["embedders"] + parts["output"]) / d_
+    flops = dict(attention=total["attention"] / (d_ * t * sq), linear=linear + small)
+    flops["total"] = flops["attention"] + flops["linear"]
+
+    # ---- memory per device
+    _, c, frames, lh, lw = preset.latent_shape(height, width, video_length)
+    inputs = (b * ((2 * c + 1) * frames * lh * lw * x + lt * dims["text_dim"] * x + lt * 8
+                   + preset.byt5_len * (dims["byt5_dim"] * x + 8) + preset.image_tokens * dims["image_dim"] * x
+                   + nc * 9 + x) + 2 * tok["video"] * hd * 4)  # masks and gather order as int64, RoPE cos/sin f32
+    outputs = b * dims["out_channels"] * tok["video"] * x + (b * (nv + nc) * h * x if enable_cache else 0)
+    padded = -(-tok["joint"] // 2048) * 2048  # Splash pads the joint sequence to its key block
+    temporaries = (2 * b * tok["video"] * h * x + 4 * b * (heads // (t * sq)) * padded * hd * x
+                   + TEMPORARY_STREAM_COPIES * b * nv * h * x)
+    if rules == "fsdp":
+        block = sum(math.prod(shape) for name, shape in parameter_shapes(preset)
+                    if name.startswith("transformer_blocks.0."))
+        temporaries += FSDP_GATHERED_BLOCKS * block * x
+    memory = dict(weights=weights["bytes_per_device"] - dead_bytes, inputs=inputs, temporaries=temporaries,
+                  outputs=outputs)
+    memory["total"] = sum(memory.values())
+    compiled = (compiled_report(preset, height, width, video_length, topology, mesh, rules, enable_cache)
+                if topology else None)
+    return dict(mesh=mesh, rules=rules, per_device_bytes=memory, collectives=coll, collective_total=sum(coll.values()),
+                sent_bytes=sent, flops=flops, tokens=tok, samples_per_device=b, compiled=compiled,
+                memory_total=compiled["per_device_bytes"]["total"] if compiled else memory["total"],
+                memory_source="TPU compiler" if compiled else "planner")
+
+
+# ---------------------------------------------------------------------------------------------- bounds
+#: Rule sets that :func:`bounds` plans as TPU runtime layouts (:func:`device_plan`).
+RULE_SET_LAYOUTS = ("tp", "tp_replicated_out", "fsdp")
+
+
+def default_layout(devices: int, heads: int, rules: str = "tp_replicated_out", batch: int = 2) -> dict[str, int]:
+    """The mesh ``python -m hyv_lib compile`` uses when none is given: data = the CFG batch when it divides the
+    devices, the rest on tensor (on sequence for ``fsdp``, whose gathered weights leave a tensor axis nothing to
+    split but the heads); that axis must divide the heads."""
+    data = batch if devices % batch == 0 and heads % (devices // batch) == 0 else 1
+    rest = "sequence" if rules == "fsdp" else "tensor"
+    return {"data": data, "tensor": 1, "sequence": 1, rest: devices // data}
+
+
+def bounds(preset: Preset | str, height: int, width: int, video_length: int, chip: str | Chip, n_chips: int,
+           rules: str = "tp_replicated_out", *, mesh_shape: str | Mapping[str, int] | None = None, batch: int = 2,
+           dtype: str = "bf16", strategy: str | None = None, attention: str = "flash") -> dict[str, Any]:
+    """Lower bounds on the time of one CFG step on ``n_chips`` chips, and whether it fits in HBM.
+
+    TPU layouts (``rules`` a rule set of :mod:`hyv_lib.parallel.sharding`) come from :func:`device_plan` on ``mesh_shape``
+    (default :func:`default_layout` over the chips' devices): per-device FLOPs, memory and collectives as the
+    compiled step has them. ``rules="replicated"`` is the GPU layout (whole weights per device, ``strategy``
+    ``ulysses`` by default: :func:`collective_bytes`, :func:`activation_bytes`).
+
+    - compute: FLOPs per device / the device's peak bf16 FLOP/s
+    - hbm: per-device bytes that must cross HBM at least once / bandwidth = its weights + per block the attention
+      kernel's q, k, v reads and output write
+    - interconnect: bytes each device sends / its share of half the chip's published bidirectional ICI or NVLink
+      bandwidth; None when the chip has no sourced figure.
+
+    ``step_s`` is the largest known bound, ``limit`` which one it is.
+    """
+    preset = as_preset(preset)
+    spec = get_chip(chip)
+    check_count("n_chips", n_chips)
+    x = dtype_bytes(dtype)
+    devices = n_chips * spec.devices_per_chip
+    flops = step_flops(preset, height, width, video_length, batch)
+    d = model_dims(preset)
+    attention_io = d["layers"] * 4 * batch * flops["tokens"]["joint"] * d["hidden"] * x / devices
+    rule_name = rules if isinstance(rules, str) else "custom"
+    if rule_name in RULE_SET_LAYOUTS:
+        mesh = as_mesh(mesh_shape) if mesh_shape else default_layout(devices, d["heads"], rule_name, batch)
+        if math.prod(mesh.values()) != devices:
+            raise HyvInputError("mesh_shape", f"{mesh} is not {devices} devices ({n_chips} x {spec.name})")
+        try:
+            plan = device_plan(preset, height, width, video_length, mesh, rule_name, batch=batch, dtype=dtype,
+                               topology=SLICES.get((chip, n_chips)) if isinstance(chip, str) else None)
+        except HyvInputError as err:
+            if mesh_shape or err.argument != "mesh_shape":
+                raise
+            raise HyvInputError("n_chips", f"{n_chips} x {spec.name} = {devices} devices has no default layout "
+                                           f"({err.message}); pass mesh_shape") from None
+        device_flops, weights = plan["flops"]["total"], plan["per_device_bytes"]["weights"]
+        activations = plan["memory_total"] - weights  # the compiler's total when it was compiled (see device_plan)
+        sent, strategy, memory_source = plan["sent_bytes"], "compiled layout", plan["memory_source"]
+    else:
+        strategy = strategy or "ulysses"
+        if strategy not in STRATEGIES:
+            raise HyvInputError("strategy", f"must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+        mesh = {STRATEGIES[strategy]: devices}
+        device_flops = flops["total"] / devices
+        weights = param_bytes(preset, dtype, rules, devices)["bytes_per_device"]
+        activations = activation_bytes(preset, height, width, video_length, batch, dtype=dtype, attention=attention,
+                                       mesh_shape=mesh)["bytes_per_device"]
+        sent = collective_bytes(preset, height, width, video_length, batch, dtype=dtype, strategy=strategy,
+                                mesh_shape=devices)["bytes_per_device"]
+        memory_source = "planner"
+    peak = spec.peak_bf16_flops / spec.devices_per_chip
+    times = {
+        "compute_s": device_flops / peak,
+        "hbm_s": (weights + attention_io) / (spec.hbm_bandwidth / spec.devices_per_chip),
+        # bytes each device sends / its egress bandwidth (half the published bidirectional figure per chip)
+        "interconnect_s": (sent / (spec.interconnect_bandwidth / 2 / spec.devices_per_chip)
+                           if spec.interconnect_bandwidth else None),
+    }
+    known = {k: v for k, v in times.items() if v is not None}
+    limit = max(known, key=known.get)
+    hbm = spec.hbm_bytes / spec.devices_per_chip
+    return dict(times, step_s=known[limit], limit=limit, flops=flops["total"], flops_per_device=device_flops,
+                weights_bytes=weights, activation_bytes=activations, hbm_traffic_bytes=weights + attention_io,
+                collective_bytes=sent, strategy=strategy, rules=rule_name, mesh=mesh, memory_source=memory_source,
+                fits=weights + activations <= hbm, hbm_bytes=hbm, chip=spec.name, n_chips=n_chips,
+                notes=None if spec.interconnect_bandwidth else NO_INTERCONNECT_SOURCE)
+
+
+def plan_table(presets: Sequence[str] = ("480p_t2v", "720p_t2v"), chips: Sequence[str] = tuple(CHIPS),
+               n_chips: int = 8, video_length: int = 121, rules: str = "tp_replicated_out", batch: int = 2,
+               dtype: str = "bf16") -> list[dict[str, Any]]:
+    """Rows for the book: per preset (16:9 default size) and chip, FLOPs, memory per device, bounds and the
+    cited step time with its implied MFU where one exists (:data:`CITED_STEP_TIMES`). TPUs use ``rules`` on
+    :func:`default_layout`; GPUs (H100, H200) the Ulysses layout (whole weights on every GPU)."""
+    rows = []
+    for name in presets:
+        preset = get_preset(name)
+        height, width = preset.default_height, preset.default_width
+        flops = step_flops(preset, height, width, video_length, batch)
+        for chip in chips:
+            layout = "replicated" if get_chip(chip).name.startswith("NVIDIA") else rules
+            b = bounds(preset, height, width, video_length, chip, n_chips, layout, batch=batch, dtype=dtype)
+            cited = [c for c in CITED_STEP_TIMES
+                     if c["preset"] == name and c["chip"] == chip and c["n_chips"] == n_chips]
+            best = min(cited, key=lambda c: c["seconds"]) if cited else None
+            rows.append(dict(
+                preset=name, height=height, width=width, frames=video_length, chip=chip, n_chips=n_chips,
+                rules=layout, mesh=b["mesh"], pflop_per_step=flops["total"] / 1e15,
+                attention_share=flops["attention_share"], weights_gb_per_device=b["weights_bytes"] / 1e9,
+                activations_gb_per_device=b["activation_bytes"] / 1e9, hbm_gb_per_device=b["hbm_bytes"] / 1e9,
+                memory_source=b["memory_source"], fits=b["fits"], compute_s=b["compute_s"], hbm_s=b["hbm_s"],
+                interconnect_s=b["interconnect_s"],
+                bound_s=b["step_s"], limit=b["limit"], cited_s=best["seconds"] if best else None,
+                cited_mfu=mfu(flops["total"], best["seconds"], chip, n_chips) if best else None,
+                cited_source=f"{best['label']}; {best['source']}" if best else None,
+            ))
+    return rows

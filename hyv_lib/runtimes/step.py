@@ -1,0 +1,128 @@
+"""The transformer-step protocol and its factory: one callable per runtime (torch, tpu, ulysses), optionally cached."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol
+
+import torch
+
+from ..base.errors import HyvInputError
+from ..parallel.mesh import parse_mesh
+
+
+class TransformerStep(Protocol):
+    """A transformer step: called with the keyword arguments of HunyuanVideo15Transformer3DModel.forward
+    (hidden_states, timestep, encoder_hidden_states, ...), returns the noise prediction tensor. Every runtime (eager
+    torch, JAX jit, sharded, cached) implements this one interface; the loop never branches on platform.
+
+    Optional, looked up with ``hasattr``: ``reset()``, which :func:`denoise` calls before the first step (after any
+    warmup calls), and ``full_calls`` / ``cached_calls``, counts that :func:`stage2` records in
+    generation_config.json when the cache is on (:class:`hyv_lib.runtimes.deepcache.DeepCacheStep` has all three).
+    """
+
+    def __call__(self, **forward_kwargs: Any) -> torch.Tensor: ...
+
+
+def torch_step(transformer) -> TransformerStep:
+    """The eager-torch transformer step: diffusers' own forward (the oracle)."""
+
+    def step(**kwargs) -> torch.Tensor:
+        return transformer(**kwargs, return_dict=False)[0]
+
+    return step
+#: The transformer runtimes (``--runtime``): eager diffusers, torchax/JAX jit (TPU), Ulysses sequence parallel.
+RUNTIMES = ("torch", "tpu", "ulysses")
+#: ``--attention`` values besides hyv_lib's backends (:data:`hyv_lib.kernels.dispatch.BACKENDS`): ``auto`` (the best exact
+#: backend for the runtime's tensors) and ``diffusers`` (diffusers' stock processor, which builds a dense
+#: [B, 1, S, S] mask: the oracle, torch runtime only).
+ATTENTION_CHOICES = ("auto", "diffusers")
+
+
+def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
+              sharding: str = "tp_replicated_out", cache=None, uncached_blocks: int = 1,
+              attention: str = "auto") -> TransformerStep:
+    """The transformer step of a runtime: ``torch`` (eager diffusers), ``tpu`` (torchax/JAX jit on
+    whatever JAX backend is present: the TPU on a TPU VM, the CPU here; JAX's persistent compile cache is the
+    caller's choice, :func:`hyv_lib.parallel.jax_env.enable_compile_cache`, which the CLI turns on) or
+    ``ulysses`` (sequence parallel over the torchrun processes: nccl on GPUs, gloo on CPU).
+
+    ``attention``: every runtime installs hyv_lib's exact masked attention on ``transformer`` (in place): ``auto``
+    picks flash varlen on CUDA when installed, else SDPA on each sample's valid tokens (Splash or XLA under the tpu
+    runtime); a name of :data:`hyv_lib.kernels.dispatch.BACKENDS` forces one. ``diffusers`` keeps diffusers' own processor
+    on the torch runtime (the oracle: it builds a dense [B, 1, S, S] mask, 24 GiB at 720p/121f for the CFG batch).
+    The step reads the model's device and dtype when it runs, not when it is built.
+    ``mesh`` ('tensor=8', 'data=2,tensor=4', ...) shards the tpu step with the rule set ``sharding``.
+    ``cache`` (a :class:`hyv_lib.runtimes.deepcache.DeepCacheSchedule`, or the adaptive
+    :class:`hyv_lib.runtimes.magcache.MagCacheSchedule`) wraps the torch or tpu step in DeepCache, recomputing the last
+    ``uncached_blocks`` blocks on cached steps.
+    """
+    if attention == "diffusers" and runtime != "torch":
+        raise HyvInputError("--attention", f"diffusers' own processor runs on --runtime torch only, not {runtime!r}")
+    if cache is not None:
+        from .deepcache import DeepCacheStep, TorchDeepCache
+
+        if runtime not in ("torch", "tpu"):
+            raise HyvInputError("--enable_cache", f"DeepCache runs on --runtime torch or tpu, not {runtime!r}")
+        if runtime == "torch":
+            _install_attention(transformer, attention)
+            runtime_impl = TorchDeepCache(transformer)
+        else:
+            runtime_impl = make_step(transformer, runtime, mesh, sharding, attention=attention)
+        try:
+            return DeepCacheStep(runtime_impl, cache, uncached_blocks)
+        except ValueError as err:
+            raise HyvInputError("--no_cache_blocks", str(err)) from None
+    if runtime == "torch":
+        _install_attention(transformer, attention)
+        return torch_step(transformer)
+    if runtime == "tpu":
+        from ..parallel.mesh import make_mesh
+        from .tpu import TpuTransformer
+
+        axes = parse_mesh(mesh)
+        if axes is None:
+            return TpuTransformer(transformer, attention=attention)
+        try:
+            device_mesh = make_mesh(**axes)
+            return TpuTransformer(transformer, mesh=device_mesh, sharding=sharding, attention=attention)
+        except ValueError as err:  # device count, head or batch splits
+            raise HyvInputError("--mesh", str(err)) from None
+    if runtime == "ulysses":
+        from ..parallel.distributed import init_distributed
+        from .ulysses import UlyssesTransformer
+
+        if "RANK" not in os.environ and not torch.distributed.is_initialized():
+            raise HyvInputError("--runtime", "ulysses runs one process per device under torchrun: "
+                                             "torchrun --nproc_per_node=N -m hyv_lib stage2 --runtime ulysses ...")
+        init_distributed()
+        try:
+            return UlyssesTransformer(transformer, attention_backend=attention)
+        except ValueError as err:  # heads that do not split over the ranks
+            raise HyvInputError("--nproc_per_node", str(err)) from None
+    raise HyvInputError("--runtime", f"must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+
+
+def _install_attention(transformer, attention: str) -> None:
+    """hyv_lib's exact attention on a model for the torch runtime, unless ``diffusers`` keeps the stock one."""
+    if attention != "diffusers":
+        from ..models.processors import use_attention
+
+        use_attention(transformer, attention)
+
+
+def check_attention(attention: str, runtime: str) -> None:
+    """``--attention`` against what this machine can run, for ``runtime`` (HyvInputError naming the flag)."""
+    from ..kernels.dispatch import BACKENDS, JAX_BACKENDS, available_backends
+
+    valid = (*ATTENTION_CHOICES, *BACKENDS)
+    if attention not in valid:
+        raise HyvInputError("--attention", f"must be one of {', '.join(valid)}, got {attention!r}")
+    if attention == "diffusers" and runtime != "torch":
+        raise HyvInputError("--attention", f"diffusers' own processor runs on --runtime torch only, not {runtime!r}")
+    if runtime == "tpu" and attention not in ("auto", *JAX_BACKENDS):
+        raise HyvInputError("--attention", f"--runtime tpu runs JAX kernels: auto, {', '.join(JAX_BACKENDS)}; "
+                                           f"got {attention!r}")
+    reason = available_backends().get(attention) if attention not in ATTENTION_CHOICES else None
+    if reason is not None:
+        raise HyvInputError("--attention", f"{attention!r} cannot run here: {reason}")

@@ -1,0 +1,398 @@
+"""Run the HunyuanVideo-1.5 DiT on JAX through torchax: prompt-only work in eager, one jitted step, compile cache."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..models.forward import context_layout, context_tokens, output_tokens, unpatchify
+from ..models.layout import check_supported, check_timestep_r
+from ..models.processors import use_attention
+
+
+class _Step(torch.nn.Module):
+    """The per-step part of diffusers' forward, written with static shapes.
+
+    Everything data-dependent was decided outside (t2v vs i2v as a 0/1 scale, the valid-first reorder
+    as gather indices, RoPE tables), so this traces once per input shape. It reuses the model's own
+    submodules and the forward's glue from :mod:`hyv_lib.models.forward`.
+    """
+
+    def __init__(self, model, mesh=None, gather_weights: bool = False):
+        super().__init__()
+        self.model = model
+        self.mesh = mesh
+        self.gather_weights = gather_weights  # FSDP: all-gather each block's weights right before it runs
+        self.traces = 0  # Python here runs only while JAX traces: one trace = one compilation
+
+    def _shard_sequence(self, tokens):
+        """On a mesh with a sequence axis, keep the video tokens split along the sequence between blocks."""
+        if self.mesh is None or self.mesh.shape["sequence"] == 1:
+            return tokens
+        import jax
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
+        from torchax.interop import call_jax
+
+        spec = NamedSharding(self.mesh, P("data", "sequence", None))
+        return call_jax(jax.lax.with_sharding_constraint, tokens, spec)
+
+    def _embed(self, hidden_states, timestep, text_states, text_mask, byt5_states, byt5_mask, image_embeds,
+               image_scale, order, timestep_r):
+        """Timestep embedding (plus MeanFlow's ``timestep_r`` one), video tokens and the valid-first context tokens
+        before the first block. The token refiner gets ``timestep`` only, as in diffusers."""
+        m = self.model
+        temb = m.time_embed(timestep, timestep_r=timestep_r)
+        video = self._shard_sequence(m.x_embedder(hidden_states))
+        context = context_tokens(m, timestep, text_states, text_mask, byt5_states, byt5_mask, image_embeds,
+                                 image_scale, order)
+        return temb, video, context
+
+    def _blocks(self, blocks, video, context, temb, context_mask, rope_cos, rope_sin):
+        for block in blocks:
+            args = (video, context, temb, context_mask, (rope_cos, rope_sin))
+            if self.gather_weights:
+                from ..parallel.sharding import gather_whole
+
+                whole = {name: gather_whole(p) for name, p in block.named_parameters()}
+                video, context = torch.func.functional_call(block, whole, args)
+            else:
+                video, context = block(*args)
+            video = self._shard_sequence(video)
+        return video, context
+
+    def _head(self, video, temb, latent_shape):
+        return unpatchify(output_tokens(self.model, video, temb), latent_shape)
+
+    def forward(self, hidden_states, timestep, text_states, text_mask, byt5_states, byt5_mask, image_embeds,
+                image_scale, order, context_mask, rope_cos, rope_sin, timestep_r=None):
+        self.traces += 1
+        temb, video, context = self._embed(hidden_states, timestep, text_states, text_mask, byt5_states, byt5_mask,
+                                           image_embeds, image_scale, order, timestep_r)
+        video, _ = self._blocks(self.model.transformer_blocks, video, context, temb, context_mask, rope_cos, rope_sin)
+        return self._head(video, temb, hidden_states.shape)
+
+    def forward_and_cache(self, hidden_states, timestep, text_states, text_mask, byt5_states, byt5_mask,
+                          image_embeds, image_scale, order, context_mask, rope_cos, rope_sin, timestep_r=None,
+                          uncached_blocks=1):
+        """DeepCache's full step: the forward, plus the video and context tokens entering the last
+        ``uncached_blocks`` blocks (what the cached steps start from)."""
+        self.traces += 1
+        temb, video, context = self._embed(hidden_states, timestep, text_states, text_mask, byt5_states, byt5_mask,
+                                           image_embeds, image_scale, order, timestep_r)
+        split = len(self.model.transformer_blocks) - uncached_blocks
+        deep = self.model.transformer_blocks[:split]
+        video, context = self._blocks(deep, video, context, temb, context_mask, rope_cos, rope_sin)
+        cache = (video, context)
+        video, _ = self._blocks(self.model.transformer_blocks[split:], video, context, temb, context_mask,
+                                rope_cos, rope_sin)
+        return self._head(video, temb, hidden_states.shape), cache
+
+    def forward_from_cache(self, hidden_states, timestep, video, context, context_mask, rope_cos, rope_sin,
+                           timestep_r=None, uncached_blocks=1):
+        """DeepCache's cached step: a fresh timestep embedding, the last ``uncached_blocks`` blocks on the
+        cached tokens, and the output layer (``hidden_states`` only gives the output shape)."""
+        self.traces += 1
+        temb = self.model.time_embed(timestep, timestep_r=timestep_r)
+        tail = self.model.transformer_blocks[len(self.model.transformer_blocks) - uncached_blocks:]
+        video, _ = self._blocks(tail, video, context, temb, context_mask, rope_cos, rope_sin)
+        return self._head(video, temb, hidden_states.shape)
+
+
+class TpuTransformer:
+    """A HunyuanVideo15Transformer3DModel on JAX via torchax, callable like the model's forward.
+
+    Prompt-only work runs once per conditioning in eager torch: t2v vs i2v (decided in Python from the
+    concrete image embeddings), the valid-first reorder as gather indices, RoPE tables per latent shape.
+    The per-step function is jitted once and reused. Returns the noise prediction as a CPU torch tensor.
+
+    ``attention``: a backend of :func:`hyv_lib.kernels.dispatch.attention` that runs on torchax tensors
+    (``splash``, ``xla``, ``host_sdpa`` on the CPU backend) or ``auto`` (Splash when the program targets a TPU,
+    XLA elsewhere); ``attention_options`` are its options (Splash block sizes and compute dtype, XLA's
+    ``block_kv``).
+
+    ``mesh`` (a jax Mesh from :func:`hyv_lib.parallel.mesh.make_mesh`, or its axes as a string such as
+    ``"data=2,tensor=4"``) and ``sharding`` (a rule set of :data:`hyv_lib.parallel.sharding.RULE_SETS`, default
+    ``tp_replicated_out`` as for the CLI): weights are placed by the rules, the CFG batch
+    goes on the ``data`` axis, video tokens on the ``sequence`` axis between blocks, and attention runs
+    per shard with heads on ``tensor`` x ``sequence``. ``placement`` holds the per-rule report. Arrays are
+    placed shard by shard from the host copy (``jax.make_array_from_callback``) and read back with a
+    cross-process gather when needed, so the same code runs when each process of a multi-host slice sees only
+    its own devices.
+
+    A model on the ``meta`` device (no weights) gives a *compile-only* instance: its parameters are abstract
+    (``jax.ShapeDtypeStruct`` with the rules' shardings) and only :meth:`lower` works, e.g. on a mesh of a
+    deviceless TPU topology (:mod:`hyv_lib.planning.tpu_compile`). It lowers the very jitted functions a runtime
+    instance calls.
+    """
+
+    def __init__(self, model, *, mesh=None, sharding=None, attention: str = "auto",
+                 attention_options: dict[str, Any] | None = None):
+        import torchax
+        from torchax.interop import JittableModule
+
+        if sharding is not None and mesh is None:
+            raise ValueError("sharding needs a mesh (hyv_lib.parallel.mesh.make_mesh)")
+        if isinstance(mesh, str):
+            from ..parallel.mesh import make_mesh, parse_mesh
+
+            mesh = make_mesh(**parse_mesh(mesh))
+        config = model.config
+        check_supported(model, "TpuTransformer")
+        self.model = model
+        self.mesh = mesh
+        self.abstract = any(p.device.type == "meta" for p in model.parameters())
+        if self.abstract and mesh is None:
+            raise ValueError("a model on the meta device (compile only) needs a mesh to place its abstract weights")
+        self.placement: list[dict] = []
+        self.env = torchax.default_env()
+        self.dtype = next(model.parameters()).dtype
+        self._rope_cache: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._prepared: tuple[tuple, dict] | None = None  # ((input tensors, versions), prepared inputs)
+        self._jits: dict[tuple[str, int | None], Any] = {}  # one jax.jit per step method (run and lower share it)
+        # Installs hyv_lib's masked processors on `model` (callers comparing with the oracle keep a copy).
+        use_attention(model, attention, **(attention_options or {}))
+        specs: dict[str, tuple] = {}
+        if mesh is not None:
+            from ..parallel.mesh import head_split
+            from ..parallel.sharding import plan
+
+            if config.num_attention_heads % head_split(mesh):
+                raise ValueError(f"{config.num_attention_heads} attention heads cannot be split over the mesh's "
+                                 f"tensor x sequence axes of size {mesh.shape['tensor']} x {mesh.shape['sequence']}")
+            shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+            specs, self.placement = plan(shapes, sharding or "tp_replicated_out", mesh)
+            element = torch.empty((), dtype=self.dtype).element_size()
+            for row in self.placement:
+                row["bytes_per_device"] = row.pop("per_device") * element
+        from ..parallel.sharding import GATHERED_RULE_SETS
+
+        with self.env:
+            self.step_module = _Step(model, mesh, gather_weights=mesh is not None and sharding in GATHERED_RULE_SETS)
+            self.jitted = JittableModule(self.step_module)
+            # JittableModule names tensors "model.<diffusers name>"; frozen weights land in `buffers`.
+            for store in ("params", "buffers"):
+                setattr(self.jitted, store, {k: self._to_jax(v, specs.get(k.removeprefix("model."), ()))
+                                             for k, v in getattr(self.jitted, store).items()})
+
+    @property
+    def compilations(self) -> int:
+        """How many times the step was traced (and so compiled) so far."""
+        return self.step_module.traces
+
+    def _to_jax(self, tensor: torch.Tensor, spec: tuple | None = None):
+        """To a torchax tensor; on a mesh, placed with PartitionSpec(*spec) (None: replicated).
+
+        Compile-only instances return a ``jax.ShapeDtypeStruct`` carrying that sharding instead.
+        """
+        if self.mesh is None:
+            if tensor.device.type != "jax":
+                with self.env:
+                    tensor = tensor.detach().to("cpu").to("jax")
+            return tensor
+        import jax
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
+        from torchax.interop import jax_view, torch_view
+
+        sharding = NamedSharding(self.mesh, P(*(spec or ())))
+        if self.abstract:
+            from torchax.ops.mappings import t2j_dtype
+
+            return jax.ShapeDtypeStruct(tuple(tensor.shape), t2j_dtype(tensor.dtype), sharding=sharding)
+        if tensor.device.type == "jax":
+            return torch_view(jax.device_put(jax_view(tensor), sharding))
+        from ..kernels.splash import torch_to_numpy
+
+        host = torch_to_numpy(tensor)
+        # Each process builds only its own devices' shards from the (identical) host copy: no transfer of a
+        # global array, which a process that does not see every device of the mesh could not do.
+        return torch_view(jax.make_array_from_callback(host.shape, sharding, lambda index: host[index]))
+
+    def _rope(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        if shape not in self._rope_cache:
+            # RoPE depends only on the latent shape: compute it once in eager torch on the CPU.
+            with torch.no_grad():
+                cos, sin = self.model.rope(torch.zeros(()).expand(shape))  # only the shape is read
+            self._rope_cache[shape] = (self._to_jax(cos), self._to_jax(sin))
+        return self._rope_cache[shape]
+
+    @torch.no_grad()
+    def prepare(self, encoder_hidden_states, encoder_attention_mask, encoder_hidden_states_2=None,
+                encoder_attention_mask_2=None, image_embeds=None) -> dict[str, torch.Tensor]:
+        """The prompt-only inputs of the jitted step (cached for the last conditioning seen)."""
+        # The cache holds the tensors themselves (so their ids cannot be reused) and their versions
+        # (so an in-place edit invalidates it): the denoising loop passes the same conditioning each step.
+        tensors = (encoder_hidden_states, encoder_attention_mask, encoder_hidden_states_2, encoder_attention_mask_2,
+                   image_embeds)
+        versions = tuple(getattr(t, "_version", 0) for t in tensors)
+        if self._prepared is not None:
+            (cached, cached_versions), prepared = self._prepared
+            if all(a is b for a, b in zip(cached, tensors)) and cached_versions == versions:
+                return prepared
+        cpu = {name: None if t is None else t.detach().to("cpu") for name, t in dict(
+            text=encoder_hidden_states, text_mask=encoder_attention_mask, byt5=encoder_hidden_states_2,
+            byt5_mask=encoder_attention_mask_2, image=image_embeds).items()}
+        # concrete CPU tensors here, so t2v vs i2v is an ordinary Python branch
+        layout = context_layout(self.model.config, cpu["text"], cpu["text_mask"], cpu["byt5"], cpu["byt5_mask"],
+                                cpu["image"])
+        prepared = {
+            "text_states": cpu["text"].to(self.dtype), "text_mask": cpu["text_mask"].long(),
+            "byt5_states": layout.byt5.to(self.dtype), "byt5_mask": layout.byt5_mask.long(),
+            "image_embeds": layout.image.to(self.dtype),
+            "image_scale": torch.tensor(layout.image_scale, dtype=self.dtype),
+            "order": layout.order, "context_mask": layout.context_mask,
+        }
+        # Per-sample inputs go on the data axis (one CFG prompt per data shard); scalars are replicated.
+        prepared = {k: self._to_jax(v, ("data",) if v.ndim else ()) for k, v in prepared.items()}
+        self._prepared = ((tensors, versions), prepared)
+        return prepared
+
+    def _step_args(self, hidden_states, timestep, timestep_r=None, **conditioning) -> dict[str, torch.Tensor]:
+        prepared = self.prepare(**conditioning)
+        cos, sin = self._rope(tuple(hidden_states.shape))
+        if self.mesh is not None and hidden_states.shape[0] % self.mesh.shape["data"]:
+            raise ValueError(f"batch {hidden_states.shape[0]} cannot be split over the mesh's data axis "
+                             f"of size {self.mesh.shape['data']}")
+        return dict(self._latent_args(hidden_states, timestep, timestep_r), rope_cos=cos, rope_sin=sin, **prepared)
+
+    def _latent_args(self, hidden_states, timestep, timestep_r=None) -> dict[str, Any]:
+        """The per-step inputs: latents, timesteps and MeanFlow's ``timestep_r`` (None for other models), on the data
+        axis. ``timestep_r`` is a traced input like ``timestep``: a new value is data, not a new program."""
+        check_timestep_r(self.model, timestep_r)
+
+        def per_sample(t):
+            t = torch.as_tensor(t).reshape(-1).expand(hidden_states.shape[0])
+            return self._to_jax(t.to(self.dtype), ("data",))
+
+        return dict(hidden_states=self._to_jax(hidden_states.to(self.dtype), ("data",)), timestep=per_sample(timestep),
+                    timestep_r=None if timestep_r is None else per_sample(timestep_r))
+
+    def _jit(self, name: str, uncached_blocks: int | None = None):
+        """The ``jax.jit`` of one step method, shared by the runtime calls and :meth:`lower`.
+
+        ``forward`` is the plain step; DeepCache's ``forward_and_cache`` / ``forward_from_cache`` get one jit per
+        (method, uncached block count), the count being static.
+        """
+        key = (name, uncached_blocks)
+        if key not in self._jits:
+            import functools
+
+            import jax
+            from torchax.interop import jax_view
+
+            method = name if uncached_blocks is None else functools.partial(getattr(_Step, name),
+                                                                             uncached_blocks=uncached_blocks)
+            self._jits[key] = jax.jit(jax_view(functools.partial(self.jitted.functional_call, method)))
+        return self._jits[key]
+
+    def _run(self, name: str, uncached_blocks: int | None, *args, **kwargs):
+        """Call a jitted step method on torchax tensors (under the mesh, for per-shard attention)."""
+        from torchax.interop import jax_view, torch_view
+
+        from ..parallel.mesh import active_mesh
+
+        if self.abstract:
+            raise RuntimeError("this TpuTransformer was built from a meta-device model (compile only): use lower()")
+        with self.env, torch.no_grad(), active_mesh(self.mesh):
+            out = self._jit(name, uncached_blocks)(jax_view(self.jitted.params), jax_view(self.jitted.buffers),
+                                                    *jax_view(args), **jax_view(kwargs))
+            return torch_view(out)
+
+    def lower(self, hidden_states, timestep, *, method: str = "forward", uncached_blocks: int = 1, cache=None,
+              **conditioning):
+        """``jax.jit(...).lower(...)`` of the step for these inputs: ``.compile()`` runs the compiler of the mesh's
+        devices, ``.cost_analysis()`` gives XLA's FLOP and byte counts, ``.memory_analysis()`` the per-device
+        bytes, ``.as_text()`` the HLO.
+
+        ``method``: ``forward`` (the step), or DeepCache's ``forward_and_cache`` (full step; ``uncached_blocks``
+        trailing blocks) and ``forward_from_cache`` (cached step; ``cache`` = the (video, context) tokens that
+        the full step returns, arrays or ``jax.ShapeDtypeStruct``; see :meth:`cache_spec`).
+        """
+        from torchax.interop import jax_view
+
+        from ..parallel.mesh import active_mesh
+
+        methods = ("forward", "forward_and_cache", "forward_from_cache")
+        if method not in methods:
+            raise ValueError(f"method must be one of {', '.join(methods)}, got {method!r}")
+        args = self._step_args(hidden_states, timestep, **conditioning)
+        if method == "forward":
+            jitted, call = self._jit("forward"), args
+        elif method == "forward_and_cache":
+            jitted, call = self._jit(method, uncached_blocks), args
+        else:
+            if cache is None:
+                raise ValueError("forward_from_cache needs cache=(video, context), e.g. from cache_spec()")
+            jitted = self._jit(method, uncached_blocks)
+            call = dict(hidden_states=args["hidden_states"], timestep=args["timestep"], timestep_r=args["timestep_r"],
+                        video=cache[0], context=cache[1], context_mask=args["context_mask"],
+                        rope_cos=args["rope_cos"], rope_sin=args["rope_sin"])
+        with self.env, torch.no_grad(), active_mesh(self.mesh):
+            return jitted.lower(jax_view(self.jitted.params), jax_view(self.jitted.buffers), **jax_view(call))
+
+    @staticmethod
+    def cache_spec(compiled_full) -> tuple:
+        """(video, context) ``jax.ShapeDtypeStruct`` of the cache a compiled ``forward_and_cache`` returns, with
+        the shardings XLA chose for them: what the cached program is compiled for."""
+        import jax
+
+        _, cache = compiled_full.out_info
+        shardings = compiled_full.output_shardings[1]
+        return tuple(jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=s) for o, s in zip(cache, shardings))
+
+    def run_and_cache(self, uncached_blocks: int, hidden_states, timestep, **conditioning):
+        """DeepCache's full step on JAX: (noise prediction on the CPU, cache left on the device)."""
+        args = self._step_args(hidden_states, timestep, **_conditioning(conditioning))
+        out, cache = self._run("forward_and_cache", uncached_blocks, **args)
+        return to_cpu(out), (cache, args["context_mask"], args["rope_cos"], args["rope_sin"])
+
+    def run_from_cache(self, cache, uncached_blocks: int, hidden_states, timestep, timestep_r=None, **_):
+        """DeepCache's cached step on JAX: only the timestep embedding, the last blocks and the output layer."""
+        (video, context), context_mask, rope_cos, rope_sin = cache
+        return to_cpu(self._run("forward_from_cache", uncached_blocks, video=video, context=context,
+                                 context_mask=context_mask, rope_cos=rope_cos, rope_sin=rope_sin,
+                                 **self._latent_args(hidden_states, timestep, timestep_r)))
+
+    def __call__(self, hidden_states, timestep, encoder_hidden_states, encoder_attention_mask,
+                 encoder_hidden_states_2=None, encoder_attention_mask_2=None, image_embeds=None,
+                 timestep_r=None, attention_kwargs=None, return_dict: bool = False) -> torch.Tensor:
+        args = self._step_args(hidden_states, timestep, timestep_r, encoder_hidden_states=encoder_hidden_states,
+                               encoder_attention_mask=encoder_attention_mask,
+                               encoder_hidden_states_2=encoder_hidden_states_2,
+                               encoder_attention_mask_2=encoder_attention_mask_2, image_embeds=image_embeds)
+        out = to_cpu(self._run("forward", None, **args))
+        if return_dict:  # as diffusers' forward returns it
+            from diffusers.models.modeling_outputs import Transformer2DModelOutput
+
+            return Transformer2DModelOutput(sample=out)
+        return out
+
+
+def _conditioning(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The forward's conditioning keyword arguments (``timestep_r`` included), minus the ones TpuTransformer
+    ignores."""
+    kwargs.pop("attention_kwargs", None)
+    kwargs.pop("return_dict", None)
+    return kwargs
+
+
+def to_cpu(tensor: torch.Tensor) -> torch.Tensor:
+    """torchax tensor -> CPU torch tensor (a writable copy of the JAX array).
+
+    An array that this process does not hold whole (multi-host: other processes own some shards) is first
+    gathered from every process, so each process gets the full result.
+    """
+    import numpy as np
+    from torchax.interop import jax_view
+
+    array = jax_view(tensor)
+    if not array.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        array = multihost_utils.process_allgather(array, tiled=True)
+    array = np.array(array)
+    if array.dtype.name == "bfloat16":  # ml_dtypes bf16: reinterpret the bits for torch
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)

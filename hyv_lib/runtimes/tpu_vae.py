@@ -1,0 +1,58 @@
+"""Stage 3 on JAX: the VAE decoder jitted through torchax (the TPU on a TPU VM), diffusers' tiling and blending kept."""
+
+from __future__ import annotations
+
+import torch
+
+from ..models.patches import loop_free_causal_masks
+
+
+class JaxDecoder(torch.nn.Module):
+    """Stands in for ``vae.decoder``: each call runs the decoder jitted through torchax on JAX's default device.
+
+    diffusers' ``tiled_decode`` cuts the latents into spatial tiles and calls ``vae.decoder`` once per tile, then
+    blends the decoded tiles in eager torch; with this in the decoder's place, every tile is decoded by one
+    compiled program per tile shape (the edge tiles are smaller: a few programs in all). Tiles come in and go out
+    as CPU torch tensors. ``dtype`` (e.g. ``torch.bfloat16``) casts the decoder's weights and inputs on the JAX
+    side; the output returns in the input's dtype.
+    """
+
+    def __init__(self, decoder: torch.nn.Module, dtype: torch.dtype | None = None):
+        import torchax
+        from torchax.interop import JittableModule
+
+        super().__init__()
+        self.env = torchax.default_env()
+        self.dtype = dtype or next(decoder.parameters()).dtype
+        self.shapes: set[tuple[int, ...]] = set()  # one compiled program per tile shape
+        with self.env:
+            self.jitted = JittableModule(decoder)
+            for store in ("params", "buffers"):
+                setattr(self.jitted, store, {k: v.detach().to("cpu").to(self.dtype).to("jax") if v.is_floating_point()
+                                             else v.detach().to("cpu").to("jax")
+                                             for k, v in getattr(self.jitted, store).items()})
+
+    @property
+    def compilations(self) -> int:
+        """How many programs were compiled so far (one per distinct tile shape)."""
+        return len(self.shapes)
+
+    def forward(self, tile: torch.Tensor) -> torch.Tensor:
+        from .tpu import to_cpu
+
+        self.shapes.add(tuple(tile.shape))
+        with self.env, torch.no_grad(), loop_free_causal_masks(self.jitted):
+            out = self.jitted(tile.detach().to("cpu").to(self.dtype).to("jax"))
+            return to_cpu(out).to(tile.dtype)
+
+
+def decode_on_jax(vae, z: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, int]:
+    """``vae.decode(z).sample`` (tiled or not, as the VAE is set) with the decoder on JAX; returns the video and
+    the number of compiled programs. The caller's VAE keeps its own decoder afterwards."""
+    decoder = vae.decoder
+    jax_decoder = JaxDecoder(decoder, dtype)
+    vae.decoder = jax_decoder
+    try:
+        return vae.decode(z).sample, jax_decoder.compilations
+    finally:
+        vae.decoder = decoder

@@ -1,0 +1,251 @@
+"""Ulysses sequence parallelism for the HunyuanVideo-1.5 DiT on torch.distributed (nccl on GPUs, gloo on CPU)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..kernels.dispatch import attention
+from ..models.forward import context_layout, context_tokens, output_tokens, unpatchify
+from ..models.layout import check_supported, check_timestep_r
+from ..models.processors import context_qkv, use_attention
+
+
+# --------------------------------------------------------------------------------------------- layout
+def check_heads(heads: int, world_size: int) -> None:
+    """Ulysses gives each rank ``heads / world_size`` whole heads: raise ValueError unless that divides."""
+    if world_size < 1 or heads % world_size:
+        valid = ", ".join(str(n) for n in range(1, heads + 1) if heads % n == 0)
+        raise ValueError(f"{heads} heads cannot be split over {world_size} ranks: Ulysses sequence parallelism "
+                         f"needs a world size that divides the head count ({valid})")
+
+
+def shard_length(tokens: int, world_size: int) -> int:
+    """Video tokens per rank: ``ceil(tokens / world_size)``; the last shard(s) are padded up to it."""
+    return -(-tokens // world_size)
+
+
+class VideoShard(NamedTuple):
+    """What each dual-stream block receives as ``freqs_cis`` under Ulysses.
+
+    ``cos``/``sin`` are this rank's rows of the RoPE tables (zeros on padding rows); ``tokens`` is the
+    real video length of the full sequence, so the attention processor knows which of the
+    ``world_size * shard`` gathered video rows are padding.
+    """
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    tokens: int
+
+
+# ---------------------------------------------------------------------------------------- collectives
+def _sequence_to_heads(x: torch.Tensor, group, world: int) -> torch.Tensor:
+    """[N, B, shard, H, D] (this rank's tokens, all heads) -> [N, B, world * shard, H / world, D] (all
+    tokens, this rank's heads). Chunk j of the send buffer holds heads of rank j; chunk j of the receive
+    buffer holds rank j's tokens, so concatenating the received chunks restores the sequence order."""
+    n, b, s, h, d = x.shape
+    send = x.reshape(n, b, s, world, h // world, d).permute(3, 0, 1, 2, 4, 5).contiguous()
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    return recv.permute(1, 2, 0, 3, 4, 5).reshape(n, b, world * s, h // world, d)
+
+
+def _heads_to_sequence(x: torch.Tensor, group, world: int) -> torch.Tensor:
+    """Inverse of :func:`_sequence_to_heads` for one tensor: [B, world * shard, h, D] -> [B, shard, world * h, D]."""
+    b, s_full, h, d = x.shape
+    send = x.reshape(b, world, s_full // world, h, d).transpose(0, 1).contiguous()
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    return recv.permute(1, 2, 0, 3, 4).reshape(b, s_full // world, world * h, d)
+
+
+def _all_gather(x: torch.Tensor, dim: int, group, world: int) -> torch.Tensor:
+    """Concatenate every rank's ``x`` (same shape on all ranks) along ``dim``, in rank order."""
+    parts = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts, dim=dim)
+
+
+# ------------------------------------------------------------------------------------------ processor
+class UlyssesJointAttnProcessor:
+    """Joint attention of a dual-stream block with the video sequence sharded over ``group``.
+
+    Receives this rank's video shard [B, shard, C], the full (replicated) context [B, L, C], the
+    valid-first context mask [B, L] and a :class:`VideoShard`. Projections, QK-norm and RoPE run on the
+    local tokens; one all_to_all turns the video q/k/v from sequence shards into head shards; the
+    context q/k/v are narrowed to the local heads; attention runs over
+    ``[real video ; context ; video padding]`` with :func:`hyv_lib.kernels.dispatch.attention` (so the valid
+    keys stay a prefix); the video output goes back to sequence shards with a second all_to_all and
+    the context output is all_gathered over heads, leaving the same full context on every rank.
+    """
+
+    def __init__(self, group=None, backend: str = "auto"):
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.backend = backend
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                 image_rotary_emb=None):
+        from diffusers.models.embeddings import apply_rotary_emb
+
+        world, heads = self.world, attn.heads
+        check_heads(heads, world)
+        local = heads // world
+        first = self.rank * local
+
+        def split(x):
+            return x.unflatten(2, (heads, -1))
+
+        query = attn.norm_q(split(attn.to_q(hidden_states)))
+        key = attn.norm_k(split(attn.to_k(hidden_states)))
+        value = split(attn.to_v(hidden_states))
+        shard = hidden_states.shape[1]
+        tokens = world * shard  # a plain (cos, sin) pair means no padding
+        if image_rotary_emb is not None:
+            rope = (image_rotary_emb[0], image_rotary_emb[1])
+            query = apply_rotary_emb(query, rope, sequence_dim=1)
+            key = apply_rotary_emb(key, rope, sequence_dim=1)
+            tokens = getattr(image_rotary_emb, "tokens", tokens)
+        # [3, B, shard, H, D] -> [3, B, world * shard, H / world, D]: one collective for q, k and v.
+        video_q, video_k, video_v = _sequence_to_heads(torch.stack([query, key, value]), self.group, world)
+
+        batch = hidden_states.shape[0]
+        context_len = 0 if encoder_hidden_states is None else encoder_hidden_states.shape[1]
+        if encoder_hidden_states is not None:
+            enc_q, enc_k, enc_v = context_qkv(attn, encoder_hidden_states)
+            enc_q, enc_k, enc_v = (x.narrow(2, first, local) for x in (enc_q, enc_k, enc_v))
+        else:
+            enc_q = enc_k = enc_v = video_q.new_zeros(batch, 0, local, video_q.shape[-1])
+
+        def joint(video, context):  # [real video ; context ; padding], [B, S, h, D] -> [B, h, S, D]
+            return torch.cat([video[:, :tokens], context, video[:, tokens:]], dim=1).transpose(1, 2)
+
+        device = hidden_states.device
+        context_mask = (torch.ones(batch, context_len, dtype=torch.bool, device=device) if attention_mask is None
+                        else attention_mask.to(device=device, dtype=torch.bool))
+        padding = world * shard - tokens
+        kv_mask = torch.cat([torch.ones(batch, tokens, dtype=torch.bool, device=device), context_mask,
+                             torch.zeros(batch, padding, dtype=torch.bool, device=device)], dim=1)
+        out = attention(joint(video_q, enc_q), joint(video_k, enc_k), joint(video_v, enc_v), kv_mask,
+                        backend=self.backend).transpose(1, 2).to(query.dtype)  # [B, S, h, D]
+
+        # Padding rows are invalid queries, so their outputs are exactly zero: they go back as they are.
+        video = torch.cat([out[:, :tokens], out[:, tokens + context_len:]], dim=1)
+        video = _heads_to_sequence(video, self.group, world).flatten(2, 3)
+        video = attn.to_out[1](attn.to_out[0](video))
+        if encoder_hidden_states is None:
+            return video, None
+        context = _all_gather(out[:, tokens:tokens + context_len], 2, self.group, world).flatten(2, 3)
+        if getattr(attn, "to_add_out", None) is not None:
+            context = attn.to_add_out(context)
+        return video, context
+
+
+# ------------------------------------------------------------------------------------------- wrapper
+class UlyssesTransformer:
+    """A HunyuanVideo15Transformer3DModel run with Ulysses sequence parallelism over ``group``.
+
+    Call it on every rank of ``group`` (default: the whole world) with identical full inputs and the
+    keyword arguments of the model's forward; every rank gets the full noise prediction back, on the
+    device of ``hidden_states``. The video tokens are split along the sequence (``ceil(S / world)``
+    per rank, the last shard padded); the context tokens are replicated. The head count must be
+    divisible by the world size.
+
+    The model is modified in place: the dual-stream blocks get :class:`UlyssesJointAttnProcessor`,
+    the token refiner hyv_lib's ``SelfAttnProcessor`` (it sees only the text and stays unsharded).
+    ``attention_backend`` is a backend of :func:`hyv_lib.kernels.dispatch.attention` for torch tensors.
+    """
+
+    def __init__(self, model, group=None, attention_backend: str = "auto"):
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("UlyssesTransformer needs torch.distributed initialised: call "
+                               "hyv_lib.parallel.distributed.init_distributed() (under torchrun) or "
+                               "torch.distributed.init_process_group first")
+        config = model.config
+        check_supported(model, "UlyssesTransformer")
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        if self.rank < 0:
+            raise ValueError("this process is not a member of the group passed to UlyssesTransformer")
+        check_heads(config.num_attention_heads, self.world)
+        self.model = model
+        use_attention(model, attention_backend)  # refiner: SelfAttnProcessor (also checks the backend)
+        self.processor = UlyssesJointAttnProcessor(group, attention_backend)
+        for block in model.transformer_blocks:
+            block.attn.set_processor(self.processor)
+        self._rope_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def device(self) -> torch.device:
+        """The model's device, read at each call: a model moved after this wrapper was built is served there."""
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The model's dtype, read at each call (a cast after construction is followed)."""
+        return next(self.model.parameters()).dtype
+
+    def _rope(self, frames: int, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's rows of the RoPE tables (padding rows zero), computed once per latent shape and device."""
+        key = (frames, height, width, self.device)
+        if key not in self._rope_cache:
+            tokens = frames * height * width
+            shard = shard_length(tokens, self.world)
+            cos, sin = self.model.rope(torch.zeros(()).expand(1, 1, frames, height, width))  # reads the shape
+            local = [F.pad(t, (0, 0, 0, shard * self.world - tokens))[self.rank * shard:(self.rank + 1) * shard]
+                     for t in (cos, sin)]
+            self._rope_cache[key] = tuple(t.to(self.device).contiguous() for t in local)
+        return self._rope_cache[key]
+
+    def _context(self, timestep, text, text_mask, byt5, byt5_mask, image):
+        """The joint context [B, L, C] (valid tokens first) and its mask, as diffusers builds them,
+        with the reorder as a gather and t2v vs i2v decided once from the concrete image embeddings."""
+        layout = context_layout(self.model.config, text, text_mask, byt5, byt5_mask, image)
+        context = context_tokens(self.model, timestep, text, text_mask, layout.byt5, layout.byt5_mask, layout.image,
+                                 layout.image_scale, layout.order)
+        return context, layout.context_mask
+
+    @torch.no_grad()
+    def __call__(self, hidden_states, timestep, encoder_hidden_states, encoder_attention_mask,
+                 encoder_hidden_states_2=None, encoder_attention_mask_2=None, image_embeds=None,
+                 timestep_r=None, attention_kwargs=None, return_dict: bool = False) -> torch.Tensor:
+        check_timestep_r(self.model, timestep_r)
+        m, world, rank = self.model, self.world, self.rank
+        out_device = hidden_states.device
+        device, dtype = self.device, self.dtype
+
+        def put(t, dtype=None):
+            return None if t is None else t.to(device=device, dtype=dtype)
+
+        latents = put(hidden_states, dtype)
+        batch, channels, frames, height, width = latents.shape
+        tokens = frames * height * width
+        shard = shard_length(tokens, world)
+        timestep, timestep_r = (None if t is None else put(torch.as_tensor(t).reshape(-1).expand(batch), dtype)
+                                for t in (timestep, timestep_r))
+        temb = m.time_embed(timestep, timestep_r=timestep_r)  # MeanFlow: plus timestep_r's embedding
+        context, context_mask = self._context(
+            timestep, put(encoder_hidden_states, dtype), put(encoder_attention_mask),
+            put(encoder_hidden_states_2, dtype), put(encoder_attention_mask_2), put(image_embeds, dtype))
+
+        # Patch 1x1x1: x_embedder is a per-token linear map, so embed only this rank's (row-major)
+        # tokens, laid out as a [B, C, shard, 1, 1] volume; padding tokens are zeros.
+        flat = F.pad(latents.flatten(2), (0, shard * world - tokens))[..., rank * shard:(rank + 1) * shard]
+        video = m.x_embedder(flat[..., None, None])  # [B, shard, C]
+        cos, sin = self._rope(frames, height, width)
+        rope = VideoShard(cos, sin, tokens)
+        for block in m.transformer_blocks:
+            video, context = block(video, context, temb, context_mask, rope)
+        video = output_tokens(m, video, temb)  # per token, so still sharded: [B, shard, C_out]
+        video = _all_gather(video, 1, self.group, world)[:, :tokens]
+        return unpatchify(video, latents.shape).to(out_device)
+
+
+def ulysses_forward(model, kwargs: dict) -> torch.Tensor:
+    """One Ulysses forward of ``model`` on this rank (a picklable entry point for :func:`run_distributed`)."""
+    return UlyssesTransformer(model)(**kwargs)

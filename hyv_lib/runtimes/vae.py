@@ -1,0 +1,49 @@
+"""Stage 3's decode: VAE latents to uint8 frames, tiled, tile-parallel over ranks, or on JAX."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def to_uint8_frames(video: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """One video as the VAE sees it, [3,F,H,W] in [-1, 1], -> uint8 frames [F,H,W,3] (what stage 3 writes)."""
+    video = torch.as_tensor(video)
+    if video.ndim != 4 or video.shape[0] != 3:
+        raise ValueError(f"video must be [3, F, H, W], got shape {tuple(video.shape)}")
+    # [-1, 1] -> [0, 255], as diffusers' VideoProcessor.postprocess_video does.
+    frames = ((video.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    return frames.permute(1, 2, 3, 0).contiguous().cpu()
+
+
+@torch.no_grad()
+def decode_latents(vae, latents: torch.Tensor, tiling: bool = True, tile_parallel: bool = False,
+                   runtime: str = "torch", dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Decode ``latents`` [1,C,T,h,w] to uint8 frames [F,H,W,3] with diffusers' VAE.
+
+    Tiling uses diffusers' spatial tiles (256 px, overlap 0.25 by default) and bounds peak memory at
+    720p; videos smaller than one tile decode identically either way. ``tile_parallel`` spreads the
+    tiles over the torch.distributed ranks (:func:`hyv_lib.runtimes.tile_parallel.tile_parallel_decode`).
+    ``runtime="tpu"`` runs the decoder jitted through torchax on JAX's device (:mod:`hyv_lib.runtimes.tpu_vae`), in
+    ``dtype`` (default: the VAE's); the tiling and blending stay diffusers' own.
+    """
+    if runtime not in ("torch", "tpu"):
+        raise ValueError(f"runtime must be 'torch' or 'tpu', got {runtime!r}")
+    was_tiling = vae.use_tiling  # the caller's setting, restored below
+    vae.use_tiling = bool(tiling)  # what enable_tiling()/disable_tiling() set
+    try:
+        param = next(vae.parameters())
+        z = latents.to(param.device, param.dtype) / vae.config.scaling_factor
+        if runtime == "tpu":
+            from .tpu_vae import decode_on_jax
+
+            video, _ = decode_on_jax(vae, z, dtype)
+        elif tiling and tile_parallel:
+            from .tile_parallel import tile_parallel_decode
+
+            video = tile_parallel_decode(vae, z)
+        else:
+            video = vae.decode(z).sample
+    finally:
+        vae.use_tiling = was_tiling
+    return to_uint8_frames(video[0])
