@@ -26,7 +26,9 @@ install: $(STAMP)
 export JAX_PLATFORMS ?= cpu
 
 # pytest exits 5 when it collects no tests: say so and fail, rather than pass on nothing.
+# lint-imports (import-linter) first: the layers contract and "no cycles" of pyproject.toml, function-local imports counted.
 test: $(STAMP)
+	$(BIN)/lint-imports --no-cache
 	@$(BIN)/python -m pytest tests -q || { rc=$$?; [ $$rc -eq 5 ] && echo "error: pytest collected no tests"; exit $$rc; }
 
 book: $(STAMP)

@@ -10,6 +10,17 @@ import os
 import sys
 
 from .base.errors import HyvInputError, cli_names
+from .base.files import ensure_output_dir
+from .base.presets import get_preset
+from .models.components import quiet_loading, save_tiny_pipeline
+from .parallel.jax_env import enable_compile_cache
+from .pipeline.batch import Pipeline, read_prompts_file, run_prompts_file
+from .pipeline.calibration import calibrate
+from .pipeline.image import load_image
+from .pipeline.settings import STAGE2_SETTINGS
+from .pipeline.stages import generate, stage1, stage2, stage3
+from .planning.tpu_compile import compile_step, format_report
+from .runtimes.magcache import CALIBRATION_PROMPT, CALIBRATION_SEED
 
 
 def _add_stage1(p: argparse.ArgumentParser, output_dir: bool = True) -> None:
@@ -98,8 +109,6 @@ def _add_stage3(p: argparse.ArgumentParser, input_dir: bool = True) -> None:
 
 
 def _add_calibration(p: argparse.ArgumentParser) -> None:
-    from .runtimes.magcache import CALIBRATION_PROMPT, CALIBRATION_SEED
-
     p.add_argument("--preset", default="tiny_trained", help="a preset of `info` (default tiny_trained)")
     p.add_argument("--model_path", default=None, help="diffusers-format folder or hub id; required for real presets")
     p.add_argument("--prompt", default=CALIBRATION_PROMPT, help=f"one sample's prompt (default {CALIBRATION_PROMPT!r})")
@@ -122,9 +131,6 @@ def _add_calibration(p: argparse.ArgumentParser) -> None:
 
 def _calibrate_cache(args: argparse.Namespace) -> None:
     """``calibrate_cache``: the curve of one uncached run, written atomically to ``--output``."""
-    from .base.files import ensure_output_dir
-    from .pipeline.calibration import calibrate
-
     if not args.output.endswith(".json"):
         raise HyvInputError("--output", f"must be a .json file, got {args.output!r}")
     ensure_output_dir(os.path.dirname(os.path.abspath(args.output)), "--output")  # before the run, not after
@@ -201,8 +207,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _stage2_kwargs(args: argparse.Namespace) -> dict:
-    from .pipeline.settings import STAGE2_SETTINGS
-
     return {n: getattr(args, n) for n in (*STAGE2_SETTINGS, "quiet")}  # the flags carry the settings' names
 
 
@@ -210,9 +214,6 @@ def _save_tiny(args: argparse.Namespace) -> None:
     """``save_tiny``: the folder is written whole or not at all (built in a sibling temporary folder, then renamed)."""
     import shutil
     import tempfile
-
-    from .base.presets import get_preset
-    from .models.components import save_tiny_pipeline
 
     spec = get_preset(args.preset)
     target = os.path.abspath(args.output_dir)
@@ -237,14 +238,10 @@ def _save_tiny(args: argparse.Namespace) -> None:
 
 def _generate_many(args: argparse.Namespace) -> int:
     """``generate --prompts_file``: one :class:`hyv_lib.pipeline.batch.Pipeline` for every prompt of the file."""
-    from .pipeline.batch import Pipeline, read_prompts_file, run_prompts_file
-
     if args.prompt:
         raise HyvInputError("--prompts_file", "give --prompt or --prompts_file, not both")
     read_prompts_file(args.prompts_file)  # a missing file is bad input: before any model loads
     if args.image_path is not None:
-        from .pipeline.image import load_image
-
         load_image(args.image_path)
     stage2 = {k: v for k, v in _stage2_kwargs(args).items() if k != "seed"}
     stage3 = dict(fps=args.fps, disable_tiling=args.disable_tiling, save_frames=args.save_frames,
@@ -275,7 +272,6 @@ def run(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         stack.enter_context(cli_names())  # errors name this command's flags, not Python parameters
         if getattr(args, "quiet", False):  # --quiet: no weight-loading or shard-writing bars either
-            from .models.components import quiet_loading
 
             stack.enter_context(quiet_loading())
         return _run_command(args)
@@ -283,11 +279,7 @@ def run(argv: list[str] | None = None) -> int:
 
 def _run_command(args: argparse.Namespace) -> int:
     """One parsed command; returns the exit code."""
-    from .base.presets import get_preset
-    from .pipeline.stages import generate, stage1, stage2, stage3
-
     if getattr(args, "runtime", None) == "tpu":  # the CLI's policy, not a library side effect
-        from .parallel.jax_env import enable_compile_cache
 
         enable_compile_cache(os.environ.get("HYV_COMPILE_CACHE_DIR"))
     try:
@@ -297,8 +289,6 @@ def _run_command(args: argparse.Namespace) -> int:
             print(json.dumps(data, indent=2) if args.json else
                   "\n".join(f"{k}: {v}" for k, v in data.items() if not isinstance(v, dict)))
         elif args.command == "compile":
-            from .planning.tpu_compile import compile_step, format_report
-
             report = compile_step(args.preset, args.topology, mesh=args.mesh, sharding=args.sharding,
                                   height=args.height, width=args.width, video_length=args.video_length,
                                   enable_cache=args.enable_cache, no_cache_blocks=args.no_cache_blocks)

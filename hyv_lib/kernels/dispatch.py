@@ -6,8 +6,13 @@ from typing import Any
 
 import torch
 
+from ..base.errors import HyvInputError
+from ..parallel.mesh import target_platform
+from ..parallel.sharding import per_shard
+from .host import host_sdpa_attention_jax
 from .registry import BACKEND_OPTIONS, BACKENDS, CUDA_HALF_BACKENDS, JAX_BACKENDS, available_backends
 from .torch_kernels import flash_attention, kv_zeroing_attention, reference_attention, sage_attention, sdpa_attention
+from .xla import xla_attention_jax
 
 
 def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype | None = None) -> str:
@@ -16,8 +21,6 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype | Non
     available = available_backends()
     if backend == "auto":
         if device.type == "jax":
-            from ..parallel.mesh import target_platform
-
             return "splash" if target_platform() == "tpu" else "xla"
         half = dtype in (None, torch.float16, torch.bfloat16)
         order = ("flash3", "flash", "sdpa") if device.type == "cuda" and half else ("sdpa",)
@@ -59,7 +62,6 @@ def attention(
     if kv_mask.shape != (b, s):
         raise ValueError(f"kv_mask must be [B, S] = [{b}, {s}], got {list(kv_mask.shape)}")
     if kv_mask.dtype != torch.bool:  # an additive 0/-inf float mask cast to bool would invert it
-        from ..base.errors import HyvInputError
 
         raise HyvInputError("kv_mask", f"must be a bool [B, S] key-padding mask (True = valid token), got dtype "
                                        f"{kv_mask.dtype}; from an additive 0/-inf mask use `mask == 0`, from 0/1 "
@@ -105,15 +107,11 @@ def _call_jax_backend(name, q, k, v, kv_mask, options, from_torch=False):
     if name == "splash":
         from .splash import splash_attention_jax as kernel
     elif name == "host_sdpa":
-        from .host import host_sdpa_attention_jax
-
         kernel = functools.partial(host_sdpa_attention_jax, host_kernel=sdpa_attention)
     else:
-        from .xla import xla_attention_jax as kernel
+        kernel = xla_attention_jax
     fn = functools.partial(kernel, **options)
     if not from_torch:
-        from ..parallel.sharding import per_shard
-
         return call_jax(per_shard(fn), q, k, v, kv_mask)
     import jax.numpy as jnp
     import numpy as np

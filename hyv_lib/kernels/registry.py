@@ -6,6 +6,8 @@ import importlib.util
 
 import torch
 
+from ..parallel.jax_env import default_backend
+
 #: Exact backends, the lossy one (sage), and the teaching approximation (kv_zeroing).
 BACKENDS = ("reference", "sdpa", "flash", "flash3", "sage", "splash", "xla", "host_sdpa", "kv_zeroing")
 #: Backends that accept torchax tensors (device "jax") inside a jitted step.
@@ -33,7 +35,6 @@ def _needs_cpu_jax() -> str | None:
 
     if "jax" not in sys.modules:
         return None
-    from ..parallel.jax_env import default_backend
 
     backend = default_backend()
     return None if backend == "cpu" else f"calls torch from jitted code: needs JAX on the CPU, not {backend!r}"

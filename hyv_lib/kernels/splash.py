@@ -12,6 +12,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as _sm
 
 from ..base.errors import HyvInputError
+from ..parallel.mesh import target_device_kind, target_platform
 from .registry import BACKEND_OPTIONS
 
 # Tile sizes of the forward kernel: block_q query rows x block_kv key rows per grid step, the key block
@@ -57,8 +58,6 @@ def default_block_sizes(compute_dtype=jnp.float32, device_kind: str | None = Non
     :func:`hyv_lib.parallel.mesh.target_device_kind`). Chips not in :data:`CHIP_BLOCK_SIZES` (v6e, TPU7x, and the CPU
     of interpret mode) get :data:`DEFAULT_BLOCK_SIZES`."""
     if device_kind is None:
-        from ..parallel.mesh import target_device_kind
-
         device_kind = target_device_kind()
     return dict(CHIP_BLOCK_SIZES.get((device_kind, jnp.dtype(compute_dtype).name), DEFAULT_BLOCK_SIZES))
 
@@ -134,8 +133,6 @@ def splash_attention_jax(q, k, v, kv_mask, *, block_q=None, block_kv=None, block
         raise HyvInputError("compute_dtype", f"must be None, 'float32' or 'bfloat16', got {compute_dtype!r}")
     batch, heads, seq, head_dim = q.shape
     if interpret is None:
-        from ..parallel.mesh import target_platform
-
         interpret = target_platform() != "tpu"
     if compute_dtype is None:
         compute_dtype = "bfloat16" if q.dtype == jnp.bfloat16 and not interpret else "float32"

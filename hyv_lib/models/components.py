@@ -13,7 +13,7 @@ from typing import Any, Iterable
 import torch
 
 from ..base.errors import HyvInputError
-from ..base.presets import Preset
+from ..base.presets import Preset, get_preset, real_layout_tiny, siglip_image_size, tiny_tokenizer_captions
 
 #: Component names of a diffusers ``HunyuanVideo15Pipeline`` folder (model_index.json).
 COMPONENTS = ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "transformer", "vae", "scheduler", "guider")
@@ -76,8 +76,6 @@ def build_tiny_tokenizer(word_tokens: bool = False):
     from transformers import Qwen2TokenizerFast
 
     if word_tokens:
-        from ..base.presets import tiny_tokenizer_captions
-
         backend = Tokenizer(models.BPE())
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         # Frozen: the vocabulary hyv-tiny was trained with. A new word would renumber the tokens, and with them
@@ -114,7 +112,6 @@ def build_tiny_components(preset: Preset, seed: int = 0, names: Iterable[str] = 
     from transformers import ByT5Tokenizer, Qwen2_5_VLTextModel, T5Config, T5EncoderModel
     from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLTextConfig
 
-    from ..base.presets import siglip_image_size
 
     if not preset.is_tiny:
         raise HyvInputError("--preset", f"{preset.name} is a real preset: its weights load from --model_path")
@@ -301,8 +298,6 @@ def save_tiny_pipeline(path: str, seed: int = 0, preset: Preset | str = "tiny") 
     --model_path``; for a real preset (``720p_t2v``, ``480p_i2v``, ...) the real layout with tiny widths
     (:func:`hyv_lib.base.presets.real_layout_tiny`), loadable with ``--preset 720p_t2v --model_path`` like real weights.
     Presets that take an image get SigLIP too (an image-to-video pipeline folder)."""
-    from ..base.presets import get_preset, real_layout_tiny
-
     spec = get_preset(preset)
     spec = spec if spec.is_tiny else real_layout_tiny(spec)
     names = COMPONENTS + IMAGE_COMPONENTS if "i2v" in spec.tasks else COMPONENTS

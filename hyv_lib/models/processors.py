@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.dispatch import attention, check_options, resolve_backend
+from ..parallel.sharding import keep_heads_split, stream_layout
 
 
 # ---------------------------------------------------------------------------------- diffusers processors
@@ -27,7 +28,6 @@ def _heads_split(hidden: torch.Tensor) -> torch.Tensor:
     :func:`hyv_lib.parallel.sharding.keep_heads_split`); anything else passes through."""
     if hidden.device.type != "jax":
         return hidden
-    from ..parallel.sharding import keep_heads_split
 
     return keep_heads_split(hidden)
 
@@ -76,8 +76,6 @@ class JointAttnProcessor(_Processor):
             return out, None
         video, context = out[:, : -encoder_hidden_states.shape[1]], out[:, -encoder_hidden_states.shape[1] :]
         if out.device.type == "jax":
-            from ..parallel.sharding import stream_layout
-
             video, context = stream_layout(_heads_split(video), video=True), stream_layout(_heads_split(context))
         video = attn.to_out[1](attn.to_out[0](video))
         if getattr(attn, "to_add_out", None) is not None:

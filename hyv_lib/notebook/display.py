@@ -8,6 +8,8 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from ..pipeline.video_io import read_mp4, write_mp4
+
 
 def tensor_rows(shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, str] | str) -> list[dict[str, Any]]:
     """Rows of name / shape / dtype / MiB for tensors described by shape and dtype name."""
@@ -91,7 +93,6 @@ def video_html(path: str, width: int = 320, max_bytes: int = 1_000_000, media_di
 
     from IPython.display import HTML
 
-    from ..pipeline.video_io import read_mp4, write_mp4
 
     attributes = f'width="{width}" controls loop muted playsinline'
     if media_dir is not None:

@@ -7,6 +7,7 @@ import contextvars
 from typing import Iterable
 
 from ..base.errors import HyvInputError
+from .jax_env import default_backend, jax_devices
 
 
 def parse_mesh(text: str | None) -> dict[str, int] | None:
@@ -36,7 +37,6 @@ def make_mesh(data: int = 1, tensor: int | None = None, sequence: int = 1, devic
     import numpy as np
     from jax.sharding import Mesh
 
-    from .jax_env import jax_devices
 
     devices = list(jax_devices() if devices is None else devices)
     if tensor is None:
@@ -74,7 +74,6 @@ def target_platform() -> str:
     mesh = _ACTIVE_MESH.get()
     if mesh is not None:
         return mesh.devices.flat[0].platform
-    from .jax_env import default_backend
 
     return default_backend()
 
@@ -85,7 +84,6 @@ def target_device_kind() -> str:
     mesh = _ACTIVE_MESH.get()
     if mesh is not None:
         return mesh.devices.flat[0].device_kind
-    from .jax_env import jax_devices
 
     return jax_devices()[0].device_kind
 

@@ -11,7 +11,13 @@ from typing import Any
 import torch
 
 from ..base.errors import HyvInputError
-from .stages import generate
+from ..base.presets import get_preset
+from ..models.components import torch_dtype
+from .calibration import cache_schedule
+from .inference import load_pipeline
+from .settings import resolve_settings
+from .stage_io import CONFIG_FILE
+from .stages import generate, stage1, stage2, stage3
 
 TEXT_COMPONENTS = ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2")
 
@@ -33,13 +39,6 @@ class Pipeline:
 
     def __init__(self, preset: str = "tiny", model_path: str | None = None, dtype: str | None = None,
                  stage2: dict[str, Any] | None = None, stage3: dict[str, Any] | None = None):
-        from ..base.presets import get_preset
-        from ..models.components import torch_dtype
-        from .calibration import cache_schedule
-        from .inference import load_pipeline
-        from .settings import resolve_settings
-        from .stages import stage2, stage3
-
         self.spec = get_preset(preset)
         self.model_path, self.dtype = model_path, dtype or self.spec.default_dtype
         torch_dtype(self.dtype)  # validates --dtype
@@ -71,8 +70,6 @@ class Pipeline:
                  image_path: str | None = None) -> torch.Tensor:
         """One video into ``output_dir`` (the three stage files, the mp4 and generation_config.json); returns its
         uint8 frames [F, H, W, 3]. ``image_path``: the first frame of an image-to-video run."""
-        from .stages import stage1, stage2, stage3
-
         stage1(preset=self.spec.name, prompt=prompt, negative_prompt=negative_prompt, output_dir=output_dir,
                         model_path=self.model_path, dtype=self.dtype, components=self.video.components,
                         image_path=image_path)
@@ -146,8 +143,6 @@ def read_prompts_file(path: str) -> tuple[list[PromptEntry], list[dict[str, Any]
 
 def is_complete(folder: str) -> bool:
     """A folder whose video was fully written (stage 3 recorded its time in generation_config.json)."""
-    from .stage_io import CONFIG_FILE
-
     try:
         with open(os.path.join(folder, CONFIG_FILE)) as f:
             config = json.load(f)

@@ -7,8 +7,10 @@ from typing import Any, Callable
 
 import torch
 
-from ..base.errors import HyvInputError
-from ..base.presets import Preset
+from ..base.errors import HyvInputError, python_names
+from ..base.presets import Preset, get_preset
+from ..models.components import IMAGE_COMPONENTS, load_components, torch_dtype
+from ..runtimes.deepcache import DeepCacheSchedule
 from ..runtimes.magcache import (
     CALIBRATION_PROMPT,
     CALIBRATION_SEED,
@@ -16,6 +18,12 @@ from ..runtimes.magcache import (
     MagCacheSchedule,
     load_calibration,
 )
+from ..runtimes.step import make_step
+from ..runtimes.tpu import to_cpu
+from .image import check_task, first_frame
+from .sampling import sample_latents
+from .settings import Stage2Settings, resolve_settings
+from .text import encode_pair
 
 
 def _video_tokens(cache: Any):
@@ -33,8 +41,6 @@ def _relative_change(runtime, previous, current) -> float:
         before, now = previous.float(), current.float()
         value = ((now - before).norm(dim=-1) / before.norm(dim=-1).clamp_min(1e-12)).mean()
         if env is not None:
-            from ..runtimes.tpu import to_cpu
-
             value = to_cpu(value)
     return float(value)
 
@@ -71,15 +77,6 @@ def calibrate(preset: str = "tiny_trained", model_path: str | None = None, *, pr
     full program, recording the curve a :class:`MagCacheSchedule` needs. Settings as for
     :func:`hyv_lib.pipeline.stages.stage2` (None: the preset's); ``components`` already loaded are reused, the missing
     ones (text encoders, transformer, scheduler) are loaded. The curve is rounded to 6 decimals."""
-    from ..base.presets import get_preset
-    from ..models.components import load_components, torch_dtype
-    from ..runtimes.deepcache import DeepCacheSchedule
-    from ..runtimes.step import make_step
-    from .image import check_task, first_frame
-    from .sampling import sample_latents
-    from .settings import Stage2Settings, resolve_settings
-    from .text import encode_pair
-
     spec = get_preset(preset)
     dtype = dtype or spec.default_dtype
     torch_dtype(dtype)
@@ -99,8 +96,6 @@ def calibrate(preset: str = "tiny_trained", model_path: str | None = None, *, pr
     settings = resolve_settings(spec, requested)
     names = ["tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2", "transformer", "scheduler"]
     if image is not None:
-        from ..models.components import IMAGE_COMPONENTS
-
         names += [*IMAGE_COMPONENTS, "vae"]
     components = dict(components or {})
     missing = [n for n in names if n not in components]
@@ -160,10 +155,6 @@ def magcache_schedule(preset: str = "tiny_trained", num_inference_steps: int | N
         pipe = hyv_lib.load_pipeline("tiny_trained")
         video = pipe.generate(prompt, cache=magcache_schedule("tiny_trained", cache_threshold=0.1))
     """
-    from ..base.errors import python_names
-    from ..base.presets import get_preset
-    from .settings import resolve_settings
-
     with python_names():
         spec = get_preset(preset)
         settings = resolve_settings(spec, num_inference_steps=num_inference_steps, flow_shift=flow_shift,
@@ -183,7 +174,6 @@ def cache_schedule(settings: dict[str, Any], preset: Preset | None = None, model
         if preset is None:
             raise ValueError("a magcache schedule needs the preset")
         return schedule_for(settings, preset, model_path)
-    from ..runtimes.deepcache import DeepCacheSchedule
 
     return DeepCacheSchedule(settings["num_inference_steps"], settings["cache_start_step"],
                              settings["cache_end_step"], settings["cache_step_interval"])

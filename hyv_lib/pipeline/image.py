@@ -9,7 +9,8 @@ from typing import Any
 import torch
 
 from ..base.errors import HyvInputError
-from ..base.presets import Preset
+from ..base.presets import PRESETS, Preset, bucket_for
+from ..models.components import i2v_pipeline_class
 from .settings import Stage2Settings
 
 #: PIL modes taken as they are converted to RGB (as diffusers' processors do); 16-bit, float and CMYK images are
@@ -57,8 +58,6 @@ def check_image(image, argument: str = "image"):
 
 def image_bucket(preset: Preset, image) -> tuple[int, int]:
     """(height, width) of the preset's bucket for the image's aspect ratio, as diffusers' I2V pipeline picks it."""
-    from ..base.presets import bucket_for
-
     width, height = image.size
     return bucket_for(preset.target_size, preset.spatial_compression, width, height)
 
@@ -86,8 +85,6 @@ def encode_image(components: dict[str, Any], preset: Preset, image) -> dict[str,
     Calls diffusers' I2V pipeline's own two encoders (static methods, diffusers 0.42 pinned) rather than a copy, so
     the conditioning is the pipeline's by construction; tests compare the whole stage 1 + 2 with the pipeline.
     """
-    from ..models.components import i2v_pipeline_class
-
     I2V = i2v_pipeline_class()
     encoder, vae = components["image_encoder"], components["vae"]
     device = next(encoder.parameters()).device
@@ -102,8 +99,6 @@ def encode_image(components: dict[str, Any], preset: Preset, image) -> dict[str,
 def check_task(preset: Preset, has_image: bool, argument: str = "--image_path") -> str:
     """"i2v" with a first frame, else "t2v"; a HyvInputError naming ``argument`` when the preset's checkpoint was not
     trained for that task (an image for a text-to-video checkpoint, or none for an image-to-video one)."""
-    from ..base.presets import PRESETS
-
     task = "i2v" if has_image else "t2v"
     if task not in preset.tasks:
         if not has_image:

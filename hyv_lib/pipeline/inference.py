@@ -12,7 +12,25 @@ import numpy as np
 import torch
 
 from ..base.errors import HyvInputError, python_names
+from ..base.files import ensure_output_dir
 from ..base.presets import Preset, get_preset
+from ..models.components import (
+    DTYPES,
+    IMAGE_COMPONENTS,
+    PIPELINE_COMPONENTS,
+    load_components,
+    quiet_loading,
+    torch_dtype,
+)
+from ..runtimes.deepcache import DeepCacheSchedule, DeepCacheStep, TorchDeepCache
+from ..runtimes.magcache import MagCacheSchedule
+from ..runtimes.step import make_step
+from ..runtimes.vae import decode_latents
+from .image import check_task, first_frame
+from .sampling import sample_latents
+from .settings import Stage2Settings, resolve_settings
+from .text import encode_pair
+from .video_io import check_mp4_path, write_mp4
 
 #: What :meth:`VideoPipeline.generate` takes per video; each None is the preset's default.
 GENERATE_SETTINGS = ("height", "width", "video_length", "num_inference_steps", "guidance_scale", "flow_shift",
@@ -30,9 +48,6 @@ class Video:
 
     def save(self, path: str, fps: float | None = None) -> str:
         """Write the frames as an H.264 mp4 at ``fps`` (default: the preset's), atomically; returns ``path``."""
-        from ..base.files import ensure_output_dir
-        from .video_io import check_mp4_path, write_mp4
-
         check_mp4_path(path)
         fps = self.config.get("fps") if fps is None else fps
         if not isinstance(fps, (int, float)) or isinstance(fps, bool) or not fps > 0:
@@ -58,10 +73,6 @@ class VideoPipeline:
                  mesh: str | None = None, sharding: str = "tp_replicated_out", attention: str = "auto",
                  vae_runtime: str | None = None, vae_dtype: str = "fp32", tiling: bool = True,
                  model_path: str | None = None):
-        from ..models.components import IMAGE_COMPONENTS, PIPELINE_COMPONENTS
-        from ..runtimes.step import make_step
-        from .settings import resolve_settings
-
         with python_names():
             self.preset = get_preset(preset)
         if not isinstance(components, dict):
@@ -96,8 +107,6 @@ class VideoPipeline:
     @property
     def dtype(self) -> str:
         """The transformer's dtype as the CLI spells it (fp32, bf16, fp16)."""
-        from ..models.components import DTYPES
-
         param_dtype = next(self.components["transformer"].parameters()).dtype
         return next(name for name, value in DTYPES.items() if value == param_dtype)
 
@@ -112,9 +121,6 @@ class VideoPipeline:
         ``uncached_blocks`` blocks on cached steps (the tpu programs are shared)."""
         if cache is None:
             return self.step
-        from ..runtimes.deepcache import DeepCacheSchedule, DeepCacheStep, TorchDeepCache
-        from ..runtimes.magcache import MagCacheSchedule
-
         if not isinstance(cache, (DeepCacheSchedule, MagCacheSchedule)):
             raise HyvInputError("cache", "must be None, a hyv_lib.runtimes.deepcache.DeepCacheSchedule or a "
                                          f"hyv_lib.runtimes.magcache.MagCacheSchedule, got {cache!r}")
@@ -127,8 +133,6 @@ class VideoPipeline:
     def encode(self, prompt: str, negative_prompt: str = "", image=None) -> dict[str, torch.Tensor]:
         """Stage 1 in memory: the stage-1 tensors of ``prompt`` and ``negative_prompt`` (and of ``image``, a first
         frame already cropped to its bucket: :func:`hyv_lib.pipeline.image.crop_to_bucket`)."""
-        from .text import encode_pair
-
         for name, value in (("prompt", prompt), ("negative_prompt", negative_prompt)):
             if not isinstance(value, str):
                 raise HyvInputError(name, f"must be a string, got {type(value).__name__}")
@@ -146,11 +150,6 @@ class VideoPipeline:
         steps).
         ``image`` (a PIL image or the path of a PNG/JPEG): the first frame of an image-to-video run; its bucket sets
         the height and width. Every setting is checked before any model runs."""
-        from ..runtimes.vae import decode_latents
-        from .image import check_task, first_frame
-        from .sampling import sample_latents
-        from .settings import Stage2Settings, resolve_settings
-
         start = time.perf_counter()
         with python_names():
             task = check_task(self.preset, image is not None, argument="image")
@@ -203,13 +202,10 @@ def load_pipeline(preset: str | Preset = "tiny_trained", model_path: str | None 
         video = pipe.generate("a red circle moving left on a gray background", seed=1)
         video.save("circle.mp4")
     """
-    from ..models.components import IMAGE_COMPONENTS, PIPELINE_COMPONENTS, load_components, quiet_loading, torch_dtype
-
     with python_names():
         spec = get_preset(preset)
         dtype = dtype or spec.default_dtype
         torch_dtype(dtype)
-        from .settings import resolve_settings
 
         resolve_settings(spec, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention)
         context = contextlib.nullcontext() if progress else quiet_loading()

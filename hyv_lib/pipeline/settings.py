@@ -7,7 +7,10 @@ from typing import Any
 
 from ..base.errors import HyvInputError
 from ..base.presets import Preset, bucket_size
-from ..parallel.mesh import parse_mesh
+from ..parallel.jax_env import init_multi_host
+from ..parallel.mesh import make_mesh, parse_mesh
+from ..parallel.sharding import RULE_SETS
+from ..runtimes.magcache import resolve_magcache
 from ..runtimes.step import RUNTIMES, check_attention
 
 #: The step caches (``--cache_method``): DeepCache's fixed schedule, or the adaptive MagCache-style one
@@ -137,12 +140,8 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
     if multi_host:
         if runtime != "tpu":
             raise HyvInputError("--multi_host", "needs --runtime tpu")
-        from ..parallel.jax_env import init_multi_host
 
         init_multi_host()  # before the mesh check: until then a host sees only its own devices
-    from ..parallel.mesh import make_mesh
-    from ..parallel.sharding import RULE_SETS
-
     if axes:
         try:
             make_mesh(**axes)  # the device count must match before any stage writes a file
@@ -178,8 +177,6 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
             raise HyvInputError("--no_cache_blocks", f"must be at most the model's {num_layers} blocks, "
                                                      f"got {no_cache_blocks}")
         if cache_method == "magcache":
-            from ..runtimes.magcache import resolve_magcache
-
             cache = dict(**resolve_magcache(preset, num_inference_steps, flow_shift, no_cache_blocks,
                                             s.cache_threshold, s.cache_max_skip, s.cache_retention,
                                             s.cache_calibration), no_cache_blocks=no_cache_blocks)

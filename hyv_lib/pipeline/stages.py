@@ -13,10 +13,12 @@ from ..base.errors import HyvInputError, python_names
 from ..base.files import ensure_output_dir
 from ..base.memory import PeakMemory
 from ..base.presets import Preset, get_preset
-from ..models.components import load_components, torch_dtype
+from ..models.components import IMAGE_COMPONENTS, load_components, torch_dtype
+from ..parallel.distributed import barrier, init_distributed
 from ..runtimes.step import TransformerStep, make_step
+from ..runtimes.vae import decode_latents
 from .calibration import cache_schedule
-from .image import check_task, first_frame, image_size_settings
+from .image import check_task, crop_to_bucket, first_frame, image_size_settings, load_image
 from .sampling import sample_latents
 from .settings import Stage2Settings, check_type, resolve_settings
 from .stage_io import (
@@ -32,7 +34,7 @@ from .stage_io import (
     update_config,
 )
 from .text import encode_pair
-from .video_io import check_mp4_path
+from .video_io import check_mp4_path, write_mp4
 
 
 def _rank() -> int:
@@ -87,16 +89,12 @@ def stage1(
     task = check_task(spec, image_path is not None)
     image = None
     if image_path is not None:
-        from .image import crop_to_bucket, load_image
-
         image = crop_to_bucket(spec, load_image(image_path))
     if model_path is None and not spec.is_tiny:
         load_components(spec, None, [])  # raises the "needs --model_path" error before any work
     ensure_output_dir(output_dir)
     names = ["tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2"]
     if image is not None:
-        from ..models.components import IMAGE_COMPONENTS
-
         names += [*IMAGE_COMPONENTS, "vae"]
     with PeakMemory() as memory:
         if components is None:
@@ -165,8 +163,6 @@ def stage2(
         update_config(output_dir, base=config, **settings, **counts,
                       stage2_time_s=round(time.perf_counter() - start, 3), **memory_fields("stage2", memory))
     if runtime == "ulysses":
-        from ..parallel.distributed import barrier
-
         barrier()
         if owns_group:
             torch.distributed.destroy_process_group()
@@ -221,17 +217,12 @@ def stage3(
     if latents.shape[1] != vae.config.latent_channels:
         raise HyvInputError("--input_dir", f"{STAGE2_FILE}: latents have {latents.shape[1]} channels but the VAE "
                                            f"expects {vae.config.latent_channels}")
-    from ..runtimes.vae import decode_latents
-    from .video_io import write_mp4
-
     # Under torchrun (WORLD_SIZE > 1) the VAE tiles are spread over the ranks; rank 0 writes the files.
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if distributed and runtime == "tpu":
         raise HyvInputError("--runtime", "stage 3 with --runtime tpu runs in one process, not under torchrun")
     owns_group = distributed and not torch.distributed.is_initialized()  # else the caller's: left as found
     if distributed:
-        from ..parallel.distributed import init_distributed
-
         init_distributed()
     with PeakMemory() as memory:
         frames = decode_latents(vae, latents, tiling=not disable_tiling, tile_parallel=distributed, runtime=runtime,
@@ -247,8 +238,6 @@ def stage3(
         update_config(input_dir, base=config, **fields, stage3_time_s=round(time.perf_counter() - start, 3),
                       **memory_fields("stage3", memory))
     if distributed:
-        from ..parallel.distributed import barrier
-
         barrier()
         if owns_group:
             torch.distributed.destroy_process_group()

@@ -9,7 +9,8 @@ import torch
 
 from ..base.errors import HyvInputError
 from ..base.presets import Preset
-from ..models.components import torch_dtype
+from ..models.components import IMAGE_COMPONENTS, torch_dtype
+from .image import encode_image
 
 
 def _recipe_defaults() -> dict:
@@ -96,9 +97,6 @@ def encode_pair(components: dict[str, Any], preset: Preset, prompt: str, negativ
             value = value[index : index + 1]
             tensors[prefix + name] = value.to(torch_dtype(dtype)) if value.is_floating_point() else value
     if image is not None:
-        from ..models.components import IMAGE_COMPONENTS
-        from .image import encode_image
-
         missing = [n for n in (*IMAGE_COMPONENTS, "vae") if n not in components]
         if missing:
             raise HyvInputError(argument, f"encoding a first frame needs {', '.join(missing)}; load the components "

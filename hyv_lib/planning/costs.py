@@ -9,7 +9,10 @@ from typing import Any, Mapping, Sequence
 
 from ..base.errors import HyvInputError
 from ..base.presets import Preset, get_preset
+from ..kernels.xla import kv_block_layout
 from ..models.layout import context_tokens
+from ..parallel.mesh import parse_mesh
+from ..parallel.sharding import RULE_SETS, plan
 
 
 def as_preset(preset: Preset | str) -> Preset:
@@ -59,7 +62,6 @@ def _pad(n: int, block: int | None) -> int:
     """Key length a blockwise kernel computes: hyv_lib's XLA kernel cuts n keys into near-``block`` blocks."""
     if not block:
         return n
-    from ..kernels.xla import kv_block_layout
 
     n_blocks, size = kv_block_layout(n, block)
     return n_blocks * size
@@ -128,8 +130,6 @@ def step_flops(preset: Preset | str, height: int, width: int, video_length: int,
 def rule_set_names() -> tuple[str, ...]:
     """``replicated`` (no rule) plus the rule sets the TPU runtime places weights with
     (:data:`hyv_lib.parallel.sharding.RULE_SETS`: ``tp``, ``tp_replicated_out``, ``fsdp``)."""
-    from ..parallel.sharding import RULE_SETS
-
     return ("replicated", *RULE_SETS)
 
 
@@ -164,8 +164,6 @@ def as_mesh(mesh_shape: int | str | Mapping[str, int] | None, axis: str = "tenso
     if mesh_shape is None:
         mesh_shape = 1
     if isinstance(mesh_shape, str):
-        from ..parallel.mesh import parse_mesh
-
         try:
             mesh_shape = parse_mesh(mesh_shape) or 1
         except HyvInputError as err:  # it names the CLI's --mesh
@@ -178,8 +176,6 @@ def as_mesh(mesh_shape: int | str | Mapping[str, int] | None, axis: str = "tenso
 
 
 def plan_specs(preset: Preset, rules: str, mesh: dict[str, int]) -> tuple[dict[str, tuple], list[dict]]:
-    from ..parallel.sharding import RULE_SETS, plan
-
     return plan(dict(parameter_shapes(preset)), [] if rules == "replicated" else RULE_SETS[rules], _MeshShape(mesh))
 
 
@@ -208,8 +204,6 @@ def param_bytes(preset: Preset | str, dtype: str = "bf16", rules: str | Sequence
     matches no parameter, or a split that does not divide its dimension, raises ValueError.
     Returns ``bytes_per_device`` and one row per rule: tensors, params, bytes per device.
     """
-    from ..parallel.sharding import RULE_SETS, plan
-
     preset = as_preset(preset)
     bpe = dtype_bytes(dtype)
     if rules is None:

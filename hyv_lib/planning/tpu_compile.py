@@ -19,6 +19,13 @@ import torch
 from ..base.errors import HyvInputError
 from ..base.presets import Preset, get_preset
 from ..parallel.jax_env import quiet_libtpu
+from ..parallel.mesh import head_split, make_mesh, parse_mesh
+from ..parallel.sharding import RULE_SETS
+from ..runtimes.tpu import TpuTransformer
+from .costs import token_counts
+from .hardware import CHIPS
+from .hlo import hlo_collectives
+from .planner import default_layout
 
 #: Topology name prefixes that libtpu 0.0.42.1 knows, and the key of each chip in :data:`hyv_lib.planning.hardware.CHIPS`.
 #: A name is ``PREFIX:AxB`` or ``PREFIX:AxBxC`` in chips (e.g. ``v6e:2x4`` = a v6e-8, ``tpu7x:2x2x1`` = 4 Ironwood
@@ -127,8 +134,6 @@ def example_inputs(preset: Preset, height: int, width: int, video_length: int, b
 
 def program_report(compiled, compile_seconds: float) -> dict[str, Any]:
     """Per-device numbers of one compiled program: memory_analysis, collectives in the HLO, cost_analysis."""
-    from .hlo import hlo_collectives
-
     mem = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -168,13 +173,6 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
     its cost-model estimate when it gives one, and the compile time. With the cache, ``programs`` holds both programs
     and the top-level figures are the larger program's memory (plus both programs' code) and the sum of the rest.
     """
-    from ..parallel.mesh import head_split, make_mesh, parse_mesh
-    from ..parallel.sharding import RULE_SETS
-    from ..runtimes.tpu import TpuTransformer
-    from .costs import token_counts
-    from .hardware import CHIPS
-    from .planner import default_layout
-
     preset = get_preset(preset) if isinstance(preset, str) else preset
     if sharding not in RULE_SETS:
         raise HyvInputError("--sharding", f"must be one of {', '.join(RULE_SETS)}, got {sharding!r}")

@@ -6,7 +6,11 @@ from typing import Any
 
 import torch
 
+from ..base.presets import get_preset
+from ..models.components import torch_dtype
 from ..models.patches import loop_free_causal_masks
+from ..parallel.jax_env import quiet_libtpu
+from .tpu_compile import available_hbm, resolve_size, topology_devices
 
 
 def compile_decode(preset: str = "720p_t2v", topology: str = "v6e:2x4", *, height: int | None = None,
@@ -26,11 +30,6 @@ def compile_decode(preset: str = "720p_t2v", topology: str = "v6e:2x4", *, heigh
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
     from torchax.interop import JittableModule, jax_view
-
-    from ..base.presets import get_preset
-    from ..models.components import torch_dtype
-    from ..parallel.jax_env import quiet_libtpu
-    from .tpu_compile import available_hbm, resolve_size, topology_devices
 
     spec = get_preset(preset) if isinstance(preset, str) else preset
     height, width, video_length = resolve_size(spec, height, width, video_length)

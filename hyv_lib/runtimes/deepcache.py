@@ -7,6 +7,9 @@ from typing import Any, Protocol
 
 import torch
 
+from ..models.forward import output_tokens, unpatchify
+from ..models.layout import check_supported, check_timestep_r
+
 
 @dataclass(frozen=True)
 class DeepCacheSchedule:
@@ -85,8 +88,6 @@ class TorchDeepCache:
     """
 
     def __init__(self, model):
-        from ..models.layout import check_supported
-
         check_supported(model, "DeepCache")
         self.model = model
 
@@ -96,8 +97,6 @@ class TorchDeepCache:
 
     @torch.no_grad()
     def run_and_cache(self, uncached_blocks: int, **kwargs) -> tuple[torch.Tensor, Any]:
-        from ..models.layout import check_timestep_r
-
         check_timestep_r(self.model, kwargs.get("timestep_r"))
         recorded = {}
 
@@ -120,9 +119,6 @@ class TorchDeepCache:
     @torch.no_grad()
     def run_from_cache(self, cache: Any, uncached_blocks: int, hidden_states, timestep, timestep_r=None,
                        **_) -> torch.Tensor:
-        from ..models.forward import output_tokens, unpatchify
-        from ..models.layout import check_timestep_r
-
         check_timestep_r(self.model, timestep_r)
         video, context, mask, rope = cache
         temb = self.model.time_embed(timestep, timestep_r=timestep_r)  # as diffusers' forward computes it

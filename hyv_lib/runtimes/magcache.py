@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..base.errors import HyvInputError
+from ..base.files import atomic_path, ensure_output_dir
 from .deepcache import block_speedup
 
 #: The decision's defaults (``--cache_threshold``, ``--cache_max_skip``, ``--cache_retention``). MagCache's public
@@ -175,8 +176,6 @@ class MagCacheCalibration:
 
     def save(self, path: str) -> str:
         """Write the calibration as JSON, atomically; returns ``path``."""
-        from ..base.files import atomic_path, ensure_output_dir
-
         ensure_output_dir(os.path.dirname(os.path.abspath(path)), "--output")
         data = {k: v for k, v in self.to_json().items() if k != "path"}
         with atomic_path(path) as tmp:

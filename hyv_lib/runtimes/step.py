@@ -8,7 +8,13 @@ from typing import Any, Protocol
 import torch
 
 from ..base.errors import HyvInputError
-from ..parallel.mesh import parse_mesh
+from ..kernels.dispatch import BACKENDS, JAX_BACKENDS, available_backends
+from ..models.processors import use_attention
+from ..parallel.distributed import init_distributed
+from ..parallel.mesh import make_mesh, parse_mesh
+from .deepcache import DeepCacheStep, TorchDeepCache
+from .tpu import TpuTransformer
+from .ulysses import UlyssesTransformer
 
 
 class TransformerStep(Protocol):
@@ -60,8 +66,6 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
     if attention == "diffusers" and runtime != "torch":
         raise HyvInputError("--attention", f"diffusers' own processor runs on --runtime torch only, not {runtime!r}")
     if cache is not None:
-        from .deepcache import DeepCacheStep, TorchDeepCache
-
         if runtime not in ("torch", "tpu"):
             raise HyvInputError("--enable_cache", f"DeepCache runs on --runtime torch or tpu, not {runtime!r}")
         if runtime == "torch":
@@ -77,9 +81,6 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
         _install_attention(transformer, attention)
         return torch_step(transformer)
     if runtime == "tpu":
-        from ..parallel.mesh import make_mesh
-        from .tpu import TpuTransformer
-
         axes = parse_mesh(mesh)
         if axes is None:
             return TpuTransformer(transformer, attention=attention)
@@ -89,9 +90,6 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
         except ValueError as err:  # device count, head or batch splits
             raise HyvInputError("--mesh", str(err)) from None
     if runtime == "ulysses":
-        from ..parallel.distributed import init_distributed
-        from .ulysses import UlyssesTransformer
-
         if "RANK" not in os.environ and not torch.distributed.is_initialized():
             raise HyvInputError("--runtime", "ulysses runs one process per device under torchrun: "
                                              "torchrun --nproc_per_node=N -m hyv_lib stage2 --runtime ulysses ...")
@@ -106,15 +104,11 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
 def _install_attention(transformer, attention: str) -> None:
     """hyv_lib's exact attention on a model for the torch runtime, unless ``diffusers`` keeps the stock one."""
     if attention != "diffusers":
-        from ..models.processors import use_attention
-
         use_attention(transformer, attention)
 
 
 def check_attention(attention: str, runtime: str) -> None:
     """``--attention`` against what this machine can run, for ``runtime`` (HyvInputError naming the flag)."""
-    from ..kernels.dispatch import BACKENDS, JAX_BACKENDS, available_backends
-
     valid = (*ATTENTION_CHOICES, *BACKENDS)
     if attention not in valid:
         raise HyvInputError("--attention", f"must be one of {', '.join(valid)}, got {attention!r}")

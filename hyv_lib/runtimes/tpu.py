@@ -9,6 +9,8 @@ import torch
 from ..models.forward import context_layout, context_tokens, output_tokens, unpatchify
 from ..models.layout import check_supported, check_timestep_r
 from ..models.processors import use_attention
+from ..parallel.mesh import active_mesh, head_split, make_mesh, parse_mesh
+from ..parallel.sharding import GATHERED_RULE_SETS, gather_whole, plan
 
 
 class _Step(torch.nn.Module):
@@ -53,8 +55,6 @@ class _Step(torch.nn.Module):
         for block in blocks:
             args = (video, context, temb, context_mask, (rope_cos, rope_sin))
             if self.gather_weights:
-                from ..parallel.sharding import gather_whole
-
                 whole = {name: gather_whole(p) for name, p in block.named_parameters()}
                 video, context = torch.func.functional_call(block, whole, args)
             else:
@@ -135,8 +135,6 @@ class TpuTransformer:
         if sharding is not None and mesh is None:
             raise ValueError("sharding needs a mesh (hyv_lib.parallel.mesh.make_mesh)")
         if isinstance(mesh, str):
-            from ..parallel.mesh import make_mesh, parse_mesh
-
             mesh = make_mesh(**parse_mesh(mesh))
         config = model.config
         check_supported(model, "TpuTransformer")
@@ -155,9 +153,6 @@ class TpuTransformer:
         use_attention(model, attention, **(attention_options or {}))
         specs: dict[str, tuple] = {}
         if mesh is not None:
-            from ..parallel.mesh import head_split
-            from ..parallel.sharding import plan
-
             if config.num_attention_heads % head_split(mesh):
                 raise ValueError(f"{config.num_attention_heads} attention heads cannot be split over the mesh's "
                                  f"tensor x sequence axes of size {mesh.shape['tensor']} x {mesh.shape['sequence']}")
@@ -166,7 +161,6 @@ class TpuTransformer:
             element = torch.empty((), dtype=self.dtype).element_size()
             for row in self.placement:
                 row["bytes_per_device"] = row.pop("per_device") * element
-        from ..parallel.sharding import GATHERED_RULE_SETS
 
         with self.env:
             self.step_module = _Step(model, mesh, gather_weights=mesh is not None and sharding in GATHERED_RULE_SETS)
@@ -291,7 +285,6 @@ class TpuTransformer:
         """Call a jitted step method on torchax tensors (under the mesh, for per-shard attention)."""
         from torchax.interop import jax_view, torch_view
 
-        from ..parallel.mesh import active_mesh
 
         if self.abstract:
             raise RuntimeError("this TpuTransformer was built from a meta-device model (compile only): use lower()")
@@ -312,7 +305,6 @@ class TpuTransformer:
         """
         from torchax.interop import jax_view
 
-        from ..parallel.mesh import active_mesh
 
         methods = ("forward", "forward_and_cache", "forward_from_cache")
         if method not in methods:

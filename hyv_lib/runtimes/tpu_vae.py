@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..models.patches import loop_free_causal_masks
+from .tpu import to_cpu
 
 
 class JaxDecoder(torch.nn.Module):
@@ -38,8 +39,6 @@ class JaxDecoder(torch.nn.Module):
         return len(self.shapes)
 
     def forward(self, tile: torch.Tensor) -> torch.Tensor:
-        from .tpu import to_cpu
-
         self.shapes.add(tuple(tile.shape))
         with self.env, torch.no_grad(), loop_free_causal_masks(self.jitted):
             out = self.jitted(tile.detach().to("cpu").to(self.dtype).to("jax"))

@@ -5,6 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .tile_parallel import tile_parallel_decode
+from .tpu_vae import decode_on_jax
+
 
 def to_uint8_frames(video: torch.Tensor | np.ndarray) -> torch.Tensor:
     """One video as the VAE sees it, [3,F,H,W] in [-1, 1], -> uint8 frames [F,H,W,3] (what stage 3 writes)."""
@@ -35,12 +38,8 @@ def decode_latents(vae, latents: torch.Tensor, tiling: bool = True, tile_paralle
         param = next(vae.parameters())
         z = latents.to(param.device, param.dtype) / vae.config.scaling_factor
         if runtime == "tpu":
-            from .tpu_vae import decode_on_jax
-
             video, _ = decode_on_jax(vae, z, dtype)
         elif tiling and tile_parallel:
-            from .tile_parallel import tile_parallel_decode
-
             video = tile_parallel_decode(vae, z)
         else:
             video = vae.decode(z).sample

@@ -12,6 +12,11 @@ from typing import Any
 import numpy as np
 
 from ..base.errors import HyvInputError
+from ..base.presets import get_preset
+from ..pipeline.calibration import magcache_schedule
+from ..runtimes.deepcache import DeepCacheSchedule
+from . import data
+from .quality import attribute_rates, read_video
 
 #: The file of ``benchmarks/cache_frontier.py``'s full run, next to hyv-tiny's weights (a record, like gates.json).
 RESULTS_FILE = "cache_frontier.json"
@@ -33,9 +38,6 @@ class CacheSetting:
 
     def schedule(self, preset, num_steps: int):
         """The cache schedule of this setting for a ``num_steps`` loop (None: uncached)."""
-        from ..pipeline.calibration import magcache_schedule
-        from ..runtimes.deepcache import DeepCacheSchedule
-
         if self.method == "uncached":
             return None
         if self.method == "deepcache":
@@ -79,9 +81,6 @@ def measure_frontier(pipe, prompts: list[str], settings: list[CacheSetting], *, 
     (:func:`hyv_lib.tiny.quality.read_video`; ``combos``: the captions' attributes, default parsed from the prompts), and
     PSNR of the frames against the reference's (pooled over the prompts, peak 255)."""
     from tqdm.auto import tqdm
-
-    from . import data
-    from .quality import attribute_rates, read_video
 
     if not settings or settings[0].method != "uncached" or settings[0].steps is not None:
         raise HyvInputError("settings", "the first setting must be the uncached run at the preset's steps "
@@ -151,8 +150,6 @@ def pareto_front(rows: list[dict[str, Any]], quality: str = "psnr_db") -> list[d
 
 def load_results(path: str | None = None) -> dict[str, Any]:
     """A frontier run written by ``benchmarks/cache_frontier.py`` (default: the one shipped with hyv-tiny)."""
-    from ..base.presets import get_preset
-
     path = path or os.path.join(get_preset("tiny_trained").bundled_path, RESULTS_FILE)
     with open(path) as f:
         results = json.load(f)

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ..pipeline.inference import VideoPipeline
 from . import data
 
 MIN_FOREGROUND_PIXELS = 12  # fewer than this in a frame: no shape detected there
@@ -102,7 +103,6 @@ def generate_videos(components: dict[str, Any], preset, prompts: list[str], *, s
     ``images`` (one first frame per prompt, PIL images or paths): image-to-video, each at its image's bucket."""
     from tqdm.auto import tqdm
 
-    from ..pipeline.inference import VideoPipeline
 
     if images is not None and len(images) != len(prompts):
         raise ValueError(f"images: one per prompt, got {len(images)} for {len(prompts)} prompts")

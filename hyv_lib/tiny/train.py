@@ -13,6 +13,9 @@ import torch
 from tqdm.auto import tqdm
 
 from ..models.patches import batched_vae_attention, rms_norm_floor
+from ..pipeline.image import crop_to_bucket, encode_image
+from ..pipeline.text import encode_prompts
+from ..runtimes.vae import to_uint8_frames
 from . import data
 
 
@@ -328,7 +331,6 @@ def first_frame_image(clip: torch.Tensor | np.ndarray):
     """Frame 0 of a clip [3, F, H, W] in [-1, 1] as the 8-bit RGB PIL image a user would give stage 1."""
     from PIL import Image
 
-    from ..runtimes.vae import to_uint8_frames
 
     return Image.fromarray(to_uint8_frames(torch.as_tensor(clip)[:, :1])[0].numpy())
 
@@ -339,8 +341,6 @@ def first_frame_conditions(components: dict, preset, clips: torch.Tensor | np.nd
     """Image-to-video training conditions of clips [N, 3, F, H, W]: each clip's first frame, as an 8-bit image,
     through exactly stage 1's path (bucket crop, SigLIP, VAE): ``image_embeds`` [N, tokens, dim] and ``cond_latents``
     [N, C, 1, h, w], scaled as the latents are."""
-    from ..pipeline.image import crop_to_bucket, encode_image
-
     parts = [encode_image(components, preset, crop_to_bucket(preset, first_frame_image(clip)))
              for clip in tqdm(clips, desc="first frames", disable=not progress)]
     return {k: torch.cat([p[k].float() for p in parts]) for k in parts[0]}
@@ -348,8 +348,6 @@ def first_frame_conditions(components: dict, preset, clips: torch.Tensor | np.nd
 
 def encode_captions(text_components: dict, preset, captions: list[str], batch_size: int = 32) -> dict[str, torch.Tensor]:
     """Stage-1 tensors for many captions (the frozen text encoders run once, in batches)."""
-    from ..pipeline.text import encode_prompts
-
     parts = [encode_prompts(text_components, preset, captions[i : i + batch_size])
              for i in range(0, len(captions), batch_size)]
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
