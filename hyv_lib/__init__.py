@@ -15,7 +15,7 @@ _PUBLIC = {
     "HyvInputError": "base.errors",
     "PRESETS": "base.presets", "Preset": "base.presets", "get_preset": "base.presets",
     "PeakMemory": "base.memory",
-    "make_mesh": "parallel.mesh", "parse_mesh": "parallel.mesh",
+    "make_mesh": "parallel.mesh", "parse_mesh": "parallel.mesh", "enable_compile_cache": "parallel.jax_env",
     "available_backends": "kernels.registry", "attention": "kernels.dispatch",
     "build_tiny_components": "models.components", "load_components": "models.components",
     "use_attention": "models.processors",

@@ -468,10 +468,11 @@ for row in timings:
 # ## Using it
 #
 # ```python
-# from hyv_lib.runtimes.tpu import TpuTransformer, enable_compile_cache
+# import hyv_lib
 #
-# enable_compile_cache()
-# step = TpuTransformer(transformer)        # callable with the forward's keyword arguments
+# hyv_lib.enable_compile_cache()                # JAX's persistent compile cache (~/.cache/hyv_lib/jax)
+#
+# step = hyv_lib.TpuTransformer(transformer)   # callable with the forward's keyword arguments
 # noise = step(hidden_states=..., timestep=..., encoder_hidden_states=..., ...)   # torch tensor on CPU
 # ```
 #

@@ -208,7 +208,7 @@ def test_the_shipped_tiny_trained_calibration_fits_its_defaults_and_its_first_va
     """The shipped files (one per no_cache_blocks) are records of the bundled weights: their settings are the
     preset's, and the first values of a curve come back from the same calibration loop (stopped after 4 of its 20
     steps)."""
-    from hyv_lib.pipeline import sampling
+    from hyv_lib.pipeline import calibration
     from hyv_lib.pipeline.calibration import calibrate
     from hyv_lib.pipeline.sampling import sample_latents
     from hyv_lib.runtimes.magcache import DEFAULT_THRESHOLD
@@ -244,7 +244,7 @@ def test_the_shipped_tiny_trained_calibration_fits_its_defaults_and_its_first_va
             except Stop:
                 return None
 
-        patch.setattr(sampling, "sample_latents", sample)
+        patch.setattr(calibration, "sample_latents", sample)  # the name calibrate() calls
         first = calibrate("tiny_trained", prompt=shipped.prompt, seed=shipped.seed,
                                          no_cache_blocks=no_cache_blocks)
     assert first.curve == pytest.approx(list(shipped.curve[:4]), abs=2e-6)

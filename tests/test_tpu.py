@@ -118,7 +118,8 @@ CACHE_PROBE = textwrap.dedent("""
     from jax import monitoring
     hits = []
     monitoring.register_event_listener(lambda e, **kw: hits.append(e) if e.endswith("cache_hits") else None)
-    from hyv_lib.runtimes.tpu import TpuTransformer, enable_compile_cache
+    from hyv_lib.parallel.jax_env import enable_compile_cache
+from hyv_lib.runtimes.tpu import TpuTransformer
     from hyv_lib.models.components import build_tiny_components
     from hyv_lib.base.presets import get_preset
     enable_compile_cache(sys.argv[1])

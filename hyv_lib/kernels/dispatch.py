@@ -9,6 +9,7 @@ import torch
 from ..base.errors import HyvInputError
 from ..parallel.mesh import target_platform
 from ..parallel.sharding import per_shard
+from ..parallel.transfer import numpy_to_torch, torch_to_numpy
 from .host import host_sdpa_attention_jax
 from .registry import BACKEND_OPTIONS, BACKENDS, CUDA_HALF_BACKENDS, JAX_BACKENDS, available_backends
 from .torch_kernels import flash_attention, kv_zeroing_attention, reference_attention, sage_attention, sdpa_attention
@@ -114,10 +115,9 @@ def _call_jax_backend(name, q, k, v, kv_mask, options, from_torch=False):
     if not from_torch:
         return call_jax(per_shard(fn), q, k, v, kv_mask)
     import jax.numpy as jnp
-    import numpy as np
 
-    def to_jax(t):  # float32 round trip keeps bf16 exact; the result is cast back to q's dtype
-        return jnp.asarray(t.detach().cpu().float().numpy() if t.is_floating_point() else t.cpu().numpy())
+    def to_jax(t):  # the kernel computes in float32 (bf16 converts exactly); the result is cast back to q's dtype
+        return jnp.asarray(torch_to_numpy(t.float() if t.is_floating_point() else t))
 
     out = fn(*(to_jax(t) for t in (q, k, v, kv_mask)))
-    return torch.tensor(np.asarray(out, dtype=np.float32)).to(device=q.device, dtype=q.dtype)
+    return numpy_to_torch(out).to(device=q.device, dtype=q.dtype)

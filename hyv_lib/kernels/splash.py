@@ -13,6 +13,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 
 from ..base.errors import HyvInputError
 from ..parallel.mesh import target_device_kind, target_platform
+from ..parallel.transfer import numpy_to_torch, torch_to_numpy
 from .registry import BACKEND_OPTIONS
 
 # Tile sizes of the forward kernel: block_q query rows x block_kv key rows per grid step, the key block
@@ -177,16 +178,6 @@ def _jitted(options: tuple):
     return jax.jit(functools.partial(splash_attention_jax, **dict(options)))
 
 
-def torch_to_numpy(t):
-    """CPU torch tensor -> numpy array (bf16 bit-exactly, as ml_dtypes.bfloat16)."""
-    import torch
-
-    t = t.detach().to("cpu").contiguous()
-    if t.dtype == torch.bfloat16:  # numpy has no bf16: reinterpret the bits as ml_dtypes.bfloat16
-        return t.view(torch.int16).numpy().view(jnp.bfloat16)
-    return t.numpy()
-
-
 def splash_attention(q, k, v, kv_mask=None, **options) -> "torch.Tensor":  # noqa: F821
     """torch in/out wrapper of :func:`splash_attention_jax` (same semantics; ``kv_mask=None`` = all valid).
 
@@ -204,9 +195,5 @@ def splash_attention(q, k, v, kv_mask=None, **options) -> "torch.Tensor":  # noq
     if kv_mask is None:
         kv_mask = torch.ones(q.shape[0], q.shape[2], dtype=torch.bool)
     fn = _jitted(tuple(sorted(options.items())))
-    out = np.array(fn(*(torch_to_numpy(t) for t in (q, k, v, kv_mask))))
-    if out.dtype == jnp.bfloat16:
-        result = torch.from_numpy(out.view(np.int16)).view(torch.bfloat16)
-    else:
-        result = torch.from_numpy(out)
-    return result.to(device=q.device, dtype=q.dtype)
+    out = fn(*(torch_to_numpy(t) for t in (q, k, v, kv_mask)))
+    return numpy_to_torch(out).to(device=q.device, dtype=q.dtype)

@@ -20,8 +20,10 @@ COMPONENTS = ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "tra
 #: What image-to-video adds (``HunyuanVideo15ImageToVideoPipeline``): SigLIP and its image processor.
 IMAGE_COMPONENTS = ("image_encoder", "feature_extractor")
 
-#: What a text-to-video pipeline loads (:func:`hyv_lib.load_pipeline`).
-PIPELINE_COMPONENTS = ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2", "transformer", "scheduler", "vae")
+#: The two text encoders and their tokenizers (stage 1).
+TEXT_COMPONENTS = ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2")
+#: What stages 1-3 load (the text encoders, the DiT and its scheduler, the VAE).
+PIPELINE_COMPONENTS = (*TEXT_COMPONENTS, "transformer", "scheduler", "vae")
 #: Model dtypes by their CLI spelling (``--dtype``).
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -19,9 +19,25 @@ def init_distributed(backend: str | None = None) -> tuple[int, int]:
     if not dist.is_initialized():
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(local_device())
         dist.init_process_group(backend)
     return dist.get_rank(), dist.get_world_size()
+
+
+def local_device() -> torch.device:
+    """This process's device for torch work: its own GPU when CUDA is available (``LOCAL_RANK`` under torchrun, so
+    each rank of a node gets a different one; otherwise torch's current device), else the CPU. Every runtime and stage
+    that places a model asks here, so they agree."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    if "LOCAL_RANK" in os.environ:
+        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def rank() -> int:
+    """This process's rank under torch.distributed (0 when not distributed): only rank 0 writes files."""
+    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def barrier() -> None:

@@ -17,9 +17,7 @@ from .calibration import cache_schedule
 from .inference import load_pipeline
 from .settings import resolve_settings
 from .stage_io import CONFIG_FILE
-from .stages import generate, stage1, stage2, stage3
-
-TEXT_COMPONENTS = ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2")
+from .stages import stage1, stage2, stage3
 
 
 class Pipeline:
@@ -170,7 +168,7 @@ def run_prompts_file(path: str, output_dir: str, pipeline: Pipeline, seed: int =
             report.entries.append(dict(row, status="skipped"))
             continue
         try:
-            generate(entry.prompt, folder, entry.negative_prompt,
+            pipeline.generate(entry.prompt, folder, entry.negative_prompt,
                               entry.seed if entry.seed is not None else seed + index,
                               image_path=entry.image_path or image_path)
             report.entries.append(dict(row, status="done"))

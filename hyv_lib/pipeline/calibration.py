@@ -9,7 +9,8 @@ import torch
 
 from ..base.errors import HyvInputError, python_names
 from ..base.presets import Preset, get_preset
-from ..models.components import IMAGE_COMPONENTS, load_components, torch_dtype
+from ..models.components import IMAGE_COMPONENTS, TEXT_COMPONENTS, load_components, torch_dtype
+from ..parallel.distributed import local_device
 from ..runtimes.deepcache import DeepCacheSchedule
 from ..runtimes.magcache import (
     CALIBRATION_PROMPT,
@@ -94,7 +95,7 @@ def calibrate(preset: str = "tiny_trained", model_path: str | None = None, *, pr
     if runtime == "ulysses":
         raise HyvInputError("--runtime", "calibration runs with torch or tpu")
     settings = resolve_settings(spec, requested)
-    names = ["tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2", "transformer", "scheduler"]
+    names = [*TEXT_COMPONENTS, "transformer", "scheduler"]
     if image is not None:
         names += [*IMAGE_COMPONENTS, "vae"]
     components = dict(components or {})
@@ -102,9 +103,8 @@ def calibrate(preset: str = "tiny_trained", model_path: str | None = None, *, pr
     if missing:
         components.update(load_components(spec, model_path, missing, dtype=dtype))
     transformer = components["transformer"]
-    device = torch.device("cpu")
-    if runtime == "torch" and torch.cuda.is_available():  # untested here: no GPU
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = local_device() if runtime == "torch" else torch.device("cpu")
+    if device.type == "cuda":  # untested here: no GPU
         transformer.to(device)
     with torch.no_grad():
         embeds = encode_pair(components, spec, prompt, negative_prompt, dtype, image)

@@ -22,6 +22,7 @@ from ..models.components import (
     quiet_loading,
     torch_dtype,
 )
+from ..parallel.distributed import local_device
 from ..runtimes.deepcache import DeepCacheSchedule, DeepCacheStep, TorchDeepCache
 from ..runtimes.magcache import MagCacheSchedule
 from ..runtimes.step import make_step
@@ -31,10 +32,6 @@ from .sampling import sample_latents
 from .settings import Stage2Settings, resolve_settings
 from .text import encode_pair
 from .video_io import check_mp4_path, write_mp4
-
-#: What :meth:`VideoPipeline.generate` takes per video; each None is the preset's default.
-GENERATE_SETTINGS = ("height", "width", "video_length", "num_inference_steps", "guidance_scale", "flow_shift",
-                     "seed")
 
 
 @dataclass
@@ -96,9 +93,8 @@ class VideoPipeline:
         self.runtime, self.mesh, self.sharding, self.attention = runtime, mesh, sharding, attention
         self.vae_runtime, self.vae_dtype, self.tiling = vae_runtime, vae_dtype, tiling
         transformer = components["transformer"]
-        self.device = torch.device("cpu")
-        if runtime == "torch" and torch.cuda.is_available():  # untested here: no GPU
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = local_device() if runtime == "torch" else torch.device("cpu")
+        if self.device.type == "cuda":  # untested here: no GPU
             transformer.to(self.device)
         with python_names():
             self.step = make_step(transformer, runtime, mesh, sharding, attention=attention)

@@ -13,8 +13,8 @@ from ..base.errors import HyvInputError, python_names
 from ..base.files import ensure_output_dir
 from ..base.memory import PeakMemory
 from ..base.presets import Preset, get_preset
-from ..models.components import IMAGE_COMPONENTS, load_components, torch_dtype
-from ..parallel.distributed import barrier, init_distributed
+from ..models.components import IMAGE_COMPONENTS, TEXT_COMPONENTS, load_components, torch_dtype
+from ..parallel.distributed import barrier, init_distributed, local_device, rank
 from ..runtimes.step import TransformerStep, make_step
 from ..runtimes.vae import decode_latents
 from .calibration import cache_schedule
@@ -35,11 +35,6 @@ from .stage_io import (
 )
 from .text import encode_pair
 from .video_io import check_mp4_path, write_mp4
-
-
-def _rank() -> int:
-    """This process's rank under torch.distributed (0 when not distributed): only rank 0 writes files."""
-    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
 
 
 def memory_fields(stage: str, memory: PeakMemory) -> dict[str, float]:
@@ -93,7 +88,7 @@ def stage1(
     if model_path is None and not spec.is_tiny:
         load_components(spec, None, [])  # raises the "needs --model_path" error before any work
     ensure_output_dir(output_dir)
-    names = ["tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2"]
+    names = list(TEXT_COMPONENTS)
     if image is not None:
         names += [*IMAGE_COMPONENTS, "vae"]
     with PeakMemory() as memory:
@@ -143,9 +138,8 @@ def stage2(
     if components is None:
         components = load_components(spec, config.get("model_path"), ["transformer", "scheduler"], dtype=dtype)
     transformer = components["transformer"]
-    device = torch.device("cpu")
-    if runtime in ("torch", "ulysses") and torch.cuda.is_available():  # a GPU (per rank); untested here: no GPU
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    device = local_device() if runtime in ("torch", "ulysses") else torch.device("cpu")  # a GPU per rank, if any
+    if device.type == "cuda":  # untested here: no GPU
         transformer.to(device)  # before the step is built (a no-op when a kept model is already there)
     owns_group = runtime == "ulysses" and not torch.distributed.is_initialized()  # else the caller's: left as found
     step = step or make_step(transformer, runtime, mesh, sharding,
@@ -153,8 +147,8 @@ def stage2(
                              uncached_blocks=settings.get("no_cache_blocks", 1), attention=attention)
     with PeakMemory() as memory:
         latents = sample_latents(step, transformer, components["scheduler"].config, spec, embeds, settings,
-                                 progress=not quiet and _rank() == 0, device=device)
-    if _rank() == 0:  # every rank holds the same latents; one writes them
+                                 progress=not quiet and rank() == 0, device=device)
+    if rank() == 0:  # every rank holds the same latents; one writes them
         save_tensors({"latents": latents}, os.path.join(output_dir, STAGE2_FILE), metadata={"preset": spec.name})
         counts = {}
         if settings["enable_cache"] and hasattr(step, "full_calls"):  # what the cache did, next to what was asked
@@ -212,8 +206,8 @@ def stage3(
     vae = components["vae"]
     if runtime == "torch" and vae_dtype == "bf16":
         torch.nn.Module.to(vae, torch.bfloat16)  # (diffusers' to() warns about fp32-pinned modules: this VAE has none)
-    if runtime == "torch" and torch.cuda.is_available():  # this rank's GPU (nccl's tile exchange needs GPU tensors)
-        vae.to(torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))  # untested here: no GPU
+    if runtime == "torch" and local_device().type == "cuda":  # this rank's GPU (nccl's tile exchange needs GPU tensors)
+        vae.to(local_device())  # untested here: no GPU
     if latents.shape[1] != vae.config.latent_channels:
         raise HyvInputError("--input_dir", f"{STAGE2_FILE}: latents have {latents.shape[1]} channels but the VAE "
                                            f"expects {vae.config.latent_channels}")
@@ -227,7 +221,7 @@ def stage3(
     with PeakMemory() as memory:
         frames = decode_latents(vae, latents, tiling=not disable_tiling, tile_parallel=distributed, runtime=runtime,
                                 dtype=torch_dtype(vae_dtype) if runtime == "tpu" else None)
-    if _rank() == 0:
+    if rank() == 0:
         write_mp4(frames.numpy(), output_video, fps)
         fields = {"output_video": os.path.abspath(output_video), "fps": fps, "vae_tiling": not disable_tiling,
                   "stage3_runtime": runtime, "vae_dtype": vae_dtype}

@@ -11,6 +11,7 @@ from ..models.layout import check_supported, check_timestep_r
 from ..models.processors import use_attention
 from ..parallel.mesh import active_mesh, head_split, make_mesh, parse_mesh
 from ..parallel.sharding import GATHERED_RULE_SETS, gather_whole, plan
+from ..parallel.transfer import jax_to_torch, torch_to_numpy
 
 
 class _Step(torch.nn.Module):
@@ -197,7 +198,6 @@ class TpuTransformer:
             return jax.ShapeDtypeStruct(tuple(tensor.shape), t2j_dtype(tensor.dtype), sharding=sharding)
         if tensor.device.type == "jax":
             return torch_view(jax.device_put(jax_view(tensor), sharding))
-        from ..kernels.splash import torch_to_numpy
 
         host = torch_to_numpy(tensor)
         # Each process builds only its own devices' shards from the (identical) host copy: no transfer of a
@@ -376,15 +376,6 @@ def to_cpu(tensor: torch.Tensor) -> torch.Tensor:
     An array that this process does not hold whole (multi-host: other processes own some shards) is first
     gathered from every process, so each process gets the full result.
     """
-    import numpy as np
     from torchax.interop import jax_view
 
-    array = jax_view(tensor)
-    if not array.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
-        array = multihost_utils.process_allgather(array, tiled=True)
-    array = np.array(array)
-    if array.dtype.name == "bfloat16":  # ml_dtypes bf16: reinterpret the bits for torch
-        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(array)
+    return jax_to_torch(jax_view(tensor))
