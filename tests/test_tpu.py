@@ -119,7 +119,7 @@ CACHE_PROBE = textwrap.dedent("""
     hits = []
     monitoring.register_event_listener(lambda e, **kw: hits.append(e) if e.endswith("cache_hits") else None)
     from hyv_lib.parallel.jax_env import enable_compile_cache
-from hyv_lib.runtimes.tpu import TpuTransformer
+    from hyv_lib.runtimes.tpu import TpuTransformer
     from hyv_lib.models.components import build_tiny_components
     from hyv_lib.base.presets import get_preset
     enable_compile_cache(sys.argv[1])
