@@ -11,10 +11,10 @@ import sys
 
 from .base.errors import HyvInputError, cli_names
 from .base.files import ensure_output_dir
-from .base.presets import get_preset
+from .base.presets import DEFAULT_PRESET, DEFAULT_SEED, PRESETS, get_preset
 from .models.components import quiet_loading, save_tiny_pipeline
 from .parallel.jax_env import enable_compile_cache
-from .pipeline.batch import Pipeline, read_prompts_file, run_prompts_file
+from .pipeline.batch import BatchRunner, read_prompts_file, run_prompts_file
 from .pipeline.calibration import calibrate
 from .pipeline.image import load_image
 from .pipeline.settings import STAGE2_SETTINGS
@@ -25,9 +25,8 @@ from .runtimes.magcache import CALIBRATION_PROMPT, CALIBRATION_SEED
 
 def _add_stage1(p: argparse.ArgumentParser, output_dir: bool = True) -> None:
     g = p.add_argument_group("stage 1: text (and image) encoders")
-    g.add_argument("--preset", default="tiny",
-                   help="tiny (random weights) | tiny_trained | 480p_t2v | 720p_t2v | 480p_i2v | 720p_i2v | "
-                        "480p_i2v_step_distilled (default: tiny)")
+    g.add_argument("--preset", default=DEFAULT_PRESET,
+                   help=f"{' | '.join(PRESETS)} (default: {DEFAULT_PRESET}; tiny has random weights)")
     g.add_argument("--model_path", default=None,
                    help="diffusers-format folder or hub id; required for real presets")
     g.add_argument("--prompt", default="", help="text prompt; quoted text also goes to ByT5 (default: empty)")
@@ -52,7 +51,7 @@ def _add_stage2(p: argparse.ArgumentParser, dirs: bool = True) -> None:
     g.add_argument("--num_inference_steps", type=int, default=None, help="denoising steps (default: the preset's)")
     g.add_argument("--guidance_scale", type=float, default=None, help="CFG scale >= 1 (default: the preset's)")
     g.add_argument("--flow_shift", type=float, default=None, help="sigma shift (default: the preset's)")
-    g.add_argument("--seed", type=int, default=42, help="seed of the initial noise (default 42)")
+    g.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"seed of the initial noise (default {DEFAULT_SEED})")
     g.add_argument("--warmup_steps", type=int, default=0,
                    help="untimed transformer calls before the loop; never change the result (default 0)")
     g.add_argument("--runtime", default="torch",
@@ -109,7 +108,7 @@ def _add_stage3(p: argparse.ArgumentParser, input_dir: bool = True) -> None:
 
 
 def _add_calibration(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="tiny_trained", help="a preset of `info` (default tiny_trained)")
+    p.add_argument("--preset", default=DEFAULT_PRESET, help=f"a preset of `info` (default {DEFAULT_PRESET})")
     p.add_argument("--model_path", default=None, help="diffusers-format folder or hub id; required for real presets")
     p.add_argument("--prompt", default=CALIBRATION_PROMPT, help=f"one sample's prompt (default {CALIBRATION_PROMPT!r})")
     p.add_argument("--negative_prompt", default="", help="negative prompt for CFG (default: empty)")
@@ -155,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     info = sub.add_parser("info", help="print a preset")
-    info.add_argument("--preset", default="tiny")
+    info.add_argument("--preset", default=DEFAULT_PRESET, help=f"default: {DEFAULT_PRESET}")
     info.add_argument("--json", action="store_true", help="machine-readable JSON")
     stages = {
         "stage1": (sub.add_parser("stage1", help="text -> stage1_embeddings.safetensors"), _add_stage1),
@@ -237,7 +236,7 @@ def _save_tiny(args: argparse.Namespace) -> None:
 
 
 def _generate_many(args: argparse.Namespace) -> int:
-    """``generate --prompts_file``: one :class:`hyv_lib.pipeline.batch.Pipeline` for every prompt of the file."""
+    """``generate --prompts_file``: one :class:`hyv_lib.pipeline.batch.BatchRunner` for every prompt of the file."""
     if args.prompt:
         raise HyvInputError("--prompts_file", "give --prompt or --prompts_file, not both")
     read_prompts_file(args.prompts_file)  # a missing file is bad input: before any model loads
@@ -248,7 +247,7 @@ def _generate_many(args: argparse.Namespace) -> int:
                   vae_dtype=args.vae_dtype)
     if args.output_video:
         raise HyvInputError("--output_video", "with --prompts_file each video goes to OUTPUT_DIR/NNNN/output_video.mp4")
-    pipe = Pipeline(args.preset, args.model_path, args.dtype, stage2=stage2, stage3=stage3)
+    pipe = BatchRunner(args.preset, args.model_path, args.dtype, stage2=stage2, stage3=stage3)
     report = run_prompts_file(args.prompts_file, args.output_dir, pipe, seed=args.seed, progress=not args.quiet,
                               image_path=args.image_path)
     for bad in report.bad_lines:

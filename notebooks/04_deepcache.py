@@ -31,7 +31,7 @@
 # DeepCache on the step timeline. Top: `DeepCacheSchedule(50, start=11, end=45, interval=4)` marks a step full
 # (blue) before `start`, from `end` on, and on the `interval` grid in between; the other 25 steps are cached
 # (orange). Bottom: a full step runs all 54 blocks and a pre-hook records what enters the last
-# `uncached_blocks` blocks; a cached step recomputes only the timestep embedding, those blocks and the output
+# `no_cache_blocks` blocks; a cached step recomputes only the timestep embedding, those blocks and the output
 # layer on top of the recorded tokens.
 # :::
 #
@@ -186,7 +186,7 @@ print(f"full steps: {schedule.full_steps}")
 # ### How much can it save?
 #
 # Take $n$ steps, $f$ of them full and $c = n - f$ cached, a model of $L$ blocks, and $k$ uncached blocks
-# (`uncached_blocks`, the blocks a cached step still runs). If only blocks cost time, the uncached run costs
+# (`no_cache_blocks`, the blocks a cached step still runs). If only blocks cost time, the uncached run costs
 # $nL$ block calls and the cached run $fL + ck$, so
 #
 # $$\text{speed-up} = \frac{nL}{fL + ck}.$$
@@ -235,7 +235,7 @@ print(f"r = {r_720:.5f} (blocks alone: k/L = {k / L:.5f}); FLOP speed-up n / (f 
 #
 # ## The cached step
 #
-# `make_step(transformer, runtime, cache=schedule, uncached_blocks=1)` returns a `DeepCacheStep`. It has the same
+# `make_step(transformer, runtime, cache=schedule, no_cache_blocks=1)` returns a `DeepCacheStep`. It has the same
 # interface as every other transformer step, so the denoising loop does not change. It counts its calls, and the
 # loop resets it after any warmup calls, so warmup cannot shift the schedule. CFG's two branches are one batch of
 # 2, so they are cached together. Two runtimes implement the two halves:
@@ -588,8 +588,8 @@ print(f"tpu runtime: {tpu.compilations} compilations for {STEPS} steps; "
 with quiet_loading():
     tpu_pipe = hyv_lib.load_pipeline("tiny_trained", runtime="tpu", vae_runtime="torch", progress=False)
 whole_stack = plans["no_cache_blocks=0, threshold 0.5, max skip 3, retention 0.1"]
-on_tpu = tpu_pipe.generate(live_prompts[0], seed=1234, cache=whole_stack, uncached_blocks=0, progress=False)
-on_torch = tiny_pipe.generate(live_prompts[0], seed=1234, cache=whole_stack, uncached_blocks=0, progress=False)
+on_tpu = tpu_pipe.generate(live_prompts[0], seed=1234, cache=whole_stack, no_cache_blocks=0, progress=False)
+on_torch = tiny_pipe.generate(live_prompts[0], seed=1234, cache=whole_stack, no_cache_blocks=0, progress=False)
 same = on_tpu.config["cache_skipped_steps"] == on_torch.config["cache_skipped_steps"]
 print(f"skipped steps: tpu {on_tpu.config['cache_skipped_steps']}, torch "
       f"{'the same' if same else on_torch.config['cache_skipped_steps']}; tpu compilations: {tpu_pipe.compilations}; "
@@ -650,7 +650,7 @@ print(f"skipped steps: tpu {on_tpu.config['cache_skipped_steps']}, torch "
 # ## Exercises
 #
 # 1. Why must the denoising loop reset a `DeepCacheStep` after warmup calls?
-# 2. With `uncached_blocks=2` and 54 blocks, what is the block-count bound for 11/45/4 over 50 steps?
+# 2. With `no_cache_blocks=2` and 54 blocks, what is the block-count bound for 11/45/4 over 50 steps?
 # 3. A threshold-driven cache (TeaCache) decides per step from the data whether to skip. What does that mean for
 #    the TPU runtime?
 # 4. How many of 50 steps are full with 11/45/8, and what is the block-count bound at 54 blocks?

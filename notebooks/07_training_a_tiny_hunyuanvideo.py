@@ -299,7 +299,7 @@ print(f"updates skipped by the spike guard: {sum(r['skipped'] for r in records i
 # %%
 eval_clips = torch.from_numpy(np.stack([data.render_clip(c, seed=10_000 + i) for i, c in enumerate(held_out[:8])]))
 reconstruction = train.reconstruct(vae, eval_clips)
-per_frame = [train.psnr(reconstruction[:, :, t], eval_clips[:, :, t]) for t in range(eval_clips.shape[2])]
+per_frame = [quality.psnr(reconstruction[:, :, t], eval_clips[:, :, t], peak=2.0) for t in range(eval_clips.shape[2])]
 fig, axes = plt.subplots(2, 5, figsize=(10, 2.8))
 for row, video, name in ((axes[0], eval_clips[0], "original"), (axes[1], reconstruction[0], "reconstruction")):
     for ax, t in zip(row, (0, 2, 4, 6, 8)):
@@ -308,7 +308,7 @@ for row, video, name in ((axes[0], eval_clips[0], "original"), (axes[1], reconst
         ax.set_title(f"{name}, frame {t}", fontsize=7)
 fig.tight_layout()
 print("PSNR per frame (dB):", " ".join(f"{v:.1f}" for v in per_frame),
-      f"| whole clips: {train.psnr(reconstruction, eval_clips):.2f} dB")
+      f"| whole clips: {quality.psnr(reconstruction, eval_clips, peak=2.0):.2f} dB")
 
 # %% [markdown]
 # ## Making the DiT read its caption

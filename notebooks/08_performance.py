@@ -722,9 +722,9 @@ paths = [
 rows = []
 for label, e_attn, seconds, flop_ratio in paths:
     seconds = seconds if seconds is not None else step_time(e_attn)
-    mfu = mfu(F720["total"], seconds, "v6e", 8)
+    utilization = mfu(F720["total"], seconds, "v6e", 8)
     rows.append({"path (8 x v6e, 720p, 121 f)": label, "attention efficiency": f"{e_attn:.1%}",
-                 "s/step": round(seconds, 2), "effective MFU": f"{mfu:.1%}", "real MFU": f"{mfu / flop_ratio:.1%}",
+                 "s/step": round(seconds, 2), "effective MFU": f"{utilization:.1%}", "real MFU": f"{utilization / flop_ratio:.1%}",
                  "50 steps, s": round(50 * seconds)})
 html_table(rows)
 

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from hyv_lib.cli import run
-from hyv_lib.pipeline.batch import Pipeline, read_prompts_file, run_prompts_file
+from hyv_lib.pipeline.batch import BatchRunner, read_prompts_file, run_prompts_file
 from hyv_lib.pipeline.stages import generate
 
 SETTINGS = dict(video_length=5, num_inference_steps=2, quiet=True)
@@ -29,10 +29,10 @@ def test_prompts_file_lines(tmp_path):
 
 
 def test_tpu_pipeline_compiles_once_for_every_prompt_and_matches_generate(tmp_path):
-    """Two prompts through one Pipeline on the tpu runtime: one compilation; each folder holds what a separate
+    """Two prompts through one BatchRunner on the tpu runtime: one compilation; each folder holds what a separate
     `generate` with the same prompt and seed writes."""
     pytest.importorskip("torchax")
-    pipe = Pipeline("tiny", stage2=dict(SETTINGS, runtime="tpu"))
+    pipe = BatchRunner("tiny", stage2=dict(SETTINGS, runtime="tpu"))
     prompts = write(tmp_path / "p.txt", ["a red ball", '{"prompt": "a blue cube", "seed": 3}'])
     report = run_prompts_file(str(prompts), str(tmp_path / "out"), pipe, seed=11, progress=False)
     assert [e["status"] for e in report.entries] == ["done", "done"] and report.failed == 0
@@ -47,21 +47,21 @@ def test_tpu_pipeline_compiles_once_for_every_prompt_and_matches_generate(tmp_pa
 
 
 def test_a_failing_prompt_loses_nothing_and_a_rerun_skips_complete_folders(tmp_path, monkeypatch):
-    pipe = Pipeline("tiny", stage2=SETTINGS)
+    pipe = BatchRunner("tiny", stage2=SETTINGS)
     prompts = write(tmp_path / "p.txt", ["first", "boom", "{broken", "third"])
-    real = Pipeline.generate
+    real = BatchRunner.generate
 
     def flaky(self, prompt, *args, **kwargs):
         if prompt == "boom":
             raise RuntimeError("out of memory (simulated)")
         return real(self, prompt, *args, **kwargs)
 
-    monkeypatch.setattr(Pipeline, "generate", flaky)
+    monkeypatch.setattr(BatchRunner, "generate", flaky)
     report = run_prompts_file(str(prompts), str(tmp_path / "out"), pipe, progress=False)
     assert [e["status"] for e in report.entries] == ["done", "failed", "done"]
     assert "simulated" in report.entries[1]["error"] and report.bad_lines[0]["line"] == 3 and report.failed == 2
     assert (tmp_path / "out" / "0002" / "output_video.mp4").is_file()
-    monkeypatch.setattr(Pipeline, "generate", real)
+    monkeypatch.setattr(BatchRunner, "generate", real)
     again = run_prompts_file(str(prompts), str(tmp_path / "out"), pipe, progress=False)
     assert [e["status"] for e in again.entries] == ["skipped", "done", "skipped"]
 
@@ -82,7 +82,7 @@ def test_deepcache_pipeline_serves_every_prompt_its_own_schedule(tmp_path):
     equals a separate `generate` (a step counter carried over from the first video would shift it)."""
     cached = dict(SETTINGS, num_inference_steps=4, enable_cache=True, cache_start_step=1, cache_end_step=3,
                   cache_step_interval=2)
-    pipe = Pipeline("tiny", stage2=cached)
+    pipe = BatchRunner("tiny", stage2=cached)
     prompts = write(tmp_path / "p.txt", ["a red ball", "a blue cube"])
     report = run_prompts_file(str(prompts), str(tmp_path / "out"), pipe, seed=5, progress=False)
     assert [e["status"] for e in report.entries] == ["done", "done"]

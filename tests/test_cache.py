@@ -83,7 +83,7 @@ def test_all_full_schedule_gives_exactly_the_uncached_latents(model):
 def test_cached_steps_skip_the_deep_blocks(model):
     schedule = DeepCacheSchedule(8, start=2, end=8, interval=3)  # full: 0, 1, 2, 5
     assert schedule.full_steps == [0, 1, 2, 5]
-    step = make_step(model, "torch", cache=schedule, uncached_blocks=1)
+    step = make_step(model, "torch", cache=schedule, no_cache_blocks=1)
     counts, handles = count_block_calls(model)
     try:
         run_loop(step, warmup=2)
@@ -98,7 +98,7 @@ def test_cached_steps_skip_the_deep_blocks(model):
 def test_caching_the_whole_stack_runs_no_block_on_cached_steps(model):
     """--no_cache_blocks 0: cached steps are the output layer alone; an all-full schedule is still the uncached run."""
     schedule = DeepCacheSchedule(8, start=2, end=8, interval=3)  # full: 0, 1, 2, 5
-    step = make_step(model, "torch", cache=schedule, uncached_blocks=0)
+    step = make_step(model, "torch", cache=schedule, no_cache_blocks=0)
     counts, handles = count_block_calls(model)
     try:
         cached = run_loop(step)
@@ -110,16 +110,16 @@ def test_caching_the_whole_stack_runs_no_block_on_cached_steps(model):
     assert not torch.equal(cached, plain) and (cached - plain).abs().max() < 0.5 * plain.abs().max()
     with pytest.warns(UserWarning, match="caches none"):
         every = run_loop(make_step(model, "torch", cache=DeepCacheSchedule(8, start=0, end=8, interval=1),
-                                   uncached_blocks=0))
+                                   no_cache_blocks=0))
     assert torch.equal(every, plain)
 
 
-@pytest.mark.parametrize("uncached_blocks", [1, 0])
-def test_a_cached_step_on_the_same_input_reproduces_the_full_step(model, uncached_blocks):
+@pytest.mark.parametrize("no_cache_blocks", [1, 0])
+def test_a_cached_step_on_the_same_input_reproduces_the_full_step(model, no_cache_blocks):
     runtime = TorchDeepCache(model)
     kwargs = forward_kwargs(seed=2)
-    full, cache = runtime.run_and_cache(uncached_blocks, **kwargs)
-    torch.testing.assert_close(runtime.run_from_cache(cache, uncached_blocks, **kwargs), full, rtol=0, atol=1e-6)
+    full, cache = runtime.run_and_cache(no_cache_blocks, **kwargs)
+    torch.testing.assert_close(runtime.run_from_cache(cache, no_cache_blocks, **kwargs), full, rtol=0, atol=1e-6)
     with torch.no_grad():
         oracle = model(**kwargs).sample
     assert torch.equal(full, oracle)
@@ -144,9 +144,9 @@ def test_tpu_runtime_agrees_and_compiles_two_programs(model):
     latents = run_loop(step)
     torch.testing.assert_close(latents, reference, rtol=0, atol=1e-5)
     assert tpu.compilations == 2  # one full program, one cached program, for all 8 steps
-    whole_stack = run_loop(DeepCacheStep(tpu, schedule, uncached_blocks=0))  # two more programs: 0 blocks cached
+    whole_stack = run_loop(DeepCacheStep(tpu, schedule, no_cache_blocks=0))  # two more programs: 0 blocks cached
     torch.testing.assert_close(whole_stack, run_loop(make_step(copy.deepcopy(model), "torch", cache=schedule,
-                                                               uncached_blocks=0)), rtol=0, atol=1e-5)
+                                                               no_cache_blocks=0)), rtol=0, atol=1e-5)
     assert tpu.compilations == 4 and not torch.allclose(whole_stack, latents, atol=1e-3)
     every_step = DeepCacheStep(tpu, DeepCacheSchedule(8, start=0, end=8, interval=1))
     with pytest.warns(UserWarning, match="caches none"):
@@ -159,7 +159,7 @@ def test_bad_cache_settings_name_the_flag(model):
     from hyv_lib.pipeline.settings import resolve_settings
 
     with pytest.raises(HyvInputError, match="no_cache_blocks"):
-        make_step(model, "torch", cache=DeepCacheSchedule(8), uncached_blocks=3)
+        make_step(model, "torch", cache=DeepCacheSchedule(8), no_cache_blocks=3)
     with pytest.raises(HyvInputError, match="enable_cache"):
         resolve_settings(TINY, enable_cache=True, runtime="ulysses")
     with pytest.raises(HyvInputError, match="cache_end_step"):

@@ -60,7 +60,7 @@ def test_frontier_on_two_held_out_prompts(pipe):
     settings = [CacheSetting("uncached"),
                 CacheSetting("magcache, threshold 0", "magcache", dict(threshold=0.0)),
                 CacheSetting("magcache 0 blocks", "magcache", dict(threshold=0.5, max_skip=3, retention=0.1),
-                             uncached_blocks=0),
+                             no_cache_blocks=0),
                 CacheSetting("7 steps", steps=7)]
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="DeepCache caches none")
@@ -75,9 +75,9 @@ def test_frontier_on_two_held_out_prompts(pipe):
     assert whole["speedup_denoise"] > 1.3 and 15 < whole["psnr_db"] < 60  # cheaper, and not the same frames
     assert rows["7 steps"]["steps"] == 7 and rows["7 steps"]["speedup_denoise"] > 1.3
     # the accuracies are the gates' reader applied to the same prompts and seeds, generated independently here
-    video = pipe.generate(combos[1].caption, seed=6, cache=schedule, uncached_blocks=0, progress=False)
+    video = pipe.generate(combos[1].caption, seed=6, cache=schedule, no_cache_blocks=0, progress=False)
     alone = attribute_rates([read_video(video.frames)], combos[1:])
-    first = attribute_rates([read_video(pipe.generate(combos[0].caption, seed=5, cache=schedule, uncached_blocks=0,
+    first = attribute_rates([read_video(pipe.generate(combos[0].caption, seed=5, cache=schedule, no_cache_blocks=0,
                                                       progress=False).frames)], combos[:1])
     assert whole["color"] == pytest.approx((alone["color"] + first["color"]) / 2)
     assert [r["setting"] for r in frontier_table(results)] == [s.name for s in settings]

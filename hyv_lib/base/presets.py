@@ -307,6 +307,12 @@ TINY_TRAINED = dataclasses.replace(
 #: Every preset by name: the real 480p/720p text-to-video and image-to-video settings (and the step-distilled 480p
 #: I2V one) and the tiny ones (``tiny``: random weights; ``tiny_trained``: the bundled hyv-tiny).
 #: ``python -m hyv_lib info --preset NAME --json`` prints one.
+#: The preset every entry point uses when none is given (the CLI, the stage functions, generate, load_pipeline):
+#: hyv-tiny, the trained tiny model, whose videos show what the prompt says (``tiny`` is random: its videos are noise).
+DEFAULT_PRESET = "tiny_trained"
+#: The seed of the initial noise when none is given, everywhere (the staged scripts' default).
+DEFAULT_SEED = 42
+
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
@@ -352,6 +358,16 @@ def parse_aspect_ratio(aspect_ratio: str) -> tuple[int, int]:
     return w, h
 
 
+#: The resolution buckets stop at 4:1 either way round (diffusers' generate_crop_size_list): a more elongated frame
+#: has no bucket.
+MAX_ASPECT_RATIO = 4.0
+
+
+def beyond_buckets(width: int, height: int) -> bool:
+    """Whether a width:height ratio is more elongated than any bucket (:data:`MAX_ASPECT_RATIO`)."""
+    return max(width, height) / min(width, height) > MAX_ASPECT_RATIO
+
+
 def bucket_size(preset: Preset, aspect_ratio: str = "16:9") -> tuple[int, int]:
     """(height, width) of the preset's resolution bucket closest to ``aspect_ratio``, as diffusers picks it.
 
@@ -359,8 +375,9 @@ def bucket_size(preset: Preset, aspect_ratio: str = "16:9") -> tuple[int, int]:
     one-sided nearest-ratio match differ from the official repo for some ratios (e.g. 9:16 at 720p).
     """
     w, h = parse_aspect_ratio(aspect_ratio)
-    if max(w, h) / min(w, h) > 4:
-        raise HyvInputError("--aspect_ratio", f"ratio must be at most 4 (buckets stop at 4:1), got {aspect_ratio!r}")
+    if beyond_buckets(w, h):
+        raise HyvInputError("--aspect_ratio", f"ratio must be at most {MAX_ASPECT_RATIO:g} (buckets stop at "
+                                              f"{MAX_ASPECT_RATIO:g}:1), got {aspect_ratio!r}")
     return bucket_for(preset.target_size, preset.spatial_compression, w, h)
 
 

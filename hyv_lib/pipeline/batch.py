@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ..base.errors import HyvInputError
-from ..base.presets import get_preset
+from ..base.presets import DEFAULT_PRESET, DEFAULT_SEED, Preset, get_preset
 from ..models.components import torch_dtype
 from .calibration import cache_schedule
 from .inference import load_pipeline
@@ -20,10 +20,12 @@ from .stage_io import CONFIG_FILE
 from .stages import stage1, stage2, stage3
 
 
-class Pipeline:
-    """The staged pipeline with every model loaded once and one transformer step built once.
+class BatchRunner:
+    """The staged pipeline run for many prompts, each into its own folder of stage files, with every model loaded once
+    and one transformer step built once (``generate --prompts_file``). :class:`hyv_lib.VideoPipeline` is the in-memory
+    one: it returns frames and writes nothing.
 
-    On a TPU VM the first denoising step compiles for minutes; a :class:`Pipeline` keeps that compiled step (and the
+    On a TPU VM the first denoising step compiles for minutes; a :class:`BatchRunner` keeps that compiled step (and the
     loaded text encoders, transformer and VAE) for every video it generates, so only the first one pays. Each call
     of :meth:`generate` writes the usual stage files into its own folder. The stage-2 settings given here are fixed
     for the pipeline's life (the step is compiled for them); per video only the prompt, negative prompt and seed
@@ -35,7 +37,7 @@ class Pipeline:
     ``vae_dtype``, ...). Settings are checked here, before any model loads.
     """
 
-    def __init__(self, preset: str = "tiny", model_path: str | None = None, dtype: str | None = None,
+    def __init__(self, preset: str | Preset = DEFAULT_PRESET, model_path: str | None = None, dtype: str | None = None,
                  stage2: dict[str, Any] | None = None, stage3: dict[str, Any] | None = None):
         self.spec = get_preset(preset)
         self.model_path, self.dtype = model_path, dtype or self.spec.default_dtype
@@ -64,7 +66,7 @@ class Pipeline:
         """Compilations of the transformer step so far (tpu runtime), else None."""
         return self.video.compilations
 
-    def generate(self, prompt: str, output_dir: str, negative_prompt: str = "", seed: int = 42,
+    def generate(self, prompt: str, output_dir: str, negative_prompt: str = "", seed: int = DEFAULT_SEED,
                  image_path: str | None = None) -> torch.Tensor:
         """One video into ``output_dir`` (the three stage files, the mp4 and generation_config.json); returns its
         uint8 frames [F, H, W, 3]. ``image_path``: the first frame of an image-to-video run."""
@@ -150,9 +152,9 @@ def is_complete(folder: str) -> bool:
     return "stage3_time_s" in config and bool(video) and os.path.isfile(video)
 
 
-def run_prompts_file(path: str, output_dir: str, pipeline: Pipeline, seed: int = 42,
+def run_prompts_file(path: str, output_dir: str, runner: BatchRunner, seed: int = DEFAULT_SEED,
                      progress: bool = True, image_path: str | None = None) -> BatchReport:
-    """Generate every prompt of ``path`` with one :class:`Pipeline`, each into ``output_dir/NNNN`` (the entry's
+    """Generate every prompt of ``path`` with one :class:`BatchRunner`, each into ``output_dir/NNNN`` (the entry's
     number in the file's order, from 0000). Entries whose folder is complete are skipped (a rerun picks up where
     one stopped); an entry that fails is reported and the others still run; bad lines are reported, not run. An
     entry without a seed uses ``seed`` + its number, one without an image ``image_path``."""
@@ -168,7 +170,7 @@ def run_prompts_file(path: str, output_dir: str, pipeline: Pipeline, seed: int =
             report.entries.append(dict(row, status="skipped"))
             continue
         try:
-            pipeline.generate(entry.prompt, folder, entry.negative_prompt,
+            runner.generate(entry.prompt, folder, entry.negative_prompt,
                               entry.seed if entry.seed is not None else seed + index,
                               image_path=entry.image_path or image_path)
             report.entries.append(dict(row, status="done"))

@@ -8,7 +8,7 @@ from typing import Any, Callable
 import torch
 
 from ..base.errors import HyvInputError, python_names
-from ..base.presets import Preset, get_preset
+from ..base.presets import DEFAULT_PRESET, Preset, get_preset
 from ..models.components import IMAGE_COMPONENTS, TEXT_COMPONENTS, load_components, torch_dtype
 from ..parallel.distributed import local_device
 from ..runtimes.deepcache import DeepCacheSchedule
@@ -50,8 +50,8 @@ class CalibrationStep:
     """A transformer step that runs every step full through a cache runtime (``run_and_cache``: the uncached
     result) and records the curve of :data:`QUANTITY`; the denoising loop's :meth:`reset` starts a new curve."""
 
-    def __init__(self, runtime, uncached_blocks: int = 1):
-        self.runtime, self.uncached_blocks = runtime, uncached_blocks
+    def __init__(self, runtime, no_cache_blocks: int = 1):
+        self.runtime, self.no_cache_blocks = runtime, no_cache_blocks
         self.reset()
 
     def reset(self) -> None:
@@ -59,14 +59,14 @@ class CalibrationStep:
         self._previous = None
 
     def __call__(self, **kwargs) -> torch.Tensor:
-        out, cache = self.runtime.run_and_cache(self.uncached_blocks, **kwargs)
+        out, cache = self.runtime.run_and_cache(self.no_cache_blocks, **kwargs)
         tokens = _video_tokens(cache)
         self.curve.append(0.0 if self._previous is None else _relative_change(self.runtime, self._previous, tokens))
         self._previous = tokens
         return out
 
 
-def calibrate(preset: str = "tiny_trained", model_path: str | None = None, *, prompt: str = CALIBRATION_PROMPT,
+def calibrate(preset: str = DEFAULT_PRESET, model_path: str | None = None, *, prompt: str = CALIBRATION_PROMPT,
               negative_prompt: str = "", image_path: str | None = None, seed: int = CALIBRATION_SEED,
               num_inference_steps: int | None = None, flow_shift: float | None = None,
               guidance_scale: float | None = None, aspect_ratio: str = "16:9", height: int | None = None,
@@ -110,8 +110,8 @@ def calibrate(preset: str = "tiny_trained", model_path: str | None = None, *, pr
         embeds = encode_pair(components, spec, prompt, negative_prompt, dtype, image)
     steps = settings["num_inference_steps"]
     probe = make_step(transformer, runtime, mesh, sharding, cache=DeepCacheSchedule(steps, 0, steps, 1),
-                               uncached_blocks=no_cache_blocks, attention=attention)
-    step = CalibrationStep(probe.runtime, probe.uncached_blocks)
+                               no_cache_blocks=no_cache_blocks, attention=attention)
+    step = CalibrationStep(probe.runtime, probe.no_cache_blocks)
     sample_latents(step, transformer, components["scheduler"].config, spec, embeds, settings,
                             progress=progress, device=device)
     return MagCacheCalibration(
@@ -144,7 +144,7 @@ def schedule_for(settings: dict[str, Any], preset, model_path: str | None = None
                                              settings["cache_retention"])
 
 
-def magcache_schedule(preset: str = "tiny_trained", num_inference_steps: int | None = None,
+def magcache_schedule(preset: str = DEFAULT_PRESET, num_inference_steps: int | None = None,
                       flow_shift: float | None = None, cache_threshold: float | None = None,
                       cache_max_skip: int | None = None, cache_retention: float | None = None,
                       cache_calibration: str | None = None, no_cache_blocks: int = 1,

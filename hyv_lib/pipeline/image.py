@@ -9,15 +9,13 @@ from typing import Any
 import torch
 
 from ..base.errors import HyvInputError
-from ..base.presets import PRESETS, Preset, bucket_for
+from ..base.presets import MAX_ASPECT_RATIO, PRESETS, Preset, beyond_buckets, bucket_for
 from ..models.components import i2v_pipeline_class
 from .settings import Stage2Settings
 
 #: PIL modes taken as they are converted to RGB (as diffusers' processors do); 16-bit, float and CMYK images are
 #: refused rather than silently clipped or colour-converted.
 IMAGE_MODES = ("RGB", "RGBA", "L", "LA", "P")
-#: The buckets stop at a 4:1 ratio (diffusers' generate_crop_size_list): a longer side is cropped away, not bucketed.
-MAX_ASPECT_RATIO = 4.0
 
 
 def load_image(path: Any, argument: str = "--image_path"):
@@ -50,7 +48,7 @@ def check_image(image, argument: str = "image"):
     width, height = image.size
     if min(width, height) < 16:
         raise HyvInputError(argument, f"image is {width}x{height}; each side must be at least 16 pixels")
-    if max(width, height) / min(width, height) > MAX_ASPECT_RATIO:
+    if beyond_buckets(width, height):
         raise HyvInputError(argument, f"image is {width}x{height}, a ratio beyond {MAX_ASPECT_RATIO:g}:1 that no "
                                       "bucket takes; crop it first")
     return image.convert("RGB")

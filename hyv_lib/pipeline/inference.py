@@ -13,7 +13,7 @@ import torch
 
 from ..base.errors import HyvInputError, python_names
 from ..base.files import ensure_output_dir
-from ..base.presets import Preset, get_preset
+from ..base.presets import DEFAULT_PRESET, DEFAULT_SEED, Preset, get_preset
 from ..models.components import (
     DTYPES,
     IMAGE_COMPONENTS,
@@ -111,10 +111,10 @@ class VideoPipeline:
         """Compilations of the transformer step so far (tpu runtime), else None."""
         return getattr(self.step, "compilations", None)
 
-    def step_for(self, cache, uncached_blocks: int):
+    def step_for(self, cache, no_cache_blocks: int):
         """The uncached step, or (``cache``: a :class:`hyv_lib.runtimes.deepcache.DeepCacheSchedule` or an adaptive
         :class:`hyv_lib.runtimes.magcache.MagCacheSchedule`) a DeepCache step around the same runtime that recomputes
-        ``uncached_blocks`` blocks on cached steps (the tpu programs are shared)."""
+        ``no_cache_blocks`` blocks on cached steps (the tpu programs are shared)."""
         if cache is None:
             return self.step
         if not isinstance(cache, (DeepCacheSchedule, MagCacheSchedule)):
@@ -122,9 +122,9 @@ class VideoPipeline:
                                          f"hyv_lib.runtimes.magcache.MagCacheSchedule, got {cache!r}")
         runtime = TorchDeepCache(self.components["transformer"]) if self.runtime == "torch" else self.step
         try:
-            return DeepCacheStep(runtime, cache, uncached_blocks)
+            return DeepCacheStep(runtime, cache, no_cache_blocks)
         except ValueError as err:
-            raise HyvInputError("uncached_blocks", str(err)) from None
+            raise HyvInputError("no_cache_blocks", str(err)) from None
 
     def encode(self, prompt: str, negative_prompt: str = "", image=None) -> dict[str, torch.Tensor]:
         """Stage 1 in memory: the stage-1 tensors of ``prompt`` and ``negative_prompt`` (and of ``image``, a first
@@ -138,11 +138,11 @@ class VideoPipeline:
     @torch.no_grad()
     def generate(self, prompt: str, negative_prompt: str = "", height: int | None = None, width: int | None = None,
                  video_length: int | None = None, num_inference_steps: int | None = None,
-                 guidance_scale: float | None = None, flow_shift: float | None = None, seed: int = 0,
-                 cache=None, uncached_blocks: int = 1, progress: bool = True, image=None) -> Video:
+                 guidance_scale: float | None = None, flow_shift: float | None = None, seed: int = DEFAULT_SEED,
+                 cache=None, no_cache_blocks: int = 1, progress: bool = True, image=None) -> Video:
         """One video from ``prompt``. Each None setting takes the preset's default; ``cache`` is a
         :class:`hyv_lib.runtimes.deepcache.DeepCacheSchedule`, an adaptive :class:`hyv_lib.runtimes.magcache.MagCacheSchedule`
-        (e.g. :func:`hyv_lib.pipeline.calibration.magcache_schedule`) or None (``uncached_blocks`` recomputed on cached
+        (e.g. :func:`hyv_lib.pipeline.calibration.magcache_schedule`) or None (``no_cache_blocks`` recomputed on cached
         steps).
         ``image`` (a PIL image or the path of a PNG/JPEG): the first frame of an image-to-video run; its bucket sets
         the height and width. Every setting is checked before any model runs."""
@@ -156,13 +156,13 @@ class VideoPipeline:
                 self.preset, height=height, width=width, video_length=video_length,
                 num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
                 seed=seed, runtime=self.runtime, mesh=self.mesh, sharding=self.sharding, attention=self.attention)
-        step = self.step_for(cache, uncached_blocks)
+        step = self.step_for(cache, no_cache_blocks)
         if cache is not None and cache.num_steps != settings["num_inference_steps"]:
             raise HyvInputError("cache", f"the schedule has {cache.num_steps} steps but num_inference_steps is "
                                          f"{settings['num_inference_steps']}")
         calibrated = getattr(cache, "calibration", None) or {}
         for name, mine in (("preset", self.preset.name), ("flow_shift", settings["flow_shift"]),
-                           ("no_cache_blocks", uncached_blocks)):
+                           ("no_cache_blocks", no_cache_blocks)):
             if name in calibrated and calibrated[name] != mine:
                 raise HyvInputError("cache", f"the magcache schedule was calibrated with {name} {calibrated[name]!r} "
                                              f"but this video has {mine!r}")
@@ -179,13 +179,13 @@ class VideoPipeline:
                       stage3_runtime=self.vae_runtime, vae_dtype=self.vae_dtype, vae_tiling=self.tiling,
                       time_s=round(time.perf_counter() - start, 3), denoise_time_s=round(denoise_s, 3))
         if cache is not None:
-            config.update(enable_cache=True, **cache.settings(), no_cache_blocks=uncached_blocks,
+            config.update(enable_cache=True, **cache.settings(), no_cache_blocks=no_cache_blocks,
                           cache_full_steps=step.full_calls, cache_cached_steps=step.cached_calls,
                           cache_skipped_steps=list(step.skipped_steps))
         return Video(frames=frames.numpy(), latents=latents, config=config)
 
 
-def load_pipeline(preset: str | Preset = "tiny_trained", model_path: str | None = None, dtype: str | None = None,
+def load_pipeline(preset: str | Preset = DEFAULT_PRESET, model_path: str | None = None, dtype: str | None = None,
                   runtime: str = "torch", mesh: str | None = None, attention: str = "auto",
                   sharding: str = "tp_replicated_out", vae_runtime: str | None = None, vae_dtype: str = "fp32",
                   tiling: bool = True, progress: bool = True) -> VideoPipeline:

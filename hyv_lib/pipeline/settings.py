@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from ..base.errors import HyvInputError
-from ..base.presets import Preset, bucket_size
+from ..base.presets import DEFAULT_SEED, Preset, bucket_size
 from ..parallel.jax_env import init_multi_host
 from ..parallel.mesh import make_mesh, parse_mesh
 from ..parallel.sharding import RULE_SETS
@@ -38,7 +38,7 @@ def check_type(name: str, value: Any, kind: type) -> None:
 @dataclasses.dataclass(frozen=True)
 class Stage2Settings:
     """Every stage-2 setting, with its default: the one list that :func:`stage2`, :func:`generate`,
-    :class:`hyv_lib.pipeline.batch.Pipeline` and the CLI's stage-2 flags (same names) share. None takes the preset's value;
+    :class:`hyv_lib.pipeline.batch.BatchRunner` and the CLI's stage-2 flags (same names) share. None takes the preset's value;
     :func:`resolve_settings` checks types and ranges."""
 
     aspect_ratio: str = "16:9"  #: W:H bucket used when height and width are not given
@@ -48,7 +48,7 @@ class Stage2Settings:
     num_inference_steps: int | None = None
     guidance_scale: float | None = None
     flow_shift: float | None = None
-    seed: int = 42
+    seed: int = DEFAULT_SEED
     warmup_steps: int = 0  #: untimed calls before the loop (they do not touch the scheduler)
     runtime: str = "torch"  #: one of :data:`RUNTIMES`
     mesh: str | None = None  #: tpu runtime: e.g. ``data=2,tensor=4``

@@ -12,7 +12,7 @@ from .. import __version__
 from ..base.errors import HyvInputError, python_names
 from ..base.files import ensure_output_dir
 from ..base.memory import PeakMemory
-from ..base.presets import Preset, get_preset
+from ..base.presets import DEFAULT_PRESET, Preset, get_preset
 from ..models.components import IMAGE_COMPONENTS, TEXT_COMPONENTS, load_components, torch_dtype
 from ..parallel.distributed import barrier, init_distributed, local_device, rank
 from ..runtimes.step import TransformerStep, make_step
@@ -62,7 +62,7 @@ def _preset_from_config(config: dict[str, Any], input_dir: str) -> Preset:
 
 @python_names()  # called from Python: errors name parameters; from the CLI: flags
 def stage1(
-    preset: str = "tiny", prompt: str = "", negative_prompt: str = "", output_dir: str | None = None,
+    preset: str | Preset = DEFAULT_PRESET, prompt: str = "", negative_prompt: str = "", output_dir: str | None = None,
     model_path: str | None = None, dtype: str | None = None, components: dict[str, Any] | None = None,
     image_path: str | None = None,
 ) -> dict[str, torch.Tensor]:
@@ -72,7 +72,7 @@ def stage1(
     The image is cropped to its bucket as diffusers' I2V pipeline does, then encoded by SigLIP (``image_embeds``)
     and the VAE (``cond_latents``); the bucket fixes the video's height and width for stage 2. ``components``
     (tokenizer, text_encoder, tokenizer_2, text_encoder_2, and for an image image_encoder, feature_extractor, vae;
-    already loaded for this preset, model path and dtype) skips loading them: :class:`hyv_lib.pipeline.batch.Pipeline` keeps
+    already loaded for this preset, model path and dtype) skips loading them: :class:`hyv_lib.pipeline.batch.BatchRunner` keeps
     them between prompts."""
     start = time.perf_counter()
     _require_folder("output_dir", output_dir)
@@ -144,7 +144,7 @@ def stage2(
     owns_group = runtime == "ulysses" and not torch.distributed.is_initialized()  # else the caller's: left as found
     step = step or make_step(transformer, runtime, mesh, sharding,
                              cache=cache_schedule(settings, spec, config.get("model_path")),
-                             uncached_blocks=settings.get("no_cache_blocks", 1), attention=attention)
+                             no_cache_blocks=settings.get("no_cache_blocks", 1), attention=attention)
     with PeakMemory() as memory:
         latents = sample_latents(step, transformer, components["scheduler"].config, spec, embeds, settings,
                                  progress=not quiet and rank() == 0, device=device)
@@ -240,7 +240,7 @@ def stage3(
 
 @python_names()  # called from Python: errors name parameters; from the CLI: flags
 def generate(
-    preset: str = "tiny", prompt: str = "", negative_prompt: str = "", output_dir: str | None = None,
+    preset: str | Preset = DEFAULT_PRESET, prompt: str = "", negative_prompt: str = "", output_dir: str | None = None,
     model_path: str | None = None, dtype: str | None = None, output_video: str | None = None,
     fps: float | None = None, disable_tiling: bool = False, save_frames: bool = False, vae_dtype: str = "fp32",
     image_path: str | None = None, **stage2_kwargs: Any,

@@ -209,10 +209,10 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
             programs["step"] = _compile(step.lower, inputs)
         else:
             full, programs["full"] = _compile(step.lower, inputs, method="forward_and_cache",
-                                              uncached_blocks=no_cache_blocks, keep=True)
+                                              no_cache_blocks=no_cache_blocks, keep=True)
             if full is not None:  # a full step that does not fit leaves nothing to compile the cached one for
                 programs["cached"] = _compile(step.lower, inputs, method="forward_from_cache",
-                                              uncached_blocks=no_cache_blocks, cache=step.cache_spec(full))
+                                              no_cache_blocks=no_cache_blocks, cache=step.cache_spec(full))
     chip = CHIPS[TOPOLOGY_CHIPS[topology.split(":")[0]]]
     chips = len({(d.process_index, tuple(d.coords)) for d in devices})
     report = dict(

@@ -47,10 +47,10 @@ class DeepCacheSchedule:
         """How many of the first ``steps`` steps reuse the cache (0: a loop that long caches nothing)."""
         return sum(1 for s in range(min(steps, self.num_steps)) if not self.is_full(s))
 
-    def block_speedup(self, num_blocks: int, uncached_blocks: int = 1) -> float:
+    def block_speedup(self, num_blocks: int, no_cache_blocks: int = 1) -> float:
         """Upper bound on the speed-up from skipping blocks alone: blocks run without the cache divided by
-        blocks run with it (cached steps still run ``uncached_blocks`` trailing blocks)."""
-        return block_speedup(self.num_steps, len(self.full_steps), num_blocks, uncached_blocks)
+        blocks run with it (cached steps still run ``no_cache_blocks`` trailing blocks)."""
+        return block_speedup(self.num_steps, len(self.full_steps), num_blocks, no_cache_blocks)
 
     def describe(self) -> str:
         """The schedule in a few words, for messages."""
@@ -62,26 +62,26 @@ class DeepCacheSchedule:
                     cache_step_interval=self.interval)
 
 
-def block_speedup(num_steps: int, full_steps: int, num_blocks: int, uncached_blocks: int = 1) -> float:
+def block_speedup(num_steps: int, full_steps: int, num_blocks: int, no_cache_blocks: int = 1) -> float:
     """Blocks run by ``num_steps`` uncached steps over blocks run when only ``full_steps`` of them run every block
-    and the others run ``uncached_blocks`` trailing blocks: the speed-up bound of any step cache here."""
+    and the others run ``no_cache_blocks`` trailing blocks: the speed-up bound of any step cache here."""
     cached = num_steps - full_steps
-    return num_steps * num_blocks / (full_steps * num_blocks + cached * uncached_blocks)
+    return num_steps * num_blocks / (full_steps * num_blocks + cached * no_cache_blocks)
 
 
 class CacheableRuntime(Protocol):
     """What a runtime offers DeepCache: a full forward that also returns the cache, and a cached forward."""
 
-    def run_and_cache(self, uncached_blocks: int, **forward_kwargs) -> tuple[torch.Tensor, Any]: ...
+    def run_and_cache(self, no_cache_blocks: int, **forward_kwargs) -> tuple[torch.Tensor, Any]: ...
 
-    def run_from_cache(self, cache: Any, uncached_blocks: int, **forward_kwargs) -> torch.Tensor: ...
+    def run_from_cache(self, cache: Any, no_cache_blocks: int, **forward_kwargs) -> torch.Tensor: ...
 
 
 class TorchDeepCache:
     """The eager-torch halves of DeepCache around diffusers' own forward.
 
     A full step *is* ``model(**kwargs)``, with a pre-hook on the first uncached block recording what enters
-    it (video and context tokens, the 1-D mask, RoPE), or with ``uncached_blocks=0`` a hook on the last block
+    it (video and context tokens, the 1-D mask, RoPE), or with ``no_cache_blocks=0`` a hook on the last block
     recording what leaves it, so a schedule of only full steps gives exactly the uncached latents. A cached step
     recomputes the timestep embedding, runs the last blocks (none for 0) on the recorded tokens, and applies the
     output layer. Each step's keyword arguments (MeanFlow's ``timestep_r`` included) reach both halves.
@@ -91,22 +91,22 @@ class TorchDeepCache:
         check_supported(model, "DeepCache")
         self.model = model
 
-    def _tail(self, uncached_blocks: int):
+    def _tail(self, no_cache_blocks: int):
         blocks = self.model.transformer_blocks
-        return blocks[len(blocks) - uncached_blocks:]  # empty for 0
+        return blocks[len(blocks) - no_cache_blocks:]  # empty for 0
 
     @torch.no_grad()
-    def run_and_cache(self, uncached_blocks: int, **kwargs) -> tuple[torch.Tensor, Any]:
+    def run_and_cache(self, no_cache_blocks: int, **kwargs) -> tuple[torch.Tensor, Any]:
         check_timestep_r(self.model, kwargs.get("timestep_r"))
         recorded = {}
 
         def record(module, args):
             recorded["inputs"] = args  # (video, context, temb, mask, rope): temb is recomputed per step
 
-        def record_output(module, args, output):  # uncached_blocks=0: what leaves the last block
+        def record_output(module, args, output):  # no_cache_blocks=0: what leaves the last block
             recorded["inputs"] = (*output, *args[2:])
-        if uncached_blocks:
-            handle = self._tail(uncached_blocks)[0].register_forward_pre_hook(record)
+        if no_cache_blocks:
+            handle = self._tail(no_cache_blocks)[0].register_forward_pre_hook(record)
         else:
             handle = self.model.transformer_blocks[-1].register_forward_hook(record_output)
         try:
@@ -117,12 +117,12 @@ class TorchDeepCache:
         return out, (video, context, mask, rope)
 
     @torch.no_grad()
-    def run_from_cache(self, cache: Any, uncached_blocks: int, hidden_states, timestep, timestep_r=None,
+    def run_from_cache(self, cache: Any, no_cache_blocks: int, hidden_states, timestep, timestep_r=None,
                        **_) -> torch.Tensor:
         check_timestep_r(self.model, timestep_r)
         video, context, mask, rope = cache
         temb = self.model.time_embed(timestep, timestep_r=timestep_r)  # as diffusers' forward computes it
-        for block in self._tail(uncached_blocks):
+        for block in self._tail(no_cache_blocks):
             video, context = block(video, context, temb, mask, rope)
         return unpatchify(output_tokens(self.model, video, temb), hidden_states.shape)
 
@@ -131,20 +131,20 @@ class DeepCacheStep:
     """A transformer step that runs every block only on the schedule's full steps (DeepCache).
 
     On full steps the runtime runs the whole network and keeps the tokens entering the last
-    ``uncached_blocks`` blocks; on cached steps it recomputes only the timestep embedding, those blocks and
-    the output layer. ``uncached_blocks=0`` caches the tokens leaving the whole block stack: a cached step is
+    ``no_cache_blocks`` blocks; on cached steps it recomputes only the timestep embedding, those blocks and
+    the output layer. ``no_cache_blocks=0`` caches the tokens leaving the whole block stack: a cached step is
     then the output layer alone (with the fresh timestep), the cheapest step and the coarsest. CFG's two
     branches are one batch, so they are cached together. The step counts its calls; the denoising loop calls
     :meth:`reset` before its first step, so warmup calls do not shift the schedule. On the TPU runtime the full
     and cached steps are two jitted functions chosen by a Python branch, so nothing recompiles from step to step.
     """
 
-    def __init__(self, runtime: CacheableRuntime, schedule: DeepCacheSchedule, uncached_blocks: int = 1):
+    def __init__(self, runtime: CacheableRuntime, schedule: DeepCacheSchedule, no_cache_blocks: int = 1):
         num_blocks = _num_blocks(runtime)
-        if not isinstance(uncached_blocks, int) or not 0 <= uncached_blocks <= num_blocks:
-            raise ValueError(f"uncached_blocks (--no_cache_blocks) must be an integer in 0..{num_blocks} "
-                             f"(the model has {num_blocks} blocks), got {uncached_blocks!r}")
-        self.runtime, self.schedule, self.uncached_blocks = runtime, schedule, uncached_blocks
+        if not isinstance(no_cache_blocks, int) or not 0 <= no_cache_blocks <= num_blocks:
+            raise ValueError(f"no_cache_blocks (--no_cache_blocks) must be an integer in 0..{num_blocks} "
+                             f"(the model has {num_blocks} blocks), got {no_cache_blocks!r}")
+        self.runtime, self.schedule, self.no_cache_blocks = runtime, schedule, no_cache_blocks
         self.reset()
 
     def reset(self) -> None:
@@ -162,26 +162,26 @@ class DeepCacheStep:
         full = self.cache is None or index >= self.schedule.num_steps or self.schedule.is_full(index)
         if full:
             self.full_calls += 1
-            out, self.cache = self.runtime.run_and_cache(self.uncached_blocks, **kwargs)
+            out, self.cache = self.runtime.run_and_cache(self.no_cache_blocks, **kwargs)
             return out
         self.cached_calls += 1
         self.skipped_steps.append(index)
-        return self.runtime.run_from_cache(self.cache, self.uncached_blocks, **kwargs)
+        return self.runtime.run_from_cache(self.cache, self.no_cache_blocks, **kwargs)
 
 
-def step_times(runtime: CacheableRuntime, uncached_blocks: int = 1, rounds: int = 15,
+def step_times(runtime: CacheableRuntime, no_cache_blocks: int = 1, rounds: int = 15,
                **forward_kwargs) -> tuple[float, float]:
     """Median seconds of a full step (``run_and_cache``) and of a cached step (``run_from_cache``) of ``runtime`` on
     the same inputs: one warm-up call each, then ``rounds`` interleaved rounds, so a busy machine slows both alike."""
     import time
 
     with torch.no_grad():
-        _, cache = runtime.run_and_cache(uncached_blocks, **forward_kwargs)  # fills the cache, warms the full step
-        runtime.run_from_cache(cache, uncached_blocks, **forward_kwargs)
+        _, cache = runtime.run_and_cache(no_cache_blocks, **forward_kwargs)  # fills the cache, warms the full step
+        runtime.run_from_cache(cache, no_cache_blocks, **forward_kwargs)
         times: tuple[list[float], list[float]] = ([], [])
         for _ in range(rounds):
-            for kind, call in enumerate((lambda: runtime.run_and_cache(uncached_blocks, **forward_kwargs),
-                                         lambda: runtime.run_from_cache(cache, uncached_blocks, **forward_kwargs))):
+            for kind, call in enumerate((lambda: runtime.run_and_cache(no_cache_blocks, **forward_kwargs),
+                                         lambda: runtime.run_from_cache(cache, no_cache_blocks, **forward_kwargs))):
                 start = time.perf_counter()
                 call()
                 times[kind].append(time.perf_counter() - start)

@@ -124,9 +124,9 @@ class MagCacheSchedule:
         """How many of the first ``steps`` steps reuse the cache."""
         return sum(1 for s in self.cached_steps if s < steps)
 
-    def block_speedup(self, num_blocks: int, uncached_blocks: int = 1) -> float:
+    def block_speedup(self, num_blocks: int, no_cache_blocks: int = 1) -> float:
         """Upper bound on the speed-up from skipping blocks alone (as :meth:`DeepCacheSchedule.block_speedup`)."""
-        return block_speedup(self.num_steps, len(self.full_steps), num_blocks, uncached_blocks)
+        return block_speedup(self.num_steps, len(self.full_steps), num_blocks, no_cache_blocks)
 
     def describe(self) -> str:
         """The schedule in a few words, for messages."""

@@ -46,7 +46,7 @@ ATTENTION_CHOICES = ("auto", "diffusers")
 
 
 def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
-              sharding: str = "tp_replicated_out", cache=None, uncached_blocks: int = 1,
+              sharding: str = "tp_replicated_out", cache=None, no_cache_blocks: int = 1,
               attention: str = "auto") -> TransformerStep:
     """The transformer step of a runtime: ``torch`` (eager diffusers), ``tpu`` (torchax/JAX jit on
     whatever JAX backend is present: the TPU on a TPU VM, the CPU here; JAX's persistent compile cache is the
@@ -61,7 +61,7 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
     ``mesh`` ('tensor=8', 'data=2,tensor=4', ...) shards the tpu step with the rule set ``sharding``.
     ``cache`` (a :class:`hyv_lib.runtimes.deepcache.DeepCacheSchedule`, or the adaptive
     :class:`hyv_lib.runtimes.magcache.MagCacheSchedule`) wraps the torch or tpu step in DeepCache, recomputing the last
-    ``uncached_blocks`` blocks on cached steps.
+    ``no_cache_blocks`` blocks on cached steps.
     """
     if attention == "diffusers" and runtime != "torch":
         raise HyvInputError("--attention", f"diffusers' own processor runs on --runtime torch only, not {runtime!r}")
@@ -74,7 +74,7 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
         else:
             runtime_impl = make_step(transformer, runtime, mesh, sharding, attention=attention)
         try:
-            return DeepCacheStep(runtime_impl, cache, uncached_blocks)
+            return DeepCacheStep(runtime_impl, cache, no_cache_blocks)
         except ValueError as err:
             raise HyvInputError("--no_cache_blocks", str(err)) from None
     if runtime == "torch":

@@ -76,13 +76,13 @@ class _Step(torch.nn.Module):
 
     def forward_and_cache(self, hidden_states, timestep, text_states, text_mask, byt5_states, byt5_mask,
                           image_embeds, image_scale, order, context_mask, rope_cos, rope_sin, timestep_r=None,
-                          uncached_blocks=1):
+                          no_cache_blocks=1):
         """DeepCache's full step: the forward, plus the video and context tokens entering the last
-        ``uncached_blocks`` blocks (what the cached steps start from)."""
+        ``no_cache_blocks`` blocks (what the cached steps start from)."""
         self.traces += 1
         temb, video, context = self._embed(hidden_states, timestep, text_states, text_mask, byt5_states, byt5_mask,
                                            image_embeds, image_scale, order, timestep_r)
-        split = len(self.model.transformer_blocks) - uncached_blocks
+        split = len(self.model.transformer_blocks) - no_cache_blocks
         deep = self.model.transformer_blocks[:split]
         video, context = self._blocks(deep, video, context, temb, context_mask, rope_cos, rope_sin)
         cache = (video, context)
@@ -91,12 +91,12 @@ class _Step(torch.nn.Module):
         return self._head(video, temb, hidden_states.shape), cache
 
     def forward_from_cache(self, hidden_states, timestep, video, context, context_mask, rope_cos, rope_sin,
-                           timestep_r=None, uncached_blocks=1):
-        """DeepCache's cached step: a fresh timestep embedding, the last ``uncached_blocks`` blocks on the
+                           timestep_r=None, no_cache_blocks=1):
+        """DeepCache's cached step: a fresh timestep embedding, the last ``no_cache_blocks`` blocks on the
         cached tokens, and the output layer (``hidden_states`` only gives the output shape)."""
         self.traces += 1
         temb = self.model.time_embed(timestep, timestep_r=timestep_r)
-        tail = self.model.transformer_blocks[len(self.model.transformer_blocks) - uncached_blocks:]
+        tail = self.model.transformer_blocks[len(self.model.transformer_blocks) - no_cache_blocks:]
         video, _ = self._blocks(tail, video, context, temb, context_mask, rope_cos, rope_sin)
         return self._head(video, temb, hidden_states.shape)
 
@@ -263,25 +263,25 @@ class TpuTransformer:
         return dict(hidden_states=self._to_jax(hidden_states.to(self.dtype), ("data",)), timestep=per_sample(timestep),
                     timestep_r=None if timestep_r is None else per_sample(timestep_r))
 
-    def _jit(self, name: str, uncached_blocks: int | None = None):
+    def _jit(self, name: str, no_cache_blocks: int | None = None):
         """The ``jax.jit`` of one step method, shared by the runtime calls and :meth:`lower`.
 
         ``forward`` is the plain step; DeepCache's ``forward_and_cache`` / ``forward_from_cache`` get one jit per
         (method, uncached block count), the count being static.
         """
-        key = (name, uncached_blocks)
+        key = (name, no_cache_blocks)
         if key not in self._jits:
             import functools
 
             import jax
             from torchax.interop import jax_view
 
-            method = name if uncached_blocks is None else functools.partial(getattr(_Step, name),
-                                                                             uncached_blocks=uncached_blocks)
+            method = name if no_cache_blocks is None else functools.partial(getattr(_Step, name),
+                                                                             no_cache_blocks=no_cache_blocks)
             self._jits[key] = jax.jit(jax_view(functools.partial(self.jitted.functional_call, method)))
         return self._jits[key]
 
-    def _run(self, name: str, uncached_blocks: int | None, *args, **kwargs):
+    def _run(self, name: str, no_cache_blocks: int | None, *args, **kwargs):
         """Call a jitted step method on torchax tensors (under the mesh, for per-shard attention)."""
         from torchax.interop import jax_view, torch_view
 
@@ -289,17 +289,17 @@ class TpuTransformer:
         if self.abstract:
             raise RuntimeError("this TpuTransformer was built from a meta-device model (compile only): use lower()")
         with self.env, torch.no_grad(), active_mesh(self.mesh):
-            out = self._jit(name, uncached_blocks)(jax_view(self.jitted.params), jax_view(self.jitted.buffers),
+            out = self._jit(name, no_cache_blocks)(jax_view(self.jitted.params), jax_view(self.jitted.buffers),
                                                     *jax_view(args), **jax_view(kwargs))
             return torch_view(out)
 
-    def lower(self, hidden_states, timestep, *, method: str = "forward", uncached_blocks: int = 1, cache=None,
+    def lower(self, hidden_states, timestep, *, method: str = "forward", no_cache_blocks: int = 1, cache=None,
               **conditioning):
         """``jax.jit(...).lower(...)`` of the step for these inputs: ``.compile()`` runs the compiler of the mesh's
         devices, ``.cost_analysis()`` gives XLA's FLOP and byte counts, ``.memory_analysis()`` the per-device
         bytes, ``.as_text()`` the HLO.
 
-        ``method``: ``forward`` (the step), or DeepCache's ``forward_and_cache`` (full step; ``uncached_blocks``
+        ``method``: ``forward`` (the step), or DeepCache's ``forward_and_cache`` (full step; ``no_cache_blocks``
         trailing blocks) and ``forward_from_cache`` (cached step; ``cache`` = the (video, context) tokens that
         the full step returns, arrays or ``jax.ShapeDtypeStruct``; see :meth:`cache_spec`).
         """
@@ -313,11 +313,11 @@ class TpuTransformer:
         if method == "forward":
             jitted, call = self._jit("forward"), args
         elif method == "forward_and_cache":
-            jitted, call = self._jit(method, uncached_blocks), args
+            jitted, call = self._jit(method, no_cache_blocks), args
         else:
             if cache is None:
                 raise ValueError("forward_from_cache needs cache=(video, context), e.g. from cache_spec()")
-            jitted = self._jit(method, uncached_blocks)
+            jitted = self._jit(method, no_cache_blocks)
             call = dict(hidden_states=args["hidden_states"], timestep=args["timestep"], timestep_r=args["timestep_r"],
                         video=cache[0], context=cache[1], context_mask=args["context_mask"],
                         rope_cos=args["rope_cos"], rope_sin=args["rope_sin"])
@@ -334,16 +334,16 @@ class TpuTransformer:
         shardings = compiled_full.output_shardings[1]
         return tuple(jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=s) for o, s in zip(cache, shardings))
 
-    def run_and_cache(self, uncached_blocks: int, hidden_states, timestep, **conditioning):
+    def run_and_cache(self, no_cache_blocks: int, hidden_states, timestep, **conditioning):
         """DeepCache's full step on JAX: (noise prediction on the CPU, cache left on the device)."""
         args = self._step_args(hidden_states, timestep, **_conditioning(conditioning))
-        out, cache = self._run("forward_and_cache", uncached_blocks, **args)
+        out, cache = self._run("forward_and_cache", no_cache_blocks, **args)
         return to_cpu(out), (cache, args["context_mask"], args["rope_cos"], args["rope_sin"])
 
-    def run_from_cache(self, cache, uncached_blocks: int, hidden_states, timestep, timestep_r=None, **_):
+    def run_from_cache(self, cache, no_cache_blocks: int, hidden_states, timestep, timestep_r=None, **_):
         """DeepCache's cached step on JAX: only the timestep embedding, the last blocks and the output layer."""
         (video, context), context_mask, rope_cos, rope_sin = cache
-        return to_cpu(self._run("forward_from_cache", uncached_blocks, video=video, context=context,
+        return to_cpu(self._run("forward_from_cache", no_cache_blocks, video=video, context=context,
                                  context_mask=context_mask, rope_cos=rope_cos, rope_sin=rope_sin,
                                  **self._latent_args(hidden_states, timestep, timestep_r)))
 

@@ -26,14 +26,14 @@ _FORMAT = "hyv_lib.cache_frontier/1"
 @dataclass(frozen=True)
 class CacheSetting:
     """One point of the frontier: ``method`` uncached | deepcache | magcache, with ``options`` (DeepCache:
-    start, end, interval; MagCache: threshold, max_skip, retention), ``uncached_blocks`` recomputed on cached
+    start, end, interval; MagCache: threshold, max_skip, retention), ``no_cache_blocks`` recomputed on cached
     steps, and ``steps`` (None: the preset's). An uncached setting with fewer steps is the baseline any cache has
     to beat: it saves the same time by running fewer steps instead of cheaper ones."""
 
     name: str
     method: str = "uncached"
     options: dict[str, Any] = field(default_factory=dict)
-    uncached_blocks: int = 1
+    no_cache_blocks: int = 1
     steps: int | None = None
 
     def schedule(self, preset, num_steps: int):
@@ -47,7 +47,7 @@ class CacheSetting:
                                      cache_threshold=self.options.get("threshold"),
                                      cache_max_skip=self.options.get("max_skip"),
                                      cache_retention=self.options.get("retention"),
-                                     no_cache_blocks=self.uncached_blocks)
+                                     no_cache_blocks=self.no_cache_blocks)
         raise HyvInputError("method", f"must be uncached, deepcache or magcache, got {self.method!r}")
 
 
@@ -60,12 +60,12 @@ def default_settings(num_steps: int = 20) -> list[CacheSetting]:
     deep = [CacheSetting(f"deepcache 1 block, interval {n}", "deepcache",
                          dict(start=first, end=num_steps - 2, interval=n)) for n in (2, 3, 4)]
     deep += [CacheSetting("deepcache 0 blocks, interval 4", "deepcache",
-                          dict(start=first, end=num_steps - 2, interval=4), uncached_blocks=0),
+                          dict(start=first, end=num_steps - 2, interval=4), no_cache_blocks=0),
              CacheSetting("deepcache 0 blocks, interval 4 from step 2", "deepcache",
-                          dict(start=2, end=num_steps, interval=4), uncached_blocks=0)]
+                          dict(start=2, end=num_steps, interval=4), no_cache_blocks=0)]
     mag = [CacheSetting(f"magcache 1 block, threshold {t}", "magcache", dict(threshold=t)) for t in (0.1, 0.3)]
     mag += [CacheSetting(f"magcache 0 blocks, threshold {t}, max skip {k}", "magcache",
-                         dict(threshold=t, max_skip=k, retention=0.1), uncached_blocks=0)
+                         dict(threshold=t, max_skip=k, retention=0.1), no_cache_blocks=0)
             for t, k in ((0.3, 3), (0.5, 3), (0.8, 4), (1.2, 5))]
     fewer = [CacheSetting(f"uncached, {n} steps", steps=n) for n in (num_steps // 2, round(num_steps * 0.35))]
     return [CacheSetting("uncached"), *fewer, *deep, *mag]
@@ -96,7 +96,7 @@ def measure_frontier(pipe, prompts: list[str], settings: list[CacheSetting], *, 
     def generate(i, prompt, k):
         s = settings[k]
         return pipe.generate(prompt, seed=seed + i, num_inference_steps=s.steps, cache=schedules[k],
-                             uncached_blocks=s.uncached_blocks, progress=False)
+                             no_cache_blocks=s.no_cache_blocks, progress=False)
 
     for k in range(len(settings)):  # warm-up: first-call costs (allocations, lazy imports) stay out of the times
         generate(0, prompts[0], k)
@@ -119,7 +119,7 @@ def measure_frontier(pipe, prompts: list[str], settings: list[CacheSetting], *, 
                        for v, r in zip(frames[s.name], frames[reference])])
         num_steps = s.steps or steps
         rows.append(dict(
-            name=s.name, method=s.method, options=s.options, uncached_blocks=s.uncached_blocks, steps=num_steps,
+            name=s.name, method=s.method, options=s.options, no_cache_blocks=s.no_cache_blocks, steps=num_steps,
             full_steps=num_steps - len(skipped[s.name]), skipped_steps=skipped[s.name],
             speedup_denoise=times[reference][0] / times[s.name][0],
             speedup_total=times[reference][1] / times[s.name][1],
@@ -183,7 +183,7 @@ def plot_frontier(results: dict[str, Any], title: str | None = None):
     fig, (acc, quality) = plt.subplots(1, 2, figsize=(11, 4.2))
     for r in rows:
         color, marker = styles[kind(r)]
-        hollow = dict(facecolors="none") if r["uncached_blocks"] == 0 and r["method"] != "uncached" else {}
+        hollow = dict(facecolors="none") if r["no_cache_blocks"] == 0 and r["method"] != "uncached" else {}
         acc.scatter(r["speedup_denoise"], 100 * r["color"], color=color, marker=marker, **hollow)
         acc.scatter(r["speedup_denoise"], 100 * r["direction"], color=color, marker=marker, alpha=0.4, **hollow)
         if r is not reference:  # the reference is the uncached video itself: infinite PSNR

@@ -17,12 +17,7 @@ from ..pipeline.image import crop_to_bucket, encode_image
 from ..pipeline.text import encode_prompts
 from ..runtimes.vae import to_uint8_frames
 from . import data
-
-
-def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
-    """PSNR in dB of two videos in [-1, 1], measured on the [0, 1] scale (peak 1)."""
-    mse = ((a.float() - b.float()) / 2).pow(2).mean().item()
-    return float("inf") if mse == 0 else -10 * math.log10(mse)
+from .quality import psnr
 
 
 def cosine_lr(step: int, total: int, peak: float, warmup: int) -> float:
@@ -140,7 +135,7 @@ def reconstruct(vae, clips: torch.Tensor, batch_size: int = 4) -> torch.Tensor:
 def evaluate_vae(vae, clips: torch.Tensor, batch_size: int = 4) -> float:
     """Mean over batches of the PSNR (dB) between ``clips`` and what ``reconstruct`` returns for them."""
     reconstruction = reconstruct(vae, clips, batch_size)
-    return float(np.mean([psnr(reconstruction[i : i + batch_size], clips[i : i + batch_size])
+    return float(np.mean([psnr(reconstruction[i : i + batch_size], clips[i : i + batch_size], peak=2.0)
                           for i in range(0, len(clips), batch_size)]))
 
 
@@ -191,7 +186,7 @@ def train_vae(
             loss.backward()
             grad_norm, skipped = guard.step(optimizer, params)
             record = {"stage": stage, "step": step + 1, "loss": loss.item(), "grad_norm": grad_norm, "skipped": skipped,
-                      "psnr_train": psnr(reconstruction.detach().clamp(-1, 1), clips),
+                      "psnr_train": psnr(reconstruction.detach().clamp(-1, 1), clips, peak=2.0),
                       "latent_abs": latents.detach().abs().mean().item(), "seconds": time.perf_counter() - start}
             if eval_clips is not None and ((step + 1) % eval_every == 0 or step + 1 == steps):
                 vae.eval()
