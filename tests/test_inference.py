@@ -13,6 +13,7 @@ import hyv_lib
 from hyv_lib import cli
 from hyv_lib.base.errors import HyvInputError
 from hyv_lib.models import components as models
+from hyv_lib.pipeline import inference
 from hyv_lib.pipeline.video_io import read_mp4
 from hyv_lib.runtimes.deepcache import DeepCacheSchedule
 from hyv_lib.tiny import quality
@@ -34,8 +35,10 @@ def test_generate_equals_the_cli_and_loads_nothing_again(pipe, tmp_path, monkeyp
     def no_loading(*args, **kwargs):
         raise AssertionError("a model was loaded again")
 
-    monkeypatch.setattr(models, "load_components", no_loading)
-    monkeypatch.setattr(models, "build_tiny_components", no_loading)
+    for module in (models, inference):  # the definitions, and the names the pipeline calls them by
+        for name in ("load_components", "build_tiny_components"):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, no_loading)
     monkeypatch.setattr(torch.nn.Module, "load_state_dict", no_loading)
     first = pipe.generate(PROMPT, seed=1, progress=False)
     cli_frames = load_file(tmp_path / "stage3_frames.safetensors")["frames"][0].permute(1, 2, 3, 0).numpy()
@@ -113,7 +116,8 @@ def test_numpy_numbers_are_taken_as_python_numbers(pipe):
 
 
 def test_load_pipeline_checks_its_arguments_before_loading(monkeypatch):
-    monkeypatch.setattr(models, "load_components", lambda *a, **k: pytest.fail("loaded before checking"))
+    for module in (models, inference):  # the definition, and the name load_pipeline calls it by
+        monkeypatch.setattr(module, "load_components", lambda *a, **k: pytest.fail("loaded before checking"))
     for kwargs, name in ((dict(preset="nope"), "preset"), (dict(preset=["tiny"]), "preset"),
                          (dict(dtype="fp8"), "dtype"), (dict(runtime="gpu"), "runtime"),
                          (dict(runtime="tpu", mesh="tensor=3"), "mesh"), (dict(runtime="tpu", mesh={"tensor": 1}), "mesh"),
@@ -177,3 +181,25 @@ def test_library_calls_leave_global_state_as_found(pipe, tmp_path, monkeypatch):
         assert torch.distributed.is_initialized()  # the caller's group is still there
     finally:
         torch.distributed.destroy_process_group()
+
+
+def test_python_and_the_cli_share_one_default_preset_and_seed(tmp_path):
+    """Left out everywhere, the preset and the seed are the same ones: the CLI's generate with neither flag gives the
+    latents of ``hyv_lib.load_pipeline().generate(prompt)`` (they were the random tiny preset with seed 42 on the
+    command line, hyv-tiny with seed 0 from Python)."""
+    import inspect
+
+    from hyv_lib.pipeline.batch import BatchRunner
+
+    short = dict(num_inference_steps=2, video_length=5)
+    flags = [x for k, v in short.items() for x in (f"--{k}", str(v))]
+    assert cli.run(["generate", "--prompt", PROMPT, "--output_dir", str(tmp_path), "--quiet", *flags]) == 0
+    video = hyv_lib.load_pipeline(progress=False).generate(PROMPT, progress=False, **short)
+    assert torch.equal(video.latents, load_file(tmp_path / "stage2_latents.safetensors")["latents"])
+    config = json.loads((tmp_path / "generation_config.json").read_text())
+    assert config["preset"] == video.config["preset"] == "tiny_trained"
+    assert config["seed"] == video.config["seed"] == 42
+    entry_points = (hyv_lib.stage1, hyv_lib.generate, hyv_lib.load_pipeline, BatchRunner)
+    assert {inspect.signature(f).parameters["preset"].default for f in entry_points} == {"tiny_trained"}
+    seeds = (hyv_lib.VideoPipeline.generate, BatchRunner.generate)
+    assert {inspect.signature(f).parameters["seed"].default for f in seeds} == {hyv_lib.Stage2Settings().seed} == {42}

@@ -56,6 +56,15 @@ class Preset:
     tasks: tuple[str, ...] = ("t2v",)  # what the checkpoint was trained for: ("t2v",), ("i2v",) or both
     image_encoder: dict[str, Any] | None = None  # tiny only: SigLIP vision config kwargs (image-to-video)
 
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, JSON-ready: stage 1 records a custom preset this way so that stages 2 and 3 rebuild it."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, fields: dict[str, Any]) -> "Preset":
+        """The preset of :meth:`to_dict` (after a JSON round trip: lists become the tuples they were)."""
+        return cls(**{**fields, "tasks": tuple(fields.get("tasks", ("t2v",)))})
+
     @property
     def use_meanflow(self) -> bool:
         """The step-distilled (MeanFlow) variant: each step also gets the next timestep (``timestep_r``)."""

@@ -29,15 +29,20 @@ def parse_mesh(text: str | None) -> dict[str, int] | None:
 AXES = ("data", "tensor", "sequence")
 
 
-def make_mesh(data: int = 1, tensor: int | None = None, sequence: int = 1, devices: Iterable | None = None):
-    """A jax Mesh with axes (data, tensor, sequence); ``tensor`` defaults to what the devices leave.
+def make_mesh(data: int | str = 1, tensor: int | None = None, sequence: int = 1, devices: Iterable | None = None):
+    """A jax Mesh with axes (data, tensor, sequence); ``tensor`` defaults to what the devices leave. ``data`` may
+    also be a mesh string, as everywhere else: ``make_mesh("data=2,tensor=4")`` (see :func:`parse_mesh`).
 
     Works with ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (8 CPU devices) as on a v6e-8.
     """
     import numpy as np
     from jax.sharding import Mesh
 
-
+    if isinstance(data, str):
+        if tensor is not None or sequence != 1:
+            raise HyvInputError("mesh", "give a mesh string or axis sizes, not both")
+        axes = parse_mesh(data) or {}
+        data, tensor, sequence = axes.get("data", 1), axes.get("tensor"), axes.get("sequence", 1)
     devices = list(jax_devices() if devices is None else devices)
     if tensor is None:
         if len(devices) % (data * sequence):

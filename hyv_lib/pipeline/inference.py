@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..base.checks import as_number
 from ..base.errors import HyvInputError, python_names
 from ..base.files import ensure_output_dir
 from ..base.presets import DEFAULT_PRESET, DEFAULT_SEED, Preset, get_preset
@@ -46,9 +47,7 @@ class Video:
     def save(self, path: str, fps: float | None = None) -> str:
         """Write the frames as an H.264 mp4 at ``fps`` (default: the preset's), atomically; returns ``path``."""
         check_mp4_path(path)
-        fps = self.config.get("fps") if fps is None else fps
-        if not isinstance(fps, (int, float)) or isinstance(fps, bool) or not fps > 0:
-            raise HyvInputError("fps", f"must be a number > 0, got {fps!r}")
+        fps = as_number("fps", self.config.get("fps") if fps is None else fps, low=0, low_open=True)
         ensure_output_dir(os.path.dirname(os.path.abspath(path)), "path")
         write_mp4(self.frames, path, fps)
         return path
@@ -137,6 +136,7 @@ class VideoPipeline:
 
     @torch.no_grad()
     def generate(self, prompt: str, negative_prompt: str = "", height: int | None = None, width: int | None = None,
+                 aspect_ratio: str = Stage2Settings.aspect_ratio,
                  video_length: int | None = None, num_inference_steps: int | None = None,
                  guidance_scale: float | None = None, flow_shift: float | None = None, seed: int = DEFAULT_SEED,
                  cache=None, no_cache_blocks: int = 1, progress: bool = True, image=None) -> Video:
@@ -145,7 +145,8 @@ class VideoPipeline:
         (e.g. :func:`hyv_lib.pipeline.calibration.magcache_schedule`) or None (``no_cache_blocks`` recomputed on cached
         steps).
         ``image`` (a PIL image or the path of a PNG/JPEG): the first frame of an image-to-video run; its bucket sets
-        the height and width. Every setting is checked before any model runs."""
+        the height and width. ``aspect_ratio`` (W:H) picks the preset's bucket when ``height`` and ``width`` are not
+        given, as ``--aspect_ratio`` does. Every setting is checked before any model runs."""
         start = time.perf_counter()
         with python_names():
             task = check_task(self.preset, image is not None, argument="image")
@@ -153,7 +154,7 @@ class VideoPipeline:
                 fixed, image = first_frame(self.preset, image, Stage2Settings(height=height, width=width), "image")
                 height, width = fixed.height, fixed.width
             settings = resolve_settings(
-                self.preset, height=height, width=width, video_length=video_length,
+                self.preset, aspect_ratio=aspect_ratio, height=height, width=width, video_length=video_length,
                 num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
                 seed=seed, runtime=self.runtime, mesh=self.mesh, sharding=self.sharding, attention=self.attention)
         step = self.step_for(cache, no_cache_blocks)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ..base.checks import as_number
 from ..base.errors import HyvInputError
 from ..base.presets import DEFAULT_SEED, Preset, bucket_size
 from ..parallel.jax_env import init_multi_host
@@ -19,22 +20,6 @@ CACHE_METHODS = ("deepcache", "magcache")
 
 
 # ----------------------------------------------------------------------------------------------- validation
-def check_type(name: str, value: Any, kind: type) -> None:
-    """HyvInputError unless ``value`` is None or of ``kind`` (an int for int; an int or float for float; never a
-    bool or a string): '720' or 33.0 would otherwise fail deep inside, or flow into float shapes."""
-    valid = (int, float) if kind is float else (int,)
-    if value is None or (isinstance(value, valid) and not isinstance(value, bool)):
-        return
-    import numbers
-
-    if kind is int and isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return  # numpy integers
-    if kind is float and isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return
-    raise HyvInputError(name, f"must be {'an integer' if kind is int else 'a number'}, "
-                              f"got {type(value).__name__} {value!r}")
-
-
 @dataclasses.dataclass(frozen=True)
 class Stage2Settings:
     """Every stage-2 setting, with its default: the one list that :func:`stage2`, :func:`generate`,
@@ -96,15 +81,13 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
     enable_cache, cache_start_step, cache_end_step = s.enable_cache, s.cache_start_step, s.cache_end_step
     cache_step_interval, no_cache_blocks, cache_method = s.cache_step_interval, s.no_cache_blocks, s.cache_method
     multi_host, attention = s.multi_host, s.attention
-    for name, value, kind in (("--height", height, int), ("--width", width, int), ("--video_length", video_length, int),
-                              ("--num_inference_steps", num_inference_steps, int), ("--seed", seed, int),
-                              ("--warmup_steps", warmup_steps, int), ("--guidance_scale", guidance_scale, float),
-                              ("--flow_shift", flow_shift, float)):
-        check_type(name, value, kind)
-    # numpy scalars pass the check; from here on they are Python numbers (torch's manual_seed takes no np.int64)
+    # numpy and torch scalars are taken; from here on they are Python numbers (torch's manual_seed takes no np.int64)
     height, width, video_length, num_inference_steps, seed, warmup_steps = (
-        None if v is None else int(v) for v in (height, width, video_length, num_inference_steps, seed, warmup_steps))
-    guidance_scale, flow_shift = (None if v is None else float(v) for v in (guidance_scale, flow_shift))
+        as_number(name, value, int) for name, value in (
+            ("--height", height), ("--width", width), ("--video_length", video_length),
+            ("--num_inference_steps", num_inference_steps), ("--seed", seed), ("--warmup_steps", warmup_steps)))
+    guidance_scale, flow_shift = (as_number(name, value) for name, value in (("--guidance_scale", guidance_scale),
+                                                                              ("--flow_shift", flow_shift)))
     video_length = preset.default_video_length if video_length is None else video_length
     num_inference_steps = preset.default_steps if num_inference_steps is None else num_inference_steps
     guidance_scale = preset.guidance_scale if guidance_scale is None else guidance_scale
@@ -164,11 +147,10 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
     if enable_cache:
         if runtime not in ("torch", "tpu"):
             raise HyvInputError("--enable_cache", f"DeepCache runs on --runtime torch or tpu, not {runtime!r}")
-        for name, value, low in (("--cache_start_step", cache_start_step, 0), ("--cache_end_step", cache_end_step, 0),
-                                 ("--cache_step_interval", cache_step_interval, 1),
-                                 ("--no_cache_blocks", no_cache_blocks, 0)):
-            if not isinstance(value, int) or value < low:
-                raise HyvInputError(name, f"must be an integer >= {low}, got {value!r}")
+        cache_start_step, cache_end_step, cache_step_interval, no_cache_blocks = (
+            as_number(name, value, int, low=low) for name, value, low in (
+                ("--cache_start_step", cache_start_step, 0), ("--cache_end_step", cache_end_step, 0),
+                ("--cache_step_interval", cache_step_interval, 1), ("--no_cache_blocks", no_cache_blocks, 0)))
         if cache_end_step < cache_start_step:
             raise HyvInputError("--cache_end_step", f"must be >= --cache_start_step ({cache_start_step}), "
                                                     f"got {cache_end_step}")

@@ -9,10 +9,11 @@ from typing import Any
 import torch
 
 from .. import __version__
+from ..base.checks import as_number
 from ..base.errors import HyvInputError, python_names
 from ..base.files import ensure_output_dir
 from ..base.memory import PeakMemory
-from ..base.presets import DEFAULT_PRESET, Preset, get_preset
+from ..base.presets import DEFAULT_PRESET, PRESETS, Preset, get_preset
 from ..models.components import IMAGE_COMPONENTS, TEXT_COMPONENTS, load_components, torch_dtype
 from ..parallel.distributed import barrier, init_distributed, local_device, rank
 from ..runtimes.step import TransformerStep, make_step
@@ -20,7 +21,7 @@ from ..runtimes.vae import decode_latents
 from .calibration import cache_schedule
 from .image import check_task, crop_to_bucket, first_frame, image_size_settings, load_image
 from .sampling import sample_latents
-from .settings import Stage2Settings, check_type, resolve_settings
+from .settings import Stage2Settings, resolve_settings
 from .stage_io import (
     CONFIG_FILE,
     FRAMES_FILE,
@@ -54,9 +55,12 @@ def _require_folder(name: str, value: Any) -> None:
 
 
 def _preset_from_config(config: dict[str, Any], input_dir: str) -> Preset:
+    """The preset stage 1 ran with: a named one, or a custom :class:`Preset` that stage 1 recorded whole."""
     if "preset" not in config:
         raise HyvInputError("--input_dir", f"{os.path.join(input_dir, CONFIG_FILE)!r} is missing or has no "
                                            "'preset'; run stage1 into this folder first")
+    if "preset_fields" in config:
+        return Preset.from_dict(config["preset_fields"])
     return get_preset(config["preset"])
 
 
@@ -98,8 +102,9 @@ def stage1(
     save_tensors(tensors, os.path.join(output_dir, STAGE1_FILE), metadata={"preset": spec.name})
     image_fields = {} if image is None else dict(image_path=os.path.abspath(image_path), image_height=image.size[1],
                                                  image_width=image.size[0])
+    custom = {} if PRESETS.get(spec.name) == spec else {"preset_fields": spec.to_dict()}  # stages 2-3 rebuild it
     update_config(
-        output_dir, base={}, prompt=prompt, negative_prompt=negative_prompt, preset=spec.name, task=task,
+        output_dir, base={}, prompt=prompt, negative_prompt=negative_prompt, preset=spec.name, task=task, **custom,
         **image_fields, model_path=model_path, dtype=dtype, hyv_lib_version=__version__,
         stage1_time_s=round(time.perf_counter() - start, 3), **memory_fields("stage1", memory),
     )
@@ -164,16 +169,15 @@ def stage2(
 
 
 # ------------------------------------------------------------------------------------------------- stage 3
-def _check_stage3_settings(output_video: str | None, fps: Any, vae_dtype: str) -> None:
+def _check_stage3_settings(output_video: str | None, fps: Any, vae_dtype: str) -> float | None:
     """Stage 3's own settings (HyvInputError naming the flag): checked by :func:`stage3` before it loads anything
-    and by :func:`generate` before stage 1 writes anything."""
-    check_type("--fps", fps, float)
-    if fps is not None and not fps > 0:
-        raise HyvInputError("--fps", f"must be > 0, got {fps}")
+    and by :func:`generate` before stage 1 writes anything. Returns ``fps`` as a Python float (or None)."""
+    fps = as_number("--fps", fps, low=0, low_open=True)
     if vae_dtype not in ("fp32", "bf16"):
         raise HyvInputError("--vae_dtype", f"must be fp32 or bf16, got {vae_dtype!r}")
     if output_video is not None:
         check_mp4_path(output_video, "--output_video")
+    return fps
 
 
 @python_names()  # called from Python: errors name parameters; from the CLI: flags
@@ -191,7 +195,7 @@ def stage3(
     """
     start = time.perf_counter()
     _require_folder("input_dir", input_dir)
-    _check_stage3_settings(output_video, fps, vae_dtype)
+    fps = _check_stage3_settings(output_video, fps, vae_dtype)
     if runtime not in ("torch", "tpu"):
         raise HyvInputError("--runtime", f"stage 3 runs on torch or tpu, got {runtime!r}")
     config = read_config(input_dir) if os.path.isdir(input_dir) else {}
@@ -260,7 +264,7 @@ def generate(
     if image_path is not None:
         requested = first_frame(spec, image_path, requested)[0]
     resolve_settings(spec, requested)
-    _check_stage3_settings(output_video, fps, vae_dtype)
+    fps = _check_stage3_settings(output_video, fps, vae_dtype)
     stage1(preset=preset, prompt=prompt, negative_prompt=negative_prompt, output_dir=output_dir,
            model_path=model_path, dtype=dtype, image_path=image_path)
     stage2(input_dir=output_dir, **stage2_kwargs)

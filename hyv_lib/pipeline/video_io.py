@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..base.checks import as_number
 from ..base.errors import HyvInputError
 from ..base.files import atomic_path
 
@@ -25,6 +26,7 @@ def write_mp4(frames: torch.Tensor | np.ndarray, path: str, fps: float) -> None:
     import imageio_ffmpeg
 
     check_mp4_path(path)
+    fps = as_number("fps", fps, low=0, low_open=True)
     if isinstance(frames, torch.Tensor):
         frames = frames.detach().cpu().numpy()
     array = np.ascontiguousarray(frames)

@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..base.checks import as_number
 from ..base.errors import HyvInputError
 from ..base.files import atomic_path, ensure_output_dir
 from .deepcache import block_speedup
@@ -139,10 +140,10 @@ class MagCacheSchedule:
 
 
 def check_number(name: str, value: Any, low: float, high: float | None = None) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= low
-    if not ok or (high is not None and value >= high):
-        bound = f"in [{low}, {high})" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be a number {bound}, got {value!r}")
+    """A MagCache setting: a finite number in [low, high) (HyvInputError naming ``name`` otherwise)."""
+    if value is None:
+        raise HyvInputError(name, "must be a number, got None")
+    as_number(name, value, low=low, high=high)
 
 
 # ----------------------------------------------------------------------------------------------- calibration
