@@ -7,8 +7,13 @@ from its layer on first use, so ``import hyv_lib`` stays light (no torch, no JAX
 """
 
 import importlib
+import logging
 
 __version__ = "0.1.0"
+
+# Library messages go through module loggers (logging.getLogger(__name__)); an application decides whether to show
+# them (the CLI shows INFO unless --quiet). Without a configured handler nothing is printed.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 #: Public name -> the module that defines it (relative to hyv_lib).
 _PUBLIC = {

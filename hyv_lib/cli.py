@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import sys
+from typing import Iterator
 
 from .base.errors import HyvInputError, cli_names
 from .base.files import ensure_output_dir
@@ -265,13 +267,31 @@ def _generate_many(args: argparse.Namespace) -> int:
     return 1 if report.failed else 0
 
 
+@contextlib.contextmanager
+def library_messages(quiet: bool) -> Iterator[None]:
+    """While a command runs, hyv_lib's log messages (stage summaries, weight loading, compilations) go to stderr, one
+    line each; ``--quiet`` keeps only warnings. The logger is left as found (the CLI also runs in-process)."""
+    logger = logging.getLogger("hyv_lib")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING if quiet else logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 def run(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run one command; returns the exit code (bad input: 2)."""
     args = build_parser().parse_args(argv)
+    quiet = getattr(args, "quiet", False)
     with contextlib.ExitStack() as stack:
         stack.enter_context(cli_names())  # errors name this command's flags, not Python parameters
-        if getattr(args, "quiet", False):  # --quiet: no weight-loading or shard-writing bars either
-
+        stack.enter_context(library_messages(quiet))
+        if quiet:  # --quiet: no weight-loading or shard-writing bars either
             stack.enter_context(quiet_loading())
         return _run_command(args)
 
@@ -279,7 +299,6 @@ def run(argv: list[str] | None = None) -> int:
 def _run_command(args: argparse.Namespace) -> int:
     """One parsed command; returns the exit code."""
     if getattr(args, "runtime", None) == "tpu":  # the CLI's policy, not a library side effect
-
         enable_compile_cache(os.environ.get("HYV_COMPILE_CACHE_DIR"))
     try:
         if args.command == "info":
@@ -298,22 +317,22 @@ def _run_command(args: argparse.Namespace) -> int:
             _calibrate_cache(args)
         elif args.command == "stage1":
             stage1(preset=args.preset, prompt=args.prompt, negative_prompt=args.negative_prompt,
-                            output_dir=args.output_dir, model_path=args.model_path, dtype=args.dtype,
-                            image_path=args.image_path)
+                   output_dir=args.output_dir, model_path=args.model_path, dtype=args.dtype,
+                   image_path=args.image_path)
         elif args.command == "stage2":
             stage2(input_dir=args.input_dir, output_dir=args.output_dir, **_stage2_kwargs(args))
         elif args.command == "stage3":
             stage3(input_dir=args.input_dir, output_video=args.output_video, fps=args.fps,
-                            disable_tiling=args.disable_tiling, save_frames=args.save_frames, runtime=args.runtime,
-                            vae_dtype=args.vae_dtype)
+                   disable_tiling=args.disable_tiling, save_frames=args.save_frames, runtime=args.runtime,
+                   vae_dtype=args.vae_dtype)
         elif args.command == "generate" and args.prompts_file:
             return _generate_many(args)
         elif args.command == "generate":
             generate(preset=args.preset, prompt=args.prompt, negative_prompt=args.negative_prompt,
-                              output_dir=args.output_dir, model_path=args.model_path, dtype=args.dtype,
-                              output_video=args.output_video, fps=args.fps, disable_tiling=args.disable_tiling,
-                              save_frames=args.save_frames, vae_dtype=args.vae_dtype, image_path=args.image_path,
-                              **_stage2_kwargs(args))
+                     output_dir=args.output_dir, model_path=args.model_path, dtype=args.dtype,
+                     output_video=args.output_video, fps=args.fps, disable_tiling=args.disable_tiling,
+                     save_frames=args.save_frames, vae_dtype=args.vae_dtype, image_path=args.image_path,
+                     **_stage2_kwargs(args))
     except HyvInputError as err:
         print(f"error: {err.argument}: {err.message}", file=sys.stderr)
         return 2

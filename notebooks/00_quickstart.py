@@ -144,8 +144,8 @@ html_table(tensor_rows(real.stage1_shapes(), real_dtypes))
 t0 = time.perf_counter()
 with quiet_loading():
     latents = stage2(input_dir=OUTPUT_DIR, height=HEIGHT, width=WIDTH, video_length=VIDEO_LENGTH,
-                              runtime=RUNTIME, mesh=MESH, num_inference_steps=STEPS, seed=42,
-                              attention=ATTENTION, quiet=True)
+                     runtime=RUNTIME, mesh=MESH, num_inference_steps=STEPS, seed=42,
+                     attention=ATTENTION, quiet=True)
 config = hyv_lib.pipeline.stage_io.read_config(OUTPUT_DIR)
 print(f"stage 2: {config['num_inference_steps']} steps in {time.perf_counter() - t0:.1f} s")
 html_table(file_rows(os.path.join(OUTPUT_DIR, "stage2_latents.safetensors")))

@@ -101,8 +101,8 @@ from hyv_lib.models.components import quiet_loading
 
 with quiet_loading():  # no weight-loading progress bars
     embeds = stage1(preset=PRESET, model_path=MODEL_PATH, output_dir=OUTPUT_DIR,
-                             prompt='a red square "OPEN"',  # short: hyv-tiny's text_len is 24
-                             negative_prompt="blurry")
+                    prompt='a red square "OPEN"',  # short: hyv-tiny's text_len is 24
+                    negative_prompt="blurry")
 for name in ("prompt_embeds_mask", "prompt_embeds_mask_2",
              "negative_prompt_embeds_mask", "negative_prompt_embeds_mask_2"):
     print(f"{name:30s} {int(embeds[name].sum()):5d} valid of {embeds[name].shape[1]}")
@@ -345,7 +345,7 @@ from hyv_lib.models.components import load_components
 
 transformer = load_components(preset, MODEL_PATH, ["transformer"], dtype="fp32")["transformer"]
 conditioning = prepare_conditioning(embeds, preset, torch.float32,
-                                            image_dim=transformer.config.image_embed_dim)
+                                   image_dim=transformer.config.image_embed_dim)
 c = preset.latent_channels
 g = torch.Generator().manual_seed(2)
 inputs = dict(hidden_states=torch.randn(2, 2 * c + 1, LATENT_FRAMES, LATENT_H, LATENT_W, generator=g),

@@ -97,8 +97,8 @@ print(f"{PRESET}: {WIDTH}x{HEIGHT}, {VIDEO_LENGTH} frames -> latents {latent}, {
 start = time.perf_counter()
 with quiet_loading():  # no weight-loading progress bars
     frames = generate(preset=PRESET, model_path=MODEL_PATH, prompt=PROMPT, output_dir=OUTPUT_DIR,
-                               height=HEIGHT, width=WIDTH, video_length=VIDEO_LENGTH, num_inference_steps=STEPS,
-                               runtime=RUNTIME, mesh=MESH, enable_cache=ENABLE_CACHE, attention=ATTENTION, quiet=True)
+                      height=HEIGHT, width=WIDTH, video_length=VIDEO_LENGTH, num_inference_steps=STEPS,
+                      runtime=RUNTIME, mesh=MESH, enable_cache=ENABLE_CACHE, attention=ATTENTION, quiet=True)
 total = time.perf_counter() - start
 config = read_config(OUTPUT_DIR)
 html_table([{"stage": name, "time, s": config[f"stage{i}_time_s"],

@@ -395,7 +395,7 @@ print(f"valid tokens only: i2v - t2v = {(i2v_var - t2v_var) / 1e12:.1f} TFLOP pe
 # %%
 distilled = PRESETS["480p_i2v_step_distilled"]
 timesteps, timestep_r = sampling_schedule(FlowMatchEulerDiscreteScheduler(shift=distilled.flow_shift),
-                                                   distilled.default_steps)
+                                          distilled.default_steps)
 html_table([{"step": i, "sigma": round(float(t) / 1000, 4), "timestep t": round(float(t), 2),
              "timestep_r": round(float(r), 2), "t - r": round(float(t - r), 2)}
             for i, (t, r) in enumerate(zip(timesteps, timestep_r))])

@@ -16,7 +16,7 @@ def tiny_run(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("tiny_run")
     generate(preset="tiny", prompt='a red ball and the word "HI"', output_dir=str(out), quiet=True,
-                      save_frames=True)
+             save_frames=True)
     return out
 
 

@@ -246,7 +246,7 @@ def test_the_shipped_tiny_trained_calibration_fits_its_defaults_and_its_first_va
 
         patch.setattr(calibration, "sample_latents", sample)  # the name calibrate() calls
         first = calibrate("tiny_trained", prompt=shipped.prompt, seed=shipped.seed,
-                                         no_cache_blocks=no_cache_blocks)
+                          no_cache_blocks=no_cache_blocks)
     assert first.curve == pytest.approx(list(shipped.curve[:4]), abs=2e-6)
 
 

@@ -38,7 +38,7 @@ def test_tpu_pipeline_compiles_once_for_every_prompt_and_matches_generate(tmp_pa
     assert [e["status"] for e in report.entries] == ["done", "done"] and report.failed == 0
     assert pipe.compilations == 1
     generate(preset="tiny", prompt="a blue cube", output_dir=str(tmp_path / "single"), seed=3,
-                      runtime="tpu", **SETTINGS)
+             runtime="tpu", **SETTINGS)
     single = load_file(tmp_path / "single" / "stage2_latents.safetensors")["latents"]
     batch = load_file(tmp_path / "out" / "0001" / "stage2_latents.safetensors")["latents"]
     assert torch.equal(single, batch)

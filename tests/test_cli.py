@@ -52,11 +52,20 @@ def test_generate_writes_every_file_and_a_playable_mp4(tmp_path):
 def test_stages_one_by_one_equal_generate(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     common = ["--video_length", "5", "--num_inference_steps", "3", "--seed", "1", "--quiet"]
-    hyv("generate", "--prompt", "a blue square", "--output_dir", str(a), *common)
-    hyv("stage1", "--prompt", "a blue square", "--output_dir", str(b))
+    quiet = hyv("generate", "--prompt", "a blue square", "--output_dir", str(a), *common)
+    assert quiet.stderr == ""  # --quiet: the library's log lines are off too
+    one = hyv("stage1", "--prompt", "a blue square", "--output_dir", str(b))
     hyv("stage2", "--input_dir", str(b), *common)
     r = hyv("stage3", "--input_dir", str(b), "--output_video", str(b / "v.mp4"), "--fps", "12", "--save_frames")
     assert "done" in r.stderr
+    # Without --quiet the stages' log lines (hyv_lib's module loggers) say what each wrote, and the CLI leaves the
+    # logger as it found it (no handler added for good).
+    assert f"stage 1: {b / 'stage1_embeddings.safetensors'} in " in one.stderr
+    assert f"stage 3: {b / 'v.mp4'} (5 frames at 12 fps) in " in r.stderr
+    import logging
+
+    assert logging.getLogger("hyv_lib").handlers[-1:] != [] and all(
+        isinstance(h, logging.NullHandler) for h in logging.getLogger("hyv_lib").handlers)
     la = load_file(a / "stage2_latents.safetensors")["latents"]
     lb = load_file(b / "stage2_latents.safetensors")["latents"]
     assert torch.equal(la, lb)

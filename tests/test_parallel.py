@@ -167,7 +167,7 @@ def test_torchrun_cli_with_the_ulysses_runtime_equals_torch(tiny_run, tmp_path):
                         "--runtime", "ulysses", *common], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     expected = stage2(str(tiny_run), output_dir=str(tmp_path / "torch"), num_inference_steps=3,
-                               video_length=5, quiet=True)
+                      video_length=5, quiet=True)
     got = load_file(tmp_path / "uly" / "stage2_latents.safetensors")["latents"]
     assert (got - expected).abs().max() <= 1e-5
 

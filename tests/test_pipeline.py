@@ -136,7 +136,7 @@ def test_saved_tiny_folder_loads_through_the_real_weights_path(tiny_folder, tiny
         ref = built[name].state_dict()
         assert all(torch.equal(v, ref[k]) for k, v in module.state_dict().items()), name
     generate(preset="tiny", model_path=str(tiny_folder), prompt='a red ball and the word "HI"',
-                      output_dir=str(tmp_path), quiet=True)
+             output_dir=str(tmp_path), quiet=True)
     for f in ("stage1_embeddings.safetensors", "stage2_latents.safetensors"):
         a, b = load_file(tmp_path / f), load_file(tiny_run / f)
         assert all(torch.equal(a[k], b[k]) for k in a), f
@@ -179,7 +179,7 @@ def test_bf16_run_is_finite_and_saved_in_bf16(tmp_path):
 @pytest.mark.parametrize("size", [(64, 96), (48, 48)])
 def test_explicit_size_overrides_the_bucket(tiny_run, tmp_path, size):
     latents = stage2(str(tiny_run), output_dir=str(tmp_path), height=size[0], width=size[1],
-                              video_length=5, num_inference_steps=1, quiet=True)
+                     video_length=5, num_inference_steps=1, quiet=True)
     assert latents.shape == TINY.latent_shape(*size, 5)
 
 

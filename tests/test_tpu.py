@@ -107,7 +107,7 @@ def test_stage2_tpu_runtime_matches_torch_and_warmup_is_neutral(tiny_run, tmp_pa
     assert (runs["tpu", 0] - runs["torch", 0]).abs().max() <= 1e-4
     assert json.loads((tmp_path / "tpu0" / "generation_config.json").read_text())["runtime"] == "tpu"
     meshed = stage2(str(tiny_run), output_dir=str(tmp_path / "mesh"), runtime="tpu", mesh="tensor=1",
-                             sharding="tp", **common)  # the sharded code path on this one-device mesh
+                    sharding="tp", **common)  # the sharded code path on this one-device mesh
     assert (meshed - runs["torch", 0]).abs().max() <= 1e-4
     cfg = json.loads((tmp_path / "mesh" / "generation_config.json").read_text())
     assert (cfg["mesh"], cfg["sharding"]) == ("tensor=1", "tp")

@@ -63,7 +63,6 @@ def attention(
     if kv_mask.shape != (b, s):
         raise ValueError(f"kv_mask must be [B, S] = [{b}, {s}], got {list(kv_mask.shape)}")
     if kv_mask.dtype != torch.bool:  # an additive 0/-inf float mask cast to bool would invert it
-
         raise HyvInputError("kv_mask", f"must be a bool [B, S] key-padding mask (True = valid token), got dtype "
                                        f"{kv_mask.dtype}; from an additive 0/-inf mask use `mask == 0`, from 0/1 "
                                        f"integers `mask.bool()`")

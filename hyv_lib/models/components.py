@@ -15,6 +15,8 @@ import torch
 from ..base.errors import HyvInputError
 from ..base.presets import Preset, get_preset, real_layout_tiny, siglip_image_size, tiny_tokenizer_captions
 
+logger = logging.getLogger(__name__)
+
 #: Component names of a diffusers ``HunyuanVideo15Pipeline`` folder (model_index.json).
 COMPONENTS = ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "transformer", "vae", "scheduler", "guider")
 #: What image-to-video adds (``HunyuanVideo15ImageToVideoPipeline``): SigLIP and its image processor.
@@ -113,7 +115,6 @@ def build_tiny_components(preset: Preset, seed: int = 0, names: Iterable[str] = 
     from diffusers.guiders import ClassifierFreeGuidance
     from transformers import ByT5Tokenizer, Qwen2_5_VLTextModel, T5Config, T5EncoderModel
     from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLTextConfig
-
 
     if not preset.is_tiny:
         raise HyvInputError("--preset", f"{preset.name} is a real preset: its weights load from --model_path")
@@ -266,6 +267,7 @@ def load_components(
             kwargs = {"subfolder": name}
             if name in ("text_encoder", "text_encoder_2", "transformer", "image_encoder"):
                 kwargs["torch_dtype"] = torch_dtype(dtype)
+            logger.info("loading %s from %s", name, model_path)
             try:
                 components[name] = cls.from_pretrained(model_path, **kwargs)
             except (OSError, ValueError) as err:  # missing files, no network, corrupt weights

@@ -93,7 +93,6 @@ def video_html(path: str, width: int = 320, max_bytes: int = 1_000_000, media_di
 
     from IPython.display import HTML
 
-
     attributes = f'width="{width}" controls loop muted playsinline'
     if media_dir is not None:
         with open(path, "rb") as f:

@@ -48,7 +48,7 @@ class BatchRunner:
         if unknown:
             raise HyvInputError(sorted(unknown)[0], "is set per video, not for the pipeline")
         settings = resolve_settings(self.spec, **{k: v for k, v in self.stage2_settings.items()
-                                                            if k not in ("quiet",)})
+                                                   if k not in ("quiet",)})
         if settings["runtime"] == "ulysses":  # stage 2 tears the process group down after each video
             raise HyvInputError("--runtime", "a pipeline for many prompts runs with --runtime torch or tpu")
         runtime = settings["runtime"]
@@ -74,7 +74,7 @@ class BatchRunner:
                         model_path=self.model_path, dtype=self.dtype, components=self.video.components,
                         image_path=image_path)
         stage2(input_dir=output_dir, seed=seed, step=self.step, components=self.video.components,
-                        **self.stage2_settings)
+               **self.stage2_settings)
         return stage3(input_dir=output_dir, components=self.video.components, **self.stage3_settings)
 
 

@@ -110,10 +110,10 @@ def calibrate(preset: str = DEFAULT_PRESET, model_path: str | None = None, *, pr
         embeds = encode_pair(components, spec, prompt, negative_prompt, dtype, image)
     steps = settings["num_inference_steps"]
     probe = make_step(transformer, runtime, mesh, sharding, cache=DeepCacheSchedule(steps, 0, steps, 1),
-                               no_cache_blocks=no_cache_blocks, attention=attention)
+                      no_cache_blocks=no_cache_blocks, attention=attention)
     step = CalibrationStep(probe.runtime, probe.no_cache_blocks)
     sample_latents(step, transformer, components["scheduler"].config, spec, embeds, settings,
-                            progress=progress, device=device)
+                   progress=progress, device=device)
     return MagCacheCalibration(
         preset=spec.name, num_inference_steps=steps, flow_shift=float(settings["flow_shift"]),
         no_cache_blocks=no_cache_blocks, curve=tuple(round(c, 6) for c in step.curve),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any
@@ -36,6 +37,8 @@ from .stage_io import (
 )
 from .text import encode_pair
 from .video_io import check_mp4_path, write_mp4
+
+logger = logging.getLogger(__name__)
 
 
 def memory_fields(stage: str, memory: PeakMemory) -> dict[str, float]:
@@ -108,6 +111,8 @@ def stage1(
         **image_fields, model_path=model_path, dtype=dtype, hyv_lib_version=__version__,
         stage1_time_s=round(time.perf_counter() - start, 3), **memory_fields("stage1", memory),
     )
+    logger.info("stage 1: %s in %.1f s (peak RSS %.0f MiB)", os.path.join(output_dir, STAGE1_FILE),
+                time.perf_counter() - start, memory.peak_bytes / 2**20)
     return tensors
 
 
@@ -161,6 +166,9 @@ def stage2(
                           cache_skipped_steps=list(getattr(step, "skipped_steps", [])))
         update_config(output_dir, base=config, **settings, **counts,
                       stage2_time_s=round(time.perf_counter() - start, 3), **memory_fields("stage2", memory))
+        logger.info("stage 2: %s in %.1f s, %d steps on the %s runtime (peak RSS %.0f MiB)",
+                    os.path.join(output_dir, STAGE2_FILE), time.perf_counter() - start,
+                    settings["num_inference_steps"], runtime, memory.peak_bytes / 2**20)
     if runtime == "ulysses":
         barrier()
         if owns_group:
@@ -235,6 +243,8 @@ def stage3(
             fields["frames_file"] = frames_path
         update_config(input_dir, base=config, **fields, stage3_time_s=round(time.perf_counter() - start, 3),
                       **memory_fields("stage3", memory))
+        logger.info("stage 3: %s (%d frames at %g fps) in %.1f s (peak RSS %.0f MiB)", output_video, frames.shape[0],
+                    fps, time.perf_counter() - start, memory.peak_bytes / 2**20)
     if distributed:
         barrier()
         if owns_group:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 import torch
@@ -12,6 +14,8 @@ from ..models.processors import use_attention
 from ..parallel.mesh import active_mesh, head_split, make_mesh, parse_mesh
 from ..parallel.sharding import GATHERED_RULE_SETS, gather_whole, plan
 from ..parallel.transfer import jax_to_torch, torch_to_numpy
+
+logger = logging.getLogger(__name__)
 
 
 class _Step(torch.nn.Module):
@@ -285,12 +289,15 @@ class TpuTransformer:
         """Call a jitted step method on torchax tensors (under the mesh, for per-shard attention)."""
         from torchax.interop import jax_view, torch_view
 
-
         if self.abstract:
             raise RuntimeError("this TpuTransformer was built from a meta-device model (compile only): use lower()")
+        traces, start = self.compilations, time.perf_counter()
         with self.env, torch.no_grad(), active_mesh(self.mesh):
             out = self._jit(name, no_cache_blocks)(jax_view(self.jitted.params), jax_view(self.jitted.buffers),
                                                     *jax_view(args), **jax_view(kwargs))
+            if self.compilations > traces:  # this call traced (and compiled) a new program
+                logger.info("tpu runtime: compiled the %s program (%d so far) in %.1f s", name, self.compilations,
+                            time.perf_counter() - start)
             return torch_view(out)
 
     def lower(self, hidden_states, timestep, *, method: str = "forward", no_cache_blocks: int = 1, cache=None,
@@ -304,7 +311,6 @@ class TpuTransformer:
         the full step returns, arrays or ``jax.ShapeDtypeStruct``; see :meth:`cache_spec`).
         """
         from torchax.interop import jax_view
-
 
         methods = ("forward", "forward_and_cache", "forward_from_cache")
         if method not in methods:

@@ -103,7 +103,6 @@ def generate_videos(components: dict[str, Any], preset, prompts: list[str], *, s
     ``images`` (one first frame per prompt, PIL images or paths): image-to-video, each at its image's bucket."""
     from tqdm.auto import tqdm
 
-
     if images is not None and len(images) != len(prompts):
         raise ValueError(f"images: one per prompt, got {len(images)} for {len(prompts)} prompts")
     pipe = VideoPipeline(preset, components)

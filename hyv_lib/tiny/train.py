@@ -326,7 +326,6 @@ def first_frame_image(clip: torch.Tensor | np.ndarray):
     """Frame 0 of a clip [3, F, H, W] in [-1, 1] as the 8-bit RGB PIL image a user would give stage 1."""
     from PIL import Image
 
-
     return Image.fromarray(to_uint8_frames(torch.as_tensor(clip)[:, :1])[0].numpy())
 
 
