@@ -1,5 +1,6 @@
 """The API pages document every module of hyv_lib (generated from their docstrings at build time), one page per layer."""
 
+import importlib
 import pathlib
 import re
 
@@ -36,3 +37,17 @@ def test_each_layer_has_its_own_page_linked_and_in_the_toc():
         assert (ROOT / "book" / "api" / f"{layer}.md").exists(), layer
         assert f"(api/{layer}.md)" in index, f"book/api.md does not link api/{layer}"
         assert f"- file: book/api/{layer}\n" in toc, f"_toc.yml does not list book/api/{layer}"
+
+
+def test_the_index_lists_every_public_name_where_it_is_defined():
+    import hyv_lib
+
+    index = (ROOT / "book" / "api.md").read_text()
+    listed = dict(re.findall(r"\| `hyv_lib\.(\w+)` \| \{py:obj\}`hyv_lib\.([\w.]+)\.\1` \|", index))
+    public = [name for name in hyv_lib.__all__ if name != "__version__"]
+    assert sorted(listed) == sorted(public)
+    for name, module in listed.items():
+        value = getattr(hyv_lib, name)
+        assert value is getattr(importlib.import_module(f"hyv_lib.{module}"), name), name
+        if callable(value) and hasattr(value, "__module__"):
+            assert value.__module__ == f"hyv_lib.{module}", name  # defined there, not re-exported

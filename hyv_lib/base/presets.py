@@ -7,6 +7,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from .checks import as_number
 from .errors import HyvInputError
 
 # Flow shift and CFG per variant follow the official PIPELINE_CONFIGS
@@ -397,6 +398,30 @@ def bucket_for(target_size: int, stride: int, w: int, h: int) -> tuple[int, int]
     processor = HunyuanVideo15ImageProcessor(vae_scale_factor=stride)
     height, width = processor.calculate_default_height_width(h, w, target_size)
     return int(height), int(width)
+
+
+def video_size(preset: Preset, height: Any = None, width: Any = None, video_length: Any = None,
+               aspect_ratio: str = "16:9") -> tuple[int, int, int]:
+    """(height, width, video_length) checked against ``preset`` (a HyvInputError naming the flag otherwise): both
+    sides or neither (then the ``aspect_ratio`` bucket, which is checked either way), positive multiples of the VAE's
+    spatial compression, 4n+1 frames; unset ones take the preset's. The one size check of the stages and of the
+    compile-for-TPU path."""
+    height, width, video_length = (as_number(name, value, int) for name, value in (
+        ("--height", height), ("--width", width), ("--video_length", video_length)))
+    video_length = preset.default_video_length if video_length is None else video_length
+    if video_length < 1 or (video_length - 1) % preset.temporal_compression:
+        raise HyvInputError("--video_length", f"must be 4n+1 (e.g. 9, 33, 61, 121), got {video_length}")
+    if (height is None) != (width is None):
+        raise HyvInputError("--height" if height is None else "--width",
+                            "give both --height and --width, or neither (then --aspect_ratio picks a bucket)")
+    stride = preset.spatial_compression
+    for name, value in (("--height", height), ("--width", width)):
+        if value is not None and (value <= 0 or value % stride):
+            raise HyvInputError(name, f"must be a positive multiple of {stride} for preset {preset.name}, "
+                                      f"got {value}")
+    bucket = bucket_size(preset, aspect_ratio)  # validates aspect_ratio even when a size is given
+    height, width = bucket if height is None else (height, width)
+    return height, width, video_length
 
 
 def default_size(preset: Preset) -> tuple[int, int]:

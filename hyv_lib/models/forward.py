@@ -9,7 +9,7 @@ alone must track diffusers.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -68,3 +68,20 @@ def unpatchify(tokens: torch.Tensor, latent_shape) -> torch.Tensor:
     :func:`hyv_lib.models.layout.check_supported`)."""
     batch, _, frames, height, width = latent_shape
     return tokens.reshape(batch, frames, height, width, -1).permute(0, 4, 1, 2, 3)
+
+
+class RopeTables:
+    """The model's RoPE tables (cos, sin) per latent shape (frames, height, width): computed once each in eager torch
+    (``model.rope`` reads only the shape), then put where a runtime needs them by ``place(cos, sin, *extra)`` (the TPU
+    runtime: to JAX; Ulysses: this rank's rows on its device). ``extra`` joins the shape in the cache key."""
+
+    def __init__(self, model, place: Callable[..., tuple] | None = None):
+        self.model, self.place, self.tables = model, place, {}
+
+    def __call__(self, frames: int, height: int, width: int, *extra) -> tuple:
+        key = (frames, height, width, *extra)
+        if key not in self.tables:
+            with torch.no_grad():
+                cos, sin = self.model.rope(torch.zeros(()).expand(1, 1, frames, height, width))
+            self.tables[key] = (cos, sin) if self.place is None else self.place(cos, sin, *extra)
+        return self.tables[key]

@@ -32,6 +32,23 @@ def _heads_split(hidden: torch.Tensor) -> torch.Tensor:
     return keep_heads_split(hidden)
 
 
+def video_qkv(attn, hidden_states: torch.Tensor, rope=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The video stream's q, k, v [B, S, H, D] in a dual-stream block, as diffusers computes them: the projections,
+    QK-norm on q and k, then RoPE (``rope``: the (cos, sin) tables of these tokens, or None)."""
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    def heads(x):
+        return x.unflatten(2, (attn.heads, -1))
+
+    query = attn.norm_q(heads(attn.to_q(hidden_states)))
+    key = attn.norm_k(heads(attn.to_k(hidden_states)))
+    value = heads(attn.to_v(hidden_states))
+    if rope is not None:
+        query = apply_rotary_emb(query, rope, sequence_dim=1)
+        key = apply_rotary_emb(key, rope, sequence_dim=1)
+    return query, key, value
+
+
 def context_qkv(attn, encoder_hidden_states: torch.Tensor):
     """The context stream's q, k, v of a dual-stream block as [B, L, H, D], QK-normalised like diffusers."""
     q, k, v = (proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
@@ -52,17 +69,7 @@ class JointAttnProcessor(_Processor):
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                  image_rotary_emb=None):
-        from diffusers.models.embeddings import apply_rotary_emb
-
-        def heads(x):
-            return x.unflatten(2, (attn.heads, -1))
-
-        query = attn.norm_q(heads(attn.to_q(hidden_states)))
-        key = attn.norm_k(heads(attn.to_k(hidden_states)))
-        value = heads(attn.to_v(hidden_states))
-        if image_rotary_emb is not None:
-            query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
-            key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
+        query, key, value = video_qkv(attn, hidden_states, image_rotary_emb)
         if encoder_hidden_states is not None:
             enc_q, enc_k, enc_v = context_qkv(attn, encoder_hidden_states)
             query, key, value = (torch.cat(pair, dim=1) for pair in ((query, enc_q), (key, enc_k), (value, enc_v)))

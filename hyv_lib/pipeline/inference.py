@@ -24,9 +24,7 @@ from ..models.components import (
     torch_dtype,
 )
 from ..parallel.distributed import local_device
-from ..runtimes.deepcache import DeepCacheSchedule, DeepCacheStep, TorchDeepCache
-from ..runtimes.magcache import MagCacheSchedule
-from ..runtimes.step import make_step
+from ..runtimes.step import cached_step, make_step
 from ..runtimes.vae import decode_latents
 from .image import check_task, first_frame
 from .sampling import sample_latents
@@ -97,7 +95,6 @@ class VideoPipeline:
             transformer.to(self.device)
         with python_names():
             self.step = make_step(transformer, runtime, mesh, sharding, attention=attention)
-        self._cached_steps: dict[tuple[Any, int], Any] = {}
 
     @property
     def dtype(self) -> str:
@@ -116,14 +113,8 @@ class VideoPipeline:
         ``no_cache_blocks`` blocks on cached steps (the tpu programs are shared)."""
         if cache is None:
             return self.step
-        if not isinstance(cache, (DeepCacheSchedule, MagCacheSchedule)):
-            raise HyvInputError("cache", "must be None, a hyv_lib.runtimes.deepcache.DeepCacheSchedule or a "
-                                         f"hyv_lib.runtimes.magcache.MagCacheSchedule, got {cache!r}")
-        runtime = TorchDeepCache(self.components["transformer"]) if self.runtime == "torch" else self.step
-        try:
-            return DeepCacheStep(runtime, cache, no_cache_blocks)
-        except ValueError as err:
-            raise HyvInputError("no_cache_blocks", str(err)) from None
+        with python_names():
+            return cached_step(self.step, self.components["transformer"], cache, no_cache_blocks)
 
     def encode(self, prompt: str, negative_prompt: str = "", image=None) -> dict[str, torch.Tensor]:
         """Stage 1 in memory: the stage-1 tensors of ``prompt`` and ``negative_prompt`` (and of ``image``, a first

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..base.checks import as_number
 from ..base.errors import HyvInputError
-from ..base.presets import DEFAULT_SEED, Preset, bucket_size
+from ..base.presets import DEFAULT_SEED, Preset, video_size
 from ..parallel.jax_env import init_multi_host
 from ..parallel.mesh import make_mesh, parse_mesh
 from ..parallel.sharding import RULE_SETS
@@ -82,25 +82,14 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
     cache_step_interval, no_cache_blocks, cache_method = s.cache_step_interval, s.no_cache_blocks, s.cache_method
     multi_host, attention = s.multi_host, s.attention
     # numpy and torch scalars are taken; from here on they are Python numbers (torch's manual_seed takes no np.int64)
-    height, width, video_length, num_inference_steps, seed, warmup_steps = (
-        as_number(name, value, int) for name, value in (
-            ("--height", height), ("--width", width), ("--video_length", video_length),
-            ("--num_inference_steps", num_inference_steps), ("--seed", seed), ("--warmup_steps", warmup_steps)))
+    height, width, video_length = video_size(preset, height, width, video_length, aspect_ratio)
+    num_inference_steps, seed, warmup_steps = (as_number(name, value, int) for name, value in (
+        ("--num_inference_steps", num_inference_steps), ("--seed", seed), ("--warmup_steps", warmup_steps)))
     guidance_scale, flow_shift = (as_number(name, value) for name, value in (("--guidance_scale", guidance_scale),
                                                                               ("--flow_shift", flow_shift)))
-    video_length = preset.default_video_length if video_length is None else video_length
     num_inference_steps = preset.default_steps if num_inference_steps is None else num_inference_steps
     guidance_scale = preset.guidance_scale if guidance_scale is None else guidance_scale
     flow_shift = preset.flow_shift if flow_shift is None else flow_shift
-    if video_length < 1 or (video_length - 1) % preset.temporal_compression:
-        raise HyvInputError("--video_length", f"must be 4n+1 (e.g. 9, 33, 61, 121), got {video_length}")
-    if (height is None) != (width is None):
-        raise HyvInputError("--height" if height is None else "--width",
-                            "give both --height and --width, or neither (then --aspect_ratio picks a bucket)")
-    stride = preset.spatial_compression
-    for name, value in (("--height", height), ("--width", width)):
-        if value is not None and (value <= 0 or value % stride):
-            raise HyvInputError(name, f"must be a positive multiple of {stride}, got {value}")
     if num_inference_steps < 1:
         raise HyvInputError("--num_inference_steps", f"must be >= 1, got {num_inference_steps}")
     if not guidance_scale >= 1.0:
@@ -132,8 +121,6 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
             raise HyvInputError("--mesh", str(err)) from None
     if sharding not in RULE_SETS:
         raise HyvInputError("--sharding", f"must be one of {', '.join(RULE_SETS)}, got {sharding!r}")
-    bucket = bucket_size(preset, aspect_ratio)  # validates --aspect_ratio even when a size is given
-    height, width = bucket if height is None else (height, width)
     cache = {}
     magcache_flags = {"--cache_threshold": s.cache_threshold, "--cache_max_skip": s.cache_max_skip,
                       "--cache_retention": s.cache_retention, "--cache_calibration": s.cache_calibration}

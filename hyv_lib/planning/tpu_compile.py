@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..base.errors import HyvInputError
-from ..base.presets import Preset, get_preset
+from ..base.presets import Preset, get_preset, video_size
 from ..parallel.jax_env import quiet_libtpu
 from ..parallel.mesh import head_split, make_mesh, parse_mesh
 from ..parallel.sharding import RULE_SETS
@@ -176,7 +176,7 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
     preset = get_preset(preset) if isinstance(preset, str) else preset
     if sharding not in RULE_SETS:
         raise HyvInputError("--sharding", f"must be one of {', '.join(RULE_SETS)}, got {sharding!r}")
-    height, width, video_length = resolve_size(preset, height, width, video_length)
+    height, width, video_length = video_size(preset, height, width, video_length)
     if not isinstance(no_cache_blocks, int) or not 0 <= no_cache_blocks <= preset.transformer["num_layers"]:
         raise HyvInputError("--no_cache_blocks", f"must be an integer in 0..{preset.transformer['num_layers']}, "
                                                  f"got {no_cache_blocks!r}")
@@ -311,26 +311,6 @@ def _with_transformer(preset: Preset, config: dict) -> Preset:
     import dataclasses
 
     return preset if config == preset.transformer else dataclasses.replace(preset, transformer=config)
-
-
-def resolve_size(preset: Preset, height, width, video_length) -> tuple[int, int, int]:
-    """Validated (height, width, video_length); unset ones from the preset (its 16:9 bucket, its frames)."""
-    for name, value in (("--height", height), ("--width", width), ("--video_length", video_length)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise HyvInputError(name, f"must be an integer, got {value!r}")
-    if (height is None) != (width is None):
-        raise HyvInputError("--height" if height is None else "--width", "give both --height and --width, or neither")
-    stride = preset.spatial_compression
-    for name, value in (("--height", height), ("--width", width)):
-        if value is not None and (value <= 0 or value % stride):
-            raise HyvInputError(name, f"must be a positive multiple of {stride} for preset {preset.name}, "
-                                      f"got {value}")
-    video_length = preset.default_video_length if video_length is None else video_length
-    if video_length < 1 or (video_length - 1) % preset.temporal_compression:
-        raise HyvInputError("--video_length", f"must be 4n+1 (e.g. 33, 61, 121), got {video_length}")
-    if height is None:
-        height, width = preset.default_height, preset.default_width
-    return height, width, video_length
 
 
 def format_report(report: dict[str, Any]) -> str:

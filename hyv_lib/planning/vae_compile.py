@@ -6,11 +6,11 @@ from typing import Any
 
 import torch
 
-from ..base.presets import get_preset
+from ..base.presets import get_preset, video_size
 from ..models.components import torch_dtype
 from ..models.patches import loop_free_causal_masks
 from ..parallel.jax_env import quiet_libtpu
-from .tpu_compile import available_hbm, resolve_size, topology_devices
+from .tpu_compile import available_hbm, topology_devices
 
 
 def compile_decode(preset: str = "720p_t2v", topology: str = "v6e:2x4", *, height: int | None = None,
@@ -32,7 +32,7 @@ def compile_decode(preset: str = "720p_t2v", topology: str = "v6e:2x4", *, heigh
     from torchax.interop import JittableModule, jax_view
 
     spec = get_preset(preset) if isinstance(preset, str) else preset
-    height, width, video_length = resolve_size(spec, height, width, video_length)
+    height, width, video_length = video_size(spec, height, width, video_length)
     devices = topology_devices(topology)
     with torch.device("meta"):
         vae = AutoencoderKLHunyuanVideo15(**spec.vae)

@@ -12,7 +12,8 @@ from ..kernels.dispatch import BACKENDS, JAX_BACKENDS, available_backends
 from ..models.processors import use_attention
 from ..parallel.distributed import init_distributed
 from ..parallel.mesh import make_mesh, parse_mesh
-from .deepcache import DeepCacheStep, TorchDeepCache
+from .deepcache import DeepCacheSchedule, DeepCacheStep, TorchDeepCache
+from .magcache import MagCacheSchedule
 from .tpu import TpuTransformer
 from .ulysses import UlyssesTransformer
 
@@ -68,15 +69,8 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
     if cache is not None:
         if runtime not in ("torch", "tpu"):
             raise HyvInputError("--enable_cache", f"DeepCache runs on --runtime torch or tpu, not {runtime!r}")
-        if runtime == "torch":
-            _install_attention(transformer, attention)
-            runtime_impl = TorchDeepCache(transformer)
-        else:
-            runtime_impl = make_step(transformer, runtime, mesh, sharding, attention=attention)
-        try:
-            return DeepCacheStep(runtime_impl, cache, no_cache_blocks)
-        except ValueError as err:
-            raise HyvInputError("--no_cache_blocks", str(err)) from None
+        return cached_step(make_step(transformer, runtime, mesh, sharding, attention=attention), transformer, cache,
+                           no_cache_blocks)
     if runtime == "torch":
         _install_attention(transformer, attention)
         return torch_step(transformer)
@@ -99,6 +93,23 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
         except ValueError as err:  # heads that do not split over the ranks
             raise HyvInputError("--nproc_per_node", str(err)) from None
     raise HyvInputError("--runtime", f"must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+
+
+def cached_step(step: TransformerStep, transformer, cache, no_cache_blocks: int = 1) -> DeepCacheStep:
+    """DeepCache around an uncached step of :func:`make_step` for ``transformer``: a tpu step is the cache's runtime
+    itself (its compiled programs are shared), a torch step's model runs through :class:`TorchDeepCache`.
+    ``cache``: a :class:`hyv_lib.runtimes.deepcache.DeepCacheSchedule` or an adaptive
+    :class:`hyv_lib.runtimes.magcache.MagCacheSchedule`; the last ``no_cache_blocks`` blocks run on cached steps."""
+    if not isinstance(cache, (DeepCacheSchedule, MagCacheSchedule)):
+        raise HyvInputError("cache", "must be None, a hyv_lib.DeepCacheSchedule or a hyv_lib.MagCacheSchedule, got "
+                                     f"{cache!r}")
+    if isinstance(step, UlyssesTransformer):
+        raise HyvInputError("--enable_cache", "DeepCache runs on --runtime torch or tpu, not 'ulysses'")
+    runtime = step if isinstance(step, TpuTransformer) else TorchDeepCache(transformer)
+    try:
+        return DeepCacheStep(runtime, cache, no_cache_blocks)
+    except ValueError as err:
+        raise HyvInputError("--no_cache_blocks", str(err)) from None
 
 
 def _install_attention(transformer, attention: str) -> None:

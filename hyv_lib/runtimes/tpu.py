@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..models.forward import context_layout, context_tokens, output_tokens, unpatchify
+from ..models.forward import RopeTables, context_layout, context_tokens, output_tokens, unpatchify
 from ..models.layout import check_supported, check_timestep_r
 from ..models.processors import use_attention
 from ..parallel.mesh import active_mesh, head_split, make_mesh, parse_mesh
@@ -151,7 +151,8 @@ class TpuTransformer:
         self.placement: list[dict] = []
         self.env = torchax.default_env()
         self.dtype = next(model.parameters()).dtype
-        self._rope_cache: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+        # RoPE depends only on the latent shape: once per shape in eager torch, then to JAX
+        self._rope = RopeTables(self.model, lambda cos, sin: (self._to_jax(cos), self._to_jax(sin)))
         self._prepared: tuple[tuple, dict] | None = None  # ((input tensors, versions), prepared inputs)
         self._jits: dict[tuple[str, int | None], Any] = {}  # one jax.jit per step method (run and lower share it)
         # Installs hyv_lib's masked processors on `model` (callers comparing with the oracle keep a copy).
@@ -208,14 +209,6 @@ class TpuTransformer:
         # global array, which a process that does not see every device of the mesh could not do.
         return torch_view(jax.make_array_from_callback(host.shape, sharding, lambda index: host[index]))
 
-    def _rope(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        if shape not in self._rope_cache:
-            # RoPE depends only on the latent shape: compute it once in eager torch on the CPU.
-            with torch.no_grad():
-                cos, sin = self.model.rope(torch.zeros(()).expand(shape))  # only the shape is read
-            self._rope_cache[shape] = (self._to_jax(cos), self._to_jax(sin))
-        return self._rope_cache[shape]
-
     @torch.no_grad()
     def prepare(self, encoder_hidden_states, encoder_attention_mask, encoder_hidden_states_2=None,
                 encoder_attention_mask_2=None, image_embeds=None) -> dict[str, torch.Tensor]:
@@ -249,7 +242,7 @@ class TpuTransformer:
 
     def _step_args(self, hidden_states, timestep, timestep_r=None, **conditioning) -> dict[str, torch.Tensor]:
         prepared = self.prepare(**conditioning)
-        cos, sin = self._rope(tuple(hidden_states.shape))
+        cos, sin = self._rope(*hidden_states.shape[2:])
         if self.mesh is not None and hidden_states.shape[0] % self.mesh.shape["data"]:
             raise ValueError(f"batch {hidden_states.shape[0]} cannot be split over the mesh's data axis "
                              f"of size {self.mesh.shape['data']}")

@@ -9,9 +9,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..kernels.dispatch import attention
-from ..models.forward import context_layout, context_tokens, output_tokens, unpatchify
+from ..models.forward import RopeTables, context_layout, context_tokens, output_tokens, unpatchify
 from ..models.layout import check_supported, check_timestep_r
-from ..models.processors import context_qkv, use_attention
+from ..models.processors import context_qkv, use_attention, video_qkv
 
 
 # --------------------------------------------------------------------------------------------- layout
@@ -90,26 +90,15 @@ class UlyssesJointAttnProcessor:
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                  image_rotary_emb=None):
-        from diffusers.models.embeddings import apply_rotary_emb
-
         world, heads = self.world, attn.heads
         check_heads(heads, world)
         local = heads // world
         first = self.rank * local
 
-        def split(x):
-            return x.unflatten(2, (heads, -1))
-
-        query = attn.norm_q(split(attn.to_q(hidden_states)))
-        key = attn.norm_k(split(attn.to_k(hidden_states)))
-        value = split(attn.to_v(hidden_states))
+        rope = None if image_rotary_emb is None else (image_rotary_emb[0], image_rotary_emb[1])
+        query, key, value = video_qkv(attn, hidden_states, rope)
         shard = hidden_states.shape[1]
-        tokens = world * shard  # a plain (cos, sin) pair means no padding
-        if image_rotary_emb is not None:
-            rope = (image_rotary_emb[0], image_rotary_emb[1])
-            query = apply_rotary_emb(query, rope, sequence_dim=1)
-            key = apply_rotary_emb(key, rope, sequence_dim=1)
-            tokens = getattr(image_rotary_emb, "tokens", tokens)
+        tokens = getattr(image_rotary_emb, "tokens", world * shard)  # a plain (cos, sin) pair means no padding
         # [3, B, shard, H, D] -> [3, B, world * shard, H / world, D]: one collective for q, k and v.
         video_q, video_k, video_v = _sequence_to_heads(torch.stack([query, key, value]), self.group, world)
 
@@ -178,7 +167,7 @@ class UlyssesTransformer:
         self.processor = UlyssesJointAttnProcessor(group, attention_backend)
         for block in model.transformer_blocks:
             block.attn.set_processor(self.processor)
-        self._rope_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._rope = RopeTables(self.model, self._local_rows)  # once per latent shape and device
 
     @property
     def device(self) -> torch.device:
@@ -190,17 +179,13 @@ class UlyssesTransformer:
         """The model's dtype, read at each call (a cast after construction is followed)."""
         return next(self.model.parameters()).dtype
 
-    def _rope(self, frames: int, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's rows of the RoPE tables (padding rows zero), computed once per latent shape and device."""
-        key = (frames, height, width, self.device)
-        if key not in self._rope_cache:
-            tokens = frames * height * width
-            shard = shard_length(tokens, self.world)
-            cos, sin = self.model.rope(torch.zeros(()).expand(1, 1, frames, height, width))  # reads the shape
-            local = [F.pad(t, (0, 0, 0, shard * self.world - tokens))[self.rank * shard:(self.rank + 1) * shard]
-                     for t in (cos, sin)]
-            self._rope_cache[key] = tuple(t.to(self.device).contiguous() for t in local)
-        return self._rope_cache[key]
+    def _local_rows(self, cos: torch.Tensor, sin: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """This rank's rows of the RoPE tables (padding rows zero) on ``device``."""
+        tokens = cos.shape[0]
+        shard = shard_length(tokens, self.world)
+        local = [F.pad(t, (0, 0, 0, shard * self.world - tokens))[self.rank * shard:(self.rank + 1) * shard]
+                 for t in (cos, sin)]
+        return tuple(t.to(device).contiguous() for t in local)
 
     def _context(self, timestep, text, text_mask, byt5, byt5_mask, image):
         """The joint context [B, L, C] (valid tokens first) and its mask, as diffusers builds them,
@@ -237,7 +222,7 @@ class UlyssesTransformer:
         # tokens, laid out as a [B, C, shard, 1, 1] volume; padding tokens are zeros.
         flat = F.pad(latents.flatten(2), (0, shard * world - tokens))[..., rank * shard:(rank + 1) * shard]
         video = m.x_embedder(flat[..., None, None])  # [B, shard, C]
-        cos, sin = self._rope(frames, height, width)
+        cos, sin = self._rope(frames, height, width, self.device)
         rope = VideoShard(cos, sin, tokens)
         for block in m.transformer_blocks:
             video, context = block(video, context, temb, context_mask, rope)
