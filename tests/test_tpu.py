@@ -153,8 +153,9 @@ def test_cli_with_the_tpu_runtime_exits_cleanly(tmp_path):
     env_cache = {"HYV_COMPILE_CACHE_DIR": str(tmp_path / "cache")}
     import os
 
-    r = subprocess.run([sys.executable, "-m", "hyv_lib", "generate", "--preset", "tiny", "--runtime", "tpu", "--video_length", "5",
-                        "--num_inference_steps", "2", "--output_dir", str(tmp_path / "out"), "--quiet"],
+    r = subprocess.run([sys.executable, "-m", "hyv_lib", "generate", "--preset", "tiny", "--runtime", "tpu",
+                        "--video_length", "5", "--num_inference_steps", "2", "--output_dir", str(tmp_path / "out"),
+                        "--quiet"],
                        capture_output=True, text=True, timeout=300, env={**os.environ, **env_cache})
     assert r.returncode == 0, r.stderr
     assert load_file(tmp_path / "out" / "stage2_latents.safetensors")["latents"].shape == TINY.latent_shape(96, 160, 5)
