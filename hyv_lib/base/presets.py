@@ -135,41 +135,39 @@ class Preset:
         return data
 
 
+def _dit_config(latent: int, heads: int, head_dim: int, layers: int, refiner_layers: int, text_dim: int,
+                byt5_dim: int, image_dim: int, rope_axes: list[int], target_size: int, task: str = "t2v",
+                use_meanflow: bool = False) -> dict[str, Any]:
+    """HunyuanVideo15Transformer3DModel's config: the input is latents, condition latents and a mask channel
+    (2 C + 1), the output the C-channel noise; 1 x 1 x 1 patches, RMS QK-norm and RoPE theta 256 at every size."""
+    return dict(in_channels=2 * latent + 1, out_channels=latent, num_attention_heads=heads, attention_head_dim=head_dim,
+                num_layers=layers, num_refiner_layers=refiner_layers, mlp_ratio=4.0, patch_size=1, patch_size_t=1,
+                qk_norm="rms_norm", text_embed_dim=text_dim, text_embed_2_dim=byt5_dim, image_embed_dim=image_dim,
+                rope_theta=256.0, rope_axes_dim=rope_axes, target_size=target_size, task_type=task,
+                use_meanflow=use_meanflow)
+
+
+def _vae_config(latent: int, widths: list[int], layers_per_block: int) -> dict[str, Any]:
+    """AutoencoderKLHunyuanVideo15's config: RGB in and out, 16x spatial and 4x temporal compression at every size."""
+    return dict(in_channels=3, out_channels=3, latent_channels=latent, block_out_channels=widths,
+                layers_per_block=layers_per_block, spatial_compression_ratio=16, temporal_compression_ratio=4,
+                scaling_factor=1.03682)
+
+
 def _real(name: str, target_size: int, flow_shift: float, description: str, *, task: str = "t2v",
           guidance_scale: float = 6.0, default_steps: int = 50, use_meanflow: bool = False) -> Preset:
     return Preset(
-        name=name,
-        description=description,
-        is_tiny=False,
+        name=name, description=description, is_tiny=False,
         hub_id=f"hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-{name}",
-        text_len=1000,
-        text_dim=3584,
-        byt5_len=256,
-        byt5_dim=1472,
-        image_tokens=729,
-        image_dim=1152,
-        latent_channels=32,
-        spatial_compression=16,
-        temporal_compression=4,
-        target_size=target_size,
-        default_video_length=121,
-        default_steps=default_steps,
-        flow_shift=flow_shift,
-        guidance_scale=guidance_scale,
-        fps=24,
-        default_dtype="bf16",
+        text_len=1000, text_dim=3584, byt5_len=256, byt5_dim=1472, image_tokens=729, image_dim=1152,
+        latent_channels=32, spatial_compression=16, temporal_compression=4, target_size=target_size,
+        default_video_length=121, default_steps=default_steps, flow_shift=flow_shift, guidance_scale=guidance_scale,
+        fps=24, default_dtype="bf16",
         crop_start=108,  # diffusers HunyuanVideo15Pipeline.prompt_template_encode_start_idx
-        transformer=dict(
-            in_channels=65, out_channels=32, num_attention_heads=16, attention_head_dim=128, num_layers=54,
-            num_refiner_layers=2, mlp_ratio=4.0, patch_size=1, patch_size_t=1, qk_norm="rms_norm",
-            text_embed_dim=3584, text_embed_2_dim=1472, image_embed_dim=1152, rope_theta=256.0,
-            rope_axes_dim=[16, 56, 56], target_size=target_size, task_type=task, use_meanflow=use_meanflow,
-        ),
-        vae=dict(
-            in_channels=3, out_channels=3, latent_channels=32, block_out_channels=[128, 256, 512, 1024, 1024],
-            layers_per_block=2, spatial_compression_ratio=16, temporal_compression_ratio=4,
-            scaling_factor=1.03682,
-        ),
+        transformer=_dit_config(32, heads=16, head_dim=128, layers=54, refiner_layers=2, text_dim=3584,
+                                byt5_dim=1472, image_dim=1152, rope_axes=[16, 56, 56], target_size=target_size,
+                                task=task, use_meanflow=use_meanflow),
+        vae=_vae_config(32, [128, 256, 512, 1024, 1024], layers_per_block=2),
         tasks=(task,),
     )
 
@@ -178,35 +176,14 @@ _TINY_LATENT = 8
 TINY = Preset(
     name="tiny",
     description="The real diffusers/transformers classes with small configs and seeded random weights (CPU, seconds).",
-    is_tiny=True,
-    hub_id=None,
-    text_len=128,
-    text_dim=32,
-    byt5_len=32,
-    byt5_dim=24,
-    image_tokens=16,
-    image_dim=16,
-    latent_channels=_TINY_LATENT,
-    spatial_compression=16,
-    temporal_compression=4,
-    target_size=128,
-    default_video_length=9,
-    default_steps=8,
-    flow_shift=5.0,
-    guidance_scale=6.0,
-    fps=8,
-    default_dtype="fp32",
+    is_tiny=True, hub_id=None,
+    text_len=128, text_dim=32, byt5_len=32, byt5_dim=24, image_tokens=16, image_dim=16,
+    latent_channels=_TINY_LATENT, spatial_compression=16, temporal_compression=4, target_size=128,
+    default_video_length=9, default_steps=8, flow_shift=5.0, guidance_scale=6.0, fps=8, default_dtype="fp32",
     crop_start=None,
-    transformer=dict(
-        in_channels=2 * _TINY_LATENT + 1, out_channels=_TINY_LATENT, num_attention_heads=2, attention_head_dim=16,
-        num_layers=2, num_refiner_layers=1, mlp_ratio=4.0, patch_size=1, patch_size_t=1, qk_norm="rms_norm",
-        text_embed_dim=32, text_embed_2_dim=24, image_embed_dim=16, rope_theta=256.0, rope_axes_dim=[4, 6, 6],
-        target_size=128, task_type="t2v", use_meanflow=False,
-    ),
-    vae=dict(
-        in_channels=3, out_channels=3, latent_channels=_TINY_LATENT, block_out_channels=[8, 16, 16, 32, 32],
-        layers_per_block=1, spatial_compression_ratio=16, temporal_compression_ratio=4, scaling_factor=1.03682,
-    ),
+    transformer=_dit_config(_TINY_LATENT, heads=2, head_dim=16, layers=2, refiner_layers=1, text_dim=32, byt5_dim=24,
+                            image_dim=16, rope_axes=[4, 6, 6], target_size=128),
+    vae=_vae_config(_TINY_LATENT, [8, 16, 16, 32, 32], layers_per_block=1),
     # hidden_states[-3] needs >= 2 layers; mrope_section must sum to head_dim / 2 = 4.
     text_encoder=dict(
         hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
@@ -260,8 +237,6 @@ def real_layout_tiny(preset: "Preset | str") -> Preset:
     )
 
 
-_TRAINED_LATENT = 16
-# The config of hyv-tiny, the trained tiny model: tools/train_hyv_tiny.py trains it from this config,
 #: The words of hyv-tiny's captions (frozen: its word tokenizer was trained on every caption of these lists, so a
 #: new word would renumber the tokens the shipped DiT learned to read). Kept here, not derived from the training
 #: data module: the tokenizer is part of the model. tests/test_data.py checks the dataset's words are these.
@@ -286,6 +261,8 @@ def tiny_vocabulary() -> list[str]:
     return sorted({word for caption in tiny_tokenizer_captions() for word in caption.split()})
 
 
+_TRAINED_LATENT = 16
+# The config of hyv-tiny, the trained tiny model: tools/train_hyv_tiny.py trains it from this config,
 # and its weights ship in hyv_lib/weights/hyv-tiny with the training log and the measured quality gates.
 TINY_TRAINED = dataclasses.replace(
     TINY,
@@ -314,15 +291,15 @@ TINY_TRAINED = dataclasses.replace(
     bundled_weights="hyv-tiny",
 )
 
-#: Every preset by name: the real 480p/720p text-to-video and image-to-video settings (and the step-distilled 480p
-#: I2V one) and the tiny ones (``tiny``: random weights; ``tiny_trained``: the bundled hyv-tiny).
-#: ``python -m hyv_lib info --preset NAME --json`` prints one.
 #: The preset every entry point uses when none is given (the CLI, the stage functions, generate, load_pipeline):
 #: hyv-tiny, the trained tiny model, whose videos show what the prompt says (``tiny`` is random: its videos are noise).
 DEFAULT_PRESET = "tiny_trained"
 #: The seed of the initial noise when none is given, everywhere (the staged scripts' default).
 DEFAULT_SEED = 42
 
+#: Every preset by name: the real 480p/720p text-to-video and image-to-video settings (and the step-distilled 480p
+#: I2V one) and the tiny ones (``tiny``: random weights; ``tiny_trained``: the bundled hyv-tiny).
+#: ``python -m hyv_lib info --preset NAME --json`` prints one.
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
