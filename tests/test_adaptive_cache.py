@@ -10,7 +10,7 @@ from tiny_inputs import TINY, forward_kwargs
 
 from hyv_lib.base.errors import HyvInputError
 from hyv_lib.base.presets import get_preset
-from hyv_lib.pipeline.calibration import CalibrationStep
+from hyv_lib.pipeline.calibration import CalibrationStep, resolve_calibration
 from hyv_lib.pipeline.sampling import denoise
 from hyv_lib.pipeline.settings import resolve_settings
 from hyv_lib.runtimes.deepcache import DeepCacheStep, TorchDeepCache
@@ -192,9 +192,10 @@ def test_a_calibration_file_round_trips_and_a_mismatched_one_is_refused(tmp_path
     with pytest.raises(HyvInputError, match="num_inference_steps 4 but this run has 8") as err:
         loaded.check("tiny", 8, 5.0, 1)
     assert err.value.argument == "--cache_calibration" and "calibrate_cache" in err.value.message
+    mismatched = resolve_settings(TINY, num_inference_steps=8, enable_cache=True, cache_method="magcache",
+                                  cache_calibration=path)  # settings take the file; it is resolved with the schedule
     with pytest.raises(HyvInputError, match="cache_calibration"):
-        resolve_settings(TINY, num_inference_steps=8, enable_cache=True, cache_method="magcache",
-                         cache_calibration=path)
+        resolve_calibration(mismatched, TINY)
     for bad in ("not json", json.dumps({"format": "other"}),
                 json.dumps({**original.to_json(), "curve": [0.0, 0.1]}),
                 json.dumps({k: v for k, v in original.to_json().items() if k != "flow_shift"})):
@@ -219,9 +220,10 @@ def test_the_shipped_tiny_trained_calibration_fits_its_defaults_and_its_first_va
     assert (shipped.num_inference_steps, shipped.flow_shift, shipped.guidance_scale, shipped.no_cache_blocks) == \
         (preset.default_steps, preset.flow_shift, preset.guidance_scale, no_cache_blocks)
     settings = resolve_settings(preset, enable_cache=True, cache_method="magcache", no_cache_blocks=no_cache_blocks)
-    assert settings["cache_calibration"] == path and settings["cache_threshold"] == DEFAULT_THRESHOLD
-    assert resolve_settings(preset, num_inference_steps=6, enable_cache=True, no_cache_blocks=no_cache_blocks,
-                            cache_method="magcache")["cache_calibration"] is None  # other steps: calibrated anew
+    assert resolve_calibration(settings, preset) == path and settings.cache_threshold == DEFAULT_THRESHOLD
+    other = resolve_settings(preset, num_inference_steps=6, enable_cache=True, no_cache_blocks=no_cache_blocks,
+                             cache_method="magcache")
+    assert resolve_calibration(other, preset) is None  # other steps: calibrated anew
     assert bundled_calibration(preset, 2) is None
 
     class Stop(Exception):
@@ -333,7 +335,7 @@ def test_calibrate_cache_then_generate_records_the_method_and_the_skipped_steps(
 
 def test_deepcache_stays_the_default_method(tmp_path):
     settings = resolve_settings(TINY, enable_cache=True, cache_start_step=1, cache_end_step=6)
-    assert settings["cache_method"] == "deepcache" and "cache_threshold" not in settings
+    assert settings.cache_method == "deepcache" and "cache_threshold" not in settings.config()
 
 
 def test_the_in_memory_pipeline_takes_a_magcache_schedule(tmp_path):

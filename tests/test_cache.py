@@ -167,8 +167,8 @@ def test_bad_cache_settings_name_the_flag(model):
     with pytest.raises(HyvInputError, match="cache_step_interval"):
         resolve_settings(TINY, enable_cache=True, cache_step_interval=0)
     settings = resolve_settings(TINY, enable_cache=True, cache_start_step=1, cache_end_step=6)
-    assert settings["enable_cache"] and settings["cache_step_interval"] == 4 and settings["no_cache_blocks"] == 1
-    assert "cache_start_step" not in resolve_settings(TINY)
+    assert settings.enable_cache and settings.cache_step_interval == 4 and settings.no_cache_blocks == 1
+    assert "cache_start_step" not in resolve_settings(TINY).config()
 
 
 def test_a_schedule_that_does_not_fit_the_loop_warns(model):

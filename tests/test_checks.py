@@ -63,8 +63,8 @@ def test_stage_settings_take_torch_scalars():
 
     settings = resolve_settings(get_preset("tiny"), seed=torch.tensor(7), guidance_scale=np.float32(4.5),
                                 num_inference_steps=np.int32(3))
-    assert (settings["seed"], settings["guidance_scale"], settings["num_inference_steps"]) == (7, 4.5, 3)
-    assert type(settings["seed"]) is int and type(settings["guidance_scale"]) is float
+    assert (settings.seed, settings.guidance_scale, settings.num_inference_steps) == (7, 4.5, 3)
+    assert type(settings.seed) is int and type(settings.guidance_scale) is float
 
 
 def test_a_custom_preset_runs_through_all_three_stages(tmp_path):
@@ -102,3 +102,31 @@ def test_make_mesh_takes_the_mesh_string_of_every_other_entry_point():
         assert err.value.argument == argument
     with pytest.raises(HyvInputError, match="not both"):
         make_mesh("tensor=8", tensor=8, devices=devices)
+
+
+def test_settings_resolve_to_a_frozen_typed_object_whose_config_is_the_stage2_file_format():
+    """resolve_settings returns ResolvedSettings (frozen), not a dict; its config() is what stage 2 records: the cache
+    method's own fields only when the cache is on, as the staged scripts' generation_config.json has them."""
+    import dataclasses
+
+    from hyv_lib.base.presets import get_preset
+    from hyv_lib.pipeline.settings import ResolvedSettings, resolve_settings
+
+    tiny = get_preset("tiny")
+    plain = resolve_settings(tiny)
+    assert isinstance(plain, ResolvedSettings) and (plain.height, plain.width) == (96, 160)  # the 16:9 bucket
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plain.seed = 1
+    assert list(plain.config()) == ["aspect_ratio", "height", "width", "video_length", "num_inference_steps",
+                                    "guidance_scale", "flow_shift", "seed", "warmup_steps", "runtime", "attention",
+                                    "mesh", "sharding", "enable_cache"]
+    assert plain.config()["sharding"] is None and plain.cache_method is None
+    deep = resolve_settings(tiny, enable_cache=True, cache_start_step=1, cache_end_step=6)
+    assert {k: v for k, v in deep.config().items() if k.startswith("cache_") or k == "no_cache_blocks"} == dict(
+        cache_method="deepcache", cache_start_step=1, cache_end_step=6, cache_step_interval=4, no_cache_blocks=1)
+    mag = resolve_settings(tiny, enable_cache=True, cache_method="magcache", cache_max_skip=np.int64(2))
+    assert {k: v for k, v in mag.config().items() if k.startswith("cache_")} == dict(
+        cache_method="magcache", cache_threshold=0.1, cache_max_skip=2, cache_retention=0.2, cache_calibration=None)
+    with pytest.raises(HyvInputError) as err:
+        resolve_settings(tiny, enable_cache=True, cache_method="magcache", cache_retention=1.0)
+    assert err.value.argument == "--cache_retention"

@@ -49,17 +49,17 @@ class BatchRunner:
             raise HyvInputError(sorted(unknown)[0], "is set per video, not for the pipeline")
         settings = resolve_settings(self.spec, **{k: v for k, v in self.stage2_settings.items()
                                                    if k not in ("quiet",)})
-        if settings["runtime"] == "ulysses":  # stage 2 tears the process group down after each video
+        if settings.runtime == "ulysses":  # stage 2 tears the process group down after each video
             raise HyvInputError("--runtime", "a pipeline for many prompts runs with --runtime torch or tpu")
-        runtime = settings["runtime"]
+        runtime = settings.runtime
         self.stage3_settings.setdefault("runtime", "tpu" if runtime == "tpu" else "torch")
         # The models and the step are an in-memory VideoPipeline's; this class adds the stage files per video.
-        self.video = load_pipeline(self.spec, model_path, self.dtype, runtime=runtime, mesh=settings["mesh"],
+        self.video = load_pipeline(self.spec, model_path, self.dtype, runtime=runtime, mesh=settings.mesh,
                                    sharding=self.stage2_settings.get("sharding", "tp_replicated_out"),
-                                   attention=settings["attention"], vae_runtime=self.stage3_settings["runtime"],
+                                   attention=settings.attention, vae_runtime=self.stage3_settings.runtime,
                                    progress=not self.stage2_settings.get("quiet", False))
         self.step = self.video.step_for(cache_schedule(settings, self.spec, model_path),
-                                        settings.get("no_cache_blocks", 1))
+                                        settings.no_cache_blocks)
 
     @property
     def compilations(self) -> int | None:

@@ -17,13 +17,14 @@ from ..runtimes.magcache import (
     CALIBRATION_SEED,
     MagCacheCalibration,
     MagCacheSchedule,
+    calibration_path,
     load_calibration,
 )
 from ..runtimes.step import make_step
 from ..runtimes.tpu import to_cpu
 from .image import check_task, first_frame
 from .sampling import sample_latents
-from .settings import Stage2Settings, resolve_settings
+from .settings import ResolvedSettings, Stage2Settings, resolve_settings
 from .text import encode_pair
 
 
@@ -108,40 +109,48 @@ def calibrate(preset: str = DEFAULT_PRESET, model_path: str | None = None, *, pr
         transformer.to(device)
     with torch.no_grad():
         embeds = encode_pair(components, spec, prompt, negative_prompt, dtype, image)
-    steps = settings["num_inference_steps"]
+    steps = settings.num_inference_steps
     probe = make_step(transformer, runtime, mesh, sharding, cache=DeepCacheSchedule(steps, 0, steps, 1),
                       no_cache_blocks=no_cache_blocks, attention=attention)
     step = CalibrationStep(probe.runtime, probe.no_cache_blocks)
     sample_latents(step, transformer, components["scheduler"].config, spec, embeds, settings,
                    progress=progress, device=device)
     return MagCacheCalibration(
-        preset=spec.name, num_inference_steps=steps, flow_shift=float(settings["flow_shift"]),
+        preset=spec.name, num_inference_steps=steps, flow_shift=float(settings.flow_shift),
         no_cache_blocks=no_cache_blocks, curve=tuple(round(c, 6) for c in step.curve),
-        guidance_scale=float(settings["guidance_scale"]), height=settings["height"], width=settings["width"],
-        video_length=settings["video_length"], prompt=prompt, seed=seed, runtime=runtime)
+        guidance_scale=float(settings.guidance_scale), height=settings.height, width=settings.width,
+        video_length=settings.video_length, prompt=prompt, seed=seed, runtime=runtime)
 
 
-def schedule_for(settings: dict[str, Any], preset, model_path: str | None = None,
+def resolve_calibration(settings: ResolvedSettings, preset: Preset) -> str | None:
+    """The calibration file of a MagCache run (:func:`hyv_lib.runtimes.magcache.calibration_path`): the one given
+    (checked against the run), the one shipped with the preset when it fits, or None (a tiny preset calibrated on
+    the fly). Also called before any work starts, so that a missing or unfitting file fails fast."""
+    return calibration_path(preset, settings.num_inference_steps, settings.flow_shift, settings.no_cache_blocks,
+                            settings.cache_calibration)
+
+
+def schedule_for(settings: ResolvedSettings, preset: Preset, model_path: str | None = None,
                  calibrate_fn: Callable[..., MagCacheCalibration] | None = None) -> MagCacheSchedule:
-    """The :class:`MagCacheSchedule` of resolved settings (:func:`hyv_lib.pipeline.settings.resolve_settings`): from their
-    calibration file, or, without one (tiny presets only), from a calibration run made now with the run's steps,
-    shift, guidance and size on the eager torch runtime, with a warning saying so."""
-    path = settings.get("cache_calibration")
+    """The :class:`MagCacheSchedule` of resolved settings (:func:`hyv_lib.pipeline.settings.resolve_settings`): from
+    their calibration file (:func:`resolve_calibration`), or, without one (tiny presets only), from a calibration run
+    made now with the run's steps, shift, guidance and size on the eager torch runtime, with a warning saying so."""
+    path = resolve_calibration(settings, preset)
     if path is not None:
         calibration = load_calibration(path)
     else:
-        warnings.warn(f"magcache: no calibration file for {preset.name} at {settings['num_inference_steps']} steps, "
-                      f"flow shift {settings['flow_shift']}: calibrating with one uncached run now (write a file once "
+        warnings.warn(f"magcache: no calibration file for {preset.name} at {settings.num_inference_steps} steps, "
+                      f"flow shift {settings.flow_shift}: calibrating with one uncached run now (write a file once "
                       f"with python -m hyv_lib calibrate_cache --preset {preset.name} --num_inference_steps "
-                      f"{settings['num_inference_steps']} --output PATH.json and pass --cache_calibration PATH.json)",
+                      f"{settings.num_inference_steps} --output PATH.json and pass --cache_calibration PATH.json)",
                       stacklevel=2)
         calibration = (calibrate_fn or calibrate)(
-            preset.name, model_path, num_inference_steps=settings["num_inference_steps"],
-            flow_shift=settings["flow_shift"], guidance_scale=settings["guidance_scale"], height=settings["height"],
-            width=settings["width"], video_length=settings["video_length"],
-            no_cache_blocks=settings["no_cache_blocks"])
-    return MagCacheSchedule.from_calibration(calibration, settings["cache_threshold"], settings["cache_max_skip"],
-                                             settings["cache_retention"])
+            preset.name, model_path, num_inference_steps=settings.num_inference_steps,
+            flow_shift=settings.flow_shift, guidance_scale=settings.guidance_scale, height=settings.height,
+            width=settings.width, video_length=settings.video_length,
+            no_cache_blocks=settings.no_cache_blocks)
+    return MagCacheSchedule.from_calibration(calibration, settings.cache_threshold, settings.cache_max_skip,
+                                             settings.cache_retention)
 
 
 def magcache_schedule(preset: str = DEFAULT_PRESET, num_inference_steps: int | None = None,
@@ -164,16 +173,13 @@ def magcache_schedule(preset: str = DEFAULT_PRESET, num_inference_steps: int | N
         return schedule_for(settings, spec, model_path)
 
 
-def cache_schedule(settings: dict[str, Any], preset: Preset | None = None, model_path: str | None = None):
-    """The schedule of resolved settings: a DeepCacheSchedule, a :class:`hyv_lib.runtimes.magcache.MagCacheSchedule`
-    (``cache_method`` magcache; ``preset`` and ``model_path`` serve a calibration made on the fly for a tiny preset
-    without a calibration file), or None when the cache is off."""
-    if not settings.get("enable_cache"):
+def cache_schedule(settings: ResolvedSettings, preset: Preset, model_path: str | None = None):
+    """The step cache of resolved settings, decided here where the step is built: a DeepCacheSchedule, a
+    :class:`hyv_lib.runtimes.magcache.MagCacheSchedule` (``cache_method`` magcache: its calibration is resolved now;
+    ``model_path`` serves a calibration made on the fly for a tiny preset without a file), or None (cache off)."""
+    if not settings.enable_cache:
         return None
-    if settings.get("cache_method") == "magcache":
-        if preset is None:
-            raise ValueError("a magcache schedule needs the preset")
+    if settings.cache_method == "magcache":
         return schedule_for(settings, preset, model_path)
-
-    return DeepCacheSchedule(settings["num_inference_steps"], settings["cache_start_step"],
-                             settings["cache_end_step"], settings["cache_step_interval"])
+    return DeepCacheSchedule(settings.num_inference_steps, settings.cache_start_step, settings.cache_end_step,
+                             settings.cache_step_interval)

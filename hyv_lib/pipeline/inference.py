@@ -149,11 +149,11 @@ class VideoPipeline:
                 num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
                 seed=seed, runtime=self.runtime, mesh=self.mesh, sharding=self.sharding, attention=self.attention)
         step = self.step_for(cache, no_cache_blocks)
-        if cache is not None and cache.num_steps != settings["num_inference_steps"]:
+        if cache is not None and cache.num_steps != settings.num_inference_steps:
             raise HyvInputError("cache", f"the schedule has {cache.num_steps} steps but num_inference_steps is "
-                                         f"{settings['num_inference_steps']}")
+                                         f"{settings.num_inference_steps}")
         calibrated = getattr(cache, "calibration", None) or {}
-        for name, mine in (("preset", self.preset.name), ("flow_shift", settings["flow_shift"]),
+        for name, mine in (("preset", self.preset.name), ("flow_shift", settings.flow_shift),
                            ("no_cache_blocks", no_cache_blocks)):
             if name in calibrated and calibrated[name] != mine:
                 raise HyvInputError("cache", f"the magcache schedule was calibrated with {name} {calibrated[name]!r} "
@@ -167,7 +167,7 @@ class VideoPipeline:
                                 dtype=(torch.bfloat16 if self.vae_dtype == "bf16" else torch.float32)
                                 if self.vae_runtime == "tpu" else None)
         config = dict(prompt=prompt, negative_prompt=negative_prompt, preset=self.preset.name, task=task,
-                      model_path=self.model_path, dtype=self.dtype, **settings, fps=self.preset.fps,
+                      model_path=self.model_path, dtype=self.dtype, **settings.config(), fps=self.preset.fps,
                       stage3_runtime=self.vae_runtime, vae_dtype=self.vae_dtype, vae_tiling=self.tiling,
                       time_s=round(time.perf_counter() - start, 3), denoise_time_s=round(denoise_s, 3))
         if cache is not None:

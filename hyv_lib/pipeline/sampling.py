@@ -31,8 +31,8 @@ def sample_latents(step: TransformerStep, transformer, scheduler_config, preset:
                                                f"transformer expects {dim}; stage1 used a different model")
     model_dtype = next(transformer.parameters()).dtype
     device = device or torch.device("cpu")
-    scheduler = FlowMatchEulerDiscreteScheduler.from_config(scheduler_config, shift=settings["flow_shift"])
-    shape = preset.latent_shape(settings["height"], settings["width"], settings["video_length"])
+    scheduler = FlowMatchEulerDiscreteScheduler.from_config(scheduler_config, shift=settings.flow_shift)
+    shape = preset.latent_shape(settings.height, settings.width, settings.video_length)
     shape = (shape[0], config.out_channels, *shape[2:])  # the model decides the channels
     cond_latents = embeds.get("cond_latents")
     if cond_latents is not None and tuple(cond_latents.shape[-2:]) != shape[-2:]:
@@ -40,9 +40,9 @@ def sample_latents(step: TransformerStep, transformer, scheduler_config, preset:
                                         f"video's are {list(shape[-2:])}: the image decides the size")
     conditioning = {k: v.to(device) for k, v in prepare_conditioning(
         embeds, preset, model_dtype, image_dim=config.image_embed_dim).items()}
-    return denoise(step, initial_latents(shape, settings["seed"]).to(device), conditioning, scheduler,
-                   num_inference_steps=settings["num_inference_steps"], guidance_scale=settings["guidance_scale"],
-                   model_dtype=model_dtype, warmup_steps=settings["warmup_steps"], progress=progress,
+    return denoise(step, initial_latents(shape, settings.seed).to(device), conditioning, scheduler,
+                   num_inference_steps=settings.num_inference_steps, guidance_scale=settings.guidance_scale,
+                   model_dtype=model_dtype, warmup_steps=settings.warmup_steps, progress=progress,
                    cond_latents=None if cond_latents is None else cond_latents.to(device),
                    meanflow=bool(getattr(config, "use_meanflow", False))).cpu()
 

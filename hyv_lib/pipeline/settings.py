@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from ..base.checks import as_number
@@ -11,7 +12,7 @@ from ..base.presets import DEFAULT_SEED, Preset, video_size
 from ..parallel.jax_env import init_multi_host
 from ..parallel.mesh import make_mesh, parse_mesh
 from ..parallel.sharding import RULE_SETS
-from ..runtimes.magcache import resolve_magcache
+from ..runtimes.magcache import DEFAULT_MAX_SKIP, DEFAULT_RETENTION, DEFAULT_THRESHOLD
 from ..runtimes.step import RUNTIMES, check_attention
 
 #: The step caches (``--cache_method``): DeepCache's fixed schedule, or the adaptive MagCache-style one
@@ -64,9 +65,56 @@ class Stage2Settings:
 STAGE2_SETTINGS = tuple(f.name for f in dataclasses.fields(Stage2Settings))
 
 
-def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **kwargs: Any) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class ResolvedSettings:
+    """Stage-2 settings after :func:`resolve_settings`: every value checked, Python numbers, the preset's defaults
+    filled in and the size resolved. The cache fields hold what was asked (``cache_calibration``: the file given, or
+    None); which calibration a MagCache run uses is decided where its schedule is built
+    (:func:`hyv_lib.pipeline.calibration.cache_schedule`). :meth:`config` gives the generation_config.json fields."""
+
+    aspect_ratio: str
+    height: int
+    width: int
+    video_length: int
+    num_inference_steps: int
+    guidance_scale: float
+    flow_shift: float
+    seed: int
+    warmup_steps: int
+    runtime: str
+    attention: str
+    mesh: str | None
+    sharding: str | None  #: None without a mesh
+    enable_cache: bool
+    cache_method: str | None  #: ``deepcache`` or ``magcache`` with the cache on, else None
+    cache_start_step: int
+    cache_end_step: int
+    cache_step_interval: int
+    no_cache_blocks: int
+    cache_threshold: float | None  #: magcache only (default filled in)
+    cache_max_skip: int | None
+    cache_retention: float | None
+    cache_calibration: str | None
+    multi_host: bool
+
+    def config(self) -> dict[str, Any]:
+        """The generation_config.json fields of these settings: the cache method's own fields only when it is on,
+        ``multi_host`` only when set (the file format of the staged scripts)."""
+        names = ["aspect_ratio", "height", "width", "video_length", "num_inference_steps", "guidance_scale",
+                 "flow_shift", "seed", "warmup_steps", "runtime", "attention", "mesh", "sharding", "enable_cache"]
+        if self.cache_method == "deepcache":
+            names += ["cache_method", "cache_start_step", "cache_end_step", "cache_step_interval", "no_cache_blocks"]
+        elif self.cache_method == "magcache":
+            names += ["cache_method", "cache_threshold", "cache_max_skip", "cache_retention", "cache_calibration",
+                      "no_cache_blocks"]
+        if self.multi_host:
+            names.append("multi_host")
+        return {name: getattr(self, name) for name in names}
+
+
+def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **kwargs: Any) -> ResolvedSettings:
     """Fill unset stage-2 settings (a :class:`Stage2Settings`, or its fields as keyword arguments) from the preset,
-    validate them, and resolve (height, width).
+    validate them, and resolve (height, width): a frozen :class:`ResolvedSettings`.
 
     Bad values raise HyvInputError naming the flag. Height and width come from the ``aspect_ratio``
     bucket unless both are given.
@@ -121,7 +169,6 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
             raise HyvInputError("--mesh", str(err)) from None
     if sharding not in RULE_SETS:
         raise HyvInputError("--sharding", f"must be one of {', '.join(RULE_SETS)}, got {sharding!r}")
-    cache = {}
     magcache_flags = {"--cache_threshold": s.cache_threshold, "--cache_max_skip": s.cache_max_skip,
                       "--cache_retention": s.cache_retention, "--cache_calibration": s.cache_calibration}
     if cache_method is not None and cache_method not in CACHE_METHODS:
@@ -145,15 +192,22 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
         if num_layers is not None and no_cache_blocks > num_layers:
             raise HyvInputError("--no_cache_blocks", f"must be at most the model's {num_layers} blocks, "
                                                      f"got {no_cache_blocks}")
-        if cache_method == "magcache":
-            cache = dict(**resolve_magcache(preset, num_inference_steps, flow_shift, no_cache_blocks,
-                                            s.cache_threshold, s.cache_max_skip, s.cache_retention,
-                                            s.cache_calibration), no_cache_blocks=no_cache_blocks)
-        else:
-            cache = dict(cache_method="deepcache", cache_start_step=cache_start_step, cache_end_step=cache_end_step,
-                         cache_step_interval=cache_step_interval, no_cache_blocks=no_cache_blocks)
-    return dict(aspect_ratio=aspect_ratio, height=height, width=width, video_length=video_length,
-                num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
-                seed=seed, warmup_steps=warmup_steps, runtime=runtime, attention=attention, mesh=mesh,
-                sharding=sharding if mesh else None, enable_cache=bool(enable_cache), **cache,
-                **({"multi_host": True} if multi_host else {}))
+    threshold = max_skip = retention = None
+    if enable_cache and cache_method == "magcache":
+        threshold = as_number("--cache_threshold", DEFAULT_THRESHOLD if s.cache_threshold is None
+                              else s.cache_threshold, low=0)
+        max_skip = as_number("--cache_max_skip", DEFAULT_MAX_SKIP if s.cache_max_skip is None else s.cache_max_skip,
+                             int, low=1)
+        retention = as_number("--cache_retention", DEFAULT_RETENTION if s.cache_retention is None
+                              else s.cache_retention, low=0, high=1)
+        if s.cache_calibration is not None and not isinstance(s.cache_calibration, (str, os.PathLike)):
+            raise HyvInputError("--cache_calibration", f"must be a file path, got {s.cache_calibration!r}")
+    return ResolvedSettings(
+        aspect_ratio=aspect_ratio, height=height, width=width, video_length=video_length,
+        num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift, seed=seed,
+        warmup_steps=warmup_steps, runtime=runtime, attention=attention, mesh=mesh, sharding=sharding if mesh else None,
+        enable_cache=bool(enable_cache), cache_method=(cache_method or "deepcache") if enable_cache else None,
+        cache_start_step=cache_start_step, cache_end_step=cache_end_step, cache_step_interval=cache_step_interval,
+        no_cache_blocks=no_cache_blocks, cache_threshold=threshold, cache_max_skip=max_skip, cache_retention=retention,
+        cache_calibration=None if s.cache_calibration is None else str(s.cache_calibration),
+        multi_host=bool(multi_host))

@@ -19,7 +19,7 @@ from ..models.components import IMAGE_COMPONENTS, TEXT_COMPONENTS, load_componen
 from ..parallel.distributed import barrier, init_distributed, local_device, rank
 from ..runtimes.step import TransformerStep, make_step
 from ..runtimes.vae import decode_latents
-from .calibration import cache_schedule
+from .calibration import cache_schedule, resolve_calibration
 from .image import check_task, crop_to_bucket, first_frame, image_size_settings, load_image
 from .sampling import sample_latents
 from .settings import Stage2Settings, resolve_settings
@@ -143,6 +143,8 @@ def stage2(
         requested = image_size_settings(
             requested, tuple(n * spec.spatial_compression for n in embeds["cond_latents"].shape[-2:]))
     settings = resolve_settings(spec, requested)
+    # the step cache, decided before any model loads (a MagCache run's calibration file is resolved here)
+    schedule = None if step is not None else cache_schedule(settings, spec, config.get("model_path"))
     output_dir = ensure_output_dir(output_dir or input_dir)
     dtype = config.get("dtype", spec.default_dtype)
     if components is None:
@@ -152,23 +154,25 @@ def stage2(
     if device.type == "cuda":  # untested here: no GPU
         transformer.to(device)  # before the step is built (a no-op when a kept model is already there)
     owns_group = runtime == "ulysses" and not torch.distributed.is_initialized()  # else the caller's: left as found
-    step = step or make_step(transformer, runtime, mesh, sharding,
-                             cache=cache_schedule(settings, spec, config.get("model_path")),
-                             no_cache_blocks=settings.get("no_cache_blocks", 1), attention=attention)
+    step = step or make_step(transformer, runtime, mesh, sharding, cache=schedule,
+                             no_cache_blocks=settings.no_cache_blocks, attention=attention)
     with PeakMemory() as memory:
         latents = sample_latents(step, transformer, components["scheduler"].config, spec, embeds, settings,
                                  progress=not quiet and rank() == 0, device=device)
     if rank() == 0:  # every rank holds the same latents; one writes them
         save_tensors({"latents": latents}, os.path.join(output_dir, STAGE2_FILE), metadata={"preset": spec.name})
-        counts = {}
-        if settings["enable_cache"] and hasattr(step, "full_calls"):  # what the cache did, next to what was asked
-            counts = dict(cache_full_steps=step.full_calls, cache_cached_steps=step.cached_calls,
+        fields = settings.config()
+        used = getattr(step, "schedule", None)  # the cache's own fields (MagCache: the calibration file it used)
+        if settings.enable_cache and used is not None:
+            fields.update(used.settings())
+        if settings.enable_cache and hasattr(step, "full_calls"):  # what the cache did, next to what was asked
+            fields.update(cache_full_steps=step.full_calls, cache_cached_steps=step.cached_calls,
                           cache_skipped_steps=list(getattr(step, "skipped_steps", [])))
-        update_config(output_dir, base=config, **settings, **counts,
-                      stage2_time_s=round(time.perf_counter() - start, 3), **memory_fields("stage2", memory))
+        update_config(output_dir, base=config, **fields, stage2_time_s=round(time.perf_counter() - start, 3),
+                      **memory_fields("stage2", memory))
         logger.info("stage 2: %s in %.1f s, %d steps on the %s runtime (peak RSS %.0f MiB)",
                     os.path.join(output_dir, STAGE2_FILE), time.perf_counter() - start,
-                    settings["num_inference_steps"], runtime, memory.peak_bytes / 2**20)
+                    settings.num_inference_steps, runtime, memory.peak_bytes / 2**20)
     if runtime == "ulysses":
         barrier()
         if owns_group:
@@ -273,7 +277,9 @@ def generate(
     check_task(spec, image_path is not None)
     if image_path is not None:
         requested = first_frame(spec, image_path, requested)[0]
-    resolve_settings(spec, requested)
+    settings = resolve_settings(spec, requested)
+    if settings.cache_method == "magcache":  # a missing or unfitting calibration file fails before stage 1 writes
+        resolve_calibration(settings, spec)
     fps = _check_stage3_settings(output_video, fps, vae_dtype)
     stage1(preset=preset, prompt=prompt, negative_prompt=negative_prompt, output_dir=output_dir,
            model_path=model_path, dtype=dtype, image_path=image_path)

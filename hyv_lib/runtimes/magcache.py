@@ -240,22 +240,12 @@ def bundled_calibration(preset, no_cache_blocks: int = 1) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------- settings and flags
-def resolve_magcache(preset, num_inference_steps: int, flow_shift: float, no_cache_blocks: int, threshold: Any,
-                     max_skip: Any, retention: Any, calibration: Any) -> dict[str, Any]:
-    """The magcache settings of a run, validated (HyvInputError naming the flag), with the calibration file to use:
-    ``calibration``, else the one shipped with the preset's bundled weights when it fits the run, else None for a
-    tiny preset (:func:`schedule_for` calibrates it on the fly); a real preset needs a file."""
-    threshold = DEFAULT_THRESHOLD if threshold is None else threshold
-    max_skip = DEFAULT_MAX_SKIP if max_skip is None else max_skip
-    retention = DEFAULT_RETENTION if retention is None else retention
-    for flag, name, value in (("--cache_threshold", "threshold", threshold),
-                              ("--cache_retention", "retention", retention)):
-        try:
-            check_number(name, value, 0.0, 1.0 if name == "retention" else None)
-        except ValueError as err:
-            raise HyvInputError(flag, str(err).removeprefix(f"{name} ")) from None
-    if not isinstance(max_skip, int) or isinstance(max_skip, bool) or max_skip < 1:
-        raise HyvInputError("--cache_max_skip", f"must be an integer >= 1, got {max_skip!r}")
+def calibration_path(preset, num_inference_steps: int, flow_shift: float, no_cache_blocks: int,
+                     calibration: str | None) -> str | None:
+    """The calibration file a MagCache run uses: ``calibration`` (checked against the run), else the one shipped with
+    the preset's bundled weights when it fits the run, else None for a tiny preset (it is calibrated on the fly,
+    :func:`hyv_lib.pipeline.calibration.schedule_for`); a real preset needs a file (HyvInputError naming
+    ``--cache_calibration``)."""
     if calibration is not None:
         found = load_calibration(calibration)
         found.check(preset.name, num_inference_steps, flow_shift, no_cache_blocks)
@@ -273,5 +263,4 @@ def resolve_magcache(preset, num_inference_steps: int, flow_shift: float, no_cac
                                                        f"--preset {preset.name} --model_path ... --num_inference_steps "
                                                        f"{num_inference_steps} --output PATH.json, then pass "
                                                        "--cache_calibration PATH.json")
-    return dict(cache_method="magcache", cache_threshold=threshold, cache_max_skip=max_skip,
-                cache_retention=retention, cache_calibration=path)
+    return path
