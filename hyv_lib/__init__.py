@@ -21,7 +21,7 @@ _PUBLIC = {
     "PRESETS": "base.presets", "Preset": "base.presets", "get_preset": "base.presets",
     "PeakMemory": "base.memory",
     "make_mesh": "parallel.mesh", "parse_mesh": "parallel.mesh", "enable_compile_cache": "parallel.jax_env",
-    "available_backends": "kernels.registry", "attention": "kernels.dispatch",
+    "available_backends": "kernels.dispatch", "attention": "kernels.dispatch", "register_backend": "kernels.registry",
     "build_tiny_components": "models.components", "load_components": "models.components",
     "use_attention": "models.processors",
     "make_step": "runtimes.step", "TpuTransformer": "runtimes.tpu", "UlyssesTransformer": "runtimes.ulysses",

@@ -292,3 +292,41 @@ def test_the_oracle_zeroes_keyless_samples_but_passes_nan_inputs_through():
     out = reference_attention(q, k, v, mask)
     assert torch.equal(out[1], torch.zeros_like(out[1]))
     assert out[0, 0, 1].isnan().all() and out[0, 0, [0, 2, 3]].isfinite().all()
+
+
+def test_one_decorated_function_adds_a_backend():
+    """The registry: a kernel and its requirements in one decorator; available_backends, the errors and attention()
+    all come from it."""
+    from hyv_lib.kernels.registry import BACKENDS as REGISTRY
+    from hyv_lib.kernels.registry import register_backend
+
+    calls = []
+
+    @register_backend("toy_scaled", devices=("cpu",), dtypes=(torch.float32,), options=("scale",))
+    def toy(q, k, v, kv_mask, scale=1.0):
+        calls.append(scale)
+        return reference_attention(q, k, v, kv_mask) * scale
+
+    register_backend("toy_missing", devices=("cpu",), packages=("no_such_package_xyz",), install="pip install xyz")(toy)
+    register_backend("toy_new_torch", devices=("cpu",), min_torch=(99, 0))(toy)
+    register_backend("toy_gpu", devices=("cuda",), dtypes=(torch.float16,))(toy)
+    try:
+        q, k, v, mask = random_case(6, 2, 2, 12, 8, [12, 7])
+        assert torch.equal(attention(q, k, v, mask, backend="toy_scaled", scale=2.0),
+                           2.0 * reference_attention(q, k, v, mask)) and calls == [2.0]
+        reasons = available_backends()
+        assert reasons["toy_scaled"] is None
+        assert reasons["toy_missing"] == "package 'no_such_package_xyz' is not installed (pip install xyz)"
+        assert reasons["toy_new_torch"].startswith("needs torch >= 99.0")
+        with pytest.raises(RuntimeError, match="toy_missing"):
+            attention(q, k, v, mask, backend="toy_missing")
+        with pytest.raises(ValueError, match="'toy_scaled' takes fp32 cpu tensors, got float64 tensors on cpu"):
+            attention(q.double(), k.double(), v.double(), mask, backend="toy_scaled")
+        with pytest.raises(TypeError, match="takes the options scale"):
+            attention(q, k, v, mask, backend="toy_scaled", block_kv=8)
+        if not torch.cuda.is_available():
+            assert "NVIDIA GPU" in reasons["toy_gpu"]
+    finally:
+        for name in ("toy_scaled", "toy_missing", "toy_new_torch", "toy_gpu"):
+            REGISTRY.pop(name)
+    assert "toy_scaled" not in available_backends()

@@ -1,7 +1,9 @@
-"""Masked attention over [B, H, S, D] with a [B, S] key-padding mask: which backends run here, and the one call that picks one."""
+"""Masked attention over [B, H, S, D] with a [B, S] key-padding mask: which registered backends run here, and the one
+call that picks one."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -9,11 +11,18 @@ import torch
 from ..base.errors import HyvInputError
 from ..parallel.mesh import target_platform
 from ..parallel.sharding import per_shard
-from ..parallel.transfer import numpy_to_torch, torch_to_numpy
-from .host import host_sdpa_attention_jax
-from .registry import BACKEND_OPTIONS, BACKENDS, CUDA_HALF_BACKENDS, JAX_BACKENDS, available_backends
-from .torch_kernels import flash_attention, kv_zeroing_attention, reference_attention, sage_attention, sdpa_attention
-from .xla import xla_attention_jax
+from . import jax_kernels, splash, torch_kernels  # noqa: F401 - importing them registers the built-in backends
+from .registry import BACKENDS
+
+
+def available_backends() -> dict[str, str | None]:
+    """Backend name -> None if it can run here, else the reason it cannot (and how to get it): from the registry."""
+    return {name: backend.unavailable() for name, backend in BACKENDS.items()}
+
+
+def jax_backends() -> tuple[str, ...]:
+    """The backends a jitted torchax step can call (they take device ``jax`` tensors)."""
+    return tuple(name for name, backend in BACKENDS.items() if backend.jax_kernel is not None)
 
 
 def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype | None = None) -> str:
@@ -23,20 +32,15 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype | Non
     if backend == "auto":
         if device.type == "jax":
             return "splash" if target_platform() == "tpu" else "xla"
-        half = dtype in (None, torch.float16, torch.bfloat16)
-        order = ("flash3", "flash", "sdpa") if device.type == "cuda" and half else ("sdpa",)
-        return next(name for name in order if available[name] is None)
+        order = ("flash3", "flash", "sdpa") if device.type == "cuda" else ("sdpa",)
+        return next(name for name in order if available[name] is None and BACKENDS[name].takes(device, dtype) is None)
     if backend not in available:
         raise ValueError(f"backend must be 'auto' or one of {', '.join(BACKENDS)}; got {backend!r}")
     if available[backend] is not None:
         raise RuntimeError(f"attention backend {backend!r} cannot run here: {available[backend]}")
-    if device.type == "jax" and backend not in JAX_BACKENDS:
-        raise ValueError(f"torchax tensors (device 'jax') need a JAX backend: {', '.join(JAX_BACKENDS)}; "
-                         f"got {backend!r}")
-    if backend in CUDA_HALF_BACKENDS and (device.type != "cuda" or dtype not in (None, torch.float16,
-                                                                                   torch.bfloat16)):
-        raise ValueError(f"attention backend {backend!r} takes fp16 or bf16 CUDA tensors, got "
-                         f"{'' if dtype is None else str(dtype).removeprefix('torch.') + ' '}tensors on {device.type}")
+    mismatch = BACKENDS[backend].takes(device, dtype)
+    if mismatch is not None:
+        raise ValueError(f"attention backend {backend!r} {mismatch}")
     return backend
 
 
@@ -69,54 +73,19 @@ def attention(
     kv_mask = kv_mask.to(device=q.device)
     name = resolve_backend(backend, q.device, q.dtype)
     check_options(name, options)
-    if q.device.type == "jax":
-        return _call_jax_backend(name, q, k, v, kv_mask, options)
-    if name == "reference":
-        return reference_attention(q, k, v, kv_mask)
-    if name == "sdpa":
-        return sdpa_attention(q, k, v, kv_mask)
-    if name in ("flash", "flash3"):
-        return flash_attention(q, k, v, kv_mask, version=3 if name == "flash3" else 2)
-    if name == "sage":
-        return sage_attention(q, k, v, kv_mask)
-    if name == "splash":
-        from .splash import splash_attention
+    chosen = BACKENDS[name]
+    if q.device.type == "jax":  # inside a jitted torchax step: the JAX kernel on zero-copy views, per shard
+        from torchax.interop import call_jax
 
-        return splash_attention(q, k, v, kv_mask, **options)
-    if name in ("xla", "host_sdpa"):
-        return _call_jax_backend(name, q, k, v, kv_mask, options, from_torch=True)
-    return kv_zeroing_attention(q, k, v, kv_mask)
+        return call_jax(per_shard(functools.partial(chosen.jax_kernel, **options)), q, k, v, kv_mask)
+    return chosen.kernel(q, k, v, kv_mask, **options)
 
 
 def check_options(backend: str, options: dict[str, Any]) -> None:
     """TypeError for options the backend does not take (``auto``: those no backend it can pick takes)."""
-    valid = (set().union(*BACKEND_OPTIONS.values()) if backend == "auto" else set(BACKEND_OPTIONS.get(backend, ())))
+    valid = set().union(*(b.options for b in BACKENDS.values())) if backend == "auto" else set(BACKENDS[backend].options)
     unknown = sorted(set(options) - valid)
     if unknown and not valid:
         raise TypeError(f"backend {backend!r} takes no options; got {unknown}")
     if unknown:
         raise TypeError(f"backend {backend!r} takes the options {', '.join(sorted(valid))}; got {unknown}")
-
-
-def _call_jax_backend(name, q, k, v, kv_mask, options, from_torch=False):
-    """Run a JAX kernel on torchax tensors (zero-copy views) or, ``from_torch``, on CPU torch tensors."""
-    import functools
-
-    from torchax.interop import call_jax
-
-    if name == "splash":
-        from .splash import splash_attention_jax as kernel
-    elif name == "host_sdpa":
-        kernel = functools.partial(host_sdpa_attention_jax, host_kernel=sdpa_attention)
-    else:
-        kernel = xla_attention_jax
-    fn = functools.partial(kernel, **options)
-    if not from_torch:
-        return call_jax(per_shard(fn), q, k, v, kv_mask)
-    import jax.numpy as jnp
-
-    def to_jax(t):  # the kernel computes in float32 (bf16 converts exactly); the result is cast back to q's dtype
-        return jnp.asarray(torch_to_numpy(t.float() if t.is_floating_point() else t))
-
-    out = fn(*(to_jax(t) for t in (q, k, v, kv_mask)))
-    return numpy_to_torch(out).to(device=q.device, dtype=q.dtype)

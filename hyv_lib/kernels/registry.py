@@ -1,61 +1,82 @@
-"""The attention backends: their names, the options each takes, and which of them can run on this machine (and why not)."""
+"""The attention backend registry: name -> kernel, what it needs to run (device, dtypes, packages, torch and GPU
+generation) and the options it takes; one decorated function adds a backend."""
 
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-from ..parallel.jax_env import default_backend
-
-#: Exact backends, the lossy one (sage), and the teaching approximation (kv_zeroing).
-BACKENDS = ("reference", "sdpa", "flash", "flash3", "sage", "splash", "xla", "host_sdpa", "kv_zeroing")
-#: Backends that accept torchax tensors (device "jax") inside a jitted step.
-JAX_BACKENDS = ("splash", "xla", "host_sdpa")
-#: The options each backend takes (the others take none).
-BACKEND_OPTIONS = {"splash": ("block_q", "block_kv", "block_kv_compute", "interpret", "compute_dtype"),
-                   "xla": ("block_kv",)}
+#: Short names of the dtypes a backend takes, for its messages.
+_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
 
 
-# ------------------------------------------------------------------------------------------ availability
-def _missing(package: str, how: str) -> str | None:
-    return None if importlib.util.find_spec(package) else f"package {package!r} is not installed ({how})"
+@dataclass(frozen=True)
+class Backend:
+    """One attention backend. ``kernel(q, k, v, kv_mask, **options)`` takes and returns torch tensors [B, H, S, D]
+    with a bool [B, S] key mask (the semantics of :func:`hyv_lib.kernels.dispatch.attention`); ``jax_kernel``, if
+    any, is the same on JAX arrays, what a jitted torchax step calls (device ``jax``)."""
+
+    name: str
+    kernel: Callable
+    devices: tuple[str, ...]  #: tensor devices it takes: "cpu", "cuda", "jax"
+    dtypes: tuple[torch.dtype, ...] | None = None  #: None: any floating dtype
+    packages: tuple[str, ...] = ()  #: import names that must be installed
+    install: str = ""  #: how to get the packages
+    min_torch: tuple[int, int] | None = None  #: (major, minor) of torch at least
+    min_cuda_capability: tuple[int, int] | None = None  #: the GPU generation at least (8, 0) = Ampere
+    options: tuple[str, ...] = ()  #: keyword options the kernel takes
+    exact: bool = True  #: False: an approximation (Sage's 8-bit QK^T, the K/V-zeroing teaching scheme)
+    jax_kernel: Callable | None = None
+    check: Callable[[], str | None] | None = None  #: one more condition: None if met, else why not
+
+    def unavailable(self) -> str | None:
+        """None if the backend can run on this machine, else why it cannot (and how to get it)."""
+        for package in self.packages:
+            if importlib.util.find_spec(package) is None:
+                return f"package {package!r} is not installed ({self.install})"
+        if self.min_torch is not None:
+            have = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+            if have < self.min_torch:
+                return f"needs torch >= {'.'.join(map(str, self.min_torch))}, this is {torch.__version__}"
+        if self.devices == ("cuda",) and not torch.cuda.is_available():
+            return "needs an NVIDIA GPU (torch.cuda.is_available() is False)"
+        if self.min_cuda_capability is not None and torch.cuda.is_available():
+            capability = torch.cuda.get_device_capability()
+            if capability < self.min_cuda_capability:
+                return (f"needs a GPU of compute capability >= {'.'.join(map(str, self.min_cuda_capability))}, this "
+                        f"one is {'.'.join(map(str, capability))}")
+        return self.check() if self.check is not None else None
+
+    def takes(self, device: torch.device, dtype: torch.dtype | None = None) -> str | None:
+        """None if the kernel takes tensors of ``device`` and ``dtype`` (None: not known yet), else why not."""
+        dtype_ok = self.dtypes is None or dtype is None or dtype in self.dtypes
+        if device.type in self.devices and dtype_ok:
+            return None
+        wanted = " or ".join(_DTYPE_NAMES.get(d, str(d)) for d in self.dtypes) + " " if self.dtypes else ""
+        places = " or ".join("torchax (device 'jax')" if d == "jax" else d.upper() if d == "cuda" else d
+                             for d in self.devices)
+        got = "" if dtype is None else str(dtype).removeprefix("torch.") + " "
+        return f"takes {wanted}{places} tensors, got {got}tensors on {device.type}"
 
 
-def _needs_cuda(package: str, how: str) -> str | None:
-    reason = _missing(package, how)
-    if reason is None and not torch.cuda.is_available():
-        reason = "needs an NVIDIA GPU (torch.cuda.is_available() is False)"
-    return reason
+#: Every registered backend by name, in registration order (``hyv_lib.kernels.dispatch`` imports the built-in ones).
+BACKENDS: dict[str, Backend] = {}
 
 
-def _needs_cpu_jax() -> str | None:
-    """host_sdpa's extra condition, checked only once JAX is imported (importing it costs torch-only users)."""
-    import sys
+def register_backend(name: str, *, devices: tuple[str, ...], dtypes: tuple[torch.dtype, ...] | None = None,
+                     packages: tuple[str, ...] = (), install: str = "", min_torch: tuple[int, int] | None = None,
+                     min_cuda_capability: tuple[int, int] | None = None, options: tuple[str, ...] = (),
+                     exact: bool = True, jax_kernel: Callable | None = None,
+                     check: Callable[[], str | None] | None = None) -> Callable[[Callable], Callable]:
+    """Decorator: register ``kernel(q, k, v, kv_mask, **options)`` as the attention backend ``name`` (see
+    :class:`Backend` for the requirements). Registering a name again replaces it."""
 
-    if "jax" not in sys.modules:
-        return None
+    def register(kernel: Callable) -> Callable:
+        BACKENDS[name] = Backend(name, kernel, devices, dtypes, packages, install, min_torch, min_cuda_capability,
+                                 options, exact, jax_kernel, check)
+        return kernel
 
-    backend = default_backend()
-    return None if backend == "cpu" else f"calls torch from jitted code: needs JAX on the CPU, not {backend!r}"
-
-
-def available_backends() -> dict[str, str | None]:
-    """Backend name -> None if it can run here, else the reason it cannot (and how to get it)."""
-    gpu_extras = "pip install -r requirements-gpu.txt on a CUDA machine"
-    return {
-        "reference": None,
-        "sdpa": None,
-        "flash": _needs_cuda("flash_attn", gpu_extras),
-        "flash3": _needs_cuda("flash_attn_interface", "build FlashAttention-3 from the flash-attention repo's hopper/ "
-                                                      "folder on an H100/H800"),
-        "sage": _needs_cuda("sageattention", gpu_extras),
-        "splash": _missing("jax", "pip install -r requirements.txt; on a TPU VM also requirements-tpu.txt"),
-        "xla": _missing("jax", "pip install -r requirements.txt"),
-        "host_sdpa": _missing("jax", "pip install -r requirements.txt") or _needs_cpu_jax(),
-        "kv_zeroing": None,
-    }
-
-
-#: What the CUDA kernels take: flash-attn and SageAttention run on fp16 / bf16 CUDA tensors only.
-CUDA_HALF_BACKENDS = ("flash", "flash3", "sage")
+    return register

@@ -5,16 +5,13 @@ from __future__ import annotations
 import functools
 import math
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as _sk
-from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as _sm
+import torch
 
 from ..base.errors import HyvInputError
 from ..parallel.mesh import target_device_kind, target_platform
 from ..parallel.transfer import numpy_to_torch, torch_to_numpy
-from .registry import BACKEND_OPTIONS
+from .registry import register_backend
 
 # Tile sizes of the forward kernel: block_q query rows x block_kv key rows per grid step, the key block
 # processed in block_kv_compute-row slices. The kernel needs multiples of 128 (TPU lane width) and
@@ -53,18 +50,20 @@ def _check_block(name: str, value) -> int:
     return int(value)
 
 
-def default_block_sizes(compute_dtype=jnp.float32, device_kind: str | None = None) -> dict:
+def default_block_sizes(compute_dtype="float32", device_kind: str | None = None) -> dict:
     """The default tile sizes for q, k, v fed to the kernel in ``compute_dtype`` on a chip of ``device_kind``
     (JAX's ``device.device_kind``; None: the chip the program targets, see
     :func:`hyv_lib.parallel.mesh.target_device_kind`). Chips not in :data:`CHIP_BLOCK_SIZES` (v6e, TPU7x, and the CPU
     of interpret mode) get :data:`DEFAULT_BLOCK_SIZES`."""
+    import jax.numpy as jnp
+
     if device_kind is None:
         device_kind = target_device_kind()
     return dict(CHIP_BLOCK_SIZES.get((device_kind, jnp.dtype(compute_dtype).name), DEFAULT_BLOCK_SIZES))
 
 
 def resolve_block_sizes(seq_len: int, block_q, block_kv, block_kv_compute,
-                         compute_dtype=jnp.float32) -> tuple[int, int, int]:
+                         compute_dtype="float32") -> tuple[int, int, int]:
     """Validate the requested block sizes (None = the dtype's default), then clamp them to the sequence.
 
     A block longer than the sequence rounded up to 128 would only add padding, so block_q and block_kv are
@@ -99,7 +98,7 @@ def _check_inputs(q, k, v, kv_mask) -> None:
     b, _, s, _ = q.shape
     if tuple(kv_mask.shape) != (b, s):
         raise HyvInputError("kv_mask", f"must be [B, S] = {(b, s)}, got shape {tuple(kv_mask.shape)}")
-    if kv_mask.dtype != jnp.bool_:
+    if kv_mask.dtype != np.bool_:
         raise HyvInputError("kv_mask", f"must be a bool array (True = valid token), got dtype {kv_mask.dtype}")
 
 
@@ -128,6 +127,11 @@ def splash_attention_jax(q, k, v, kv_mask, *, block_q=None, block_kv=None, block
     never sees padding; an invalid one sees only padding (itself at least, so its softmax is finite) and is
     zeroed afterwards. Queries and keys are padded separately, to multiples of block_q and block_kv.
     """
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as _sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as _sm
+
     q, k, v, kv_mask = (jnp.asarray(x) for x in (q, k, v, kv_mask))
     _check_inputs(q, k, v, kv_mask)
     if compute_dtype not in (None, "float32", "bfloat16"):
@@ -170,26 +174,30 @@ def splash_attention_jax(q, k, v, kv_mask, *, block_q=None, block_kv=None, block
     return out.astype(out_dtype)
 
 
-_OPTIONS = BACKEND_OPTIONS["splash"]
+#: The options Splash takes: its tile sizes, interpret mode and compute dtype.
+OPTIONS = ("block_q", "block_kv", "block_kv_compute", "interpret", "compute_dtype")
 
 
 @functools.lru_cache(maxsize=None)
 def _jitted(options: tuple):
+    import jax
+
     return jax.jit(functools.partial(splash_attention_jax, **dict(options)))
 
 
-def splash_attention(q, k, v, kv_mask=None, **options) -> "torch.Tensor":  # noqa: F821
+@register_backend("splash", devices=("cpu", "cuda", "jax"), packages=("jax",), options=OPTIONS,
+                  install="pip install -r requirements.txt; on a TPU VM also requirements-tpu.txt",
+                  jax_kernel=splash_attention_jax)
+def splash_attention(q, k, v, kv_mask=None, **options) -> torch.Tensor:
     """torch in/out wrapper of :func:`splash_attention_jax` (same semantics; ``kv_mask=None`` = all valid).
 
     Tensors go through numpy on the host (bf16 bit-exactly); the result comes back in q's dtype on q's device.
     ``options``: block_q, block_kv, block_kv_compute, interpret, compute_dtype. Calls are jitted once per option
     set and shape.
     """
-    import torch
-
-    unknown = set(options) - set(_OPTIONS)
+    unknown = set(options) - set(OPTIONS)
     if unknown:
-        raise HyvInputError(sorted(unknown)[0], f"unknown option; valid: {', '.join(_OPTIONS)}")
+        raise HyvInputError(sorted(unknown)[0], f"unknown option; valid: {', '.join(OPTIONS)}")
     if q.dim() != 4:
         raise HyvInputError("q", f"must be [B, H, S, D], got shape {tuple(q.shape)}")
     if kv_mask is None:

@@ -8,8 +8,15 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from .registry import register_backend
+
+#: What a CUDA machine installs for the GPU kernels.
+GPU_EXTRAS = "pip install -r requirements-gpu.txt on a CUDA machine"
+HALF = (torch.float16, torch.bfloat16)
+
 
 # ------------------------------------------------------------------------------------------------ kernels
+@register_backend("reference", devices=("cpu", "cuda"))
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_mask: torch.Tensor) -> torch.Tensor:
     """The oracle: plain softmax(QK^T/sqrt(D)) V in fp32 over valid keys. Materialises [B,H,S,S] (O(S^2))."""
     scores = torch.einsum("bhqd,bhkd->bhqk", q.float(), k.float()) / math.sqrt(q.shape[-1])
@@ -44,6 +51,7 @@ def _per_batch_valid(
     return out
 
 
+@register_backend("sdpa", devices=("cpu", "cuda"))
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_mask: torch.Tensor) -> torch.Tensor:
     """torch SDPA with no mask argument on the valid tokens (lets torch pick its fused kernel)."""
     return _per_batch_valid(q, k, v, kv_mask, lambda q_, k_, v_: F.scaled_dot_product_attention(q_, k_, v_))
@@ -88,6 +96,23 @@ def flash_attention(q, k, v, kv_mask, *, version: int = 2) -> torch.Tensor:
     return pad(out, indices, q.shape)
 
 
+@register_backend("flash", devices=("cuda",), dtypes=HALF, packages=("flash_attn",), install=GPU_EXTRAS,
+                  min_cuda_capability=(8, 0))
+def flash2_attention(q, k, v, kv_mask) -> torch.Tensor:
+    """FlashAttention-2 (flash-attn's varlen kernel) on the packed valid tokens: Ampere or newer."""
+    return flash_attention(q, k, v, kv_mask, version=2)
+
+
+@register_backend("flash3", devices=("cuda",), dtypes=HALF, packages=("flash_attn_interface",),
+                  install="build FlashAttention-3 from the flash-attention repo's hopper/ folder on an H100/H800",
+                  min_cuda_capability=(9, 0))
+def flash3_attention(q, k, v, kv_mask) -> torch.Tensor:
+    """FlashAttention-3 (flash_attn_interface's varlen kernel) on the packed valid tokens: Hopper."""
+    return flash_attention(q, k, v, kv_mask, version=3)
+
+
+@register_backend("sage", devices=("cuda",), dtypes=HALF, packages=("sageattention",), install=GPU_EXTRAS,
+                  min_cuda_capability=(8, 0), exact=False)
 def sage_attention(q, k, v, kv_mask) -> torch.Tensor:
     """SageAttention (8-bit QK^T: LOSSY, not exact) on each batch element's valid tokens."""
     from sageattention import sageattn
@@ -96,6 +121,7 @@ def sage_attention(q, k, v, kv_mask) -> torch.Tensor:
                             lambda q_, k_, v_: sageattn(q_, k_, v_, tensor_layout="HND", is_causal=False))
 
 
+@register_backend("kv_zeroing", devices=("cpu", "cuda"), exact=False)
 def kv_zeroing_attention(q, k, v, kv_mask) -> torch.Tensor:
     """TEACHING ONLY, inexact: gpu-tpu-pedia's TPU scheme. Padded K and V are zeroed and attention runs
     with no mask, so each padded key still adds exp(0 - max) to every softmax denominator."""

@@ -50,7 +50,7 @@ class Stage2Settings:
     cache_retention: float | None = None  #: magcache: this fraction of the first steps always runs full
     cache_calibration: str | None = None  #: magcache: a file of ``python -m hyv_lib calibrate_cache``
     multi_host: bool = False  #: tpu runtime on a multi-host slice
-    attention: str = "auto"  #: ``auto``, ``diffusers`` or a backend of :data:`hyv_lib.kernels.dispatch.BACKENDS`
+    attention: str = "auto"  #: ``auto``, ``diffusers`` or a backend of :data:`hyv_lib.kernels.registry.BACKENDS`
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> "Stage2Settings":

@@ -18,6 +18,7 @@ import torch
 
 from ..base.errors import HyvInputError
 from ..base.presets import Preset, get_preset, video_size
+from ..kernels.splash import default_block_sizes, resolve_block_sizes
 from ..parallel.jax_env import quiet_libtpu
 from ..parallel.mesh import head_split, make_mesh, parse_mesh
 from ..parallel.sharding import RULE_SETS
@@ -295,7 +296,6 @@ def _splash_settings(device_kind: str, options: dict | None, seq_len: int) -> di
     """The kernel's compute dtype and the block sizes it runs with at this sequence length."""
     import jax.numpy as jnp
 
-    from ..kernels.splash import default_block_sizes, resolve_block_sizes
 
     options = options or {}
     dtype = options.get("compute_dtype") or "bfloat16"  # bf16 inputs on a TPU: the kernel's default

@@ -8,7 +8,8 @@ from typing import Any, Protocol
 import torch
 
 from ..base.errors import HyvInputError
-from ..kernels.dispatch import BACKENDS, JAX_BACKENDS, available_backends
+from ..kernels.dispatch import available_backends, jax_backends
+from ..kernels.registry import BACKENDS
 from ..models.processors import use_attention
 from ..parallel.distributed import init_distributed
 from ..parallel.mesh import make_mesh, parse_mesh
@@ -40,7 +41,7 @@ def torch_step(transformer) -> TransformerStep:
     return step
 #: The transformer runtimes (``--runtime``): eager diffusers, torchax/JAX jit (TPU), Ulysses sequence parallel.
 RUNTIMES = ("torch", "tpu", "ulysses")
-#: ``--attention`` values besides hyv_lib's backends (:data:`hyv_lib.kernels.dispatch.BACKENDS`): ``auto`` (the best exact
+#: ``--attention`` values besides hyv_lib's backends (:data:`hyv_lib.kernels.registry.BACKENDS`): ``auto`` (the best exact
 #: backend for the runtime's tensors) and ``diffusers`` (diffusers' stock processor, which builds a dense
 #: [B, 1, S, S] mask: the oracle, torch runtime only).
 ATTENTION_CHOICES = ("auto", "diffusers")
@@ -56,7 +57,7 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
 
     ``attention``: every runtime installs hyv_lib's exact masked attention on ``transformer`` (in place): ``auto``
     picks flash varlen on CUDA when installed, else SDPA on each sample's valid tokens (Splash or XLA under the tpu
-    runtime); a name of :data:`hyv_lib.kernels.dispatch.BACKENDS` forces one. ``diffusers`` keeps diffusers' own processor
+    runtime); a name of :data:`hyv_lib.kernels.registry.BACKENDS` forces one. ``diffusers`` keeps diffusers' own processor
     on the torch runtime (the oracle: it builds a dense [B, 1, S, S] mask, 24 GiB at 720p/121f for the CFG batch).
     The step reads the model's device and dtype when it runs, not when it is built.
     ``mesh`` ('tensor=8', 'data=2,tensor=4', ...) shards the tpu step with the rule set ``sharding``.
@@ -125,8 +126,8 @@ def check_attention(attention: str, runtime: str) -> None:
         raise HyvInputError("--attention", f"must be one of {', '.join(valid)}, got {attention!r}")
     if attention == "diffusers" and runtime != "torch":
         raise HyvInputError("--attention", f"diffusers' own processor runs on --runtime torch only, not {runtime!r}")
-    if runtime == "tpu" and attention not in ("auto", *JAX_BACKENDS):
-        raise HyvInputError("--attention", f"--runtime tpu runs JAX kernels: auto, {', '.join(JAX_BACKENDS)}; "
+    if runtime == "tpu" and attention not in ("auto", *jax_backends()):
+        raise HyvInputError("--attention", f"--runtime tpu runs JAX kernels: auto, {', '.join(jax_backends())}; "
                                            f"got {attention!r}")
     reason = available_backends().get(attention) if attention not in ATTENTION_CHOICES else None
     if reason is not None:
