@@ -2,7 +2,7 @@
 
 ``HunyuanVideo15Transformer3DModel.forward`` is not jittable as is (it decides t2v vs i2v from the data and reorders
 the context tokens with boolean masks); the runtimes split it into a prompt-only part decided in Python
-(:func:`context_layout`) and static-shaped pieces (:func:`context_tokens`, :func:`output_tokens`,
+(:func:`context_layout`) and static-shaped pieces (:func:`embed_context`, :func:`output_tokens`,
 :func:`unpatchify`) around the model's own blocks and submodules. Only this module restates diffusers' glue, so it
 alone must track diffusers.
 """
@@ -45,7 +45,7 @@ def context_layout(config, text: torch.Tensor, text_mask: torch.Tensor, byt5: to
     return ContextLayout(byt5, byt5_mask, image, 0.0 if is_t2v else 1.0, order, context_mask)
 
 
-def context_tokens(model, timestep, text, text_mask, byt5, byt5_mask, image, image_scale, order) -> torch.Tensor:
+def embed_context(model, timestep, text, text_mask, byt5, byt5_mask, image, image_scale, order) -> torch.Tensor:
     """The joint context [B, L, C] entering the first block: the text (with its token refiner), ByT5 and image
     embedders plus their type embeddings; padded ByT5 and text tokens zeroed (image tokens keep their values, as in
     diffusers), then reordered valid-first by the gather ``order``. Static-shaped: jittable."""

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..models.forward import RopeTables, context_layout, context_tokens, output_tokens, unpatchify
+from ..models.forward import RopeTables, context_layout, embed_context, output_tokens, unpatchify
 from ..models.layout import check_supported, check_timestep_r
 from ..models.processors import use_attention
 from ..parallel.mesh import active_mesh, head_split, make_mesh, parse_mesh
@@ -52,8 +52,8 @@ class _Step(torch.nn.Module):
         m = self.model
         temb = m.time_embed(timestep, timestep_r=timestep_r)
         video = self._shard_sequence(m.x_embedder(hidden_states))
-        context = context_tokens(m, timestep, text_states, text_mask, byt5_states, byt5_mask, image_embeds,
-                                 image_scale, order)
+        context = embed_context(m, timestep, text_states, text_mask, byt5_states, byt5_mask, image_embeds,
+                                image_scale, order)
         return temb, video, context
 
     def _blocks(self, blocks, video, context, temb, context_mask, rope_cos, rope_sin):

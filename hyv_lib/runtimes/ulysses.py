@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..kernels.dispatch import attention
-from ..models.forward import RopeTables, context_layout, context_tokens, output_tokens, unpatchify
+from ..models.forward import RopeTables, context_layout, embed_context, output_tokens, unpatchify
 from ..models.layout import check_supported, check_timestep_r
 from ..models.processors import context_qkv, use_attention, video_qkv
 
@@ -191,8 +191,8 @@ class UlyssesTransformer:
         """The joint context [B, L, C] (valid tokens first) and its mask, as diffusers builds them,
         with the reorder as a gather and t2v vs i2v decided once from the concrete image embeddings."""
         layout = context_layout(self.model.config, text, text_mask, byt5, byt5_mask, image)
-        context = context_tokens(self.model, timestep, text, text_mask, layout.byt5, layout.byt5_mask, layout.image,
-                                 layout.image_scale, layout.order)
+        context = embed_context(self.model, timestep, text, text_mask, layout.byt5, layout.byt5_mask, layout.image,
+                                layout.image_scale, layout.order)
         return context, layout.context_mask
 
     @torch.no_grad()
