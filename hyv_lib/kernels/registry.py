@@ -51,9 +51,12 @@ class Backend:
         return self.check() if self.check is not None else None
 
     def takes(self, device: torch.device, dtype: torch.dtype | None = None) -> str | None:
-        """None if the kernel takes tensors of ``device`` and ``dtype`` (None: not known yet), else why not."""
+        """None if the kernel takes tensors of ``device`` and ``dtype`` (None: not known yet), else why not. A JAX
+        backend also takes a ``meta`` model's (compiled for a TPU, never run)."""
         dtype_ok = self.dtypes is None or dtype is None or dtype in self.dtypes
-        if device.type in self.devices and dtype_ok:
+        # A meta-device model is compiled, never run: its tensors become abstract JAX arrays (the compile-only path).
+        device_ok = device.type in self.devices or (device.type == "meta" and "jax" in self.devices)
+        if device_ok and dtype_ok:
             return None
         wanted = " or ".join(_DTYPE_NAMES.get(d, str(d)) for d in self.dtypes) + " " if self.dtypes else ""
         places = " or ".join("torchax (device 'jax')" if d == "jax" else d.upper() if d == "cuda" else d
