@@ -207,6 +207,7 @@ def siglip_image_size(preset: "Preset") -> int:
         raise ValueError(f"{preset.name}: image_tokens {preset.image_tokens} is not a square number of patches")
     return side * preset.image_encoder["patch_size"]
 
+
 def real_layout_tiny(preset: "Preset | str") -> Preset:
     """The tiny classes (random widths of ``tiny``) with a real preset's *layout*: its text_len (1000) and ByT5 length
     (256), image-token count (729), 32 latent channels (so in_channels 65), 16x/4x VAE, scheduler shift, guidance,

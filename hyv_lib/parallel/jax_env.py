@@ -113,6 +113,7 @@ def default_backend() -> str:
     jax_devices()
     return jax.default_backend()
 
+
 DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "hyv_lib", "jax")
 
 

@@ -26,6 +26,7 @@ def parse_mesh(text: str | None) -> dict[str, int] | None:
         axes[name.strip()] = int(value)
     return axes
 
+
 AXES = ("data", "tensor", "sequence")
 
 

@@ -94,6 +94,8 @@ def mfu(flops: float, seconds: float, chip: str | Chip, n_chips: int) -> float:
     if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not seconds > 0:
         raise HyvInputError("seconds", f"must be a positive number, got {seconds!r}")
     return flops / (seconds * n_chips * get_chip(chip).peak_bf16_flops)
+
+
 #: The TPU slice (libtpu topology) of n chips that the saved results use, per chip.
 SLICES = {("v5e", 8): "v5e:2x4", ("v5p", 4): "v5p:2x2x1", ("v6e", 8): "v6e:2x4", ("v7x", 4): "tpu7x:2x2x1"}
 

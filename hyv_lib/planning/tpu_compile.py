@@ -34,6 +34,7 @@ from .planner import default_layout
 TOPOLOGY_CHIPS = {"v4": "v4", "v5e": "v5e", "v5p": "v5p", "v6e": "v6e", "tpu7x": "v7x"}
 _TOPOLOGY = re.compile(r"^(%s):\d+x\d+(x\d+)?$" % "|".join(TOPOLOGY_CHIPS))
 
+
 def topology_devices(topology: str) -> list:
     """The JAX devices of a named TPU slice (e.g. ``v6e:2x4``), described by libtpu; no TPU needed."""
     if not isinstance(topology, str) or not _TOPOLOGY.match(topology):
@@ -295,7 +296,6 @@ def _combine(programs: dict[str, dict]) -> dict[str, Any]:
 def _splash_settings(device_kind: str, options: dict | None, seq_len: int) -> dict[str, Any]:
     """The kernel's compute dtype and the block sizes it runs with at this sequence length."""
     import jax.numpy as jnp
-
 
     options = options or {}
     dtype = options.get("compute_dtype") or "bfloat16"  # bf16 inputs on a TPU: the kernel's default

@@ -39,6 +39,8 @@ def torch_step(transformer) -> TransformerStep:
         return transformer(**kwargs, return_dict=False)[0]
 
     return step
+
+
 #: The transformer runtimes (``--runtime``): eager diffusers, torchax/JAX jit (TPU), Ulysses sequence parallel.
 RUNTIMES = ("torch", "tpu", "ulysses")
 #: ``--attention`` values besides hyv_lib's backends (:data:`hyv_lib.kernels.registry.BACKENDS`): ``auto`` (the best exact
