@@ -14,11 +14,10 @@ from .registry import register_backend
 from .torch_kernels import sdpa_attention
 from .xla import xla_attention_jax
 
-_JAX = ("cuda", "jax")  # besides "cpu": CUDA tensors go through the host too
 
 
 def on_torch_tensors(jax_kernel: Callable) -> Callable:
-    """A JAX kernel called on CPU torch tensors: each goes to JAX through the host in float32 (bf16 converts
+    """A JAX kernel called on torch tensors (CPU or CUDA): each goes to JAX through the host in float32 (bf16 converts
     exactly), the result comes back in q's dtype on q's device."""
 
     def kernel(q, k, v, kv_mask, **options):
@@ -33,7 +32,7 @@ def on_torch_tensors(jax_kernel: Callable) -> Callable:
     return kernel
 
 
-register_backend("xla", devices=("cpu", *_JAX), packages=("jax",), options=("block_kv",),
+register_backend("xla", devices=("cpu", "cuda", "jax"), packages=("jax",), options=("block_kv",),
                  install="pip install -r requirements.txt", jax_kernel=xla_attention_jax)(
     on_torch_tensors(xla_attention_jax))
 
@@ -48,5 +47,6 @@ def _cpu_jax() -> str | None:
 
 
 _host_sdpa = functools.partial(host_sdpa_attention_jax, host_kernel=sdpa_attention)
-register_backend("host_sdpa", devices=("cpu", *_JAX), packages=("jax",), install="pip install -r requirements.txt",
-                 jax_kernel=_host_sdpa, check=_cpu_jax)(on_torch_tensors(_host_sdpa))
+register_backend("host_sdpa", devices=("cpu", "cuda", "jax"), packages=("jax",),
+                 install="pip install -r requirements.txt", jax_kernel=_host_sdpa, check=_cpu_jax)(
+    on_torch_tensors(_host_sdpa))
