@@ -126,7 +126,7 @@ with env:
 # ## The weights: load once, in bf16
 #
 # Before anything runs, the model has to fit. The parameter count $N$ of the 720p transformer follows from its
-# config alone (`hyv_lib.planning.planner` builds the diffusers class on PyTorch's `meta` device, which allocates nothing),
+# config alone (`hyv_lib.planning.costs` builds the diffusers class on PyTorch's `meta` device, which allocates nothing),
 # and the weights take $N$ times the bytes of one element:
 #
 # $$

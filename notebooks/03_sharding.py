@@ -34,7 +34,7 @@
 #
 # This chapter:
 #
-# 1. sizes the problem with the planner (`hyv_lib.planning.planner`): FLOPs, bytes per device, lower bounds on step time;
+# 1. sizes the problem with the planner (`hyv_lib.planning`): FLOPs, bytes per device, lower bounds on step time;
 # 2. asks the **TPU compiler** what the real 720p program needs on a v6e-8, without a TPU: libtpu compiles for a
 #    named slice on any Linux machine, and the planner is checked against it;
 # 3. builds device meshes with `data`, `tensor` and `sequence` axes and places the weights with three rule sets
@@ -160,7 +160,7 @@ html_table(rows)
 # 400 MB per block, or about 21.6 GB per step. (Gathering the whole joint sequence's K and V on every device
 # instead would take $2 B S h x \approx 1.86$ GB per block.)
 #
-# The planner in `hyv_lib.planning.planner` computes the same:
+# The planner in `hyv_lib.planning` computes the same:
 
 # %%
 c = real.transformer

@@ -275,7 +275,7 @@ html_table([{"file": name, "MiB": round(os.path.getsize(os.path.join(OUTPUT_DIR,
 # ## At real size: the v6e-8 plan
 #
 # With the real 720p model, the same notebook's stage 2 runs on the TPU mesh (`HYV_RUNTIME=tpu
-# HYV_MESH=data=2,tensor=4`). The planner (`hyv_lib.planning.planner`, chapter 3) gives what one CFG step needs per chip at 121
+# HYV_MESH=data=2,tensor=4`). The planner (`hyv_lib.planning`, chapter 3) gives what one CFG step needs per chip at 121
 # frames; the memory is the TPU compiler's, compiled for a v6e-8 on a CPU (`python -m hyv_lib compile`, chapter 3).
 # The lower bounds assume peak FLOP/s, full HBM bandwidth and half the bidirectional ICI bandwidth. The last column is
 # a cited measurement with the MFU it implies: gpu-tpu-pedia's v6e-8 run with its custom exp2 Splash kernel (a single

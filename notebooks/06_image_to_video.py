@@ -335,7 +335,7 @@ print(f"{table.name}, {real_bucket[1]}x{real_bucket[0]} first frame: the image t
 # ## What image to video costs
 #
 # The DiT runs the same shapes for both tasks: the 65 input channels exist in text to video too (zeros), and so do
-# the 729 image slots of the context, as the sequences above showed. So the planner (`hyv_lib.planning.planner`, chapters 3 and
+# the 729 image slots of the context, as the sequences above showed. So the planner (`hyv_lib.planning`, chapters 3 and
 # 8) counts the same work for one denoising step of either task (at the preset's 16:9 size, 1280 × 720 for
 # `720p_i2v`, and 121 frames), and the same memory per device on a v6e-8 mesh (`data=2,tensor=4`,
 # `tp_replicated_out`; the planner's own estimate for both, to compare like with like). The difference appears only for a kernel that skips padded tokens (varlen FlashAttention on a

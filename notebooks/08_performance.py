@@ -18,7 +18,7 @@
 #
 # How fast *should* one denoising step of HunyuanVideo-1.5 be, how fast is it in published runs, and what would it
 # take to close the gap? This chapter answers with arithmetic, not with a benchmark: every number below is either
-# computed here by the planner in `hyv_lib.planning.planner` from the model's configuration and the chips' published peaks,
+# computed here by the planner in `hyv_lib.planning` from the model's configuration and the chips' published peaks,
 # read from the TPU compiler's saved reports, or cited with its source and hardware.
 #
 # 1. **Count** one CFG step (a forward over the batch of 2 prompts) at 480p and 720p: FLOPs split into attention
@@ -125,7 +125,7 @@ print("source:", V6E.source)
 # $$
 #
 # a third of what $2 \times 8.33\text{B} \times S \times B$ would give. One CFG step is therefore about 12.65 PFLOP.
-# `hyv_lib.planning.planner` takes a v6e chip's peak as 918 TFLOP/s in bf16 (`CHIPS["v6e"].source`: the Google Cloud TPU
+# `hyv_lib.planning.hardware` takes a v6e chip's peak as 918 TFLOP/s in bf16 (`CHIPS["v6e"].source`: the Google Cloud TPU
 # documentation, printed above), so eight chips running at 100% of peak would need
 #
 # $$
