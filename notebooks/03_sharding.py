@@ -90,7 +90,7 @@ from hyv_lib.planning.hlo import hlo_collectives
 from hyv_lib.planning.hardware import mfu
 from hyv_lib.notebook.display import html_table
 from hyv_lib.models.components import example_forward_kwargs
-from hyv_lib.parallel.sharding import RULE_SETS
+from hyv_lib.models.hunyuan import RULE_SETS
 from hyv_lib.parallel.mesh import make_mesh
 from hyv_lib.runtimes.tpu import TpuTransformer
 
@@ -336,8 +336,11 @@ html_table(rows)
 # ## Meshes and rule sets
 #
 # A mesh names the devices' axes: `data` (the CFG pair of prompts), `tensor` (heads and matrix columns) and
-# `sequence` (video tokens). A rule set maps diffusers parameter names to `PartitionSpec`s. Unmatched parameters
-# are replicated, and a rule that matches nothing is an error. The demo model is the tiny config with 8 heads of
+# `sequence` (video tokens). A rule set maps diffusers parameter names to `PartitionSpec`s. The strategies (`tp`,
+# `tp_replicated_out`, `fsdp`) are generic, the parameter names are the model's: HunyuanVideo-1.5's adapter
+# (`hyv_lib.models.hunyuan`) builds its `RULE_SETS` from which layers are column- and which row-parallel, and
+# `TpuTransformer` asks the model's adapter for the set. Unmatched parameters are replicated, and a rule that
+# matches nothing is an error. The demo model is the tiny config with 8 heads of
 # 16, so that 8-way tensor parallelism can split the heads.
 
 # %%
@@ -511,7 +514,7 @@ html_table(rows)
 # Split 8 ways, that is 0.68 GB per device instead of 5.44, so `tp` would drop from about 7.1 to about 2.4 GB per
 # device. Try it with a custom rule list, such as
 # `RULE_SETS["tp"] + [Rule("tp/adaln", r"transformer_blocks\.\d+\.norm1(_context)?\.linear\.(weight|bias)", ("tensor", None))]`.
-# To confirm it, add that rule to `hyv_lib.parallel.sharding.RULE_SETS` under a new name and compile: the compiler's
+# To confirm it, add that rule to `hyv_lib.models.hunyuan.RULE_SETS` under a new name and compile: the compiler's
 # `arguments` per device should fall by the same amount (and it will show whether the modulation output now needs
 # a collective).
 # :::

@@ -81,7 +81,7 @@ from hyv_lib.planning.planner import device_plan
 from hyv_lib.planning.costs import step_flops, token_counts
 from hyv_lib.pipeline.sampling import condition_channels, sampling_schedule
 from hyv_lib.notebook.display import frame_grid, html_table, tensor_rows, token_layout_figure
-from hyv_lib.models.forward import context_layout
+from hyv_lib.models.hunyuan import context_layout
 from hyv_lib.pipeline.image import crop_to_bucket, image_bucket
 from hyv_lib.base.presets import PRESETS, bucket_size
 
@@ -158,7 +158,7 @@ print(f"{len(embeds)} tensors ({len(embeds) - 8} of them the image's); shapes as
 #
 # In stage 2 the DiT's `image_embedder` projects the SigLIP tokens to the model width and they take the image slots
 # of the context, in front of the ByT5 and text tokens. Text to video fills the same slots with zeros, which
-# diffusers' forward detects (`torch.all(image_embeds == 0)`) and masks out. `hyv_lib.models.forward.context_layout` makes
+# diffusers' forward detects (`torch.all(image_embeds == 0)`) and masks out. `hyv_lib.models.hunyuan.context_layout` makes
 # the same decision outside the jitted step and returns the valid-first order of the context. Below, one sample's
 # sequence for each task (the prompt's own masks; pale tokens are padding):
 

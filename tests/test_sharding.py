@@ -9,7 +9,9 @@ import pytest
 
 pytest.importorskip("torchax")
 
-from hyv_lib.parallel.sharding import RULE_SETS, Rule, plan  # noqa: E402
+from hyv_lib.base.errors import HyvInputError  # noqa: E402
+from hyv_lib.models.hunyuan import HUNYUAN_VIDEO_15, RULE_SETS  # noqa: E402
+from hyv_lib.parallel.sharding import Rule, plan  # noqa: E402
 
 MESHES = [{"tensor": 8}, {"data": 2, "tensor": 4}, {"sequence": 2, "tensor": 4}]
 PROBE = os.path.join(os.path.dirname(__file__), "sharding_probe.py")
@@ -70,8 +72,9 @@ class FakeMesh:
 
 def test_plan_rejects_unknown_sets_unmatched_rules_and_bad_splits():
     shapes = {"transformer_blocks.0.attn.to_q.weight": (8, 8), "proj_out.weight": (4, 8)}
-    with pytest.raises(ValueError, match="must be one of"):
-        plan(shapes, "zero3", FakeMesh())
+    with pytest.raises(HyvInputError, match="--sharding: must be one of tp, tp_replicated_out, fsdp for "
+                                            "hunyuanvideo-1.5, got 'zero3'"):
+        HUNYUAN_VIDEO_15.rules("zero3")  # the strategy names are checked where the model's rules are looked up
     with pytest.raises(ValueError, match="matched no parameter"):
         plan(shapes, [Rule("ghost", r"nothing\.here", ("tensor",))], FakeMesh())
     with pytest.raises(ValueError, match="cannot be split"):

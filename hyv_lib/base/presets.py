@@ -56,6 +56,7 @@ class Preset:
     word_tokens: bool = False  # tiny only: the tokenizer has a token per caption word (models.build_tiny_tokenizer)
     tasks: tuple[str, ...] = ("t2v",)  # what the checkpoint was trained for: ("t2v",), ("i2v",) or both
     image_encoder: dict[str, Any] | None = None  # tiny only: SigLIP vision config kwargs (image-to-video)
+    model: str = "hunyuanvideo-1.5"  # the model adapter (hyv_lib.models.registry) that runs `transformer`
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, JSON-ready: stage 1 records a custom preset this way so that stages 2 and 3 rebuild it."""

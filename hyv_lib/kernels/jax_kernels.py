@@ -15,7 +15,6 @@ from .torch_kernels import sdpa_attention
 from .xla import xla_attention_jax
 
 
-
 def on_torch_tensors(jax_kernel: Callable) -> Callable:
     """A JAX kernel called on torch tensors (CPU or CUDA): each goes to JAX through the host in float32 (bf16 converts
     exactly), the result comes back in q's dtype on q's device."""

@@ -40,19 +40,3 @@ def valid_first_order(*masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     valid = torch.cat([m.bool() for m in masks], dim=1)
     order = torch.argsort((~valid).to(torch.int8), dim=1, stable=True)
     return order, valid.gather(1, order)
-
-
-def check_supported(model, who: str) -> None:
-    """The restated forwards (TPU step, Ulysses, DeepCache) assume a 1x1x1 patch (one token per latent pixel, as in
-    every HunyuanVideo-1.5 checkpoint); anything else is a clear error."""
-    config = model.config
-    if config.patch_size != 1 or config.patch_size_t != 1:
-        raise ValueError(f"{who} supports patch size 1x1x1 (every HunyuanVideo-1.5 checkpoint)")
-
-
-def check_timestep_r(model, timestep_r) -> None:
-    """``timestep_r`` needs a MeanFlow model (``use_meanflow=True``): diffusers' forward would fail on others with a
-    TypeError deep inside its time embedding, so say which argument is wrong instead."""
-    if timestep_r is not None and not model.config.use_meanflow:
-        raise ValueError("timestep_r is only for step-distilled (MeanFlow) models, whose transformer config has "
-                         "use_meanflow=True; this model has use_meanflow=False: pass timestep_r=None")

@@ -1,4 +1,4 @@
-"""Device meshes and rule sets that map diffusers parameter names to JAX PartitionSpecs."""
+"""Weight-placement rules (parameter-name regex -> PartitionSpec), their planner, and activation layout pins."""
 
 from __future__ import annotations
 
@@ -8,14 +8,16 @@ from typing import Any
 
 from .mesh import AXES, current_mesh, head_axes
 
-# Megatron-style tensor parallelism on torch Linear weights ([out, in]): column-parallel layers split
-# their output features (and bias), row-parallel layers split their input features; XLA adds the
-# all-reduce after a row-parallel matmul.
-_BLOCK = r"transformer_blocks\.\d+\."
-_COLUMN = {"attn_qkv": _BLOCK + r"attn\.(to_q|to_k|to_v|add_q_proj|add_k_proj|add_v_proj)\.(weight|bias)",
-           "mlp_in": _BLOCK + r"(ff|ff_context)\.net\.0\.proj\.(weight|bias)"}
-_ROW = {"attn_out": _BLOCK + r"attn\.(to_out\.0|to_add_out)\.weight",
-        "mlp_out": _BLOCK + r"(ff|ff_context)\.net\.2\.weight"}
+#: The weight-placement strategies (the ``--sharding`` values). Each model's glue
+#: (:class:`hyv_lib.models.adapter.ModelAdapter`) turns them into rule sets over its own parameter names, usually
+#: with :func:`tensor_parallel_rule_sets`.
+STRATEGIES = ("tp", "tp_replicated_out", "fsdp")
+
+#: Strategies whose block weights are all-gathered whole right before each block (FSDP). Without the explicit
+#: gather, XLA's partitioner keeps the split weight and splits each matmul's output features over every device
+#: instead, resharding activations back and forth (collective-permutes on the modulation chunks, all-gathers of the
+#: MLP activations; seen in the TPU compiler's HLO).
+GATHERED_RULE_SETS = ("fsdp",)
 
 
 @dataclass(frozen=True)
@@ -30,31 +32,32 @@ class Rule:
         return re.fullmatch(self.pattern, param_name) is not None
 
 
-def _column(name: str) -> list[Rule]:
-    return [Rule(f"{name}/{part} column", p, ("tensor", None)) for part, p in _COLUMN.items()]
+def tensor_parallel_rule_sets(block: str, column: dict[str, str], row: dict[str, str]) -> dict[str, list[Rule]]:
+    """The rule set of each of :data:`STRATEGIES` for a transformer whose block parameters are named ``block`` +
+    ``...`` (a regex such as ``r"transformer_blocks\\.\\d+\\."``).
 
+    Megatron-style tensor parallelism on torch Linear weights ([out, in]): ``column`` patterns (each a regex after
+    ``block``; Q/K/V, the MLP's first layer) split their output features (and bias), ``row`` patterns (the attention
+    output, the MLP's second layer) their input features; XLA adds the all-reduce after a row-parallel matmul.
 
-#: The weight-placement rule sets by name (``tp``, ``tp_replicated_out``, ``fsdp``): for each parameter pattern,
-#: the mesh axis of each dimension (the ``--sharding`` values).
-RULE_SETS: dict[str, list[Rule]] = {
-    "tp": _column("tp") + [Rule(f"tp/{part} row", p, (None, "tensor")) for part, p in _ROW.items()],
-    # gpu-tpu-pedia measured 8.12 -> 7.29 s/step on v6e-8 by keeping the row-parallel weights whole. The
-    # collectives are swapped, not avoided: the compiled program all-gathers the head-split activations before
-    # those matmuls instead of all-reducing their partial sums, and every device holds those weights whole
-    # (chapter 3 prints both from the TPU compiler).
-    "tp_replicated_out": _column("tp_replicated_out")
-    + [Rule(f"tp_replicated_out/{part} replicated", p, ()) for part, p in _ROW.items()],
-    # FSDP: every block matrix stored split along its first dimension over all devices and gathered whole just
-    # before its block runs (see GATHERED_RULE_SETS); compute then splits over the axes that split the activations:
-    # data (samples) and sequence (tokens), so pair it with a mesh like data=2,sequence=4.
-    "fsdp": [Rule("fsdp/matrix", _BLOCK + r".*\.weight", (AXES, None))],
-}
+    - ``tp``: column and row split.
+    - ``tp_replicated_out``: column split, row-parallel weights kept whole. gpu-tpu-pedia measured 8.12 -> 7.29
+      s/step for HunyuanVideo-1.5 on v6e-8 this way. The collectives are swapped, not avoided: the compiled program
+      all-gathers the head-split activations before those matmuls instead of all-reducing their partial sums, and
+      every device holds those weights whole (chapter 3 prints both from the TPU compiler).
+    - ``fsdp``: every block matrix stored split along its first dimension over all devices and gathered whole just
+      before its block runs (:data:`GATHERED_RULE_SETS`); compute then splits over the axes that split the
+      activations: data (samples) and sequence (tokens), so pair it with a mesh like data=2,sequence=4.
+    """
+    def rules(parts: dict[str, str], name: str, kind: str, spec: tuple) -> list[Rule]:
+        return [Rule(f"{name}/{part} {kind}", block + pattern, spec) for part, pattern in parts.items()]
 
-#: Rule sets whose block weights are all-gathered whole right before each block (FSDP). Without the explicit
-#: gather, XLA's partitioner keeps the split weight and splits each matmul's output features over every device
-#: instead, resharding activations back and forth (collective-permutes on the modulation chunks, all-gathers of the
-#: MLP activations; seen in the TPU compiler's HLO).
-GATHERED_RULE_SETS = ("fsdp",)
+    return {
+        "tp": rules(column, "tp", "column", ("tensor", None)) + rules(row, "tp", "row", (None, "tensor")),
+        "tp_replicated_out": (rules(column, "tp_replicated_out", "column", ("tensor", None))
+                              + rules(row, "tp_replicated_out", "replicated", ())),
+        "fsdp": [Rule("fsdp/matrix", block + r".*\.weight", (AXES, None))],
+    }
 
 
 def _fits(shape: tuple[int, ...], spec: tuple, mesh) -> bool:
@@ -69,17 +72,14 @@ def _fits(shape: tuple[int, ...], spec: tuple, mesh) -> bool:
     return len(spec) <= len(shape)
 
 
-def plan(named_shapes: dict[str, tuple[int, ...]], rules: str | list[Rule], mesh) -> tuple[dict[str, tuple], list[dict]]:
-    """Assign a spec to every parameter: the first matching rule, else replicated.
+def plan(named_shapes: dict[str, tuple[int, ...]], rules: list[Rule], mesh) -> tuple[dict[str, tuple], list[dict]]:
+    """Assign a spec to every parameter: the first matching rule of ``rules`` (e.g. one rule set of a model's
+    :attr:`hyv_lib.models.adapter.ModelAdapter.rule_sets`), else replicated.
 
     Returns (name -> spec, report rows). Each row gives a rule's tensor count, parameters, and bytes per
     device per element byte (multiply by the dtype size). A rule that matches nothing, or a spec that
     does not divide its dimension, raises ValueError.
     """
-    if isinstance(rules, str):
-        if rules not in RULE_SETS:
-            raise ValueError(f"sharding must be one of {', '.join(RULE_SETS)}, got {rules!r}")
-        rules = RULE_SETS[rules]
     specs: dict[str, tuple] = {}
     stats: dict[str, dict[str, Any]] = {r.name: {"rule": r.name, "tensors": 0, "params": 0, "per_device": 0}
                                         for r in rules}

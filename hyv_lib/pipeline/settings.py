@@ -11,7 +11,7 @@ from ..base.errors import HyvInputError
 from ..base.presets import DEFAULT_SEED, Preset, video_size
 from ..parallel.jax_env import init_multi_host
 from ..parallel.mesh import make_mesh, parse_mesh
-from ..parallel.sharding import RULE_SETS
+from ..parallel.sharding import STRATEGIES
 from ..runtimes.magcache import DEFAULT_MAX_SKIP, DEFAULT_RETENTION, DEFAULT_THRESHOLD
 from ..runtimes.step import RUNTIMES, check_attention
 
@@ -38,7 +38,7 @@ class Stage2Settings:
     warmup_steps: int = 0  #: untimed calls before the loop (they do not touch the scheduler)
     runtime: str = "torch"  #: one of :data:`RUNTIMES`
     mesh: str | None = None  #: tpu runtime: e.g. ``data=2,tensor=4``
-    sharding: str = "tp_replicated_out"  #: a rule set of :data:`hyv_lib.parallel.sharding.RULE_SETS`
+    sharding: str = "tp_replicated_out"  #: a strategy of :data:`hyv_lib.parallel.sharding.STRATEGIES`
     enable_cache: bool = False  #: DeepCache (torch and tpu runtimes)
     cache_method: str | None = None  #: ``deepcache`` (the default with enable_cache) or ``magcache`` (adaptive)
     cache_start_step: int = 11
@@ -167,8 +167,8 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
             make_mesh(**axes)  # the device count must match before any stage writes a file
         except ValueError as err:
             raise HyvInputError("--mesh", str(err)) from None
-    if sharding not in RULE_SETS:
-        raise HyvInputError("--sharding", f"must be one of {', '.join(RULE_SETS)}, got {sharding!r}")
+    if sharding not in STRATEGIES:
+        raise HyvInputError("--sharding", f"must be one of {', '.join(STRATEGIES)}, got {sharding!r}")
     magcache_flags = {"--cache_threshold": s.cache_threshold, "--cache_max_skip": s.cache_max_skip,
                       "--cache_retention": s.cache_retention, "--cache_calibration": s.cache_calibration}
     if cache_method is not None and cache_method not in CACHE_METHODS:

@@ -11,8 +11,10 @@ from ..base.errors import HyvInputError
 from ..base.presets import Preset, get_preset
 from ..kernels.xla import kv_block_layout
 from ..models.layout import context_tokens
+from ..models.registry import get_adapter
+from ..parallel import sharding
 from ..parallel.mesh import parse_mesh
-from ..parallel.sharding import RULE_SETS, plan
+from ..parallel.sharding import plan
 
 
 def as_preset(preset: Preset | str) -> Preset:
@@ -36,7 +38,18 @@ BYT5_HIDDEN = 2048  # HunyuanVideo15ByT5TextProjection(text_embed_2_dim, 2048, i
 REFINER_MLP_RATIO = 4.0  # HunyuanVideo15TokenRefiner is built with its default mlp_ratio, not the model's
 
 
+#: The model adapters whose step this module counts analytically (the FLOP, byte and collective formulas below are
+#: HunyuanVideo-1.5's; another model is compiled, :func:`hyv_lib.planning.tpu_compile.compile_step`, until it has
+#: its own).
+COUNTED_MODELS = ("hunyuanvideo-1.5",)
+
+
 def model_dims(preset: Preset) -> dict[str, int]:
+    """The sizes the cost formulas read from a preset's transformer config (HyvInputError for a model they do not
+    cover, :data:`COUNTED_MODELS`)."""
+    if preset.model not in COUNTED_MODELS:
+        raise HyvInputError("preset", f"{preset.name} runs {preset.model!r}: the analytic cost model covers "
+                                      f"{', '.join(COUNTED_MODELS)}; compile it for the TPU compiler's numbers")
     c = preset.transformer
     heads, head_dim = c["num_attention_heads"], c["attention_head_dim"]
     hidden = heads * head_dim
@@ -128,24 +141,30 @@ def step_flops(preset: Preset | str, height: int, width: int, video_length: int,
 
 # ----------------------------------------------------------------------------------- parameters and rules
 def rule_set_names() -> tuple[str, ...]:
-    """``replicated`` (no rule) plus the rule sets the TPU runtime places weights with
-    (:data:`hyv_lib.parallel.sharding.RULE_SETS`: ``tp``, ``tp_replicated_out``, ``fsdp``)."""
-    return ("replicated", *RULE_SETS)
+    """``replicated`` (no rule) plus the strategies the TPU runtime places weights with
+    (:data:`hyv_lib.parallel.sharding.STRATEGIES`: ``tp``, ``tp_replicated_out``, ``fsdp``)."""
+    return ("replicated", *sharding.STRATEGIES)
 
 
 @functools.lru_cache(maxsize=8)
-def _meta_params(config_json: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+def _meta_params(model: str, config_json: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
     import torch
-    from diffusers import HunyuanVideo15Transformer3DModel
 
     with torch.device("meta"):
-        model = HunyuanVideo15Transformer3DModel(**json.loads(config_json))
-    return tuple((name, tuple(p.shape)) for name, p in model.named_parameters())
+        transformer = get_adapter(model).build(json.loads(config_json))
+    return tuple((name, tuple(p.shape)) for name, p in transformer.named_parameters())
 
 
 def parameter_shapes(preset: Preset | str) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """(name, shape) of every parameter of the preset's transformer, from a meta-device instance (no memory)."""
-    return _meta_params(json.dumps(as_preset(preset).transformer, sort_keys=True))
+    """(name, shape) of every parameter of the preset's transformer, from a meta-device instance (no memory) built
+    by the preset's model adapter."""
+    preset = as_preset(preset)
+    return _meta_params(preset.model, json.dumps(preset.transformer, sort_keys=True))
+
+
+def rule_list(preset: Preset, rules: str) -> list:
+    """The rules of ``rules`` (``replicated`` or a strategy) over the parameter names of the preset's model."""
+    return [] if rules == "replicated" else get_adapter(preset.model).rules(rules)
 
 
 MESH_AXES = ("data", "tensor", "sequence")  # hyv_lib.parallel.mesh.AXES
@@ -176,7 +195,7 @@ def as_mesh(mesh_shape: int | str | Mapping[str, int] | None, axis: str = "tenso
 
 
 def plan_specs(preset: Preset, rules: str, mesh: dict[str, int]) -> tuple[dict[str, tuple], list[dict]]:
-    return plan(dict(parameter_shapes(preset)), [] if rules == "replicated" else RULE_SETS[rules], _MeshShape(mesh))
+    return plan(dict(parameter_shapes(preset)), rule_list(preset, rules), _MeshShape(mesh))
 
 
 def split_factor(spec: tuple, mesh: dict[str, int]) -> int:
@@ -192,8 +211,9 @@ def param_bytes(preset: Preset | str, dtype: str = "bf16", rules: str | Sequence
                 mesh_shape: int | Mapping[str, int] | None = None) -> dict[str, Any]:
     """Per-device weight bytes of the transformer under a sharding rule set.
 
-    ``rules``: ``replicated`` (the default: every weight whole on every device) or a rule set of
-    :mod:`hyv_lib.parallel.sharding`, exactly as the TPU runtime places them: ``tp`` (Megatron on the joint
+    ``rules``: ``replicated`` (the default: every weight whole on every device) or a strategy of
+    :data:`hyv_lib.parallel.sharding.STRATEGIES` with the preset's model adapter's rule set for it, exactly as the TPU
+    runtime places them (HunyuanVideo-1.5's, :data:`hyv_lib.models.hunyuan.RULE_SETS`): ``tp`` (Megatron on the joint
     blocks: to_q/k/v, add_*_proj, ff(.context).net.0.proj split by output features = column-parallel;
     to_out.0, to_add_out, ff(.context).net.2 split by input features = row-parallel; the rest, including
     the AdaLN modulation linears and the token refiner, replicated), ``tp_replicated_out`` (the
@@ -211,9 +231,9 @@ def param_bytes(preset: Preset | str, dtype: str = "bf16", rules: str | Sequence
     if isinstance(rules, str) and rules not in rule_set_names():
         raise HyvInputError("rules", f"unknown rule set {rules!r}; valid: {', '.join(rule_set_names())}")
     name = rules if isinstance(rules, str) else "custom"
-    rule_list = [] if rules == "replicated" else RULE_SETS[rules] if isinstance(rules, str) else list(rules)
+    chosen = rule_list(preset, rules) if isinstance(rules, str) else list(rules)
     mesh = as_mesh(mesh_shape)
-    _, report = plan(dict(parameter_shapes(preset)), rule_list, _MeshShape(mesh))
+    _, report = plan(dict(parameter_shapes(preset)), chosen, _MeshShape(mesh))
     rows = [dict(rule=r["rule"], tensors=r["tensors"], params=r["params"], bytes_per_device=r["per_device"] * bpe)
             for r in report]
     total = sum(r["params"] for r in rows)

@@ -11,6 +11,7 @@ from typing import Any, Mapping, Sequence
 
 from ..base.errors import HyvInputError
 from ..base.presets import Preset, get_preset
+from ..models.registry import get_adapter
 from .costs import (
     STRATEGIES,
     activation_bytes,
@@ -135,7 +136,8 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
 
     weights = param_bytes(preset, dtype, rules, mesh)
     # jax.jit drops arguments the program never reads: the last block's context-stream weights after attention
-    last = f"transformer_blocks.{layers - 1}."
+    prefix = get_adapter(preset.model).block_prefix  # "transformer_blocks."
+    last = f"{prefix}{layers - 1}."
     dead_names = {name for name, _ in parameter_shapes(preset)
                   if name.startswith(last) and re.search(r"to_add_out|ff_context", name)}
     specs, _ = plan_specs(preset, rules, mesh)
@@ -153,7 +155,7 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
         add("all-reduce", layers * b * nv * h * x + (layers - 1) * b * nc * h * x, t)
     if rules == "fsdp":
         matrices = sum(math.prod(shape) for name, shape in parameter_shapes(preset)
-                       if name.startswith("transformer_blocks.") and len(shape) == 2)
+                       if name.startswith(prefix) and len(shape) == 2)
         dead = sum(math.prod(shape) for name, shape in parameter_shapes(preset)
                    if name in dead_names and len(shape) == 2)
         add("all-gather", (matrices - dead) * x, d_ * t * sq)
@@ -182,7 +184,7 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
                    + TEMPORARY_STREAM_COPIES * b * nv * h * x)
     if rules == "fsdp":
         block = sum(math.prod(shape) for name, shape in parameter_shapes(preset)
-                    if name.startswith("transformer_blocks.0."))
+                    if name.startswith(f"{prefix}0."))
         temporaries += FSDP_GATHERED_BLOCKS * block * x
     memory = dict(weights=weights["bytes_per_device"] - dead_bytes, inputs=inputs, temporaries=temporaries,
                   outputs=outputs)

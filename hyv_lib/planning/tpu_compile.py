@@ -19,9 +19,10 @@ import torch
 from ..base.errors import HyvInputError
 from ..base.presets import Preset, get_preset, video_size
 from ..kernels.splash import default_block_sizes, resolve_block_sizes
+from ..models.registry import get_adapter
 from ..parallel.jax_env import quiet_libtpu
 from ..parallel.mesh import head_split, make_mesh, parse_mesh
-from ..parallel.sharding import RULE_SETS
+from ..parallel.sharding import STRATEGIES
 from ..runtimes.tpu import TpuTransformer
 from .costs import token_counts
 from .hardware import CHIPS
@@ -105,11 +106,10 @@ def available_hbm(device) -> int:
 
 
 def abstract_transformer(preset: Preset, dtype: torch.dtype = torch.bfloat16):
-    """The preset's DiT on the meta device: the real diffusers class and parameter names, no memory."""
-    from diffusers import HunyuanVideo15Transformer3DModel
-
+    """The preset's DiT on the meta device (built by its model adapter): the real diffusers class and parameter names,
+    no memory."""
     with torch.device("meta"):
-        model = HunyuanVideo15Transformer3DModel(**preset.transformer)
+        model = get_adapter(preset.model).build(preset.transformer)
     # nn.Module.to, not diffusers' override, which warns about fp32-pinned modules (this model has none)
     return torch.nn.Module.to(model, dtype).eval().requires_grad_(False)
 
@@ -165,7 +165,7 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
     for a preset that runs CFG off (``guidance_scale`` 1, the step-distilled one).
 
     ``mesh`` ('data=2,tensor=4' or a dict; default :func:`hyv_lib.planning.planner.default_layout`) must use all the slice's devices;
-    ``sharding`` is a rule set of :data:`hyv_lib.parallel.sharding.RULE_SETS`. ``enable_cache`` compiles DeepCache's pair
+    ``sharding`` is a strategy of :data:`hyv_lib.parallel.sharding.STRATEGIES`. ``enable_cache`` compiles DeepCache's pair
     instead: the full step that also returns the cache, and the cached step (``no_cache_blocks`` trailing blocks).
     ``num_layers`` overrides the block count (tests). Bad input raises :class:`HyvInputError` naming the flag.
 
@@ -176,8 +176,8 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
     and the top-level figures are the larger program's memory (plus both programs' code) and the sum of the rest.
     """
     preset = get_preset(preset) if isinstance(preset, str) else preset
-    if sharding not in RULE_SETS:
-        raise HyvInputError("--sharding", f"must be one of {', '.join(RULE_SETS)}, got {sharding!r}")
+    if sharding not in STRATEGIES:
+        raise HyvInputError("--sharding", f"must be one of {', '.join(STRATEGIES)}, got {sharding!r}")
     height, width, video_length = video_size(preset, height, width, video_length)
     if not isinstance(no_cache_blocks, int) or not 0 <= no_cache_blocks <= preset.transformer["num_layers"]:
         raise HyvInputError("--no_cache_blocks", f"must be an integer in 0..{preset.transformer['num_layers']}, "

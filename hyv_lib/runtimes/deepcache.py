@@ -7,8 +7,8 @@ from typing import Any, Protocol
 
 import torch
 
-from ..models.forward import output_tokens, unpatchify
-from ..models.layout import check_supported, check_timestep_r
+from ..models.adapter import ModelAdapter
+from ..models.registry import adapter_for
 
 
 @dataclass(frozen=True)
@@ -81,50 +81,56 @@ class TorchDeepCache:
     """The eager-torch halves of DeepCache around diffusers' own forward.
 
     A full step *is* ``model(**kwargs)``, with a pre-hook on the first uncached block recording what enters
-    it (video and context tokens, the 1-D mask, RoPE), or with ``no_cache_blocks=0`` a hook on the last block
+    it (video and context tokens, the block inputs such as HunyuanVideo-1.5's 1-D mask, RoPE; read by the adapter's
+    :meth:`~hyv_lib.models.adapter.ModelAdapter.block_call`), or with ``no_cache_blocks=0`` a hook on the last block
     recording what leaves it, so a schedule of only full steps gives exactly the uncached latents. A cached step
     recomputes the timestep embedding, runs the last blocks (none for 0) on the recorded tokens, and applies the
     output layer. Each step's keyword arguments (MeanFlow's ``timestep_r`` included) reach both halves.
+    ``adapter``: the model's glue (default: the registered one for its class).
     """
 
-    def __init__(self, model):
-        check_supported(model, "DeepCache")
+    def __init__(self, model, adapter: ModelAdapter | None = None):
+        self.adapter = adapter_for(model, adapter)
+        self.adapter.check(model, "DeepCache")
         self.model = model
 
     def _tail(self, no_cache_blocks: int):
-        blocks = self.model.transformer_blocks
+        blocks = self.adapter.blocks(self.model)
         return blocks[len(blocks) - no_cache_blocks:]  # empty for 0
 
     @torch.no_grad()
     def run_and_cache(self, no_cache_blocks: int, **kwargs) -> tuple[torch.Tensor, Any]:
-        check_timestep_r(self.model, kwargs.get("timestep_r"))
+        self.adapter.check_timestep_r(self.model, kwargs.get("timestep_r"))
         recorded = {}
 
-        def record(module, args):
-            recorded["inputs"] = args  # (video, context, temb, mask, rope): temb is recomputed per step
+        def record(module, args, block_kwargs):
+            # (video, context, temb, inputs, rope): temb is recomputed per step
+            recorded["inputs"] = self.adapter.block_call(args, block_kwargs)
 
-        def record_output(module, args, output):  # no_cache_blocks=0: what leaves the last block
-            recorded["inputs"] = (*output, *args[2:])
+        def record_output(module, args, block_kwargs, output):  # no_cache_blocks=0: what leaves the last block
+            _, _, *rest = self.adapter.block_call(args, block_kwargs)
+            recorded["inputs"] = (*output, *rest)
         if no_cache_blocks:
-            handle = self._tail(no_cache_blocks)[0].register_forward_pre_hook(record)
+            handle = self._tail(no_cache_blocks)[0].register_forward_pre_hook(record, with_kwargs=True)
         else:
-            handle = self.model.transformer_blocks[-1].register_forward_hook(record_output)
+            handle = self.adapter.blocks(self.model)[-1].register_forward_hook(record_output, with_kwargs=True)
         try:
             out = self.model(**kwargs, return_dict=False)[0]
         finally:
             handle.remove()
-        video, context, _, mask, rope = recorded["inputs"]
-        return out, (video, context, mask, rope)
+        video, context, _, inputs, rope = recorded["inputs"]
+        return out, (video, context, inputs, rope)
 
     @torch.no_grad()
     def run_from_cache(self, cache: Any, no_cache_blocks: int, hidden_states, timestep, timestep_r=None,
                        **_) -> torch.Tensor:
-        check_timestep_r(self.model, timestep_r)
-        video, context, mask, rope = cache
-        temb = self.model.time_embed(timestep, timestep_r=timestep_r)  # as diffusers' forward computes it
+        a = self.adapter
+        a.check_timestep_r(self.model, timestep_r)
+        video, context, inputs, rope = cache
+        temb = a.time_embedding(self.model, timestep, timestep_r)  # as the model's forward computes it
         for block in self._tail(no_cache_blocks):
-            video, context = block(video, context, temb, mask, rope)
-        return unpatchify(output_tokens(self.model, video, temb), hidden_states.shape)
+            video, context = a.run_block(block, video, context, temb, inputs, rope)
+        return a.unpatchify(a.output_tokens(self.model, video, temb), hidden_states.shape)
 
 
 class DeepCacheStep:
@@ -189,4 +195,4 @@ def step_times(runtime: CacheableRuntime, no_cache_blocks: int = 1, rounds: int 
 
 
 def _num_blocks(runtime) -> int:
-    return len(runtime.model.transformer_blocks)
+    return len(runtime.adapter.blocks(runtime.model))

@@ -10,7 +10,7 @@ import torch
 from ..base.errors import HyvInputError
 from ..kernels.dispatch import available_backends, jax_backends
 from ..kernels.registry import BACKENDS
-from ..models.processors import use_attention
+from ..models.registry import adapter_for
 from ..parallel.distributed import init_distributed
 from ..parallel.mesh import make_mesh, parse_mesh
 from .deepcache import DeepCacheSchedule, DeepCacheStep, TorchDeepCache
@@ -118,7 +118,7 @@ def cached_step(step: TransformerStep, transformer, cache, no_cache_blocks: int 
 def _install_attention(transformer, attention: str) -> None:
     """hyv_lib's exact attention on a model for the torch runtime, unless ``diffusers`` keeps the stock one."""
     if attention != "diffusers":
-        use_attention(transformer, attention)
+        adapter_for(transformer).use_attention(transformer, attention)
 
 
 def check_attention(attention: str, runtime: str) -> None:

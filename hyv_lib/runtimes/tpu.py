@@ -1,4 +1,4 @@
-"""Run the HunyuanVideo-1.5 DiT on JAX through torchax: prompt-only work in eager, one jitted step, compile cache."""
+"""Run a video DiT (HunyuanVideo-1.5 first) on JAX through torchax: prompt-only work in eager, one jitted step."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from typing import Any
 
 import torch
 
-from ..models.forward import RopeTables, context_layout, embed_context, output_tokens, unpatchify
-from ..models.layout import check_supported, check_timestep_r
-from ..models.processors import use_attention
+from ..models.adapter import ModelAdapter, RopeTables
+from ..models.registry import adapter_for
 from ..parallel.mesh import active_mesh, head_split, make_mesh, parse_mesh
 from ..parallel.sharding import GATHERED_RULE_SETS, gather_whole, plan
 from ..parallel.transfer import jax_to_torch, torch_to_numpy
@@ -18,17 +17,30 @@ from ..parallel.transfer import jax_to_torch, torch_to_numpy
 logger = logging.getLogger(__name__)
 
 
-class _Step(torch.nn.Module):
-    """The per-step part of diffusers' forward, written with static shapes.
+class _BlockCall(torch.nn.Module):
+    """One block called through the adapter, as a module whose parameters are the block's (``block.<name>``), so
+    ``torch.func.functional_call`` can run it on substituted (all-gathered) weights."""
 
-    Everything data-dependent was decided outside (t2v vs i2v as a 0/1 scale, the valid-first reorder
-    as gather indices, RoPE tables), so this traces once per input shape. It reuses the model's own
-    submodules and the forward's glue from :mod:`hyv_lib.models.forward`.
+    def __init__(self, adapter: ModelAdapter, block: torch.nn.Module):
+        super().__init__()
+        self.adapter, self.block = adapter, block
+
+    def forward(self, video, context, temb, inputs, rope):
+        return self.adapter.run_block(self.block, video, context, temb, inputs, rope)
+
+
+class _Step(torch.nn.Module):
+    """The per-step part of a model's forward, written with static shapes from the adapter's pieces.
+
+    Everything data-dependent was decided outside by :meth:`ModelAdapter.prepare` (for HunyuanVideo-1.5: t2v vs i2v
+    as a 0/1 scale, the valid-first reorder as gather indices) and the RoPE tables, so this traces once per input
+    shape. ``prepared`` is the adapter's dict of prompt-only tensors, ``rope`` its tables for the latent shape.
     """
 
-    def __init__(self, model, mesh=None, gather_weights: bool = False):
+    def __init__(self, model, adapter: ModelAdapter, mesh=None, gather_weights: bool = False):
         super().__init__()
         self.model = model
+        self.adapter = adapter
         self.mesh = mesh
         self.gather_weights = gather_weights  # FSDP: all-gather each block's weights right before it runs
         self.traces = 0  # Python here runs only while JAX traces: one trace = one compilation
@@ -45,72 +57,72 @@ class _Step(torch.nn.Module):
         spec = NamedSharding(self.mesh, P("data", "sequence", None))
         return call_jax(jax.lax.with_sharding_constraint, tokens, spec)
 
-    def _embed(self, hidden_states, timestep, text_states, text_mask, byt5_states, byt5_mask, image_embeds,
-               image_scale, order, timestep_r):
-        """Timestep embedding (plus MeanFlow's ``timestep_r`` one), video tokens and the valid-first context tokens
-        before the first block. The token refiner gets ``timestep`` only, as in diffusers."""
-        m = self.model
-        temb = m.time_embed(timestep, timestep_r=timestep_r)
-        video = self._shard_sequence(m.x_embedder(hidden_states))
-        context = embed_context(m, timestep, text_states, text_mask, byt5_states, byt5_mask, image_embeds,
-                                image_scale, order)
-        return temb, video, context
+    def _embed(self, hidden_states, timestep, prepared, timestep_r):
+        """Timestep embedding (plus MeanFlow's ``timestep_r`` one), video tokens and the context tokens before the
+        first block."""
+        a, m = self.adapter, self.model
+        temb = a.time_embedding(m, timestep, timestep_r)
+        video = self._shard_sequence(a.embed_video(m, hidden_states))
+        return temb, video, a.embed_context(m, timestep, prepared)
 
-    def _blocks(self, blocks, video, context, temb, context_mask, rope_cos, rope_sin):
+    def _blocks(self, blocks, video, context, temb, inputs, rope):
         for block in blocks:
-            args = (video, context, temb, context_mask, (rope_cos, rope_sin))
             if self.gather_weights:
-                whole = {name: gather_whole(p) for name, p in block.named_parameters()}
-                video, context = torch.func.functional_call(block, whole, args)
+                whole = {f"block.{name}": gather_whole(p) for name, p in block.named_parameters()}
+                video, context = torch.func.functional_call(_BlockCall(self.adapter, block), whole,
+                                                            (video, context, temb, inputs, rope))
             else:
-                video, context = block(*args)
+                video, context = self.adapter.run_block(block, video, context, temb, inputs, rope)
             video = self._shard_sequence(video)
         return video, context
 
     def _head(self, video, temb, latent_shape):
-        return unpatchify(output_tokens(self.model, video, temb), latent_shape)
+        return self.adapter.unpatchify(self.adapter.output_tokens(self.model, video, temb), latent_shape)
 
-    def forward(self, hidden_states, timestep, text_states, text_mask, byt5_states, byt5_mask, image_embeds,
-                image_scale, order, context_mask, rope_cos, rope_sin, timestep_r=None):
+    def _split(self, no_cache_blocks: int) -> tuple:
+        blocks = self.adapter.blocks(self.model)
+        split = len(blocks) - no_cache_blocks
+        return blocks[:split], blocks[split:]
+
+    def forward(self, hidden_states, timestep, prepared, rope, timestep_r=None):
         self.traces += 1
-        temb, video, context = self._embed(hidden_states, timestep, text_states, text_mask, byt5_states, byt5_mask,
-                                           image_embeds, image_scale, order, timestep_r)
-        video, _ = self._blocks(self.model.transformer_blocks, video, context, temb, context_mask, rope_cos, rope_sin)
+        temb, video, context = self._embed(hidden_states, timestep, prepared, timestep_r)
+        video, _ = self._blocks(self.adapter.blocks(self.model), video, context, temb,
+                                self.adapter.block_inputs(prepared), rope)
         return self._head(video, temb, hidden_states.shape)
 
-    def forward_and_cache(self, hidden_states, timestep, text_states, text_mask, byt5_states, byt5_mask,
-                          image_embeds, image_scale, order, context_mask, rope_cos, rope_sin, timestep_r=None,
-                          no_cache_blocks=1):
+    def forward_and_cache(self, hidden_states, timestep, prepared, rope, timestep_r=None, no_cache_blocks=1):
         """DeepCache's full step: the forward, plus the video and context tokens entering the last
         ``no_cache_blocks`` blocks (what the cached steps start from)."""
         self.traces += 1
-        temb, video, context = self._embed(hidden_states, timestep, text_states, text_mask, byt5_states, byt5_mask,
-                                           image_embeds, image_scale, order, timestep_r)
-        split = len(self.model.transformer_blocks) - no_cache_blocks
-        deep = self.model.transformer_blocks[:split]
-        video, context = self._blocks(deep, video, context, temb, context_mask, rope_cos, rope_sin)
+        temb, video, context = self._embed(hidden_states, timestep, prepared, timestep_r)
+        deep, tail = self._split(no_cache_blocks)
+        inputs = self.adapter.block_inputs(prepared)
+        video, context = self._blocks(deep, video, context, temb, inputs, rope)
         cache = (video, context)
-        video, _ = self._blocks(self.model.transformer_blocks[split:], video, context, temb, context_mask,
-                                rope_cos, rope_sin)
+        video, _ = self._blocks(tail, video, context, temb, inputs, rope)
         return self._head(video, temb, hidden_states.shape), cache
 
-    def forward_from_cache(self, hidden_states, timestep, video, context, context_mask, rope_cos, rope_sin,
-                           timestep_r=None, no_cache_blocks=1):
+    def forward_from_cache(self, hidden_states, timestep, video, context, inputs, rope, timestep_r=None,
+                           no_cache_blocks=1):
         """DeepCache's cached step: a fresh timestep embedding, the last ``no_cache_blocks`` blocks on the
-        cached tokens, and the output layer (``hidden_states`` only gives the output shape)."""
+        cached tokens (``inputs``: the adapter's block inputs), and the output layer (``hidden_states`` only gives
+        the output shape)."""
         self.traces += 1
-        temb = self.model.time_embed(timestep, timestep_r=timestep_r)
-        tail = self.model.transformer_blocks[len(self.model.transformer_blocks) - no_cache_blocks:]
-        video, _ = self._blocks(tail, video, context, temb, context_mask, rope_cos, rope_sin)
+        temb = self.adapter.time_embedding(self.model, timestep, timestep_r)
+        video, _ = self._blocks(self._split(no_cache_blocks)[1], video, context, temb, inputs, rope)
         return self._head(video, temb, hidden_states.shape)
 
 
 class TpuTransformer:
-    """A HunyuanVideo15Transformer3DModel on JAX via torchax, callable like the model's forward.
+    """A diffusers video transformer on JAX via torchax, callable like the model's forward.
 
-    Prompt-only work runs once per conditioning in eager torch: t2v vs i2v (decided in Python from the
-    concrete image embeddings), the valid-first reorder as gather indices, RoPE tables per latent shape.
-    The per-step function is jitted once and reused. Returns the noise prediction as a CPU torch tensor.
+    ``adapter`` (a :class:`hyv_lib.models.adapter.ModelAdapter`; default: the registered one for the model's class,
+    :data:`hyv_lib.models.hunyuan.HUNYUAN_VIDEO_15` for HunyuanVideo-1.5) says how the model's forward splits into
+    prompt-only work, embeddings, blocks and head. Prompt-only work runs once per conditioning in eager torch
+    (HunyuanVideo-1.5: t2v vs i2v decided in Python from the concrete image embeddings, the valid-first reorder as
+    gather indices), RoPE tables once per latent shape. The per-step function is jitted once and reused. Returns the
+    noise prediction as a CPU torch tensor.
 
     ``attention``: a backend of :func:`hyv_lib.kernels.dispatch.attention` that runs on torchax tensors
     (``splash``, ``xla``, ``host_sdpa`` on the CPU backend) or ``auto`` (Splash when the program targets a TPU,
@@ -118,8 +130,8 @@ class TpuTransformer:
     ``block_kv``).
 
     ``mesh`` (a jax Mesh from :func:`hyv_lib.parallel.mesh.make_mesh`, or its axes as a string such as
-    ``"data=2,tensor=4"``) and ``sharding`` (a rule set of :data:`hyv_lib.parallel.sharding.RULE_SETS`, default
-    ``tp_replicated_out`` as for the CLI): weights are placed by the rules, the CFG batch
+    ``"data=2,tensor=4"``) and ``sharding`` (a strategy of :data:`hyv_lib.parallel.sharding.STRATEGIES`, default
+    ``tp_replicated_out`` as for the CLI): weights are placed by the adapter's rule set for it, the CFG batch
     goes on the ``data`` axis, video tokens on the ``sequence`` axis between blocks, and attention runs
     per shard with heads on ``tensor`` x ``sequence``. ``placement`` holds the per-rule report. Arrays are
     placed shard by shard from the host copy (``jax.make_array_from_callback``) and read back with a
@@ -133,7 +145,7 @@ class TpuTransformer:
     """
 
     def __init__(self, model, *, mesh=None, sharding=None, attention: str = "auto",
-                 attention_options: dict[str, Any] | None = None):
+                 attention_options: dict[str, Any] | None = None, adapter: ModelAdapter | None = None):
         import torchax
         from torchax.interop import JittableModule
 
@@ -142,7 +154,8 @@ class TpuTransformer:
         if isinstance(mesh, str):
             mesh = make_mesh(**parse_mesh(mesh))
         config = model.config
-        check_supported(model, "TpuTransformer")
+        self.adapter = adapter = adapter_for(model, adapter)
+        adapter.check(model, "TpuTransformer")
         self.model = model
         self.mesh = mesh
         self.abstract = any(p.device.type == "meta" for p in model.parameters())
@@ -152,24 +165,25 @@ class TpuTransformer:
         self.env = torchax.default_env()
         self.dtype = next(model.parameters()).dtype
         # RoPE depends only on the latent shape: once per shape in eager torch, then to JAX
-        self._rope = RopeTables(self.model, lambda cos, sin: (self._to_jax(cos), self._to_jax(sin)))
+        self._rope = RopeTables(adapter, model, lambda *tables: tuple(self._to_jax(t) for t in tables))
         self._prepared: tuple[tuple, dict] | None = None  # ((input tensors, versions), prepared inputs)
         self._jits: dict[tuple[str, int | None], Any] = {}  # one jax.jit per step method (run and lower share it)
         # Installs hyv_lib's masked processors on `model` (callers comparing with the oracle keep a copy).
-        use_attention(model, attention, **(attention_options or {}))
+        adapter.use_attention(model, attention, **(attention_options or {}))
         specs: dict[str, tuple] = {}
         if mesh is not None:
             if config.num_attention_heads % head_split(mesh):
                 raise ValueError(f"{config.num_attention_heads} attention heads cannot be split over the mesh's "
                                  f"tensor x sequence axes of size {mesh.shape['tensor']} x {mesh.shape['sequence']}")
             shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
-            specs, self.placement = plan(shapes, sharding or "tp_replicated_out", mesh)
+            specs, self.placement = plan(shapes, adapter.rules(sharding or "tp_replicated_out"), mesh)
             element = torch.empty((), dtype=self.dtype).element_size()
             for row in self.placement:
                 row["bytes_per_device"] = row.pop("per_device") * element
 
         with self.env:
-            self.step_module = _Step(model, mesh, gather_weights=mesh is not None and sharding in GATHERED_RULE_SETS)
+            self.step_module = _Step(model, adapter, mesh,
+                                     gather_weights=mesh is not None and sharding in GATHERED_RULE_SETS)
             self.jitted = JittableModule(self.step_module)
             # JittableModule names tensors "model.<diffusers name>"; frozen weights land in `buffers`.
             for store in ("params", "buffers"):
@@ -210,48 +224,39 @@ class TpuTransformer:
         return torch_view(jax.make_array_from_callback(host.shape, sharding, lambda index: host[index]))
 
     @torch.no_grad()
-    def prepare(self, encoder_hidden_states, encoder_attention_mask, encoder_hidden_states_2=None,
-                encoder_attention_mask_2=None, image_embeds=None) -> dict[str, torch.Tensor]:
-        """The prompt-only inputs of the jitted step (cached for the last conditioning seen)."""
+    def prepare(self, **conditioning) -> dict[str, torch.Tensor]:
+        """The prompt-only inputs of the jitted step from the forward's conditioning keywords (the adapter's
+        :meth:`~hyv_lib.models.adapter.ModelAdapter.prepare` on CPU copies), cached for the last conditioning seen."""
         # The cache holds the tensors themselves (so their ids cannot be reused) and their versions
         # (so an in-place edit invalidates it): the denoising loop passes the same conditioning each step.
-        tensors = (encoder_hidden_states, encoder_attention_mask, encoder_hidden_states_2, encoder_attention_mask_2,
-                   image_embeds)
+        names = tuple(sorted(conditioning))
+        tensors = tuple(conditioning[n] for n in names)
         versions = tuple(getattr(t, "_version", 0) for t in tensors)
         if self._prepared is not None:
-            (cached, cached_versions), prepared = self._prepared
-            if all(a is b for a, b in zip(cached, tensors)) and cached_versions == versions:
+            (cached_names, cached, cached_versions), prepared = self._prepared
+            if (cached_names == names and all(a is b for a, b in zip(cached, tensors))
+                    and cached_versions == versions):
                 return prepared
-        cpu = {name: None if t is None else t.detach().to("cpu") for name, t in dict(
-            text=encoder_hidden_states, text_mask=encoder_attention_mask, byt5=encoder_hidden_states_2,
-            byt5_mask=encoder_attention_mask_2, image=image_embeds).items()}
-        # concrete CPU tensors here, so t2v vs i2v is an ordinary Python branch
-        layout = context_layout(self.model.config, cpu["text"], cpu["text_mask"], cpu["byt5"], cpu["byt5_mask"],
-                                cpu["image"])
-        prepared = {
-            "text_states": cpu["text"].to(self.dtype), "text_mask": cpu["text_mask"].long(),
-            "byt5_states": layout.byt5.to(self.dtype), "byt5_mask": layout.byt5_mask.long(),
-            "image_embeds": layout.image.to(self.dtype),
-            "image_scale": torch.tensor(layout.image_scale, dtype=self.dtype),
-            "order": layout.order, "context_mask": layout.context_mask,
-        }
+        # concrete CPU tensors here, so data-dependent decisions (t2v vs i2v) are ordinary Python branches
+        cpu = {n: t.detach().to("cpu") if isinstance(t, torch.Tensor) else t for n, t in conditioning.items()}
+        prepared = self.adapter.prepare(self.model, **cpu)
         # Per-sample inputs go on the data axis (one CFG prompt per data shard); scalars are replicated.
         prepared = {k: self._to_jax(v, ("data",) if v.ndim else ()) for k, v in prepared.items()}
-        self._prepared = ((tensors, versions), prepared)
+        self._prepared = ((names, tensors, versions), prepared)
         return prepared
 
-    def _step_args(self, hidden_states, timestep, timestep_r=None, **conditioning) -> dict[str, torch.Tensor]:
+    def _step_args(self, hidden_states, timestep, timestep_r=None, **conditioning) -> dict[str, Any]:
         prepared = self.prepare(**conditioning)
-        cos, sin = self._rope(*hidden_states.shape[2:])
+        rope = self._rope(tuple(hidden_states.shape))
         if self.mesh is not None and hidden_states.shape[0] % self.mesh.shape["data"]:
             raise ValueError(f"batch {hidden_states.shape[0]} cannot be split over the mesh's data axis "
                              f"of size {self.mesh.shape['data']}")
-        return dict(self._latent_args(hidden_states, timestep, timestep_r), rope_cos=cos, rope_sin=sin, **prepared)
+        return dict(self._latent_args(hidden_states, timestep, timestep_r), prepared=prepared, rope=rope)
 
     def _latent_args(self, hidden_states, timestep, timestep_r=None) -> dict[str, Any]:
         """The per-step inputs: latents, timesteps and MeanFlow's ``timestep_r`` (None for other models), on the data
         axis. ``timestep_r`` is a traced input like ``timestep``: a new value is data, not a new program."""
-        check_timestep_r(self.model, timestep_r)
+        self.adapter.check_timestep_r(self.model, timestep_r)
 
         def per_sample(t):
             t = torch.as_tensor(t).reshape(-1).expand(hidden_states.shape[0])
@@ -318,8 +323,8 @@ class TpuTransformer:
                 raise ValueError("forward_from_cache needs cache=(video, context), e.g. from cache_spec()")
             jitted = self._jit(method, no_cache_blocks)
             call = dict(hidden_states=args["hidden_states"], timestep=args["timestep"], timestep_r=args["timestep_r"],
-                        video=cache[0], context=cache[1], context_mask=args["context_mask"],
-                        rope_cos=args["rope_cos"], rope_sin=args["rope_sin"])
+                        video=cache[0], context=cache[1], inputs=self.adapter.block_inputs(args["prepared"]),
+                        rope=args["rope"])
         with self.env, torch.no_grad(), active_mesh(self.mesh):
             return jitted.lower(jax_view(self.jitted.params), jax_view(self.jitted.buffers), **jax_view(call))
 
@@ -337,22 +342,21 @@ class TpuTransformer:
         """DeepCache's full step on JAX: (noise prediction on the CPU, cache left on the device)."""
         args = self._step_args(hidden_states, timestep, **_conditioning(conditioning))
         out, cache = self._run("forward_and_cache", no_cache_blocks, **args)
-        return to_cpu(out), (cache, args["context_mask"], args["rope_cos"], args["rope_sin"])
+        return to_cpu(out), (cache, self.adapter.block_inputs(args["prepared"]), args["rope"])
 
     def run_from_cache(self, cache, no_cache_blocks: int, hidden_states, timestep, timestep_r=None, **_):
         """DeepCache's cached step on JAX: only the timestep embedding, the last blocks and the output layer."""
-        (video, context), context_mask, rope_cos, rope_sin = cache
+        (video, context), inputs, rope = cache
         return to_cpu(self._run("forward_from_cache", no_cache_blocks, video=video, context=context,
-                                 context_mask=context_mask, rope_cos=rope_cos, rope_sin=rope_sin,
+                                 inputs=inputs, rope=rope,
                                  **self._latent_args(hidden_states, timestep, timestep_r)))
 
-    def __call__(self, hidden_states, timestep, encoder_hidden_states, encoder_attention_mask,
-                 encoder_hidden_states_2=None, encoder_attention_mask_2=None, image_embeds=None,
-                 timestep_r=None, attention_kwargs=None, return_dict: bool = False) -> torch.Tensor:
-        args = self._step_args(hidden_states, timestep, timestep_r, encoder_hidden_states=encoder_hidden_states,
-                               encoder_attention_mask=encoder_attention_mask,
-                               encoder_hidden_states_2=encoder_hidden_states_2,
-                               encoder_attention_mask_2=encoder_attention_mask_2, image_embeds=image_embeds)
+    def __call__(self, hidden_states, timestep, timestep_r=None, attention_kwargs=None, return_dict: bool = False,
+                 **conditioning) -> torch.Tensor:
+        """The model's forward: latents, timestep(s) and the conditioning keywords of the adapter (HunyuanVideo-1.5:
+        ``encoder_hidden_states``, ``encoder_attention_mask``, ``encoder_hidden_states_2``,
+        ``encoder_attention_mask_2``, ``image_embeds``)."""
+        args = self._step_args(hidden_states, timestep, timestep_r, **conditioning)
         out = to_cpu(self._run("forward", None, **args))
         if return_dict:  # as diffusers' forward returns it
             from diffusers.models.modeling_outputs import Transformer2DModelOutput

@@ -1,7 +1,8 @@
-"""Ulysses sequence parallelism for the HunyuanVideo-1.5 DiT on torch.distributed (nccl on GPUs, gloo on CPU)."""
+"""Ulysses sequence parallelism for a video DiT (HunyuanVideo-1.5) on torch.distributed (nccl on GPUs, gloo on CPU)."""
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -9,9 +10,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..kernels.dispatch import attention
-from ..models.forward import RopeTables, context_layout, embed_context, output_tokens, unpatchify
-from ..models.layout import check_supported, check_timestep_r
-from ..models.processors import context_qkv, use_attention, video_qkv
+from ..models.adapter import ModelAdapter, RopeTables
+from ..models.processors import context_qkv, video_qkv
+from ..models.registry import adapter_for
 
 
 # --------------------------------------------------------------------------------------------- layout
@@ -136,7 +137,8 @@ class UlyssesJointAttnProcessor:
 
 # ------------------------------------------------------------------------------------------- wrapper
 class UlyssesTransformer:
-    """A HunyuanVideo15Transformer3DModel run with Ulysses sequence parallelism over ``group``.
+    """A video transformer run with Ulysses sequence parallelism over ``group`` (pieces from ``adapter``, default the
+    registered one for the model's class; the joint-attention processor below is HunyuanVideo-1.5's dual-stream one).
 
     Call it on every rank of ``group`` (default: the whole world) with identical full inputs and the
     keyword arguments of the model's forward; every rank gets the full noise prediction back, on the
@@ -149,13 +151,14 @@ class UlyssesTransformer:
     ``attention_backend`` is a backend of :func:`hyv_lib.kernels.dispatch.attention` for torch tensors.
     """
 
-    def __init__(self, model, group=None, attention_backend: str = "auto"):
+    def __init__(self, model, group=None, attention_backend: str = "auto", adapter: ModelAdapter | None = None):
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("UlyssesTransformer needs torch.distributed initialised: call "
                                "hyv_lib.parallel.distributed.init_distributed() (under torchrun) or "
                                "torch.distributed.init_process_group first")
         config = model.config
-        check_supported(model, "UlyssesTransformer")
+        self.adapter = adapter = adapter_for(model, adapter)
+        adapter.check(model, "UlyssesTransformer")
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -163,11 +166,11 @@ class UlyssesTransformer:
             raise ValueError("this process is not a member of the group passed to UlyssesTransformer")
         check_heads(config.num_attention_heads, self.world)
         self.model = model
-        use_attention(model, attention_backend)  # refiner: SelfAttnProcessor (also checks the backend)
+        adapter.use_attention(model, attention_backend)  # refiner: SelfAttnProcessor (also checks the backend)
         self.processor = UlyssesJointAttnProcessor(group, attention_backend)
-        for block in model.transformer_blocks:
-            block.attn.set_processor(self.processor)
-        self._rope = RopeTables(self.model, self._local_rows)  # once per latent shape and device
+        for attn in adapter.attention_modules(model):
+            attn.set_processor(self.processor)
+        self._rope = RopeTables(adapter, model, self._local_rows)  # once per latent shape and device
 
     @property
     def device(self) -> torch.device:
@@ -187,48 +190,39 @@ class UlyssesTransformer:
                  for t in (cos, sin)]
         return tuple(t.to(device).contiguous() for t in local)
 
-    def _context(self, timestep, text, text_mask, byt5, byt5_mask, image):
-        """The joint context [B, L, C] (valid tokens first) and its mask, as diffusers builds them,
-        with the reorder as a gather and t2v vs i2v decided once from the concrete image embeddings."""
-        layout = context_layout(self.model.config, text, text_mask, byt5, byt5_mask, image)
-        context = embed_context(self.model, timestep, text, text_mask, layout.byt5, layout.byt5_mask, layout.image,
-                                layout.image_scale, layout.order)
-        return context, layout.context_mask
-
     @torch.no_grad()
-    def __call__(self, hidden_states, timestep, encoder_hidden_states, encoder_attention_mask,
-                 encoder_hidden_states_2=None, encoder_attention_mask_2=None, image_embeds=None,
-                 timestep_r=None, attention_kwargs=None, return_dict: bool = False) -> torch.Tensor:
-        check_timestep_r(self.model, timestep_r)
-        m, world, rank = self.model, self.world, self.rank
+    def __call__(self, hidden_states, timestep, timestep_r=None, attention_kwargs=None, return_dict: bool = False,
+                 **conditioning) -> torch.Tensor:
+        """The model's forward (latents, timestep(s), the adapter's conditioning keywords) on every rank."""
+        a, m, world, rank = self.adapter, self.model, self.world, self.rank
+        a.check_timestep_r(m, timestep_r)
         out_device = hidden_states.device
         device, dtype = self.device, self.dtype
 
-        def put(t, dtype=None):
-            return None if t is None else t.to(device=device, dtype=dtype)
+        def put(t):  # floating tensors in the model's dtype, integer ones (masks) as they are
+            if not isinstance(t, torch.Tensor):
+                return t
+            return t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
 
-        latents = put(hidden_states, dtype)
-        batch, channels, frames, height, width = latents.shape
-        tokens = frames * height * width
+        latents = put(hidden_states)
+        batch = latents.shape[0]
+        tokens = math.prod(latents.shape[2:])
         shard = shard_length(tokens, world)
-        timestep, timestep_r = (None if t is None else put(torch.as_tensor(t).reshape(-1).expand(batch), dtype)
+        timestep, timestep_r = (None if t is None else put(torch.as_tensor(t).reshape(-1).expand(batch).to(dtype))
                                 for t in (timestep, timestep_r))
-        temb = m.time_embed(timestep, timestep_r=timestep_r)  # MeanFlow: plus timestep_r's embedding
-        context, context_mask = self._context(
-            timestep, put(encoder_hidden_states, dtype), put(encoder_attention_mask),
-            put(encoder_hidden_states_2, dtype), put(encoder_attention_mask_2), put(image_embeds, dtype))
-
-        # Patch 1x1x1: x_embedder is a per-token linear map, so embed only this rank's (row-major)
-        # tokens, laid out as a [B, C, shard, 1, 1] volume; padding tokens are zeros.
-        flat = F.pad(latents.flatten(2), (0, shard * world - tokens))[..., rank * shard:(rank + 1) * shard]
-        video = m.x_embedder(flat[..., None, None])  # [B, shard, C]
-        cos, sin = self._rope(frames, height, width, self.device)
+        temb = a.time_embedding(m, timestep, timestep_r)
+        prepared = a.prepare(m, **{name: put(t) for name, t in conditioning.items()})
+        context = a.embed_context(m, timestep, prepared)
+        inputs = a.block_inputs(prepared)
+        # only this rank's tokens are embedded; padding tokens past the end are zeros
+        video = a.embed_video(m, latents, rank * shard, (rank + 1) * shard)  # [B, shard, C]
+        cos, sin = self._rope(tuple(latents.shape), self.device)
         rope = VideoShard(cos, sin, tokens)
-        for block in m.transformer_blocks:
-            video, context = block(video, context, temb, context_mask, rope)
-        video = output_tokens(m, video, temb)  # per token, so still sharded: [B, shard, C_out]
+        for block in a.blocks(m):
+            video, context = a.run_block(block, video, context, temb, inputs, rope)
+        video = a.output_tokens(m, video, temb)  # per token, so still sharded: [B, shard, C_out]
         video = _all_gather(video, 1, self.group, world)[:, :tokens]
-        return unpatchify(video, latents.shape).to(out_device)
+        return a.unpatchify(video, latents.shape).to(out_device)
 
 
 def ulysses_forward(model, kwargs: dict) -> torch.Tensor:
