@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 import torch
-from toy_adapter import TOY, toy_inputs, toy_model
+from toy_adapter import CONFIG, TOY, toy_inputs, toy_model
 
 from hyv_lib.models.hunyuan import HUNYUAN_VIDEO_15
 from hyv_lib.models.registry import ADAPTERS, adapter_for, get_adapter, register_adapter
@@ -26,8 +26,8 @@ def oracle(model, kwargs):
 
 
 def test_the_registry_finds_hunyuan_by_class_and_refuses_an_unknown_model():
-    from hyv_lib.models.components import build_tiny_components
     from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.components import build_tiny_components
 
     hunyuan = build_tiny_components(get_preset("tiny"), names=["transformer"])["transformer"]
     assert adapter_for(hunyuan) is HUNYUAN_VIDEO_15 and get_adapter("hunyuanvideo-1.5") is HUNYUAN_VIDEO_15
@@ -150,3 +150,21 @@ def test_a_second_model_sharded_on_eight_devices_by_its_own_rules():
     assert result["tp"]["error"] <= TOL and result["fsdp"]["error"] <= TOL, result
     assert result["tp"]["rules"] == ["tp/qkv column", "tp/out row", "replicated (no rule)"]
     assert result["fsdp"]["rules"] == ["fsdp/matrix", "replicated (no rule)"]
+
+
+def test_the_compile_only_path_lowers_a_second_model_from_the_meta_device():
+    """What ``compile_step`` does for a preset's model: build it on the meta device with its adapter, place abstract
+    weights by the adapter's rules, lower the jitted step; the program takes the toy's frames-first latents."""
+    pytest.importorskip("torchax")
+    from hyv_lib.runtimes.tpu import TpuTransformer
+
+    with torch.device("meta"):
+        model = TOY.build(dict(CONFIG))
+    step = TpuTransformer(model, mesh="tensor=1", sharding="tp", adapter=TOY)
+    kwargs = toy_inputs(0)
+    lowered = step.lower(**kwargs)
+    assert lowered.args_info[1]["hidden_states"].shape == tuple(kwargs["hidden_states"].shape)
+    assert [r["rule"] for r in step.placement if r["tensors"]] == ["tp/qkv column", "tp/out row",
+                                                                   "replicated (no rule)"]
+    with pytest.raises(RuntimeError, match="compile only"):
+        step(**kwargs)

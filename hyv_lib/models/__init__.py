@@ -1,1 +1,1 @@
-"""The model layer: loading and building diffusers/transformers components, token layout, the forward glue, attention processors, diffusers patches."""
+"""The model layer: model adapters (each model's forward glue, rule sets), components, token layout, processors, patches."""

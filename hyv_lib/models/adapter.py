@@ -5,7 +5,8 @@ conditioning (often data-dependent, so not jittable as written), per-step embedd
 an output head. A :class:`ModelAdapter` names those pieces for one model class, so the torchax/JAX runtime, Ulysses,
 DeepCache, the sharding rules and the planner never name a model's submodules themselves. HunyuanVideo-1.5 is the
 first implementation (:mod:`hyv_lib.models.hunyuan`); a second model (CogVideoX) is another subclass, found by
-:func:`hyv_lib.models.registry.adapter_for`. A training step uses the same pieces: :meth:`ModelAdapter.forward` is differentiable.
+:func:`hyv_lib.models.registry.adapter_for`. A training step uses the same pieces: :meth:`ModelAdapter.forward` is
+differentiable.
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ class ModelAdapter:
         import diffusers
 
         return getattr(diffusers, self.model_classes[0])(**config)
+
+    def example_inputs(self, preset, height: int, width: int, video_length: int, batch: int = 2,
+                       dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+        """Forward keyword arguments of a ``preset``'s real shapes (zeros are fine: the compile path reads only
+        shapes and dtypes, :func:`hyv_lib.planning.tpu_compile.compile_step`)."""
+        raise NotImplementedError
 
     # ------------------------------------------------------------------------------------------ checks
     def check(self, model, who: str) -> None:

@@ -98,6 +98,24 @@ class HunyuanVideo15Adapter(ModelAdapter):
     rule_sets = RULE_SETS
     block_prefix = "transformer_blocks."
 
+    def example_inputs(self, preset, height: int, width: int, video_length: int, batch: int = 2,
+                       dtype: torch.dtype = torch.bfloat16, text_tokens: int = 120) -> dict[str, torch.Tensor]:
+        """A CFG batch, t2v, ``text_tokens`` valid text tokens, no ByT5 text; MeanFlow presets also get
+        ``timestep_r``, a traced input of their step. The masks fix the (data, not program) token order."""
+        _, c, t, h, w = preset.latent_shape(height, width, video_length)
+
+        def mask(length: int, valid: int) -> torch.Tensor:
+            return (torch.arange(length)[None] < valid).long().repeat(batch, 1)
+
+        meanflow = {"timestep_r": torch.full((batch,), 800.0)} if preset.transformer.get("use_meanflow") else {}
+        return dict(hidden_states=torch.zeros(batch, 2 * c + 1, t, h, w, dtype=dtype),
+                    timestep=torch.full((batch,), 900.0),
+                    encoder_hidden_states=torch.zeros(batch, preset.text_len, preset.text_dim, dtype=dtype),
+                    encoder_attention_mask=mask(preset.text_len, min(text_tokens, preset.text_len)),
+                    encoder_hidden_states_2=torch.zeros(batch, preset.byt5_len, preset.byt5_dim, dtype=dtype),
+                    encoder_attention_mask_2=mask(preset.byt5_len, 0),
+                    image_embeds=torch.zeros(batch, preset.image_tokens, preset.image_dim, dtype=dtype), **meanflow)
+
     def check(self, model, who: str) -> None:
         """The restated forward assumes a 1x1x1 patch (one token per latent pixel, as in every HunyuanVideo-1.5
         checkpoint); anything else is a clear error."""

@@ -115,23 +115,10 @@ def abstract_transformer(preset: Preset, dtype: torch.dtype = torch.bfloat16):
 
 
 def example_inputs(preset: Preset, height: int, width: int, video_length: int, batch: int = 2,
-                   dtype: torch.dtype = torch.bfloat16, text_tokens: int = 120) -> dict[str, torch.Tensor]:
-    """Forward keyword arguments of the real shapes (a CFG batch, t2v, ``text_tokens`` valid text tokens, no ByT5
-    text; MeanFlow presets also get ``timestep_r``, a traced input of their step). Only shapes and dtypes reach the
-    compiler; the masks fix the (data, not program) token order."""
-    _, c, t, h, w = preset.latent_shape(height, width, video_length)
-
-    def mask(length: int, valid: int) -> torch.Tensor:
-        return (torch.arange(length)[None] < valid).long().repeat(batch, 1)
-
-    meanflow = {"timestep_r": torch.full((batch,), 800.0)} if preset.transformer.get("use_meanflow") else {}
-    return dict(hidden_states=torch.zeros(batch, 2 * c + 1, t, h, w, dtype=dtype),
-                timestep=torch.full((batch,), 900.0),
-                encoder_hidden_states=torch.zeros(batch, preset.text_len, preset.text_dim, dtype=dtype),
-                encoder_attention_mask=mask(preset.text_len, min(text_tokens, preset.text_len)),
-                encoder_hidden_states_2=torch.zeros(batch, preset.byt5_len, preset.byt5_dim, dtype=dtype),
-                encoder_attention_mask_2=mask(preset.byt5_len, 0),
-                image_embeds=torch.zeros(batch, preset.image_tokens, preset.image_dim, dtype=dtype), **meanflow)
+                   dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """Forward keyword arguments of the real shapes for the preset's model, from its adapter
+    (:meth:`hyv_lib.models.adapter.ModelAdapter.example_inputs`): only shapes and dtypes reach the compiler."""
+    return get_adapter(preset.model).example_inputs(preset, height, width, video_length, batch, dtype)
 
 
 def program_report(compiled, compile_seconds: float) -> dict[str, Any]:
@@ -202,7 +189,7 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
     with quiet_libtpu():
         try:
             step = TpuTransformer(model, mesh=jax_mesh, sharding=sharding, attention="splash",
-                                  attention_options=attention_options)
+                                  attention_options=attention_options, adapter=get_adapter(preset.model))
         except ValueError as err:
             raise HyvInputError("--sharding", str(err)) from None
         inputs = example_inputs(preset, height, width, video_length, batch=batch)

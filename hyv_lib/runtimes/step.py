@@ -10,6 +10,7 @@ import torch
 from ..base.errors import HyvInputError
 from ..kernels.dispatch import available_backends, jax_backends
 from ..kernels.registry import BACKENDS
+from ..models.adapter import ModelAdapter
 from ..models.registry import adapter_for
 from ..parallel.distributed import init_distributed
 from ..parallel.mesh import make_mesh, parse_mesh
@@ -51,7 +52,7 @@ ATTENTION_CHOICES = ("auto", "diffusers")
 
 def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
               sharding: str = "tp_replicated_out", cache=None, no_cache_blocks: int = 1,
-              attention: str = "auto") -> TransformerStep:
+              attention: str = "auto", adapter: ModelAdapter | None = None) -> TransformerStep:
     """The transformer step of a runtime: ``torch`` (eager diffusers), ``tpu`` (torchax/JAX jit on
     whatever JAX backend is present: the TPU on a TPU VM, the CPU here; JAX's persistent compile cache is the
     caller's choice, :func:`hyv_lib.parallel.jax_env.enable_compile_cache`, which the CLI turns on) or
@@ -61,7 +62,8 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
     picks flash varlen on CUDA when installed, else SDPA on each sample's valid tokens (Splash or XLA under the tpu
     runtime); a name of :data:`hyv_lib.kernels.registry.BACKENDS` forces one. ``diffusers`` keeps diffusers' own processor
     on the torch runtime (the oracle: it builds a dense [B, 1, S, S] mask, 24 GiB at 720p/121f for the CFG batch).
-    The step reads the model's device and dtype when it runs, not when it is built.
+    The step reads the model's device and dtype when it runs, not when it is built. ``adapter``: the model's glue
+    (:class:`hyv_lib.models.adapter.ModelAdapter`; default: the registered one for the model's class).
     ``mesh`` ('tensor=8', 'data=2,tensor=4', ...) shards the tpu step with the rule set ``sharding``.
     ``cache`` (a :class:`hyv_lib.runtimes.deepcache.DeepCacheSchedule`, or the adaptive
     :class:`hyv_lib.runtimes.magcache.MagCacheSchedule`) wraps the torch or tpu step in DeepCache, recomputing the last
@@ -72,18 +74,20 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
     if cache is not None:
         if runtime not in ("torch", "tpu"):
             raise HyvInputError("--enable_cache", f"DeepCache runs on --runtime torch or tpu, not {runtime!r}")
-        return cached_step(make_step(transformer, runtime, mesh, sharding, attention=attention), transformer, cache,
-                           no_cache_blocks)
+        return cached_step(make_step(transformer, runtime, mesh, sharding, attention=attention, adapter=adapter),
+                           transformer, cache, no_cache_blocks, adapter)
     if runtime == "torch":
-        _install_attention(transformer, attention)
+        if attention != "diffusers":  # else diffusers' own processor stays
+            adapter_for(transformer, adapter).use_attention(transformer, attention)
         return torch_step(transformer)
     if runtime == "tpu":
         axes = parse_mesh(mesh)
         if axes is None:
-            return TpuTransformer(transformer, attention=attention)
+            return TpuTransformer(transformer, attention=attention, adapter=adapter)
         try:
             device_mesh = make_mesh(**axes)
-            return TpuTransformer(transformer, mesh=device_mesh, sharding=sharding, attention=attention)
+            return TpuTransformer(transformer, mesh=device_mesh, sharding=sharding, attention=attention,
+                                  adapter=adapter)
         except ValueError as err:  # device count, head or batch splits
             raise HyvInputError("--mesh", str(err)) from None
     if runtime == "ulysses":
@@ -92,13 +96,14 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
                                              "torchrun --nproc_per_node=N -m hyv_lib stage2 --runtime ulysses ...")
         init_distributed()
         try:
-            return UlyssesTransformer(transformer, attention_backend=attention)
+            return UlyssesTransformer(transformer, attention_backend=attention, adapter=adapter)
         except ValueError as err:  # heads that do not split over the ranks
             raise HyvInputError("--nproc_per_node", str(err)) from None
     raise HyvInputError("--runtime", f"must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
 
 
-def cached_step(step: TransformerStep, transformer, cache, no_cache_blocks: int = 1) -> DeepCacheStep:
+def cached_step(step: TransformerStep, transformer, cache, no_cache_blocks: int = 1,
+                adapter: ModelAdapter | None = None) -> DeepCacheStep:
     """DeepCache around an uncached step of :func:`make_step` for ``transformer``: a tpu step is the cache's runtime
     itself (its compiled programs are shared), a torch step's model runs through :class:`TorchDeepCache`.
     ``cache``: a :class:`hyv_lib.runtimes.deepcache.DeepCacheSchedule` or an adaptive
@@ -108,17 +113,11 @@ def cached_step(step: TransformerStep, transformer, cache, no_cache_blocks: int 
                                      f"{cache!r}")
     if isinstance(step, UlyssesTransformer):
         raise HyvInputError("--enable_cache", "DeepCache runs on --runtime torch or tpu, not 'ulysses'")
-    runtime = step if isinstance(step, TpuTransformer) else TorchDeepCache(transformer)
+    runtime = step if isinstance(step, TpuTransformer) else TorchDeepCache(transformer, adapter)
     try:
         return DeepCacheStep(runtime, cache, no_cache_blocks)
     except ValueError as err:
         raise HyvInputError("--no_cache_blocks", str(err)) from None
-
-
-def _install_attention(transformer, attention: str) -> None:
-    """hyv_lib's exact attention on a model for the torch runtime, unless ``diffusers`` keeps the stock one."""
-    if attention != "diffusers":
-        adapter_for(transformer).use_attention(transformer, attention)
 
 
 def check_attention(attention: str, runtime: str) -> None:
