@@ -274,6 +274,13 @@ with env:
 #
 # The timestep-dependent parts (time embedding, token refiner) stay inside the step. Everything else in the
 # step is diffusers' own submodules.
+#
+# The split is written once per model, not once per runtime: a *model adapter*
+# (`hyv_lib.models.adapter.ModelAdapter`) names the prompt-only part (`prepare`), the embeddings, the blocks and how
+# one is called, the output head and the RoPE tables. `hyv_lib.models.hunyuan` is HunyuanVideo-1.5's adapter and the
+# only place that restates diffusers' glue; the JAX runtime, Ulysses, DeepCache, the sharding rules and the compile
+# path all take an adapter (the one for the model's class by default), so a second video transformer is one more
+# adapter.
 
 # %%
 from hyv_lib.models.layout import valid_first_order
