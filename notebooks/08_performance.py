@@ -234,8 +234,14 @@ plt.show()
 # `bounds` turns the counts into three lower bounds on the time of one CFG step on $n$ chips:
 #
 # - **compute**: $F / (n \cdot \text{peak})$, at the chip's dense bf16 peak;
-# - **HBM**: the bytes each chip must move through HBM at least once (its share of the weights under the rule set,
-#   plus the attention kernel reading $q, k, v$ and writing its output in every block) over the HBM bandwidth;
+# - **HBM**: the bytes each chip moves through HBM (its share of the weights under the rule set, plus what the
+#   attention kernel moves) over the HBM bandwidth. A flash-style kernel reads $q$ once and writes its output once,
+#   but $k$ and $v$ do not fit in on-chip memory, so it streams them again for every *query block*: with Splash's
+#   2,048-row blocks the 720p joint sequence (113,585 tokens, padded to 56 blocks) reads $k$ and $v$ 56 times per
+#   block (`attention_hbm_bytes`; the tiles are each chip's Splash defaults, 1,024 query rows on v4/v5e/v5p where
+#   2,048 does not fit in VMEM). On a GPU, flash-attn's 128-row query tiles of one head run side by side on the
+#   132 SMs and share each $k$/$v$ read through L2, so the planner counts one read per 132 tiles: an estimate, with
+#   no GPU profile behind it;
 # - **interconnect**: the bytes each chip sends in the layout's collectives over half its published bidirectional
 #   ICI or NVLink bandwidth (no sourced figure for TPU7x or v4, so that bound stays empty).
 #
@@ -263,7 +269,8 @@ for chip, rules in LAYOUT.items():
                      "fits": b["fits"],
                      "compute s": round(b["compute_s"], 3), "HBM s": round(b["hbm_s"], 3),
                      "interconnect s": round(b["interconnect_s"], 3) if b["interconnect_s"] else "n/a",
-                     "FLOP/byte": f"{intensity:,.0f}"})
+                     "K/V passes": b["attention_passes"],
+                     "attention FLOP/byte": f"{b['attention_intensity']:,.0f}", "FLOP/byte": f"{intensity:,.0f}"})
 html_table(rows)
 
 # %%
@@ -287,19 +294,43 @@ fig.tight_layout()
 plt.show()
 v6e_720 = next(p for p in points if p[0] == "v6e" and p[1] == "720p_t2v")
 ridge = V6E.peak_bf16_flops / V6E.hbm_bandwidth
-print(f"v6e, 720p: intensity {v6e_720[2]:,.0f} FLOP/B ({v6e_720[2] / ridge:.0f}x the ridge); "
+print(f"v6e, 720p: intensity {v6e_720[2]:,.0f} FLOP/B ({v6e_720[2] / ridge:.1f}x the ridge of {ridge:,.0f}); "
       f"pessimistic {v6e_720[3]:,.0f} FLOP/B ({v6e_720[3] / ridge:.1f}x)")
 worst = max((max(r["HBM s"], r["interconnect s"] if r["interconnect s"] != "n/a" else 0) / r["compute s"], r["8 x"],
              r["preset"]) for r in rows)
 print(f"largest HBM or interconnect bound in the table: {worst[0]:.0%} of the compute bound ({worst[1]}, {worst[2]})")
 
 # %% [markdown]
-# The step is compute-bound with a wide margin on every chip: the points sit one to two orders of magnitude
-# to the right of the ridge, and even the pessimistic count (every block's activations written and read once more)
-# stays right of it. Neither HBM bandwidth nor, at link peak, the interconnect limits this workload: in the table
-# both bounds stay well below the compute bound (the last line above gives the largest ratio), for the default TPU
-# layout, which still all-reduces, as for Ulysses on GPUs. What limits it is how close the matrix units get to
-# their peak, above all inside the attention kernel, which does about nine tenths of the FLOPs.
+# The step is compute-bound on every chip, but on the TPUs by a factor of a few, not by orders of magnitude: the
+# points sit a few times to the right of each ridge (the line above gives the v6e's factor at 720p), and the
+# pessimistic count (every block's activations written and read once more) moves them closer. The reason is the
+# attention kernel, which does about nine tenths of the FLOPs: re-reading $k$ and $v$ once per query block gives
+# it an intensity of about $2 \cdot \text{block}_q / x$ FLOP per byte ($x$ = 2 bytes in bf16), whatever the layout
+# or the sequence length: the `attention FLOP/byte` column, about 2,000 with 2,048-row blocks and half that on the
+# chips whose Splash tiles are 1,024 rows. The GPU points sit further right because of the L2 estimate above.
+# Neither HBM bandwidth nor, at link peak, the interconnect bounds the step above compute: the last line gives the
+# largest ratio of either bound to the compute bound in the table. What limits the step is how close the matrix
+# units get to their peak, above all inside the attention kernel.
+#
+# The query block is therefore a lever on the kernel's memory traffic. On the v6e-8 at 720p:
+#
+# %%
+lever = []
+for block_q in (512, 1024, 2048, 3072, 4096):
+    b = bounds(PRESETS["720p_t2v"], 720, 1280, FRAMES, "v6e", 8, "tp_replicated_out", block_q=block_q)
+    lever.append({"block_q": block_q, "K/V passes": b["attention_passes"],
+                  "attention GB/chip": round(b["attention_hbm_bytes"] / 1e9),
+                  "attention FLOP/byte": f"{b['attention_intensity']:,.0f}",
+                  "vs ridge": f"{b['attention_intensity'] / ridge:.1f}x", "HBM s": round(b["hbm_s"], 2),
+                  "compute s": round(b["compute_s"], 2)})
+html_table(lever)
+
+# %% [markdown]
+# With 512-row blocks the kernel would fall left of the v6e ridge (memory-bound); at 2,048 it is a few times right
+# of it, and each doubling halves the $k$/$v$ traffic again. This is one part of what gpu-tpu-pedia's exp2 change
+# bought (block_q 2,048 → 3,072 in the same commit; see the kernel section below), and why v4, v5e and v5p, where
+# only 1,024-row tiles fit in VMEM at this length, stream twice the bytes per FLOP. What the compiler reports does
+# not show this traffic: XLA prices a Pallas call by its operands only, once.
 #
 # ## Will it fit? Compiled, not estimated
 #
@@ -750,8 +781,10 @@ html_table(rows)
 # - One CFG step at 720p and 121 frames is about 12.65 PFLOP (480p: about 2.9), and 90% of it is attention
 #   (81% at 480p); by hand, $4LBS^2h$ for attention plus 2 FLOPs per token for each weight of its own stream. The
 #   attention-to-linear ratio of a block is $S/(6h)$. At the peak of eight v6e chips the step takes at least 1.72 s.
-# - The step is compute-bound on every chip considered, one to two orders of magnitude past the HBM ridge, so
-#   the time is decided by how close the matrix units run to peak.
+# - The step is compute-bound on every chip considered, but on the TPUs only a few times past the HBM ridge: the
+#   attention kernel re-reads $k$ and $v$ once per query block, so its intensity is about $\text{block}_q$ FLOP per
+#   byte in bf16 and the query block is a lever on its memory traffic. The time is decided by how close the matrix
+#   units run to peak.
 # - The TPU compiler runs on a CPU for a named slice: compiling the real step with abstract bf16 weights gives
 #   per-device memory and the collectives in the HLO. It shows what `tp_replicated_out` does: half of `tp`'s
 #   all-reduces become all-gathers of the same size (a quarter fewer bytes on the wire), and every device holds the

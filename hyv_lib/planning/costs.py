@@ -241,6 +241,59 @@ def param_bytes(preset: Preset | str, dtype: str = "bf16", rules: str | Sequence
                 bytes_per_device=sum(r["bytes_per_device"] for r in rows), replicated_bytes=total * bpe)
 
 
+# ------------------------------------------------------------------------------------------ attention HBM
+#: Query rows per tile of flash-attention 2's forward at head dim 128 on sm80/sm90 (``run_mha_fwd_hdim128`` in
+#: flash_fwd_launch_template.h, also in PyTorch's copy under aten/src/ATen/native/transformers/cuda/flash_attn):
+#: each tile streams every K/V row of its (batch, head) once.
+FLASH_BLOCK_Q = 128
+#: Query tiles of one (sample, head) resident at once on an H100/H200 (132 SMs, one 128-row tile each; NVIDIA H100
+#: whitepaper): flash-attn's grid puts a head's query tiles next to each other, so those tiles read each K/V tile
+#: from HBM about once and share it through L2. An estimate (no GPU profile here): a GPU's K/V re-reads are counted
+#: per ``FLASH_BLOCK_Q x GPU_RESIDENT_TILES`` query rows. A TPU has no such cache: Splash re-reads per query block.
+GPU_RESIDENT_TILES = 132
+
+
+def attention_hbm_bytes(preset: Preset | str, height: int, width: int, video_length: int, batch: int = 2, *,
+                        dtype: str = "bf16", block_q: int = 2048, block_kv: int | None = None,
+                        pad: bool = True) -> dict[str, Any]:
+    """HBM bytes the attention kernel moves in one transformer forward, following how a flash-style kernel (Splash,
+    flash-attn) walks the sequence: per (sample, head) it reads Q once and writes O once, and for each of the
+    ``ceil(S / block_q)`` query tiles it streams all of K and V again (they do not fit in VMEM / shared memory).
+    Per joint block: ``B H D x (2 S_q + 2 (S_q / block_q) S_kv)``; the token refiner's self-attention over the text
+    counts the same way. ``pad``: Splash pads the joint sequence to a multiple of its blocks (``S_q``, ``S_kv``
+    rounded up); flash-attn's varlen kernel reads only the real rows (``pad=False``).
+
+    Returns ``total``, ``joint_blocks``, ``refiner``, ``passes`` (K/V reads per joint block), the block sizes,
+    ``flops`` (the attention FLOPs of :func:`step_flops`) and ``intensity`` = flops / total: the kernel's arithmetic
+    intensity, about ``2 block_q / x`` FLOP per byte at long sequences (x = bytes per element), whatever the layout.
+    """
+    preset = as_preset(preset)
+    x = dtype_bytes(dtype)
+    for name, value in (("block_q", block_q), ("block_kv", block_kv)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise HyvInputError(name, f"must be a positive integer, got {value!r}")
+    d = model_dims(preset)
+    tok = token_counts(preset, height, width, video_length)
+
+    def per_block(tokens: int) -> tuple[int, int, int]:
+        bq = min(block_q, _round_up(tokens, 128)) if pad else block_q
+        bkv = min(block_kv or bq, _round_up(tokens, 128)) if pad else (block_kv or bq)
+        s_q = _round_up(tokens, max(bq, bkv)) if pad else tokens
+        passes = -(-s_q // bq)
+        return batch * d["heads"] * d["head_dim"] * x * (2 * s_q + 2 * passes * s_q), passes, bq
+
+    joint, passes, bq = per_block(tok["joint"])
+    refiner, _, _ = per_block(preset.text_len)
+    total = d["layers"] * joint + d["refiner_layers"] * refiner
+    flops = step_flops(preset, height, width, video_length, batch)["attention"]
+    return dict(total=total, joint_blocks=d["layers"] * joint, refiner=d["refiner_layers"] * refiner, passes=passes,
+                block_q=bq, block_kv=block_kv or bq, flops=flops, intensity=flops / total)
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
 # ------------------------------------------------------------------------------------------- activations
 def activation_bytes(preset: Preset | str, height: int, width: int, video_length: int, batch: int = 2, *,
                      dtype: str = "bf16", mesh_shape: int | Mapping[str, int] | None = None,

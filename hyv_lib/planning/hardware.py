@@ -30,6 +30,9 @@ class Chip:
     interconnect_bandwidth: float | None
     devices_per_chip: int
     source: str
+    #: JAX's ``device.device_kind`` for a TPU (picks its Splash tiles, :data:`hyv_lib.kernels.splash.CHIP_BLOCK_SIZES`);
+    #: None for a GPU (flash-attention tiles, :data:`hyv_lib.planning.costs.FLASH_BLOCK_Q`).
+    device_kind: str | None = None
 
 
 GIB = 2**30
@@ -39,28 +42,30 @@ GIB = 2**30
 CHIPS: dict[str, Chip] = {
     "v4": Chip("TPU v4", 275e12, 32 * GIB, 1200e9, None, 1,
                "Google Cloud TPU docs, docs.cloud.google.com/tpu/docs/v4: 275 TFLOP/s bf16, 32 GiB HBM2, 1,200 GB/s "
-               "per chip (no per-chip ICI figure there)."),
+               "per chip (no per-chip ICI figure there).", "TPU v4"),
     "v5e": Chip("TPU v5e", 197e12, 16 * GIB, 819e9, 400e9, 1,
                 "Google Cloud TPU docs, docs.cloud.google.com/tpu/docs/v5e: 197 TFLOP/s bf16, 16 GB HBM (16 GiB: "
-                "17.2e9 bytes in JAX's pallas tpu_info), 819 GB/s, 400 GB/s bidirectional ICI per chip."),
+                "17.2e9 bytes in JAX's pallas tpu_info), 819 GB/s, 400 GB/s bidirectional ICI per chip.", "TPU v5 lite"),
     "v5p": Chip("TPU v5p", 459e12, 95 * GIB, 2765e9, 1200e9, 1,
                 "Google Cloud TPU docs, docs.cloud.google.com/tpu/docs/v5p: 459 TFLOP/s bf16, 95 GiB usable HBM "
-                "(96 physical), 2,765 GB/s, 1,200 GB/s bidirectional ICI per chip."),
+                "(96 physical), 2,765 GB/s, 1,200 GB/s bidirectional ICI per chip.", "TPU v5"),
     "v6e": Chip("TPU v6e (Trillium)", 918e12, 32 * GIB, 1638e9, 800e9, 1,
                 "Google Cloud TPU docs, docs.cloud.google.com/tpu/docs/v6e: 918 TFLOP/s bf16, 32 GB HBM (32 GiB: "
-                "34.4e9 bytes in JAX's pallas tpu_info), 1,638 GB/s, 800 GB/s bidirectional ICI per chip."),
+                "34.4e9 bytes in JAX's pallas tpu_info), 1,638 GB/s, 800 GB/s bidirectional ICI per chip.", "TPU v6 lite"),
     "v7x": Chip("TPU7x (Ironwood)", 2307e12, 192 * GIB, 7.37e12, None, 2,
                 "Google Cloud TPU docs, docs.cloud.google.com/tpu/docs/tpu7x: 2,307 TFLOP/s bf16, 192 GiB HBM; "
                 "bandwidth ~7.37 TB/s from Hot Chips reporting (7.3 TB/s) and gpu-tpu-pedia (7,380 GB/s) "
                 "[secondary]. Caveat: JAX shows each of the 2 chiplets as its own device, so a 'v7x-8' slice in "
-                "maxdiffusion/gpu-tpu-pedia is 4 chips = 8 devices; this planner counts physical chips."),
-    "H100": Chip("NVIDIA H100 SXM", 989.4e12, 80e9, 3.35e12, 900e9, 1,
+                "maxdiffusion/gpu-tpu-pedia is 4 chips = 8 devices; this planner counts physical chips.", "TPU7x"),
+    "H100": Chip("NVIDIA H100 SXM", 989.4e12, 81559 * 2**20, 3.35e12, 900e9, 1,
                  "NVIDIA H100 datasheet figures as quoted by glennklockwood.com/garden/processors/h100 "
-                 "[secondary]: 989.4 TFLOP/s dense bf16 (1,978.9 with 2:4 sparsity), 80 GB HBM3, 3.35 TB/s; "
+                 "[secondary]: 989.4 TFLOP/s dense bf16 (1,978.9 with 2:4 sparsity), 80 GB HBM3 (the card reports "
+                 "81,559 MiB = 79.6 GiB to nvidia-smi), 3.35 TB/s; "
                  "NVLink 4: 900 GB/s bidirectional per GPU (18 links x 50 GB/s, NVIDIA)."),
-    "H200": Chip("NVIDIA H200 SXM", 989e12, 141e9, 4.8e12, 900e9, 1,
+    "H200": Chip("NVIDIA H200 SXM", 989e12, 143771 * 2**20, 4.8e12, 900e9, 1,
                  "third-party spec pages (itkb.uw.cz, saulelectric) [secondary]: ~989 TFLOP/s dense bf16 (same "
-                 "GH100 die as H100), 141 GB HBM3e, 4.8 TB/s; NVLink 4 900 GB/s (MLCommons inference v4.1 "
+                 "GH100 die as H100), 141 GB HBM3e (the card reports 143,771 MiB = 140.4 GiB to nvidia-smi), "
+                 "4.8 TB/s; NVLink 4 900 GB/s (MLCommons inference v4.1 "
                  "H200-SXM-141GBx8 system description)."),
 }
 

@@ -11,12 +11,16 @@ from typing import Any, Mapping, Sequence
 
 from ..base.errors import HyvInputError
 from ..base.presets import Preset, get_preset
+from ..kernels.splash import CHIP_BLOCK_SIZES, DEFAULT_BLOCK_SIZES
 from ..models.registry import get_adapter
 from .costs import (
+    FLASH_BLOCK_Q,
+    GPU_RESIDENT_TILES,
     STRATEGIES,
     activation_bytes,
     as_mesh,
     as_preset,
+    attention_hbm_bytes,
     collective_bytes,
     dtype_bytes,
     model_dims,
@@ -213,7 +217,8 @@ def default_layout(devices: int, heads: int, rules: str = "tp_replicated_out", b
 
 def bounds(preset: Preset | str, height: int, width: int, video_length: int, chip: str | Chip, n_chips: int,
            rules: str = "tp_replicated_out", *, mesh_shape: str | Mapping[str, int] | None = None, batch: int = 2,
-           dtype: str = "bf16", strategy: str | None = None, attention: str = "flash") -> dict[str, Any]:
+           dtype: str = "bf16", strategy: str | None = None, attention: str = "flash",
+           block_q: int | None = None) -> dict[str, Any]:
     """Lower bounds on the time of one CFG step on ``n_chips`` chips, and whether it fits in HBM.
 
     TPU layouts (``rules`` a rule set of :mod:`hyv_lib.parallel.sharding`) come from :func:`device_plan` on ``mesh_shape``
@@ -222,8 +227,10 @@ def bounds(preset: Preset | str, height: int, width: int, video_length: int, chi
     ``ulysses`` by default: :func:`collective_bytes`, :func:`activation_bytes`).
 
     - compute: FLOPs per device / the device's peak bf16 FLOP/s
-    - hbm: per-device bytes that must cross HBM at least once / bandwidth = its weights + per block the attention
-      kernel's q, k, v reads and output write
+    - hbm: per-device bytes that must cross HBM / bandwidth = its weights + what the attention kernel moves
+      (:func:`attention_hbm_bytes`: q read and output written once, k and v re-read once per query tile). The tiles
+      are the kernel's on that chip: Splash's for a TPU (:func:`attention_blocks`), flash-attn's 128 query rows on a
+      GPU; ``block_q`` overrides the query tile (the lever behind a larger-block speed-up).
     - interconnect: bytes each device sends / its share of half the chip's published bidirectional ICI or NVLink
       bandwidth; None when the chip has no sourced figure.
 
@@ -232,11 +239,15 @@ def bounds(preset: Preset | str, height: int, width: int, video_length: int, chi
     preset = as_preset(preset)
     spec = get_chip(chip)
     check_count("n_chips", n_chips)
-    x = dtype_bytes(dtype)
+    dtype_bytes(dtype)  # checks the name
     devices = n_chips * spec.devices_per_chip
     flops = step_flops(preset, height, width, video_length, batch)
     d = model_dims(preset)
-    attention_io = d["layers"] * 4 * batch * flops["tokens"]["joint"] * d["hidden"] * x / devices
+    blocks = attention_blocks(spec)
+    if block_q is not None:
+        blocks["block_q"] = block_q
+    kernel = attention_hbm_bytes(preset, height, width, video_length, batch, dtype=dtype, **blocks)
+    attention_io = kernel["total"] / devices  # every layout splits attention evenly: samples x heads
     rule_name = rules if isinstance(rules, str) else "custom"
     if rule_name in RULE_SET_LAYOUTS:
         mesh = as_mesh(mesh_shape) if mesh_shape else default_layout(devices, d["heads"], rule_name, batch)
@@ -278,9 +289,23 @@ def bounds(preset: Preset | str, height: int, width: int, video_length: int, chi
     hbm = spec.hbm_bytes / spec.devices_per_chip
     return dict(times, step_s=known[limit], limit=limit, flops=flops["total"], flops_per_device=device_flops,
                 weights_bytes=weights, activation_bytes=activations, hbm_traffic_bytes=weights + attention_io,
+                attention_hbm_bytes=attention_io, attention_intensity=kernel["intensity"],
+                attention_block_q=kernel["block_q"], attention_passes=kernel["passes"],
                 collective_bytes=sent, strategy=strategy, rules=rule_name, mesh=mesh, memory_source=memory_source,
                 fits=weights + activations <= hbm, hbm_bytes=hbm, chip=spec.name, n_chips=n_chips,
                 notes=None if spec.interconnect_bandwidth else NO_INTERCONNECT_SOURCE)
+
+
+def attention_blocks(chip: str | Chip) -> dict[str, Any]:
+    """The attention kernel's tiles on ``chip``, as :func:`attention_hbm_bytes` takes them: Splash's default bf16
+    block_q / block_kv for a TPU (:data:`hyv_lib.kernels.splash.CHIP_BLOCK_SIZES`, padded sequence); for a GPU
+    flash-attn's :data:`FLASH_BLOCK_Q` query rows times the :data:`GPU_RESIDENT_TILES` that share each K/V read
+    through L2 (varlen: no padding; an estimate)."""
+    spec = get_chip(chip)
+    if spec.device_kind is None:
+        return dict(block_q=FLASH_BLOCK_Q * GPU_RESIDENT_TILES, block_kv=None, pad=False)
+    tiles = CHIP_BLOCK_SIZES.get((spec.device_kind, "bfloat16"), DEFAULT_BLOCK_SIZES)
+    return dict(block_q=tiles["block_q"], block_kv=tiles["block_kv"], pad=True)
 
 
 def plan_table(presets: Sequence[str] = ("480p_t2v", "720p_t2v"), chips: Sequence[str] = tuple(CHIPS),
