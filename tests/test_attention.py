@@ -1,6 +1,7 @@
 """Masked attention backends against float64, the processor against diffusers' oracle, and no S x S tensors."""
 
 import copy
+import functools
 import math
 import sys
 import types
@@ -14,7 +15,14 @@ from hyv_lib.base.memory import LargestTensor
 from hyv_lib.base.presets import get_preset
 from hyv_lib.kernels import dispatch
 from hyv_lib.kernels.dispatch import BACKENDS, attention, available_backends, resolve_backend
-from hyv_lib.kernels.torch_kernels import flash_attention, pad, reference_attention, unpad, varlen_inputs
+from hyv_lib.kernels.torch_kernels import (
+    flash_attention,
+    pad,
+    reference_attention,
+    torch_varlen_attention,
+    unpad,
+    varlen_inputs,
+)
 from hyv_lib.models.components import build_tiny_components
 from hyv_lib.models.processors import use_attention
 
@@ -150,7 +158,70 @@ def test_flash_path_packing_on_cpu(fake_flash_attn):
     assert (out.double() - float64_attention(q, k, v, mask)).abs().max() <= TOL[torch.float32]
 
 
-@pytest.mark.parametrize("backend", ["flash", "flash3", "sage"])
+def varlen_attn_stand_in(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, *, seqused_k=None, calls=None):
+    """A CPU stand-in with torch.nn.attention.varlen.varlen_attn's contract (torch 2.12): sequence i's queries are
+    rows cu_seq_q[i]:cu_seq_q[i+1]; its keys start at cu_seq_k[i] and number seqused_k[i] (else run to
+    cu_seq_k[i+1]). Plain float64 softmax per sequence; ``calls`` records what each call was given."""
+    assert q.ndim == k.ndim == 3 and cu_seq_q.dtype == cu_seq_k.dtype == torch.int32
+    if calls is not None:
+        calls.append(dict(rows=q.shape[0], seqused_k=None if seqused_k is None else seqused_k.tolist()))
+    out = torch.zeros_like(q)
+    for i in range(len(cu_seq_q) - 1):
+        q0, q1, k0 = int(cu_seq_q[i]), int(cu_seq_q[i + 1]), int(cu_seq_k[i])
+        k1 = k0 + int(seqused_k[i]) if seqused_k is not None else int(cu_seq_k[i + 1])
+        assert q1 - q0 <= max_q and k1 - k0 <= max_k
+        if q1 > q0 and k1 > k0:
+            w = torch.softmax(q[q0:q1].double().transpose(0, 1) @ k[k0:k1].double().permute(1, 2, 0)
+                              / q.shape[-1] ** 0.5, dim=-1)
+            out[q0:q1] = (w @ v[k0:k1].double().transpose(0, 1)).transpose(0, 1).to(q.dtype)
+    return out
+
+
+def packed_only_stand_in(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, *, calls=None):
+    """torch 2.10/2.11's varlen_attn: no ``seqused_k`` keyword, so hyv_lib packs the valid tokens."""
+    return varlen_attn_stand_in(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, calls=calls)
+
+
+@pytest.mark.parametrize("stand_in", [varlen_attn_stand_in, packed_only_stand_in])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_torch_varlen_layouts_on_cpu(stand_in, case):
+    """torch_varlen's two layouts against the float64 oracle: with seqused_k (torch >= 2.12) a valid-first mask is
+    not packed (B*S rows, one count per sample); without it, or for a scattered mask, the valid tokens are packed."""
+    b, h, s, d, lengths, scattered = CASES[case]
+    q, k, v, mask = random_case(case, b, h, s, d, lengths, scattered)
+    calls = []
+    out = torch_varlen_attention(q, k, v, mask, kernel=functools.partial(stand_in, calls=calls))
+    assert (out.double() - float64_attention(q, k, v, mask)).abs().max() <= TOL[torch.float32]
+    if not mask.any():
+        assert calls == []
+    elif stand_in is varlen_attn_stand_in and not scattered:
+        assert calls == [dict(rows=b * s, seqused_k=mask.sum(1).tolist())]
+    else:
+        assert calls == [dict(rows=int(mask.sum()), seqused_k=None)]
+
+
+def test_torch_varlen_signature_detection_sees_real_varlen_attn():
+    """The seqused_k path is chosen by reading the kernel's signature: torch 2.12's varlen_attn has the keyword."""
+    import inspect
+
+    from hyv_lib.kernels.torch_kernels import torch_varlen_kernel
+
+    assert "seqused_k" in inspect.signature(torch_varlen_kernel()).parameters
+
+
+def test_auto_on_cuda_prefers_flash_then_torch_varlen_then_sdpa(monkeypatch):
+    """auto on CUDA: flash-attn when it imports, else PyTorch's own varlen kernel, else SDPA per sample."""
+    everything = {n: None for n in BACKENDS}
+    monkeypatch.setattr(dispatch, "available_backends", lambda: {**everything, "flash3": "absent"})
+    assert resolve_backend("auto", torch.device("cuda"), torch.bfloat16) == "flash"
+    monkeypatch.setattr(dispatch, "available_backends", lambda: {**everything, "flash3": "absent", "flash": "absent"})
+    assert resolve_backend("auto", torch.device("cuda"), torch.bfloat16) == "torch_varlen"
+    monkeypatch.setattr(dispatch, "available_backends",
+                        lambda: {**everything, "flash3": "absent", "flash": "absent", "torch_varlen": "old torch"})
+    assert resolve_backend("auto", torch.device("cuda"), torch.bfloat16) == "sdpa"
+
+
+@pytest.mark.parametrize("backend", ["flash", "flash3", "torch_varlen", "sage"])
 def test_gpu_backends(backend):
     reason = available_backends()[backend]
     if reason is not None:

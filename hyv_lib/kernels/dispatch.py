@@ -32,7 +32,7 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype | Non
     if backend == "auto":
         if device.type == "jax":
             return "splash" if target_platform() == "tpu" else "xla"
-        order = ("flash3", "flash", "sdpa") if device.type == "cuda" else ("sdpa",)
+        order = ("flash3", "flash", "torch_varlen", "sdpa") if device.type == "cuda" else ("sdpa",)
         return next(name for name in order if available[name] is None and BACKENDS[name].takes(device, dtype) is None)
     if backend not in available:
         raise ValueError(f"backend must be 'auto' or one of {', '.join(BACKENDS)}; got {backend!r}")
@@ -50,8 +50,9 @@ def attention(
 ) -> torch.Tensor:
     """Masked attention over [B, H, S, D] tensors with a [B, S] key-padding mask (True = valid).
 
-    ``backend``: ``auto`` (flash3 > flash > sdpa on CUDA, sdpa on CPU), ``reference`` (the fp32
-    oracle, O(S^2) memory), ``sdpa``, ``flash``/``flash3`` (varlen via cu_seqlens), ``sage`` (lossy),
+    ``backend``: ``auto`` (flash3 > flash > torch_varlen > sdpa on CUDA, sdpa on CPU), ``reference`` (the fp32
+    oracle, O(S^2) memory), ``sdpa``, ``flash``/``flash3`` (varlen via cu_seqlens), ``torch_varlen`` (PyTorch's
+    varlen flash attention, torch >= 2.10), ``sage`` (lossy),
     ``splash`` (JAX Pallas Splash with segment ids; interpret mode off TPU; ``options`` are its block
     sizes), ``xla`` (blockwise online softmax in JAX; option ``block_kv``), ``host_sdpa`` (torch's CPU kernel
     called back from jitted JAX on the CPU backend), ``kv_zeroing`` (the inexact teaching scheme).

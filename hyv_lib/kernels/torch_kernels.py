@@ -1,7 +1,9 @@
-"""The torch attention kernels with exact key-padding masks: the fp32 reference, SDPA per sample, flash-attn varlen, SageAttention, and the inexact K/V zeroing."""
+"""The torch attention kernels with exact key-padding masks: the fp32 reference, SDPA per sample, flash-attn varlen,
+PyTorch's own varlen flash attention, SageAttention, and the inexact K/V zeroing."""
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Callable
 
@@ -109,6 +111,51 @@ def flash2_attention(q, k, v, kv_mask) -> torch.Tensor:
 def flash3_attention(q, k, v, kv_mask) -> torch.Tensor:
     """FlashAttention-3 (flash_attn_interface's varlen kernel) on the packed valid tokens: Hopper."""
     return flash_attention(q, k, v, kv_mask, version=3)
+
+
+def torch_varlen_kernel() -> Callable:
+    """``torch.nn.attention.varlen.varlen_attn`` (torch >= 2.10: FlashAttention-2 inside torch, CUDA only)."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    return varlen_attn
+
+
+def valid_prefix(kv_mask: torch.Tensor) -> bool:
+    """True if every sample's valid keys are a prefix (hyv_lib's valid-first layout): then no packing is needed."""
+    lengths = kv_mask.sum(dim=1, keepdim=True)
+    return bool((kv_mask == (torch.arange(kv_mask.shape[1], device=kv_mask.device)[None] < lengths)).all())
+
+
+def torch_varlen_attention(q, k, v, kv_mask, *, kernel: Callable | None = None) -> torch.Tensor:
+    """PyTorch's varlen attention on [B, H, S, D] with a [B, S] key mask, exact like the others.
+
+    On the valid-first layout with a kernel that takes ``seqused_k`` (torch >= 2.12), nothing is packed: each sample
+    keeps its S slots (``cu_seq_k`` steps by S) and reads only its first ``seqused_k[b]`` keys. Otherwise (torch 2.10
+    and 2.11, or a scattered mask) the valid tokens are packed with ``cu_seqlens`` like flash-attn's varlen call.
+    Padded query rows are zero, as in the fp32 reference. ``kernel``: a stand-in with varlen_attn's signature (the
+    CPU tests' way to check the layout logic; the real kernel runs on CUDA only)."""
+    kernel = kernel or torch_varlen_kernel()
+    b, h, s, d = q.shape
+    if b == 0 or s == 0:
+        return torch.zeros_like(q)
+    if "seqused_k" in inspect.signature(kernel).parameters and valid_prefix(kv_mask):
+        lengths = kv_mask.sum(dim=1, dtype=torch.int32)
+        cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device=q.device)
+        flat = [x.transpose(1, 2).reshape(b * s, h, d) for x in (q, k, v)]
+        out = kernel(*flat, cu, cu, s, s, seqused_k=lengths).view(b, s, h, d).transpose(1, 2)
+        # A sample with no valid key has nothing to attend to: zero, as in the reference (the kernel's 0/0 rows).
+        return out.masked_fill(~kv_mask[:, None, :, None], 0.0)
+    indices, cu_seqlens, max_len = varlen_inputs(kv_mask)
+    if max_len == 0:
+        return torch.zeros_like(q)
+    qp, kp, vp = (unpad(x, indices) for x in (q, k, v))
+    return pad(kernel(qp, kp, vp, cu_seqlens, cu_seqlens, max_len, max_len), indices, q.shape)
+
+
+@register_backend("torch_varlen", devices=("cuda",), dtypes=HALF, min_torch=(2, 10), min_cuda_capability=(8, 0))
+def torch_varlen_backend(q, k, v, kv_mask) -> torch.Tensor:
+    """PyTorch's own varlen flash attention (torch >= 2.10, Ampere or newer): no extra package to build."""
+    return torch_varlen_attention(q, k, v, kv_mask)
 
 
 @register_backend("sage", devices=("cuda",), dtypes=HALF, packages=("sageattention",), install=GPU_EXTRAS,

@@ -1,0 +1,602 @@
+"""One command on one GPU: the real-size evidence for hyv_lib's GPU claims, as one JSON file and a markdown table.
+
+    python benchmarks/gpu_check.py [--output FILE] [--budget_s 420] [--sections attention,step,cache,offload,vae]
+    python benchmarks/gpu_check.py --tiny      # the same code on the CPU in seconds (the test suite runs it)
+
+Sections, each catching and recording its own failure so one broken backend does not lose the rest:
+
+- ``environment``: torch/CUDA/GPU, hyv_lib's ``available_backends()``, and the card's measured ceilings (a bf16
+  matrix product's TFLOP/s and a device-to-device copy's GB/s).
+- ``attention``: the real 720p/121f joint attention (CFG batch 2, 16 heads x 128, 111,600 video + 1,985 context
+  tokens, context padded as a real prompt pads it) through every backend that runs here and through diffusers' own
+  dense-mask path: ms, TFLOP/s of useful work, peak memory, max error against an fp32 reference on a slice of queries.
+- ``step``: one denoising step (CFG batch 2) of the full 54-block DiT with random bf16 weights at 480p and 720p,
+  121 frames: hyv_lib's torch runtime against diffusers' stock forward on the same weights and inputs (s/step, peak
+  memory, MFU by :func:`hyv_lib.planning.costs.step_flops`, the ratio and the output difference).
+- ``cache``: a full step that records the DeepCache features and a cached step that reuses them (the work of every
+  step DeepCache or MagCache skips), and what that makes of 50 steps under DeepCache's default schedule.
+- ``offload``: the step with diffusers' block-level group offloading (weights on the host, one block on the GPU at a
+  time, CUDA streams): peak memory and s/step.
+- ``vae``: the VAE decode of 720p/121f latents, tiled, random bf16 weights: s and peak memory.
+
+Everything is written after every row (``--output``, default ``benchmarks/results/gpu_check.json``, and the markdown
+table next to it), so a run stopped at its time limit keeps what it measured. Rows that would not fit the remaining
+``--budget_s`` are recorded as skipped. It needs PyTorch >= 2.10, transformers and the pure-Python wheels of
+``requirements-gpu-check.txt`` (diffusers and what it imports); torchax and JAX are not imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import gc
+import inspect
+import json
+import math
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hyv_lib.base.memory import LargestTensor  # noqa: E402
+from hyv_lib.base.presets import get_preset  # noqa: E402
+from hyv_lib.kernels.dispatch import attention, available_backends, resolve_backend  # noqa: E402
+from hyv_lib.kernels.registry import BACKENDS  # noqa: E402
+from hyv_lib.models.layout import context_tokens, video_tokens  # noqa: E402
+from hyv_lib.models.registry import get_adapter  # noqa: E402
+from hyv_lib.planning.costs import step_flops  # noqa: E402
+from hyv_lib.planning.hardware import CHIPS  # noqa: E402
+from hyv_lib.runtimes.deepcache import DeepCacheSchedule, TorchDeepCache  # noqa: E402
+
+GIB = 2**30
+#: The backends the attention section tries, in this order, besides diffusers' dense-mask path.
+ATTENTION_BACKENDS = ("flash3", "flash", "torch_varlen", "sdpa", "sage")
+#: Valid context tokens per CFG sample: a 160-token prompt with a 12-token quoted text (ByT5), and a 31-token
+#: negative prompt; text-to-video has no image tokens. The rest of the 1,985 context tokens are padding.
+VALID_CONTEXT = ((160, 12), (31, 0))
+
+
+# ------------------------------------------------------------------------------------------ sizes
+def sizes(tiny: bool) -> dict[str, Any]:
+    """The presets and video sizes of each section: the real ones, or the tiny twins ``--tiny`` runs on the CPU."""
+    if tiny:
+        # "large" has enough tokens (240 video + 170 context) that S x S outgrows every other tensor of the tiny model
+        return dict(preset="tiny", attention=(128, 160, 9), steps={"small": (32, 48, 9), "large": (128, 160, 9)},
+                    vae=(32, 48, 9), repeats=1)
+    return dict(preset="720p_t2v", attention=(720, 1280, 121),
+                steps={"480p": (480, 848, 121), "720p": (720, 1280, 121)}, vae=(720, 1280, 121), repeats=3)
+
+
+# ------------------------------------------------------------------------------------------ measuring
+class Clock:
+    """Wall-clock seconds of a call, synchronising CUDA around it."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def time(self, fn: Callable[[], Any], repeats: int = 1) -> tuple[float, Any]:
+        """Mean seconds over ``repeats`` calls (after the caller's warm-up) and the last result."""
+        self.sync()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            out = fn()
+        self.sync()
+        return (time.perf_counter() - start) / repeats, out
+
+
+@contextlib.contextmanager
+def gpu_memory(device: torch.device, into: dict[str, Any]):
+    """Peak GPU memory of the block: allocated and reserved peaks (GiB) and the growth over what was allocated
+    before it (``extra_gib``); nothing on the CPU (RSS is what generation_config.json records there)."""
+    if device.type != "cuda":
+        yield
+        return
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    try:
+        yield
+    finally:
+        torch.cuda.synchronize()
+        into.update(peak_allocated_gib=round(torch.cuda.max_memory_allocated() / GIB, 2),
+                    peak_reserved_gib=round(torch.cuda.max_memory_reserved() / GIB, 2),
+                    extra_gib=round((torch.cuda.max_memory_allocated() - before) / GIB, 2))
+
+
+def largest_tensor(fn: Callable[[], Any]) -> int:
+    """Most elements of any tensor one call of ``fn`` creates (an untimed pass: the probe slows every op)."""
+    with LargestTensor() as probe:
+        fn()
+    return probe.elements
+
+
+class Budget:
+    """The seconds left of ``--budget_s``; a row that needs more is skipped and says so."""
+
+    def __init__(self, seconds: float):
+        self.deadline = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def allows(self, need_s: float) -> bool:
+        return self.left() >= need_s
+
+
+def free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------------------ the report
+class Report:
+    """The JSON report, written (with its markdown table) after every row."""
+
+    def __init__(self, path: Path, tiny: bool, argv: list[str]):
+        self.path = path
+        self.data: dict[str, Any] = dict(
+            check="hyv_lib gpu_check", tiny=tiny, command=" ".join(["python benchmarks/gpu_check.py", *argv]),
+            started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), sections={})
+
+    def section(self, name: str) -> dict[str, Any]:
+        return self.data["sections"].setdefault(name, dict(status="running", rows=[]))
+
+    def write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for target, text in ((self.path, json.dumps(self.data, indent=1, default=str) + "\n"),
+                             (self.path.with_suffix(".md"), markdown(self.data))):
+            tmp = target.with_name(f".{target.name}.partial")
+            tmp.write_text(text)
+            os.replace(tmp, target)
+
+
+def run_section(report: Report, name: str, fn: Callable[[dict[str, Any]], None]) -> None:
+    """Run one section; an exception is recorded in it (type, message, last frames) and the check goes on."""
+    section = report.section(name)
+    start = time.perf_counter()
+    try:
+        fn(section)
+        section["status"] = "ok"
+    except Exception as err:  # noqa: BLE001 - recorded, the next section still runs
+        section.update(status="failed", error=f"{type(err).__name__}: {err}"[:2000],
+                       traceback=traceback.format_exc(limit=6)[-3000:])
+        print(f"[{name}] failed: {type(err).__name__}: {err}"[:500], flush=True)
+    finally:
+        section["seconds"] = round(time.perf_counter() - start, 1)
+        free_memory()
+        report.write()
+
+
+def row_failure(row: dict[str, Any], err: BaseException) -> None:
+    row.update(status="failed", error=f"{type(err).__name__}: {err}"[:1000])
+    print(f"  {row.get('name', '')}: failed: {type(err).__name__}: {str(err)[:300]}", flush=True)
+
+
+# ------------------------------------------------------------------------------------------ environment
+def environment(section: dict[str, Any], device: torch.device, clock: Clock, tiny: bool) -> None:
+    import diffusers
+    import transformers
+
+    info = dict(python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
+                diffusers=diffusers.__version__, transformers=transformers.__version__, device=str(device),
+                backends={name: reason or "available" for name, reason in available_backends().items()})
+    try:  # torch_varlen skips packing where varlen_attn takes seqused_k (torch >= 2.12)
+        from hyv_lib.kernels.torch_kernels import torch_varlen_kernel
+
+        info["torch_varlen_layout"] = ("seqused_k (no packing)" if "seqused_k" in
+                                       inspect.signature(torch_varlen_kernel()).parameters else "packed cu_seqlens")
+    except ImportError as err:
+        info["torch_varlen_layout"] = f"absent: {err}"
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(gpu=props.name, capability=".".join(map(str, torch.cuda.get_device_capability(device))),
+                    memory_mib=props.total_memory // 2**20, multiprocessors=props.multi_processor_count)
+    n = 256 if tiny else 8192
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    clock.time(lambda: a @ a)
+    seconds, _ = clock.time(lambda: a @ a, 3 if tiny else 10)
+    info["matmul_bf16_tflops"] = round(2 * n**3 / seconds / 1e12, 1)
+    x = torch.empty(2**24 if tiny else 2**31, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    clock.time(lambda: y.copy_(x))
+    seconds, _ = clock.time(lambda: y.copy_(x), 3 if tiny else 10)
+    info["copy_gb_s"] = round(2 * x.numel() / seconds / 1e9, 1)  # bytes read + written
+    section.update(info)
+    print(json.dumps(info, indent=1), flush=True)
+
+
+# ------------------------------------------------------------------------------------------ attention
+def joint_mask(preset, height: int, width: int, frames: int, device: torch.device) -> tuple[torch.Tensor, int]:
+    """[2, S] key mask of the CFG batch in hyv_lib's valid-first layout (video tokens, then valid context first)."""
+    nv, nc = video_tokens(preset, height, width, frames), context_tokens(preset)
+    valid = [min(text, preset.text_len) + min(byt5, preset.byt5_len) for text, byt5 in VALID_CONTEXT]
+    mask = torch.zeros(2, nv + nc, dtype=torch.bool, device=device)
+    for b, n in enumerate(valid):
+        mask[b, : nv + n] = True
+    return mask, nv
+
+
+def dense_mask_attention(q, k, v, kv_mask) -> torch.Tensor:
+    """diffusers' HunyuanVideo-1.5 processor: a [B, 1, S, S] boolean mask (m_i & m_j, built by repeat and
+    transpose as it does) handed to SDPA."""
+    b, s = kv_mask.shape
+    rows = kv_mask.view(b, 1, 1, s).repeat(1, 1, s, 1)
+    mask = rows & rows.transpose(2, 3)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def attention_section(section, device, clock, budget, cfg, tiny) -> None:
+    preset = get_preset(cfg["preset"])
+    height, width, frames = cfg["attention"]
+    heads, head_dim = preset.transformer["num_attention_heads"], preset.transformer["attention_head_dim"]
+    mask, nv = joint_mask(preset, height, width, frames, device)
+    b, s = mask.shape
+    g = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(b, heads, s, head_dim, generator=g, device=device, dtype=torch.bfloat16)
+               for _ in range(3))
+    lengths = mask.sum(1).tolist()
+    useful = sum(4 * heads * n * n * head_dim for n in lengths)
+    # The fp32 reference on a slice of valid queries: spread over the video and the valid context of each sample.
+    rows = torch.unique(torch.cat([torch.linspace(0, nv - 1, 48 if not tiny else 8).long(),
+                                   torch.arange(nv, min(lengths), max(1, (min(lengths) - nv) // 8))])).to(device)
+    scale = head_dim**-0.5
+    scores = torch.einsum("bhqd,bhkd->bhqk", q[:, :, rows].float(), k.float()) * scale
+    scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+    expected = torch.einsum("bhqk,bhkd->bhqd", torch.softmax(scores, -1), v.float())
+    del scores
+    section.update(shape=dict(batch=b, heads=heads, head_dim=head_dim, tokens=s, video_tokens=nv,
+                              valid_tokens=lengths, dtype="bf16"),
+                   useful_gflop=round(useful / 1e9, 1), reference_rows=len(rows))
+    available = available_backends()
+    candidates = [(name, f"hyv_lib attention(backend={name!r})") for name in ATTENTION_BACKENDS]
+    candidates.append(("diffusers_dense", "diffusers' dense [B,1,S,S] bool mask + SDPA"))
+    repeats = cfg["repeats"]
+    for name, what in candidates:
+        row: dict[str, Any] = dict(name=name, what=what)
+        section["rows"].append(row)
+        if name in BACKENDS and available[name] is not None:
+            row.update(status="skipped", reason=available[name])
+            continue
+        if name in BACKENDS and BACKENDS[name].takes(device, torch.bfloat16) is not None:
+            row.update(status="skipped", reason=BACKENDS[name].takes(device, torch.bfloat16))
+            continue
+        if not budget.allows(20 if not tiny else 1):
+            row.update(status="skipped", reason="time budget")
+            continue
+        fn = ((lambda: dense_mask_attention(q, k, v, mask)) if name == "diffusers_dense"
+              else (lambda name=name: attention(q, k, v, mask, backend=name)))
+        try:
+            if name == "diffusers_dense":
+                row["mask_gib"] = round(b * s * s / GIB, 2)
+            with gpu_memory(device, row):
+                fn()  # warm-up
+                seconds, out = clock.time(fn, repeats)
+            got = out[:, :, rows].float()
+            row.update(status="ok", ms=round(seconds * 1e3, 2), tflops=round(useful / seconds / 1e12, 1),
+                       max_error=float((got - expected).abs().max()),
+                       exact=BACKENDS[name].exact if name in BACKENDS else True)
+            if name != "diffusers_dense":  # hyv_lib's kernels never build an S x S tensor
+                row["largest_tensor_elements"] = largest_tensor(fn)
+            del out
+        except Exception as err:  # noqa: BLE001
+            row_failure(row, err)
+        free_memory()
+        print(f"  attention {name}: {row.get('ms', row.get('reason', row.get('error')))}", flush=True)
+    section["s_squared"] = s * s
+
+
+# ------------------------------------------------------------------------------------------ model
+def init_weights(module: torch.nn.Module, seed: int = 0) -> None:
+    """Random weights under which every block and every attention moves the output: matrices N(0, 1/fan_in) (unit
+    gain, so AdaLN's gates are O(1)), norm scales 1, biases 0. The checkpoints are not here; the timings do not
+    depend on the values, and the output comparison needs attention to matter."""
+    g = torch.Generator(device=next(module.parameters()).device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if p.ndim >= 2:
+                p.normal_(0.0, p[0].numel() ** -0.5, generator=g)
+            elif "norm" in name and name.endswith("weight"):
+                p.fill_(1.0)
+            else:
+                p.zero_()
+        for buffer in module.buffers():
+            if not torch.isfinite(buffer).all():
+                buffer.zero_()
+
+
+def build_transformer(preset, device: torch.device) -> torch.nn.Module:
+    """The DiT of ``preset`` on ``device`` in bf16 with random weights (built on meta, allocated once in bf16)."""
+    with torch.device("meta"):
+        model = get_adapter(preset.model).build(preset.transformer).to(torch.bfloat16)
+    model = model.to_empty(device=device).eval().requires_grad_(False)
+    init_weights(model)
+    STOCK_PROCESSORS[id(model)] = {name: m.processor for name, m in model.named_modules() if hasattr(m, "processor")}
+    return model
+
+
+#: diffusers' own attention processors of each built model, by id (restored for the stock-forward rows).
+STOCK_PROCESSORS: dict[int, dict[str, Any]] = {}
+
+
+def step_inputs(preset, height: int, width: int, frames: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """A CFG batch of forward keyword arguments with realistic padding (:data:`VALID_CONTEXT`), random values."""
+    adapter = get_adapter(preset.model)
+    kwargs = adapter.example_inputs(preset, height, width, frames, batch=2)
+    g = torch.Generator().manual_seed(1)
+    for key in ("hidden_states", "encoder_hidden_states", "encoder_hidden_states_2"):
+        kwargs[key] = torch.randn(kwargs[key].shape, generator=g).to(kwargs[key].dtype)
+    kwargs["timestep"] = kwargs["timestep"].to(torch.bfloat16)  # as diffusers' pipeline passes it (latents' dtype)
+    for b, (text, byt5) in enumerate(VALID_CONTEXT):
+        kwargs["encoder_attention_mask"][b] = (torch.arange(preset.text_len) < text).long()
+        kwargs["encoder_attention_mask_2"][b] = (torch.arange(preset.byt5_len) < byt5).long()
+    return {k: v.to(device) for k, v in kwargs.items()}
+
+
+def use_processors(model, which: str) -> None:
+    """``diffusers``: the model's stock processors (as built); anything else: hyv_lib's, with that backend."""
+    if which != "diffusers":
+        get_adapter("hunyuanvideo-1.5").use_attention(model, which)
+        return
+    stock = STOCK_PROCESSORS[id(model)]
+    for name, module in model.named_modules():
+        if name in stock:
+            module.set_processor(stock[name])
+
+
+def chip_key(device: torch.device) -> str | None:
+    """The planner's chip for this GPU (MFU's peak), or None."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((key for key in ("H200", "H100") if key in name), None)
+
+
+def step_section(section, device, clock, budget, cfg, tiny, model) -> None:
+    preset = get_preset(cfg["preset"])
+    chip = chip_key(device)
+    section["mfu_peak"] = CHIPS[chip].source if chip else "no planner chip for this device: MFU left out"
+    outputs: dict[tuple[str, str], torch.Tensor] = {}
+    for size, (height, width, frames) in cfg["steps"].items():
+        kwargs = step_inputs(preset, height, width, frames, device)
+        flops = step_flops(preset, height, width, frames, batch=2)["total"]
+        need = {"480p": 25, "720p": 60}.get(size, 1)
+        for which in ("hyv_lib", "diffusers"):
+            row: dict[str, Any] = dict(name=f"{which} {size}", size=[height, width, frames],
+                                       attention="diffusers stock (dense mask)" if which == "diffusers" else "auto")
+            section["rows"].append(row)
+            if not budget.allows(need):
+                row.update(status="skipped", reason="time budget")
+                continue
+            try:
+                use_processors(model, "diffusers" if which == "diffusers" else "auto")
+                if which == "hyv_lib":
+                    row["backend"] = resolve_backend("auto", device, torch.bfloat16)
+
+                def fn():
+                    return model(**kwargs, return_dict=False)[0]
+
+                with torch.no_grad(), gpu_memory(device, row):
+                    fn()  # warm-up
+                    repeats = 2 if (size == "480p" or tiny) else 1
+                    seconds, out = clock.time(fn, repeats)
+                row.update(status="ok", s_per_step=round(seconds, 3), tflop=round(flops / 1e12, 1))
+                if chip:
+                    row["mfu"] = round(flops / seconds / CHIPS[chip].peak_flops, 3)
+                row["finite"] = bool(torch.isfinite(out).all())
+                outputs[(which, size)] = out.float().cpu()
+                if tiny:  # the probe slows every op: tiny runs only
+                    with torch.no_grad():
+                        row["largest_tensor_elements"] = largest_tensor(fn)
+                    row["s_squared"] = (video_tokens(preset, height, width, frames) + context_tokens(preset)) ** 2
+                del out
+            except Exception as err:  # noqa: BLE001
+                row_failure(row, err)
+            free_memory()
+            print(f"  step {row['name']}: {row.get('s_per_step', row.get('reason', row.get('error')))}", flush=True)
+        mine, theirs = outputs.get(("hyv_lib", size)), outputs.get(("diffusers", size))
+        if mine is not None and theirs is not None:
+            diff = (mine - theirs).abs()
+            valid = theirs.abs().max()
+            section.setdefault("compare", {})[size] = dict(
+                speedup=round(next(r for r in section["rows"] if r["name"] == f"diffusers {size}")["s_per_step"]
+                              / next(r for r in section["rows"] if r["name"] == f"hyv_lib {size}")["s_per_step"], 3),
+                max_abs_diff=float(diff.max()), max_abs_output=float(valid),
+                relative_l2=float(diff.norm() / theirs.norm().clamp_min(1e-30)))
+    use_processors(model, "auto")
+
+
+# ------------------------------------------------------------------------------------------ cache
+def cache_section(section, device, clock, budget, cfg, tiny, model) -> None:
+    preset = get_preset(cfg["preset"])
+    size = list(cfg["steps"])[-1]
+    height, width, frames = cfg["steps"][size]
+    if not budget.allows(40 if not tiny else 1):
+        section["rows"].append(dict(name="deepcache", status="skipped", reason="time budget"))
+        return
+    use_processors(model, "auto")
+    kwargs = step_inputs(preset, height, width, frames, device)
+    runtime = TorchDeepCache(model)
+    row: dict[str, Any] = dict(name=f"cache {size}", size=[height, width, frames], no_cache_blocks=1)
+    section["rows"].append(row)
+    with torch.no_grad(), gpu_memory(device, row):
+        runtime.run_and_cache(1, **kwargs)  # warm-up
+        full_s, (_, cache) = clock.time(lambda: runtime.run_and_cache(1, **kwargs))
+        runtime.run_from_cache(cache, 1, **kwargs)
+        cached_s, out = clock.time(lambda: runtime.run_from_cache(cache, 1, **kwargs), cfg["repeats"])
+    schedule = DeepCacheSchedule(50)
+    full, cached = len(schedule.full_steps), 50 - len(schedule.full_steps)
+    row.update(status="ok", full_step_s=round(full_s, 3), cached_step_s=round(cached_s, 4),
+               cached_over_full=round(cached_s / full_s, 4), finite=bool(torch.isfinite(out).all()),
+               deepcache_default=dict(schedule=schedule.describe(), full_steps=full, cached_steps=cached,
+                                      projected_50_step_s=round(full * full_s + cached * cached_s, 1),
+                                      projected_speedup=round(50 * full_s / (full * full_s + cached * cached_s), 2),
+                                      block_bound=round(schedule.block_speedup(54 if not tiny else 2), 2)))
+    section["note"] = ("MagCache runs the same two kinds of step (a full step that records, a cached step that "
+                       "reuses); only which steps are cached differs, so its 50-step time is full x t_full + "
+                       "cached x t_cached for its calibrated schedule.")
+    print(f"  cache: full {full_s:.3f} s, cached {cached_s:.4f} s", flush=True)
+
+
+# ------------------------------------------------------------------------------------------ offload
+def offload_section(section, device, clock, budget, cfg, tiny, model) -> None:
+    preset = get_preset(cfg["preset"])
+    size = list(cfg["steps"])[0]
+    height, width, frames = cfg["steps"][size]
+    row: dict[str, Any] = dict(name=f"block offload {size}", size=[height, width, frames],
+                               how="diffusers enable_group_offload(block_level, 1 block per group, use_stream)")
+    section["rows"].append(row)
+    if device.type != "cuda":
+        row.update(status="skipped", reason="group offloading moves weights between the host and a GPU")
+        return
+    if not budget.allows(60):
+        row.update(status="skipped", reason="time budget")
+        return
+    use_processors(model, "auto")
+    kwargs = step_inputs(preset, height, width, frames, device)
+    start = time.perf_counter()
+    model.to("cpu")
+    free_memory()
+    model.enable_group_offload(onload_device=device, offload_device=torch.device("cpu"), offload_type="block_level",
+                               num_blocks_per_group=1, use_stream=True)
+    row["setup_s"] = round(time.perf_counter() - start, 1)
+    with torch.no_grad(), gpu_memory(device, row):
+        model(**kwargs, return_dict=False)  # warm-up
+        seconds, out = clock.time(lambda: model(**kwargs, return_dict=False)[0])
+    row.update(status="ok", s_per_step=round(seconds, 3), finite=bool(torch.isfinite(out).all()))
+    print(f"  offload: {seconds:.3f} s/step, peak {row.get('peak_allocated_gib')} GiB", flush=True)
+
+
+# ------------------------------------------------------------------------------------------ vae
+def vae_section(section, device, clock, budget, cfg, tiny) -> None:
+    import diffusers
+
+    from hyv_lib.runtimes.vae import decode_latents
+
+    preset = get_preset(cfg["preset"])
+    height, width, frames = cfg["vae"]
+    row: dict[str, Any] = dict(name=f"vae decode {height}x{width}x{frames}", tiling=True, dtype="bf16")
+    section["rows"].append(row)
+    if not budget.allows(45 if not tiny else 1):
+        row.update(status="skipped", reason="time budget")
+        return
+    with torch.device("meta"):
+        vae = diffusers.AutoencoderKLHunyuanVideo15(**preset.vae)
+    vae = vae.to_empty(device=device).to(torch.bfloat16).eval().requires_grad_(False)
+    init_weights(vae, seed=2)
+    _, c, t, h, w = preset.latent_shape(height, width, frames)
+    latents = torch.randn(1, c, t, h, w, device=device, dtype=torch.bfloat16)
+    row["latents"] = [1, c, t, h, w]
+    with gpu_memory(device, row):
+        seconds, frames_out = clock.time(lambda: decode_latents(vae, latents, tiling=True))
+    row.update(status="ok", seconds=round(seconds, 1), frames=list(frames_out.shape),
+               tile_px=getattr(vae, "tile_sample_min_height", None))
+    print(f"  vae: {seconds:.1f} s, peak {row.get('peak_allocated_gib')} GiB", flush=True)
+
+
+# ------------------------------------------------------------------------------------------ markdown
+def markdown(data: dict[str, Any]) -> str:
+    """The report as markdown tables (what the runbook and chapter 8 quote)."""
+    sections = data["sections"]
+    env = sections.get("environment", {})
+    lines = [f"# hyv_lib GPU check: {env.get('gpu', env.get('device', '?'))}", "",
+             f"{data['started']}; torch {env.get('torch')}, CUDA {env.get('cuda')}, diffusers {env.get('diffusers')}; "
+             f"measured ceilings: bf16 matmul {env.get('matmul_bf16_tflops')} TFLOP/s, copy {env.get('copy_gb_s')} "
+             "GB/s.", ""]
+    for name, section in sections.items():
+        if name == "environment":
+            continue
+        lines += [f"## {name} ({section.get('status')}, {section.get('seconds', '?')} s)", ""]
+        if section.get("error"):
+            lines += [f"error: `{section['error'][:300]}`", ""]
+        rows = section.get("rows", [])
+        keys = [k for k in ("name", "status", "backend", "ms", "tflops", "max_error", "s_per_step", "mfu",
+                            "full_step_s", "cached_step_s", "seconds", "peak_allocated_gib", "extra_gib",
+                            "reason", "error") if any(k in r for r in rows)]
+        if rows:
+            lines += ["| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys)]
+            for r in rows:
+                lines.append("| " + " | ".join(str(r.get(k, "")).replace("|", "/")[:120] for k in keys) + " |")
+            lines.append("")
+        if section.get("compare"):
+            for size, c in section["compare"].items():
+                lines.append(f"- {size}: diffusers / hyv_lib = {c['speedup']}x; max |difference| "
+                             f"{c['max_abs_diff']:.3g} (output up to {c['max_abs_output']:.3g}), relative L2 "
+                             f"{c['relative_l2']:.3g}")
+            lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------ main
+SECTIONS = ("attention", "step", "cache", "offload", "vae")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", default="benchmarks/results/gpu_check.json",
+                        help="the JSON report (the markdown table goes next to it, .md)")
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU: the test suite's run")
+    parser.add_argument("--budget_s", type=float, default=420.0, help="seconds for all sections (default 420)")
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated subset of {', '.join(SECTIONS)}")
+    args = parser.parse_args(argv)
+    import diffusers
+
+    diffusers.utils.logging.set_verbosity_error()  # its dtype-cast notice on every random-weight build
+    wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = sorted(set(wanted) - set(SECTIONS))
+    if unknown:
+        print(f"error: --sections: unknown {', '.join(unknown)}; valid: {', '.join(SECTIONS)}", file=sys.stderr)
+        return 2
+    if not math.isfinite(args.budget_s) or args.budget_s <= 0:
+        print(f"error: --budget_s must be a positive number of seconds, got {args.budget_s}", file=sys.stderr)
+        return 2
+    device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
+    if device.type == "cpu" and not args.tiny:
+        print("error: no CUDA GPU here (torch.cuda.is_available() is False); --tiny runs the check on the CPU",
+              file=sys.stderr)
+        return 2
+    cfg = sizes(args.tiny)
+    report = Report(Path(args.output), args.tiny, list(argv if argv is not None else sys.argv[1:]))
+    clock, budget = Clock(device), Budget(args.budget_s)
+    run_section(report, "environment", lambda s: environment(s, device, clock, args.tiny))
+    if "attention" in wanted:
+        run_section(report, "attention", lambda s: attention_section(s, device, clock, budget, cfg, args.tiny))
+    model = None
+    if {"step", "cache", "offload"} & set(wanted):
+        def build(section):
+            nonlocal model
+            start = time.perf_counter()
+            model = build_transformer(get_preset(cfg["preset"]), device)
+            section.update(status="ok", seconds=round(time.perf_counter() - start, 1),
+                           parameters=sum(p.numel() for p in model.parameters()))
+        run_section(report, "model", build)
+    for name, fn in (("step", step_section), ("cache", cache_section), ("offload", offload_section)):
+        if name in wanted and model is not None:
+            run_section(report, name, lambda s, fn=fn: fn(s, device, clock, budget, cfg, args.tiny, model))
+    model = None  # the VAE gets the memory
+    free_memory()
+    if "vae" in wanted:
+        run_section(report, "vae", lambda s: vae_section(s, device, clock, budget, cfg, args.tiny))
+    report.data["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    report.write()
+    failed = [n for n, s in report.data["sections"].items() if s.get("status") == "failed"]
+    print(f"wrote {report.path} and {report.path.with_suffix('.md')}; failed sections: {failed or 'none'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""benchmarks/gpu_check.py --tiny: the real-size GPU check's own code on tiny shapes on the CPU, without torchax."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SECTIONS = {"environment", "attention", "model", "step", "cache", "offload", "vae"}
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    """One --tiny run in a fresh interpreter where torchax cannot be imported (the GPU machine has none)."""
+    out = tmp_path_factory.mktemp("gpu_check") / "check.json"
+    hide = ("import sys, runpy; sys.modules['torchax'] = None; sys.argv = sys.argv[1:]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", hide, str(ROOT / "benchmarks" / "gpu_check.py"), "--tiny",
+                           "--output", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text()), out
+
+
+def test_every_section_runs_and_is_written(report):
+    data, out = report
+    assert set(data["sections"]) == SECTIONS
+    assert {name: s["status"] for name, s in data["sections"].items()} == {name: "ok" for name in SECTIONS}
+    markdown = out.with_suffix(".md").read_text()
+    assert "## attention (ok" in markdown and "| sdpa | ok |" in markdown
+
+
+def test_attention_rows_match_the_fp32_reference_and_never_hold_s_by_s(report):
+    section = report[0]["sections"]["attention"]
+    rows = {r["name"]: r for r in section["rows"]}
+    assert set(rows) == {"flash3", "flash", "torch_varlen", "sdpa", "sage", "diffusers_dense"}
+    assert rows["torch_varlen"]["status"] == "skipped" and "GPU" in rows["torch_varlen"]["reason"]
+    for name in ("sdpa", "diffusers_dense"):
+        # bf16 inputs, outputs within a few bf16 ulps of O(1) values of the fp32 reference (measured: 0.003)
+        assert rows[name]["status"] == "ok" and rows[name]["max_error"] < 0.02
+    assert 0 < rows["sdpa"]["largest_tensor_elements"] < section["s_squared"]
+    assert section["shape"]["valid_tokens"][0] > section["shape"]["valid_tokens"][1]  # padding differs per sample
+
+
+def test_step_rows_compare_hyv_lib_with_diffusers_stock_forward(report):
+    section = report[0]["sections"]["step"]
+    rows = {r["name"]: r for r in section["rows"]}
+    assert {r["status"] for r in rows.values()} == {"ok"} and len(rows) == 4
+    for row in rows.values():
+        assert row["finite"] and row["s_per_step"] > 0
+    # at the large tiny size S x S outgrows every other tensor: diffusers' stock forward builds its [B,1,S,S] mask,
+    # hyv_lib's attention nothing that large
+    hyv, stock = rows["hyv_lib large"], rows["diffusers large"]
+    assert hyv["backend"] == "sdpa" and hyv["largest_tensor_elements"] < hyv["s_squared"]
+    assert stock["largest_tensor_elements"] >= 2 * stock["s_squared"]
+    for compare in section["compare"].values():
+        # the same bf16 model, two attention paths: they differ by bf16 rounding (measured ~0.5% relative L2),
+        # and attention does move the output (an output independent of the mask would compare equal)
+        assert 0 < compare["relative_l2"] < 0.02 and compare["max_abs_output"] > 0.1
+
+
+def test_cache_rows_and_the_cli_errors(report, capsys):
+    row = report[0]["sections"]["cache"]["rows"][0]
+    assert row["finite"] and row["cached_step_s"] < row["full_step_s"]
+    assert row["deepcache_default"]["full_steps"] == 25
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_check
+
+    assert gpu_check.main(["--tiny", "--sections", "attention,bogus"]) == 2
+    assert "error: --sections: unknown bogus" in capsys.readouterr().err
