@@ -102,3 +102,50 @@ def test_first_blocks_copy_keeps_the_first_blocks_in_fp32_and_leaves_the_model_a
     kwargs = example_forward_kwargs(tiny)
     with torch.no_grad():
         assert torch.equal(whole(**kwargs).sample, half.float()(**kwargs).sample)
+
+
+#: The official README's "Optimal Inference Configurations" table, hand-copied (an independent source): CFG-distilled
+#: checkpoints run CFG 1 at their base model's flow shift and "must use 50 steps".
+CFG_DISTILLED = {"480p_t2v_distilled": ("480p_t2v", "t2v", 5.0, 640),
+                 "480p_i2v_distilled": ("480p_i2v", "i2v", 5.0, 640),
+                 "720p_i2v_distilled": ("720p_i2v", "i2v", 7.0, 960)}
+
+
+@pytest.mark.parametrize("name", sorted(CFG_DISTILLED))
+def test_cfg_distilled_presets_run_one_sample_per_step_on_their_base_architecture(name):
+    base, task, shift, target = CFG_DISTILLED[name]
+    p, b = get_preset(name), get_preset(base)
+    assert (p.guidance_scale, p.flow_shift, p.default_steps, p.target_size) == (1.0, shift, 50, target)
+    assert p.tasks == (task,) and p.transformer["task_type"] == task
+    assert p.samples_per_step == 1 and b.samples_per_step == 2 and not p.use_meanflow
+    assert p.transformer == b.transformer  # the same 8.3B DiT, weights distilled to run without the negative pass
+    assert (p.default_height, p.default_width) == (b.default_height, b.default_width)
+    assert p.hub_id == f"hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-{name}"
+
+
+def test_info_prints_a_cfg_distilled_preset(capsys):
+    from hyv_lib.cli import run
+
+    assert run(["info", "--preset", "480p_t2v_distilled", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["guidance_scale"], data["samples_per_step"], data["default_steps"]) == (1.0, 1, 50)
+    assert (data["default_height"], data["default_width"]) == (480, 848)
+
+
+def test_a_data_axis_is_refused_as_of_no_use_with_cfg_off():
+    """With guidance 1 each step runs one sample: data=2 has nothing to split. The stage-2 settings say so (naming
+    --mesh and where the devices should go), for a distilled preset's own guidance and for --guidance_scale 1."""
+    from hyv_lib.base.presets import check_data_axis
+    from hyv_lib.pipeline.settings import resolve_settings
+
+    for preset, kwargs in (("480p_t2v_distilled", {}), ("720p_i2v_distilled", {}), ("720p_t2v", {"guidance_scale": 1})):
+        with pytest.raises(HyvInputError) as err:
+            resolve_settings(get_preset(preset), runtime="tpu", mesh="data=2,tensor=4", **kwargs)
+        assert err.value.argument == "--mesh" and "of no use with CFG off" in err.value.message, preset
+        assert "(tensor=8)" in err.value.message
+    with pytest.raises(HyvInputError, match=r"of no use.*\(tensor=2,sequence=4\)"):
+        check_data_axis({"data": 2, "tensor": 1, "sequence": 4}, 1)
+    with pytest.raises(HyvInputError, match="does not divide the batch of 2"):
+        check_data_axis({"data": 4, "tensor": 2}, 2)
+    check_data_axis({"data": 2, "tensor": 4}, 2)  # the CFG pair: one sample per data shard
+    check_data_axis({"tensor": 8}, 1)

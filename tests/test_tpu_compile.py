@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("libtpu", reason="the TPU compiler comes with libtpu (requirements.txt, Linux only)")
 
 from hyv_lib import cli  # noqa: E402
+from hyv_lib.base.errors import HyvInputError  # noqa: E402
 from hyv_lib.base.presets import get_preset  # noqa: E402
 from hyv_lib.planning.tpu_compile import compile_step, parse_hbm_oom  # noqa: E402
 
@@ -191,6 +192,25 @@ def test_cfg_off_meanflow_step_compiles_one_sample_on_the_tensor_axis():
     preset = dataclasses.replace(small(use_meanflow=True), guidance_scale=1.0)
     report = compile_step(preset, "v6e:2x4", height=256, width=256, video_length=13)
     assert report["batch"] == 1 and report["mesh"] == {"data": 1, "tensor": 8, "sequence": 1} and report["fits"]
-    with pytest.raises(Exception) as err:
+    with pytest.raises(HyvInputError) as err:
         compile_step(preset, "v6e:2x4", mesh="data=2,tensor=4", height=256, width=256, video_length=13)
-    assert "does not divide the batch of 1" in str(err.value)
+    assert err.value.argument == "--mesh" and "of no use with CFG off" in err.value.message
+    assert "(tensor=8)" in err.value.message  # where the devices should go instead
+
+
+@pytest.mark.parametrize("name", ["480p_t2v_distilled", "480p_i2v_distilled", "720p_i2v_distilled"])
+def test_cfg_distilled_presets_compile_as_one_sample_and_refuse_a_data_axis(name):
+    """The CFG-distilled presets take the same batch-1 path as the step-distilled one (guidance 1): a data axis is
+    refused before anything is built, with the message that says it is of no use."""
+    with pytest.raises(HyvInputError) as err:
+        compile_step(name, "v6e:2x4", mesh="data=2,tensor=4")
+    assert err.value.argument == "--mesh" and "of no use with CFG off" in err.value.message
+
+
+@pytest.mark.slow  # the real width (2048): about half a minute on 2 cores
+def test_a_cfg_distilled_preset_compiles_one_sample_on_the_tensor_axis():
+    """480p_t2v_distilled at its real width (one block, a short clip): the compiled step takes one sample (the inputs'
+    batch is the preset's samples_per_step) and the default mesh puts the 8 devices on tensor."""
+    report = compile_step("480p_t2v_distilled", "v6e:2x4", height=256, width=256, video_length=5, num_layers=1)
+    assert report["batch"] == 1 and report["mesh"] == {"data": 1, "tensor": 8, "sequence": 1} and report["fits"]
+    assert report["preset"] == "480p_t2v_distilled" and report["attention"]["native"]

@@ -14,9 +14,42 @@ from .errors import HyvInputError
 # (Tencent-Hunyuan/HunyuanVideo-1.5, hyvideo/commons/__init__.py): 480p shift 5, 720p t2v shift 9, 720p i2v shift 7,
 # CFG 6. The step-distilled 480p I2V model (MeanFlow) runs shift 7 with CFG off (1.0) in 8 or 12 steps (official
 # README, "Optimal Inference Configurations"; diffusers PR #12802 adds its config with use_meanflow=True).
+# The CFG-distilled checkpoints (480p_t2v_distilled, 480p_i2v_distilled, 720p_i2v_distilled) keep their base model's
+# shift (5, 5, 7) and 50 steps with CFG off (1.0): the official README's "Optimal Inference Configurations" table
+# ("the cfg distilled model we provided, must use 50 steps") and diffusers'
+# scripts/convert_hunyuan_video1_5_to_diffusers.py (SCHEDULER_CONFIGS / GUIDANCE_CONFIGS). 720p_t2v_distilled is listed
+# there but not released (README model cards: "Coming soon"). Hub ids follow the naming of the hunyuanvideo-community
+# collection the README links, HunyuanVideo-1.5-Diffusers-<version> (the distilled names as third-party code loads
+# them; not checked against the hub here).
 
 #: What a preset's checkpoint generates from: text alone (t2v) or a text and a first frame (i2v).
 TASKS = ("t2v", "i2v")
+
+
+def samples_per_step(guidance_scale: float) -> int:
+    """Samples the DiT runs per denoising step: classifier-free guidance's pair (negative and positive prompt) as one
+    batch of 2, or one sample when ``guidance_scale`` is 1 (CFG off, as diffusers' guider skips the negative pass: the
+    CFG-distilled and step-distilled checkpoints). The one rule the sampling loop, the planner and the TPU compile
+    path share."""
+    return 1 if guidance_scale == 1.0 else 2
+
+
+def check_data_axis(mesh: Any, batch: int, argument: str = "--mesh") -> None:
+    """HyvInputError naming ``argument`` unless the ``data`` axis of ``mesh`` (a dict of data/tensor/sequence sizes)
+    divides the ``batch`` of one step (:func:`samples_per_step`): a data axis splits whole samples. With CFG off
+    (batch 1) any data axis has nothing to split, so the message says it is of no use and where to put its devices."""
+    data = int(mesh.get("data", 1))
+    if batch % data == 0:
+        return
+    if batch == 1:
+        sequence = int(mesh.get("sequence", 1))
+        layout = f"tensor={data * int(mesh.get('tensor', 1))}" + (f",sequence={sequence}" if sequence > 1 else "")
+        raise HyvInputError(argument, f"data={data} is of no use with CFG off (guidance_scale 1, as the CFG-distilled "
+                                      f"and step-distilled presets run): each step runs one sample, so a data axis has "
+                                      f"nothing to split; put its devices on tensor instead ({layout})")
+    raise HyvInputError(argument, f"data={data} does not divide the batch of {batch} "
+                                  f"({'the CFG pair' if batch == 2 else 'samples per step'}: a data axis splits whole "
+                                  f"samples)")
 
 
 @dataclass(frozen=True)
@@ -66,6 +99,12 @@ class Preset:
     def from_dict(cls, fields: dict[str, Any]) -> "Preset":
         """The preset of :meth:`to_dict` (after a JSON round trip: lists become the tuples they were)."""
         return cls(**{**fields, "tasks": tuple(fields.get("tasks", ("t2v",)))})
+
+    @property
+    def samples_per_step(self) -> int:
+        """The DiT's batch per denoising step at the preset's own guidance (:func:`samples_per_step`): 2 with CFG, 1
+        for the CFG-distilled and step-distilled checkpoints (guidance 1.0)."""
+        return samples_per_step(self.guidance_scale)
 
     @property
     def use_meanflow(self) -> bool:
@@ -133,6 +172,7 @@ class Preset:
         data = dataclasses.asdict(self)
         data["default_height"] = self.default_height
         data["default_width"] = self.default_width
+        data["samples_per_step"] = self.samples_per_step  # 1 with CFG off: a data mesh axis has nothing to split
         return data
 
 
@@ -299,8 +339,9 @@ DEFAULT_PRESET = "tiny_trained"
 #: The seed of the initial noise when none is given, everywhere (the staged scripts' default).
 DEFAULT_SEED = 42
 
-#: Every preset by name: the real 480p/720p text-to-video and image-to-video settings (and the step-distilled 480p
-#: I2V one) and the tiny ones (``tiny``: random weights; ``tiny_trained``: the bundled hyv-tiny).
+#: Every preset by name: the real 480p/720p text-to-video and image-to-video settings (with the step-distilled 480p
+#: I2V one and the CFG-distilled 480p T2V, 480p I2V and 720p I2V ones) and the tiny ones (``tiny``: random weights;
+#: ``tiny_trained``: the bundled hyv-tiny).
 #: ``python -m hyv_lib info --preset NAME --json`` prints one.
 PRESETS: dict[str, Preset] = {
     p.name: p
@@ -316,6 +357,13 @@ PRESETS: dict[str, Preset] = {
         _real("480p_i2v_step_distilled", 640, 7.0, "HunyuanVideo-1.5 480p image-to-video, step-distilled "
               "(MeanFlow: 8 or 12 steps, CFG off), diffusers format.", task="i2v", guidance_scale=1.0,
               default_steps=8, use_meanflow=True),
+        # CFG-distilled: the base model's shift and 50 steps, CFG off (see the comment at the top of this module)
+        _real("480p_t2v_distilled", 640, 5.0, "HunyuanVideo-1.5 480p text-to-video, CFG-distilled (CFG off: one "
+              "sample per step, 50 steps), diffusers format.", guidance_scale=1.0),
+        _real("480p_i2v_distilled", 640, 5.0, "HunyuanVideo-1.5 480p image-to-video, CFG-distilled (CFG off: one "
+              "sample per step, 50 steps), diffusers format.", task="i2v", guidance_scale=1.0),
+        _real("720p_i2v_distilled", 960, 7.0, "HunyuanVideo-1.5 720p image-to-video, CFG-distilled (CFG off: one "
+              "sample per step, 50 steps), diffusers format.", task="i2v", guidance_scale=1.0),
     )
 }
 

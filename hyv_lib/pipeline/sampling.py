@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ..base.errors import HyvInputError
-from ..base.presets import Preset
+from ..base.presets import Preset, samples_per_step
 from ..runtimes.step import TransformerStep
 from .stage_io import (
     STAGE1_FILE,
@@ -126,10 +126,10 @@ def denoise(
     latents = latents.float()
     # After the noisy latents: C condition channels and a mask channel (t2v: all zero).
     condition = condition_channels(latents, cond_latents)
-    cfg = guidance_scale != 1.0
+    batch = samples_per_step(guidance_scale)
+    cfg = batch == 2
     if not cfg:  # the [negative, positive] pair's positive half: uncond + 1 * (cond - uncond) is cond
         conditioning = {k: v[1:] for k, v in conditioning.items()}
-    batch = 2 if cfg else 1
 
     def model_kwargs(x: torch.Tensor, i: int) -> dict[str, Any]:
         hidden = torch.cat([x, condition], dim=1).to(model_dtype)

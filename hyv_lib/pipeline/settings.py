@@ -8,7 +8,7 @@ from typing import Any
 
 from ..base.checks import as_number
 from ..base.errors import HyvInputError
-from ..base.presets import DEFAULT_SEED, Preset, video_size
+from ..base.presets import DEFAULT_SEED, Preset, check_data_axis, samples_per_step, video_size
 from ..parallel.jax_env import init_multi_host
 from ..parallel.mesh import make_mesh, parse_mesh
 from ..parallel.sharding import STRATEGIES
@@ -154,9 +154,8 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
     axes = parse_mesh(mesh)
     if axes and runtime != "tpu":
         raise HyvInputError("--mesh", "needs --runtime tpu")
-    if axes and axes.get("data", 1) > 1 and guidance_scale == 1.0:
-        raise HyvInputError("--mesh", f"data={axes['data']} splits the CFG pair, but --guidance_scale 1 runs one "
-                                      "sample per step; put the devices on tensor (e.g. tensor=8)")
+    if axes:  # a data axis splits the CFG pair; with --guidance_scale 1 there is one sample per step and none
+        check_data_axis(axes, samples_per_step(guidance_scale), "--mesh")
     if multi_host:
         if runtime != "tpu":
             raise HyvInputError("--multi_host", "needs --runtime tpu")

@@ -21,6 +21,17 @@ def as_preset(preset: Preset | str) -> Preset:
     return get_preset(preset) if isinstance(preset, str) else preset
 
 
+def step_batch(preset: Preset, batch: int | None) -> int:
+    """The batch of one denoising step: ``batch`` when given, else the preset's own
+    (:attr:`hyv_lib.base.presets.Preset.samples_per_step`: the CFG pair, or 1 sample for the CFG-distilled and
+    step-distilled presets, whose guidance is 1)."""
+    if batch is None:
+        return preset.samples_per_step
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise HyvInputError("batch", f"must be a positive integer, got {batch!r}")
+    return batch
+
+
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
 
@@ -80,9 +91,10 @@ def _pad(n: int, block: int | None) -> int:
     return n_blocks * size
 
 
-def step_flops(preset: Preset | str, height: int, width: int, video_length: int, batch: int = 2, *,
+def step_flops(preset: Preset | str, height: int, width: int, video_length: int, batch: int | None = None, *,
                valid_context: int | None = None, kv_block: int | None = None) -> dict[str, Any]:
-    """Analytic FLOPs of ONE transformer forward over a batch (CFG: batch 2 = one denoising step).
+    """Analytic FLOPs of ONE transformer forward over a batch: one denoising step at the preset's own batch by
+    default (:func:`step_batch`: the CFG pair, 2, or one sample for a preset with guidance 1, the distilled ones).
 
     Counts matmuls only, 2 FLOPs per multiply-add; elementwise work (norms, activations, softmax, RoPE,
     bias adds) is left out: about 1% at the real sizes (softmax costs ~5 ops per logit against
@@ -106,6 +118,7 @@ def step_flops(preset: Preset | str, height: int, width: int, video_length: int,
     ``eager_extra`` and ``tokens``.
     """
     preset = as_preset(preset)
+    batch = step_batch(preset, batch)
     d = model_dims(preset)
     tok = token_counts(preset, height, width, video_length)
     b, h, f, heads, hd = batch, d["hidden"], d["mlp"], d["heads"], d["head_dim"]
@@ -253,7 +266,7 @@ FLASH_BLOCK_Q = 128
 GPU_RESIDENT_TILES = 132
 
 
-def attention_hbm_bytes(preset: Preset | str, height: int, width: int, video_length: int, batch: int = 2, *,
+def attention_hbm_bytes(preset: Preset | str, height: int, width: int, video_length: int, batch: int | None = None, *,
                         dtype: str = "bf16", block_q: int = 2048, block_kv: int | None = None,
                         pad: bool = True) -> dict[str, Any]:
     """HBM bytes the attention kernel moves in one transformer forward, following how a flash-style kernel (Splash,
@@ -268,6 +281,7 @@ def attention_hbm_bytes(preset: Preset | str, height: int, width: int, video_len
     intensity, about ``2 block_q / x`` FLOP per byte at long sequences (x = bytes per element), whatever the layout.
     """
     preset = as_preset(preset)
+    batch = step_batch(preset, batch)
     x = dtype_bytes(dtype)
     for name, value in (("block_q", block_q), ("block_kv", block_kv)):
         if value is not None and (not isinstance(value, int) or value < 1):
@@ -295,7 +309,7 @@ def _round_up(n: int, m: int) -> int:
 
 
 # ------------------------------------------------------------------------------------------- activations
-def activation_bytes(preset: Preset | str, height: int, width: int, video_length: int, batch: int = 2, *,
+def activation_bytes(preset: Preset | str, height: int, width: int, video_length: int, batch: int | None = None, *,
                      dtype: str = "bf16", mesh_shape: int | Mapping[str, int] | None = None,
                      attention: str = "flash") -> dict[str, Any]:
     """Estimated per-device activation working set of ONE joint block (weights excluded).
@@ -315,6 +329,7 @@ def activation_bytes(preset: Preset | str, height: int, width: int, video_length
       estimate: softmax usually keeps another S^2 copy).
     """
     preset = as_preset(preset)
+    batch = step_batch(preset, batch)
     if attention not in ("flash", "dense"):
         raise HyvInputError("attention", f"must be 'flash' or 'dense', got {attention!r}")
     x = dtype_bytes(dtype)
@@ -344,10 +359,11 @@ def activation_bytes(preset: Preset | str, height: int, width: int, video_length
 STRATEGIES = {"tp": "tensor", "ulysses": "sequence", "fsdp": "tensor", "dp": "data"}
 
 
-def collective_bytes(preset: Preset | str, height: int, width: int, video_length: int, batch: int = 2, *,
+def collective_bytes(preset: Preset | str, height: int, width: int, video_length: int, batch: int | None = None, *,
                      dtype: str = "bf16", strategy: str = "tp",
                      mesh_shape: int | Mapping[str, int] | None = None) -> dict[str, Any]:
-    """Bytes each device sends over the interconnect in one forward (one CFG step), by strategy.
+    """Bytes each device sends over the interconnect in one forward (one denoising step at the preset's batch,
+    :func:`step_batch`), by strategy.
 
     ``mesh_shape``: an int (that many devices on the strategy's axis: tensor for tp and fsdp, sequence
     for ulysses, data for dp) or a dict of data/tensor/sequence sizes. n = that axis' size,
@@ -366,6 +382,7 @@ def collective_bytes(preset: Preset | str, height: int, width: int, video_length
     - ``dp`` (CFG-parallel, a whole sample per device): only the final gather of the noise prediction.
     """
     preset = as_preset(preset)
+    batch = step_batch(preset, batch)
     if strategy not in STRATEGIES:
         raise HyvInputError("strategy", f"must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     x = dtype_bytes(dtype)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..base.errors import HyvInputError
-from ..base.presets import Preset, get_preset, video_size
+from ..base.presets import Preset, check_data_axis, get_preset, video_size
 from ..kernels.splash import default_block_sizes, resolve_block_sizes
 from ..models.registry import get_adapter
 from ..parallel.jax_env import quiet_libtpu
@@ -149,7 +149,8 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
                  video_length: int | None = None, enable_cache: bool = False, no_cache_blocks: int = 1,
                  attention_options: dict | None = None, num_layers: int | None = None) -> dict[str, Any]:
     """Compile one denoising step of ``preset`` for the TPU slice ``topology``, here: a CFG batch of 2, or one sample
-    for a preset that runs CFG off (``guidance_scale`` 1, the step-distilled one).
+    for a preset that runs CFG off (``guidance_scale`` 1: the CFG-distilled and step-distilled ones), which the
+    default mesh then puts wholly on ``tensor`` and a ``data`` axis is refused for (it has nothing to split).
 
     ``mesh`` ('data=2,tensor=4' or a dict; default :func:`hyv_lib.planning.planner.default_layout`) must use all the slice's devices;
     ``sharding`` is a strategy of :data:`hyv_lib.parallel.sharding.STRATEGIES`. ``enable_cache`` compiles DeepCache's pair
@@ -171,7 +172,7 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
                                                  f"got {no_cache_blocks!r}")
     devices = topology_devices(topology)
     heads = preset.transformer["num_attention_heads"]
-    batch = 1 if preset.guidance_scale == 1.0 else 2  # what pipeline.denoise runs per step
+    batch = preset.samples_per_step  # what pipeline.denoise runs per step: 1 with CFG off (the distilled presets)
     axes = (parse_mesh(mesh) if isinstance(mesh, str) or mesh is None else dict(mesh)) or default_layout(
         len(devices), heads, sharding, batch=batch)
     try:
@@ -181,9 +182,7 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
     if heads % head_split(jax_mesh):
         raise HyvInputError("--mesh", f"the {heads} attention heads cannot be split over tensor x sequence = "
                                       f"{jax_mesh.shape['tensor']} x {jax_mesh.shape['sequence']}")
-    if batch % jax_mesh.shape["data"]:
-        raise HyvInputError("--mesh", f"data={jax_mesh.shape['data']} does not divide the batch of {batch} "
-                                      f"({'the CFG pair' if batch == 2 else 'CFG off: one sample per step'})")
+    check_data_axis(jax_mesh.shape, batch, "--mesh")
     config = dict(preset.transformer, **({} if num_layers is None else {"num_layers": num_layers}))
     model = abstract_transformer(_with_transformer(preset, config))
     with quiet_libtpu():
