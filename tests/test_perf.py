@@ -6,7 +6,7 @@ import torch
 
 from hyv_lib.base.presets import get_preset
 from hyv_lib.planning.costs import activation_bytes, collective_bytes, param_bytes, step_flops
-from hyv_lib.planning.hardware import CHIPS, mfu
+from hyv_lib.planning.hardware import CHIPS, CITED_STEP_TIMES, layout_label, mfu
 from hyv_lib.planning.hlo import xla_flops
 from hyv_lib.planning.planner import bounds, device_plan, plan_table
 
@@ -154,15 +154,37 @@ def test_memory_collectives_bounds_and_plan_table():
     assert b["interconnect_s"] == pytest.approx(plan["sent_bytes"] / 400e9)
     assert bounds("720p_t2v", 720, 1280, 121, "v7x", 4)["interconnect_s"] is None  # no sourced figure
     assert b["compute_s"] < 5.81  # every cited time is above the compute bound
-    rows = plan_table()
-    assert len(rows) == 2 * len(CHIPS) and {r["chip"] for r in rows} == set(CHIPS)
-    v6e = next(r for r in rows if r["preset"] == "720p_t2v" and r["chip"] == "v6e")
-    assert v6e["mesh"] == {"data": 2, "tensor": 4, "sequence": 1} and v6e["rules"] == "tp_replicated_out"
-    assert v6e["cited_s"] == 5.81 and 0.2 < v6e["cited_mfu"] < 0.4
     with pytest.raises(ValueError, match="chip"):
         bounds("720p_t2v", 720, 1280, 121, "v3", 8)
     with pytest.raises(ValueError, match="heads"):
         device_plan("720p_t2v", 720, 1280, 121, {"tensor": 32}, "tp")
+
+
+def test_plan_table_puts_a_cited_time_only_on_the_layout_it_was_measured_on():
+    """gpu-tpu-pedia measured every v6e time on tensor=8 (its mesh is (tp, dp, sp) = (8, 1, 1)) and its H100 time with
+    Ulysses over sequence=8: the table's default v6e layout, data=2,tensor=4, gets no cited time; the time sits on a
+    row of its own layout, beside that layout's bounds (the old table put 5.81 s on data=2,tensor=4)."""
+    assert {layout_label(c["mesh"]) for c in CITED_STEP_TIMES if c["chip"] == "v6e"} == {"tensor=8"}
+    rows = plan_table()
+    default = [r for r in rows if r["layout"] == "default"]
+    assert len(default) == 2 * len(CHIPS) and {r["chip"] for r in default} == set(CHIPS)
+    v6e = {layout_label(r["mesh"]): r for r in rows if r["preset"] == "720p_t2v" and r["chip"] == "v6e"}
+    assert set(v6e) == {"data=2,tensor=4", "tensor=8"}
+    assert v6e["data=2,tensor=4"]["layout"] == "default" and v6e["data=2,tensor=4"]["rules"] == "tp_replicated_out"
+    assert v6e["data=2,tensor=4"]["cited_s"] is None and v6e["data=2,tensor=4"]["cited_mfu"] is None
+    assert v6e["data=2,tensor=4"]["cited_source"] is None
+    eight = v6e["tensor=8"]
+    assert eight["layout"] == "cited" and eight["rules"] == "tp_replicated_out"
+    assert eight["cited_s"] == 5.81 and 0.2 < eight["cited_mfu"] < 0.4 and "exp2" in eight["cited_source"]
+    assert eight["bound_s"] == bounds("720p_t2v", 720, 1280, 121, "v6e", 8, mesh_shape={"tensor": 8})["step_s"]
+    # plain TP on the same mesh carries plain TP's time; the default layout still none
+    tp = plan_table(presets=("720p_t2v",), chips=("v6e",), rules="tp")
+    assert {layout_label(r["mesh"]): r["cited_s"] for r in tp} == {"data=2,tensor=4": None, "tensor=8": 8.12}
+    h100 = [r for r in rows if r["preset"] == "720p_t2v" and r["chip"] == "H100"]
+    assert len(h100) == 1 and layout_label(h100[0]["mesh"]) == "sequence=8" and h100[0]["cited_s"] == 5.10
+    assert all(r["cited_s"] is None for r in rows if r["preset"] == "480p_t2v" or r["chip"] not in ("v6e", "H100"))
+    without = plan_table(presets=("720p_t2v",), chips=("v6e",), cited_layouts=False)
+    assert len(without) == 1 and without[0]["cited_s"] is None
 
 
 def test_attention_hbm_traffic_follows_the_kernel_k_and_v_reread_per_query_block():
@@ -253,3 +275,33 @@ def test_device_plan_takes_the_mesh_string_and_refuses_a_data_axis_that_splits_a
         with pytest.raises(HyvInputError) as err:
             device_plan(*args, mesh, "tp", batch=batch)
         assert err.value.argument == "mesh_shape", mesh
+
+
+def test_a_cfg_distilled_step_is_half_the_work_and_plans_without_a_data_axis():
+    """480p_t2v_distilled runs CFG off: one sample per step instead of the pair, so every FLOP count of the step is
+    exactly half of 480p_t2v's at the same size (the same DiT; all its matmuls are per sample). By hand: 848 x 480 px,
+    121 frames -> 31 x 30 x 53 = 49,290 video tokens, S = 49,290 + 1,985 = 51,275; the joint blocks' attention is
+    4 L B S^2 h = 4 x 54 x 1 x 51,275^2 x 2,048 = 1.16304e15 FLOP (twice that with the pair)."""
+    distilled, base = (step_flops(name, 480, 848, 121) for name in ("480p_t2v_distilled", "480p_t2v"))
+    assert distilled["tokens"]["joint"] == 51_275 and distilled["tokens"]["batch"] == 1
+    assert distilled["parts"]["blocks_attention"] == 4 * 54 * 1 * 51_275**2 * 2048 == 1_163_041_044_480_000
+    assert 2 * distilled["total"] == base["total"] and 2 * distilled["attention"] == base["attention"]
+    assert all(2 * distilled["parts"][k] == v for k, v in base["parts"].items())
+    assert step_flops("480p_t2v_distilled", 480, 848, 121, batch=2)["total"] == base["total"]  # an explicit batch wins
+    # the planner: the default layout of 8 chips has no data axis (nothing to split), every device on tensor
+    b = bounds("480p_t2v_distilled", 480, 848, 121, "v6e", 8)
+    assert b["mesh"] == {"data": 1, "tensor": 8, "sequence": 1}
+    assert b["flops"] * 2 == step_flops("480p_t2v", 480, 848, 121)["total"]
+    plan, pair = (device_plan(name, 480, 848, 121, {"tensor": 8}) for name in ("480p_t2v_distilled", "480p_t2v"))
+    assert plan["samples_per_device"] == 1 and pair["samples_per_device"] == 2
+    assert plan["flops"]["total"] * 2 == pytest.approx(pair["flops"]["total"], rel=1e-12)
+    from hyv_lib.base.errors import HyvInputError
+
+    for call in (lambda: device_plan("720p_i2v_distilled", 720, 1280, 121, "data=2,tensor=4"),
+                 lambda: bounds("480p_t2v_distilled", 480, 848, 121, "v6e", 8, mesh_shape="data=2,tensor=4")):
+        with pytest.raises(HyvInputError) as err:
+            call()
+        assert err.value.argument == "mesh_shape" and "of no use with CFG off" in err.value.message
+    row = plan_table(presets=("480p_t2v_distilled",), chips=("v6e",))
+    assert len(row) == 1 and row[0]["batch"] == 1 and row[0]["cited_s"] is None
+    assert row[0]["pflop_per_step"] * 2 == pytest.approx(base["total"] / 1e15, rel=1e-12)

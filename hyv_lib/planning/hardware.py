@@ -69,18 +69,36 @@ CHIPS: dict[str, Chip] = {
                  "H200-SXM-141GBx8 system description)."),
 }
 
-#: Published HunyuanVideo-1.5 step times (720p, 121 frames, 50 steps, CFG 6, one CFG step = batch 2).
-#: All from the gpu-tpu-pedia project (single author, unverified; its hardware labels are partly inconsistent).
+#: Published HunyuanVideo-1.5 step times (720p, 121 frames, 50 steps, CFG 6, one CFG step = batch 2), each with the
+#: layout it was measured on: ``mesh`` (data/tensor/sequence sizes) and ``rules`` (the weight placement, named as
+#: hyv_lib's rule sets). All from the gpu-tpu-pedia project (single author, unverified; its hardware labels are partly
+#: inconsistent). Its TPU script builds one mesh for every run, (tp, dp, sp) = (jax.device_count(), 1, 1), so every v6e
+#: time is tensor=8 (``tpu/HunyuanVideo-1.5/generate_hunyuan_torchax_staged/stage2_transformer.py``); its default weight
+#: rules replicate the row-parallel fc2/proj weights, what hyv_lib calls ``tp_replicated_out``. Its GPU runs launch
+#: ``torchrun --nproc_per_node=8`` with ``initialize_parallel_state(sp=WORLD_SIZE)``: Ulysses over sequence=8, whole
+#: weights on every GPU. :func:`hyv_lib.planning.planner.plan_table` puts a time only on the row of its own layout.
 CITED_STEP_TIMES: list[dict[str, Any]] = [
     dict(preset="720p_t2v", chip="v6e", n_chips=8, seconds=8.12, label="plain Megatron TP, stock Splash",
+         mesh=dict(data=1, tensor=8, sequence=1), rules="tp",
          source="gpu-tpu-pedia tpu/HunyuanVideo-1.5/README.md (v6e-8) [U]"),
     dict(preset="720p_t2v", chip="v6e", n_chips=8, seconds=7.29, label="TP with fc2/proj replicated, stock Splash",
+         mesh=dict(data=1, tensor=8, sequence=1), rules="tp_replicated_out",
          source="gpu-tpu-pedia tpu/HunyuanVideo-1.5/README.md (v6e-8) [U]"),
     dict(preset="720p_t2v", chip="v6e", n_chips=8, seconds=5.81, label="custom exp2 Splash kernel",
-         source="gpu-tpu-pedia tpu/HunyuanVideo-1.5/README.md (v6e-8) [U]"),
+         mesh=dict(data=1, tensor=8, sequence=1), rules="tp_replicated_out",
+         source="gpu-tpu-pedia tpu/HunyuanVideo-1.5/README.md (v6e-8; the script's default fc2/proj-replicated "
+                "rules) [U]"),
     dict(preset="720p_t2v", chip="H100", n_chips=8, seconds=5.10, label="FlashAttention-2 (its "
-         "docs/deepcache_explained.md gives 5.2)", source="gpu-tpu-pedia tpu/HunyuanVideo-1.5/README.md (8xH100) [U]"),
+         "docs/deepcache_explained.md gives 5.2)", mesh=dict(data=1, tensor=1, sequence=8), rules="replicated",
+         source="gpu-tpu-pedia tpu/HunyuanVideo-1.5/README.md (8xH100, Ulysses sequence=8) [U]"),
 ]
+
+
+def layout_label(mesh: dict[str, int], rules: str | None = None) -> str:
+    """A layout as the book's tables print it: the mesh axes above 1 ('data=2,tensor=4'; 'one device'), with the
+    rule set after a space when given ('tp_replicated_out tensor=8')."""
+    axes = ",".join(f"{a}={n}" for a, n in mesh.items() if n > 1) or "one device"
+    return f"{rules} {axes}" if rules else axes
 
 
 def get_chip(chip: str | Chip) -> Chip:

@@ -10,7 +10,7 @@ import re
 from typing import Any, Mapping, Sequence
 
 from ..base.errors import HyvInputError
-from ..base.presets import Preset, get_preset
+from ..base.presets import Preset, check_data_axis, get_preset
 from ..kernels.splash import CHIP_BLOCK_SIZES, DEFAULT_BLOCK_SIZES
 from ..models.registry import get_adapter
 from .costs import (
@@ -29,6 +29,7 @@ from .costs import (
     plan_specs,
     rule_set_names,
     split_factor,
+    step_batch,
     step_flops,
     token_counts,
 )
@@ -76,13 +77,14 @@ def compiled_report(preset: Preset | str, height: int, width: int, video_length:
 
 def device_plan(preset: Preset | str, height: int, width: int, video_length: int,
                 mesh_shape: int | str | Mapping[str, int] | None = None, rules: str = "tp_replicated_out", *,
-                batch: int = 2, dtype: str = "bf16", enable_cache: bool = False,
+                batch: int | None = None, dtype: str = "bf16", enable_cache: bool = False,
                 topology: str | None = None) -> dict[str, Any]:
     """What one device holds, computes and exchanges in one CFG step of :class:`hyv_lib.runtimes.tpu.TpuTransformer` on a
     mesh: the planner's side of ``python -m hyv_lib compile`` (which asks the TPU compiler instead).
 
     ``mesh_shape``: data/tensor/sequence sizes (an int n = ``tensor=n``; or 'data=2,tensor=4'), data dividing
-    ``batch``; ``rules``: ``tp``, ``tp_replicated_out``, ``fsdp`` or ``replicated``. With b = B / data samples, N_v
+    ``batch`` (default the preset's: the CFG pair, or one sample for a preset with guidance 1, where any data axis is
+    refused as of no use, :func:`hyv_lib.base.presets.check_data_axis`); ``rules``: ``tp``, ``tp_replicated_out``, ``fsdp`` or ``replicated``. With b = B / data samples, N_v
     video and N_c context tokens, L blocks, hidden h, MLP width f, t = tensor, s = sequence, x = dtype bytes, it
     models what the compiled HLO does (checked against the TPU compiler in tests/test_perf.py and chapter 3):
 
@@ -120,9 +122,8 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
         raise HyvInputError("mesh_shape", f"{heads} heads cannot be split over tensor x sequence = {t} x {sq}")
     if rules not in rule_set_names():
         raise HyvInputError("rules", f"unknown rule set {rules!r}; valid: {', '.join(rule_set_names())}")
-    check_count("batch", batch)
-    if batch % d_:  # the tpu runtime and the compiler refuse it too: a data axis splits whole samples
-        raise HyvInputError("mesh_shape", f"data={d_} does not divide the batch of {batch}")
+    batch = step_batch(preset, batch)
+    check_data_axis(mesh, batch, "mesh_shape")  # the tpu runtime and the compiler refuse it too
     tok = token_counts(preset, height, width, video_length)
     b = batch // d_
     nv, nc, lt = -(-tok["video"] // sq), tok["context"], preset.text_len
@@ -216,10 +217,12 @@ def default_layout(devices: int, heads: int, rules: str = "tp_replicated_out", b
 
 
 def bounds(preset: Preset | str, height: int, width: int, video_length: int, chip: str | Chip, n_chips: int,
-           rules: str = "tp_replicated_out", *, mesh_shape: str | Mapping[str, int] | None = None, batch: int = 2,
+           rules: str = "tp_replicated_out", *, mesh_shape: str | Mapping[str, int] | None = None,
+           batch: int | None = None,
            dtype: str = "bf16", strategy: str | None = None, attention: str = "flash",
            block_q: int | None = None) -> dict[str, Any]:
-    """Lower bounds on the time of one CFG step on ``n_chips`` chips, and whether it fits in HBM.
+    """Lower bounds on the time of one denoising step on ``n_chips`` chips, and whether it fits in HBM. The step's
+    batch is the preset's (:func:`step_batch`: a CFG pair, or one sample for a distilled preset with guidance 1).
 
     TPU layouts (``rules`` a rule set of :mod:`hyv_lib.parallel.sharding`) come from :func:`device_plan` on ``mesh_shape``
     (default :func:`default_layout` over the chips' devices): per-device FLOPs, memory and collectives as the
@@ -237,6 +240,7 @@ def bounds(preset: Preset | str, height: int, width: int, video_length: int, chi
     ``step_s`` is the largest known bound, ``limit`` which one it is.
     """
     preset = as_preset(preset)
+    batch = step_batch(preset, batch)
     spec = get_chip(chip)
     check_count("n_chips", n_chips)
     dtype_bytes(dtype)  # checks the name
@@ -308,32 +312,56 @@ def attention_blocks(chip: str | Chip) -> dict[str, Any]:
     return dict(block_q=tiles["block_q"], block_kv=tiles["block_kv"], pad=True)
 
 
+def cited_times(preset: str, chip: str, n_chips: int, mesh: Mapping[str, int] | None = None,
+                rules: str | None = None) -> list[dict[str, Any]]:
+    """The :data:`CITED_STEP_TIMES` measured for ``preset`` on ``n_chips`` x ``chip``; with ``mesh`` and ``rules``
+    only those measured on that very layout (a time belongs to the mesh and weight placement it ran on)."""
+    return [c for c in CITED_STEP_TIMES
+            if c["preset"] == preset and c["chip"] == chip and c["n_chips"] == n_chips
+            and (mesh is None or as_mesh(c["mesh"]) == as_mesh(dict(mesh)))
+            and (rules is None or c["rules"] == rules)]
+
+
 def plan_table(presets: Sequence[str] = ("480p_t2v", "720p_t2v"), chips: Sequence[str] = tuple(CHIPS),
-               n_chips: int = 8, video_length: int = 121, rules: str = "tp_replicated_out", batch: int = 2,
-               dtype: str = "bf16") -> list[dict[str, Any]]:
-    """Rows for the book: per preset (16:9 default size) and chip, FLOPs, memory per device, bounds and the
-    cited step time with its implied MFU where one exists (:data:`CITED_STEP_TIMES`). TPUs use ``rules`` on
-    :func:`default_layout`; GPUs (H100, H200) the Ulysses layout (whole weights on every GPU)."""
+               n_chips: int = 8, video_length: int = 121, rules: str = "tp_replicated_out", batch: int | None = None,
+               dtype: str = "bf16", cited_layouts: bool = True) -> list[dict[str, Any]]:
+    """Rows for the book: per preset (16:9 default size), chip and layout, FLOPs, memory per device, bounds and the
+    cited step time with its implied MFU where one was measured on *that* layout (:data:`CITED_STEP_TIMES`; other
+    rows get None). TPUs use ``rules`` on :func:`default_layout` (``layout`` "default"), and with ``cited_layouts``
+    also on each other mesh a time was cited for with the same rules (``layout`` "cited": gpu-tpu-pedia's tensor=8);
+    GPUs (H100, H200) the Ulysses layout (whole weights on every GPU). ``batch``: default the preset's
+    (:func:`step_batch`)."""
     rows = []
     for name in presets:
         preset = get_preset(name)
         height, width = preset.default_height, preset.default_width
-        flops = step_flops(preset, height, width, video_length, batch)
+        step = step_batch(preset, batch)
+        flops = step_flops(preset, height, width, video_length, step)
         for chip in chips:
             layout = "replicated" if get_chip(chip).name.startswith("NVIDIA") else rules
-            b = bounds(preset, height, width, video_length, chip, n_chips, layout, batch=batch, dtype=dtype)
-            cited = [c for c in CITED_STEP_TIMES
-                     if c["preset"] == name and c["chip"] == chip and c["n_chips"] == n_chips]
-            best = min(cited, key=lambda c: c["seconds"]) if cited else None
-            rows.append(dict(
-                preset=name, height=height, width=width, frames=video_length, chip=chip, n_chips=n_chips,
-                rules=layout, mesh=b["mesh"], pflop_per_step=flops["total"] / 1e15,
-                attention_share=flops["attention_share"], weights_gb_per_device=b["weights_bytes"] / 1e9,
-                activations_gb_per_device=b["activation_bytes"] / 1e9, hbm_gb_per_device=b["hbm_bytes"] / 1e9,
-                memory_source=b["memory_source"], fits=b["fits"], compute_s=b["compute_s"], hbm_s=b["hbm_s"],
-                interconnect_s=b["interconnect_s"],
-                bound_s=b["step_s"], limit=b["limit"], cited_s=best["seconds"] if best else None,
-                cited_mfu=mfu(flops["total"], best["seconds"], chip, n_chips) if best else None,
-                cited_source=f"{best['label']}; {best['source']}" if best else None,
-            ))
+            meshes: list[tuple[str, Mapping[str, int] | None]] = [("default", None)]  # None: default_layout
+            if cited_layouts and layout in RULE_SET_LAYOUTS:
+                devices = n_chips * get_chip(chip).devices_per_chip
+                seen = [default_layout(devices, model_dims(preset)["heads"], layout, step)]
+                for c in cited_times(name, chip, n_chips, rules=layout):
+                    if as_mesh(c["mesh"]) not in [as_mesh(m) for m in seen]:
+                        seen.append(c["mesh"])
+                        meshes.append(("cited", c["mesh"]))
+            for kind, mesh_shape in meshes:
+                b = bounds(preset, height, width, video_length, chip, n_chips, layout, mesh_shape=mesh_shape,
+                           batch=step, dtype=dtype)
+                cited = cited_times(name, chip, n_chips, b["mesh"], layout)
+                best = min(cited, key=lambda c: c["seconds"]) if cited else None
+                rows.append(dict(
+                    preset=name, height=height, width=width, frames=video_length, chip=chip, n_chips=n_chips,
+                    rules=layout, mesh=as_mesh(b["mesh"]), layout=kind, batch=step,
+                    pflop_per_step=flops["total"] / 1e15,
+                    attention_share=flops["attention_share"], weights_gb_per_device=b["weights_bytes"] / 1e9,
+                    activations_gb_per_device=b["activation_bytes"] / 1e9, hbm_gb_per_device=b["hbm_bytes"] / 1e9,
+                    memory_source=b["memory_source"], fits=b["fits"], compute_s=b["compute_s"], hbm_s=b["hbm_s"],
+                    interconnect_s=b["interconnect_s"],
+                    bound_s=b["step_s"], limit=b["limit"], cited_s=best["seconds"] if best else None,
+                    cited_mfu=mfu(flops["total"], best["seconds"], chip, n_chips) if best else None,
+                    cited_source=f"{best['label']}; {best['source']}" if best else None,
+                ))
     return rows
