@@ -67,7 +67,7 @@ warnings.filterwarnings("ignore", message="IProgress not found")
 from IPython.display import display
 
 import hyv_lib
-from hyv_lib.planning.hardware import CHIPS, CITED_STEP_TIMES, mfu
+from hyv_lib.planning.hardware import CHIPS, CITED_STEP_TIMES, layout_label, mfu
 from hyv_lib.planning.planner import COMPILED_RESULTS, bounds, default_layout, device_plan
 from hyv_lib.planning.costs import (
     activation_bytes, collective_bytes, param_bytes, parameter_shapes, step_flops, token_counts,
@@ -435,6 +435,14 @@ else:
 # that peak (the first lines below), and the faster runs would need more still. On eight v6e chips the same time
 # is a plausible 24% MFU. The MFU below therefore assumes v6e, as the project's current README says.
 #
+# Each time was measured on one layout, and the `layout` column gives it in `hyv_lib`'s terms. The project's TPU
+# script builds a single mesh, `(tp, dp, sp) = (8, 1, 1)`, so every TPU time is `tensor=8`, with its weight rules
+# (plain Megatron TP, or `tp_replicated_out`'s replicated row-parallel weights); its GPU runs start one process per
+# GPU with sequence parallelism over all eight (`torchrun --nproc_per_node=8`, Ulysses, whole weights on every GPU).
+# None was measured on `hyv_lib`'s default TPU layout, `data=2,tensor=4`. MFU needs only the model's FLOPs, so it
+# does not depend on the layout; the bounds do, which is why {doc}`05_end_to_end_720p` puts a cited time only on the
+# row of its own layout.
+#
 # A cache changes the picture. A DeepCache step averages over full and cached steps, and a cached step skips 53 of
 # the 54 blocks. Dividing the full-step $F$ by its *average* time gives an **effective** MFU: the throughput of a
 # model that did all the work. The **real** MFU divides the FLOPs actually executed, $F$ over the schedule's
@@ -450,20 +458,32 @@ skip_ratio = schedule.block_speedup(54)  # FLOPs without the cache / FLOPs with 
 print(f"DeepCache 11/45/4: {len(schedule.full_steps)} of 50 steps full; FLOPs executed fall {skip_ratio:.2f}x")
 
 GPP = "gpu-tpu-pedia tpu/HunyuanVideo-1.5/"
+
+
+def layout(mesh, rules):
+    """A cited run's layout in hyv_lib's terms: the GPU runs are Ulysses with whole weights on every GPU."""
+    return f"Ulysses, {layout_label(mesh)}" if rules == "replicated" else f"{rules}, {layout_label(mesh)}"
+
+
+TP8, SP8 = {"tensor": 8}, {"sequence": 8}  # gpu-tpu-pedia's only TPU mesh; its torchrun GPU runs (sp = world size)
 runs = [dict(system=f"{c['n_chips']} x {c['chip']}", config=c["label"].split(" (")[0], s=c["seconds"], chip=c["chip"],
-             cache=1.0, source=c["source"]) for c in CITED_STEP_TIMES]
+             layout=layout(c["mesh"], c["rules"]), cache=1.0, source=c["source"]) for c in CITED_STEP_TIMES]
 runs += [
-    dict(system="8 x H100", config="FlashAttention-2 + Ulysses, 260 s / 50", s=5.2, chip="H100", cache=1.0,
+    dict(system="8 x H100", config="FlashAttention-2 + Ulysses, 260 s / 50", s=5.2, chip="H100",
+         layout=layout(SP8, "replicated"), cache=1.0,
          source=GPP + "README.md, generate_hunyuan_gpu_staged/README.md [U]"),
     dict(system="8 x v6e", config="DeepCache 11/45/4, ~203 s / 50 steps (no-cache run ~350 s)", s=203 / 50,
-         chip="v6e", cache=skip_ratio, source=GPP + "generate_hunyuan_torchax_staged/TORCHAX_MIGRATION_GUIDE.md [U]"),
-    dict(system="8 x H100", config="DeepCache 11/45/4 (142 s / 50)", s=2.84, chip="H100", cache=skip_ratio,
+         chip="v6e", layout=layout_label(TP8), cache=skip_ratio,
+         source=GPP + "generate_hunyuan_torchax_staged/TORCHAX_MIGRATION_GUIDE.md [U]"),
+    dict(system="8 x H100", config="DeepCache 11/45/4 (142 s / 50)", s=2.84, chip="H100",
+         layout=layout(SP8, "replicated"), cache=skip_ratio,
          source=GPP + "README.md, generate_hunyuan_gpu_staged/README.md [U]"),
 ]
 rows = []
 for r in runs:
     effective = mfu(F720["total"], r["s"], r["chip"], 8)
-    rows.append({"system": r["system"], "configuration": r["config"], "s/step": round(r["s"], 2),
+    rows.append({"system": r["system"], "configuration": r["config"], "layout": r["layout"],
+                 "s/step": round(r["s"], 2),
                  "MFU (effective if cached)": f"{effective:.1%}", "real MFU": f"{effective / r['cache']:.1%}",
                  "source": r["source"]})
 display(html_table(rows))
@@ -679,10 +699,46 @@ print(f"on tensor=8, tp_replicated_out sends {saved / 1e9:.0f} GB less per chip 
 # more than a few percent of the step, if the layout is chosen for it.
 
 # %% [markdown]
-# ### Doing less work: padding and DeepCache
+# ### Doing less work: the CFG-distilled checkpoints, padding and DeepCache
 #
-# Two levers lower the FLOPs executed instead of raising the rate. They shorten the step; they do not raise real
-# MFU, and the model count $F$ stays what it was.
+# Three levers lower the FLOPs executed instead of raising the rate.
+#
+# **CFG-distilled checkpoints** are the largest. Every step above is a CFG step: the DiT runs the negative and the
+# positive prompt as a batch of 2 and mixes the two predictions with guidance 6. HunyuanVideo-1.5 also ships
+# checkpoints distilled to produce the guided prediction in one pass, run with guidance 1 ("CFG off"): the official
+# README lists `480p_t2v_distilled`, `480p_i2v_distilled` and `720p_i2v_distilled` (the 720p text-to-video one is
+# "coming soon"), each at its base model's flow shift and 50 steps, and its `--cfg_distilled` flag promises "~2x
+# speedup" (Tencent-Hunyuan/HunyuanVideo-1.5 `README.md`, "Optimal Inference Configurations" and "Command Line
+# Arguments"). `hyv_lib` has presets for the three (`hyv_lib.get_preset("480p_t2v_distilled")` and so on, hub ids
+# `hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-<name>`): the same 8.3B DiT, one sample per step. The planner
+# counts a step at each preset's own batch, so the distilled step is exactly half its base model's, and a v6e-8
+# puts all eight chips on `tensor`, because with one sample there is nothing for a `data` axis to split:
+
+# %%
+rows = []
+for name, base in (("480p_t2v_distilled", "480p_t2v"), ("480p_i2v_distilled", "480p_i2v"),
+                   ("720p_i2v_distilled", "720p_i2v")):
+    p, q = hyv_lib.get_preset(name), hyv_lib.get_preset(base)
+    size = (p.default_height, p.default_width, FRAMES)
+    one, pair, b = step_flops(p, *size), step_flops(q, *size), bounds(p, *size, "v6e", 8)
+    rows.append({"preset": name, "W x H x frames": f"{size[1]}x{size[0]}x{FRAMES}", "guidance": p.guidance_scale,
+                 "samples per step": p.samples_per_step, "steps": p.default_steps,
+                 "PFLOP per step": round(one["total"] / 1e15, 2),
+                 "base model (CFG pair) PFLOP": round(pair["total"] / 1e15, 2),
+                 "distilled / base": f"{one['total'] / pair['total']:.3f}",
+                 "v6e-8 default mesh": layout_label(b["mesh"]), "compute bound s/step": round(b["compute_s"], 2)})
+display(html_table(rows))
+try:
+    device_plan("720p_i2v_distilled", 720, 1280, FRAMES, "data=2,tensor=4")
+except hyv_lib.HyvInputError as err:
+    print(f"device_plan('720p_i2v_distilled', ..., 'data=2,tensor=4') -> {err.argument}: {err.message}")
+
+# %% [markdown]
+# Half the FLOPs per step at the same MFU is half the time per video, 2x: more than the 1.69x that the road to 50%
+# MFU above asks of the attention kernel from the exp2 run, and available today, at the price of whatever quality the
+# distillation costs (the README offers the checkpoints for speed; this chapter measures no quality). Two caveats. The step's model count $F$ halves too, so MFU is computed on the
+# halved count: the chips do not work harder, they do half the work. And one sample per step halves the rows of every
+# matmul on each chip, which may lower the rate a chip reaches; no one has measured it on a TPU.
 #
 # **Padding.** The joint sequence carries all 1985 context tokens, padding included: for text-to-video the 729
 # image tokens are all masked, and a short prompt fills a fraction of the 1000 text slots. Splash with segment
@@ -725,6 +781,39 @@ html_table(rows)
 # block: in gpu-tpu-pedia's GPU version the cached block outputs are parked in host memory and copied back; its TPU
 # version switches between two compiled programs from Python and synchronises on every cached step. That overhead is
 # a lever of its own.
+#
+# Padding and DeepCache shorten the step without raising real MFU: the model count $F$ stays what it was, and less
+# of it runs.
+#
+# **Not run by `hyv_lib` yet: super-resolution and sparse attention.** The official pipeline has two more stages
+# that change the cost of a video; `hyv_lib` runs neither (nor does diffusers), so they appear here as cited facts
+# and planner arithmetic only.
+#
+# - **The super-resolution stage (SR)** upsamples the generated latents and refines them with a second,
+#   step-distilled DiT: `720p_sr_distilled` takes 480p to 720p in 6 steps and `1080p_sr_distilled` takes 720p to
+#   1080p in 8 steps, both at guidance 1 (one sample per step) and flow shift 2 (README, "Optimal Inference
+#   Configurations"; `generate.py` runs it by default, `--sr true`). The official code upsamples the low-resolution
+#   latents with a latent upsampler, adds noise, and feeds them to the SR DiT as extra condition channels; a 16:9
+#   720p video goes to 1904 x 1072 pixels (`hyvideo/pipelines/hunyuan_video_sr_pipeline.py`). Its cost is a short
+#   loop at a much longer sequence. The SR DiT's width and depth are not in our reference notes; if they are the base
+#   model's, the planner counts:
+
+# %%
+sr = step_flops(P720, 1072, 1904, 121, batch=1)  # the base DiT's shape at the SR output size, one sample
+base_loop = 50 * F720["total"]
+print(f"1080p SR step (1904 x 1072, 121 frames, one sample): {sr['tokens']['video']:,} video tokens, "
+      f"{sr['total'] / 1e15:.1f} PFLOP ({sr['attention_share']:.0%} attention); 8 steps = {8 * sr['total'] / 1e15:.0f} "
+      f"PFLOP, {8 * sr['total'] / base_loop:.0%} of the 720p loop's 50 CFG steps ({base_loop / 1e15:.0f} PFLOP)")
+
+# %% [markdown]
+# - **Sparse attention (SSTA, selective and sliding tile attention)** replaces dense attention with a block-sparse
+#   one: the keys of each query tile are a sliding window of neighbouring 3D tiles plus the top-k most important
+#   other tiles, chosen from the data (`ssta_attention.py` in the official `hyvideo` package, on the
+#   `flex_block_attn` kernels). The README reports "an end-to-end speedup of 1.87x in 10-second 720p video synthesis
+#   compared to FlashAttention-3" and gives `--sparse_attn` as "~1.5-2x speedup, requires H-series GPUs, auto-enables
+#   CFG distilled"; its weights are released for 720p image-to-video only (`720p_i2v_distilled_sparse`). It needs
+#   the model trained for it and a kernel that skips the unselected blocks; on a TPU that would be a block-sparse
+#   Splash mask, which `hyv_lib` does not build.
 #
 # ### Putting it together
 #
@@ -795,6 +884,10 @@ html_table(rows)
 # - 50% MFU on a v6e-8 is about 3.4 s per step. The main lever is the attention kernel (about half of peak
 #   needed, against about 28% implied today); the layout should keep collectives to a few percent; DeepCache and
 #   skipping padding cut FLOPs, shortening the step without raising real MFU.
+# - The largest single lever is doing less work: the CFG-distilled checkpoints (`480p_t2v_distilled`, `480p_i2v_distilled`,
+#   `720p_i2v_distilled`) run one sample per step instead of the CFG pair, exactly half the FLOPs, and leave a
+#   `data` axis nothing to split. The official super-resolution stage and sparse attention (SSTA) change the cost
+#   of a video too; `hyv_lib` runs neither yet.
 #
 # ## Exercises
 #
