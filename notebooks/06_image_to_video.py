@@ -17,11 +17,12 @@
 # # 6. Image to video
 #
 # Text to video invents the first frame. Image to video (I2V) is given it: the caption says what happens next, and
-# the model must start from the picture. HunyuanVideo-1.5 ships three image-to-video checkpoints, the presets
-# `480p_i2v`, `720p_i2v` and `480p_i2v_step_distilled` (8 steps, guidance off). They are the same 8.3B DiT with
-# the same 54 blocks as text to video. What changes is what goes in: the first frame enters the model twice, as
-# SigLIP tokens in the joint attention sequence and as VAE latents stacked onto the noisy latents' channels, with
-# a mask channel that marks the frame as given (the figure below).
+# the model must start from the picture. HunyuanVideo-1.5 ships image-to-video checkpoints for which `hyv_lib` has the
+# presets `480p_i2v` and `720p_i2v`, their CFG-distilled versions `480p_i2v_distilled` and `720p_i2v_distilled`
+# (guidance off, 50 steps; chapter 8) and `480p_i2v_step_distilled` (8 steps, guidance off). They are the same
+# 8.3B DiT with the same 54 blocks as text to video. What changes is what goes in: the first frame enters the model
+# twice, as SigLIP tokens in the joint attention sequence and as VAE latents stacked onto the noisy latents'
+# channels, with a mask channel that marks the frame as given (the figure below).
 #
 # :::{figure} ../book/figures/06_image_to_video_conditioning.svg
 # :name: fig-06-image-to-video-conditioning
@@ -46,9 +47,10 @@
 # %% tags=["parameters"]
 import os
 
-# An image-to-video preset runs live: tiny_trained (hyv-tiny, both tasks), tiny (random weights), 480p_i2v, 720p_i2v
-# or 480p_i2v_step_distilled (real presets need HYV_MODEL_PATH). A text-to-video preset (480p_t2v, 720p_t2v) takes
-# no image: the live part then runs hyv-tiny and says so, and the tables use the preset's I2V sibling.
+# An image-to-video preset runs live: tiny_trained (hyv-tiny, both tasks), tiny (random weights), 480p_i2v, 720p_i2v,
+# 480p_i2v_distilled, 720p_i2v_distilled or 480p_i2v_step_distilled (real presets need HYV_MODEL_PATH). A
+# text-to-video preset (480p_t2v, 720p_t2v, 480p_t2v_distilled) takes no image: the live part then runs hyv-tiny
+# and says so, and the tables use the preset's I2V sibling.
 PRESET = os.environ.get("HYV_PRESET", "tiny_trained")
 MODEL_PATH = os.environ.get("HYV_MODEL_PATH") or None
 # The drawn first frame: COLOR SHAPE BACKGROUND in hyv-tiny's words (hyv_lib.base.presets.tiny_vocabulary())
