@@ -19,7 +19,7 @@ Sections, each catching and recording its own failure so one broken backend does
   time, CUDA streams): peak memory and s/step.
 - ``vae``: the VAE decode of 720p/121f latents, tiled, random bf16 weights: s and peak memory.
 
-Everything is written after every row (``--output``, default ``benchmarks/results/gpu_check.json``, and the markdown
+Everything is written after every section (``--output``, default ``benchmarks/results/gpu_check.json``, and the markdown
 table next to it), so a run stopped at its time limit keeps what it measured. Rows that would not fit the remaining
 ``--budget_s`` are recorded as skipped. It needs PyTorch >= 2.10, transformers and the pure-Python wheels of
 ``requirements-gpu-check.txt`` (diffusers and what it imports); torchax and JAX are not imported.
@@ -53,7 +53,7 @@ from hyv_lib.kernels.registry import BACKENDS  # noqa: E402
 from hyv_lib.models.layout import context_tokens, video_tokens  # noqa: E402
 from hyv_lib.models.registry import get_adapter  # noqa: E402
 from hyv_lib.planning.costs import step_flops  # noqa: E402
-from hyv_lib.planning.hardware import CHIPS  # noqa: E402
+from hyv_lib.planning.hardware import CHIPS, mfu  # noqa: E402
 from hyv_lib.runtimes.deepcache import DeepCacheSchedule, TorchDeepCache  # noqa: E402
 
 GIB = 2**30
@@ -144,7 +144,7 @@ def free_memory() -> None:
 
 # ------------------------------------------------------------------------------------------ the report
 class Report:
-    """The JSON report, written (with its markdown table) after every row."""
+    """The JSON report, written (with its markdown table) after every section."""
 
     def __init__(self, path: Path, tiny: bool, argv: list[str]):
         self.path = path
@@ -395,7 +395,7 @@ def step_section(section, device, clock, budget, cfg, tiny, model) -> None:
                     seconds, out = clock.time(fn, repeats)
                 row.update(status="ok", s_per_step=round(seconds, 3), tflop=round(flops / 1e12, 1))
                 if chip:
-                    row["mfu"] = round(flops / seconds / CHIPS[chip].peak_flops, 3)
+                    row["mfu"] = round(mfu(flops, seconds, chip, 1), 3)
                 row["finite"] = bool(torch.isfinite(out).all())
                 outputs[(which, size)] = out.float().cpu()
                 if tiny:  # the probe slows every op: tiny runs only
@@ -550,6 +550,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the JSON report (the markdown table goes next to it, .md)")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU: the test suite's run")
     parser.add_argument("--budget_s", type=float, default=420.0, help="seconds for all sections (default 420)")
+    parser.add_argument("--step_sizes", default=None,
+                        help="comma-separated subset of the step sizes (480p,720p; tiny: small,large); the cache and "
+                             "offload rows use the last and the first of them")
     parser.add_argument("--sections", default=",".join(SECTIONS),
                         help=f"comma-separated subset of {', '.join(SECTIONS)}")
     args = parser.parse_args(argv)
@@ -570,6 +573,13 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     cfg = sizes(args.tiny)
+    if args.step_sizes:
+        chosen = [x.strip() for x in args.step_sizes.split(",") if x.strip()]
+        if not chosen or set(chosen) - set(cfg["steps"]):
+            print(f"error: --step_sizes: must be a comma-separated subset of {', '.join(cfg['steps'])}, got "
+                  f"{args.step_sizes!r}", file=sys.stderr)
+            return 2
+        cfg["steps"] = {k: cfg["steps"][k] for k in chosen}
     report = Report(Path(args.output), args.tiny, list(argv if argv is not None else sys.argv[1:]))
     clock, budget = Clock(device), Budget(args.budget_s)
     run_section(report, "environment", lambda s: environment(s, device, clock, args.tiny))

@@ -32,7 +32,9 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype | Non
     if backend == "auto":
         if device.type == "jax":
             return "splash" if target_platform() == "tpu" else "xla"
-        order = ("flash3", "flash", "torch_varlen", "sdpa") if device.type == "cuda" else ("sdpa",)
+        # SDPA before torch_varlen: measured on one H200 (torch 2.11, benchmarks/results/gpu_check_2026-11-26_H200_run2.json)
+        # torch's SDPA on each sample's valid tokens ran the real 720p attention 1.6x faster than varlen_attn.
+        order = ("flash3", "flash", "sdpa", "torch_varlen") if device.type == "cuda" else ("sdpa",)
         return next(name for name in order if available[name] is None and BACKENDS[name].takes(device, dtype) is None)
     if backend not in available:
         raise ValueError(f"backend must be 'auto' or one of {', '.join(BACKENDS)}; got {backend!r}")
@@ -50,7 +52,7 @@ def attention(
 ) -> torch.Tensor:
     """Masked attention over [B, H, S, D] tensors with a [B, S] key-padding mask (True = valid).
 
-    ``backend``: ``auto`` (flash3 > flash > torch_varlen > sdpa on CUDA, sdpa on CPU), ``reference`` (the fp32
+    ``backend``: ``auto`` (flash3 > flash > sdpa > torch_varlen on CUDA, sdpa on CPU), ``reference`` (the fp32
     oracle, O(S^2) memory), ``sdpa``, ``flash``/``flash3`` (varlen via cu_seqlens), ``torch_varlen`` (PyTorch's
     varlen flash attention, torch >= 2.10), ``sage`` (lossy),
     ``splash`` (JAX Pallas Splash with segment ids; interpret mode off TPU; ``options`` are its block
