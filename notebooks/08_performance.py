@@ -17,16 +17,18 @@
 # # 8. Performance: roofline, MFU and the road to 50%
 #
 # How fast *should* one denoising step of HunyuanVideo-1.5 be, how fast is it in published runs, and what would it
-# take to close the gap? This chapter answers with arithmetic, not with a benchmark: every number below is either
-# computed here by the planner in `hyv_lib.planning` from the model's configuration and the chips' published peaks,
-# read from the TPU compiler's saved reports, or cited with its source and hardware.
+# take to close the gap? This chapter answers mostly with arithmetic: every number below is either computed here by
+# the planner in `hyv_lib.planning` from the model's configuration and the chips' published peaks, read from the TPU
+# compiler's saved reports, read from the saved results of `benchmarks/gpu_check.py` on one NVIDIA H200 (the only
+# timings of `hyv_lib` itself, with random weights), or cited with its source and hardware.
 #
 # 1. **Count** one CFG step (a forward over the batch of 2 prompts) at 480p and 720p: FLOPs split into attention
 #    and linear layers.
 # 2. **Bound** it per chip: compute, HBM and interconnect lower bounds (a roofline).
 # 3. **Compile** the real 720p step for TPU slices without having one, to read per-device memory and
 #    collectives from the TPU compiler itself (the figure below).
-# 4. **Convert** published step times into model FLOP utilisation (MFU).
+# 4. **Convert** published step times into model FLOP utilisation (MFU), next to `hyv_lib`'s own step measured on
+#    one H200.
 # 5. **Plan** the road to 50% MFU on a TPU v6e-8: which levers exist, and how much each can give.
 #
 # :::{figure} ../book/figures/08_compile_without_tpu.svg
@@ -39,7 +41,8 @@
 # :::
 #
 # Nothing here runs the model or loads weights, so the chapter reads the same on a CPU and on a TPU VM; the
-# compiler reports were saved by `benchmarks/tpu_compile.py`, so this notebook does not need libtpu either.
+# compiler reports were saved by `benchmarks/tpu_compile.py`, so this notebook does not need libtpu either, and the
+# GPU measurements are read from the JSON files that `benchmarks/gpu_check.py` wrote on the H200.
 
 # %% tags=["parameters"]
 import os
@@ -49,10 +52,12 @@ TARGET_MFU = float(os.environ.get("HYV_TARGET_MFU", "0.5"))  # the goal of the l
 from hyv_lib.notebook.display import NOTEBOOK_SETTINGS, settings_not_used  # noqa: E402
 
 # No model runs here: the counts use the real presets' configurations (hyv_lib.get_preset("720p_t2v"), no weights),
-# the memory and collectives come from saved TPU compiler reports, and the step times are published ones. So
-# HYV_PRESET, HYV_MODEL_PATH and the other run settings are not used; the next line says so if any is set.
+# the memory and collectives come from saved TPU compiler reports, and the step times are published ones or read
+# from a saved GPU check (benchmarks/results/). So HYV_PRESET, HYV_MODEL_PATH and the other run settings are not
+# used; the next line says so if any is set.
 _ = settings_not_used({name: "this chapter is arithmetic on the real presets' configurations, saved TPU compiler "
-                             "reports and published timings: no model runs and no weights are loaded"
+                             "reports, saved GPU measurements and published timings: no model runs and no weights "
+                             "are loaded"
                        for name in NOTEBOOK_SETTINGS})
 
 # %%
@@ -524,7 +529,8 @@ ax.set_yticks(y, [f"{r['system']}: {r['config']}" for r in bars], fontsize=8)
 for chip, color in (("v6e", "C0"), ("H100", "C2")):
     ax.axvline(bound[chip], color=color, ls=":", lw=2, label=f"compute bound, 8 x {chip} ({bound[chip]:.2f} s)")
 ax.axvline(T_TARGET, color="k", ls="--", label=f"{TARGET_MFU:.0%} MFU on 8 x v6e ({T_TARGET:.2f} s)")
-ax.set_xlabel("measured seconds per CFG step, 720p, 121 frames")
+ax.set_xlabel("seconds per CFG step, 720p, 121 frames: cited, not measured here")
+ax.set_title("Published runs of gpu-tpu-pedia's code (single author, unverified), 8 chips each", fontsize=9)
 fig.legend(frameon=False, fontsize=8, loc="lower center", ncol=3)
 fig.tight_layout(rect=(0, 0.08, 1, 1))
 plt.show()
@@ -538,6 +544,145 @@ plt.show()
 # The v6e compute bound in the chart sits a little above the worked example's 1.72 s, because it is the planner's
 # per-device count for the default layout: under `tp_replicated_out` every device runs the replicated `to_out`
 # projections whole, so each does somewhat more than an eighth of the FLOPs.
+
+# %% [markdown]
+# ### Measured here: one H200, random weights
+#
+# Every time above is cited. The only timings of `hyv_lib` itself come from one GPU: `python benchmarks/gpu_check.py`
+# ran three times on one NVIDIA H200 on 2026-11-26, and its JSON files are committed in `benchmarks/results/`, whose
+# `README.md` says what each run holds. Run 2 has the attention call, the 480p step and the cache, offload and VAE
+# rows; run 3 `hyv_lib`'s 720p step; run 1 diffusers' 720p step and `hyv_lib`'s steps with `torch_varlen`, which
+# `auto` picked before run 1 showed SDPA faster (in run 1 a wrong attribute name stopped each step row after its
+# seconds and peaks were written and before its MFU). The weights are random bf16, which changes the numbers computed
+# but not the work or its speed. Each step is one CFG step (batch 2) of the full 54-block DiT at 121 frames, through
+# the forward `--runtime torch` runs (diffusers' DiT with `hyv_lib`'s attention) or diffusers' stock one (its
+# dense-mask attention) on the same weights and inputs. The cells below read the files and recompute each MFU from
+# the row's FLOPs and seconds against the H200's peak in `CHIPS`.
+
+# %%
+from pathlib import Path
+
+RESULTS = Path("../benchmarks/results")  # this notebook runs in notebooks/; the files benchmarks/gpu_check.py wrote
+RUNS = {n: json.loads((RESULTS / f"gpu_check_2026-11-26_H200_run{n}.json").read_text()) for n in (1, 2, 3)}
+H200 = CHIPS["H200"]
+
+
+def gpu_rows(run, section):
+    """The rows of one section of one run, by name."""
+    return {r["name"]: r for r in RUNS[run]["sections"][section]["rows"]}
+
+
+env = RUNS[2]["sections"]["environment"]
+print(f"measured here (one {env['gpu']}, random weights): torch {env['torch']}, diffusers {env['diffusers']}; "
+      f"its own bf16 matmul ran at {env['matmul_bf16_tflops']} TFLOP/s, "
+      f"{env['matmul_bf16_tflops'] * 1e12 / H200.peak_bf16_flops:.0%} of the {H200.peak_bf16_flops / 1e12:.0f} "
+      "TFLOP/s datasheet peak that MFU divides by")
+attn = RUNS[2]["sections"]["attention"]
+shape = attn["shape"]
+print(f"attention at 720p/121f: {shape['batch']} samples x {shape['heads']} heads x {shape['tokens']:,} tokens "
+      f"({shape['valid_tokens'][0]:,} and {shape['valid_tokens'][1]:,} valid), {attn['useful_gflop'] / 1e3:.1f} "
+      "TFLOP of useful work per call")
+html_table([{"attention call (run 2)": r["name"], "status": r["status"], "ms": r.get("ms", ""),
+             "useful TFLOP/s": r.get("tflops", ""),
+             "of H200 peak": f"{r['tflops'] * 1e12 / H200.peak_bf16_flops:.1%}" if "tflops" in r else "",
+             "max error vs fp32": f"{r['max_error']:.1e}" if "max_error" in r else "",
+             "peak GiB": r.get("peak_allocated_gib", ""), "why skipped": r.get("reason", "").split(" (")[0]}
+            for r in attn["rows"]])
+
+# %%
+a = gpu_rows(2, "attention")
+print(f"SDPA per sample is {a['torch_varlen']['ms'] / a['sdpa']['ms']:.1f}x faster than torch_varlen and "
+      f"{a['diffusers_dense']['ms'] / a['sdpa']['ms']:.1f}x faster than the dense mask, whose [B, 1, S, S] bool mask "
+      f"alone is {a['diffusers_dense']['mask_gib']} GiB")
+STEPS = [(2, "hyv_lib 480p"), (1, "hyv_lib 480p"), (2, "diffusers 480p"),
+         (3, "hyv_lib 720p"), (1, "hyv_lib 720p"), (1, "diffusers 720p")]
+measured_steps, rows = {}, []
+for run, name in STEPS:
+    r = gpu_rows(run, "step")[name]
+    code, size = name.split()
+    util = mfu(r["tflop"] * 1e12, r["s_per_step"], "H200", 1)
+    measured_steps[(code, size, r.get("backend", "dense"))] = dict(r, mfu_here=util)
+    rows.append({"one CFG step, 121 frames": size, "code": code + (" stock" if code == "diffusers" else ""),
+                 "attention": r.get("backend", "dense [B, 1, S, S] mask"), "s/step": r["s_per_step"],
+                 "PFLOP": round(r["tflop"] / 1e3, 2), "MFU": f"{util:.1%}",
+                 "MFU in the file": f"{r['mfu']:.1%}" if "mfu" in r else "not written",
+                 "peak GiB": r["peak_allocated_gib"], "measured here": f"one H200, run {run}"})
+display(html_table(rows))
+for size in ("480p", "720p"):
+    mine, stock = measured_steps[("hyv_lib", size, "sdpa")], measured_steps[("diffusers", size, "dense")]
+    print(f"{size}: diffusers stock / hyv_lib = {stock['s_per_step'] / mine['s_per_step']:.2f}x the time, "
+          f"{stock['peak_allocated_gib'] / mine['peak_allocated_gib']:.1f}x the peak memory")
+same = RUNS[2]["sections"]["step"]["compare"]["480p"]
+print(f"480p outputs, hyv_lib vs diffusers (bf16): max |difference| {same['max_abs_diff']:.3f} on outputs up to "
+      f"{same['max_abs_output']:.2f}, relative L2 {same['relative_l2']:.3f}")
+
+# %%
+cache = gpu_rows(2, "cache")["cache 480p"]
+offload = gpu_rows(2, "offload")["block offload 480p"]
+vae = gpu_rows(2, "vae")["vae decode 720x1280x121"]
+resident = measured_steps[("hyv_lib", "480p", "sdpa")]
+plan = cache["deepcache_default"]
+print(f"DeepCache at 480p: full step {cache['full_step_s']} s, cached step {cache['cached_step_s']} s = "
+      f"{cache['cached_over_full']:.4f} of a full step (one block of 54: {1 / 54:.4f}); 50 steps under "
+      f"{plan['schedule']}: {plan['projected_50_step_s']} s, {plan['projected_speedup']}x (FLOP bound "
+      f"{plan['block_bound']}x) - arithmetic on the two measured steps, not a measured run")
+print(f"block offloading at 480p: {offload['s_per_step']} s/step at {offload['peak_allocated_gib']} GiB peak, against "
+      f"{resident['s_per_step']} s at {resident['peak_allocated_gib']} GiB with the weights resident "
+      f"(+{offload['s_per_step'] / resident['s_per_step'] - 1:.0%} time)")
+print(f"VAE decode of {vae['latents']} latents to {vae['frames'][0]} frames of {vae['frames'][2]}x{vae['frames'][1]}, "
+      f"{vae['tile_px']} px tiles, {vae['dtype']}: {vae['seconds']} s, {vae['peak_allocated_gib']} GiB peak")
+
+# %%
+cited_gpu = [r for r in runs if r["chip"] == "H100" and r["cache"] == 1.0]
+bars = [(f"1 x H200, hyv_lib, {backend}", measured_steps[("hyv_lib", "720p", backend)]["mfu_here"], "measured")
+        for backend in ("sdpa", "torch_varlen")]
+bars.append(("1 x H200, diffusers stock, dense mask", measured_steps[("diffusers", "720p", "dense")]["mfu_here"],
+             "measured"))
+bars += [(f"8 x H100, gpu-tpu-pedia: {r['config']} ({r['s']} s)", mfu(F720["total"], r["s"], "H100", 8), "cited")
+         for r in cited_gpu]
+fig, ax = plt.subplots(figsize=(8.5, 3.2))
+y = np.arange(len(bars))
+for yi, (label, value, kind) in zip(y, bars):
+    ax.barh(yi, value * 100, color="C2" if kind == "measured" else "0.8", hatch="" if kind == "measured" else "//",
+            edgecolor="0.3", label={"measured": "measured here (one H200, random weights; benchmarks/results/)",
+                                    "cited": "cited, not measured here (gpu-tpu-pedia, unverified)"}[kind])
+    ax.text(value * 100 + 0.5, yi, f"{value:.1%}", va="center", fontsize=8)
+ax.set_yticks(y, [b[0] for b in bars], fontsize=8)
+ax.invert_yaxis()
+ax.set_xlim(0, 100 * max(b[1] for b in bars) * 1.15)
+ax.set_xlabel("MFU of one 720p, 121-frame CFG step (% of the GPUs' bf16 peak)")
+handles, labels = ax.get_legend_handles_labels()
+unique = dict(zip(labels, handles))
+fig.legend(unique.values(), unique.keys(), frameon=False, fontsize=8, loc="lower center", ncol=2)
+fig.tight_layout(rect=(0, 0.1, 1, 1))
+plt.show()
+print(f"GPU-seconds per 720p CFG step: measured 1 x {measured_steps[('hyv_lib', '720p', 'sdpa')]['s_per_step']} "
+      f"(one H200) against cited " + " and ".join(f"8 x {r['s']} = {8 * r['s']:.1f}" for r in cited_gpu)
+      + f" (8 x H100); bf16 peaks "
+      f"{H200.peak_bf16_flops / 1e12:.0f} and {CHIPS['H100'].peak_bf16_flops / 1e12:.1f} TFLOP/s, HBM "
+      f"{H200.hbm_bandwidth / 1e12:.2f} and {CHIPS['H100'].hbm_bandwidth / 1e12:.2f} TB/s")
+
+# %% [markdown]
+# On one H200, `hyv_lib`'s step runs at about half of the bf16 peak: 48.1% MFU at 480p and 51.7% at 720p, with
+# PyTorch's SDPA on each sample's valid tokens. diffusers' stock forward, on the same weights and inputs, takes 2.89x
+# as long at 480p and 3.41x at 720p, and at 720p needs 117.13 GiB at its peak against 26.02 GiB; the two outputs agree
+# to a relative L2 of 0.012 in bf16. The attention call alone shows where the difference is: SDPA per sample does
+# the useful work at 557.7 TFLOP/s, 56.4% of the peak, `torch_varlen` (PyTorch's varlen kernel, which torch 2.11
+# feeds packed keys) takes 1.6x as long, and the dense mask 4.0x as long with 100.49 GiB at its peak. That is why
+# `--attention auto` on CUDA now tries SDPA before `torch_varlen`. Which kernel SDPA dispatched to inside PyTorch is not
+# recorded. All paths agree with the fp32 reference within 7.4e-5.
+#
+# A DeepCache cached step cost 0.0192 of a full one, about its FLOP share of one block in 54 (0.0185), where
+# gpu-tpu-pedia's runs imply 5 to 9 times that share (the DeepCache section below). Streaming the blocks from host
+# memory (diffusers' group offloading) cut the peak from 20.25 to 5.61 GiB for 3% more time at 480p.
+#
+# Against the cited GPU runs: the H200 and the H100 are the same GH100 chip with the same bf16 peak, so MFU compares
+# them. One H200 running `hyv_lib`'s step reaches 51.7%, against 30.7% and 31.3% for gpu-tpu-pedia's 8xH100 runs,
+# and spends 24.725 GPU-seconds on a step that cost those runs 40.8 and 41.6. The comparison is not like for like: one GPU has
+# no all-to-all to hide, the H200's HBM is faster (4.80 against 3.35 TB/s), and the cited runs are another code base
+# with FlashAttention-2. It does show that one Hopper GPU runs this step above 50% MFU with PyTorch's own attention,
+# so the 8-GPU runs' 31% leaves a gap that communication and their kernel must account for. `hyv_lib`'s Ulysses
+# runtime has not been measured on GPUs, and nothing here was measured on an H100.
 
 # %% [markdown]
 # ## The road to 50% MFU on a v6e-8
@@ -601,6 +746,7 @@ html_table(rows)
 # | Splash attention (stock) | ≈36% (a 15.97 ms roofline over 43.93 ms; the guide says about 37%) | v6e, Wan 720p, 5 heads per chip | gpu-tpu-pedia `tpu/Wan2.2/docs/wan_tpu_optimization_guide.md` (unverified) |
 # | FlashAttention-2, forward | ≈37% (370 TFLOP/s) | H100 SXM5, head dim 128, non-causal | flash-attention `assets/flash3_fp16_fwd.png` |
 # | FlashAttention-3, fp16 forward | ≈65% (646–648 TFLOP/s) | same | same |
+# | PyTorch SDPA on each sample's valid tokens (measured here) | 56.4% (557.7 TFLOP/s) | one H200, this model's 720p/121f attention, head dim 128 | `benchmarks/results/gpu_check_2026-11-26_H200_run2.json` (printed in the measured section above) |
 # | maxdiffusion fixed-max ring hop | "91% of the K=128 MXU roofline" (roofline not defined) | v7x | maxdiffusion commit `8dd63054` (unverified) |
 #
 # The same optimisation guide attributes about a third of the Splash kernel's time on v6e to the softmax on the vector
@@ -774,13 +920,16 @@ for system, t_full, t_cached, source in (("8 x v6e (121 f)", 350 / 50, 203 / 50,
                  "speed-up": f"{speedup:.2f}x", "bound": f"{skip_ratio:.2f}x",
                  "cached step / full step": f"{c:.3f}", "in FLOPs": f"{1 / 54:.3f}",
                  "s per cached step": round(c * t_full, 2), "source": "gpu-tpu-pedia " + source})
-html_table(rows)
+display(html_table(rows))
+print(f"measured here (one H200, 480p, hyv_lib's TorchDeepCache): a cached step is {cache['cached_over_full']:.4f} "
+      f"of a full step ({cache['cached_step_s']} s against {cache['full_step_s']} s); one block of 54 is {1 / 54:.4f}")
 
 # %% [markdown]
-# A cached step runs one block of 54, yet costs 5–9 times its FLOP share. The rest is overhead around the
-# block: in gpu-tpu-pedia's GPU version the cached block outputs are parked in host memory and copied back; its TPU
-# version switches between two compiled programs from Python and synchronises on every cached step. That overhead is
-# a lever of its own.
+# A cached step runs one block of 54, yet costs 5–9 times its FLOP share in these cited runs. The rest is overhead
+# around the block: in gpu-tpu-pedia's GPU version the cached block outputs are parked in host memory and copied
+# back; its TPU version switches between two compiled programs from Python and synchronises on every cached step.
+# That overhead is a lever of its own, and not a cost of the method: `hyv_lib`'s cached step, which keeps the cached
+# tokens on the GPU, cost about its FLOP share on the H200 (the last line above; measured at 480p, not 720p).
 #
 # Padding and DeepCache shorten the step without raising real MFU: the model count $F$ stays what it was, and less
 # of it runs.
@@ -881,6 +1030,11 @@ html_table(rows)
 # - gpu-tpu-pedia's published runs (single author; its documents label the TPU runs both v4-8 and v6e-8, and the
 #   times rule out v4) sit at about 21–30% MFU on a v6e-8 and about 31% on 8×H100; their DeepCache runs look like
 #   42–56% *effective* MFU, but real MFU falls. maxdiffusion's Wan2.2 on v7x-8 reaches about 54%.
+# - Measured here, on one H200 with random weights (`benchmarks/results/`): `hyv_lib`'s CFG step takes 6.061 s at
+#   480p and 24.725 s at 720p, 48.1% and 51.7% MFU, with peaks of 20.25 and 26.02 GiB; diffusers' stock forward
+#   takes 2.89x and 3.41x as long and peaks at 117.13 GiB at 720p. SDPA on each sample's valid tokens runs the 720p
+#   attention at 56.4% of peak, 1.6x faster than `torch_varlen`, and a DeepCache cached step costs about its FLOP
+#   share. No `hyv_lib` step has been timed on several GPUs, on an H100 or on a TPU.
 # - 50% MFU on a v6e-8 is about 3.4 s per step. The main lever is the attention kernel (about half of peak
 #   needed, against about 28% implied today); the layout should keep collectives to a few percent; DeepCache and
 #   skipping padding cut FLOPs, shortening the step without raising real MFU.
