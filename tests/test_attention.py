@@ -200,6 +200,37 @@ def test_torch_varlen_layouts_on_cpu(stand_in, case):
         assert calls == [dict(rows=int(mask.sum()), seqused_k=None)]
 
 
+def test_sage_gets_a_copy_of_k_and_a_broken_gpu_build_is_unavailable(monkeypatch, tmp_path):
+    """SageAttention smooths K; a build doing it in place must not change the caller's k (a fake sageattn that
+    does ``k -= km``). And a flash-attn that is installed but fails to import (built for another torch) is reported
+    unavailable with the import error, not picked and failing at the first attention call."""
+    from hyv_lib.kernels import registry
+    from hyv_lib.kernels.torch_kernels import sage_attention
+
+    def sageattn(q, k, v, tensor_layout="HND", is_causal=False):
+        k -= k.mean(dim=2, keepdim=True)
+        return F.scaled_dot_product_attention(q, k, v)
+
+    monkeypatch.setitem(sys.modules, "sageattention", types.SimpleNamespace(sageattn=sageattn))
+    q, k, v, mask = random_case(5, 2, 2, 40, 16, [40, 23])
+    before = k.clone()
+    out = sage_attention(q, k, v, mask)
+    assert torch.equal(k, before)
+    assert (out.double() - float64_attention(q, k, v, mask)).abs().max() <= TOL[torch.float32]  # smoothing is exact
+
+    (tmp_path / "flash_attn").mkdir()
+    (tmp_path / "flash_attn" / "__init__.py").write_text(
+        "raise ImportError('flash_attn_2_cuda.so: undefined symbol: _ZN3c104cuda9SetDeviceEi')")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry.import_failure.cache_clear()
+    try:
+        reason = BACKENDS["flash"].unavailable()
+    finally:
+        registry.import_failure.cache_clear()
+        sys.modules.pop("flash_attn", None)
+    assert "installed but does not import" in reason and "undefined symbol" in reason
+
+
 def test_torch_varlen_signature_detection_sees_real_varlen_attn():
     """The seqused_k path is chosen by reading the kernel's signature: torch 2.12's varlen_attn has the keyword."""
     import inspect

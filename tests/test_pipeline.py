@@ -90,6 +90,29 @@ def test_peak_memory_sees_short_lived_buffers_and_measures_again_when_reused():
     assert 60 <= growth["short_lived"] <= 80, growth
 
 
+def test_a_gpu_stage_records_the_allocator_peaks_next_to_the_rss(monkeypatch):
+    """On a GPU, generation_config.json gets torch's allocated and reserved peaks of the stage's work (reset when it
+    starts), not only the host RSS; without CUDA the fields are absent. CUDA is faked: a stand-in allocator."""
+    from hyv_lib.base.memory import PeakMemory
+    from hyv_lib.pipeline.stages import memory_fields
+
+    with PeakMemory() as cpu_only:
+        pass
+    assert "stage2_gpu_peak_allocated_mib" not in memory_fields("stage2", cpu_only)
+    peaks = {"allocated": 5 * 2**30, "reserved": 6 * 2**30, "resets": 0}
+    fake = dict(is_available=lambda: True, is_initialized=lambda: True, synchronize=lambda: None,
+                reset_peak_memory_stats=lambda: peaks.update(resets=peaks["resets"] + 1),
+                max_memory_allocated=lambda: peaks["allocated"], max_memory_reserved=lambda: peaks["reserved"])
+    for name, fn in fake.items():
+        monkeypatch.setattr(torch.cuda, name, fn)
+    with PeakMemory() as memory:
+        pass
+    fields = memory_fields("stage2", memory)
+    assert peaks["resets"] == 1
+    assert fields["stage2_gpu_peak_allocated_mib"] == 5120.0 and fields["stage2_gpu_peak_reserved_mib"] == 6144.0
+    assert fields["stage2_peak_rss_mib"] > 0
+
+
 def test_same_seed_gives_bitwise_identical_latents_and_warmup_changes_nothing(tiny_run, tmp_path):
     reference = load_file(tiny_run / "stage2_latents.safetensors")["latents"]
     again = stage2(str(tiny_run), output_dir=str(tmp_path / "a"), quiet=True)

@@ -143,3 +143,34 @@ def test_video_html_with_a_media_dir_links_the_file_by_a_relative_url(tmp_path, 
     np.testing.assert_array_equal(copied, read_mp4("clip.mp4")[0])
     assert video_html("clip.mp4", media_dir="../_static/videos").data == html  # same content, same file
     assert os.listdir(tmp_path / "_static" / "videos") == [url.rsplit("/", 1)[1]]
+
+
+def test_a_bf16_decode_leaves_the_shared_vae_as_it_was(tiny_run, tmp_path):
+    """stage 3 with --vae_dtype bf16 decodes in bf16 but hands the VAE back in fp32 on its device: in a prompts file
+    the same VAE encodes the next prompt's image, which must not silently turn bf16 (or move to a GPU)."""
+    from hyv_lib.pipeline.stages import stage3
+
+    vae = build_tiny_components(get_preset("tiny"), names=["vae"])["vae"]
+    seen = []
+    decode = vae.decode
+    vae.decode = lambda z, *a, **k: (seen.append((z.dtype, next(vae.parameters()).dtype)), decode(z, *a, **k))[1]
+    stage3(str(tiny_run), output_video=str(tmp_path / "v.mp4"), vae_dtype="bf16", components={"vae": vae})
+    assert seen and set(seen) == {(torch.bfloat16, torch.bfloat16)}  # the decode itself ran in bf16
+    assert {p.dtype for p in vae.parameters()} == {torch.float32} and next(vae.parameters()).device.type == "cpu"
+
+
+def test_an_fp32_gpu_decode_turns_tf32_off_and_restores_the_flags():
+    """torch allows TF32 convolutions by default on GPUs: an "exact fp32" decode must not use them. The flags are
+    plain settings (no GPU needed to read them); they come back as the caller had them."""
+    from hyv_lib.runtimes.vae import exact_fp32
+
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        with exact_fp32(torch.device("cuda"), torch.float32):
+            assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+        assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+        with exact_fp32(torch.device("cuda"), torch.bfloat16):  # a bf16 decode is not "exact": flags untouched
+            assert torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved

@@ -1,5 +1,5 @@
-"""Memory of a block of code: peak resident memory (RSS, sampled by a background thread) and the largest tensor
-created."""
+"""Memory of a block of code: peak resident memory (RSS, sampled by a background thread), the GPU's allocated and
+reserved peaks, and the largest tensor created."""
 
 from __future__ import annotations
 
@@ -28,15 +28,23 @@ def current_rss_bytes() -> int:
         return psutil.Process().memory_info().rss
 
 
+def uses_gpu() -> bool:
+    """True if this process has started CUDA (a GPU stage ran or is running); never starts it."""
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
 class PeakMemory:
     """``with PeakMemory() as m: ...`` then ``m.peak_bytes`` (highest RSS seen) and ``m.growth_bytes`` (peak minus
-    the RSS at entry): the memory a stage needed on top of what the process already held. One object can measure
-    several blocks in turn; each ``with`` starts afresh."""
+    the RSS at entry): the memory a stage needed on top of what the process already held. Where the process uses a
+    GPU (CUDA initialised), also ``gpu_peak_allocated_bytes`` and ``gpu_peak_reserved_bytes``: torch's allocator peaks
+    over the block (None without a GPU). One object can measure several blocks in turn; each ``with`` starts afresh."""
 
     def __init__(self, interval_s: float = 0.002):
         self.interval_s = interval_s
         self.start_bytes = self.peak_bytes = 0
         self.samples = 0  # background samples taken in the current block (a test can wait for one)
+        self.gpu_peak_allocated_bytes: int | None = None
+        self.gpu_peak_reserved_bytes: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -50,6 +58,10 @@ class PeakMemory:
         self._stop = threading.Event()  # a fresh flag: the last block's stop must not end this one's sampling
         self.start_bytes = self.peak_bytes = current_rss_bytes()
         self.samples = 0
+        self.gpu_peak_allocated_bytes = self.gpu_peak_reserved_bytes = None
+        if uses_gpu():
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
         return self
@@ -59,6 +71,10 @@ class PeakMemory:
         if self._thread is not None:
             self._thread.join()
         self.peak_bytes = max(self.peak_bytes, current_rss_bytes())
+        if uses_gpu():
+            torch.cuda.synchronize()
+            self.gpu_peak_allocated_bytes = torch.cuda.max_memory_allocated()
+            self.gpu_peak_reserved_bytes = torch.cuda.max_memory_reserved()
 
     @property
     def growth_bytes(self) -> int:

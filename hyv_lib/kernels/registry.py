@@ -3,6 +3,8 @@ generation) and the options it takes; one decorated function adds a backend."""
 
 from __future__ import annotations
 
+import functools
+import importlib
 import importlib.util
 from dataclasses import dataclass
 from typing import Callable
@@ -37,6 +39,10 @@ class Backend:
         for package in self.packages:
             if importlib.util.find_spec(package) is None:
                 return f"package {package!r} is not installed ({self.install})"
+            if "cuda" in self.devices:  # a GPU build can be present and broken (built for another torch or CUDA)
+                failure = import_failure(package)
+                if failure is not None:
+                    return f"package {package!r} is installed but does not import: {failure} ({self.install})"
         if self.min_torch is not None:
             have = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
             if have < self.min_torch:
@@ -63,6 +69,17 @@ class Backend:
                              for d in self.devices)
         got = "" if dtype is None else str(dtype).removeprefix("torch.") + " "
         return f"takes {wanted}{places} tensors, got {got}tensors on {device.type}"
+
+
+@functools.lru_cache(maxsize=None)
+def import_failure(package: str) -> str | None:
+    """None if ``package`` imports, else the error (once per process): flash-attn and SageAttention are compiled
+    against one torch and CUDA, and a mismatched build fails only when imported, not when looked up."""
+    try:
+        importlib.import_module(package)
+    except Exception as err:  # noqa: BLE001 - an ImportError, or an OSError / RuntimeError from a compiled library
+        return f"{type(err).__name__}: {err}"[:300]
+    return None
 
 
 #: Every registered backend by name, in registration order (``hyv_lib.kernels.dispatch`` imports the built-in ones).

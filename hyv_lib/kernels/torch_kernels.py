@@ -164,8 +164,10 @@ def sage_attention(q, k, v, kv_mask) -> torch.Tensor:
     """SageAttention (8-bit QK^T: LOSSY, not exact) on each batch element's valid tokens."""
     from sageattention import sageattn
 
+    # SageAttention smooths K (k - mean over tokens); a build that does it in place (k -= km) would change the
+    # caller's k through this view: it gets a copy.
     return _per_batch_valid(q, k, v, kv_mask,
-                            lambda q_, k_, v_: sageattn(q_, k_, v_, tensor_layout="HND", is_causal=False))
+                            lambda q_, k_, v_: sageattn(q_, k_.clone(), v_, tensor_layout="HND", is_causal=False))
 
 
 @register_backend("kv_zeroing", devices=("cpu", "cuda"), exact=False)

@@ -163,9 +163,10 @@ class VideoPipeline:
         latents = sample_latents(step, self.components["transformer"], self.components["scheduler"].config,
                                  self.preset, embeds, settings, progress=progress, device=self.device)
         denoise_s = time.perf_counter() - denoise_start
+        # torch: on this process's GPU if any, in vae_dtype, and the VAE put back after (image conditioning shares it)
         frames = decode_latents(self.components["vae"], latents, tiling=self.tiling, runtime=self.vae_runtime,
-                                dtype=(torch.bfloat16 if self.vae_dtype == "bf16" else torch.float32)
-                                if self.vae_runtime == "tpu" else None)
+                                dtype=torch.bfloat16 if self.vae_dtype == "bf16" else torch.float32,
+                                device=local_device() if self.vae_runtime == "torch" else None)
         config = dict(prompt=prompt, negative_prompt=negative_prompt, preset=self.preset.name, task=task,
                       model_path=self.model_path, dtype=self.dtype, **settings.config(), fps=self.preset.fps,
                       stage3_runtime=self.vae_runtime, vae_dtype=self.vae_dtype, vae_tiling=self.tiling,

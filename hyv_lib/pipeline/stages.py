@@ -44,10 +44,15 @@ logger = logging.getLogger(__name__)
 def memory_fields(stage: str, memory: PeakMemory) -> dict[str, float]:
     """generation_config.json fields of a stage's memory: the process's peak RSS while the stage's main work
     ran (stage 1: loading and running the text encoders; stage 2: the denoising loop; stage 3: the VAE decode),
-    and how far it rose above the RSS at the start of that work."""
+    how far it rose above the RSS at the start of that work, and on a GPU the allocator's allocated and reserved
+    peaks over the same work."""
     mib = 2**20
-    return {f"{stage}_peak_rss_mib": round(memory.peak_bytes / mib, 1),
-            f"{stage}_rss_growth_mib": round(memory.growth_bytes / mib, 1)}
+    fields = {f"{stage}_peak_rss_mib": round(memory.peak_bytes / mib, 1),
+              f"{stage}_rss_growth_mib": round(memory.growth_bytes / mib, 1)}
+    if memory.gpu_peak_allocated_bytes is not None:  # a GPU stage: torch's allocator peaks next to the host RSS
+        fields.update({f"{stage}_gpu_peak_allocated_mib": round(memory.gpu_peak_allocated_bytes / mib, 1),
+                       f"{stage}_gpu_peak_reserved_mib": round(memory.gpu_peak_reserved_bytes / mib, 1)})
+    return fields
 
 
 def _require_folder(name: str, value: Any) -> None:
@@ -203,7 +208,7 @@ def stage3(
     ``runtime``: ``torch`` (eager, on the GPU when CUDA is available, else the host CPU; tiles spread over the
     ranks under torchrun) or ``tpu`` (the decoder jitted through torchax on JAX's device: the TPU on a TPU VM).
     ``vae_dtype``: ``fp32`` (default) or ``bf16``, what the decoder computes in. ``components`` ({"vae": ...},
-    already loaded) skips loading it.
+    already loaded) skips loading it; the decode moves it to this rank's device and ``vae_dtype`` for the call only.
     """
     start = time.perf_counter()
     _require_folder("input_dir", input_dir)
@@ -219,11 +224,7 @@ def stage3(
     ensure_output_dir(out_dir, "--output_video")
     if components is None:
         components = load_components(spec, config.get("model_path"), ["vae"], dtype=config.get("dtype", "fp32"))
-    vae = components["vae"]
-    if runtime == "torch" and vae_dtype == "bf16":
-        torch.nn.Module.to(vae, torch.bfloat16)  # (diffusers' to() warns about fp32-pinned modules: this VAE has none)
-    if runtime == "torch" and local_device().type == "cuda":  # this rank's GPU (nccl's tile exchange needs GPU tensors)
-        vae.to(local_device())  # untested here: no GPU
+    vae = components["vae"]  # moved to this rank's device and vae_dtype for the decode only, then put back
     if latents.shape[1] != vae.config.latent_channels:
         raise HyvInputError("--input_dir", f"{STAGE2_FILE}: latents have {latents.shape[1]} channels but the VAE "
                                            f"expects {vae.config.latent_channels}")
@@ -235,8 +236,9 @@ def stage3(
     if distributed:
         init_distributed()
     with PeakMemory() as memory:
+        # torch: this rank's GPU if any (nccl's tile exchange needs GPU tensors), else the host
         frames = decode_latents(vae, latents, tiling=not disable_tiling, tile_parallel=distributed, runtime=runtime,
-                                dtype=torch_dtype(vae_dtype) if runtime == "tpu" else None)
+                                dtype=torch_dtype(vae_dtype), device=local_device() if runtime == "torch" else None)
     if rank() == 0:
         write_mp4(frames.numpy(), output_video, fps)
         fields = {"output_video": os.path.abspath(output_video), "fps": fps, "vae_tiling": not disable_tiling,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import numpy as np
 import torch
 
@@ -19,30 +22,67 @@ def to_uint8_frames(video: torch.Tensor | np.ndarray) -> torch.Tensor:
     return frames.permute(1, 2, 3, 0).contiguous().cpu()
 
 
+@contextlib.contextmanager
+def placed(module: torch.nn.Module, device: torch.device | None = None,
+           dtype: torch.dtype | None = None) -> Iterator[torch.nn.Module]:
+    """``module`` on ``device`` in ``dtype`` (None: as it is) inside the block, back where it was and in its own dtype
+    after, so a decode never changes a VAE that other work shares (the next prompt's image conditioning, say)."""
+    param = next(module.parameters())
+    home_device, home_dtype = param.device, param.dtype
+    target_device, target_dtype = device or home_device, dtype or home_dtype
+    moved = (target_device, target_dtype) != (home_device, home_dtype)
+    if moved:  # torch.nn.Module.to: diffusers' to() warns about fp32-pinned modules, which this VAE does not have
+        torch.nn.Module.to(module, device=target_device, dtype=target_dtype)
+    try:
+        yield module
+    finally:
+        if moved:
+            torch.nn.Module.to(module, device=home_device, dtype=home_dtype)
+
+
+@contextlib.contextmanager
+def exact_fp32(device: torch.device, dtype: torch.dtype) -> Iterator[None]:
+    """An fp32 decode on a GPU computes in fp32: TF32 convolutions and matmuls (torch's cuDNN default allows TF32
+    convolutions) are off inside the block and restored after."""
+    if device.type != "cuda" or dtype != torch.float32:
+        yield
+        return
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
 @torch.no_grad()
 def decode_latents(vae, latents: torch.Tensor, tiling: bool = True, tile_parallel: bool = False,
-                   runtime: str = "torch", dtype: torch.dtype | None = None) -> torch.Tensor:
+                   runtime: str = "torch", dtype: torch.dtype | None = None,
+                   device: torch.device | None = None) -> torch.Tensor:
     """Decode ``latents`` [1,C,T,h,w] to uint8 frames [F,H,W,3] with diffusers' VAE.
 
     Tiling uses diffusers' spatial tiles (256 px, overlap 0.25 by default) and bounds peak memory at
     720p; videos smaller than one tile decode identically either way. ``tile_parallel`` spreads the
     tiles over the torch.distributed ranks (:func:`hyv_lib.runtimes.tile_parallel.tile_parallel_decode`).
     ``runtime="tpu"`` runs the decoder jitted through torchax on JAX's device (:mod:`hyv_lib.runtimes.tpu_vae`), in
-    ``dtype`` (default: the VAE's); the tiling and blending stay diffusers' own.
+    ``dtype`` (default: the VAE's); the tiling and blending stay diffusers' own. On the torch runtime the decode runs on
+    ``device`` in ``dtype`` (None: where the VAE is, in its dtype): the VAE is moved for this call only and put back
+    after (:func:`placed`); an fp32 decode on a GPU has TF32 off (:func:`exact_fp32`).
     """
     if runtime not in ("torch", "tpu"):
         raise ValueError(f"runtime must be 'torch' or 'tpu', got {runtime!r}")
     was_tiling = vae.use_tiling  # the caller's setting, restored below
     vae.use_tiling = bool(tiling)  # what enable_tiling()/disable_tiling() set
     try:
-        param = next(vae.parameters())
-        z = latents.to(param.device, param.dtype) / vae.config.scaling_factor
         if runtime == "tpu":
-            video, _ = decode_on_jax(vae, z, dtype)
-        elif tiling and tile_parallel:
-            video = tile_parallel_decode(vae, z)
+            param = next(vae.parameters())
+            video, _ = decode_on_jax(vae, latents.to(param.device, param.dtype) / vae.config.scaling_factor, dtype)
         else:
-            video = vae.decode(z).sample
+            with placed(vae, device, dtype) as on_device:
+                param = next(on_device.parameters())
+                z = latents.to(param.device, param.dtype) / vae.config.scaling_factor
+                with exact_fp32(param.device, param.dtype):
+                    video = tile_parallel_decode(on_device, z) if tiling and tile_parallel else on_device.decode(z).sample
     finally:
         vae.use_tiling = was_tiling
     return to_uint8_frames(video[0])
