@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.abc
+import importlib.util
 import os
 import re
 import sys
 import tempfile
+import threading
 from typing import Iterator
 
-# What libtpu prints on stderr when it loads on a machine without a TPU: harmless, so hidden.
+# What libtpu prints on stderr when it loads on a machine without a TPU: harmless, so hidden (when JAX starts its
+# backends, see _quiet_backend_start, and around hyv_lib's own libtpu loads, see quiet_libtpu).
 _LIBTPU_NOISE = re.compile(
     r"TPU_ACCELERATOR_TYPE|TPU_WORKER_HOSTNAMES|Failed to find host bounds|Logging before InitGoogle|"
     r"=== Source Location Trace|libtpu_init_utils\.cc|^\s*$")
@@ -90,11 +95,85 @@ def _filtered_stderr(saved: int) -> Iterator[None]:
                 sys.stderr.flush()
 
 
+_BACKENDS_MODULE = "jax._src.xla_bridge"
+_backend_lock = threading.RLock()
+
+
+def _quiet_backend_start(xla_bridge) -> None:
+    """Make JAX's backend start-up quiet, whoever starts it: wrap ``xla_bridge.backends`` (which every JAX call that
+    needs a device goes through, ``jax.devices()``, ``jnp`` and ``jax.jit`` alike) so that its first call, which loads
+    libtpu's TPU plugin when JAX_PLATFORMS is unset, runs inside :func:`quiet_libtpu`. Later calls go straight
+    through. A private JAX function: if it is missing, nothing is wrapped (hyv_lib's own calls stay quiet)."""
+    original = getattr(xla_bridge, "backends", None)
+    if original is None or getattr(original, "_hyv_quiet", False):
+        return
+
+    @functools.wraps(original)
+    def backends():
+        if getattr(xla_bridge, "_backends", None):  # started already
+            return original()
+        with _backend_lock:  # one fd-2 redirection at a time (two threads starting JAX at once)
+            if getattr(xla_bridge, "_backends", None):
+                return original()
+            with quiet_libtpu():
+                return original()
+
+    backends._hyv_quiet = True
+    xla_bridge.backends = backends
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Run ``hook(module)`` right after the module ``name`` is first imported, without importing it now (importing
+    hyv_lib.parallel must not import JAX). Removes itself from ``sys.meta_path`` when it fires."""
+
+    def __init__(self, name: str, hook):
+        self.name, self.hook = name, hook
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        except (ImportError, ValueError):
+            return None  # let the other finders say what is wrong
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module, hook = loader.exec_module, self.hook
+
+        def exec_and_hook(module):
+            exec_module(module)
+            with contextlib.suppress(Exception):  # never break JAX's import: at worst its start is not quiet
+                hook(module)
+
+        loader.exec_module = exec_and_hook
+        return spec
+
+
+def _install_quiet_backend_start() -> None:
+    """Wrap JAX's backend start-up (:func:`_quiet_backend_start`) now if JAX is imported, else when it is; nothing
+    to do where libtpu is not installed."""
+    if importlib.util.find_spec("libtpu") is None and not os.environ.get("TPU_LIBRARY_PATH"):
+        return
+    if _BACKENDS_MODULE in sys.modules:
+        _quiet_backend_start(sys.modules[_BACKENDS_MODULE])
+    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(_BACKENDS_MODULE, _quiet_backend_start))
+
+
+# Importing any hyv_lib module that runs JAX imports this one, so JAX's start is quiet from then on, also when a
+# notebook calls jax.devices() or jnp itself before hyv_lib does.
+_install_quiet_backend_start()
+
+
 _loaded = False
 
 
 def jax_devices() -> list:
-    """``jax.devices()``; the first call, which loads the backends (libtpu's TPU plugin among them), is quiet."""
+    """``jax.devices()``; the first call, which loads the backends (libtpu's TPU plugin among them), is quiet (also
+    where a JAX version lacks the function :func:`_quiet_backend_start` wraps)."""
     global _loaded
     import jax
 
