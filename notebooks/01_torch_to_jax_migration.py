@@ -75,6 +75,7 @@ from torchax.interop import JittableModule, call_jax, jax_jit, jax_view, torch_v
 import diffusers
 
 import hyv_lib
+import hyv_lib.parallel.jax_env  # noqa: F401  (before JAX starts: hides libtpu's no-TPU warnings, see TPU setup)
 from hyv_lib.notebook.display import html_table
 from hyv_lib.models.components import first_blocks_copy, load_components, quiet_loading
 
