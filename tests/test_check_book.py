@@ -1,7 +1,11 @@
 """The book checker's page rules, on hand-written HTML in the form myst-nb renders cell outputs."""
 
 import importlib.util
+import os
 import pathlib
+import shutil
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("check_book", ROOT / "tools" / "check_book.py")
@@ -35,3 +39,60 @@ def test_each_rule_fails_its_page():
         "video embedded as base64 in the page (link the file: display.video_html(media_dir=...))"]
     assert problems('<video controls src="../_static/videos/ab12.mp4"></video>') == []
     assert problems("<p>as issue 6 asked</p>") == ["internal wording in the page: 'issue 6'"]
+
+
+def test_a_stderr_box_fails_with_a_snippet():
+    libtpu = ("Failed to find host bounds for accelerator type: WARNING: could not determine TPU accelerator type\n"
+              "E0000 00:00:1795715022.071748    4284 common_lib.cc:554] INVALID_ARGUMENT: unexpected worker hostname\n")
+    assert problems(output("stderr", libtpu)) == [
+        "stderr box in a cell's output: 'Failed to find host bounds for accelerator type: WARNING: could not determine "
+        "TPU accelerator type E0000 00:00:179571502'"]  # whitespace collapsed, 120 characters
+    bar_and_warning = output("stderr", "denoise: 100%|##########| 2/2\nUserWarning: the NumPy array is not writable\n")
+    assert problems(bar_and_warning) == [
+        "stderr box in a cell's output: 'UserWarning: the NumPy array is not writable'"]
+
+
+def test_a_page_over_500_kb_fails():
+    assert check_book.size_problems(500_000) == []
+    assert check_book.size_problems(910_000) == ["page is 910 KB, over 500 KB"]
+
+
+def chapter_links(link, page="notebooks/06_image_to_video.html"):
+    return check_book.chapter_link_problems(f"<html><body><p>See {link}.</p></body></html>", page)
+
+
+def test_a_link_naming_another_chapter_fails():
+    # The reviewer's find: a runbook section titled like a chapter, linked from chapter 6 and from its own sidebar.
+    ref = ('<a class="reference internal" href="../book/runbook.html#image-to-video">'
+           '<span class="std std-ref">7. Image to video</span></a>')
+    assert chapter_links(ref) == [
+        "link text '7. Image to video' names chapter 7, but leads to book/runbook.html (not a chapter)"]
+    own_toc = '<a class="reference internal nav-link" href="#image-to-video">7. Image to video</a>'
+    assert chapter_links(own_toc, "book/runbook.html") == [
+        "link text '7. Image to video' names chapter 7, but leads to book/runbook.html (not a chapter)"]
+    assert chapter_links('<a href="../notebooks/04_deepcache.html#cost">chapter 5</a>', "book/runbook.html") == [
+        "link text 'chapter 5' names chapter 5, but leads to notebooks/04_deepcache.html (chapter 4)"]
+    # Right: the target is the chapter named; the footer's "next" link; other sites; numbers that are not chapters.
+    assert chapter_links('<a href="07_training_a_tiny_hunyuanvideo.html">7. Training a tiny HunyuanVideo-1.5</a>') == []
+    assert chapter_links('<a href="../notebooks/05_end_to_end_720p.html#memory">Chapter 5</a>', "book/intro.html") == []
+    assert chapter_links('<a class="right-next" href="07_x.html"><p>next</p>\n<p>7. Training</p></a>') == []
+    assert chapter_links('<a href="https://example.org/ch">chapter 3</a>') == []
+    assert chapter_links('<a href="../book/runbook.html">2.5 s per step</a>') == []
+
+
+def test_a_table_wider_than_the_page_fails(tmp_path, capsys):
+    """Laid out in Chromium: a wide table fails unless a horizontally scrolling wrapper in the column holds it."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
+    if not os.access(chromium, os.X_OK) or importlib.util.find_spec("websocket") is None:
+        pytest.skip("needs Chromium and websocket-client (as make check-book does)")
+    wide = "<table><tr>" + "".join(f"<th>column_{i}_with_a_long_name</th>" for i in range(12)) + "</tr></table>"
+    narrow = "<table><tr><th>preset</th><th>GiB</th></tr></table>"
+    column = '<main><article class="bd-article" style="width: 600px">{}</article></main>'
+    (tmp_path / "wide.html").write_text(f"<html><body>{column.format(narrow + wide)}</body></html>")
+    (tmp_path / "scrolls.html").write_text(
+        f'<html><body>{column.format(narrow + "<div style=overflow-x:auto>" + wide + "</div>")}</body></html>')
+    assert check_book.main([str(tmp_path), "--chromium", chromium]) == 1
+    out = capsys.readouterr().out
+    assert "ok   scrolls.html" in out and "FAIL wide.html" in out
+    assert out.count("table wider than the page") == 1
+    assert "12 columns) and not in a horizontally scrolling wrapper: 'column_0_with_a_long_name | column_1" in out

@@ -14,10 +14,15 @@ DevTools Protocol, waits for MathJax to finish typesetting, and fails the page o
 * math left unrendered (``$$``, ``\\(``, ``\\[``, ``\\begin{`` in visible text outside code) or MathJax
   error nodes (``mjx-merror``), and a MathJax that never finishes;
 * any request to a URL that is not the local server (such requests are blocked, not sent);
-* a page over 2 MB (inline media), an absolute path of the build machine (the project folder, the home folder,
-  or a temporary folder in a cell's output), more than one progress-bar line in one output, an empty stderr
-  box, a video embedded as base64 instead of linked, or an internal verdict left in the text (see
-  :func:`static_problems`).
+* a table wider than the page's content column (laid out in a 1280 px wide window) that no horizontally
+  scrolling wrapper holds;
+* a page over 500 KB (inline media, or a reference page to split: :func:`size_problems`);
+* a link whose text names a chapter number ("7. Image to video", "chapter 5") other than the chapter of the page
+  it leads to (chapter pages are ``notebooks/NN_*.html``; :func:`chapter_link_problems`);
+* an absolute path of the build machine (the project folder, the home folder, or a temporary folder in a cell's
+  output), more than one progress-bar line in one output, a stderr box (empty, or holding anything but a progress
+  bar; reported with a snippet), a video embedded as base64 instead of linked, or an internal verdict left in the
+  text (see :func:`static_problems`).
 
 It prints one line per page and a summary line. Exit status: 0 all pages clean, 1 problems found,
 2 the checker could not run (no Chromium, no websocket-client, bad folder).
@@ -35,6 +40,7 @@ import html
 import http.server
 import json
 import os
+import posixpath
 import queue
 import re
 import shutil
@@ -44,8 +50,9 @@ import sys
 import tempfile
 import threading
 import time
+from html.parser import HTMLParser
 from pathlib import Path
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 DEFAULT_CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = [
@@ -61,6 +68,8 @@ CHROMIUM_FLAGS = [
     "--no-default-browser-check",
     "--mute-audio",
 ]
+#: The window every page is laid out in (CSS px): a laptop screen. Tables must fit its content column or scroll.
+VIEWPORT = (1280, 900)
 # Schemes that never reach the network.
 LOCAL_SCHEMES = {"data", "blob", "about", "javascript", "chrome", "chrome-extension", "devtools"}
 
@@ -135,6 +144,29 @@ PAGE_CHECK_JS = r"""
 
   for (const err of document.querySelectorAll("mjx-merror")) {
     result.mjxErrors.push((err.getAttribute("data-mjx-error") || err.textContent || "").slice(0, 100));
+  }
+
+  // Tables wider than the page's content column, unless a horizontally scrolling wrapper inside the column holds them.
+  const content = document.querySelector("article.bd-article") || document.querySelector("main") || document.body;
+  const cRect = content.getBoundingClientRect(), cStyle = getComputedStyle(content);
+  const left = cRect.left + parseFloat(cStyle.paddingLeft || "0") + parseFloat(cStyle.borderLeftWidth || "0");
+  const right = cRect.right - parseFloat(cStyle.paddingRight || "0") - parseFloat(cStyle.borderRightWidth || "0");
+  result.wideTables = [];
+  for (const table of content.querySelectorAll("table")) {
+    const r = table.getBoundingClientRect();
+    if (r.width === 0 || (r.right <= right + 1 && r.left >= left - 1)) continue;  // hidden, or fits
+    let scrolls = false;
+    for (let el = table.parentElement; el && el !== content.parentElement; el = el.parentElement) {
+      const ox = getComputedStyle(el).overflowX;
+      const box = el.getBoundingClientRect();
+      const inside = box.right <= right + 1 && box.left >= left - 1;
+      if ((ox === "auto" || ox === "scroll") && inside) { scrolls = true; break; }
+    }
+    if (scrolls) continue;
+    const row = table.querySelector("tr");
+    const head = row ? Array.from(row.children).map((c) => c.textContent.trim().replace(/\s+/g, " ")) : [];
+    result.wideTables.push({width: Math.round(r.width), room: Math.round(right - Math.max(left, r.left)),
+                            columns: head.length, head: head.join(" | ").slice(0, 80)});
   }
   return result;
 })
@@ -380,6 +412,8 @@ def check_page(cdp: CDP, url: str, origin: str, timeout: float) -> tuple[list[st
     info: dict = {}
     try:
         for method, params in (
+            ("Emulation.setDeviceMetricsOverride", {"width": VIEWPORT[0], "height": VIEWPORT[1],
+                                                    "deviceScaleFactor": 1, "mobile": False}),
             ("Runtime.enable", None),
             ("Log.enable", None),
             ("Network.enable", None),
@@ -433,6 +467,9 @@ def check_page(cdp: CDP, url: str, origin: str, timeout: float) -> tuple[list[st
                         add(f"unrendered math in text: {text!r}")
                     for text in info["mjxErrors"]:
                         add(f"MathJax error node (mjx-merror): {text!r}")
+                    for t in info["wideTables"]:
+                        add(f"table wider than the page ({t['width']} px in {t['room']} px, {t['columns']} columns) "
+                            f"and not in a horizontally scrolling wrapper: {t['head']!r}")
                 time.sleep(0.2)  # let late console messages arrive
 
         while True:
@@ -474,8 +511,8 @@ def check_page(cdp: CDP, url: str, origin: str, timeout: float) -> tuple[list[st
     return problems, info
 
 
-#: Largest page allowed: every page must load quickly, so media go in small or scaled.
-MAX_PAGE_BYTES = 2_000_000
+#: Largest page allowed: every page must load quickly, so media go in small or scaled, and long references are split.
+MAX_PAGE_BYTES = 500_000
 #: A cell's stream output as myst-nb renders it (stdout: "stream", stderr: "stderr").
 OUTPUT_BLOCK = re.compile(r'<div class="output (stream|stderr)[^"]*">\s*<div class="highlight"><pre>(.*?)</pre>', re.S)
 #: One tqdm bar line ("45%|####      | 9/20 [...]").
@@ -491,6 +528,87 @@ def _visible_text(html_fragment: str) -> str:
     return "\n".join(line.rsplit("\r", 1)[-1] for line in text.split("\n"))
 
 
+def size_problems(n_bytes: int) -> list[str]:
+    """A built page over :data:`MAX_PAGE_BYTES` (inline media, or a reference page that should be split)."""
+    if n_bytes > MAX_PAGE_BYTES:
+        return [f"page is {n_bytes / 1e3:,.0f} KB, over {MAX_PAGE_BYTES / 1e3:,.0f} KB"]
+    return []
+
+
+def _only_progress_bars(text: str) -> bool:
+    """Whether every non-blank line of an output is a progress bar (tqdm writes its bar to stderr on purpose)."""
+    lines = [line for line in text.split("\n") if line.strip()]
+    return bool(lines) and all(PROGRESS_LINE.search(line) for line in lines)
+
+
+#: A chapter page: notebooks/NN_name.html, NN the chapter number (the titles say "NN. ...", _toc.yml does not number).
+CHAPTER_PAGE = re.compile(r"(?:^|/)notebooks/(\d+)_[^/]*\.html$")
+#: Link texts that name a chapter: a title as the book writes chapter titles ("7. Image to video", also after
+#: "previous"/"next" in the page footer) or the word ("chapter 5").
+CHAPTER_IN_TEXT = (re.compile(r"^(?:previous\s+|next\s+)?(\d{1,2})\.\s+[^\d\s]", re.I),
+                   re.compile(r"\bchapter\s+(\d{1,2})\b", re.I))
+
+
+def chapter_of(page: str) -> int | None:
+    """The chapter number of a built page (path relative to the build folder), or None for other pages."""
+    match = CHAPTER_PAGE.search(page)
+    return int(match.group(1)) if match else None
+
+
+class _Links(HTMLParser):
+    """(href, visible text) of every <a href> of a page."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.links: list[tuple[str, str]] = []
+        self._open: list[list] = []  # [href, text parts] of the <a> elements being read
+        self._skip = 0  # inside <script>/<style>
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("script", "style"):
+            self._skip += 1
+        elif tag == "a":
+            self._open.append([dict(attrs).get("href"), []])
+
+    def handle_endtag(self, tag):
+        if tag in ("script", "style"):
+            self._skip = max(0, self._skip - 1)
+        elif tag == "a" and self._open:
+            href, parts = self._open.pop()
+            if href is not None:
+                self.links.append((href, " ".join("".join(parts).split())))
+
+    def handle_data(self, data):
+        if not self._skip:
+            for link in self._open:
+                link[1].append(data)
+
+
+def chapter_link_problems(page_html: str, page: str) -> list[str]:
+    """Links whose text names a chapter number ("7. Image to video", "chapter 5") other than the chapter of the page
+    they lead to (``page``: this page's path relative to the build folder, to resolve relative links)."""
+    parser = _Links()
+    parser.feed(page_html)
+    problems = []
+    for href, text in parser.links:
+        parts = urlsplit(href)
+        if parts.scheme or parts.netloc:
+            continue  # another site: no chapter of this book
+        named = {int(m.group(1)) for pattern in CHAPTER_IN_TEXT for m in pattern.finditer(text)}
+        if not named:
+            continue
+        target = page  # "#section": this page
+        if parts.path:
+            target = posixpath.normpath(posixpath.join(posixpath.dirname(page), unquote(parts.path)))
+        chapter = chapter_of(target)
+        for number in sorted(named - {chapter}):
+            where = f"chapter {chapter}" if chapter is not None else "not a chapter"
+            problem = f"link text {text[:80]!r} names chapter {number}, but leads to {target} ({where})"
+            if problem not in problems:
+                problems.append(problem)
+    return problems
+
+
 def machine_paths() -> list[str]:
     """Absolute paths that would identify the build machine if they appeared in a page."""
     project = str(Path(__file__).resolve().parents[1])
@@ -500,8 +618,8 @@ def machine_paths() -> list[str]:
 
 def static_problems(page_html: str, paths: list[str], temp_dir: str = tempfile.gettempdir()) -> list[str]:
     """What a reader should never see in a page, found in its HTML without a browser: the build machine's paths
-    (``paths`` anywhere; ``temp_dir`` in a cell's output), more than one progress-bar line in one output, an
-    empty stderr box, internal verdicts."""
+    (``paths`` anywhere; ``temp_dir`` in a cell's output), more than one progress-bar line in one output, a stderr
+    box (empty, or with anything but a progress bar: warnings, logs, libtpu's start-up messages), internal verdicts."""
     problems = []
     for path in paths:
         if re.search(re.escape(path) + r"(?=[/\s\"'<]|$)", page_html):
@@ -510,6 +628,9 @@ def static_problems(page_html: str, paths: list[str], temp_dir: str = tempfile.g
         text = _visible_text(body)
         if kind == "stderr" and not text.strip():
             problems.append("empty stderr box in a cell's output")
+        elif kind == "stderr" and not _only_progress_bars(text):
+            snippet = " ".join(" ".join(line for line in text.split("\n") if not PROGRESS_LINE.search(line)).split())
+            problems.append(f"stderr box in a cell's output: {snippet[:120]!r}")
         bars = sum(bool(PROGRESS_LINE.search(line)) for line in text.split("\n"))
         if bars > 1:
             problems.append(f"{bars} progress-bar lines in one cell's output (one at most)")
@@ -584,9 +705,10 @@ def main(argv: list[str] | None = None) -> int:
                         note = ""
                         if args.verbose and info:
                             note = f"mathjax={info['mathjax']} images={info['images']} videos={info['videos']}"
-                    if page.stat().st_size > MAX_PAGE_BYTES:  # inline media (base64 video, images) bloat a page
-                        problems.append(f"page is {page.stat().st_size / 1e6:.1f} MB, over {MAX_PAGE_BYTES / 1e6:g} MB")
-                    problems += static_problems(page.read_text(encoding="utf-8", errors="replace"), paths)
+                    problems += size_problems(page.stat().st_size)
+                    page_html = page.read_text(encoding="utf-8", errors="replace")
+                    problems += static_problems(page_html, paths)
+                    problems += chapter_link_problems(page_html, rel)
                     status = "FAIL" if problems else "ok  "
                     print(f"{status} {rel}  ({time.monotonic() - t0:.1f} s){'  ' + note if note else ''}", flush=True)
                     for problem in problems:
