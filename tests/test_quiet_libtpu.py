@@ -24,7 +24,8 @@ def run(code: str) -> subprocess.CompletedProcess:
     # Another process (a test worker, a notebook kernel) may hold libtpu's lock file; without this libtpu would print
     # a lock-file error instead of the warnings under test. hyv_lib sets it too when no TPU is attached.
     env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
-    return subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, env=env,
+                          timeout=120)
 
 
 def assert_quiet(proc: subprocess.CompletedProcess) -> None:
