@@ -90,6 +90,31 @@ def test_peak_memory_sees_short_lived_buffers_and_measures_again_when_reused():
     assert 60 <= growth["short_lived"] <= 80, growth
 
 
+def test_block_offload_streams_the_blocks_and_changes_nothing(tiny_run, tmp_path):
+    """--offload block: diffusers' group-offload hooks on every block (weights kept on the host, each block moved to
+    the device when it runs; on the CPU the moves are no-ops), bit-identical latents to the resident model, recorded
+    in generation_config.json; a kept model is hooked once. Refused where it cannot apply."""
+    from hyv_lib.base.errors import HyvInputError
+    from hyv_lib.runtimes.step import OFFLOADED
+
+    components = load_components(TINY, None, ["transformer", "scheduler"])
+    plain = stage2(str(tiny_run), str(tmp_path / "plain"), quiet=True)
+    streamed = stage2(str(tiny_run), str(tmp_path / "offload"), quiet=True, offload="block", components=components)
+    again = stage2(str(tiny_run), str(tmp_path / "again"), quiet=True, offload="block", components=components)
+    assert torch.equal(plain, streamed) and torch.equal(plain, again)
+    transformer = components["transformer"]
+    assert OFFLOADED[transformer] == torch.device("cpu")
+    hooked = [name for name, m in transformer.named_modules() if getattr(m, "_diffusers_hook", None) is not None]
+    assert any(name.startswith("transformer_blocks.") for name in hooked)
+    assert json.loads((tmp_path / "offload" / "generation_config.json").read_text())["offload"] == "block"
+    assert "offload" not in json.loads((tmp_path / "plain" / "generation_config.json").read_text())
+    for kwargs, message in ((dict(offload="model"), "must be one of block"),
+                            (dict(offload="block", runtime="tpu"), "on (--)?runtime torch, not 'tpu'"),
+                            (dict(offload="block", enable_cache=True), "not combined with (--)?enable_cache")):
+        with pytest.raises(HyvInputError, match=message):
+            stage2(str(tiny_run), str(tmp_path / "bad"), quiet=True, **kwargs)
+
+
 def test_a_gpu_stage_records_the_allocator_peaks_next_to_the_rss(monkeypatch):
     """On a GPU, generation_config.json gets torch's allocated and reserved peaks of the stage's work (reset when it
     starts), not only the host RSS; without CUDA the fields are absent. CUDA is faked: a stand-in allocator."""

@@ -24,7 +24,7 @@ from ..models.components import (
     torch_dtype,
 )
 from ..parallel.distributed import local_device
-from ..runtimes.step import cached_step, make_step
+from ..runtimes.step import cached_step, make_step, offload_blocks
 from ..runtimes.vae import decode_latents
 from .image import check_task, first_frame
 from .sampling import sample_latents
@@ -60,13 +60,14 @@ class VideoPipeline:
     scheduler, vae). The transformer step is built once (``runtime``, ``mesh``, ``sharding``, ``attention`` as for
     :func:`hyv_lib.runtimes.step.make_step`, which installs hyv_lib's attention on the transformer in place) and reused
     by every call, so on the tpu runtime only the first video of each size compiles. ``vae_runtime`` (default: tpu
-    with the tpu runtime, else torch) and ``vae_dtype`` as for :func:`hyv_lib.pipeline.stages.stage3`.
+    with the tpu runtime, else torch) and ``vae_dtype`` as for :func:`hyv_lib.pipeline.stages.stage3`. ``offload``
+    ("block", torch runtime): the transformer's weights stay on the host and stream to the GPU block by block.
     """
 
     def __init__(self, preset: str | Preset, components: dict[str, Any], *, runtime: str = "torch",
                  mesh: str | None = None, sharding: str = "tp_replicated_out", attention: str = "auto",
                  vae_runtime: str | None = None, vae_dtype: str = "fp32", tiling: bool = True,
-                 model_path: str | None = None):
+                 model_path: str | None = None, offload: str | None = None):
         with python_names():
             self.preset = get_preset(preset)
         if not isinstance(components, dict):
@@ -76,7 +77,8 @@ class VideoPipeline:
         if missing:
             raise HyvInputError("components", f"missing {', '.join(missing)} (hyv_lib.load_pipeline loads them all)")
         with python_names():
-            resolve_settings(self.preset, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention)
+            resolve_settings(self.preset, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention,
+                             offload=offload)
             if runtime == "ulysses":
                 raise HyvInputError("--runtime", "an in-memory pipeline runs with torch or tpu (ulysses is one "
                                                  "process per device under torchrun: use the CLI's stage2)")
@@ -88,10 +90,13 @@ class VideoPipeline:
         self.components = components
         self.model_path = model_path
         self.runtime, self.mesh, self.sharding, self.attention = runtime, mesh, sharding, attention
+        self.offload = offload
         self.vae_runtime, self.vae_dtype, self.tiling = vae_runtime, vae_dtype, tiling
         transformer = components["transformer"]
         self.device = local_device() if runtime == "torch" else torch.device("cpu")
-        if self.device.type == "cuda":  # untested here: no GPU
+        if offload == "block":
+            offload_blocks(transformer, self.device)
+        elif self.device.type == "cuda":
             transformer.to(self.device)
         with python_names():
             self.step = make_step(transformer, runtime, mesh, sharding, attention=attention)
@@ -147,7 +152,8 @@ class VideoPipeline:
             settings = resolve_settings(
                 self.preset, aspect_ratio=aspect_ratio, height=height, width=width, video_length=video_length,
                 num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
-                seed=seed, runtime=self.runtime, mesh=self.mesh, sharding=self.sharding, attention=self.attention)
+                seed=seed, runtime=self.runtime, mesh=self.mesh, sharding=self.sharding, attention=self.attention,
+                offload=self.offload)
         step = self.step_for(cache, no_cache_blocks)
         if cache is not None and cache.num_steps != settings.num_inference_steps:
             raise HyvInputError("cache", f"the schedule has {cache.num_steps} steps but num_inference_steps is "
@@ -181,11 +187,12 @@ class VideoPipeline:
 def load_pipeline(preset: str | Preset = DEFAULT_PRESET, model_path: str | None = None, dtype: str | None = None,
                   runtime: str = "torch", mesh: str | None = None, attention: str = "auto",
                   sharding: str = "tp_replicated_out", vae_runtime: str | None = None, vae_dtype: str = "fp32",
-                  tiling: bool = True, progress: bool = True) -> VideoPipeline:
+                  tiling: bool = True, progress: bool = True, offload: str | None = None) -> VideoPipeline:
     """Load every component of ``preset`` once (``model_path``: a diffusers-format folder; None: the preset's
     bundled or in-code tiny weights) in ``dtype`` (default: the preset's) and return a :class:`VideoPipeline`.
 
-    ``progress=False`` also silences the weight-loading bars. Example::
+    ``progress=False`` also silences the weight-loading bars; ``offload="block"`` streams the transformer's blocks to the
+    GPU (see :class:`VideoPipeline`). Example::
 
         pipe = hyv_lib.load_pipeline("tiny_trained")
         video = pipe.generate("a red circle moving left on a gray background", seed=1)
@@ -196,10 +203,11 @@ def load_pipeline(preset: str | Preset = DEFAULT_PRESET, model_path: str | None 
         dtype = dtype or spec.default_dtype
         torch_dtype(dtype)
 
-        resolve_settings(spec, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention)
+        resolve_settings(spec, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention, offload=offload)
         context = contextlib.nullcontext() if progress else quiet_loading()
         with context:
             names = PIPELINE_COMPONENTS + (IMAGE_COMPONENTS if "i2v" in spec.tasks else ())
             components = load_components(spec, model_path, names, dtype=dtype)
     return VideoPipeline(spec, components, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention,
-                         vae_runtime=vae_runtime, vae_dtype=vae_dtype, tiling=tiling, model_path=model_path)
+                         vae_runtime=vae_runtime, vae_dtype=vae_dtype, tiling=tiling, model_path=model_path,
+                         offload=offload)

@@ -13,7 +13,7 @@ from ..parallel.jax_env import init_multi_host
 from ..parallel.mesh import make_mesh, parse_mesh
 from ..parallel.sharding import STRATEGIES
 from ..runtimes.magcache import DEFAULT_MAX_SKIP, DEFAULT_RETENTION, DEFAULT_THRESHOLD
-from ..runtimes.step import RUNTIMES, check_attention
+from ..runtimes.step import OFFLOAD_MODES, RUNTIMES, check_attention
 
 #: The step caches (``--cache_method``): DeepCache's fixed schedule, or the adaptive MagCache-style one
 #: (:mod:`hyv_lib.runtimes.magcache`). Both run DeepCache's full and cached programs.
@@ -51,6 +51,7 @@ class Stage2Settings:
     cache_calibration: str | None = None  #: magcache: a file of ``python -m hyv_lib calibrate_cache``
     multi_host: bool = False  #: tpu runtime on a multi-host slice
     attention: str = "auto"  #: ``auto``, ``diffusers`` or a backend of :data:`hyv_lib.kernels.registry.BACKENDS`
+    offload: str | None = None  #: torch runtime: ``block`` streams one transformer block at a time to the GPU
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> "Stage2Settings":
@@ -96,6 +97,7 @@ class ResolvedSettings:
     cache_retention: float | None
     cache_calibration: str | None
     multi_host: bool
+    offload: str | None = None  #: ``block`` or None
 
     def config(self) -> dict[str, Any]:
         """The generation_config.json fields of these settings: the cache method's own fields only when it is on,
@@ -109,6 +111,8 @@ class ResolvedSettings:
                       "no_cache_blocks"]
         if self.multi_host:
             names.append("multi_host")
+        if self.offload:
+            names.append("offload")
         return {name: getattr(self, name) for name in names}
 
 
@@ -166,6 +170,14 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
             make_mesh(**axes)  # the device count must match before any stage writes a file
         except ValueError as err:
             raise HyvInputError("--mesh", str(err)) from None
+    if s.offload is not None:
+        if s.offload not in OFFLOAD_MODES:
+            raise HyvInputError("--offload", f"must be one of {', '.join(OFFLOAD_MODES)}, got {s.offload!r}")
+        if runtime != "torch":
+            raise HyvInputError("--offload", f"streams blocks to one GPU on --runtime torch, not {runtime!r}")
+        if enable_cache:
+            raise HyvInputError("--offload", "is not combined with --enable_cache (the cached step's block hooks and "
+                                             "the offload hooks are untested together): choose one")
     if sharding not in STRATEGIES:
         raise HyvInputError("--sharding", f"must be one of {', '.join(STRATEGIES)}, got {sharding!r}")
     magcache_flags = {"--cache_threshold": s.cache_threshold, "--cache_max_skip": s.cache_max_skip,
@@ -209,4 +221,4 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
         cache_start_step=cache_start_step, cache_end_step=cache_end_step, cache_step_interval=cache_step_interval,
         no_cache_blocks=no_cache_blocks, cache_threshold=threshold, cache_max_skip=max_skip, cache_retention=retention,
         cache_calibration=None if s.cache_calibration is None else str(s.cache_calibration),
-        multi_host=bool(multi_host))
+        multi_host=bool(multi_host), offload=s.offload)

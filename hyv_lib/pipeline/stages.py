@@ -17,7 +17,7 @@ from ..base.memory import PeakMemory
 from ..base.presets import DEFAULT_PRESET, PRESETS, Preset, get_preset
 from ..models.components import IMAGE_COMPONENTS, TEXT_COMPONENTS, load_components, torch_dtype
 from ..parallel.distributed import barrier, init_distributed, local_device, rank
-from ..runtimes.step import TransformerStep, make_step
+from ..runtimes.step import TransformerStep, make_step, offload_blocks
 from ..runtimes.vae import decode_latents
 from .calibration import cache_schedule, resolve_calibration
 from .image import check_task, crop_to_bucket, first_frame, image_size_settings, load_image
@@ -135,7 +135,9 @@ def stage2(
     ``components`` (transformer and scheduler, already loaded for this folder) skips loading them.
     ``multi_host``: this process is one host of a multi-host TPU slice (:func:`hyv_lib.parallel.jax_env.init_multi_host`); every
     host runs the same command and writes the same latents to its own ``output_dir``. ``attention``: see
-    :func:`make_step` (checked before anything is loaded or written).
+    :func:`make_step` (checked before anything is loaded or written). ``offload="block"`` (torch runtime): the
+    weights stay on the host and each block is streamed to the GPU as it runs
+    (:func:`hyv_lib.runtimes.step.offload_blocks`).
     """
     start = time.perf_counter()
     _require_folder("input_dir", input_dir)
@@ -156,7 +158,9 @@ def stage2(
         components = load_components(spec, config.get("model_path"), ["transformer", "scheduler"], dtype=dtype)
     transformer = components["transformer"]
     device = local_device() if runtime in ("torch", "ulysses") else torch.device("cpu")  # a GPU per rank, if any
-    if device.type == "cuda":  # untested here: no GPU
+    if settings.offload == "block":  # weights stay on the host; each block is streamed to the device when it runs
+        offload_blocks(transformer, device)
+    elif device.type == "cuda":
         transformer.to(device)  # before the step is built (a no-op when a kept model is already there)
     owns_group = runtime == "ulysses" and not torch.distributed.is_initialized()  # else the caller's: left as found
     step = step or make_step(transformer, runtime, mesh, sharding, cache=schedule,
