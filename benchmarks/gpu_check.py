@@ -15,8 +15,8 @@ Sections, each catching and recording its own failure so one broken backend does
   memory, MFU by :func:`hyv_lib.planning.costs.step_flops`, the ratio and the output difference).
 - ``cache``: a full step that records the DeepCache features and a cached step that reuses them (the work of every
   step DeepCache or MagCache skips), and what that makes of 50 steps under DeepCache's default schedule.
-- ``offload``: the step with diffusers' block-level group offloading (weights on the host, one block on the GPU at a
-  time, CUDA streams): peak memory and s/step.
+- ``offload``: the step with ``--offload block`` (:func:`hyv_lib.runtimes.step.offload_blocks`: diffusers' block-level
+  group offloading, weights on the host, one block on the GPU at a time, a CUDA stream): peak memory and s/step.
 - ``vae``: the VAE decode of 720p/121f latents, tiled, random bf16 weights: s and peak memory.
 
 Everything is written after every section (``--output``, default ``benchmarks/results/gpu_check.json``, and the markdown
@@ -55,6 +55,7 @@ from hyv_lib.models.registry import get_adapter  # noqa: E402
 from hyv_lib.planning.costs import step_flops  # noqa: E402
 from hyv_lib.planning.hardware import CHIPS, mfu  # noqa: E402
 from hyv_lib.runtimes.deepcache import DeepCacheSchedule, TorchDeepCache  # noqa: E402
+from hyv_lib.runtimes.step import offload_blocks  # noqa: E402
 
 GIB = 2**30
 #: The backends the attention section tries, in this order, besides diffusers' dense-mask path.
@@ -457,7 +458,8 @@ def offload_section(section, device, clock, budget, cfg, tiny, model) -> None:
     size = list(cfg["steps"])[0]
     height, width, frames = cfg["steps"][size]
     row: dict[str, Any] = dict(name=f"block offload {size}", size=[height, width, frames],
-                               how="diffusers enable_group_offload(block_level, 1 block per group, use_stream)")
+                               how="hyv_lib offload_blocks (--offload block): diffusers' group offloading, block level, "
+                                   "one block per group, a CUDA stream")
     section["rows"].append(row)
     if device.type != "cuda":
         row.update(status="skipped", reason="group offloading moves weights between the host and a GPU")
@@ -468,10 +470,8 @@ def offload_section(section, device, clock, budget, cfg, tiny, model) -> None:
     use_processors(model, "auto")
     kwargs = step_inputs(preset, height, width, frames, device)
     start = time.perf_counter()
-    model.to("cpu")
+    offload_blocks(model, device)  # what --offload block does
     free_memory()
-    model.enable_group_offload(onload_device=device, offload_device=torch.device("cpu"), offload_type="block_level",
-                               num_blocks_per_group=1, use_stream=True)
     row["setup_s"] = round(time.perf_counter() - start, 1)
     with torch.no_grad(), gpu_memory(device, row):
         model(**kwargs, return_dict=False)  # warm-up
