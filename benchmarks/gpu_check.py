@@ -15,7 +15,7 @@ Sections, each catching and recording its own failure so one broken backend does
   memory, MFU by :func:`hyv_lib.planning.costs.step_flops`, the ratio and the output difference).
 - ``cache``: a full step that records the DeepCache features and a cached step that reuses them (the work of every
   step DeepCache or MagCache skips), and what that makes of 50 steps under DeepCache's default schedule.
-- ``offload``: the step with ``--offload block`` (:func:`hyv_lib.runtimes.step.offload_blocks`: diffusers' block-level
+- ``offload``: the step with ``--offload block`` (:func:`hyv_lib.runtimes.placement.offload_blocks`: diffusers' block-level
   group offloading, weights on the host, one block on the GPU at a time, a CUDA stream): peak memory and s/step.
 - ``vae``: the VAE decode of 720p/121f latents, tiled, random bf16 weights: s and peak memory.
 
@@ -55,7 +55,7 @@ from hyv_lib.models.registry import get_adapter  # noqa: E402
 from hyv_lib.planning.costs import step_flops  # noqa: E402
 from hyv_lib.planning.hardware import CHIPS, mfu  # noqa: E402
 from hyv_lib.runtimes.deepcache import DeepCacheSchedule, TorchDeepCache  # noqa: E402
-from hyv_lib.runtimes.step import offload_blocks  # noqa: E402
+from hyv_lib.runtimes.placement import offload_blocks  # noqa: E402
 
 GIB = 2**30
 #: The backends the attention section tries, in this order, besides diffusers' dense-mask path.

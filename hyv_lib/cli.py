@@ -68,8 +68,10 @@ def _add_stage2(p: argparse.ArgumentParser, dirs: bool = True) -> None:
                         "| flash3 | sage (lossy) | splash | xla | ... | diffusers (stock dense-mask processor, torch "
                         "runtime only) (default auto)")
     g.add_argument("--offload", default=None,
-                   help="torch runtime: keep the transformer's weights on the host and stream one block at a time to "
-                        "the GPU: block (about a quarter of the GPU memory at 480p on an H200, 3.5%% slower; default: off)")
+                   help="torch runtime: block (the transformer's weights stay on the host, one block at a time is "
+                        "streamed to the GPU: about a quarter of the GPU memory at 480p on an H200, 3.5%% slower) | "
+                        "model (the transformer is on the GPU for the denoising loop only, so the VAE decode after it "
+                        "has the card) (default: off)")
     g.add_argument("--multi_host", action="store_true",
                    help="tpu runtime on a multi-host slice: join the hosts (jax.distributed.initialize) first; run "
                         "the same command on every host (gcloud ... ssh --worker=all)")

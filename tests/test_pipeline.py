@@ -95,7 +95,7 @@ def test_block_offload_streams_the_blocks_and_changes_nothing(tiny_run, tmp_path
     the device when it runs; on the CPU the moves are no-ops), bit-identical latents to the resident model, recorded
     in generation_config.json; a kept model is hooked once. Refused where it cannot apply."""
     from hyv_lib.base.errors import HyvInputError
-    from hyv_lib.runtimes.step import OFFLOADED
+    from hyv_lib.runtimes.placement import OFFLOADED
 
     components = load_components(TINY, None, ["transformer", "scheduler"])
     plain = stage2(str(tiny_run), str(tmp_path / "plain"), quiet=True)
@@ -108,11 +108,49 @@ def test_block_offload_streams_the_blocks_and_changes_nothing(tiny_run, tmp_path
     assert any(name.startswith("transformer_blocks.") for name in hooked)
     assert json.loads((tmp_path / "offload" / "generation_config.json").read_text())["offload"] == "block"
     assert "offload" not in json.loads((tmp_path / "plain" / "generation_config.json").read_text())
-    for kwargs, message in ((dict(offload="model"), "must be one of block"),
+    for kwargs, message in ((dict(offload="leaf"), "must be one of block, model"),
                             (dict(offload="block", runtime="tpu"), "on (--)?runtime torch, not 'tpu'"),
                             (dict(offload="block", enable_cache=True), "not combined with (--)?enable_cache")):
         with pytest.raises(HyvInputError, match=message):
             stage2(str(tiny_run), str(tmp_path / "bad"), quiet=True, **kwargs)
+
+
+def test_model_offload_holds_the_gpu_only_while_denoising(tiny_run, tmp_path, monkeypatch):
+    """--offload model: the transformer waits on the host, is moved to the device for the denoising loop and back
+    after it (the GPU's freed blocks released), so the VAE decode that follows has the card. On the CPU the latents
+    are the resident model's, bit for bit, and the mode is recorded; the moves are checked with a stand-in GPU (a spy
+    on torch.nn.Module.to that records the target and stays on the host)."""
+    from hyv_lib.runtimes.placement import place_transformer, while_denoising
+
+    plain = stage2(str(tiny_run), str(tmp_path / "plain"), quiet=True)
+    cache = dict(enable_cache=True, cache_start_step=2, cache_end_step=6, cache_step_interval=2)
+    moved = stage2(str(tiny_run), str(tmp_path / "model"), quiet=True, offload="model", **cache)
+    cached = stage2(str(tiny_run), str(tmp_path / "cached"), quiet=True, **cache)
+    assert torch.equal(moved, cached) and not torch.equal(moved, plain)  # the cache is on in both
+    assert json.loads((tmp_path / "model" / "generation_config.json").read_text())["offload"] == "model"
+
+    model = load_components(TINY, None, ["transformer"])["transformer"]
+    moves, emptied = [], []
+    original_to = torch.nn.Module.to
+
+    def spy(module, *args, device=None, dtype=None, **kwargs):
+        if module is model:
+            moves.append(str(device if device is not None else args[0]))
+        return original_to(module, "cpu")
+
+    monkeypatch.setattr(torch.nn.Module, "to", spy)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    gpu = torch.device("cuda")
+    place_transformer(model, gpu, "model")
+    assert moves == []  # waits on the host
+    with while_denoising(model, gpu, "model"):
+        assert moves == ["cuda"]
+    assert moves == ["cuda", "cpu"] and emptied == [True]
+    moves.clear()
+    place_transformer(model, gpu, None)  # no offload: resident on the GPU
+    with while_denoising(model, gpu, None):
+        pass
+    assert moves == ["cuda"]
 
 
 def test_a_gpu_stage_records_the_allocator_peaks_next_to_the_rss(monkeypatch):

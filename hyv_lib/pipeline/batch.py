@@ -57,6 +57,7 @@ class BatchRunner:
         self.video = load_pipeline(self.spec, model_path, self.dtype, runtime=runtime, mesh=settings.mesh,
                                    sharding=self.stage2_settings.get("sharding", "tp_replicated_out"),
                                    attention=settings.attention, vae_runtime=self.stage3_settings["runtime"],
+                                   offload=settings.offload,
                                    progress=not self.stage2_settings.get("quiet", False))
         self.step = self.video.step_for(cache_schedule(settings, self.spec, model_path),
                                         settings.no_cache_blocks)

@@ -24,7 +24,8 @@ from ..models.components import (
     torch_dtype,
 )
 from ..parallel.distributed import local_device
-from ..runtimes.step import cached_step, make_step, offload_blocks
+from ..runtimes.placement import place_transformer, while_denoising
+from ..runtimes.step import cached_step, make_step
 from ..runtimes.vae import decode_latents
 from .image import check_task, first_frame
 from .sampling import sample_latents
@@ -61,7 +62,8 @@ class VideoPipeline:
     :func:`hyv_lib.runtimes.step.make_step`, which installs hyv_lib's attention on the transformer in place) and reused
     by every call, so on the tpu runtime only the first video of each size compiles. ``vae_runtime`` (default: tpu
     with the tpu runtime, else torch) and ``vae_dtype`` as for :func:`hyv_lib.pipeline.stages.stage3`. ``offload``
-    ("block", torch runtime): the transformer's weights stay on the host and stream to the GPU block by block.
+    (torch runtime): ``block``, the transformer's weights stay on the host and stream to the GPU block by block;
+    ``model``, the transformer is on the GPU while it denoises and on the host while the VAE decodes.
     """
 
     def __init__(self, preset: str | Preset, components: dict[str, Any], *, runtime: str = "torch",
@@ -94,10 +96,7 @@ class VideoPipeline:
         self.vae_runtime, self.vae_dtype, self.tiling = vae_runtime, vae_dtype, tiling
         transformer = components["transformer"]
         self.device = local_device() if runtime == "torch" else torch.device("cpu")
-        if offload == "block":
-            offload_blocks(transformer, self.device)
-        elif self.device.type == "cuda":
-            transformer.to(self.device)
+        place_transformer(transformer, self.device, offload)  # the GPU, block streaming, or the host (model)
         with python_names():
             self.step = make_step(transformer, runtime, mesh, sharding, attention=attention)
 
@@ -166,8 +165,9 @@ class VideoPipeline:
                                              f"but this video has {mine!r}")
         embeds = self.encode(prompt, negative_prompt, image)
         denoise_start = time.perf_counter()
-        latents = sample_latents(step, self.components["transformer"], self.components["scheduler"].config,
-                                 self.preset, embeds, settings, progress=progress, device=self.device)
+        with while_denoising(self.components["transformer"], self.device, self.offload):  # offload model: GPU only here
+            latents = sample_latents(step, self.components["transformer"], self.components["scheduler"].config,
+                                     self.preset, embeds, settings, progress=progress, device=self.device)
         denoise_s = time.perf_counter() - denoise_start
         # torch: on this process's GPU if any, in vae_dtype, and the VAE put back after (image conditioning shares it)
         frames = decode_latents(self.components["vae"], latents, tiling=self.tiling, runtime=self.vae_runtime,
@@ -191,8 +191,8 @@ def load_pipeline(preset: str | Preset = DEFAULT_PRESET, model_path: str | None 
     """Load every component of ``preset`` once (``model_path``: a diffusers-format folder; None: the preset's
     bundled or in-code tiny weights) in ``dtype`` (default: the preset's) and return a :class:`VideoPipeline`.
 
-    ``progress=False`` also silences the weight-loading bars; ``offload="block"`` streams the transformer's blocks to the
-    GPU (see :class:`VideoPipeline`). Example::
+    ``progress=False`` also silences the weight-loading bars; ``offload`` (``block`` or ``model``) keeps the transformer
+    off the GPU when it is not needed there (see :class:`VideoPipeline`). Example::
 
         pipe = hyv_lib.load_pipeline("tiny_trained")
         video = pipe.generate("a red circle moving left on a gray background", seed=1)

@@ -13,7 +13,8 @@ from ..parallel.jax_env import init_multi_host
 from ..parallel.mesh import make_mesh, parse_mesh
 from ..parallel.sharding import STRATEGIES
 from ..runtimes.magcache import DEFAULT_MAX_SKIP, DEFAULT_RETENTION, DEFAULT_THRESHOLD
-from ..runtimes.step import OFFLOAD_MODES, RUNTIMES, check_attention
+from ..runtimes.placement import OFFLOAD_MODES
+from ..runtimes.step import RUNTIMES, check_attention
 
 #: The step caches (``--cache_method``): DeepCache's fixed schedule, or the adaptive MagCache-style one
 #: (:mod:`hyv_lib.runtimes.magcache`). Both run DeepCache's full and cached programs.
@@ -51,7 +52,8 @@ class Stage2Settings:
     cache_calibration: str | None = None  #: magcache: a file of ``python -m hyv_lib calibrate_cache``
     multi_host: bool = False  #: tpu runtime on a multi-host slice
     attention: str = "auto"  #: ``auto``, ``diffusers`` or a backend of :data:`hyv_lib.kernels.registry.BACKENDS`
-    offload: str | None = None  #: torch runtime: ``block`` streams one transformer block at a time to the GPU
+    offload: str | None = None  #: torch runtime: ``block`` streams one transformer block at a time to the GPU; ``model``
+    #: keeps the transformer on the GPU during the denoising loop only
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> "Stage2Settings":
@@ -97,7 +99,7 @@ class ResolvedSettings:
     cache_retention: float | None
     cache_calibration: str | None
     multi_host: bool
-    offload: str | None = None  #: ``block`` or None
+    offload: str | None = None  #: ``block``, ``model`` or None
 
     def config(self) -> dict[str, Any]:
         """The generation_config.json fields of these settings: the cache method's own fields only when it is on,
@@ -174,9 +176,9 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
         if s.offload not in OFFLOAD_MODES:
             raise HyvInputError("--offload", f"must be one of {', '.join(OFFLOAD_MODES)}, got {s.offload!r}")
         if runtime != "torch":
-            raise HyvInputError("--offload", f"streams blocks to one GPU on --runtime torch, not {runtime!r}")
-        if enable_cache:
-            raise HyvInputError("--offload", "is not combined with --enable_cache (the cached step's block hooks and "
+            raise HyvInputError("--offload", f"moves weights to one GPU on --runtime torch, not {runtime!r}")
+        if enable_cache and s.offload == "block":
+            raise HyvInputError("--offload", "block is not combined with --enable_cache (the cached step's block hooks and "
                                              "the offload hooks are untested together): choose one")
     if sharding not in STRATEGIES:
         raise HyvInputError("--sharding", f"must be one of {', '.join(STRATEGIES)}, got {sharding!r}")

@@ -17,7 +17,8 @@ from ..base.memory import PeakMemory
 from ..base.presets import DEFAULT_PRESET, PRESETS, Preset, get_preset
 from ..models.components import IMAGE_COMPONENTS, TEXT_COMPONENTS, load_components, torch_dtype
 from ..parallel.distributed import barrier, init_distributed, local_device, rank
-from ..runtimes.step import TransformerStep, make_step, offload_blocks
+from ..runtimes.placement import place_transformer, while_denoising
+from ..runtimes.step import TransformerStep, make_step
 from ..runtimes.vae import decode_latents
 from .calibration import cache_schedule, resolve_calibration
 from .image import check_task, crop_to_bucket, first_frame, image_size_settings, load_image
@@ -135,9 +136,9 @@ def stage2(
     ``components`` (transformer and scheduler, already loaded for this folder) skips loading them.
     ``multi_host``: this process is one host of a multi-host TPU slice (:func:`hyv_lib.parallel.jax_env.init_multi_host`); every
     host runs the same command and writes the same latents to its own ``output_dir``. ``attention``: see
-    :func:`make_step` (checked before anything is loaded or written). ``offload="block"`` (torch runtime): the
-    weights stay on the host and each block is streamed to the GPU as it runs
-    (:func:`hyv_lib.runtimes.step.offload_blocks`).
+    :func:`make_step` (checked before anything is loaded or written). ``offload`` (torch runtime): ``block`` keeps the
+    weights on the host and streams each block to the GPU as it runs, ``model`` moves the transformer to the GPU for
+    the denoising loop only (:data:`hyv_lib.runtimes.placement.OFFLOAD_MODES`).
     """
     start = time.perf_counter()
     _require_folder("input_dir", input_dir)
@@ -158,14 +159,12 @@ def stage2(
         components = load_components(spec, config.get("model_path"), ["transformer", "scheduler"], dtype=dtype)
     transformer = components["transformer"]
     device = local_device() if runtime in ("torch", "ulysses") else torch.device("cpu")  # a GPU per rank, if any
-    if settings.offload == "block":  # weights stay on the host; each block is streamed to the device when it runs
-        offload_blocks(transformer, device)
-    elif device.type == "cuda":
-        transformer.to(device)  # before the step is built (a no-op when a kept model is already there)
+    # on the GPU (a no-op when a kept model is already there), streamed block by block, or on the host until the loop
+    place_transformer(transformer, device, settings.offload)
     owns_group = runtime == "ulysses" and not torch.distributed.is_initialized()  # else the caller's: left as found
     step = step or make_step(transformer, runtime, mesh, sharding, cache=schedule,
                              no_cache_blocks=settings.no_cache_blocks, attention=attention)
-    with PeakMemory() as memory:
+    with PeakMemory() as memory, while_denoising(transformer, device, settings.offload):
         latents = sample_latents(step, transformer, components["scheduler"].config, spec, embeds, settings,
                                  progress=not quiet and rank() == 0, device=device)
     if rank() == 0:  # every rank holds the same latents; one writes them

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import weakref
 from typing import Any, Protocol
 
 import torch
@@ -49,34 +48,6 @@ RUNTIMES = ("torch", "tpu", "ulysses")
 #: backend for the runtime's tensors) and ``diffusers`` (diffusers' stock processor, which builds a dense
 #: [B, 1, S, S] mask: the oracle, torch runtime only).
 ATTENTION_CHOICES = ("auto", "diffusers")
-#: ``--offload`` values (torch runtime): ``block`` keeps the transformer's weights on the host and streams one block at
-#: a time to the device (diffusers' group offloading, block level, on a CUDA stream that overlaps the next block's copy
-#: with this block's compute). Measured on one H200 at 480p/121f: 5.6 GiB peak instead of 20.3 GiB, 6.27 s instead of
-#: 6.06 s per step (benchmarks/results/gpu_check_2026-11-26_H200_run2.json).
-OFFLOAD_MODES = ("block",)
-
-
-def offload_blocks(transformer, device: torch.device) -> None:
-    """Keep ``transformer``'s weights on the host and stream them block by block to ``device`` as the forward
-    reaches them (in place; diffusers' ``enable_group_offload``, one block per group, a CUDA stream on GPUs). On the
-    CPU the copies are no-ops and the outputs are the resident model's, bit for bit. Idempotent: a model kept across
-    prompts (``--prompts_file``) is hooked once."""
-    if OFFLOADED.get(transformer) == device:
-        return
-    if transformer in OFFLOADED:
-        raise HyvInputError("--offload", f"this transformer already streams its blocks to {OFFLOADED[transformer]}, "
-                                         f"not {device}: load it again for another device")
-    torch.nn.Module.to(transformer, "cpu")
-    transformer.enable_group_offload(onload_device=device, offload_device=torch.device("cpu"),
-                                     offload_type="block_level", num_blocks_per_group=1,
-                                     use_stream=device.type == "cuda")
-    OFFLOADED[transformer] = device
-
-
-#: Transformers :func:`offload_blocks` has hooked, and the device each streams to.
-OFFLOADED: "weakref.WeakKeyDictionary[torch.nn.Module, torch.device]" = weakref.WeakKeyDictionary()
-
-
 def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
               sharding: str = "tp_replicated_out", cache=None, no_cache_blocks: int = 1,
               attention: str = "auto", adapter: ModelAdapter | None = None) -> TransformerStep:

@@ -8,6 +8,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from .placement import placed
 from .tile_parallel import tile_parallel_decode
 from .tpu_vae import decode_on_jax
 
@@ -20,24 +21,6 @@ def to_uint8_frames(video: torch.Tensor | np.ndarray) -> torch.Tensor:
     # [-1, 1] -> [0, 255], as diffusers' VideoProcessor.postprocess_video does.
     frames = ((video.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
     return frames.permute(1, 2, 3, 0).contiguous().cpu()
-
-
-@contextlib.contextmanager
-def placed(module: torch.nn.Module, device: torch.device | None = None,
-           dtype: torch.dtype | None = None) -> Iterator[torch.nn.Module]:
-    """``module`` on ``device`` in ``dtype`` (None: as it is) inside the block, back where it was and in its own dtype
-    after, so a decode never changes a VAE that other work shares (the next prompt's image conditioning, say)."""
-    param = next(module.parameters())
-    home_device, home_dtype = param.device, param.dtype
-    target_device, target_dtype = device or home_device, dtype or home_dtype
-    moved = (target_device, target_dtype) != (home_device, home_dtype)
-    if moved:  # torch.nn.Module.to: diffusers' to() warns about fp32-pinned modules, which this VAE does not have
-        torch.nn.Module.to(module, device=target_device, dtype=target_dtype)
-    try:
-        yield module
-    finally:
-        if moved:
-            torch.nn.Module.to(module, device=home_device, dtype=home_dtype)
 
 
 @contextlib.contextmanager

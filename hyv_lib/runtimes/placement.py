@@ -1,0 +1,80 @@
+"""Where a model's weights live while it runs: resident on the device, moved there for one block of work, or streamed."""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import Iterator
+
+import torch
+
+from ..base.errors import HyvInputError
+
+#: ``--offload`` values (torch runtime). ``block`` keeps the transformer's weights on the host and streams one block at
+#: a time to the device (diffusers' group offloading, block level, on a CUDA stream that overlaps the next block's copy
+#: with this block's compute). Measured on one H200 at 480p/121f: 5.6 GiB peak instead of 20.3 GiB, 6.27 s instead of
+#: 6.06 s per step (benchmarks/results/gpu_check_2026-11-26_H200_run2.json). ``model`` moves the whole transformer to
+#: the device for the denoising loop and back to the host after it, so the VAE decode that follows in the same process
+#: (the in-memory pipeline, ``--prompts_file``) has the card to itself: what diffusers' ``enable_model_cpu_offload``
+#: does for a pipeline's components, for the one model hyv_lib moves.
+OFFLOAD_MODES = ("block", "model")
+
+#: Transformers :func:`offload_blocks` has hooked, and the device each streams to.
+OFFLOADED: "weakref.WeakKeyDictionary[torch.nn.Module, torch.device]" = weakref.WeakKeyDictionary()
+
+
+@contextlib.contextmanager
+def placed(module: torch.nn.Module, device: torch.device | None = None,
+           dtype: torch.dtype | None = None) -> Iterator[torch.nn.Module]:
+    """``module`` on ``device`` in ``dtype`` (None: as it is) inside the block, back where it was and in its own dtype
+    after, so work on one device never changes a model that other work shares (a VAE that the next prompt's image
+    conditioning uses, a transformer that leaves the GPU to the decode). Leaving a GPU also empties torch's cache of
+    freed blocks, so the memory is free for other processes too."""
+    param = next(module.parameters())
+    home_device, home_dtype = param.device, param.dtype
+    target_device, target_dtype = device or home_device, dtype or home_dtype
+    moved = (target_device, target_dtype) != (home_device, home_dtype)
+    if moved:  # torch.nn.Module.to: diffusers' to() warns about fp32-pinned modules, which these models do not have
+        torch.nn.Module.to(module, device=target_device, dtype=target_dtype)
+    try:
+        yield module
+    finally:
+        if moved:
+            torch.nn.Module.to(module, device=home_device, dtype=home_dtype)
+            if torch.device(target_device).type == "cuda":
+                torch.cuda.empty_cache()
+
+
+def offload_blocks(transformer, device: torch.device) -> None:
+    """Keep ``transformer``'s weights on the host and stream them block by block to ``device`` as the forward
+    reaches them (in place; diffusers' ``enable_group_offload``, one block per group, a CUDA stream on GPUs). On the
+    CPU the copies are no-ops and the outputs are the resident model's, bit for bit. Idempotent: a model kept across
+    prompts (``--prompts_file``) is hooked once."""
+    if OFFLOADED.get(transformer) == device:
+        return
+    if transformer in OFFLOADED:
+        raise HyvInputError("--offload", f"this transformer already streams its blocks to {OFFLOADED[transformer]}, "
+                                         f"not {device}: load it again for another device")
+    torch.nn.Module.to(transformer, "cpu")
+    transformer.enable_group_offload(onload_device=device, offload_device=torch.device("cpu"),
+                                     offload_type="block_level", num_blocks_per_group=1,
+                                     use_stream=device.type == "cuda")
+    OFFLOADED[transformer] = device
+
+
+def place_transformer(transformer, device: torch.device, offload: str | None = None) -> None:
+    """Where ``transformer`` waits between denoising loops: on ``device`` when it is a GPU and nothing is offloaded
+    (a no-op for a model already there), streamed block by block with ``offload="block"``
+    (:func:`offload_blocks`), on the host with ``offload="model"`` (:func:`while_denoising` brings it over)."""
+    if offload not in (None, *OFFLOAD_MODES):
+        raise HyvInputError("--offload", f"must be one of {', '.join(OFFLOAD_MODES)}, got {offload!r}")
+    if offload == "block":
+        offload_blocks(transformer, device)
+    elif offload is None and device.type == "cuda":
+        transformer.to(device)
+
+
+def while_denoising(transformer, device: torch.device, offload: str | None = None):
+    """The context a denoising loop runs in: with ``offload="model"`` the transformer is on ``device`` inside and back
+    on the host after (:func:`placed`); otherwise it stays where :func:`place_transformer` put it."""
+    return placed(transformer, device) if offload == "model" else contextlib.nullcontext(transformer)
