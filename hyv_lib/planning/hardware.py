@@ -88,10 +88,41 @@ CITED_STEP_TIMES: list[dict[str, Any]] = [
          mesh=dict(data=1, tensor=8, sequence=1), rules="tp_replicated_out",
          source="gpu-tpu-pedia tpu/HunyuanVideo-1.5/README.md (v6e-8; the script's default fc2/proj-replicated "
                 "rules) [U]"),
-    dict(preset="720p_t2v", chip="H100", n_chips=8, seconds=5.10, label="FlashAttention-2 (its "
-         "docs/deepcache_explained.md gives 5.2)", mesh=dict(data=1, tensor=1, sequence=8), rules="replicated",
-         source="gpu-tpu-pedia tpu/HunyuanVideo-1.5/README.md (8xH100, Ulysses sequence=8) [U]"),
+    dict(preset="720p_t2v", chip="H100", n_chips=8, seconds=5.2, label="FlashAttention-2 + Ulysses",
+         mesh=dict(data=1, tensor=1, sequence=8), rules="replicated",
+         source="gpu-tpu-pedia tpu/HunyuanVideo-1.5/README.md and generate_hunyuan_gpu_staged/README.md (8xH100, "
+                "Ulysses sequence=8; that README's run log also lists 5.10-5.11 s for 2025-12-03) [U]"),
 ]
+
+#: Published pairs of whole 50-step runs (seconds per video), each pair from one document, so that its ratio compares
+#: like with like (same code, date and settings apart from the change). A pair's ``before`` run is that document's own
+#: baseline and need not equal the :data:`CITED_STEP_TIMES` row of the same configuration: the migration guide's
+#: uncached TPU run is about 350 s (7.0 s/step) where the README's stock-Splash step is 7.29 s (365 s). MFU of a
+#: configuration is computed against :data:`CITED_STEP_TIMES`; these pairs serve only their own ratios. Same project
+#: and caveats as above.
+CITED_RUN_PAIRS: list[dict[str, Any]] = [
+    dict(name="deepcache", preset="720p_t2v", chip="v6e", n_chips=8, steps=50, before_s=350.0, after_s=203.0,
+         before="uncached, K/V zeroing", after="DeepCache 11/45/4", mesh=dict(data=1, tensor=8, sequence=1),
+         source="gpu-tpu-pedia tpu/HunyuanVideo-1.5/generate_hunyuan_torchax_staged/TORCHAX_MIGRATION_GUIDE.md "
+                "(v6e-8, about 350 s -> about 203 s) [U]"),
+    dict(name="segment_ids", preset="720p_t2v", chip="v6e", n_chips=8, steps=50, before_s=350.0, after_s=435.0,
+         before="K/V zeroing", after="Splash segment ids", mesh=dict(data=1, tensor=8, sequence=1),
+         source="gpu-tpu-pedia tpu/HunyuanVideo-1.5/generate_hunyuan_torchax_staged/TORCHAX_MIGRATION_GUIDE.md "
+                "(v6e-8, about 350 s vs about 435 s) [U]"),
+    dict(name="deepcache", preset="720p_t2v", chip="H100", n_chips=8, steps=50, before_s=260.0, after_s=142.0,
+         before="FlashAttention-2 + Ulysses", after="DeepCache 11/45/4", mesh=dict(data=1, tensor=1, sequence=8),
+         source="gpu-tpu-pedia tpu/HunyuanVideo-1.5/generate_hunyuan_gpu_staged/README.md and "
+                "docs/deepcache_explained.md (8xH100, about 260 s -> about 142 s) [U]"),
+]
+
+
+def cited_pair(name: str, chip: str) -> dict[str, Any]:
+    """The :data:`CITED_RUN_PAIRS` entry ``name`` ('deepcache', 'segment_ids') measured on ``chip``."""
+    for pair in CITED_RUN_PAIRS:
+        if pair["name"] == name and pair["chip"] == chip:
+            return pair
+    known = ", ".join(sorted({f"{p['name']} on {p['chip']}" for p in CITED_RUN_PAIRS}))
+    raise HyvInputError("name", f"no cited pair {name!r} on {chip!r}; cited: {known}")
 
 
 def layout_label(mesh: dict[str, int], rules: str | None = None) -> str:
