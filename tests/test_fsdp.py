@@ -1,0 +1,172 @@
+"""FSDP2-sharded DiT weights (--shard_weights fsdp) on gloo CPU processes: equal to diffusers' forward, ~1/N of the
+parameter bytes per rank between steps, one block (plus the root's own parameters) gathered at a time."""
+
+import copy
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from tiny_inputs import forward_kwargs
+
+from hyv_lib.base.errors import HyvInputError
+from hyv_lib.base.presets import get_preset
+from hyv_lib.parallel.distributed import run_distributed
+from hyv_lib.runtimes.fsdp import check_shard_weights, resident_parameter_bytes, shard_weights, sharded_step
+
+TINY = get_preset("tiny")
+# 15 video tokens: padded on both 2 and 4 ranks; a CFG-style batch of two with different text and ByT5 lengths.
+CASE = dict(seed=7, latent=(1, 3, 5), text_lengths=(9, 30), byt5_lengths=(0, 5))
+
+
+def tiny_transformer(heads):
+    """The tiny preset's transformer (2 heads of 16) with ``heads`` heads of the same size, seeded: 4 ranks need 4."""
+    from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15Transformer3DModel
+
+    torch.manual_seed(3)
+    return HunyuanVideo15Transformer3DModel(**{**TINY.transformer, "num_attention_heads": heads}).eval()
+
+
+def nbytes(params):
+    return sum(p.numel() * p.element_size() for p in params)
+
+
+def padded_shard_bytes(params, world):
+    """FSDP2's layout, worked by hand: each parameter split on dim 0 into ``world`` equal parts of
+    ``ceil(dim0 / world)`` rows (the last ones padded), so a rank holds that many rows of every parameter, and a
+    gathered parameter is ``world`` times that."""
+    return sum(-(-p.shape[0] // world) * (p.numel() // p.shape[0]) * p.element_size() for p in params)
+
+
+def sharded_job(heads):
+    """On every rank: the Ulysses and torch steps over FSDP-sharded weights vs diffusers' eager fp32 forward (and vs
+    the unsharded Ulysses step), this rank's parameter bytes at rest, inside every block (hooks) and after."""
+    from hyv_lib.runtimes.step import torch_step
+    from hyv_lib.runtimes.ulysses import UlyssesTransformer
+
+    world = dist.get_world_size()
+    oracle = tiny_transformer(heads)
+    kwargs = forward_kwargs(**CASE)
+    with torch.no_grad():
+        expected = oracle(**kwargs).sample
+    unsharded = UlyssesTransformer(copy.deepcopy(oracle))(**kwargs)
+
+    model = shard_weights(copy.deepcopy(oracle))
+    assert shard_weights(model) is model  # idempotent
+    rest = resident_parameter_bytes(model)
+    inside = []
+
+    def record(module, *_):
+        inside.append(resident_parameter_bytes(model))
+
+    for block in model.transformer_blocks:  # after FSDP's gather, before its free
+        block.register_forward_pre_hook(record)
+        block.register_forward_hook(record, prepend=True)
+    step = sharded_step(UlyssesTransformer(model), model)
+    start = time.perf_counter()
+    out = step(**kwargs)
+    seconds = time.perf_counter() - start
+    after = resident_parameter_bytes(model)
+
+    plain = shard_weights(copy.deepcopy(oracle))  # diffusers' own forward, every rank the full sequence
+    out_torch = sharded_step(torch_step(plain), plain)(**kwargs)
+    twice = sharded_step(torch_step(plain), plain)(**kwargs)
+
+    with pytest.raises(HyvInputError, match="outside hyv_lib") as info:  # FSDP applied by someone else
+        from torch.distributed.fsdp import fully_shard
+        shard_weights(fully_shard(copy.deepcopy(oracle)))
+    found = dict(
+        world=world, error=(out - expected).abs().max().item(), vs_unsharded=(out - unsharded).abs().max().item(),
+        torch_error=(out_torch - expected).abs().max().item(), torch_again=(twice - out_torch).abs().max().item(),
+        total=nbytes(oracle.parameters()), padded=padded_shard_bytes(oracle.parameters(), world),
+        blocks=[world * padded_shard_bytes(b.parameters(), world) for b in oracle.transformer_blocks],
+        root=world * padded_shard_bytes([p for n, p in oracle.named_parameters()
+                                         if not n.startswith("transformer_blocks.")], world),
+        rest=tuple(rest), inside=[tuple(b) for b in inside], after=tuple(after), seconds=seconds,
+        outside_error=info.value.argument)
+    everyone = [None] * world
+    dist.all_gather_object(everyone, found)
+    return everyone
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["2_ranks", "4_ranks"])
+def findings(request):
+    world = request.param
+    start = time.perf_counter()
+    found = run_distributed(sharded_job, world, world, timeout=240)  # as many heads as ranks
+    print(f"\n{world} gloo processes: {time.perf_counter() - start:.1f} s")
+    return found
+
+
+def test_sharded_ulysses_and_torch_steps_equal_the_oracle(findings):
+    for f in findings:
+        print(f"rank of {f['world']}: ulysses+fsdp max error {f['error']:.1e} (vs unsharded ulysses "
+              f"{f['vs_unsharded']:.1e}), torch+fsdp {f['torch_error']:.1e}, step {f['seconds']:.2f} s")
+        assert f["error"] <= 2e-6  # measured 2.4e-7 (2 ranks) and 3.6e-7 (4 ranks)
+        assert f["vs_unsharded"] == 0.0  # gathering the weights is exact: the same step as unsharded Ulysses
+        assert f["torch_error"] == 0.0 and f["torch_again"] == 0.0  # diffusers' forward on gathered weights
+        assert f["outside_error"] == "--shard_weights"
+
+
+def test_each_rank_holds_its_shards_and_one_block_at_a_time(findings):
+    for rank, f in enumerate(findings):
+        world, total, root, blocks = f["world"], f["total"], f["root"], f["blocks"]
+        shards, whole = f["rest"]
+        if rank == 0:
+            print(f"{world} ranks: {shards} of {total} parameter bytes per rank at rest ({shards / total:.3f}; "
+                  f"1/N = {1 / world:.3f}), peak inside a block {max(sum(b) for b in f['inside'])} "
+                  f"(root {root}, block {max(blocks)})")
+        assert whole == 0 and shards == f["padded"]  # exactly FSDP's dim-0 rows, padding included
+        assert total / world <= shards <= total / world * 1.05  # padding: under 5% here
+        assert len(f["inside"]) == 2 * len(blocks)  # a pre and a post record per block
+        for i, (shards_now, whole_now) in enumerate(f["inside"]):
+            assert whole_now == root + blocks[i // 2]  # the root's own parameters and this block (padded), no more
+            assert shards_now + whole_now <= shards + root + max(blocks)
+        assert f["after"] == f["rest"]  # everything freed after the step
+
+
+def test_bad_combinations_name_shard_weights():
+    cases = [dict(shard_weights="zero3", runtime="ulysses", distributed=True),
+             dict(shard_weights="fsdp", runtime="tpu", distributed=True),
+             dict(shard_weights="fsdp", runtime="ulysses", offload="block", distributed=True),
+             dict(shard_weights="fsdp", runtime="torch", enable_cache=True, distributed=True),
+             dict(shard_weights="fsdp", runtime="ulysses", distributed=False)]
+    for case in cases:
+        with pytest.raises(HyvInputError) as info:
+            check_shard_weights(**case)
+        assert info.value.argument == "--shard_weights", case
+    check_shard_weights(None, "tpu", offload="block", enable_cache=True, distributed=False)  # no sharding asked
+    check_shard_weights("fsdp", "ulysses", distributed=True)
+    check_shard_weights("fsdp", "torch", distributed=True)
+
+
+def test_outside_torchrun_is_a_clear_error(monkeypatch):
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(HyvInputError, match="torchrun --nproc_per_node") as info:
+        shard_weights(torch.nn.Linear(2, 2))
+    assert info.value.argument == "--shard_weights"
+
+
+def test_per_rank_bytes_of_the_real_model():
+    """The 8.3B DiT (720p_t2v, bf16, built on the meta device) laid out as FSDP2 shards it on the gloo runs above:
+    each rank's bytes between steps and with the root's parameters and one block gathered."""
+    from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15Transformer3DModel
+
+    with torch.device("meta"):
+        model = HunyuanVideo15Transformer3DModel(**get_preset("720p_t2v").transformer)
+    torch.nn.Module.to(model, torch.bfloat16)  # (diffusers' own to() warns about fp32-pinned modules: none here)
+    blocks = model.transformer_blocks
+    root = [p for n, p in model.named_parameters() if not n.startswith("transformer_blocks.")]
+    # the counts of /work/shared/reference/hunyuanvideo15_facts.md section 1.5 (meta-device build)
+    assert sum(p.numel() for p in model.parameters()) == 8_326_608_160
+    assert sum(p.numel() for p in blocks[0].parameters()) == 151_056_896 and len(blocks) == 54
+    gib = 2**30
+    total = nbytes(model.parameters())
+    for world in (2, 4, 8):
+        shards = padded_shard_bytes(model.parameters(), world)
+        gathered = world * (padded_shard_bytes(root, world) + padded_shard_bytes(blocks[0].parameters(), world))
+        print(f"720p_t2v bf16 on {world} ranks: {shards / gib:.2f} GiB per rank between steps, "
+              f"{(shards + gathered) / gib:.2f} GiB inside a block (all {total / gib:.2f} GiB replicated)")
+        assert total / world <= shards <= total / world * 1.001
