@@ -18,11 +18,12 @@
 #
 # HunyuanVideo-1.5 turns a prompt into a video in three stages, each of which writes a file the next one reads:
 #
-# 1. **Text encoders** (Qwen2.5-VL + ByT5) turn the prompt and the negative prompt into
+# 1. **Text encoders** (Qwen2.5-VL + {term}`ByT5`) turn the prompt and the negative prompt into
 #    `stage1_embeddings.safetensors`.
-# 2. **The DiT** (`HunyuanVideo15Transformer3DModel`) denoises Gaussian latents for a number of
-#    flow-matching steps, with classifier-free guidance, into `stage2_latents.safetensors`.
-# 3. **The VAE** (`AutoencoderKLHunyuanVideo15`) decodes the latents into frames, written as `output_video.mp4`.
+# 2. **The {term}`DiT`** (`HunyuanVideo15Transformer3DModel`) denoises Gaussian latents for a number of
+#    {term}`flow-matching <flow matching>` steps, with classifier-free guidance ({term}`CFG`), into
+#    `stage2_latents.safetensors`.
+# 3. **The {term}`VAE`** (`AutoencoderKLHunyuanVideo15`) decodes the latents into frames, written as `output_video.mp4`.
 #
 # :::{figure} ../book/figures/00_three_stages.svg
 # :name: fig-00-three-stages
@@ -34,12 +35,15 @@
 # encoder on a host CPU, the 8.3-billion-parameter DiT (chapter 1 counts them) on a TPU slice or GPU box, the VAE
 # wherever memory allows. This notebook runs all three with `hyv_lib` and looks at every hand-off.
 #
-# On a laptop CPU it uses **hyv-tiny** (preset `tiny_trained`): the real diffusers and transformers classes at a
+# On a laptop CPU it uses **{term}`hyv-tiny`** ({term}`preset` `tiny_trained`): the real diffusers and transformers classes at a
 # tiny size, trained on a CPU to draw one colored shape moving on a plain background, from the caption alone or
 # from a caption and a first frame (chapter 6 runs image to video; this notebook runs text to video).
 # Its weights ship with `hyv_lib`, so the video below is a real generation you can check against the prompt,
 # and the files and code paths are exactly those of the real model. On a machine with the real weights, set
 # `HYV_PRESET=720p_t2v` and `HYV_MODEL_PATH=<diffusers folder>` and run the same notebook with your own prompt.
+#
+# Symbols, units and terms are those of the {doc}`../book/notation` page: $H \times W$ is a size in pixels,
+# $h \times w$ in latents, $F$ counts video frames and $T$ latent frames, and memory is in GiB ($2^{30}$ bytes).
 
 # %% tags=["parameters"]
 import os
@@ -74,9 +78,9 @@ import warnings
 warnings.filterwarnings("ignore", message="IProgress not found")
 
 import hyv_lib
-from hyv_lib.pipeline.stages import stage1, stage2, stage3
-from hyv_lib.notebook.display import file_rows, frame_grid, html_table, tensor_rows, video_html
 from hyv_lib.models.components import quiet_loading  # no weight-loading progress bars in the output
+from hyv_lib.notebook.display import file_rows, frame_grid, html_table, tensor_rows, video_html
+from hyv_lib.pipeline.stages import stage1, stage2, stage3
 
 preset = hyv_lib.get_preset(PRESET)
 real = hyv_lib.get_preset("720p_t2v")
@@ -154,16 +158,16 @@ html_table(file_rows(os.path.join(OUTPUT_DIR, "stage2_latents.safetensors")))
 # ### How big is the hand-off at 720p?
 #
 # The latent is 16x smaller than the video in height and width and 4x shorter in time, plus the first frame,
-# which the causal VAE encodes alone (hence frame counts of the form $4n+1$). For $F$ frames of $H \times W$:
+# which the causal VAE encodes alone (hence frame counts of the form $4n+1$). For $F$ frames of $H \times W$ pixels,
+# the latent has $T = \tfrac{F-1}{4}+1$ frames of $h \times w = \tfrac{H}{16} \times \tfrac{W}{16}$:
 #
 # $$
-# \text{latents} = [1,\ 32,\ \tfrac{F-1}{4}+1,\ \tfrac{H}{16},\ \tfrac{W}{16}], \qquad
-# \text{video tokens} = \left(\tfrac{F-1}{4}+1\right)\cdot\tfrac{H}{16}\cdot\tfrac{W}{16}
+# \text{latents} = [1,\ 32,\ T,\ h,\ w], \qquad N_v = T \cdot h \cdot w \ \text{video tokens}
 # $$
 #
 # since the DiT's patch is $1\times1\times1$: one token per latent pixel, with 32 channels. At 720p and 121 frames,
-# $\tfrac{120}{4}+1 = 31$, $\tfrac{720}{16} = 45$ and $\tfrac{1280}{16} = 80$, so the latents are
-# $[1, 32, 31, 45, 80]$ and the DiT attends over $31 \cdot 45 \cdot 80 = 111{,}600$ video tokens. Stored in fp32,
+# $T = \tfrac{120}{4}+1 = 31$, $h = \tfrac{720}{16} = 45$ and $w = \tfrac{1280}{16} = 80$, so the latents are
+# $[1, 32, 31, 45, 80]$ and the DiT attends over $N_v = 31 \cdot 45 \cdot 80 = 111{,}600$ video tokens. Stored in fp32,
 # `stage2_latents.safetensors` holds $32 \cdot 111{,}600 \cdot 4 = 14{,}284{,}800$ bytes (13.6 MiB) plus a
 # small header. The decoded video, as raw uint8 RGB frames, is $121 \cdot 720 \cdot 1280 \cdot 3 = 334{,}540{,}800$
 # bytes (319 MiB), 23.4 times more: each latent pixel stands for $4 \cdot 16 \cdot 16 \cdot 3 = 3{,}072$ bytes of
@@ -293,7 +297,9 @@ del pipe  # the real models are large: free them before anything else runs
 #
 # ## Exercises
 #
-# 1. Run stage 2 twice with the same seed and compare the latents with `torch.equal`. Then add
+# Marked ★ (easy) to ★★★ (hard), and *open* where no one has the answer yet ({ref}`notation-exercises`).
+#
+# 1. ★ Run stage 2 twice with the same seed and compare the latents with `torch.equal`. Then add
 #    `warmup_steps=2`. What do you expect, and why does it matter for TPU benchmarking?
 #
 # :::{admonition} Answer
@@ -305,7 +311,7 @@ del pipe  # the real models are large: free them before anything else runs
 # late.
 # :::
 #
-# 2. Put a quoted word in the prompt (for example `a sign that says "OPEN"`) and look at
+# 2. ★ Put a quoted word in the prompt (for example `a sign that says "OPEN"`) and look at
 #    `prompt_embeds_mask_2`. Then remove the quotes. What changes?
 #
 # :::{admonition} Answer
@@ -314,7 +320,7 @@ del pipe  # the real models are large: free them before anything else runs
 # the ByT5 embeddings are all zeros and the mask is all zeros, so the DiT sees no glyph tokens.
 # :::
 #
-# 3. The 480p model (preset `480p_t2v`) makes 121 frames at its default 16:9 size. Compute with
+# 3. ★★ The 480p model (preset `480p_t2v`) makes 121 frames at its default 16:9 size. Compute with
 #    `preset.default_height`, `preset.default_width` and `preset.latent_shape` its latent shape, its number of
 #    video tokens and the bytes of latents in `stage2_latents.safetensors`. How many times fewer tokens than 720p?
 #
@@ -327,7 +333,7 @@ del pipe  # the real models are large: free them before anything else runs
 # exercise 4), $(113{,}585 / 51{,}275)^2 = 4.9$ times less attention work per step.
 # :::
 #
-# 4. Attention runs over the video tokens plus the 1985 context tokens (729 image + 256 ByT5 + 1000 text). How many
+# 4. ★ Attention runs over the video tokens plus the 1985 context tokens (729 image + 256 ByT5 + 1000 text). How many
 #    bytes would a dense boolean mask `[2, 1, S, S]` take for the CFG batch at 720p/121f? Check with
 #    `hyv_lib.models.layout.dense_mask_bytes`.
 #
@@ -336,4 +342,19 @@ del pipe  # the real models are large: free them before anything else runs
 # $S = 111{,}600 + 1{,}985 = 113{,}585$, and $2 \cdot S^2 = 25{,}803{,}104{,}450$ bytes, 24.0 GiB: more than a
 # 16 GiB TPU v5e chip holds, for a mask that is rebuilt in every block. Chapter 2 gets the same exact result
 # without ever building it.
+# :::
+#
+# 5. ★★★ *Open.* The stage files let each stage run in its own process, so a TPU VM could encode the next prompt on
+#    its host CPU (stage 1) while the chips denoise this one (stage 2), and decode the previous one meanwhile. For a
+#    batch of 720p prompts, how much of the wall time would that overlap save, and what limits it: host cores, host
+#    memory for the text encoder beside the stage-2 process, or the VAE's use of the chips? Nobody has measured it
+#    for this model.
+#
+# :::{admonition} Where to start
+# :class: dropdown
+# `generation_config.json` records each stage's time and peak memory, so one real run gives the three stage times;
+# if stage 2 dominates, overlap can hide at most the other two. `hyv_lib.pipeline.batch.BatchRunner` runs prompts
+# one after another with the models loaded once: a version that hands stage 1 to a second process (or thread) and
+# queues its embeddings would measure the overlap directly. On a CPU, hyv-tiny's stages are all short, so the
+# question needs the real model.
 # :::

@@ -16,8 +16,8 @@
 # %% [markdown]
 # # 2. Attention masking: exact, without an S×S mask
 #
-# Every block of HunyuanVideo-1.5 runs *joint* attention over one long sequence: the video tokens, then the
-# context tokens (image, ByT5 and text embeddings). Most context tokens are padding, and attention has to ignore
+# Every block of HunyuanVideo-1.5's {term}`DiT` runs *joint* attention over one long sequence: the video tokens,
+# then the {term}`context tokens` (image, {term}`ByT5` and text embeddings). Most context tokens are padding, and attention has to ignore
 # them: a valid query may attend to valid keys only, and a padded query's output does not matter.
 #
 # :::{figure} ../book/figures/02_joint_sequence_mask.svg
@@ -32,9 +32,13 @@
 #
 # 1. It shows where the padding comes from, and what the obvious ways of ignoring it cost: a dense mask of
 #    many gigabytes, NaN on JAX, or a small bias that never goes away.
-# 2. It derives three exact alternatives: key-padding masks, packed varlen sequences, and Splash segment ids.
-# 3. It runs them all through `hyv_lib.kernels.dispatch` and checks each against diffusers' own forward, including
-#    the real TPU Splash kernel in Pallas interpret mode.
+# 2. It derives three exact alternatives: key-padding masks, packed {term}`varlen` sequences, and {term}`Splash`
+#    {term}`segment ids`.
+# 3. It runs them all through `hyv_lib.kernels.dispatch` and checks each against diffusers' own forward (the
+#    {term}`oracle`), including the real TPU Splash kernel in {term}`Pallas` interpret mode.
+#
+# Symbols follow the {doc}`../book/notation` page: $B$ samples, $S = N_v + N_c$ joint tokens, $n_h$ heads of
+# dimension $D$; $h \times w$ is the latent size (pixels are $H \times W$).
 
 # %% tags=["parameters"]
 import os
@@ -65,11 +69,11 @@ import torch
 
 import hyv_lib
 from hyv_lib.kernels.dispatch import attention
-from hyv_lib.models.processors import use_attention
 from hyv_lib.models import layout
+from hyv_lib.models.processors import use_attention
+from hyv_lib.notebook.display import html_table, token_layout_figure
 from hyv_lib.pipeline.sampling import prepare_conditioning
 from hyv_lib.pipeline.stages import stage1
-from hyv_lib.notebook.display import html_table, token_layout_figure
 
 preset = hyv_lib.get_preset(PRESET)
 real = hyv_lib.get_preset("720p_t2v")
@@ -108,7 +112,8 @@ for name in ("prompt_embeds_mask", "prompt_embeds_mask_2",
     print(f"{name:30s} {int(embeds[name].sum()):5d} valid of {embeds[name].shape[1]}")
 
 # %% [markdown]
-# Before the blocks, the model reorders each sample's context so that **valid tokens come first**:
+# Before the blocks, the model reorders each sample's context so that **valid tokens come first**
+# ({term}`valid-first`):
 # `[valid image, valid ByT5, valid text, invalid image, invalid ByT5, invalid text]`. diffusers does this with
 # boolean indexing per sample. `hyv_lib.models.layout.valid_first_order` does the same with a stable sort and a gather,
 # which has static shapes (the torch-to-JAX chapter needs that), and a test checks it against diffusers' own
@@ -130,11 +135,11 @@ print("valid context tokens form a prefix:", bool(reordered[0, :int(reordered.su
 # ## What a dense mask costs
 #
 # diffusers' processor builds the mask `valid_i & valid_j` as a `[B, 1, S, S]` boolean tensor (1 byte per
-# element) in every block. With classifier-free guidance the batch holds the prompt and the negative prompt,
-# B = 2. At 720p and 121 frames, written out:
+# element) in every block. With classifier-free guidance ({term}`CFG`) the batch holds the prompt and the negative
+# prompt, $B = 2$. At 720p and 121 frames, written out:
 #
-# - Latent grid: the VAE compresses time 4× and space 16×, so $T = (121 - 1)/4 + 1 = 31$, $H = 720/16 = 45$,
-#   $W = 1280/16 = 80$. The patch size is 1×1×1, one token per latent pixel:
+# - Latent grid: the {term}`VAE` compresses time 4× and space 16×, so $T = (121 - 1)/4 + 1 = 31$, $h = 720/16 = 45$,
+#   $w = 1280/16 = 80$. The patch size is 1×1×1, one token per latent pixel:
 #   $N_v = 31 \cdot 45 \cdot 80 = 111{,}600$ video tokens.
 # - Context: $N_c = 729 + 256 + 1000 = 1{,}985$ tokens, so $S = N_v + N_c = 113{,}585$.
 # - Dense mask: $B \cdot S^2 = 2 \times 113{,}585^2 = 25{,}803{,}104{,}450$ bytes $\approx 24.0$ GiB for the CFG
@@ -145,10 +150,10 @@ print("valid context tokens form a prefix:", bool(reordered[0, :int(reordered.su
 # `hyv_lib.models.layout` computes the same from the preset:
 
 # %%
-T, H, W = real.latent_shape(720, 1280, 121)[2:]
+T, h, w = real.latent_shape(720, 1280, 121)[2:]  # latent frames, height, width
 s720 = layout.joint_sequence_length(real, 720, 1280, 121)
 dense = layout.dense_mask_bytes(real, 720, 1280, 121)  # B = 2 by default
-print(f"latent {T} x {H} x {W} = {layout.video_tokens(real, 720, 1280, 121):,} video tokens "
+print(f"latent {T} x {h} x {w} = {layout.video_tokens(real, 720, 1280, 121):,} video tokens "
       f"+ {layout.context_tokens(real):,} context = S {s720:,}")
 print(f"dense [2, 1, S, S] bool: {dense:,} bytes = {dense / 2**30:.1f} GiB "
       f"({layout.dense_mask_bytes(real, 720, 1280, 121, batch=1) / 2**30:.1f} GiB per sample)")
@@ -159,17 +164,17 @@ print(f"key-padding [2, S] bool: {2 * s720:,} bytes = {2 * s720 / 2**10:.0f} KiB
 
 # %%
 rows = []
-for p, (h, w) in ((hyv_lib.get_preset("480p_t2v"), (480, 848)), (real, (720, 1280))):
+for p, (height, width) in ((hyv_lib.get_preset("480p_t2v"), (480, 848)), (real, (720, 1280))):  # pixels
     for frames in (33, 61, 121):
-        s = layout.joint_sequence_length(p, h, w, frames)
+        s = layout.joint_sequence_length(p, height, width, frames)
         rows.append({"preset": p.name, "frames": frames, "S": f"{s:,}",
-                     "[2,1,S,S] bool, GiB": round(layout.dense_mask_bytes(p, h, w, frames) / 2**30, 2)})
+                     "[2,1,S,S] bool, GiB": round(layout.dense_mask_bytes(p, height, width, frames) / 2**30, 2)})
 html_table(rows)
 
 # %% [markdown]
 # The dense mask grows with $S^2$, the key-padding vector with $S$. At 720p and 121 frames the dense mask is more
-# than the 16 GiB of HBM on a TPU v5e chip (Cloud TPU documentation), and it is built again in each of the 54
-# blocks.
+# than the 16 GiB of {term}`HBM` on a TPU v5e chip (16 GB in the Cloud TPU documentation; 16 GiB as JAX reports it),
+# and it is built again in each of the 54 blocks.
 #
 # :::{admonition} Takeaway
 # :class: tip
@@ -208,7 +213,7 @@ print("after block 2, NaN per token:", jnp.isnan(h2).any(axis=1))
 # instead of a softmax over an empty set.
 
 # %%
-xt = torch.tensor(np.asarray(x))[None, None]  # [B=1, H=1, S=4, D=8]
+xt = torch.tensor(np.asarray(x))[None, None]  # [B=1, heads=1, S=4, D=8]
 mask = torch.tensor(np.asarray(valid))[None]
 y = attention(xt, xt, xt, mask, backend="reference")
 y = attention(y, y, y, mask, backend="reference")
@@ -218,7 +223,7 @@ print("output of the padded token:", y[0, 0, 3].abs().max().item())
 # %% [markdown]
 # ## Three exact methods, and one that is not
 #
-# Let $V$ be the valid keys of a query $i$ and $s_{ij} = q_i \cdot k_j / \sqrt{d}$. Exact attention is
+# Let $V$ be the valid keys of a query $i$ and $s_{ij} = q_i \cdot k_j / \sqrt{D}$. Exact attention is
 #
 # $$
 # o_i = \frac{\sum_{j \in V} e^{s_{ij}} v_j}{Z_i}, \qquad Z_i = \sum_{j \in V} e^{s_{ij}} .
@@ -227,14 +232,14 @@ print("output of the padded token:", y[0, 0, 3].abs().max().item())
 # - **Key-padding mask.** Set $s_{ij} = -\infty$ for $j \notin V$. Then $e^{-\infty} = 0$ exactly, and padded
 #   keys add nothing to the sum or to $Z_i$. This needs only a `[B, S]` vector, broadcast inside the kernel.
 # - **Varlen (packed) sequences.** After the valid-first reorder, $V$ is the prefix `[0, n_b)`. Pack every
-#   sample's prefix into one `[sum n_b, H, D]` tensor, describe it by `cu_seqlens = [0, n_0, n_0 + n_1, ...]`,
+#   sample's prefix into one `[sum n_b, n_h, D]` tensor, describe it by `cu_seqlens = [0, n_0, n_0 + n_1, ...]`,
 #   and run attention with no mask at all. This is flash-attn's `flash_attn_varlen_func`. The `sdpa` backend
-#   does the same on CPU one sample at a time (a slice, no copy).
+#   ({term}`SDPA`) does the same on CPU one sample at a time (a slice, no copy).
 # - **Segment ids.** The TPU Splash kernel lets query $i$ see key $j$ only when `segment[i] == segment[j]`. Valid
 #   tokens get id 1; padding, including the padding added to reach a multiple of the block size, gets id 0. A
 #   valid query never sees padding. A padded query sees only padding, so its softmax is finite and it gets zeroed.
 #
-# **K/V zeroing** (the scheme of the gpu-tpu-pedia TPU port) multiplies padded keys and values by 0 and
+# **{term}`K/V zeroing`** (the scheme of the gpu-tpu-pedia TPU port) multiplies padded keys and values by 0 and
 # attends with no mask. For a padded key $s_{ij} = 0$ and $v_j = 0$, so the numerator is unchanged, but each of
 # the $P$ padded keys adds $e^0 = 1$ to the denominator:
 #
@@ -436,13 +441,31 @@ html_table(rows)
 #   871–900 TOPS often quoted for the H100 belong to SageAttention2, a later release that `hyv_lib` does not
 #   install. Both are lossy: a ComfyUI report (Comfy-Org/ComfyUI issue #10823) links black HunyuanVideo-1.5
 #   output to the SageAttention 2.2.0.post4 release.
-# - **HunyuanVideo-1.5 end to end**, 720p, 121 frames, 50 steps, 8×H100 (gpu-tpu-pedia, a single author whose
-#   documents label hardware inconsistently; {doc}`../book/references`): FlashAttention-2 5.2 s/step;
-#   SageAttention 3.25 s/step (its SageAttention path ignores the text mask, and the release it used is not
-#   stated).
-# - **TPU**, same project: v6e-8 with stock Splash and K/V zeroing 7.29 s/step. Its experiment with segment ids
-#   was *slower*, about 8.7 against 7.0 s/step. Exactness may cost time on a TPU. No chapter of this book times
-#   Splash on a TPU; chapter 8 counts the attention FLOPs that the padded context tokens add to a step.
+# - **HunyuanVideo-1.5 end to end**, 720p, 121 frames, 50 steps (gpu-tpu-pedia, a single author whose documents
+#   label hardware inconsistently; {doc}`../book/references` lists every such time with its layout). On 8×H100, with
+#   {term}`Ulysses` over all eight GPUs: FlashAttention-2 5.2 s/step; SageAttention 3.25 s/step (its SageAttention
+#   path ignores the text mask, and the release it used is not stated).
+# - **TPU**, same project, on a v6e-8 (`tp_replicated_out` on `tensor=8` in this book's terms): stock Splash with
+#   K/V zeroing, 7.29 s/step. Its migration guide also tried segment ids in place of K/V zeroing, and they were
+#   *slower*: about 435 s per 50-step video against about 350 s for the guide's own K/V-zeroing run, 24% more. (That
+#   run is the guide's baseline, 7.0 s/step, not the 7.29 s/step above; only the ratio between its two runs is
+#   like for like.) Exactness may cost time on a TPU. No chapter of this book times Splash on a TPU; chapter 8 counts
+#   the attention FLOPs that the padded context tokens add to a step. The cell below prints these times from
+#   `hyv_lib.planning.hardware`, where the book keeps them.
+
+# %%
+from hyv_lib.planning.hardware import CITED_STEP_TIMES, cited_pair, layout_label
+
+for c in CITED_STEP_TIMES:
+    if c["chip"] == "H100" or c["rules"] == "tp_replicated_out" and "stock" in c["label"]:
+        print(f"{c['n_chips']} x {c['chip']}, {c['label']} ({c['rules']}, {layout_label(c['mesh'])}): "
+              f"{c['seconds']} s/step")
+seg = cited_pair("segment_ids", "v6e")
+print(f"{seg['n_chips']} x {seg['chip']}, {seg['after']} vs {seg['before']}: {seg['after_s']:.0f} s vs "
+      f"{seg['before_s']:.0f} s per {seg['steps']}-step video ({seg['after_s'] / seg['before_s'] - 1:+.0%}; "
+      f"{seg['before_s'] / seg['steps']:.1f} s/step uncached in that document)")
+
+# %% [markdown]
 # - diffusers ≥ 0.37 rejects masks in its `flash`/`flash_hub`/`_flash_3` backends (huggingface/diffusers
 #   PR #12892). HunyuanVideo-1.5's processor always passes a mask, so those backends fail for this model. Its
 #   varlen backends work.
@@ -462,7 +485,9 @@ html_table(rows)
 #
 # ## Exercises
 #
-# 1. Show that K/V zeroing with *no* padding at all (`P = 0`) is exact, and find the padding at which the
+# Marked ★ (easy) to ★★★ (hard), and *open* where no one has the answer yet ({ref}`notation-exercises`).
+#
+# 1. ★ Show that K/V zeroing with *no* padding at all (`P = 0`) is exact, and find the padding at which the
 #    relative error of a token reaches 1% when its $Z_i = 500$.
 #
 # :::{admonition} Answer
@@ -472,7 +497,7 @@ html_table(rows)
 # padded context tokens, so the bias is far from small unless $Z$ is huge.
 # :::
 #
-# 2. Why does the Splash backend give padded tokens segment id 0 instead of a fresh id per padded token?
+# 2. ★ Why does the Splash backend give padded tokens segment id 0 instead of a fresh id per padded token?
 #
 # :::{admonition} Answer
 # :class: dropdown
@@ -482,7 +507,7 @@ html_table(rows)
 # would be K/V zeroing again.
 # :::
 #
-# 3. Use `hyv_lib.models.layout.dense_mask_bytes` to find the longest 720p video (4n+1 frames) whose `[2, 1, S, S]`
+# 3. ★ Use `hyv_lib.models.layout.dense_mask_bytes` to find the longest 720p video (4n+1 frames) whose `[2, 1, S, S]`
 #    mask still fits in 16 GiB.
 #
 # :::{admonition} Answer
@@ -492,7 +517,7 @@ html_table(rows)
 # alone would fill a 16 GiB v5e chip before the model stored a single activation.
 # :::
 #
-# 4. A text-to-video prompt at 720p/121f has 120 valid text tokens and no quoted text. How many of the $S$ keys
+# 4. ★★ A text-to-video prompt at 720p/121f has 120 valid text tokens and no quoted text. How many of the $S$ keys
 #    are padding? Suppose a query's scores were all near 0, so that every key adds about $e^0 = 1$ to the
 #    denominator. By what factor would K/V zeroing shrink its output, and by what factor if the 2048-key block
 #    padding were also treated as valid zero keys?
@@ -505,4 +530,20 @@ html_table(rows)
 # key length to 114,688 (the 1,103 extra keys printed above), so $111{,}720 / 114{,}688 \approx 0.974$, a 2.6%
 # shrink. Check: `n = layout.video_tokens(real, 720, 1280, 121) + 120; n / s720, n / padded`. Real scores are
 # not all 0, so real $Z_i$ vary from token to token, and so does the bias.
+# :::
+#
+# 5. ★★★ *Open.* gpu-tpu-pedia found Splash with segment ids 24% slower than K/V zeroing on its TPU runs (printed
+#    above), yet both compute the same blocks: every key block is attended. Where does the time go, and can an
+#    exact mask be as fast as the biased one? With the valid-first order, the padding is one contiguous tail of each
+#    sample, so a kernel could also *skip* the key blocks that hold only padding instead of computing them. No one
+#    has timed either on a TPU for this model.
+#
+# :::{admonition} Where to start
+# :class: dropdown
+# On a TPU VM, time `hyv_lib.kernels.splash` on the real 720p shape (2 samples, 16 heads of 128, $S$ = 113,585)
+# with segment ids against the same call with every id 1 (K/V zeroing's cost without its zeroing), under
+# `jax.profiler`, at Splash's default blocks and at larger ones. If the segment-id version is slower, the mask
+# blocks Splash builds from the ids (partial rather than full blocks) are the first suspect. A mask that marks the
+# all-padding key blocks as empty lets Splash skip them; the count of attended tokens in chapter 8's padding
+# table bounds what that can save.
 # :::
