@@ -16,18 +16,19 @@
 # %% [markdown]
 # # 3. Sharding the DiT across devices
 #
-# One HunyuanVideo-1.5 step at 720p and 121 frames does about 12.6 PFLOP and needs 16.7 GB of bf16 weights plus
+# One HunyuanVideo-1.5 step at 720p and 121 frames does about 12.65 PFLOP and needs 15.5 GiB of bf16 weights plus
 # gigabytes of activations, so it has to be spread over several chips. There are three ways to split it, and a
-# mesh can combine them: split the CFG pair of samples (`data`), split the heads and the matrices inside each block
-# (`tensor`, Megatron style), or split the video tokens and swap to a split by heads around attention (`sequence`,
-# Ulysses).
+# device {term}`mesh` can combine them: split the {term}`CFG` pair of samples (`data`), split the heads and the
+# matrices inside each block (`tensor`, Megatron style: {term}`tp`), or split the video tokens and swap to a split by
+# heads around attention (`sequence`, {term}`Ulysses`). Symbols and units are those of the {doc}`../book/notation`
+# page (memory and bytes moved in GiB; vendors' bandwidths in GB/s).
 #
 # :::{figure} ../book/figures/03_mesh_tp_ulysses.svg
 # :name: fig-03-mesh-tp-ulysses
 # (A) A v6e-8 as a `data=2 × tensor=4` mesh: each chip holds one sample of the CFG batch and 4 of the 16 heads.
 # (B) Megatron tensor parallelism in one block: the column-parallel projections (`to_q/k/v`, `fc1`) split their
 # output features, the row-parallel ones (`to_out`, `fc2`) their input features, and each row-parallel output is
-# all-reduced over the tensor row. Under `tp_replicated_out` the row-parallel weights are whole on every chip, and
+# all-reduced over the tensor row. Under {term}`tp_replicated_out` the row-parallel weights are whole on every chip, and
 # XLA replaces half of the all-reduces with all-gathers. (C) Ulysses: an all-to-all turns sequence shards into
 # head shards for attention, and a second one turns them back.
 # :::
@@ -36,10 +37,11 @@
 #
 # 1. sizes the problem with the planner (`hyv_lib.planning`): FLOPs, bytes per device, lower bounds on step time;
 # 2. asks the **TPU compiler** what the real 720p program needs on a v6e-8, without a TPU: libtpu compiles for a
-#    named slice on any Linux machine, and the planner is checked against it;
+#    named {term}`slice` on any Linux machine, and the planner is checked against it;
 # 3. builds device meshes with `data`, `tensor` and `sequence` axes and places the weights with three rule sets
-#    (`tp`, `tp_replicated_out`, `fsdp`) on 8 emulated CPU devices, checks every layout against diffusers'
-#    forward on a randomly initialised 8-head tiny model, and counts the collectives XLA inserts;
+#    (`tp`, `tp_replicated_out`, {term}`fsdp`) on 8 emulated CPU devices, checks every layout against diffusers'
+#    forward on a randomly initialised 8-head tiny model, and counts the collectives ({term}`all-reduce`,
+#    {term}`all-gather`, {term}`all-to-all`) {term}`XLA` inserts;
 # 4. runs Ulysses sequence parallelism, the GPU approach, with torch.distributed on CPU processes.
 #
 # The emulated devices run the same sharded step a v6e-8 would run, compiled for the CPU
@@ -82,16 +84,19 @@ import torch
 from diffusers import HunyuanVideo15Transformer3DModel
 
 import hyv_lib
-from hyv_lib.planning.planner import (
-    COMPILED_RESULTS, FSDP_GATHERED_BLOCKS, TEMPORARY_STREAM_COPIES, bounds, device_plan,
-)
-from hyv_lib.planning.costs import collective_bytes, param_bytes, step_flops, token_counts
-from hyv_lib.planning.hlo import hlo_collectives
-from hyv_lib.planning.hardware import mfu
-from hyv_lib.notebook.display import html_table
 from hyv_lib.models.components import example_forward_kwargs
 from hyv_lib.models.hunyuan import RULE_SETS
+from hyv_lib.notebook.display import html_table
 from hyv_lib.parallel.mesh import make_mesh
+from hyv_lib.planning.costs import collective_bytes, param_bytes, step_flops, token_counts
+from hyv_lib.planning.hardware import mfu
+from hyv_lib.planning.hlo import hlo_collectives
+from hyv_lib.planning.planner import (
+    COMPILED_RESULTS,
+    bounds,
+    cited_times,
+    device_plan,
+)
 from hyv_lib.runtimes.tpu import TpuTransformer
 
 print(jax.device_count(), "devices:", jax.devices()[0].platform)
@@ -100,8 +105,8 @@ print(jax.device_count(), "devices:", jax.devices()[0].platform)
 # ## How big is one step?
 #
 # `hyv_lib.planning.costs.step_flops` counts the matmuls of one forward over the CFG batch of 2. The parameter shapes come
-# from a meta-device instance of the diffusers class, and the attention term is $4 B H S^2 D$ per block over the
-# joint sequence, context padding included (the kernels compute it). On the tiny config, the same count matches
+# from a meta-device instance of the diffusers class, and the attention term is $4 B n_h S^2 D = 4 B S^2 d$ per block
+# over the joint sequence ($n_h$ heads of dimension $D$, hidden width $d = n_h D$), context padding included (the kernels compute it). On the tiny config, the same count matches
 # the matmul FLOPs in XLA's compiled HLO exactly (a test checks it).
 
 # %%
@@ -123,76 +128,81 @@ real = hyv_lib.get_preset("720p_t2v")
 rows = []
 for rules in ("replicated", "tp", "tp_replicated_out", "fsdp"):
     report = param_bytes(real, "bf16", rules, mesh_shape=8)
-    rows.append({"rule set (8 devices)": rules, "weights per device, GB": round(report["bytes_per_device"] / 1e9, 2)})
+    rows.append({"rule set (8 devices)": rules, "weights per device, GiB": round(report["bytes_per_device"] / 2**30, 2)})
+extra = (param_bytes(real, "bf16", "tp_replicated_out", mesh_shape=8)["bytes_per_device"]
+         - param_bytes(real, "bf16", "tp", mesh_shape=8)["bytes_per_device"])
+print(f"tp_replicated_out holds {extra / 2**30:.2f} GiB more per device than tp")
 html_table(rows)
 
 # %% [markdown]
 # `tp` splits the attention and MLP matrices of the 54 blocks 8 ways. `tp_replicated_out` keeps the
-# row-parallel ones (attention output projection, MLP `fc2`) whole on every device, which costs about 4 GB more
-# per device; the gpu-tpu-pedia project measured 8.12 → 7.29 s/step on a v6e-8 with this change (a single author,
-# whose documents label the hardware inconsistently). What the compiler makes of it is below. `fsdp` stores every
-# block matrix split over all devices and gathers each block's weights just before it runs. About a third of the
-# parameters (the AdaLN modulation linears, 12288×2048 per stream and block) stay whole under both TP rule sets.
+# row-parallel ones (attention output projection, MLP `fc2`) whole on every device, which costs 3.7 GiB more
+# per device; the gpu-tpu-pedia project measured 8.12 → 7.29 s/step on a v6e-8 with this change (`tensor=8`; a single
+# author, whose documents label the hardware inconsistently; {ref}`references-baselines`). What the compiler makes of
+# it is below. `fsdp` stores every block matrix split over all devices and gathers each block's weights just before
+# it runs. About a third of the parameters (the {term}`AdaLN` modulation linears, $6d \times d$ = 12288×2048 per
+# stream and block) stay whole under both TP rule sets.
 #
 # ## What has to cross the interconnect
 #
 # Memory is one side of a layout; the other is what the devices must exchange. Two layouts at the extremes, at
-# 720p and 121 frames on 8 devices, in bf16 ($x = 2$ bytes), with $L = 54$ blocks, hidden size $h = 2048$,
+# 720p and 121 frames on 8 devices, in bf16 ($x = 2$ bytes), with $L = 54$ blocks, hidden width $d = 2048$,
 # $N_v = 111{,}600$ video and $N_c = 1{,}985$ context tokens, and the CFG batch $B = 2$ on every device:
 #
 # **Plain TP on `tensor=8`.** In each block and stream, the two row-parallel matmuls (`to_out`, `fc2`) leave
-# partial sums of shape $[B, N, h]$ that are all-reduced. The last block's context stream after attention feeds
-# nothing, so the context counts $L - 1$ times. The all-reduced bytes per step are
+# partial sums of shape $[B, N, d]$ ($N$ the stream's tokens) that are all-reduced. The last block's context stream
+# after attention feeds nothing, so the context counts $L - 1$ times. The all-reduced bytes per step are
 #
 # $$
-# M = 2 B h x \left[L N_v + (L - 1) N_c \right] = 2 \cdot 2 \cdot 2048 \cdot 2 \cdot (54 \cdot 111{,}600 + 53 \cdot 1{,}985)
-#   = 16{,}384 \cdot 6{,}131{,}605 \approx 100.5\ \text{GB}.
+# M = 2 B d x \left[L N_v + (L - 1) N_c \right] = 2 \cdot 2 \cdot 2048 \cdot 2 \cdot (54 \cdot 111{,}600 + 53 \cdot 1{,}985)
+#   = 16{,}384 \cdot 6{,}131{,}605\ \text{B} \approx 93.6\ \text{GiB}.
 # $$
 #
 # A ring all-reduce of $m$ bytes over $n$ devices sends $2 (n - 1)/n \cdot m$ from each device, so each device sends
-# $1.75\,M \approx 175.8$ GB per step (the token refiner's two small all-gathers add 14 MB).
+# $1.75\,M \approx 163.7$ GiB per step (the token refiner's two small all-gathers add about 14 MiB).
 #
-# **Ulysses on `sequence=8`.** The weights stay whole: 16.65 GB on every device, and no all-reduce. Before
+# **Ulysses on `sequence=8`.** The weights stay whole: 15.5 GiB on every device, and no all-reduce. Before
 # attention each device holds q, k and v for its $N_v/8 = 13{,}950$ video tokens and all 16 heads, each
-# $B \cdot 13{,}950 \cdot h \cdot x = 2 \cdot 13{,}950 \cdot 2048 \cdot 2 \approx 114.3$ MB. The all-to-all keeps
-# $1/8$ of it and sends $7/8$: about 100 MB per tensor. The K and V of one attention call are therefore about
-# 200 MB per device, about 1% of the weights each device holds; q, k, v and the output's way back make about
-# 400 MB per block, or about 21.6 GB per step. (Gathering the whole joint sequence's K and V on every device
-# instead would take $2 B S h x \approx 1.86$ GB per block.)
+# $B \cdot 13{,}950 \cdot d \cdot x = 2 \cdot 13{,}950 \cdot 2048 \cdot 2\ \text{B} \approx 109.0$ MiB. The all-to-all
+# keeps $1/8$ of it and sends $7/8$: about 95 MiB per tensor. The K and V of one attention call are therefore about
+# 191 MiB per device, about 1% of the weights each device holds; q, k, v and the output's way back make about
+# 381 MiB per block, or about 20.1 GiB per step. (Gathering the whole joint sequence's K and V on every device
+# instead would take $2 B S d x \approx 1.73$ GiB per block.)
 #
 # The planner in `hyv_lib.planning` computes the same:
 
 # %%
 c = real.transformer
-L, h, x, B, n = c["num_layers"], c["num_attention_heads"] * c["attention_head_dim"], 2, 2, 8
+L, d, x, B, n = c["num_layers"], c["num_attention_heads"] * c["attention_head_dim"], 2, 2, 8
 tok = token_counts(real, 720, 1280, 121)
 Nv, Nc = tok["video"], tok["context"]
-M = 2 * B * h * x * (L * Nv + (L - 1) * Nc)
+M = 2 * B * d * x * (L * Nv + (L - 1) * Nc)
 tp_plan = device_plan(real, 720, 1280, 121, {"tensor": n}, "tp")
-print(f"plain TP, tensor={n}: all-reduced M = {M / 1e9:.1f} GB (planner {tp_plan['collectives']['all-reduce'] / 1e9:.1f}); "
-      f"sent {2 * (n - 1) / n * M / 1e9:.1f} GB by the formula, {tp_plan['sent_bytes'] / 1e9:.1f} GB by the planner "
-      f"(+ refiner gathers)")
+GIB, MIB = 2**30, 2**20
+print(f"plain TP, tensor={n}: all-reduced M = {M / GIB:.1f} GiB (planner {tp_plan['collectives']['all-reduce'] / GIB:.1f}); "
+      f"sent {2 * (n - 1) / n * M / GIB:.1f} GiB by the formula, {tp_plan['sent_bytes'] / GIB:.1f} GiB by the planner "
+      f"(+ refiner gathers, {(tp_plan['sent_bytes'] - 2 * (n - 1) / n * M) / MIB:.0f} MiB)")
 
-shard = B * (Nv // n) * h * x  # one of q, k, v for the local tokens, all heads
+shard = B * (Nv // n) * d * x  # one of q, k, v for the local tokens, all heads
 ulysses_plan = device_plan(real, 720, 1280, 121, {"sequence": n}, "tp")
 kv_sent = 2 * (n - 1) / n * shard
 whole = param_bytes(real, "bf16", "replicated")["bytes_per_device"]
-print(f"Ulysses, sequence={n}: one q/k/v shard {shard / 1e6:.1f} MB (planner: "
-      f"{ulysses_plan['collectives']['all-to-all'] / (4 * L) / 1e6:.1f} MB per all-to-all); "
-      f"K and V sent per attention call {kv_sent / 1e6:.0f} MB = {kv_sent / whole:.1%} of the {whole / 1e9:.2f} GB "
-      f"of weights per device")
-print(f"  per step: {4 * L * (n - 1) / n * shard / 1e9:.1f} GB by the formula; collective_bytes(strategy='ulysses') "
-      f"{collective_bytes(real, 720, 1280, 121, strategy='ulysses', mesh_shape=n)['bytes_per_device'] / 1e9:.1f} GB "
+print(f"Ulysses, sequence={n}: one q/k/v shard {shard / MIB:.1f} MiB (planner: "
+      f"{ulysses_plan['collectives']['all-to-all'] / (4 * L) / MIB:.1f} MiB per all-to-all); "
+      f"K and V sent per attention call {kv_sent / MIB:.0f} MiB = {kv_sent / whole:.1%} of the {whole / GIB:.2f} GiB "
+      f"of weights per device; q, k, v and the output {2 * kv_sent / MIB:.0f} MiB per block")
+print(f"  per step: {4 * L * (n - 1) / n * shard / GIB:.1f} GiB by the formula; collective_bytes(strategy='ulysses') "
+      f"{collective_bytes(real, 720, 1280, 121, strategy='ulysses', mesh_shape=n)['bytes_per_device'] / GIB:.1f} GiB "
       f"(it also counts the context tokens); plain TP sends "
       f"{tp_plan['sent_bytes'] / (4 * L * (n - 1) / n * shard):.1f}x more")
-print(f"  all-gathering the joint sequence's whole K and V instead: {2 * B * tok['joint'] * h * x / 1e9:.2f} GB per block")
+print(f"  all-gathering the joint sequence's whole K and V instead: {2 * B * tok['joint'] * d * x / GIB:.2f} GiB per block")
 
 # %% [markdown]
 # :::{admonition} Takeaway
 # :class: tip
-# Plain TP on 8 devices sends about 176 GB per device per step, because every block all-reduces whole activations
-# $[B, N, h]$ twice per stream; it holds 7.1 GB of weights per device. Ulysses sends about 22 GB (q, k, v and the
-# output, each split 8 ways; one attention call's K and V are about 1% of the weights), but holds all 16.7 GB of
+# Plain TP on 8 devices sends about 164 GiB per device per step, because every block all-reduces whole activations
+# $[B, N, d]$ twice per stream; it holds 6.65 GiB of weights per device. Ulysses sends about 20 GiB (q, k, v and the
+# output, each split 8 ways; one attention call's K and V are about 1% of the weights), but holds all 15.5 GiB of
 # weights on every device. TP saves memory and pays in bandwidth; sequence parallelism does the reverse.
 # :::
 #
@@ -200,7 +210,7 @@ print(f"  all-gathering the joint sequence's whole K and V instead: {2 * B * tok
 #
 # A planner is only as good as its model of what XLA does. The TPU compiler can answer directly, on this CPU:
 # libtpu (installed with `requirements.txt`) describes a TPU slice by name, and `python -m hyv_lib compile` lowers the
-# very jitted step that `TpuTransformer` runs on such a slice, with Splash compiled by Mosaic, and prints what the
+# very jitted step that `TpuTransformer` runs on such a slice, with {term}`Splash` compiled by {term}`Mosaic`, and prints what the
 # compiler reports per device. It is a memory and collective check, not a timing. A small config first, live (the
 # tiny preset, whose head dim of 16 Splash pads to the TPU's 128 lanes):
 
@@ -269,7 +279,7 @@ print(f"all fit: {all(c['fits'] for c, _, _ in compared.values())}; largest tota
 # ### What `tp_replicated_out` really does
 #
 # The name suggests that keeping `to_out` and `fc2` whole on every device avoids their all-reduces. The compiled
-# HLO shows something else: the collectives are swapped, not avoided. The activation that enters these matmuls is
+# {term}`HLO` shows something else: the collectives are swapped, not avoided. The activation that enters these matmuls is
 # still split over `tensor` (each device computed only its own heads and MLP columns), so XLA has to bring the
 # pieces together somewhere. For `fc2`, it slices the replicated weight to the device's own columns of the MLP
 # activation and all-reduces the partial sums exactly as plain TP does. For the attention output projection it
@@ -296,30 +306,33 @@ print(f"all-reduce bytes: {tro_k['all-reduce'] / tp_k['all-reduce']:.2f}x of pla
       f"({tro_k['all-gather'] / GIB:.1f} GiB); bytes sent per device {tro_plan24['sent_bytes'] / tp_plan24['sent_bytes'] - 1:+.0%}; "
       f"non-attention FLOPs per device {tro['flops_per_device'] / tp['flops_per_device'] - 1:+.1%} "
       f"(to_out run whole on all 4 tensor devices); weights per device "
-      f"{(tro_plan24['per_device_bytes']['weights'] - tp_plan24['per_device_bytes']['weights']) / 1e9:+.1f} GB")
+      f"{(tro_plan24['per_device_bytes']['weights'] - tp_plan24['per_device_bytes']['weights']) / GIB:+.2f} GiB")
 
 # %% [markdown]
 # So the swap is bytes for bytes in the HLO: half of plain TP's all-reduces become all-gathers of the same size.
 # On the wire that is less: a ring all-gather sends $(n-1)/n$ of its result per device, an all-reduce twice that, so
 # the bytes each device sends fall by a quarter. It pays for this with more weights per device (the replicated
-# matrices are whole on every device: about 3.4 GB more on this mesh, about 4 GB on `tensor=8`) and with redundant
+# matrices are whole on every device: 3.13 GiB more on this mesh, 3.69 GiB on `tensor=8`) and with redundant
 # `to_out` matmuls. Whether the trade wins is a question of overlap and timing that only a TPU can answer. The 10%
 # that gpu-tpu-pedia measured could come from the fewer bytes on the wire; this chapter cannot tell.
 #
 # The planner's bounds, per device, for the same meshes, next to gpu-tpu-pedia's measured step times (the only
-# published ones for this model on TPU; its runs used `tensor=8`, so that is the mesh here):
+# published ones for this model on TPU; its runs used `tensor=8`, so that is the mesh here). Each {term}`MFU` is the
+# model's FLOPs over the time cited for that row's own layout, with stock Splash: the baseline the book uses
+# throughout ({ref}`references-baselines`).
 
 # %%
-cited = {"tp": 8.12, "tp_replicated_out": 7.29}  # gpu-tpu-pedia, v6e-8, 720p/121f, stock Splash [unverified]
 flops = step_flops(real, 720, 1280, 121)["total"]
 rows = []
 for rules, mesh in (("tp", {"tensor": 8}), ("tp_replicated_out", {"tensor": 8}), ("fsdp", {"data": 2, "sequence": 4})):
     b = bounds(real, 720, 1280, 121, "v6e", 8, rules, mesh_shape=mesh)
+    # gpu-tpu-pedia's stock-Splash time on this very layout, if it published one (hyv_lib.planning.hardware)
+    cited = [c for c in cited_times("720p_t2v", "v6e", 8, mesh, rules) if "stock" in c["label"]]
     rows.append({"rule set": rules, "mesh": ",".join(f"{a}={n}" for a, n in b["mesh"].items() if n > 1),
-                 "GB per device (weights + rest)": f"{b['weights_bytes'] / 1e9:.1f} + {b['activation_bytes'] / 1e9:.1f}",
+                 "GiB per device (weights + rest)": f"{b['weights_bytes'] / GIB:.1f} + {b['activation_bytes'] / GIB:.1f}",
                  "compute bound s": round(b["compute_s"], 2), "interconnect bound s": round(b["interconnect_s"], 2),
-                 "measured s/step": cited.get(rules, ""),
-                 "MFU": f"{mfu(flops, cited[rules], 'v6e', 8):.1%}" if rules in cited else ""})
+                 "cited s/step (stock Splash)": cited[0]["seconds"] if cited else "",
+                 "MFU at that time": f"{mfu(flops, cited[0]['seconds'], 'v6e', 8):.1%}" if cited else ""})
 html_table(rows)
 
 # %% [markdown]
@@ -440,7 +453,7 @@ html_table([{"mesh (8 devices, tp rules)": k, "XLA FLOPs per device": f"{v:.3g}"
 #
 # The official GPU code parallelises differently. Each of N processes holds the whole model and 1/N of the video
 # tokens. In each attention, an all-to-all turns sequence shards into head shards, so every rank attends over
-# all tokens with H/N heads, and a second all-to-all turns them back. The text tokens are small, so they are
+# all tokens with $n_h/N$ heads, and a second all-to-all turns them back. The text tokens are small, so they are
 # replicated and only head-sliced. `hyv_lib.runtimes.ulysses.UlyssesTransformer` does this on torch.distributed (nccl on
 # GPUs). Here it runs on gloo, with CPU processes:
 
@@ -472,10 +485,10 @@ html_table(rows)
 #
 # ## Summary
 #
-# - At 720p and 121 frames one CFG step is about 12.6 PFLOP, 90% of it attention. The bf16 weights take
-#   16.7 GB, 7.1 GB per device under 8-way `tp`, or 11.1 GB with the row-parallel weights replicated.
-# - Plain TP on `tensor=8` sends about 176 GB per device per step (two all-reduces of $[B, N, h]$ per block and
-#   stream); Ulysses on 8 devices sends about 22 GB but keeps all the weights on every device.
+# - At 720p and 121 frames one CFG step is about 12.65 PFLOP, 90% of it attention. The bf16 weights take
+#   15.5 GiB, 6.65 GiB per device under 8-way `tp`, or 10.34 GiB with the row-parallel weights replicated.
+# - Plain TP on `tensor=8` sends about 164 GiB per device per step (two all-reduces of $[B, N, d]$ per block and
+#   stream); Ulysses on 8 devices sends about 20 GiB but keeps all the weights on every device.
 # - The TPU compiler runs on any Linux machine with libtpu: `python -m hyv_lib compile` compiles the real step for
 #   a named slice and reports per-device memory, collectives and FLOPs. At 720p every layout above fits a v6e-8.
 #   The planner (`device_plan`) matches the compiler's collective bytes, and its memory to within a few
@@ -492,7 +505,9 @@ html_table(rows)
 #
 # ## Exercises
 #
-# 1. Why must the number of heads be divisible by `tensor` × `sequence`, and what would you do for 16 heads on
+# Marked ★ (easy) to ★★★ (hard), and *open* where no one has the answer yet ({ref}`notation-exercises`).
+#
+# 1. ★ Why must the number of heads be divisible by `tensor` × `sequence`, and what would you do for 16 heads on
 #    a 12-chip system?
 #
 # :::{admonition} Answer
@@ -504,14 +519,14 @@ html_table(rows)
 # guessing.
 # :::
 #
-# 2. Using `param_bytes`, how much memory per device would splitting the AdaLN modulation linears
+# 2. ★★ Using `param_bytes`, how much memory per device would splitting the AdaLN modulation linears
 #    (`norm1.linear`, `norm1_context.linear`) save under `tp` on 8 devices? How would you confirm it with the
 #    compiler?
 #
 # :::{admonition} Answer
 # :class: dropdown
-# Each is 12288×2048 (+bias) per block and stream: 2 × 54 × 25.18 M ≈ 2.72 B parameters ≈ 5.44 GB in bf16.
-# Split 8 ways, that is 0.68 GB per device instead of 5.44, so `tp` would drop from about 7.1 to about 2.4 GB per
+# Each is 12288×2048 (+bias) per block and stream: 2 × 54 × 25.18 M ≈ 2.72 B parameters ≈ 5.06 GiB in bf16.
+# Split 8 ways, that is 0.63 GiB per device instead of 5.06, so `tp` would drop from 6.65 to about 2.2 GiB per
 # device. Try it with a custom rule list, such as
 # `RULE_SETS["tp"] + [Rule("tp/adaln", r"transformer_blocks\.\d+\.norm1(_context)?\.linear\.(weight|bias)", ("tensor", None))]`.
 # To confirm it, add that rule to `hyv_lib.models.hunyuan.RULE_SETS` under a new name and compile: the compiler's
@@ -519,7 +534,7 @@ html_table(rows)
 # a collective).
 # :::
 #
-# 3. Ulysses moves the video q, k, v and output through all-to-alls. Why is it attractive on GPUs, where TP
+# 3. ★ Ulysses moves the video q, k, v and output through all-to-alls. Why is it attractive on GPUs, where TP
 #    is the usual choice for large language models?
 #
 # :::{admonition} Answer
@@ -527,11 +542,11 @@ html_table(rows)
 # Here the sequence is long (about 114k tokens) while the model is modest (8.3B), so activations dominate and the
 # weights fit on one GPU. Ulysses keeps the weights whole, which means no all-reduce after every matmul. Per
 # block it moves only the attention inputs and outputs, and each all-to-all sends 1/N of them to each peer.
-# At 720p on 8 devices that is about 22 GB per device per step against about 176 GB for plain TP on `tensor=8`
-# (the derivation above). The price is memory: each GPU holds all 16.7 GB of weights.
+# At 720p on 8 devices that is about 20 GiB per device per step against about 164 GiB for plain TP on `tensor=8`
+# (the derivation above). The price is memory: each GPU holds all 15.5 GiB of weights.
 # :::
 #
-# 4. On the compiled mesh `data=2,tensor=4` with plain `tp`, derive by hand the all-reduce bytes per device per
+# 4. ★★★ On the compiled mesh `data=2,tensor=4` with plain `tp`, derive by hand the all-reduce bytes per device per
 #    step that the compiler reports (the 46.8 GiB in the layout table), and the bytes each device sends.
 #
 # :::{admonition} Answer
@@ -546,5 +561,19 @@ html_table(rows)
 #
 # the compiler's figure to the byte
 # (`device_plan(real, 720, 1280, 121, {"data": 2, "tensor": 4}, "tp")["collectives"]["all-reduce"]`). A ring
-# all-reduce over $n = 4$ sends $2 \cdot 3/4$ of it: $75.3$ GB $= 70.2$ GiB per device, the table's "GiB sent".
+# all-reduce over $n = 4$ sends $2 \cdot 3/4$ of it: $70.2$ GiB per device, the table's "GiB sent".
+# :::
+#
+# 5. ★★★ *Open.* gpu-tpu-pedia measured `tp_replicated_out` 10% faster than `tp` on `tensor=8` (8.12 → 7.29 s/step),
+#    yet the bytes it saves on the wire would take a fraction of that 0.83 s even at the ICI's peak (chapter 8 works
+#    it out). Which default layout is fastest on a real v6e-8: `tp_replicated_out` on `data=2,tensor=4` (this
+#    book's default), the same rules on `tensor=8`, or `fsdp` on `data=2,sequence=4`, which sends the least and holds
+#    the least? The planner ranks them by bounds only; no one has timed them.
+#
+# :::{admonition} Where to start
+# :class: dropdown
+# On a v6e-8, time 5 steps of `python -m hyv_lib stage2 --runtime tpu --warmup_steps 2` at 720p/121f with each
+# `--mesh`/`--sharding` pair of the compiled table, and capture one step with `jax.profiler` to see how much of each
+# collective overlaps compute. The compiled reports (`hyv_lib/compiled/tpu_compile.json`) already say each layout
+# fits; the profile answers whether its collectives are hidden.
 # :::
