@@ -16,17 +16,17 @@
 # %% [markdown]
 # # 1. Migrating PyTorch to JAX with torchax
 #
-# TPUs are programmed through XLA, and the usual way to reach XLA is JAX. HunyuanVideo-1.5, however, exists as
-# PyTorch code: diffusers' `HunyuanVideo15Transformer3DModel`. [torchax](https://github.com/google/torchax) runs
-# PyTorch code on JAX arrays. No rewrite is needed, but only code that JAX can trace will compile. This chapter
+# TPUs are programmed through {term}`XLA`, and the usual way to reach XLA is JAX. HunyuanVideo-1.5, however, exists
+# as PyTorch code: diffusers' `HunyuanVideo15Transformer3DModel`, the {term}`DiT`. {term}`torchax`
+# (<https://github.com/google/torchax>) runs PyTorch code on JAX arrays. No rewrite is needed, but only code that JAX can trace will compile. This chapter
 # follows the migration step by step:
 #
 # 1. torchax in five minutes;
 # 2. how much memory the weights need, and why real presets load once, in bf16;
 # 3. diffusers' forward run naively: each failure shown live and caught;
 # 4. the fixes in `hyv_lib.runtimes.tpu.TpuTransformer`, and why each one is exact;
-# 5. `jit`, recompilation, and the persistent compile cache;
-# 6. numerics against the oracle, and eager against jit timings measured here.
+# 5. {term}`jit`, recompilation, and the persistent compile cache;
+# 6. numerics against the {term}`oracle`, and eager against jit timings measured here.
 #
 # :::{figure} ../book/figures/01_torch_to_xla.svg
 # :name: fig-01-torch-to-xla
@@ -66,18 +66,17 @@ warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm.auto wi
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")  # torchax's jax->torch views
 warnings.filterwarnings("ignore", message="Explicitly requested dtype int64")  # JAX runs without x64 here
 
+import diffusers
 import jax
 import jax.numpy as jnp
 import torch
 import torchax
-from torchax.interop import JittableModule, call_jax, jax_jit, jax_view, torch_view
-
-import diffusers
+from torchax.interop import JittableModule, call_jax, jax_jit, jax_view
 
 import hyv_lib
 import hyv_lib.parallel.jax_env  # noqa: F401  (before JAX starts: hides libtpu's no-TPU warnings, see TPU setup)
-from hyv_lib.notebook.display import html_table
 from hyv_lib.models.components import first_blocks_copy, load_components, quiet_loading
+from hyv_lib.notebook.display import html_table
 
 diffusers.utils.logging.set_verbosity_error()  # quiet diffusers' advice about casting with .to()
 
@@ -126,25 +125,25 @@ with env:
 # %% [markdown]
 # ## The weights: load once, in bf16
 #
-# Before anything runs, the model has to fit. The parameter count $N$ of the 720p transformer follows from its
+# Before anything runs, the model has to fit. The parameter count $P$ of the 720p transformer follows from its
 # config alone (`hyv_lib.planning.costs` builds the diffusers class on PyTorch's `meta` device, which allocates nothing),
-# and the weights take $N$ times the bytes of one element:
+# and the weights take $P$ times the $x$ bytes of one element (notation: {doc}`../book/notation`):
 #
 # $$
-# N = 8{,}326{,}608{,}160, \qquad N \cdot 2\ \text{B} = 15.5\ \text{GiB in bf16}, \qquad
-# N \cdot 4\ \text{B} = 31.0\ \text{GiB in fp32}.
+# P = 8{,}326{,}608{,}160, \qquad P \cdot 2\ \text{B} = 15.5\ \text{GiB in bf16}, \qquad
+# P \cdot 4\ \text{B} = 31.0\ \text{GiB in fp32}.
 # $$
 #
-# A TPU v5e chip has 16 GiB of HBM and a v6e chip 32 GiB (Google Cloud TPU documentation, recorded with its
-# source in `hyv_lib.planning.hardware.CHIPS`). In fp32 the weights alone overflow a v5e chip and leave a v6e chip 1.0 GiB for
+# A TPU v5e chip has 16 GiB of {term}`HBM` and a v6e chip 32 GiB, as JAX reports them (Google's documentation says
+# 16 GB and 32 GB; the figures and their sources are in `hyv_lib.planning.hardware.CHIPS`). In fp32 the weights alone overflow a v5e chip and leave a v6e chip 1.0 GiB for
 # the activations, the compiled program and everything else. In bf16 they leave 16.5 GiB on a v6e chip, and they
 # still fill all but 0.5 GiB of a v5e chip, which is why a v5e needs the weights sharded over its chips
-# (chapter 3; set `HYV_MESH`). The real presets therefore load in bf16, their `default_dtype`; the tiny ones in
+# (chapter 3; set `HYV_MESH`, a device {term}`mesh`). The real presets therefore load in bf16, their `default_dtype`; the tiny ones in
 # fp32. The table computes the same numbers:
 
 # %%
-from hyv_lib.planning.hardware import CHIPS
 from hyv_lib.planning.costs import dtype_bytes, param_bytes
+from hyv_lib.planning.hardware import CHIPS
 
 n_720p = param_bytes("720p_t2v", "bf16")["params"]
 print(f"720p transformer: {n_720p:,} parameters")
@@ -271,7 +270,7 @@ with env:
 # | `if torch.all(image_embeds == 0)` | decided in Python on the concrete embeddings; the step receives `image_scale` = 0 or 1 and an image mask as *data* | the step computes `image_embedder(x) * 0` exactly as diffusers does for t2v, and `* 1` for i2v |
 # | `text[text_mask]` reorder | `hyv_lib.models.layout.valid_first_order`: a stable argsort of the masks gives gather indices; the step does `torch.gather` | same permutation as the boolean indexing (a test compares with diffusers' own reorder bit for bit) |
 # | dense mask, NaN rows | the processors of chapter 2: a `[B, S]` key-padding mask, padded rows exactly 0 | valid tokens never read padded ones, so their values are unchanged; padded rows no longer produce NaN |
-# | RoPE tables per call | computed once per latent shape, outside `jit`, and passed in | they depend only on the shape |
+# | {term}`RoPE` tables per call | computed once per latent shape, outside `jit`, and passed in | they depend only on the shape |
 #
 # The timestep-dependent parts (time embedding, token refiner) stay inside the step. Everything else in the
 # step is diffusers' own submodules.
@@ -295,7 +294,7 @@ print("gather indices", tuple(order.shape), "| valid context tokens per sample:"
 #
 # Now the whole loaded model, in its own dtype (bf16 for a real preset) and without a copy: `TpuTransformer`
 # takes it as it is, installs `hyv_lib`'s attention processors on it in place, and hands its weights to JAX
-# (`attention="auto"`: Splash on a TPU, XLA elsewhere; with `HYV_MESH`, sharded over the mesh as in chapter 3).
+# (`attention="auto"`: {term}`Splash` on a TPU, XLA elsewhere; with `HYV_MESH`, sharded over the mesh as in chapter 3).
 
 # %%
 from hyv_lib.runtimes.tpu import TpuTransformer
@@ -502,7 +501,9 @@ for row in timings:
 #
 # ## Exercises
 #
-# 1. Why is `image_scale` passed as a tensor rather than as a Python bool argument marked static?
+# Marked ★ (easy) to ★★★ (hard), and *open* where no one has the answer yet ({ref}`notation-exercises`).
+#
+# 1. ★ Why is `image_scale` passed as a tensor rather than as a Python bool argument marked static?
 #
 # :::{admonition} Answer
 # :class: dropdown
@@ -511,7 +512,7 @@ for row in timings:
 # *structure* of the computation, such as shapes. A value that only changes the numbers can be data.
 # :::
 #
-# 2. The scheduler's `step` advances an internal step index. What goes wrong if warmup calls run through the
+# 2. ★★ The scheduler's `step` advances an internal step index. What goes wrong if warmup calls run through the
 #    scheduler, and how does `hyv_lib` avoid it?
 #
 # :::{admonition} Answer
@@ -524,7 +525,7 @@ for row in timings:
 # `--warmup_steps 2` gives bitwise the same latents as 0, on both runtimes.
 # :::
 #
-# 3. Predict the number of compilations for a 50-step run at 720p after a 2-step warmup, then for a second run
+# 3. ★ Predict the number of compilations for a 50-step run at 720p after a 2-step warmup, then for a second run
 #    at 480p in the same process, and a third at 720p in a new process with the compile cache enabled.
 #
 # :::{admonition} Answer
@@ -534,8 +535,8 @@ for row in timings:
 # executable from the persistent cache instead of compiling it.
 # :::
 #
-# 4. On 8 chips (`tensor=8`), how many GiB of bf16 weights does each chip hold at 720p with the rule sets
-#    `tp_replicated_out`, `tp` and `fsdp` of chapter 3? Which of them leave at least half of a 16 GiB v5e chip
+# 4. ★★ On 8 chips (`tensor=8`), how many GiB of bf16 weights does each chip hold at 720p with the
+#    {term}`rule sets <rule set>` `tp_replicated_out`, `tp` and `fsdp` of chapter 3? Which of them leave at least half of a 16 GiB v5e chip
 #    free? Use `hyv_lib.planning.costs.param_bytes("720p_t2v", "bf16", rules, 8)["bytes_per_device"]`.
 #
 # :::{admonition} Answer
@@ -546,7 +547,7 @@ for row in timings:
 # 5.66 GiB.
 # :::
 #
-# 5. The probe of a real preset keeps the embedders, the token refiner, the output head and the first two of the
+# 5. ★★ The probe of a real preset keeps the embedders, the token refiner, the output head and the first two of the
 #    54 blocks. From `hyv_lib.planning.costs.parameter_shapes("720p_t2v")`, count the parameters outside
 #    `transformer_blocks` and those of one block; how many GiB is the probe in fp32, and what fraction of the
 #    whole model is it?
@@ -557,4 +558,19 @@ for row in timings:
 # $169{,}535{,}776 + 2 \cdot 151{,}056{,}896 = 471{,}649{,}568$ parameters: 1.76 GiB in fp32, 5.7% of the
 # model's 8,326,608,160. The 54 blocks hold $54 \cdot 151{,}056{,}896 = 8{,}157{,}072{,}384$ parameters, 98% of
 # the model.
+# :::
+#
+# 6. ★★★ *Open.* torchax traces the 54 blocks one after another, so the program XLA compiles repeats the block's
+#    operations 54 times, and the TPU compiler took minutes per layout on this project's CPU (chapter 3's `compile s`
+#    column). Would a loop over the blocks (`jax.lax.scan` over stacked block weights) compile much faster and give a
+#    smaller program, at what cost in step time, and does it still shard the same way? No one has tried it for this
+#    model.
+#
+# :::{admonition} Where to start
+# :class: dropdown
+# `hyv_lib.models.adapter.ModelAdapter` already names the blocks and how one is called, which is what a scan needs:
+# stack the blocks' weights along a new leading axis and call one block inside `jax.lax.scan`. Compare compile
+# time and the compiled code size (`compile_step(...)`'s `code` bytes, as in chapter 3) at a small latent first,
+# then for `720p_t2v` on a v6e slice with `python -m hyv_lib compile`; the outputs must still match the oracle.
+# XLA may unroll or pipeline differently inside a loop, so the step time needs a TPU.
 # :::
