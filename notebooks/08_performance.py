@@ -16,18 +16,18 @@
 # %% [markdown]
 # # 8. Performance: roofline, MFU and the road to 50%
 #
-# How fast *should* one denoising step of HunyuanVideo-1.5 be, how fast is it in published runs, and what would it
-# take to close the gap? This chapter answers mostly with arithmetic: every number below is either computed here by
+# How fast *should* one denoising step of HunyuanVideo-1.5's {term}`DiT` be, how fast is it in published runs, and
+# what would it take to close the gap? This chapter answers mostly with arithmetic: every number below is either computed here by
 # the planner in `hyv_lib.planning` from the model's configuration and the chips' published peaks, read from the TPU
 # compiler's saved reports, read from the saved results of `benchmarks/gpu_check.py` on one NVIDIA H200 (the only
 # timings of `hyv_lib` itself, with random weights), or cited with its source and hardware.
 #
-# 1. **Count** one CFG step (a forward over the batch of 2 prompts) at 480p and 720p: FLOPs split into attention
+# 1. **Count** one {term}`CFG` step (a forward over the batch of 2 prompts) at 480p and 720p: FLOPs split into attention
 #    and linear layers.
-# 2. **Bound** it per chip: compute, HBM and interconnect lower bounds (a roofline).
+# 2. **Bound** it per chip: compute, {term}`HBM` and interconnect lower bounds (a {term}`roofline`).
 # 3. **Compile** the real 720p step for TPU slices without having one, to read per-device memory and
 #    collectives from the TPU compiler itself (the figure below).
-# 4. **Convert** published step times into model FLOP utilisation (MFU), next to `hyv_lib`'s own step measured on
+# 4. **Convert** published step times into model FLOP utilisation ({term}`MFU`), next to `hyv_lib`'s own step measured on
 #    one H200.
 # 5. **Plan** the road to 50% MFU on a TPU v6e-8: which levers exist, and how much each can give.
 #
@@ -36,9 +36,14 @@
 # How `python -m hyv_lib compile` (`hyv_lib.planning.tpu_compile`) checks a TPU layout on a CPU. libtpu describes the devices
 # of a named slice; the diffusers DiT on torch's meta device gives every weight's name and shape, which become
 # abstract bf16 arrays placed on a mesh of those devices by a sharding rule set; the jitted step that
-# `TpuTransformer` runs on a TPU VM is lowered and compiled by XLA's TPU compiler, with the Splash kernel compiled
-# by Mosaic. The compiler's memory analysis, cost analysis and optimised HLO are what the chapter reads back.
+# `TpuTransformer` runs on a TPU VM is lowered and compiled by XLA's TPU compiler, with the {term}`Splash` kernel
+# compiled by {term}`Mosaic`. The compiler's memory analysis, cost analysis and optimised {term}`HLO` are what the
+# chapter reads back.
 # :::
+#
+# Symbols and units follow the {doc}`../book/notation` page: $C$ is the FLOPs of one step, $n_h$ heads of dimension
+# $D$ make the hidden width $d$, memory and bytes moved are in GiB, and the vendors' bandwidths in GB/s ($10^9$
+# bytes per second).
 #
 # Nothing here runs the model or loads weights, so the chapter reads the same on a CPU and on a TPU VM; the
 # compiler reports were saved by `benchmarks/tpu_compile.py`, so this notebook does not need libtpu either, and the
@@ -72,14 +77,20 @@ warnings.filterwarnings("ignore", message="IProgress not found")
 from IPython.display import display
 
 import hyv_lib
-from hyv_lib.planning.hardware import CHIPS, CITED_STEP_TIMES, layout_label, mfu
-from hyv_lib.planning.planner import COMPILED_RESULTS, bounds, default_layout, device_plan
-from hyv_lib.planning.costs import (
-    activation_bytes, collective_bytes, param_bytes, parameter_shapes, step_flops, token_counts,
-)
-from hyv_lib.runtimes.deepcache import DeepCacheSchedule
 from hyv_lib.notebook.display import html_table
+from hyv_lib.planning.costs import (
+    activation_bytes,
+    collective_bytes,
+    param_bytes,
+    parameter_shapes,
+    step_flops,
+    token_counts,
+)
+from hyv_lib.planning.hardware import CHIPS, CITED_STEP_TIMES, cited_pair, layout_label, mfu
+from hyv_lib.planning.planner import COMPILED_RESULTS, bounds, device_plan
+from hyv_lib.runtimes.deepcache import DeepCacheSchedule
 
+GIB = 2**30  # memory and bytes moved are in GiB; bandwidths in the vendors' GB/s (1e9 bytes/s)
 PRESETS = {name: hyv_lib.get_preset(name) for name in ("480p_t2v", "720p_t2v")}
 P720 = PRESETS["720p_t2v"]
 # The published HunyuanVideo-1.5 runs are all 720p (1280x720), 121 frames, 50 steps, CFG as a batch of 2.
@@ -95,37 +106,37 @@ print("source:", V6E.source)
 #
 # `step_flops` counts the matmuls of one transformer forward, 2 FLOPs per multiply-add, from the shapes in the
 # preset's diffusers config. Elementwise work (norms, softmax, RoPE, activations) is left out: a softmax costs a few
-# operations per logit against $4D = 512$ matmul FLOPs. With $L = 54$ blocks, batch $B = 2$ (CFG), $H = 16$ heads of
-# $D = 128$, hidden $h = HD = 2048$, MLP width $f = 4h$ and a joint sequence of $S$ tokens (video tokens plus all
+# operations per logit against $4D = 512$ matmul FLOPs. With $L = 54$ blocks, batch $B = 2$ (CFG), $n_h = 16$ heads of
+# $D = 128$, hidden width $d = n_h D = 2048$, MLP width $f = 4d$ and a joint sequence of $S$ tokens (video tokens plus all
 # 1985 context tokens, padding included, because the kernels compute it):
 #
 # $$
-# F_\text{attn} = L \cdot \underbrace{2BHS^2D}_{QK^\top} + L \cdot \underbrace{2BHS^2D}_{PV} = 4LBS^2h,
+# C_\text{attn} = L \cdot \underbrace{2Bn_hS^2D}_{QK^\top} + L \cdot \underbrace{2Bn_hS^2D}_{PV} = 4LBS^2d,
 # \qquad
-# F_\text{lin} \approx L \cdot 2BS\,(4h^2 + 2hf) = 24LBSh^2 .
+# C_\text{lin} \approx L \cdot 2BS\,(4d^2 + 2df) = 24LBSd^2 .
 # $$
 #
-# Their ratio is $S/(6h)$: attention overtakes the linear layers once the sequence is longer than $6h = 12{,}288$
+# Their ratio is $S/(6d)$: attention overtakes the linear layers once the sequence is longer than $6d = 12{,}288$
 # tokens, and a 720p video is far longer.
 #
 # ### Worked out: 720p, 121 frames
 #
-# The latent of a 1280x720 video of 121 frames has $(121-1)/4+1 = 31$ frames of $720/16 \times 1280/16 = 45 \times
-# 80$; with patch size 1 that is $31 \cdot 45 \cdot 80 = 111{,}600$ video tokens. The context adds
-# $1000 + 256 + 729 = 1985$ (text, ByT5, image), so $S = 113{,}585$. With $L = 54$, $B = 2$ and $h = 2048$:
+# The latent of a 1280x720 video of 121 frames has $T = (121-1)/4+1 = 31$ frames of
+# $h \times w = 720/16 \times 1280/16 = 45 \times 80$; with patch size 1 that is $N_v = 31 \cdot 45 \cdot 80 = 111{,}600$
+# video tokens. The context adds $N_c = 1000 + 256 + 729 = 1985$ (text, ByT5, image), so $S = 113{,}585$. With $L = 54$, $B = 2$ and $d = 2048$:
 #
 # $$
-# F_\text{attn} = 4LBS^2h = 4 \cdot 54 \cdot 2 \cdot 113{,}585^2 \cdot 2048 \approx 11.41\ \text{PFLOP}.
+# C_\text{attn} = 4LBS^2d = 4 \cdot 54 \cdot 2 \cdot 113{,}585^2 \cdot 2048 \approx 11.41\ \text{PFLOP}.
 # $$
 #
 # The linear layers follow the rule of thumb "2 FLOPs per parameter per token", with one catch: count only the
-# weights a token passes through. Each block holds three groups of $12h^2 \approx 50.3$ M parameters: the video
-# stream's q, k, v, out and MLP, the same for the text stream, and the two AdaLN modulation linears ($h \to 6h$
+# weights a token passes through. Each block holds three groups of $12d^2 \approx 50.3$ M parameters: the video
+# stream's q, k, v, out and MLP, the same for the text stream, and the two {term}`AdaLN` modulation linears ($d \to 6d$
 # each), which run once per sample on the timestep embedding. A token meets only its own stream's group, so
-# $P_\text{tok} = L \cdot 12h^2 \approx 2.72$ billion of the model's 8.33 billion parameters:
+# $P_\text{tok} = L \cdot 12d^2 \approx 2.72$ billion of the model's 8.33 billion parameters:
 #
 # $$
-# F_\text{lin} \approx 2 \cdot P_\text{tok} \cdot S \cdot B = 2 \cdot 2.72 \times 10^9 \cdot 113{,}585 \cdot 2
+# C_\text{lin} \approx 2 \cdot P_\text{tok} \cdot S \cdot B = 2 \cdot 2.72 \times 10^9 \cdot 113{,}585 \cdot 2
 # \approx 1.235\ \text{PFLOP},
 # $$
 #
@@ -157,7 +168,7 @@ P_tok = sum(math.prod(shape) for name, shape in shapes.items()
 print(f"video tokens {t_lat} x {h_lat} x {w_lat} = {tokens['video']:,}; S = {tokens['video']:,} + "
       f"{tokens['context']:,} = {S:,}")
 print(f"parameters {sum(math.prod(s) for s in shapes.values()) / 1e9:.2f} B; one stream's block weights "
-      f"P_tok = {P_tok / 1e9:.3f} B (L x 12h^2 = {L * 12 * h * h / 1e9:.3f} B)")
+      f"P_tok = {P_tok / 1e9:.3f} B (L x 12d^2 = {L * 12 * h * h / 1e9:.3f} B)")
 by_hand = {"attention": 4 * L * B * S**2 * h, "linear": 2 * P_tok * S * B}
 by_hand["total"] = by_hand["attention"] + by_hand["linear"]
 html_table([{"720p, 121 frames, one CFG step": k, "by hand, PFLOP": f"{v / 1e15:.3f}",
@@ -176,7 +187,7 @@ for c in CITED_STEP_TIMES:
 # %% [markdown]
 # :::{admonition} Takeaway
 # :class: tip
-# One 720p, 121-frame CFG step is about 12.65 PFLOP: $4LBS^2h$ for attention (11.41) plus 2 FLOPs per token for
+# One 720p, 121-frame CFG step is about 12.65 PFLOP: $4LBS^2d$ for attention (11.41) plus 2 FLOPs per token for
 # each weight *its stream* passes through (1.235), not for all 8.33 B parameters. Even at the full 918 TFLOP/s of
 # eight v6e chips that is 1.72 s a step; the published TPU runs take 3.4 to 4.7 times as long. The rest of the
 # chapter asks where that factor goes.
@@ -201,7 +212,7 @@ html_table([flops_row(name, FRAMES) for name in PRESETS])
 h = P720.transformer["num_attention_heads"] * P720.transformer["attention_head_dim"]
 S = F720["tokens"]["joint"]
 parts = F720["parts"]
-print(f"720p, 121 frames: S = {S:,} tokens, S / (6h) = {S / (6 * h):.2f}; "
+print(f"720p, 121 frames: S = {S:,} tokens, S / (6d) = {S / (6 * h):.2f}; "
       f"counted block attention / block linear = {parts['blocks_attention'] / parts['blocks_linear']:.2f}")
 html_table([{"part of one 720p CFG step": k, "TFLOP": f"{v / 1e12:,.3f}", "share": f"{v / F720['total']:.4%}"}
             for k, v in parts.items()])
@@ -238,23 +249,24 @@ plt.show()
 #
 # `bounds` turns the counts into three lower bounds on the time of one CFG step on $n$ chips:
 #
-# - **compute**: $F / (n \cdot \text{peak})$, at the chip's dense bf16 peak;
+# - **compute**: $C / (n \cdot \text{peak})$, at the chip's dense bf16 peak;
 # - **HBM**: the bytes each chip moves through HBM (its share of the weights under the rule set, plus what the
 #   attention kernel moves) over the HBM bandwidth. A flash-style kernel reads $q$ once and writes its output once,
-#   but $k$ and $v$ do not fit in on-chip memory, so it streams them again for every *query block*: with Splash's
+#   but $k$ and $v$ do not fit in on-chip memory, so it streams them again for every *query block*
+#   ({term}`block_q`): with Splash's
 #   2,048-row blocks the 720p joint sequence (113,585 tokens, padded to 56 blocks) reads $k$ and $v$ 56 times per
 #   block (`attention_hbm_bytes`; the tiles are each chip's Splash defaults, 1,024 query rows on v4/v5e/v5p where
-#   2,048 does not fit in VMEM). On a GPU, flash-attn's 128-row query tiles of one head run side by side on the
+#   2,048 does not fit in {term}`VMEM`). On a GPU, flash-attn's 128-row query tiles of one head run side by side on the
 #   132 SMs and share each $k$/$v$ read through L2, so the planner counts one read per 132 tiles: an estimate, with
 #   no GPU profile behind it;
 # - **interconnect**: the bytes each chip sends in the layout's collectives over half its published bidirectional
-#   ICI or NVLink bandwidth (no sourced figure for TPU7x or v4, so that bound stays empty).
+#   {term}`ICI` or NVLink bandwidth (no sourced figure for TPU7x or v4, so that bound stays empty).
 #
-# TPUs use the runtime's default layout: `tp_replicated_out` on a mesh with the CFG pair on `data` and the rest on
-# `tensor` (`data=2,tensor=4` on eight v6e chips; `default_layout`), with per-device FLOPs, memory and
-# collectives from `device_plan`, the planner's model of the compiled step (checked against the TPU compiler in
+# TPUs use the runtime's default layout: {term}`tp_replicated_out` on a {term}`mesh` with the CFG pair on `data` and
+# the rest on `tensor` (`data=2,tensor=4` on eight v6e chips; `default_layout`), with per-device FLOPs, memory
+# and collectives from `device_plan`, the planner's model of the compiled step (checked against the TPU compiler in
 # {doc}`03_sharding`). JAX shows a TPU7x chip as two devices, so eight v7x chips are sixteen devices here. GPUs use
-# what `--runtime ulysses` does: whole weights on every GPU, Ulysses all-to-alls. The last column is the arithmetic
+# what `--runtime ulysses` does: whole weights on every GPU, {term}`Ulysses` all-to-alls. The last column is the arithmetic
 # intensity per device, FLOPs over HBM bytes.
 
 # %%
@@ -269,8 +281,8 @@ for chip, rules in LAYOUT.items():
         points.append((chip, name, intensity, pessimistic))
         rows.append({"8 x": chip, "preset": name, "weights": "replicated (Ulysses)" if rules == "replicated" else rules,
                      "mesh": ",".join(f"{a}={n}" for a, n in b["mesh"].items() if n > 1),
-                     "weights GB/device": round(b["weights_bytes"] / 1e9, 1),
-                     "rest GB/device": round(b["activation_bytes"] / 1e9, 1), "memory from": b["memory_source"],
+                     "weights GiB/device": round(b["weights_bytes"] / GIB, 1),
+                     "rest GiB/device": round(b["activation_bytes"] / GIB, 1), "memory from": b["memory_source"],
                      "fits": b["fits"],
                      "compute s": round(b["compute_s"], 3), "HBM s": round(b["hbm_s"], 3),
                      "interconnect s": round(b["interconnect_s"], 3) if b["interconnect_s"] else "n/a",
@@ -324,7 +336,7 @@ lever = []
 for block_q in (512, 1024, 2048, 3072, 4096):
     b = bounds(PRESETS["720p_t2v"], 720, 1280, FRAMES, "v6e", 8, "tp_replicated_out", block_q=block_q)
     lever.append({"block_q": block_q, "K/V passes": b["attention_passes"],
-                  "attention GB/chip": round(b["attention_hbm_bytes"] / 1e9),
+                  "attention GiB/chip": round(b["attention_hbm_bytes"] / GIB),
                   "attention FLOP/byte": f"{b['attention_intensity']:,.0f}",
                   "vs ridge": f"{b['attention_intensity'] / ridge:.1f}x", "HBM s": round(b["hbm_s"], 2),
                   "compute s": round(b["compute_s"], 2)})
@@ -430,15 +442,20 @@ else:
 #
 # Model FLOP utilisation is the model's FLOPs per step over what the chips could do in the measured time:
 #
-# $$\text{MFU} = \frac{F}{t_\text{step} \cdot n \cdot \text{peak}} .$$
+# $$\text{MFU} = \frac{C}{t_\text{step} \cdot n \cdot \text{peak}} .$$
 #
-# $F$ is the *model's* count, here `step_flops` at 720p and 121 frames, whatever the kernel actually
+# $C$ is the *model's* count, here `step_flops` at 720p and 121 frames, whatever the kernel actually
 # executes. The only published HunyuanVideo-1.5 step times on these systems come from one project,
 # gpu-tpu-pedia (a single author; not reproduced here; see {doc}`../book/references`). Its documents label the
 # same TPU runs *v4-8* in some places and *v6e-8* in others. They cannot have been v4. A v4-8 is 4 chips of
-# 275 TFLOP/s, 1.1 PFLOP/s in all; doing the step's 12.65 PFLOP in 7.29 s takes about 1.74 PFLOP/s, more than
-# that peak (the first lines below), and the faster runs would need more still. On eight v6e chips the same time
-# is a plausible 24% MFU. The MFU below therefore assumes v6e, as the project's current README says.
+# 275 TFLOP/s, 1.1 PFLOP/s in all; doing the step's 12.65 PFLOP in 7.29 s (the stock-Splash baseline) takes about
+# 1.74 PFLOP/s, more than that peak (the first lines below), and the faster runs would need more still. On eight v6e
+# chips the same time is a plausible 24% MFU. The MFU below therefore assumes v6e, as the project's current README
+# says.
+#
+# Each MFU is computed against the time of the run it names, one value per configuration as
+# {ref}`references-baselines` lists them (kept in `hyv_lib.planning.hardware.CITED_STEP_TIMES`): on the v6e-8,
+# 7.29 s/step is the stock-Splash baseline; on 8×H100, 5.2 s/step for FlashAttention-2.
 #
 # Each time was measured on one layout, and the `layout` column gives it in `hyv_lib`'s terms. The project's TPU
 # script builds a single mesh, `(tp, dp, sp) = (8, 1, 1)`, so every TPU time is `tensor=8`, with its weight rules
@@ -448,42 +465,40 @@ else:
 # does not depend on the layout; the bounds do, which is why {doc}`05_end_to_end_720p` puts a cited time only on the
 # row of its own layout.
 #
-# A cache changes the picture. A DeepCache step averages over full and cached steps, and a cached step skips 53 of
-# the 54 blocks. Dividing the full-step $F$ by its *average* time gives an **effective** MFU: the throughput of a
-# model that did all the work. The **real** MFU divides the FLOPs actually executed, $F$ over the schedule's
-# block-count ratio, by the same time.
+# A cache changes the picture. A {term}`DeepCache` step averages over full and cached steps, and a cached step skips
+# 53 of the 54 blocks. Dividing the full-step $C$ by its *average* time gives an **effective** MFU: the throughput of
+# a model that did all the work. The **real** MFU divides the FLOPs actually executed, $C$ over the schedule's
+# block-count ratio, by the same time ({term}`effective MFU`, {term}`real MFU`). The cached times come from documents
+# that also timed their own uncached run (`CITED_RUN_PAIRS`): on the GPUs that run is the 5.2 s/step baseline itself
+# (260 s per video), but on the TPU the migration guide's uncached run took about 350 s, 7.0 s/step, not the
+# README's 7.29. A cached run is compared with its own document's uncached run, never with the other.
 
 # %%
 V4 = CHIPS["v4"]
-print(f"{F720['total'] / 1e15:.2f} PFLOP in 7.29 s = {F720['total'] / 7.29 / 1e15:.2f} PFLOP/s; a v4-8 peaks at 4 x "
-      f"{V4.peak_bf16_flops / 1e12:.0f} TFLOP/s = {4 * V4.peak_bf16_flops / 1e15:.2f} PFLOP/s: "
-      f"{mfu(F720['total'], 7.29, 'v4', 4):.0%} MFU, impossible; on 8 x v6e {mfu(F720['total'], 7.29, 'v6e', 8):.0%}")
+BASE = {c["chip"]: c for c in CITED_STEP_TIMES  # the uncached baseline of each platform (references-baselines)
+        if c["chip"] == "H100" or (c["rules"] == "tp_replicated_out" and "stock" in c["label"])}
+EXP2 = next(c for c in CITED_STEP_TIMES if "exp2" in c["label"])  # the fastest published TPU run
+t_base = BASE["v6e"]["seconds"]
+print(f"{F720['total'] / 1e15:.2f} PFLOP in {t_base} s = {F720['total'] / t_base / 1e15:.2f} PFLOP/s; a v4-8 peaks at "
+      f"4 x {V4.peak_bf16_flops / 1e12:.0f} TFLOP/s = {4 * V4.peak_bf16_flops / 1e15:.2f} PFLOP/s: "
+      f"{mfu(F720['total'], t_base, 'v4', 4):.0%} MFU, impossible; on 8 x v6e {mfu(F720['total'], t_base, 'v6e', 8):.0%}")
 schedule = DeepCacheSchedule(50)  # HunyuanVideo-1.5's 11 / 45 / 4 schedule
 skip_ratio = schedule.block_speedup(54)  # FLOPs without the cache / FLOPs with it (1 block recomputed)
 print(f"DeepCache 11/45/4: {len(schedule.full_steps)} of 50 steps full; FLOPs executed fall {skip_ratio:.2f}x")
-
-GPP = "gpu-tpu-pedia tpu/HunyuanVideo-1.5/"
-
 
 def layout(mesh, rules):
     """A cited run's layout in hyv_lib's terms: the GPU runs are Ulysses with whole weights on every GPU."""
     return f"Ulysses, {layout_label(mesh)}" if rules == "replicated" else f"{rules}, {layout_label(mesh)}"
 
 
-TP8, SP8 = {"tensor": 8}, {"sequence": 8}  # gpu-tpu-pedia's only TPU mesh; its torchrun GPU runs (sp = world size)
-runs = [dict(system=f"{c['n_chips']} x {c['chip']}", config=c["label"].split(" (")[0], s=c["seconds"], chip=c["chip"],
+runs = [dict(system=f"{c['n_chips']} x {c['chip']}", config=c["label"], s=c["seconds"], chip=c["chip"],
              layout=layout(c["mesh"], c["rules"]), cache=1.0, source=c["source"]) for c in CITED_STEP_TIMES]
-runs += [
-    dict(system="8 x H100", config="FlashAttention-2 + Ulysses, 260 s / 50", s=5.2, chip="H100",
-         layout=layout(SP8, "replicated"), cache=1.0,
-         source=GPP + "README.md, generate_hunyuan_gpu_staged/README.md [U]"),
-    dict(system="8 x v6e", config="DeepCache 11/45/4, ~203 s / 50 steps (no-cache run ~350 s)", s=203 / 50,
-         chip="v6e", layout=layout_label(TP8), cache=skip_ratio,
-         source=GPP + "generate_hunyuan_torchax_staged/TORCHAX_MIGRATION_GUIDE.md [U]"),
-    dict(system="8 x H100", config="DeepCache 11/45/4 (142 s / 50)", s=2.84, chip="H100",
-         layout=layout(SP8, "replicated"), cache=skip_ratio,
-         source=GPP + "README.md, generate_hunyuan_gpu_staged/README.md [U]"),
-]
+DEEPCACHE = {chip: cited_pair("deepcache", chip) for chip in ("v6e", "H100")}  # each with its own uncached run
+runs += [dict(system=f"{d['n_chips']} x {chip}",
+              config=f"{d['after']}, {d['after_s']:.0f} s / {d['steps']} (its uncached run {d['before_s']:.0f} s)",
+              s=d["after_s"] / d["steps"], chip=chip, layout=layout_label(d["mesh"]) if chip == "v6e"
+              else layout(d["mesh"], "replicated"), cache=skip_ratio, source=d["source"])
+         for chip, d in DEEPCACHE.items()]
 rows = []
 for r in runs:
     effective = mfu(F720["total"], r["s"], r["chip"], 8)
@@ -492,10 +507,11 @@ for r in runs:
                  "MFU (effective if cached)": f"{effective:.1%}", "real MFU": f"{effective / r['cache']:.1%}",
                  "source": r["source"]})
 display(html_table(rows))
-for system, t_uncached, t_cached in (("8 x v6e", 350 / 50, 203 / 50), ("8 x H100", 5.2, 2.84)):
-    chip = system.split()[-1]
-    print(f"{system}, same source: uncached {t_uncached:.2f} s/step = {mfu(F720['total'], t_uncached, chip, 8):.1%} "
-          f"MFU; with DeepCache {mfu(F720['total'], t_cached, chip, 8) / skip_ratio:.1%} real MFU")
+for chip, d in DEEPCACHE.items():
+    t_uncached, t_cached = d["before_s"] / d["steps"], d["after_s"] / d["steps"]
+    print(f"{d['n_chips']} x {chip}, DeepCache against its own document's uncached run: {t_uncached:.2f} s/step = "
+          f"{mfu(F720['total'], t_uncached, chip, 8):.1%} MFU uncached, {mfu(F720['total'], t_cached, chip, 8) / skip_ratio:.1%}"
+          f" real MFU cached (the baseline {BASE[chip]['seconds']} s/step is {mfu(F720['total'], BASE[chip]['seconds'], chip, 8):.1%})")
 
 # %% [markdown]
 # For comparison, the best public TPU number for a video DiT of this class is for another model, Wan2.2-A14B
@@ -677,8 +693,9 @@ print(f"GPU-seconds per 720p CFG step: measured 1 x {measured_steps[('hyv_lib', 
 # memory (diffusers' group offloading) cut the peak from 20.25 to 5.61 GiB for 3% more time at 480p.
 #
 # Against the cited GPU runs: the H200 and the H100 are the same GH100 chip with the same bf16 peak, so MFU compares
-# them. One H200 running `hyv_lib`'s step reaches 51.7%, against 30.7% and 31.3% for gpu-tpu-pedia's 8xH100 runs,
-# and spends 24.725 GPU-seconds on a step that cost those runs 40.8 and 41.6. The comparison is not like for like: one GPU has
+# them. One H200 running `hyv_lib`'s step reaches 51.7%, against 30.7% for gpu-tpu-pedia's 8×H100 FlashAttention-2
+# run (5.2 s/step), and spends 24.725 GPU-seconds on a step that cost that run 41.6. The comparison is not like for
+# like: one GPU has
 # no all-to-all to hide, the H200's HBM is faster (4.80 against 3.35 TB/s), and the cited runs are another code base
 # with FlashAttention-2. It does show that one Hopper GPU runs this step above 50% MFU with PyTorch's own attention,
 # so the 8-GPU runs' 31% leaves a gap that communication and their kernel must account for. `hyv_lib`'s Ulysses
@@ -701,7 +718,7 @@ for c in CITED_STEP_TIMES:
 # (communication or host overhead not hidden behind compute), each at its own efficiency $e$ (fraction of peak):
 #
 # $$
-# t_\text{step} = \frac{F_\text{attn}}{n\,\text{peak}\,e_\text{attn}} + \frac{F_\text{lin}}{n\,\text{peak}\,e_\text{lin}}
+# t_\text{step} = \frac{C_\text{attn}}{n\,\text{peak}\,e_\text{attn}} + \frac{C_\text{lin}}{n\,\text{peak}\,e_\text{lin}}
 # + t_\text{exposed} .
 # $$
 #
@@ -750,7 +767,7 @@ html_table(rows)
 # | maxdiffusion fixed-max ring hop | "91% of the K=128 MXU roofline" (roofline not defined) | v7x | maxdiffusion commit `8dd63054` (unverified) |
 #
 # The same optimisation guide attributes about a third of the Splash kernel's time on v6e to the softmax on the vector
-# unit, and notes that head dimension 128 fills half of the 256-wide MXU. Those are the attention levers on TPU:
+# unit ({term}`VPU`), and notes that head dimension 128 fills half of the 256-wide {term}`MXU`. Those are the attention levers on TPU:
 # a cheaper exponential (exp2: gpu-tpu-pedia went from 7.29 to 5.81 s/step with it, together with a larger query
 # block, 2048 → 3072, in the same commit, so the two effects are not separated), a fixed softmax maximum that
 # removes the running-max rescale (maxdiffusion's fixed-m kernels), and block sizes tuned to the shape. The curve
@@ -808,11 +825,11 @@ for rules, mesh, flags in layouts:
         compiled = sum(c["bytes"] for c in plan["compiled"]["collectives"]) if plan["compiled"] else None
     sent_by[name] = sent
     rows.append({"rules": rules, "mesh": ",".join(f"{k}={v}" for k, v in mesh.items()),
-                 "weights GB/device": round(weights / 1e9, 1), "total GB/device": round(total / 1e9, 1),
+                 "weights GiB/device": round(weights / GIB, 1), "total GiB/device": round(total / GIB, 1),
                  "memory from": source, "fits 32 GiB": total <= V6E.hbm_bytes,
                  "collective results GiB, planner": "n/a" if results is None else round(results / GIB, 2),
                  "same, compiled HLO": "not compiled" if compiled is None else round(compiled / GIB, 2),
-                 "GB sent/device/step": round(sent / 1e9, 1),
+                 "GiB sent/device/step": round(sent / GIB, 1),
                  "ICI bound s": round(sent / ICI_SEND, 3), "share of target": f"{sent / ICI_SEND / T_TARGET:.1%}",
                  "how to run it": flags})
 display(html_table(rows))
@@ -824,8 +841,10 @@ print(f"bytes sent vs tp on tensor=8: data=2,tensor=4 {1 - sent_by['tp data=2,te
                                                                               "ulysses sequence=8")))
 saved = device_plan(P720, 720, 1280, 121, {"tensor": 8}, "tp")["sent_bytes"] - device_plan(
     P720, 720, 1280, 121, {"tensor": 8}, "tp_replicated_out")["sent_bytes"]
-print(f"on tensor=8, tp_replicated_out sends {saved / 1e9:.0f} GB less per chip and step than tp: at most "
-      f"{saved / ICI_SEND:.2f} s at the ICI's peak, against the 0.83 s (8.12 -> 7.29 s) gpu-tpu-pedia measured")
+t_tp = next(c["seconds"] for c in CITED_STEP_TIMES if c["rules"] == "tp")
+print(f"on tensor=8, tp_replicated_out sends {saved / GIB:.0f} GiB less per chip and step than tp: at most "
+      f"{saved / ICI_SEND:.2f} s at the ICI's peak, against the {t_tp - t_base:.2f} s ({t_tp} -> {t_base} s) "
+      "gpu-tpu-pedia measured")
 
 # %% [markdown]
 # Where a layout was compiled, the planner's collective bytes and the compiler's HLO agree to within rounding
@@ -882,7 +901,7 @@ except hyv_lib.HyvInputError as err:
 # %% [markdown]
 # Half the FLOPs per step at the same MFU is half the time per video, 2x: more than the 1.69x that the road to 50%
 # MFU above asks of the attention kernel from the exp2 run, and available today, at the price of whatever quality the
-# distillation costs (the README offers the checkpoints for speed; this chapter measures no quality). Two caveats. The step's model count $F$ halves too, so MFU is computed on the
+# distillation costs (the README offers the checkpoints for speed; this chapter measures no quality). Two caveats. The step's model count $C$ halves too, so MFU is computed on the
 # halved count: the chips do not work harder, they do half the work. And one sample per step halves the rows of every
 # matmul on each chip, which may lower the rate a chip reaches; no one has measured it on a TPU.
 #
@@ -911,15 +930,15 @@ html_table(rows)
 # %%
 full, cached = len(schedule.full_steps), 50 - len(schedule.full_steps)
 rows, c_cost = [], {}
-for system, t_full, t_cached, source in (("8 x v6e (121 f)", 350 / 50, 203 / 50, "TORCHAX_MIGRATION_GUIDE.md [U]"),
-                                         ("8 x H100", 5.2, 2.84, "README.md, gpu staged README [U]")):
+for chip, d in DEEPCACHE.items():  # each cached run against its own document's uncached run
+    t_full, t_cached = d["before_s"] / d["steps"], d["after_s"] / d["steps"]
     speedup = t_full / t_cached
     c = (50 / speedup - full) / cached
-    c_cost[system] = c
-    rows.append({"system": system, "full s/step": round(t_full, 2), "cached avg s/step": round(t_cached, 2),
-                 "speed-up": f"{speedup:.2f}x", "bound": f"{skip_ratio:.2f}x",
+    c_cost[chip] = c
+    rows.append({"system": f"{d['n_chips']} x {chip}", "full s/step": round(t_full, 2),
+                 "cached avg s/step": round(t_cached, 2), "speed-up": f"{speedup:.2f}x", "bound": f"{skip_ratio:.2f}x",
                  "cached step / full step": f"{c:.3f}", "in FLOPs": f"{1 / 54:.3f}",
-                 "s per cached step": round(c * t_full, 2), "source": "gpu-tpu-pedia " + source})
+                 "s per cached step": round(c * t_full, 2), "source": d["source"]})
 display(html_table(rows))
 print(f"measured here (one H200, 480p, hyv_lib's TorchDeepCache): a cached step is {cache['cached_over_full']:.4f} "
       f"of a full step ({cache['cached_step_s']} s against {cache['full_step_s']} s); one block of 54 is {1 / 54:.4f}")
@@ -931,7 +950,7 @@ print(f"measured here (one H200, 480p, hyv_lib's TorchDeepCache): a cached step 
 # That overhead is a lever of its own, and not a cost of the method: `hyv_lib`'s cached step, which keeps the cached
 # tokens on the GPU, cost about its FLOP share on the H200 (the last line above; measured at 480p, not 720p).
 #
-# Padding and DeepCache shorten the step without raising real MFU: the model count $F$ stays what it was, and less
+# Padding and DeepCache shorten the step without raising real MFU: the model count $C$ stays what it was, and less
 # of it runs.
 #
 # **Not run by `hyv_lib` yet: super-resolution and sparse attention.** The official pipeline has two more stages
@@ -972,8 +991,9 @@ print(f"1080p SR step (1904 x 1072, 121 frames, one sample): {sr['tokens']['vide
 # cached steps with the full-step FLOPs; *real* MFU counts what ran.
 
 # %%
-e_now = attention_efficiency(5.81)
-c_tpu = c_cost["8 x v6e (121 f)"]
+t_exp2 = EXP2["seconds"]
+e_now = attention_efficiency(t_exp2)
+c_tpu = c_cost["v6e"]
 softmax_share = 1 / 3  # of the Splash kernel's time on v6e (gpu-tpu-pedia Wan guide, unverified)
 
 
@@ -982,11 +1002,11 @@ def cached_avg(t_full, c):
 
 
 paths = [
-    ("exp2 Splash kernel, measured", e_now, 5.81, 1.0),
+    ("exp2 Splash kernel, measured", e_now, t_exp2, 1.0),
     ("softmax fully hidden behind the MXU", e_now / (1 - softmax_share), None, 1.0),
     ("attention kernel at the 50% requirement", attention_efficiency(T_TARGET), None, 1.0),
-    ("exp2 kernel + DeepCache, measured cached-step cost", e_now, cached_avg(5.81, c_tpu), skip_ratio),
-    ("exp2 kernel + DeepCache, cached step at its FLOP cost", e_now, cached_avg(5.81, 1 / 54), skip_ratio),
+    ("exp2 kernel + DeepCache, measured cached-step cost", e_now, cached_avg(t_exp2, c_tpu), skip_ratio),
+    ("exp2 kernel + DeepCache, cached step at its FLOP cost", e_now, cached_avg(t_exp2, 1 / 54), skip_ratio),
 ]
 rows = []
 for label, e_attn, seconds, flop_ratio in paths:
@@ -1017,8 +1037,8 @@ html_table(rows)
 # ## Summary
 #
 # - One CFG step at 720p and 121 frames is about 12.65 PFLOP (480p: about 2.9), and 90% of it is attention
-#   (81% at 480p); by hand, $4LBS^2h$ for attention plus 2 FLOPs per token for each weight of its own stream. The
-#   attention-to-linear ratio of a block is $S/(6h)$. At the peak of eight v6e chips the step takes at least 1.72 s.
+#   (81% at 480p); by hand, $4LBS^2d$ for attention plus 2 FLOPs per token for each weight of its own stream. The
+#   attention-to-linear ratio of a block is $S/(6d)$. At the peak of eight v6e chips the step takes at least 1.72 s.
 # - The step is compute-bound on every chip considered, but on the TPUs only a few times past the HBM ridge: the
 #   attention kernel re-reads $k$ and $v$ once per query block, so its intensity is about $\text{block}_q$ FLOP per
 #   byte in bf16 and the query block is a lever on its memory traffic. The time is decided by how close the matrix
@@ -1045,20 +1065,22 @@ html_table(rows)
 #
 # ## Exercises
 #
-# 1. Attention equals the linear layers in FLOPs when $S = 6h$. How many latent frames of 720p video is that, and
+# Marked ★ (easy) to ★★★ (hard), and *open* where no one has the answer yet ({ref}`notation-exercises`).
+#
+# 1. ★ Attention equals the linear layers in FLOPs when $S = 6d$. How many latent frames of 720p video is that, and
 #    what video length in frames?
 
 # %% [markdown]
 # :::{admonition} Answer
 # :class: dropdown
-# $6h = 12{,}288$ tokens. The context adds 1985, so the video needs $12{,}288 - 1985 = 10{,}303$ tokens; one 720p
+# $6d = 12{,}288$ tokens. The context adds 1985, so the video needs $12{,}288 - 1985 = 10{,}303$ tokens; one 720p
 # latent frame is $45 \times 80 = 3600$ tokens, so about 2.9 latent frames. Video length $F$ gives $(F-1)/4+1$
 # latent frames: 5 frames (2 latent) stay below the crossover, 9 frames (3 latent) are just above it. Every useful
 # 720p clip is attention-dominated. Check with `step_flops(P720, 720, 1280, 5)["attention_share"]` and
 # `(..., 9)`.
 # :::
 #
-# 2. What real MFU corresponds to DeepCache's 2.84 s/step on 8×H100? Why does it fall below the 5.2 s/step run's?
+# 2. ★ What real MFU corresponds to DeepCache's 2.84 s/step on 8×H100? Why does it fall below the 5.2 s/step run's?
 
 # %% [markdown]
 # :::{admonition} Answer
@@ -1070,19 +1092,19 @@ html_table(rows)
 # shrink with the work.
 # :::
 #
-# 3. If HunyuanVideo-1.5 ran on a v7x-8 (4 chips) at the 54% MFU that maxdiffusion reached for Wan2.2, what would
+# 3. ★★ If HunyuanVideo-1.5 ran on a v7x-8 (4 chips) at the 54% MFU that maxdiffusion reached for Wan2.2, what would
 #    one 720p, 121-frame CFG step take? What does the planner say about its memory?
 
 # %% [markdown]
 # :::{admonition} Answer
 # :class: dropdown
 # `F720["total"] / (0.54 * 4 * CHIPS["v7x"].peak_bf16_flops)` is about 2.5 s per step, about 127 s for 50
-# steps. With 192 GiB per chip, even fully replicated weights (16.7 GB) fit: `bounds(P720, 720, 1280, 121,
+# steps. With 192 GiB per chip, even fully replicated weights (15.5 GiB) fit: `bounds(P720, 720, 1280, 121,
 # "v7x", 4, "replicated")["fits"]`. The interconnect bound is empty, because the planner has no sourced TPU7x ICI
 # bandwidth. Note that the 4 chips show up as 8 JAX devices, so a mesh would have 8 devices.
 # :::
 #
-# 4. The planner counts the 729 image tokens of text-to-video in the attention. A kernel that skips them (and the
+# 4. ★★ The planner counts the 729 image tokens of text-to-video in the attention. A kernel that skips them (and the
 #    padded text slots) saves what fraction of a step? Compare it with the 1.69x needed from 5.81 s/step.
 
 # %% [markdown]
@@ -1094,25 +1116,25 @@ html_table(rows)
 # the step's time, about fourteen times more.
 # :::
 #
-# 5. On the v6e-8 mesh `data=2,tensor=4`, how many more bytes of weights does each device hold under
+# 5. ★★★ On the v6e-8 mesh `data=2,tensor=4`, how many more bytes of weights does each device hold under
 #    `tp_replicated_out` than under `tp`? Derive it from the replicated matrices, then compare with the compiler's
 #    arguments in the saved reports.
 
 # %% [markdown]
 # :::{admonition} Answer
 # :class: dropdown
-# The replicated matrices are, per block, `to_out.0` and `to_add_out` ($h \times h$ each) and the two MLPs' second
-# linears ($h \times 4h$ each): $2h^2 + 8h^2 = 10h^2 \approx 41.9$ M parameters, or $54 \times 41.9\,\text{M}
-# \approx 2.26$ billion, 4.53 GB in bf16. Under `tp` a device holds a quarter of them (tensor = 4), under
-# `tp_replicated_out` all of them: $\tfrac34 \times 4.53 \approx 3.40$ GB more per device.
+# The replicated matrices are, per block, `to_out.0` and `to_add_out` ($d \times d$ each) and the two MLPs' second
+# linears ($d \times 4d$ each): $2d^2 + 8d^2 = 10d^2 \approx 41.9$ M parameters, or $54 \times 41.9\,\text{M}
+# \approx 2.26$ billion, 4.22 GiB in bf16. Under `tp` a device holds a quarter of them (tensor = 4), under
+# `tp_replicated_out` all of them: $\tfrac34 \times 4.22 \approx 3.16$ GiB more per device.
 # `param_bytes(P720, "bf16", "tp_replicated_out", {"data": 2, "tensor": 4})["bytes_per_device"]` minus the
-# same for `"tp"` gives 3.40 GB. The compiler's arguments (weights plus inputs) differ by 3.37 GB
+# same for `"tp"` gives 3.16 GiB. The compiler's arguments (weights plus inputs) differ by 3.13 GiB
 # (`COMPILED["v6e-8/tp_replicated_out/720p/uncached"]["per_device_bytes"]["arguments"]` minus the `tp` one): the
-# 0.03 GB less is the last block's `to_add_out` and `ff_context.net.2`, whose output nothing reads, so `jax.jit`
+# 30 MiB less is the last block's `to_add_out` and `ff_context.net.2`, whose output nothing reads, so `jax.jit`
 # drops them.
 # :::
 #
-# 6. Double the video to 241 frames at 720p. How many tokens and PFLOP is one CFG step, by what factor does the
+# 6. ★★ Double the video to 241 frames at 720p. How many tokens and PFLOP is one CFG step, by what factor does the
 #    attention grow, and how long would the step take on a v6e-8 at the 29.6% MFU of the exp2 run?
 
 # %% [markdown]
@@ -1123,4 +1145,20 @@ html_table(rows)
 # 1.95$; `step_flops(P720, 720, 1280, 241)` gives 45.85 PFLOP in total, 94.7% of it attention. At 29.6% of
 # 8 x 918 TFLOP/s (2.18 PFLOP/s) that is about 21.1 s per step, 3.6 times the 5.81 s of 121 frames for twice the
 # frames: attention's quadratic cost makes long videos disproportionately expensive.
+# :::
+#
+# 7. ★★★ *Open.* Where do the 7.29 s of the stock-Splash step on a v6e-8 go? The model above can only say what
+#    attention efficiency would explain the time if nothing else were exposed; a profile of one real step would
+#    split it into the Splash kernel, the linear layers, collectives that do not overlap compute, and host time.
+#    No such profile of this model has been published, and `hyv_lib` has not run on a TPU.
+
+# %% [markdown]
+# :::{admonition} Where to start
+# :class: dropdown
+# On a v6e-8 with the real weights, run `python -m hyv_lib stage2 --runtime tpu --warmup_steps 2` for a few steps
+# with `jax.profiler.trace` around one step, open the trace in TensorBoard's profile plugin or Perfetto, and sum the
+# device time per operation kind: the Splash custom calls, the fusions around the matmuls, and each all-reduce or
+# all-gather (and whether it runs beside compute or alone). Compare the Splash total with this chapter's
+# `attention_efficiency` line, and the exposed collectives with the interconnect bounds of the communication table;
+# then repeat on `data=2,tensor=4` to see what the default layout changes.
 # :::
