@@ -17,24 +17,26 @@
 # # 5. End-to-end 720p generation
 #
 # The earlier chapters took the pipeline apart. This one runs it whole at the real output size: 1280×720 pixels,
-# through all three stages. On this CPU that means the real spatial layout (45 × 80 latents, 3,600 video tokens
-# per latent frame) and the real VAE tiling, with fewer frames (9 instead of 121) and the tiny preset's small
-# models. On a TPU VM or a GPU box, the same notebook runs the 8.3B model: set `HYV_PRESET=720p_t2v`,
+# through all three stages. On this CPU that means the real spatial layout ($h \times w$ = 45 × 80 latents, 3,600
+# video tokens per latent frame) and the real {term}`VAE` tiling, with fewer frames ($F$ = 9 instead of 121) and the
+# tiny {term}`preset`'s small models (symbols: {doc}`../book/notation`). On a TPU VM or a GPU box, the same notebook runs the 8.3B model: set `HYV_PRESET=720p_t2v`,
 # `HYV_MODEL_PATH` and, for the TPU mesh, `HYV_RUNTIME=tpu HYV_MESH=data=2,tensor=4` (see {doc}`../book/runbook`).
 #
 # We measure, per stage, the wall time and the peak memory. Stage 3, the VAE decode, gets a closer look: at
 # 720p and 121 frames the decoder cannot run on the whole video at once, so diffusers decodes it in overlapping
-# spatial tiles (the figure below). We derive why, compare tiles against one piece on the tiny
-# preset, and end with the per-chip plan for a v6e-8.
+# spatial tiles (the figure below). The tiles are spatial only: each one spans every frame of the video. We derive
+# why one piece does not fit and what one tile needs, compare tiles against one piece on the tiny preset, and end
+# with the per-chip plan for a v6e-8.
 #
 # :::{figure} ../book/figures/05_tiled_vae_decode.svg
 # :name: fig-05-tiled-vae-decode
 #
 # The tiled VAE decode of `AutoencoderKLHunyuanVideo15` at 720p. The latent grid (45 × 80) is cut into tiles of
 # 16 × 16 latents (256 px at 16× compression) every 12 latents, so neighbours overlap by 4 latents; each tile
-# is decoded alone, over all frames, into 256 × 256 pixels. In the output, each tile keeps 192 px, and its first
+# is decoded alone, over all frames (there is no tiling in time), into 256 × 256 pixels. In the output, each tile keeps 192 px, and its first
 # 64 px are blended linearly with the neighbour above or to the left. Bottom: the largest tensors of a one-piece
-# decode against one tile's, in fp32, beside one accelerator's memory (derived in this chapter).
+# decode against one tile's, in fp32, and what one tile's whole decode needs in bf16 by the TPU compiler, beside one
+# accelerator's memory (all derived or read in this chapter).
 # :::
 
 # %% tags=["parameters"]
@@ -68,16 +70,15 @@ import torch
 from diffusers import AutoencoderKLHunyuanVideo15
 
 import hyv_lib
-from hyv_lib.planning.hardware import get_chip, layout_label
-from hyv_lib.planning.costs import param_bytes
-from hyv_lib.planning.planner import plan_table
-from hyv_lib.pipeline.stages import generate
-from hyv_lib.tiny import quality
-from hyv_lib.notebook.display import frame_grid, html_table, video_html
 from hyv_lib.base.memory import PeakMemory
 from hyv_lib.models.components import load_components, quiet_loading
+from hyv_lib.notebook.display import frame_grid, html_table, video_html
 from hyv_lib.pipeline.stage_io import read_config
+from hyv_lib.pipeline.stages import generate
+from hyv_lib.planning.hardware import get_chip, layout_label
+from hyv_lib.planning.planner import plan_table
 from hyv_lib.runtimes.vae import decode_latents
+from hyv_lib.tiny import quality
 
 torch.set_num_threads(os.cpu_count() or 1)
 preset = hyv_lib.get_preset(PRESET)
@@ -88,7 +89,7 @@ print(f"{PRESET}: {WIDTH}x{HEIGHT}, {VIDEO_LENGTH} frames -> latents {latent}, {
 # %% [markdown]
 # ## The three stages
 #
-# `generate` runs stage 1 (text encoders), stage 2 (the denoising loop) and stage 3 (VAE decode, tiled)
+# `generate` runs stage 1 (text encoders), stage 2 (the {term}`DiT`'s denoising loop) and stage 3 (VAE decode, tiled)
 # into one folder. Every stage appends its settings, its time and its memory to `generation_config.json`. A sampler
 # thread records the peak resident memory (RSS) of the process while the stage's main work runs
 # (`hyv_lib.base.memory.PeakMemory`), along with how far it rose above the RSS at the start.
@@ -141,20 +142,21 @@ print(f"latent {latent[3]} x {latent[4]}: {len(row_starts)} row(s) x {len(col_st
 #
 # The decoder narrows as it upsamples: its five stages run at 1024, 1024, 512, 256 and 128 channels (the VAE
 # config's `block_out_channels` `[128, 256, 512, 1024, 1024]`, read backwards), doubling height and width four
-# times (16×) and the frames twice (31 latent frames become $1 + 4 \cdot 30 = 121$). The largest tensors are the
-# last stage's, 128 channels at full size (and, just as large, the 512-channel output of the last upsampler's
-# convolution, just before it moves channels into pixels). In fp32, the default `--vae_dtype` (4 bytes):
+# times (16×) and the frames twice ($T$ = 31 latent frames become $F = 1 + 4 \cdot 30 = 121$). The largest tensors
+# are the last stage's, $c = 128$ channels at full size (and, just as large, the 512-channel output of the last
+# upsampler's convolution, just before it moves channels into pixels). In fp32, the default `--vae_dtype`
+# ($x = 4$ bytes):
 #
-# $$C \cdot F \cdot H \cdot W \cdot 4\,\text{B} = 128 \cdot 121 \cdot 720 \cdot 1280 \cdot 4\,\text{B}
+# $$c \cdot F \cdot H \cdot W \cdot x = 128 \cdot 121 \cdot 720 \cdot 1280 \cdot 4\,\text{B}
 # = 5.71 \times 10^{10}\,\text{B} \approx 53.2\ \text{GiB}$$
 #
 # (26.6 GiB in bf16). One resnet block holds several tensors of that size at once: its input for the residual,
-# the padded copy its causal convolution makes, and the convolution's output. A TPU v6e chip has 32 GiB and an
-# H100 80 GB. There is a second large item: the mid block's self-attention runs over all
-# $31 \cdot 45 \cdot 80 = 111{,}600$ latent positions and builds a dense causal mask of $111{,}600^2 \cdot 4\,\text{B}
-# \approx 46.4$ GiB. One 256 × 256 tile needs $128 \cdot 121 \cdot 256 \cdot 256 \cdot 4\,\text{B} \approx 3.8$ GiB
-# for its largest tensor, $720 \cdot 1280 / 256^2 \approx 14$ times less, and its mask covers only
-# $31 \cdot 16 \cdot 16 = 7{,}936$ positions.
+# the padded copy its causal convolution makes, and the convolution's output. A TPU v6e chip has 32 GiB of
+# {term}`HBM` and an H100 79.6 GiB (its "80 GB" in NVIDIA's decimal units). There is a second large item: the mid
+# block's self-attention runs over all $T h w = 31 \cdot 45 \cdot 80 = 111{,}600$ latent positions and builds a dense
+# causal mask of $111{,}600^2 \cdot 4\,\text{B} \approx 46.4$ GiB. One 256 × 256 tile still spans all 121 frames,
+# so its largest tensor is $128 \cdot 121 \cdot 256 \cdot 256 \cdot 4\,\text{B} \approx 3.8$ GiB, $720 \cdot 1280 / 256^2
+# \approx 14$ times less, and its mask covers only $31 \cdot 16 \cdot 16 = 7{,}936$ positions.
 #
 # The cell below checks this against diffusers' own decoder: it builds the real 720p VAE config from
 # `hyv_lib.base.presets` on PyTorch's `meta` device (shapes only, no weights, no memory), runs the decoder on a
@@ -196,19 +198,48 @@ print(f"one piece, latent {full_latent}: largest decoder tensors {full_shape} = 
       f"{full_tokens**2 * fp32 / gib:.1f} GiB")
 print(f"one tile,  latent {tile_latent}: largest decoder tensors {tile_shape} = {tile_n * fp32 / gib:.1f} GiB in fp32; "
       f"mid-block mask over {tile_tokens:,} positions: {tile_tokens**2 * fp32 / gib:.2f} GiB")
-for chip in ("v6e", "H100"):
+for chip in ("v5e", "v6e", "H100"):
     spec = get_chip(chip)
     print(f"{spec.name}: {spec.hbm_bytes / gib:.1f} GiB of memory")
 
 # %% [markdown]
 # The decoder agrees with the formula: 53.2 GiB for its largest tensor in one piece, 3.8 GiB in a tile.
 #
+# The largest tensor is not the whole story, though. A tile's decode holds several tensors of that size at once,
+# plus the decoder's weights, and it spans all 121 frames, because diffusers' tiles are spatial only. What one tile
+# needs on an accelerator is what a compiler says about the whole program. `hyv_lib.planning.vae_compile.compile_decode`
+# compiles the jitted decoder of the largest tile for a v6e chip on a machine without a TPU (as chapter 3 does for
+# the DiT) and reads the compiler's memory analysis; it takes tens of minutes on this CPU, so the chapter reads the
+# saved report, the same one the {doc}`../book/runbook` quotes for stage 3. It is for bf16:
+
+# %%
+import json
+
+with open(os.path.join(os.path.dirname(hyv_lib.__file__), "compiled", "tpu_vae_decode.json")) as f:
+    tile_report = json.load(f)["720p_t2v/v6e:2x4/121f"]  # saved by compile_decode("720p_t2v", "v6e:2x4")
+b = tile_report["per_device_bytes"]
+print(f"one {tile_report['tile_pixels'][0]} x {tile_report['tile_pixels'][1]} px tile, latent "
+      f"{tile_report['tile_latents']} (all {tile_report['size']['video_length']} frames), {tile_report['dtype']}, "
+      f"compiled for a {tile_report['device_kind']}: {b['total'] / gib:.1f} GiB per device = "
+      f"{b['arguments'] / gib:.1f} GiB of weights and latents + {b['temporaries'] / gib:.1f} GiB of temporaries + "
+      f"{b['outputs'] / gib:.2f} GiB of output + {b['code'] / gib:.2f} GiB of code")
+print(f"the temporaries are {b['temporaries'] / (tile_n * bf16):.1f}x the tile's largest tensor in bf16 "
+      f"({tile_n * bf16 / gib:.1f} GiB); usable HBM per device {tile_report['hbm_available_per_device'] / gib:.2f} GiB, "
+      f"fits: {tile_report['fits']}")
+
+# %% [markdown]
+# So one bf16 tile needs 25.2 GiB per device, most of it temporaries: about twelve tensors the size of the tile's
+# largest alive at the peak. That fits a v6e chip's 31.25 GiB, not a v5e's 16 GiB. Only the temporaries grow with
+# the video's length; the 1.6 GiB of weights do not.
+#
 # :::{admonition} Takeaway
 # :class: tip
 # Decoding 720p/121f in one piece needs a single 53.2 GiB tensor (128 ch × 121 × 720 × 1280 in fp32), several of
 # them at once, and a 46.4 GiB attention mask in the mid block: more than a 32 GiB v6e chip and, together, more
-# than an 80 GB H100. A 256 px tile cuts the largest tensor to 3.8 GiB. That is why `hyv_lib` decodes in tiles by
-# default, and why this notebook never decodes real 720p weights in one piece unless asked to.
+# than an H100's 79.6 GiB. A 256 px tile cuts the largest tensor to 3.8 GiB in fp32 (1.9 GiB in bf16), but a tile
+# spans all 121 frames, and its whole decode in bf16, compiled for a v6e chip, needs 25.2 GiB per device. That is
+# why `hyv_lib` decodes in tiles by default, why a tile fits a v6e chip but not a v5e, and why this notebook never
+# decodes real 720p weights in one piece unless asked to.
 # :::
 #
 # ## Tiles against one piece
@@ -274,17 +305,18 @@ html_table([{"file": name, "MiB": round(os.path.getsize(os.path.join(OUTPUT_DIR,
 # %% [markdown]
 # ## At real size: the v6e-8 plan
 #
-# With the real 720p model, the same notebook's stage 2 runs on the TPU mesh (`HYV_RUNTIME=tpu
-# HYV_MESH=data=2,tensor=4`). The planner (`hyv_lib.planning`, chapter 3) gives what one CFG step needs per chip at 121
-# frames, on two layouts with the same rule set (`tp_replicated_out`): `hyv_lib`'s default mesh, `data=2,tensor=4`,
-# and `tensor=8`, the only mesh the published TPU runs used (gpu-tpu-pedia's script builds `(tp, dp, sp) = (8, 1,
+# With the real 720p model, the same notebook's stage 2 runs on the TPU {term}`mesh` (`HYV_RUNTIME=tpu
+# HYV_MESH=data=2,tensor=4`). The planner (`hyv_lib.planning`, chapter 3) gives what one {term}`CFG` step needs per
+# chip at 121 frames, on two layouts with the same rule set ({term}`tp_replicated_out`): `hyv_lib`'s default mesh,
+# `data=2,tensor=4`, and `tensor=8`, the only mesh the published TPU runs used (gpu-tpu-pedia's script builds `(tp, dp, sp) = (8, 1,
 # 1)` for every run, with the row-parallel weights replicated as `tp_replicated_out` does). The memory is the TPU
 # compiler's where that layout was compiled for a v6e-8 on a CPU (`python -m hyv_lib compile`, chapter 3), the
 # planner's otherwise (the `memory from` column). The lower bounds assume peak FLOP/s, full HBM bandwidth and half the
-# bidirectional ICI bandwidth. The last column is a cited measurement with the MFU it implies, on the row of the
-# layout it was measured on only: gpu-tpu-pedia's v6e-8 run with its custom exp2 Splash kernel (a single author's
-# report, not reproduced here; see {doc}`../book/references`). No one has published a time for the default layout,
-# so its row has none:
+# bidirectional {term}`ICI` bandwidth. The last column is a cited measurement with the {term}`MFU` it implies, on the
+# row of the layout it was measured on only: the fastest time gpu-tpu-pedia published for that layout, its v6e-8 run
+# with a custom exp2 {term}`Splash` kernel, 5.81 s/step (the stock-Splash baseline on the same layout is 7.29 s/step;
+# a single author's reports, not reproduced here; see {ref}`references-baselines`). No one has published a time for
+# the default layout, so its row has none:
 
 # %%
 rows = []
@@ -292,12 +324,18 @@ for r in plan_table(presets=("720p_t2v",), chips=("v6e",), rules="tp_replicated_
     whose = "hyv_lib default" if r["layout"] == "default" else "cited run"
     rows.append({"preset": r["preset"], "chips": f"{r['n_chips']}x {r['chip']}",
                  "layout": f"{layout_label(r['mesh'])} ({whose})",
-                 "PFLOP/step": round(r["pflop_per_step"], 2), "weights GB/chip": round(r["weights_gb_per_device"], 2),
-                 "rest GB/chip": round(r["activations_gb_per_device"], 2), "memory from": r["memory_source"],
+                 "PFLOP/step": round(r["pflop_per_step"], 2),
+                 "weights GiB/chip": round(r["weights_gb_per_device"] * 1e9 / gib, 2),  # the planner's rows are in 1e9 B
+                 "rest GiB/chip": round(r["activations_gb_per_device"] * 1e9 / gib, 2), "memory from": r["memory_source"],
                  "fits": r["fits"],
                  "bound s/step": round(r["bound_s"], 2), "limit": r["limit"],
                  "cited s/step (MFU)": f"{r['cited_s']} ({r['cited_mfu']:.0%})" if r["cited_s"] else "-"})
 html_table(rows)
+
+# %%
+for r in plan_table(presets=("720p_t2v",), chips=("v6e",), rules="tp_replicated_out"):
+    if r["cited_s"]:
+        print(f"{layout_label(r['mesh'])}: cited {r['cited_s']} s/step = {r['cited_mfu']:.1%} MFU ({r['cited_source']})")
 
 # %% [markdown]
 # Both layouts run the same FLOPs per step (the PFLOP column); they split them differently. On `tensor=8` each chip
@@ -319,18 +357,20 @@ html_table(rows)
 #
 # ## Exercises
 #
-# 1. Where does stage 2's memory go at 720p and 121 frames on the real model, and which setting moves it?
-# 2. Why does `generate --height 720 --width 1280` need both flags, and what does `--aspect_ratio 9:16` give at
+# Marked ★ (easy) to ★★★ (hard), and *open* where no one has the answer yet ({ref}`notation-exercises`).
+#
+# 1. ★★ Where does stage 2's memory go at 720p and 121 frames on the real model, and which setting moves it?
+# 2. ★ Why does `generate --height 720 --width 1280` need both flags, and what does `--aspect_ratio 9:16` give at
 #    720p in diffusers' buckets?
-# 3. Predict the RSS growth of a one-piece decode at twice the frames, then measure it with `HYV_VIDEO_LENGTH=17`.
-# 4. How many tiles does the decoder cut a 720p latent into, and how many pixels does it decode per frame in all,
+# 3. ★★ Predict the RSS growth of a one-piece decode at twice the frames, then measure it with `HYV_VIDEO_LENGTH=17`.
+# 4. ★★ How many tiles does the decoder cut a 720p latent into, and how many pixels does it decode per frame in all,
 #    compared with the 1280 × 720 it outputs?
-# 5. At 480p (848 × 480, 121 frames), how large is the decoder's largest tensor in fp32 and in bf16, and how many
+# 5. ★ At 480p (848 × 480, 121 frames), how large is the decoder's largest tensor in fp32 and in bf16, and how many
 #    tiles does the tiled decode use?
 #
 # :::{admonition} Answers
 # :class: dropdown
-# 1. Weights (about 16.7 GB in bf16 replicated, `param_bytes("720p_t2v", "bf16")`; less when sharded: chapter
+# 1. Weights (15.5 GiB in bf16 replicated, `param_bytes("720p_t2v", "bf16")`; less when sharded: chapter
 #    3's rule sets) and attention activations over 113,585 joint tokens. The mesh and rule set move the weights;
 #    Splash's blocked kernel keeps attention at O(S) memory instead of a dense mask of 24 GiB for the CFG batch
 #    (12 GiB per sample, `hyv_lib.models.layout.dense_mask_bytes`).
@@ -346,4 +386,18 @@ html_table(rows)
 #    where four tiles meet).
 # 5. 128 · 121 · 480 · 848 · 4 B ≈ 2.52 × 10¹⁰ B ≈ 23.5 GiB in fp32, 11.7 GiB in bf16. The latent is 30 × 53:
 #    rows at 0, 12, 24 and columns at 0, 12, 24, 36, 48 give 3 × 5 = 15 tiles.
+# :::
+#
+# 6. ★★★ *Open.* Diffusers tiles the decode in space only, so a 720p/121f tile needs 25.2 GiB in bf16 and does not
+#    fit a 16 GiB v5e chip. Can the decoder run over chunks of latent frames instead, carrying what its causal
+#    convolutions and the mid block's causal attention need from earlier frames, so that memory stops growing with
+#    the video's length, and are the frames then identical to the spatially tiled decode?
+#
+# :::{admonition} Where to start
+# :class: dropdown
+# The convolutions are causal in time, so a chunk needs only the last few frames of the previous chunk's inputs
+# (a cache per convolution, as other causal video VAEs keep); the mid block's attention is block-causal over latent
+# frames, so a chunk needs the keys and values of every earlier frame, or an approximation. Check exactness first on
+# the tiny preset against `decode_latents(vae, latents, tiling=True)`, then measure the peak with
+# `hyv_lib.planning.vae_compile.compile_decode` at a few frame counts.
 # :::
