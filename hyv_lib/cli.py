@@ -72,6 +72,10 @@ def _add_stage2(p: argparse.ArgumentParser, dirs: bool = True) -> None:
                         "streamed to the GPU: about a quarter of the GPU memory at 480p on an H200, 3.5%% slower) | "
                         "model (the transformer is on the GPU for the denoising loop only, so the VAE decode after it "
                         "has the card) (default: off)")
+    g.add_argument("--shard_weights", default=None,
+                   help="fsdp: split the transformer's weights over the torchrun ranks (PyTorch FSDP2; each rank "
+                        "holds 1/N of them and gathers one block at a time) with --runtime ulysses (or torch: every "
+                        "rank computes the whole step) (default: off, every rank holds all of them)")
     g.add_argument("--multi_host", action="store_true",
                    help="tpu runtime on a multi-host slice: join the hosts (jax.distributed.initialize) first; run "
                         "the same command on every host (gcloud ... ssh --worker=all)")
@@ -112,6 +116,9 @@ def _add_stage3(p: argparse.ArgumentParser, input_dir: bool = True) -> None:
     g.add_argument("--disable_tiling", action="store_true", help="decode without spatial VAE tiles")
     g.add_argument("--save_frames", action="store_true", help="also write stage3_frames.safetensors")
     g.add_argument("--vae_dtype", default="fp32", help="fp32 | bf16: what the VAE decoder computes in (default fp32)")
+    g.add_argument("--vae_memory_gb", type=float, default=None,
+                   help="torch runtime: decode with the largest square tiles whose peak device memory stays within "
+                        "this many GiB (a memory model fitted on an H200; default: diffusers' 256 px tiles)")
 
 
 def _add_calibration(p: argparse.ArgumentParser) -> None:
@@ -251,7 +258,7 @@ def _generate_many(args: argparse.Namespace) -> int:
         load_image(args.image_path)
     stage2 = {k: v for k, v in _stage2_kwargs(args).items() if k != "seed"}
     stage3 = dict(fps=args.fps, disable_tiling=args.disable_tiling, save_frames=args.save_frames,
-                  vae_dtype=args.vae_dtype)
+                  vae_dtype=args.vae_dtype, vae_memory_gb=args.vae_memory_gb)
     if args.output_video:
         raise HyvInputError("--output_video", "with --prompts_file each video goes to OUTPUT_DIR/NNNN/output_video.mp4")
     pipe = BatchRunner(args.preset, args.model_path, args.dtype, stage2=stage2, stage3=stage3)
@@ -329,7 +336,7 @@ def _run_command(args: argparse.Namespace) -> int:
         elif args.command == "stage3":
             stage3(input_dir=args.input_dir, output_video=args.output_video, fps=args.fps,
                    disable_tiling=args.disable_tiling, save_frames=args.save_frames, runtime=args.runtime,
-                   vae_dtype=args.vae_dtype)
+                   vae_dtype=args.vae_dtype, vae_memory_gb=args.vae_memory_gb)
         elif args.command == "generate" and args.prompts_file:
             return _generate_many(args)
         elif args.command == "generate":
@@ -337,7 +344,7 @@ def _run_command(args: argparse.Namespace) -> int:
                      output_dir=args.output_dir, model_path=args.model_path, dtype=args.dtype,
                      output_video=args.output_video, fps=args.fps, disable_tiling=args.disable_tiling,
                      save_frames=args.save_frames, vae_dtype=args.vae_dtype, image_path=args.image_path,
-                     **_stage2_kwargs(args))
+                     vae_memory_gb=args.vae_memory_gb, **_stage2_kwargs(args))
     except HyvInputError as err:
         print(f"error: {err.argument}: {err.message}", file=sys.stderr)
         return 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Iterator
 
 import torch
@@ -89,3 +90,43 @@ def loop_free_causal_masks(decoder: torch.nn.Module) -> Iterator[None]:
     finally:
         for block in blocks:
             del block.prepare_causal_attention_mask
+
+
+def frame_causal_attention(block, x: torch.Tensor) -> torch.Tensor:
+    """``HunyuanVideo15AttnBlock.forward`` (diffusers 0.42) without its [S, S] mask: the queries of frame i attend the
+    keys of frames 0..i, one SDPA call per frame, so no S x S tensor exists (at 720p/121f undecoded in one piece,
+    S = 31 x 45 x 80 = 111,600 tokens: diffusers' fp32 mask alone is 46 GiB, built in a Python loop over S rows).
+    Same values up to the order of floating-point sums."""
+    identity = x
+    x = block.norm(x)
+    query, key, value = block.to_q(x), block.to_k(x), block.to_v(x)
+    batch, channels, frames, height, width = query.shape
+    n_hw = height * width
+
+    def tokens(t: torch.Tensor) -> torch.Tensor:  # [B, C, F, H, W] -> [B, 1, F*H*W, C], as diffusers lays them out
+        return t.reshape(batch, channels, frames * n_hw).permute(0, 2, 1).unsqueeze(1).contiguous()
+
+    query, key, value = tokens(query), tokens(key), tokens(value)
+    out = torch.empty_like(query)
+    for frame in range(frames):
+        rows, seen = slice(frame * n_hw, (frame + 1) * n_hw), (frame + 1) * n_hw
+        out[:, :, rows] = torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, rows], key[:, :, :seen], value[:, :, :seen])
+    x = out.squeeze(1).reshape(batch, frames, height, width, channels).permute(0, 4, 1, 2, 3)
+    return block.proj_out(x) + identity
+
+
+@contextlib.contextmanager
+def frame_causal_vae_attention(module: torch.nn.Module) -> Iterator[None]:
+    """While inside, the VAE attention blocks of ``module`` (a VAE or its decoder) run :func:`frame_causal_attention`
+    (a ``forward`` attribute on each block instance, removed on exit: the caller's model is left as found)."""
+    from diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15 import HunyuanVideo15AttnBlock
+
+    blocks = [m for m in module.modules() if isinstance(m, HunyuanVideo15AttnBlock)]
+    for block in blocks:
+        block.forward = functools.partial(frame_causal_attention, block)
+    try:
+        yield
+    finally:
+        for block in blocks:
+            del block.forward

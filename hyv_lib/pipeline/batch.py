@@ -15,7 +15,7 @@ from ..base.presets import DEFAULT_PRESET, DEFAULT_SEED, Preset, get_preset
 from ..models.components import torch_dtype
 from .calibration import cache_schedule
 from .inference import load_pipeline
-from .settings import resolve_settings
+from .settings import check_vae_settings, resolve_settings
 from .stage_io import CONFIG_FILE
 from .stages import stage1, stage2, stage3
 
@@ -51,8 +51,12 @@ class BatchRunner:
                                                    if k not in ("quiet",)})
         if settings.runtime == "ulysses":  # stage 2 tears the process group down after each video
             raise HyvInputError("--runtime", "a pipeline for many prompts runs with --runtime torch or tpu")
+        if settings.shard_weights:  # as ulysses: one prompt per torchrun launch
+            raise HyvInputError("--shard_weights", "a pipeline for many prompts runs without it (one process)")
         runtime = settings.runtime
         self.stage3_settings.setdefault("runtime", "tpu" if runtime == "tpu" else "torch")
+        check_vae_settings(self.stage3_settings.get("vae_dtype", "fp32"), self.stage3_settings.get("vae_memory_gb"),
+                           not self.stage3_settings.get("disable_tiling", False), self.stage3_settings["runtime"])
         # The models and the step are an in-memory VideoPipeline's; this class adds the stage files per video.
         self.video = load_pipeline(self.spec, model_path, self.dtype, runtime=runtime, mesh=settings.mesh,
                                    sharding=self.stage2_settings.get("sharding", "tp_replicated_out"),

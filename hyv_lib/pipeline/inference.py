@@ -24,12 +24,15 @@ from ..models.components import (
     torch_dtype,
 )
 from ..parallel.distributed import local_device
+from ..runtimes.fsdp import shard_weights as shard_transformer
+from ..runtimes.fsdp import sharded_step, under_torchrun
 from ..runtimes.placement import place_transformer, while_denoising
 from ..runtimes.step import cached_step, make_step
 from ..runtimes.vae import decode_latents
+from ..runtimes.vae_memory import tile_for_budget
 from .image import check_task, first_frame
 from .sampling import sample_latents
-from .settings import Stage2Settings, resolve_settings
+from .settings import Stage2Settings, check_vae_settings, resolve_settings
 from .text import encode_pair
 from .video_io import check_mp4_path, write_mp4
 
@@ -64,12 +67,18 @@ class VideoPipeline:
     with the tpu runtime, else torch) and ``vae_dtype`` as for :func:`hyv_lib.pipeline.stages.stage3`. ``offload``
     (torch runtime): ``block``, the transformer's weights stay on the host and stream to the GPU block by block;
     ``model``, the transformer is on the GPU while it denoises and on the host while the VAE decodes.
+    ``shard_weights="fsdp"`` (under torchrun, runtime ulysses or torch): each rank keeps 1/N of the transformer's
+    weights (:func:`hyv_lib.runtimes.fsdp.shard_weights`); with ``runtime="ulysses"`` (under torchrun only) each rank
+    denoises its part of the sequence. Every rank calls :meth:`generate` with the same arguments and gets the same
+    video.
+    ``vae_memory_gb`` (GiB): decode with the largest tiles that fit (see :func:`hyv_lib.pipeline.stages.stage3`).
     """
 
     def __init__(self, preset: str | Preset, components: dict[str, Any], *, runtime: str = "torch",
                  mesh: str | None = None, sharding: str = "tp_replicated_out", attention: str = "auto",
                  vae_runtime: str | None = None, vae_dtype: str = "fp32", tiling: bool = True,
-                 model_path: str | None = None, offload: str | None = None):
+                 model_path: str | None = None, offload: str | None = None, vae_memory_gb: float | None = None,
+                 shard_weights: str | None = None):
         with python_names():
             self.preset = get_preset(preset)
         if not isinstance(components, dict):
@@ -80,25 +89,31 @@ class VideoPipeline:
             raise HyvInputError("components", f"missing {', '.join(missing)} (hyv_lib.load_pipeline loads them all)")
         with python_names():
             resolve_settings(self.preset, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention,
-                             offload=offload)
-            if runtime == "ulysses":
-                raise HyvInputError("--runtime", "an in-memory pipeline runs with torch or tpu (ulysses is one "
-                                                 "process per device under torchrun: use the CLI's stage2)")
+                             offload=offload, shard_weights=shard_weights)
+            if runtime == "ulysses" and not under_torchrun():
+                raise HyvInputError("--runtime", "an in-memory pipeline runs with torch or tpu, or with ulysses in "
+                                                 "each process of a torchrun launch (one per device)")
         vae_runtime = vae_runtime or ("tpu" if runtime == "tpu" else "torch")
         if vae_runtime not in ("torch", "tpu"):
             raise HyvInputError("vae_runtime", f"must be torch or tpu, got {vae_runtime!r}")
-        if vae_dtype not in ("fp32", "bf16"):
-            raise HyvInputError("vae_dtype", f"must be fp32 or bf16, got {vae_dtype!r}")
+        with python_names():
+            self.vae_memory_gb = check_vae_settings(vae_dtype, vae_memory_gb, tiling, vae_runtime)
         self.components = components
         self.model_path = model_path
         self.runtime, self.mesh, self.sharding, self.attention = runtime, mesh, sharding, attention
-        self.offload = offload
+        self.offload, self.shard_weights = offload, shard_weights
         self.vae_runtime, self.vae_dtype, self.tiling = vae_runtime, vae_dtype, tiling
         transformer = components["transformer"]
-        self.device = local_device() if runtime == "torch" else torch.device("cpu")
-        place_transformer(transformer, self.device, offload)  # the GPU, block streaming, or the host (model)
+        self.device = local_device() if runtime in ("torch", "ulysses") else torch.device("cpu")
+        if shard_weights:  # 1/N of the weights to this rank's device, cut block by block
+            with python_names():
+                shard_transformer(transformer, shard_weights)
+        else:
+            place_transformer(transformer, self.device, offload)  # the GPU, block streaming, or the host (model)
         with python_names():
             self.step = make_step(transformer, runtime, mesh, sharding, attention=attention)
+        if shard_weights:  # each step one forward of the sharded root
+            self.step = sharded_step(self.step, transformer)
 
     @property
     def dtype(self) -> str:
@@ -117,6 +132,9 @@ class VideoPipeline:
         ``no_cache_blocks`` blocks on cached steps (the tpu programs are shared)."""
         if cache is None:
             return self.step
+        if self.shard_weights:
+            raise HyvInputError("cache", f"a cached step does not run over sharded weights (shard_weights="
+                                         f"{self.shard_weights!r}): pass cache=None")
         with python_names():
             return cached_step(self.step, self.components["transformer"], cache, no_cache_blocks)
 
@@ -152,7 +170,7 @@ class VideoPipeline:
                 self.preset, aspect_ratio=aspect_ratio, height=height, width=width, video_length=video_length,
                 num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
                 seed=seed, runtime=self.runtime, mesh=self.mesh, sharding=self.sharding, attention=self.attention,
-                offload=self.offload)
+                offload=self.offload, shard_weights=self.shard_weights)
         step = self.step_for(cache, no_cache_blocks)
         if cache is not None and cache.num_steps != settings.num_inference_steps:
             raise HyvInputError("cache", f"the schedule has {cache.num_steps} steps but num_inference_steps is "
@@ -170,12 +188,17 @@ class VideoPipeline:
                                      self.preset, embeds, settings, progress=progress, device=self.device)
         denoise_s = time.perf_counter() - denoise_start
         # torch: on this process's GPU if any, in vae_dtype, and the VAE put back after (image conditioning shares it)
-        frames = decode_latents(self.components["vae"], latents, tiling=self.tiling, runtime=self.vae_runtime,
-                                dtype=torch.bfloat16 if self.vae_dtype == "bf16" else torch.float32,
-                                device=local_device() if self.vae_runtime == "torch" else None)
+        vae, vae_dtype = self.components["vae"], torch.bfloat16 if self.vae_dtype == "bf16" else torch.float32
+        tile_px = None
+        if self.vae_memory_gb is not None:
+            with python_names():
+                tile_px = tile_for_budget(vae, tuple(latents.shape), self.vae_memory_gb, vae_dtype)
+        frames = decode_latents(vae, latents, tiling=self.tiling, runtime=self.vae_runtime, dtype=vae_dtype,
+                                tile_px=tile_px, device=local_device() if self.vae_runtime == "torch" else None)
         config = dict(prompt=prompt, negative_prompt=negative_prompt, preset=self.preset.name, task=task,
                       model_path=self.model_path, dtype=self.dtype, **settings.config(), fps=self.preset.fps,
                       stage3_runtime=self.vae_runtime, vae_dtype=self.vae_dtype, vae_tiling=self.tiling,
+                      **({} if tile_px is None else dict(vae_memory_gb=self.vae_memory_gb, vae_tile_px=tile_px)),
                       time_s=round(time.perf_counter() - start, 3), denoise_time_s=round(denoise_s, 3))
         if cache is not None:
             config.update(enable_cache=True, **cache.settings(), no_cache_blocks=no_cache_blocks,
@@ -187,12 +210,14 @@ class VideoPipeline:
 def load_pipeline(preset: str | Preset = DEFAULT_PRESET, model_path: str | None = None, dtype: str | None = None,
                   runtime: str = "torch", mesh: str | None = None, attention: str = "auto",
                   sharding: str = "tp_replicated_out", vae_runtime: str | None = None, vae_dtype: str = "fp32",
-                  tiling: bool = True, progress: bool = True, offload: str | None = None) -> VideoPipeline:
+                  tiling: bool = True, progress: bool = True, offload: str | None = None,
+                  vae_memory_gb: float | None = None, shard_weights: str | None = None) -> VideoPipeline:
     """Load every component of ``preset`` once (``model_path``: a diffusers-format folder; None: the preset's
     bundled or in-code tiny weights) in ``dtype`` (default: the preset's) and return a :class:`VideoPipeline`.
 
     ``progress=False`` also silences the weight-loading bars; ``offload`` (``block`` or ``model``) keeps the transformer
-    off the GPU when it is not needed there (see :class:`VideoPipeline`). Example::
+    off the GPU when it is not needed there; ``shard_weights="fsdp"`` (in each process of a torchrun launch) splits its
+    weights over the ranks (see :class:`VideoPipeline`). Example::
 
         pipe = hyv_lib.load_pipeline("tiny_trained")
         video = pipe.generate("a red circle moving left on a gray background", seed=1)
@@ -203,11 +228,13 @@ def load_pipeline(preset: str | Preset = DEFAULT_PRESET, model_path: str | None 
         dtype = dtype or spec.default_dtype
         torch_dtype(dtype)
 
-        resolve_settings(spec, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention, offload=offload)
+        resolve_settings(spec, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention, offload=offload,
+                         shard_weights=shard_weights)
         context = contextlib.nullcontext() if progress else quiet_loading()
         with context:
             names = PIPELINE_COMPONENTS + (IMAGE_COMPONENTS if "i2v" in spec.tasks else ())
             components = load_components(spec, model_path, names, dtype=dtype)
     return VideoPipeline(spec, components, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention,
                          vae_runtime=vae_runtime, vae_dtype=vae_dtype, tiling=tiling, model_path=model_path,
-                         offload=offload)
+                         vae_memory_gb=vae_memory_gb,
+                         offload=offload, shard_weights=shard_weights)

@@ -1,4 +1,4 @@
-"""Stage-2 settings: the typed list of every setting and their resolution against a preset."""
+"""The stages' settings: stage 2's typed list and its resolution against a preset, stage 3's VAE checks."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from ..base.presets import DEFAULT_SEED, Preset, check_data_axis, samples_per_st
 from ..parallel.jax_env import init_multi_host
 from ..parallel.mesh import make_mesh, parse_mesh
 from ..parallel.sharding import STRATEGIES
+from ..runtimes.fsdp import check_shard_weights
 from ..runtimes.magcache import DEFAULT_MAX_SKIP, DEFAULT_RETENTION, DEFAULT_THRESHOLD
 from ..runtimes.placement import OFFLOAD_MODES
 from ..runtimes.step import RUNTIMES, check_attention
@@ -54,6 +55,8 @@ class Stage2Settings:
     attention: str = "auto"  #: ``auto``, ``diffusers`` or a backend of :data:`hyv_lib.kernels.registry.BACKENDS`
     offload: str | None = None  #: torch runtime: ``block`` streams one transformer block at a time to the GPU; ``model``
     #: keeps the transformer on the GPU during the denoising loop only
+    shard_weights: str | None = None  #: ``fsdp``: the transformer's weights split over the torchrun ranks (FSDP2),
+    #: with ``runtime`` ulysses or torch (:data:`hyv_lib.runtimes.fsdp.SHARD_WEIGHTS`)
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> "Stage2Settings":
@@ -100,6 +103,7 @@ class ResolvedSettings:
     cache_calibration: str | None
     multi_host: bool
     offload: str | None = None  #: ``block``, ``model`` or None
+    shard_weights: str | None = None  #: ``fsdp`` or None
 
     def config(self) -> dict[str, Any]:
         """The generation_config.json fields of these settings: the cache method's own fields only when it is on,
@@ -115,6 +119,8 @@ class ResolvedSettings:
             names.append("multi_host")
         if self.offload:
             names.append("offload")
+        if self.shard_weights:
+            names.append("shard_weights")
         return {name: getattr(self, name) for name in names}
 
 
@@ -180,6 +186,7 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
         if enable_cache and s.offload == "block":
             raise HyvInputError("--offload", "block is not combined with --enable_cache (the cached step's block hooks and "
                                              "the offload hooks are untested together): choose one")
+    check_shard_weights(s.shard_weights, runtime, s.offload, enable_cache)  # under torchrun, ulysses or torch
     if sharding not in STRATEGIES:
         raise HyvInputError("--sharding", f"must be one of {', '.join(STRATEGIES)}, got {sharding!r}")
     magcache_flags = {"--cache_threshold": s.cache_threshold, "--cache_max_skip": s.cache_max_skip,
@@ -223,4 +230,20 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
         cache_start_step=cache_start_step, cache_end_step=cache_end_step, cache_step_interval=cache_step_interval,
         no_cache_blocks=no_cache_blocks, cache_threshold=threshold, cache_max_skip=max_skip, cache_retention=retention,
         cache_calibration=None if s.cache_calibration is None else str(s.cache_calibration),
-        multi_host=bool(multi_host), offload=s.offload)
+        multi_host=bool(multi_host), offload=s.offload, shard_weights=s.shard_weights)
+
+
+def check_vae_settings(vae_dtype: str, vae_memory_gb: Any = None, tiling: bool = True,
+                       runtime: str = "torch") -> float | None:
+    """``--vae_dtype`` and ``--vae_memory_gb`` (HyvInputError naming the flag); returns the budget as a float."""
+    if vae_dtype not in ("fp32", "bf16"):
+        raise HyvInputError("--vae_dtype", f"must be fp32 or bf16, got {vae_dtype!r}")
+    if vae_memory_gb is None:
+        return None
+    budget = as_number("--vae_memory_gb", vae_memory_gb, low=0, low_open=True)
+    if not tiling:
+        raise HyvInputError("--vae_memory_gb", "picks the tile size of a tiled decode: drop --disable_tiling")
+    if runtime != "torch":
+        raise HyvInputError("--vae_memory_gb", f"sizes the tiles of the torch decode (its memory model is fitted on "
+                                               f"a GPU), not of --runtime {runtime}")
+    return budget

@@ -17,13 +17,15 @@ from ..base.memory import PeakMemory
 from ..base.presets import DEFAULT_PRESET, PRESETS, Preset, get_preset
 from ..models.components import IMAGE_COMPONENTS, TEXT_COMPONENTS, load_components, torch_dtype
 from ..parallel.distributed import barrier, init_distributed, local_device, rank
+from ..runtimes.fsdp import shard_weights, sharded_step
 from ..runtimes.placement import place_transformer, while_denoising
 from ..runtimes.step import TransformerStep, make_step
 from ..runtimes.vae import decode_latents
+from ..runtimes.vae_memory import tile_for_budget
 from .calibration import cache_schedule, resolve_calibration
 from .image import check_task, crop_to_bucket, first_frame, image_size_settings, load_image
 from .sampling import sample_latents
-from .settings import Stage2Settings, resolve_settings
+from .settings import Stage2Settings, check_vae_settings, resolve_settings
 from .stage_io import (
     CONFIG_FILE,
     FRAMES_FILE,
@@ -138,7 +140,9 @@ def stage2(
     host runs the same command and writes the same latents to its own ``output_dir``. ``attention``: see
     :func:`make_step` (checked before anything is loaded or written). ``offload`` (torch runtime): ``block`` keeps the
     weights on the host and streams each block to the GPU as it runs, ``model`` moves the transformer to the GPU for
-    the denoising loop only (:data:`hyv_lib.runtimes.placement.OFFLOAD_MODES`).
+    the denoising loop only (:data:`hyv_lib.runtimes.placement.OFFLOAD_MODES`). ``shard_weights="fsdp"`` (under
+    torchrun, runtime ulysses or torch): each rank keeps 1/N of the transformer's weights on its device and gathers
+    one block at a time (:func:`hyv_lib.runtimes.fsdp.shard_weights`).
     """
     start = time.perf_counter()
     _require_folder("input_dir", input_dir)
@@ -159,11 +163,16 @@ def stage2(
         components = load_components(spec, config.get("model_path"), ["transformer", "scheduler"], dtype=dtype)
     transformer = components["transformer"]
     device = local_device() if runtime in ("torch", "ulysses") else torch.device("cpu")  # a GPU per rank, if any
-    # on the GPU (a no-op when a kept model is already there), streamed block by block, or on the host until the loop
-    place_transformer(transformer, device, settings.offload)
-    owns_group = runtime == "ulysses" and not torch.distributed.is_initialized()  # else the caller's: left as found
+    distributed = runtime == "ulysses" or settings.shard_weights is not None  # one process per device, torchrun
+    owns_group = distributed and not torch.distributed.is_initialized()  # else the caller's: left as found
+    if settings.shard_weights:  # 1/N of the weights to this rank's device, cut block by block (a kept model: once)
+        shard_weights(transformer, settings.shard_weights)
+    else:  # on the GPU (a no-op when a kept model is already there), streamed block by block, or on the host
+        place_transformer(transformer, device, settings.offload)
     step = step or make_step(transformer, runtime, mesh, sharding, cache=schedule,
                              no_cache_blocks=settings.no_cache_blocks, attention=attention)
+    if settings.shard_weights:  # each step one forward of the sharded root
+        step = sharded_step(step, transformer)
     with PeakMemory() as memory, while_denoising(transformer, device, settings.offload):
         latents = sample_latents(step, transformer, components["scheduler"].config, spec, embeds, settings,
                                  progress=not quiet and rank() == 0, device=device)
@@ -181,7 +190,7 @@ def stage2(
         logger.info("stage 2: %s in %.1f s, %d steps on the %s runtime (peak RSS %.0f MiB)",
                     os.path.join(output_dir, STAGE2_FILE), time.perf_counter() - start,
                     settings.num_inference_steps, runtime, memory.peak_bytes / 2**20)
-    if runtime == "ulysses":
+    if distributed:
         barrier()
         if owns_group:
             torch.distributed.destroy_process_group()
@@ -189,22 +198,23 @@ def stage2(
 
 
 # ------------------------------------------------------------------------------------------------- stage 3
-def _check_stage3_settings(output_video: str | None, fps: Any, vae_dtype: str) -> float | None:
+def _check_stage3_settings(output_video: str | None, fps: Any, vae_dtype: str, vae_memory_gb: Any = None,
+                           tiling: bool = True, runtime: str = "torch") -> tuple[float | None, float | None]:
     """Stage 3's own settings (HyvInputError naming the flag): checked by :func:`stage3` before it loads anything
-    and by :func:`generate` before stage 1 writes anything. Returns ``fps`` as a Python float (or None)."""
+    and by :func:`generate` before stage 1 writes anything. Returns ``fps`` and ``vae_memory_gb`` as Python floats
+    (or None)."""
     fps = as_number("--fps", fps, low=0, low_open=True)
-    if vae_dtype not in ("fp32", "bf16"):
-        raise HyvInputError("--vae_dtype", f"must be fp32 or bf16, got {vae_dtype!r}")
+    budget = check_vae_settings(vae_dtype, vae_memory_gb, tiling, runtime)
     if output_video is not None:
         check_mp4_path(output_video, "--output_video")
-    return fps
+    return fps, budget
 
 
 @python_names()  # called from Python: errors name parameters; from the CLI: flags
 def stage3(
     input_dir: str | None = None, output_video: str | None = None, fps: float | None = None,
     disable_tiling: bool = False, save_frames: bool = False, runtime: str = "torch", vae_dtype: str = "fp32",
-    components: dict[str, Any] | None = None,
+    components: dict[str, Any] | None = None, vae_memory_gb: float | None = None,
 ) -> torch.Tensor:
     """Decode the stage-2 latents with the VAE and write the mp4 (and optionally the frames).
 
@@ -212,12 +222,14 @@ def stage3(
     ranks under torchrun) or ``tpu`` (the decoder jitted through torchax on JAX's device: the TPU on a TPU VM).
     ``vae_dtype``: ``fp32`` (default) or ``bf16``, what the decoder computes in. ``components`` ({"vae": ...},
     already loaded) skips loading it; the decode moves it to this rank's device and ``vae_dtype`` for the call only.
+    ``vae_memory_gb`` (GiB, torch runtime): the largest square tiles whose decode fits that much device memory
+    (:func:`hyv_lib.runtimes.vae_memory.tile_for_budget`) instead of diffusers' 256 px; recorded as ``vae_tile_px``.
     """
     start = time.perf_counter()
     _require_folder("input_dir", input_dir)
-    fps = _check_stage3_settings(output_video, fps, vae_dtype)
     if runtime not in ("torch", "tpu"):
         raise HyvInputError("--runtime", f"stage 3 runs on torch or tpu, got {runtime!r}")
+    fps, budget = _check_stage3_settings(output_video, fps, vae_dtype, vae_memory_gb, not disable_tiling, runtime)
     config = read_config(input_dir) if os.path.isdir(input_dir) else {}
     latents = load_stage2(input_dir)
     spec = _preset_from_config(config, input_dir)
@@ -238,14 +250,18 @@ def stage3(
     owns_group = distributed and not torch.distributed.is_initialized()  # else the caller's: left as found
     if distributed:
         init_distributed()
+    tile_px = None if budget is None else tile_for_budget(vae, tuple(latents.shape), budget, torch_dtype(vae_dtype))
     with PeakMemory() as memory:
         # torch: this rank's GPU if any (nccl's tile exchange needs GPU tensors), else the host
         frames = decode_latents(vae, latents, tiling=not disable_tiling, tile_parallel=distributed, runtime=runtime,
-                                dtype=torch_dtype(vae_dtype), device=local_device() if runtime == "torch" else None)
+                                dtype=torch_dtype(vae_dtype), device=local_device() if runtime == "torch" else None,
+                                tile_px=tile_px)
     if rank() == 0:
         write_mp4(frames.numpy(), output_video, fps)
         fields = {"output_video": os.path.abspath(output_video), "fps": fps, "vae_tiling": not disable_tiling,
                   "stage3_runtime": runtime, "vae_dtype": vae_dtype}
+        if budget is not None:
+            fields.update(vae_memory_gb=budget, vae_tile_px=tile_px)
         if save_frames:
             frames_path = os.path.join(out_dir, FRAMES_FILE)
             save_tensors({"frames": frames.permute(3, 0, 1, 2).unsqueeze(0)}, frames_path)  # [1,3,F,H,W] uint8
@@ -266,7 +282,7 @@ def generate(
     preset: str | Preset = DEFAULT_PRESET, prompt: str = "", negative_prompt: str = "", output_dir: str | None = None,
     model_path: str | None = None, dtype: str | None = None, output_video: str | None = None,
     fps: float | None = None, disable_tiling: bool = False, save_frames: bool = False, vae_dtype: str = "fp32",
-    image_path: str | None = None, **stage2_kwargs: Any,
+    image_path: str | None = None, vae_memory_gb: float | None = None, **stage2_kwargs: Any,
 ) -> torch.Tensor:
     """Run stage 1, 2 and 3 into ``output_dir``; returns the uint8 frames [F,H,W,3]. ``image_path``: the first
     frame of an image-to-video run (see :func:`stage1`). ``stage2_kwargs``: the fields of :class:`Stage2Settings`,
@@ -285,10 +301,10 @@ def generate(
     settings = resolve_settings(spec, requested)
     if settings.cache_method == "magcache":  # a missing or unfitting calibration file fails before stage 1 writes
         resolve_calibration(settings, spec)
-    fps = _check_stage3_settings(output_video, fps, vae_dtype)
+    vae_runtime = "tpu" if settings.runtime == "tpu" else "torch"
+    fps, _ = _check_stage3_settings(output_video, fps, vae_dtype, vae_memory_gb, not disable_tiling, vae_runtime)
     stage1(preset=preset, prompt=prompt, negative_prompt=negative_prompt, output_dir=output_dir,
            model_path=model_path, dtype=dtype, image_path=image_path)
     stage2(input_dir=output_dir, **stage2_kwargs)
     return stage3(input_dir=output_dir, output_video=output_video, fps=fps, disable_tiling=disable_tiling,
-                  save_frames=save_frames, vae_dtype=vae_dtype,
-                  runtime="tpu" if stage2_kwargs.get("runtime") == "tpu" else "torch")
+                  save_frames=save_frames, vae_dtype=vae_dtype, runtime=vae_runtime, vae_memory_gb=vae_memory_gb)

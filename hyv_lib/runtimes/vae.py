@@ -8,6 +8,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from ..models.patches import frame_causal_vae_attention
 from .placement import placed
 from .tile_parallel import tile_parallel_decode
 from .tpu_vae import decode_on_jax
@@ -41,21 +42,31 @@ def exact_fp32(device: torch.device, dtype: torch.dtype) -> Iterator[None]:
 @torch.no_grad()
 def decode_latents(vae, latents: torch.Tensor, tiling: bool = True, tile_parallel: bool = False,
                    runtime: str = "torch", dtype: torch.dtype | None = None,
-                   device: torch.device | None = None) -> torch.Tensor:
+                   device: torch.device | None = None, tile_px: int | None = None) -> torch.Tensor:
     """Decode ``latents`` [1,C,T,h,w] to uint8 frames [F,H,W,3] with diffusers' VAE.
 
-    Tiling uses diffusers' spatial tiles (256 px, overlap 0.25 by default) and bounds peak memory at
-    720p; videos smaller than one tile decode identically either way. ``tile_parallel`` spreads the
+    Tiling uses diffusers' spatial tiles (256 px, overlap 0.25 by default; ``tile_px``: square tiles of that many
+    pixels for this call, e.g. :func:`hyv_lib.runtimes.vae_memory.tile_for_budget`'s) and bounds peak memory at
+    720p; videos smaller than one tile decode identically either way. A tile spans all the video's frames. ``tile_parallel`` spreads the
     tiles over the torch.distributed ranks (:func:`hyv_lib.runtimes.tile_parallel.tile_parallel_decode`).
     ``runtime="tpu"`` runs the decoder jitted through torchax on JAX's device (:mod:`hyv_lib.runtimes.tpu_vae`), in
     ``dtype`` (default: the VAE's); the tiling and blending stay diffusers' own. On the torch runtime the decode runs on
     ``device`` in ``dtype`` (None: where the VAE is, in its dtype): the VAE is moved for this call only and put back
-    after (:func:`placed`); an fp32 decode on a GPU has TF32 off (:func:`exact_fp32`).
+    after (:func:`placed`); an fp32 decode on a GPU has TF32 off (:func:`exact_fp32`); the mid-block attention runs
+    frame by frame with no [S, S] mask (:func:`hyv_lib.models.patches.frame_causal_attention`).
     """
     if runtime not in ("torch", "tpu"):
         raise ValueError(f"runtime must be 'torch' or 'tpu', got {runtime!r}")
-    was_tiling = vae.use_tiling  # the caller's setting, restored below
+    tile_fields = ("use_tiling", "tile_sample_min_height", "tile_sample_min_width", "tile_latent_min_height",
+                   "tile_latent_min_width")
+    saved = {name: getattr(vae, name) for name in tile_fields}  # the caller's settings, restored below
     vae.use_tiling = bool(tiling)  # what enable_tiling()/disable_tiling() set
+    if tile_px is not None:
+        ratio = vae.config.spatial_compression_ratio
+        if tile_px % ratio or tile_px <= 0:
+            raise ValueError(f"tile_px must be a positive multiple of {ratio}, got {tile_px}")
+        vae.tile_sample_min_height = vae.tile_sample_min_width = tile_px
+        vae.tile_latent_min_height = vae.tile_latent_min_width = tile_px // ratio
     try:
         if runtime == "tpu":
             param = next(vae.parameters())
@@ -64,8 +75,9 @@ def decode_latents(vae, latents: torch.Tensor, tiling: bool = True, tile_paralle
             with placed(vae, device, dtype) as on_device:
                 param = next(on_device.parameters())
                 z = latents.to(param.device, param.dtype) / vae.config.scaling_factor
-                with exact_fp32(param.device, param.dtype):
+                with exact_fp32(param.device, param.dtype), frame_causal_vae_attention(on_device):
                     video = tile_parallel_decode(on_device, z) if tiling and tile_parallel else on_device.decode(z).sample
     finally:
-        vae.use_tiling = was_tiling
+        for name, value in saved.items():
+            setattr(vae, name, value)
     return to_uint8_frames(video[0])
