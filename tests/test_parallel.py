@@ -130,14 +130,25 @@ def cast_after_build():
     with torch.no_grad():
         expected = torch.nn.Module.to(oracle, torch.float64)(**{k: v.double() if v.is_floating_point() else v
                                                 for k, v in kwargs.items()}).sample
+    real_backend, refused = dist.get_backend, ""
+    dist.get_backend = lambda group=None: "nccl"  # a stand-in: nccl with the model still on the host
+    try:
+        step(**kwargs)
+    except ValueError as err:
+        refused = str(err)
+    finally:
+        dist.get_backend = real_backend
     found = [None] * dist.get_world_size()
-    dist.all_gather_object(found, (str(out.dtype), (out.double() - expected).abs().max().item()))
+    dist.all_gather_object(found, (str(out.dtype), (out.double() - expected).abs().max().item(), refused))
     return found
 
 
 def test_ulysses_step_serves_a_model_cast_after_it_was_built():
-    for dtype, err in run_distributed(cast_after_build, 2, timeout=240):  # every rank's (dtype, error)
+    """... and under nccl a model left on the host is a clear error before any collective (nccl takes GPU tensors
+    only: the runs of run_distributed(..., backend="nccl") once handed it CPU tensors)."""
+    for dtype, err, refused in run_distributed(cast_after_build, 2, timeout=240):  # every rank's findings
         assert dtype == "torch.float64" and err <= 1e-10, (dtype, err)
+        assert refused.startswith("the model is on cpu, but nccl exchanges GPU tensors only"), refused
 
 
 def test_shard_lengths():

@@ -13,6 +13,7 @@ from ..kernels.dispatch import attention
 from ..models.adapter import ModelAdapter, RopeTables
 from ..models.processors import context_qkv, video_qkv
 from ..models.registry import adapter_for
+from ..parallel.distributed import local_device
 
 
 # --------------------------------------------------------------------------------------------- layout
@@ -198,6 +199,9 @@ class UlyssesTransformer:
         a.check_timestep_r(m, timestep_r)
         out_device = hidden_states.device
         device, dtype = self.device, self.dtype
+        if device.type != "cuda" and dist.get_backend(self.group) == "nccl":
+            raise ValueError(f"the model is on {device}, but nccl exchanges GPU tensors only: move it to this rank's "
+                             "GPU first (hyv_lib.parallel.distributed.local_device())")
 
         def put(t):  # floating tensors in the model's dtype, integer ones (masks) as they are
             if not isinstance(t, torch.Tensor):
@@ -226,5 +230,8 @@ class UlyssesTransformer:
 
 
 def ulysses_forward(model, kwargs: dict) -> torch.Tensor:
-    """One Ulysses forward of ``model`` on this rank (a picklable entry point for :func:`run_distributed`)."""
-    return UlyssesTransformer(model)(**kwargs)
+    """One Ulysses forward of ``model`` on this rank (a picklable entry point for :func:`run_distributed`): the rank's
+    copy of the model goes to this rank's device first (its GPU under nccl, whose collectives take GPU tensors only);
+    the prediction comes back on the host."""
+    model.to(local_device())
+    return UlyssesTransformer(model)(**kwargs).cpu()
