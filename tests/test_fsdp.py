@@ -38,9 +38,12 @@ def padded_shard_bytes(params, world):
     return sum(-(-p.shape[0] // world) * (p.numel() // p.shape[0]) * p.element_size() for p in params)
 
 
-def sharded_job(heads):
+def sharded_job(heads, run=None, out_dir=None):
     """On every rank: the Ulysses and torch steps over FSDP-sharded weights vs diffusers' eager fp32 forward (and vs
-    the unsharded Ulysses step), this rank's parameter bytes at rest, inside every block (hooks) and after."""
+    the unsharded Ulysses step), this rank's parameter bytes at rest, inside every block (hooks) and after. With a
+    stage-1 folder ``run``: also the CLI's stage2 with ``--shard_weights fsdp`` on the ulysses and torch runtimes into
+    ``out_dir``/<runtime> (rank 0 writes), as ``torchrun --nproc_per_node N -m hyv_lib stage2 ...`` runs it."""
+    from hyv_lib.cli import run as cli
     from hyv_lib.runtimes.step import torch_step
     from hyv_lib.runtimes.ulysses import UlyssesTransformer
 
@@ -84,16 +87,26 @@ def sharded_job(heads):
                                          if not n.startswith("transformer_blocks.")], world),
         rest=tuple(rest), inside=[tuple(b) for b in inside], after=tuple(after), seconds=seconds,
         outside_error=info.value.argument)
+    if run is not None:
+        steps = [f"--{name}={value}" for name, value in SURFACE_STEPS.items()]
+        found["cli"] = [cli(["stage2", "--input_dir", run, "--output_dir", f"{out_dir}/{runtime}", "--runtime",
+                             runtime, "--shard_weights", "fsdp", "--quiet", *steps]) for runtime in ("ulysses", "torch")]
     everyone = [None] * world
     dist.all_gather_object(everyone, found)
     return everyone
 
 
+@pytest.fixture(scope="module")
+def cli_out(tmp_path_factory):
+    return tmp_path_factory.mktemp("fsdp_cli")
+
+
 @pytest.fixture(scope="module", params=[2, 4], ids=["2_ranks", "4_ranks"])
-def findings(request):
+def findings(request, tiny_run, cli_out):
     world = request.param
     start = time.perf_counter()
-    found = run_distributed(sharded_job, world, world, timeout=240)  # as many heads as ranks
+    cli_args = (str(tiny_run), str(cli_out)) if world == 2 else ()  # the CLI on the tiny preset's 2 heads
+    found = run_distributed(sharded_job, world, world, *cli_args, timeout=240)  # as many heads as ranks
     print(f"\n{world} gloo processes: {time.perf_counter() - start:.1f} s")
     return found
 
@@ -170,3 +183,81 @@ def test_per_rank_bytes_of_the_real_model():
         print(f"720p_t2v bf16 on {world} ranks: {shards / gib:.2f} GiB per rank between steps, "
               f"{(shards + gathered) / gib:.2f} GiB inside a block (all {total / gib:.2f} GiB replicated)")
         assert total / world <= shards <= total / world * 1.001
+
+
+# ---------------------------------------------------------------------------------------------- public surfaces
+SURFACE_STEPS = dict(num_inference_steps=2, video_length=5)
+
+
+def test_cli_stage2_on_two_ranks_writes_the_single_process_latents(findings, tiny_run, cli_out, tmp_path):
+    """`torchrun --nproc_per_node 2 -m hyv_lib stage2 --runtime ulysses|torch --shard_weights fsdp`, run in-process on
+    the 2 gloo ranks of :func:`findings`, writes the latents of the single-process run and records the setting."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from hyv_lib.pipeline.stages import stage2
+
+    if findings[0]["world"] != 2:
+        pytest.skip("the CLI runs on the 2-rank findings")
+    assert all(f["cli"] == [0, 0] for f in findings)
+    expected = stage2(str(tiny_run), output_dir=str(tmp_path), quiet=True, **SURFACE_STEPS)
+    for runtime in ("ulysses", "torch"):
+        got = load_file(cli_out / runtime / "stage2_latents.safetensors")["latents"]
+        config = json.loads((cli_out / runtime / "generation_config.json").read_text())
+        print(f"stage2 --runtime {runtime} --shard_weights fsdp on 2 ranks: max difference "
+              f"{(got - expected).abs().max():.1e}")
+        assert (got - expected).abs().max() <= 1e-5  # measured 2.6e-6 (1 thread per rank vs 2 here)
+        assert config["shard_weights"] == "fsdp" and config["runtime"] == runtime
+    assert "shard_weights" not in json.loads((tmp_path / "generation_config.json").read_text())  # only when set
+
+
+def test_load_pipeline_with_ulysses_and_sharded_weights(monkeypatch):
+    """``load_pipeline("tiny", runtime="ulysses", shard_weights="fsdp")`` in a torchrun process (a group of one here:
+    the wiring; the splits are the tests above) gives the single-process pipeline's latents; a cache is refused."""
+    import hyv_lib
+    from hyv_lib.parallel.distributed import free_port
+    from hyv_lib.runtimes.fsdp import SHARDED, ShardedStep
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    video = dict(num_inference_steps=2, video_length=1, height=32, width=32, seed=3, progress=False)
+    expected = hyv_lib.load_pipeline("tiny", progress=False).generate("a red ball", **video)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        pipe = hyv_lib.load_pipeline("tiny", runtime="ulysses", shard_weights="fsdp", progress=False)
+        got = pipe.generate("a red ball", **video)
+        assert isinstance(pipe.step, ShardedStep) and pipe.components["transformer"] in SHARDED
+        with pytest.raises(HyvInputError) as info:
+            pipe.generate("a red ball", cache=hyv_lib.DeepCacheSchedule(2, 0, 2, 2), **video)
+        assert info.value.argument == "cache"
+    finally:
+        dist.destroy_process_group()
+    print(f"load_pipeline ulysses+fsdp: max difference {(got.latents - expected.latents).abs().max():.1e}")
+    assert (got.latents - expected.latents).abs().max() <= 1e-5
+    assert got.config["shard_weights"] == "fsdp" and "shard_weights" not in expected.config
+
+
+def test_the_surfaces_refuse_sharding_outside_torchrun(tiny_run, tmp_path, capsys, monkeypatch):
+    import hyv_lib
+    from hyv_lib.cli import run as cli
+    from hyv_lib.pipeline.batch import BatchRunner
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    monkeypatch.delenv("RANK", raising=False)
+    assert cli(["stage2", "--input_dir", str(tiny_run), "--output_dir", str(tmp_path), "--runtime", "ulysses",
+                "--shard_weights", "fsdp", "--quiet"]) == 2
+    assert "error: --shard_weights: splits the weights over one process per device: torchrun" in capsys.readouterr().err
+    with pytest.raises(HyvInputError) as info:  # before anything loads
+        hyv_lib.load_pipeline("tiny", runtime="ulysses", shard_weights="fsdp")
+    assert info.value.argument == "shard_weights"
+    monkeypatch.setenv("RANK", "0")  # under torchrun: a pipeline for many prompts still refuses it
+    with pytest.raises(HyvInputError) as info:
+        BatchRunner("tiny", stage2=dict(runtime="torch", shard_weights="fsdp"))
+    assert info.value.argument == "--shard_weights"
+    assert cli(["stage2", "--input_dir", str(tiny_run), "--output_dir", str(tmp_path), "--runtime", "tpu",
+                "--shard_weights", "fsdp", "--quiet"]) == 2
+    assert "error: --shard_weights:" in capsys.readouterr().err

@@ -8,9 +8,6 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
-from torch.distributed.tensor import DTensor
 
 from ..base.errors import HyvInputError
 from ..models.adapter import ModelAdapter
@@ -86,6 +83,11 @@ def shard_weights(model: torch.nn.Module, mode: str = "fsdp", adapter: ModelAdap
     The model's own forward then gathers each block as it reaches it. A step that runs the model piece by piece
     (:class:`hyv_lib.runtimes.ulysses.UlyssesTransformer`) is wrapped with :func:`sharded_step`, which runs it as
     one forward of the root."""
+    # torch.distributed.fsdp and .tensor take about a second to import: only a run that shards pays for them (the
+    # settings check below is imported by every stage-2 run)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
+
     check_shard_weights(mode, "torch")  # the mode, and a launch with ranks
     init_distributed()
     world = dist.get_world_size()
@@ -130,6 +132,8 @@ class ShardedStep:
         return getattr(self.model, STEP_METHOD)(self.step, **kwargs).to(where)
 
     def __getattr__(self, name: str):
+        if name in ("step", "model"):  # not set yet (a copy being built): no recursion through self.step
+            raise AttributeError(name)
         return getattr(self.step, name)
 
 
@@ -155,6 +159,8 @@ def resident_parameter_bytes(model: torch.nn.Module) -> ParameterBytes:
     """The bytes of ``model``'s parameters this rank holds now (:class:`ParameterBytes`). Between steps a model
     sharded over N ranks holds about 1/N of the total (``whole == 0``); inside a block's forward, the block's and
     the root's gathered parameters count whole (their own shards are hidden while gathered, and still held)."""
+    from torch.distributed.tensor import DTensor  # (already imported once a model is sharded)
+
     seen: set[int] = set()
     shards = whole = 0
     for param in model.parameters():
