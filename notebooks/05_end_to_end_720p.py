@@ -153,8 +153,10 @@ print(f"latent {latent[3]} x {latent[4]}: {len(row_starts)} row(s) x {len(col_st
 # (26.6 GiB in bf16). One resnet block holds several tensors of that size at once: its input for the residual,
 # the padded copy its causal convolution makes, and the convolution's output. A TPU v6e chip has 32 GiB of
 # {term}`HBM` and an H100 79.6 GiB (its "80 GB" in NVIDIA's decimal units). There is a second large item: the mid
-# block's self-attention runs over all $T h w = 31 \cdot 45 \cdot 80 = 111{,}600$ latent positions and builds a dense
-# causal mask of $111{,}600^2 \cdot 4\,\text{B} \approx 46.4$ GiB. One 256 × 256 tile still spans all 121 frames,
+# block's self-attention runs over all $T h w = 31 \cdot 45 \cdot 80 = 111{,}600$ latent positions, and diffusers'
+# decoder builds a dense causal mask for it of $111{,}600^2 \cdot 4\,\text{B} \approx 46.4$ GiB (`hyv_lib`'s torch
+# decode runs that attention frame by frame instead, with no such mask:
+# `hyv_lib.models.patches.frame_causal_attention`). One 256 × 256 tile still spans all 121 frames,
 # so its largest tensor is $128 \cdot 121 \cdot 256 \cdot 256 \cdot 4\,\text{B} \approx 3.8$ GiB, $720 \cdot 1280 / 256^2
 # \approx 14$ times less, and its mask covers only $31 \cdot 16 \cdot 16 = 7{,}936$ positions.
 #
@@ -235,8 +237,8 @@ print(f"the temporaries are {b['temporaries'] / (tile_n * bf16):.1f}x the tile's
 # :::{admonition} Takeaway
 # :class: tip
 # Decoding 720p/121f in one piece needs a single 53.2 GiB tensor (128 ch × 121 × 720 × 1280 in fp32), several of
-# them at once, and a 46.4 GiB attention mask in the mid block: more than a 32 GiB v6e chip and, together, more
-# than an H100's 79.6 GiB. A 256 px tile cuts the largest tensor to 3.8 GiB in fp32 (1.9 GiB in bf16), but a tile
+# them at once, and, in diffusers' decoder, a 46.4 GiB attention mask in the mid block: more than a 32 GiB v6e chip
+# and, together, more than an H100's 79.6 GiB. A 256 px tile cuts the largest tensor to 3.8 GiB in fp32 (1.9 GiB in bf16), but a tile
 # spans all 121 frames, and its whole decode in bf16, compiled for a v6e chip, needs 25.2 GiB per device. That is
 # why `hyv_lib` decodes in tiles by default, why a tile fits a v6e chip but not a v5e, and why this notebook never
 # decodes real 720p weights in one piece unless asked to.
