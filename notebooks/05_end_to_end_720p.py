@@ -238,9 +238,9 @@ print(f"the temporaries are {b['temporaries'] / (tile_n * bf16):.1f}x the tile's
 # :class: tip
 # Decoding 720p/121f in one piece needs a single 53.2 GiB tensor (128 ch × 121 × 720 × 1280 in fp32), several of
 # them at once, and, in diffusers' decoder, a 46.4 GiB attention mask in the mid block: more than a 32 GiB v6e chip
-# and, together, more than an H100's 79.6 GiB. A 256 px tile cuts the largest tensor to 3.8 GiB in fp32 (1.9 GiB in bf16), but a tile
-# spans all 121 frames, and its whole decode in bf16, compiled for a v6e chip, needs 25.2 GiB per device. That is
-# why `hyv_lib` decodes in tiles by default, why a tile fits a v6e chip but not a v5e, and why this notebook never
+# and, together, more than an H100's 79.6 GiB. A 256 px tile cuts the largest tensor to 3.8 GiB in fp32 (1.9 GiB
+# in bf16), but a tile spans all 121 frames, and its whole decode in bf16, compiled for a v6e chip, needs 25.2 GiB
+# per device. That is why `hyv_lib` decodes in tiles by default, why a tile fits a v6e chip but not a v5e, and why this notebook never
 # decodes real 720p weights in one piece unless asked to.
 # :::
 #
@@ -352,9 +352,11 @@ for r in plan_table(presets=("720p_t2v",), chips=("v6e",), rules="tp_replicated_
 #   latents per frame) and the VAE tiling of stage 3 are the real ones; the frames are fewer, and the widths and
 #   depths small.
 # * `generation_config.json` records every stage's time and peak memory, so a run documents its own cost.
-# * At 720p and 121 frames a one-piece decode needs a 53.2 GiB tensor in fp32 (and a 46.4 GiB mask in the mid
-#   block); a 256 px tile needs 3.8 GiB. Tiled decoding is the default, and its output differs from the one-piece
-#   decode mainly in the blended seams (measured above on the tiny preset).
+# * At 720p and 121 frames a one-piece decode needs a 53.2 GiB tensor in fp32 (and, in diffusers' decoder, a 46.4 GiB
+#   mask in the mid block). A 256 px tile spans all 121 frames: its largest tensor is 3.8 GiB in fp32, and its whole
+#   decode in bf16 needs 25.2 GiB per device by the TPU compiler, which fits a v6e chip but not a v5e. Tiled
+#   decoding is the default, and its output differs from the one-piece decode mainly in the blended seams (measured
+#   above on the tiny preset).
 # * The same notebook is the real-model runbook: set the preset, the weights and the runtime.
 #
 # ## Exercises
