@@ -15,9 +15,14 @@ Sections, each catching and recording its own failure so one broken backend does
   memory, MFU by :func:`hyv_lib.planning.costs.step_flops`, the ratio and the output difference).
 - ``cache``: a full step that records the DeepCache features and a cached step that reuses them (the work of every
   step DeepCache or MagCache skips), and what that makes of 50 steps under DeepCache's default schedule.
-- ``offload``: the step with ``--offload block`` (:func:`hyv_lib.runtimes.placement.offload_blocks`: diffusers' block-level
-  group offloading, weights on the host, one block on the GPU at a time, a CUDA stream): peak memory and s/step.
-- ``vae``: the VAE decode of 720p/121f latents, tiled, random bf16 weights: s and peak memory.
+- ``offload``: ``--offload model`` (the transformer's trips between host and GPU, and what stays allocated), then the
+  step with ``--offload block`` (:func:`hyv_lib.runtimes.placement.offload_blocks`: diffusers' block-level group
+  offloading, weights on the host, one block on the GPU at a time, a CUDA stream): peak memory and s/step.
+- ``vae``: the VAE decode of 720p/121f latents, random bf16 weights, at several tile sizes: s and peak memory beside
+  :func:`hyv_lib.runtimes.vae_memory.decode_peak_bytes`'s model, and the tiles ``--vae_memory_gb`` picks for a few
+  budgets with whether the measured peak stayed within them.
+- ``distributed``: ``torchrun --nproc_per_node 1 -m hyv_lib stage2`` with Ulysses, Ulysses + ``--shard_weights fsdp``
+  and torch + fsdp on the tiny model (nccl on the GPU), against the same stage 2 in one process.
 
 Everything is written after every section (``--output``, default ``benchmarks/results/gpu_check.json``, and the markdown
 table next to it), so a run stopped at its time limit keeps what it measured. Rows that would not fit the remaining
@@ -55,7 +60,7 @@ from hyv_lib.models.registry import get_adapter  # noqa: E402
 from hyv_lib.planning.costs import step_flops  # noqa: E402
 from hyv_lib.planning.hardware import CHIPS, mfu  # noqa: E402
 from hyv_lib.runtimes.deepcache import DeepCacheSchedule, TorchDeepCache  # noqa: E402
-from hyv_lib.runtimes.placement import offload_blocks  # noqa: E402
+from hyv_lib.runtimes.placement import offload_blocks, placed  # noqa: E402
 
 GIB = 2**30
 #: The backends the attention section tries, in this order, besides diffusers' dense-mask path.
@@ -71,9 +76,10 @@ def sizes(tiny: bool) -> dict[str, Any]:
     if tiny:
         # "large" has enough tokens (240 video + 170 context) that S x S outgrows every other tensor of the tiny model
         return dict(preset="tiny", attention=(128, 160, 9), steps={"small": (32, 48, 9), "large": (128, 160, 9)},
-                    vae=(32, 48, 9), repeats=1)
+                    vae=(64, 96, 9), vae_tiles=(64,), vae_budgets=(0.01,), repeats=1)
     return dict(preset="720p_t2v", attention=(720, 1280, 121),
-                steps={"480p": (480, 848, 121), "720p": (720, 1280, 121)}, vae=(720, 1280, 121), repeats=3)
+                steps={"480p": (480, 848, 121), "720p": (720, 1280, 121)}, vae=(720, 1280, 121),
+                vae_tiles=(128, 192, 256, 384), vae_budgets=(8, 12, 24), repeats=3)
 
 
 # ------------------------------------------------------------------------------------------ measuring
@@ -467,6 +473,25 @@ def offload_section(section, device, clock, budget, cfg, tiny, model) -> None:
     if not budget.allows(60):
         row.update(status="skipped", reason="time budget")
         return
+    moved: dict[str, Any] = dict(name="model offload", how="hyv_lib --offload model: the transformer to the host "
+                                                          "after the denoising loop, back to the GPU for the next")
+    section["rows"].insert(0, moved)
+    start = time.perf_counter()
+    torch.nn.Module.to(model, "cpu")
+    free_memory()
+    moved["to_host_s"] = round(time.perf_counter() - start, 2)
+    moved["allocated_on_host_gib"] = round(torch.cuda.memory_allocated() / GIB, 3)  # what the VAE decode finds used
+    start = time.perf_counter()
+    with placed(model, device):
+        clock.sync()
+        moved["to_device_s"] = round(time.perf_counter() - start, 2)
+        moved["allocated_on_device_gib"] = round(torch.cuda.memory_allocated() / GIB, 2)
+        start = time.perf_counter()
+    clock.sync()
+    moved.update(back_to_host_s=round(time.perf_counter() - start, 2), status="ok",
+                 allocated_after_gib=round(torch.cuda.memory_allocated() / GIB, 3))
+    print(f"  model offload: to GPU {moved['to_device_s']} s, back {moved['back_to_host_s']} s, "
+          f"{moved['allocated_after_gib']} GiB left allocated", flush=True)
     use_processors(model, "auto")
     kwargs = step_inputs(preset, height, width, frames, device)
     start = time.perf_counter()
@@ -485,26 +510,94 @@ def vae_section(section, device, clock, budget, cfg, tiny) -> None:
     import diffusers
 
     from hyv_lib.runtimes.vae import decode_latents
+    from hyv_lib.runtimes.vae_memory import LIVE_COPIES, decode_peak_bytes, tile_for_budget
 
     preset = get_preset(cfg["preset"])
     height, width, frames = cfg["vae"]
-    row: dict[str, Any] = dict(name=f"vae decode {height}x{width}x{frames}", tiling=True, dtype="bf16")
-    section["rows"].append(row)
-    if not budget.allows(45 if not tiny else 1):
-        row.update(status="skipped", reason="time budget")
-        return
     with torch.device("meta"):
         vae = diffusers.AutoencoderKLHunyuanVideo15(**preset.vae)
     vae = vae.to_empty(device=device).to(torch.bfloat16).eval().requires_grad_(False)
     init_weights(vae, seed=2)
     _, c, t, h, w = preset.latent_shape(height, width, frames)
     latents = torch.randn(1, c, t, h, w, device=device, dtype=torch.bfloat16)
-    row["latents"] = [1, c, t, h, w]
-    with gpu_memory(device, row):
-        seconds, frames_out = clock.time(lambda: decode_latents(vae, latents, tiling=True))
-    row.update(status="ok", seconds=round(seconds, 1), frames=list(frames_out.shape),
-               tile_px=getattr(vae, "tile_sample_min_height", None))
-    print(f"  vae: {seconds:.1f} s, peak {row.get('peak_allocated_gib')} GiB", flush=True)
+    measured: dict[int, dict[str, Any]] = {}
+
+    def decode(tile_px: int, name: str, **extra) -> None:
+        row: dict[str, Any] = dict(name=name, tiling=True, dtype="bf16", tile_px=tile_px, latents=[1, c, t, h, w],
+                                   **extra)
+        section["rows"].append(row)
+        modelled = decode_peak_bytes(vae, (1, c, t, h, w), tile_px, torch.bfloat16)["total"]
+        row["modelled_gib"] = round(modelled / GIB, 2)
+        if tile_px in measured:  # the same decode as an earlier row
+            row.update({k: measured[tile_px][k] for k in ("status", "seconds", "peak_allocated_gib",
+                                                          "peak_reserved_gib", "extra_gib") if k in measured[tile_px]})
+        elif not budget.allows(40 if not tiny else 1):
+            row.update(status="skipped", reason="time budget")
+            return
+        else:
+            with gpu_memory(device, row):
+                seconds, frames_out = clock.time(lambda: decode_latents(vae, latents, tiling=True, tile_px=tile_px))
+            row.update(status="ok", seconds=round(seconds, 1), frames=list(frames_out.shape))
+            measured[tile_px] = row
+        if "budget_gib" in row and "peak_allocated_gib" in row:
+            row["fits"] = row["peak_allocated_gib"] <= row["budget_gib"]
+        print(f"  {name}: {row.get('seconds')} s, peak {row.get('peak_allocated_gib')} GiB "
+              f"(modelled {row['modelled_gib']})", flush=True)
+
+    for tile_px in cfg["vae_tiles"]:
+        decode(tile_px, f"vae decode {height}x{width}x{frames}, {tile_px} px tiles")
+    for gib in cfg["vae_budgets"]:  # what --vae_memory_gb picks, and whether the decode stayed within it
+        decode(tile_for_budget(vae, (1, c, t, h, w), gib, torch.bfloat16), f"--vae_memory_gb {gib}", budget_gib=gib)
+    section["note"] = ("modelled_gib: hyv_lib.runtimes.vae_memory.decode_peak_bytes (LIVE_COPIES "
+                       f"{LIVE_COPIES}); peak_allocated_gib includes the VAE's weights, as the model does.")
+
+
+# ------------------------------------------------------------------------------------------ distributed
+def distributed_section(section, device, clock, budget, cfg, tiny) -> None:
+    """``torchrun --nproc_per_node 1 -m hyv_lib stage2`` with ``--runtime ulysses`` and with ``--shard_weights fsdp``
+    on the tiny model, against the same stage 2 in this process: the nccl path (gloo without a GPU) through the CLI,
+    with one GPU. Several GPUs (the point of both) are not measured by a one-GPU check."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from safetensors.torch import load_file
+
+    from hyv_lib.pipeline.stages import stage1, stage2
+
+    work = Path(tempfile.mkdtemp(prefix="gpu_check_dist_"))
+    try:
+        stage1(preset="tiny", prompt="a red ball", output_dir=str(work / "base"))
+        reference = stage2(str(work / "base"), str(work / "base"), quiet=True, num_inference_steps=4)
+        section["backend"] = "nccl" if device.type == "cuda" else "gloo"
+        runs = (("ulysses", ["--runtime", "ulysses"]),
+                ("ulysses + fsdp", ["--runtime", "ulysses", "--shard_weights", "fsdp"]),
+                ("torch + fsdp", ["--runtime", "torch", "--shard_weights", "fsdp"]))
+        for name, flags in runs[1:2] if tiny else runs:  # --tiny: the one that goes through both (15 s a launch)
+            row: dict[str, Any] = dict(name=f"torchrun 1 rank, {name}", flags=flags)
+            section["rows"].append(row)
+            if not budget.allows(30 if not tiny else 1):
+                row.update(status="skipped", reason="time budget")
+                continue
+            out = work / name.replace(" + ", "_")
+            shutil.copytree(work / "base", out)
+            start = time.perf_counter()
+            done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1",
+                                   "-m", "hyv_lib", "stage2", "--input_dir", str(out), "--quiet",
+                                   "--num_inference_steps", "4", *flags],
+                                  capture_output=True, text=True, timeout=300,
+                                  cwd=Path(__file__).resolve().parents[1])
+            row["seconds"] = round(time.perf_counter() - start, 1)
+            if done.returncode != 0:
+                row.update(status="failed", error=done.stderr[-600:])
+                continue
+            latents = load_file(str(out / "stage2_latents.safetensors"))["latents"]
+            config = json.loads((out / "generation_config.json").read_text())
+            row.update(status="ok", max_abs_diff=float((latents - reference).abs().max()),
+                       gpu_peak_allocated_mib=config.get("stage2_gpu_peak_allocated_mib"))
+            print(f"  {row['name']}: {row['seconds']} s, max |difference| {row['max_abs_diff']:.3g}", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------------ markdown
@@ -525,6 +618,8 @@ def markdown(data: dict[str, Any]) -> str:
         rows = section.get("rows", [])
         keys = [k for k in ("name", "status", "backend", "ms", "tflops", "max_error", "s_per_step", "mfu",
                             "full_step_s", "cached_step_s", "seconds", "peak_allocated_gib", "extra_gib",
+                            "modelled_gib", "budget_gib", "fits", "max_abs_diff", "to_device_s", "back_to_host_s",
+                            "allocated_after_gib",
                             "reason", "error") if any(k in r for r in rows)]
         if rows:
             lines += ["| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys)]
@@ -541,7 +636,7 @@ def markdown(data: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------------ main
-SECTIONS = ("attention", "step", "cache", "offload", "vae")
+SECTIONS = ("attention", "step", "cache", "offload", "vae", "distributed")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -601,6 +696,8 @@ def main(argv: list[str] | None = None) -> int:
     free_memory()
     if "vae" in wanted:
         run_section(report, "vae", lambda s: vae_section(s, device, clock, budget, cfg, args.tiny))
+    if "distributed" in wanted:
+        run_section(report, "distributed", lambda s: distributed_section(s, device, clock, budget, cfg, args.tiny))
     report.data["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     report.write()
     failed = [n for n, s in report.data["sections"].items() if s.get("status") == "failed"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = {"environment", "attention", "model", "step", "cache", "offload", "vae"}
+SECTIONS = {"environment", "attention", "model", "step", "cache", "offload", "vae", "distributed"}
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +69,11 @@ def test_cache_rows_and_the_cli_errors(report, capsys):
 
     assert gpu_check.main(["--tiny", "--sections", "attention,bogus"]) == 2
     assert "error: --sections: unknown bogus" in capsys.readouterr().err
+
+
+def test_torchrun_rows_equal_the_one_process_stage2(report):
+    """The distributed section's torchrun launch (Ulysses + FSDP, one rank; gloo here, nccl on a GPU) wrote the
+    latents the same stage 2 computes in this process (measured: identical)."""
+    rows = report[0]["sections"]["distributed"]["rows"]
+    assert [r["name"] for r in rows] == ["torchrun 1 rank, ulysses + fsdp"]
+    assert rows[0]["status"] == "ok" and rows[0]["max_abs_diff"] <= 1e-5, rows[0]
