@@ -78,14 +78,14 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
 import hyv_lib
-from hyv_lib.tiny import data, quality
-from hyv_lib.planning.planner import device_plan
-from hyv_lib.planning.costs import step_flops, token_counts
-from hyv_lib.pipeline.sampling import condition_channels, sampling_schedule
-from hyv_lib.notebook.display import frame_grid, html_table, tensor_rows, token_layout_figure
-from hyv_lib.models.hunyuan import context_layout
-from hyv_lib.pipeline.image import crop_to_bucket, image_bucket
 from hyv_lib.base.presets import PRESETS, bucket_size
+from hyv_lib.models.hunyuan import context_layout
+from hyv_lib.notebook.display import frame_grid, html_table, tensor_rows, token_layout_figure
+from hyv_lib.pipeline.image import crop_to_bucket, image_bucket
+from hyv_lib.pipeline.sampling import condition_channels, sampling_schedule
+from hyv_lib.planning.costs import step_flops, token_counts
+from hyv_lib.planning.planner import device_plan
+from hyv_lib.tiny import data, quality
 
 requested = hyv_lib.get_preset(PRESET)
 if "i2v" in requested.tasks:
@@ -265,6 +265,9 @@ psnrs = [r["first-frame PSNR, dB"] for r in rows]
 print(f"{matches} of {len(rows)} videos move as their caption says ({SEEDS} seed(s) x {len(DIRECTIONS)} captions, "
       f"one first frame); travel {min(travel)}-{max(travel)} px over {video.frames.shape[0]} frames; first frame "
       f"{min(psnrs)}-{max(psnrs)} dB")
+if live.is_tiny:  # hyv-tiny's training clips (hyv_lib.tiny.data.render_clip), at the frame's height
+    slow, fast = (v * frame.size[1] * (data.FRAMES - 1) for v in data.SPEED)
+    print(f"hyv-tiny's training clips travel {slow:.0f}-{fast:.0f} px over {data.FRAMES} frames (data.SPEED)")
 if live.bundled_path and model_path is None:  # the shipped hyv-tiny: what its gate script measured
     import json
 
@@ -289,9 +292,46 @@ for direction in DIRECTIONS:
 # %% [markdown]
 # Each line is one video's centroid, frame by frame: all start from the same place, the drawn shape, and fan out
 # by caption. In the default run (hyv-tiny, a yellow circle on gray, left and right over 4 seeds) every video
-# moves the way its caption says, about 20 to 25 px over 9 frames (its training clips travel 13 to 20 px; the
-# reading follows the blob's centre, smear included), and the first frame comes back at about 31 to 32 dB. The gate script
-# measured the same behaviour on held-out captions (the last line; chapter 7 explains the gates).
+# moves the way its caption says, about 20 to 25 px over 9 frames (a little more than its training clips travel,
+# the line before the last; the reading follows the blob's centre, smear included), and the first frame comes back
+# at about 31 to 32 dB. The gate script measured the same behaviour on held-out captions (the last line; chapter 7
+# explains the gates).
+#
+# ### Where the caption loses
+#
+# The caption decides only within what training showed. Here the same circle is drawn at the top edge, its top a
+# few pixels below the border, and captioned *up*, next to the middle frame with the same caption (the same
+# seeds):
+
+# %%
+width_px, height_px = frame.size
+top_frame = data.draw_frame(color, shape, background, center=(width_px / 2, 0.22 * height_px), height=height_px,
+                            width=width_px)
+up_caption = f"a {color} {shape} moving up on a {background} background"
+edge_rows, edge_videos = [], {}
+for start, image in (("middle", frame), ("top edge", top_frame)):
+    for seed in range(SEEDS):
+        out = edge_videos[start, seed] = pipe.generate(up_caption, image=image, video_length=VIDEO_LENGTH,
+                                                       num_inference_steps=STEPS, seed=seed, progress=False).frames
+        track = quality.centroid_track(out)
+        edge_rows.append({"first frame": start, "seed": seed, "video moves": quality.read_video(out).direction or "-",
+                          "dx, px": round(float(track[-1, 0] - track[0, 0]), 1),
+                          "dy, px (up is negative)": round(float(track[-1, 1] - track[0, 1]), 1)})
+html_table(edge_rows)
+
+# %%
+for start in ("middle", "top edge"):
+    moves = [r["video moves"] for r in edge_rows if r["first frame"] == start]
+    dy = [r["dy, px (up is negative)"] for r in edge_rows if r["first frame"] == start]
+    print(f"{start}, captioned up: {moves.count('up')} of {len(moves)} move up; read as {', '.join(moves)}; "
+          f"dy {min(dy)} to {max(dy)} px")
+frame_grid(edge_videos["top edge", 0], columns=5, title=f"top edge, {up_caption!r}, seed 0", scale=1.6)
+plt.show()
+
+# %% [markdown]
+# In the default run every middle frame moves up and no top-edge frame does: there the circle stays against the
+# top edge and drifts a few pixels sideways (the dx column); in the strip of seed 0 it swells against the border
+# and leaves coloured smears below it, a model pushed outside what it was trained on. Exercise 3 asks why.
 #
 # Without the image, the same caption is text to video: the model invents the first frame (hyv-tiny does both
 # tasks; a real I2V checkpoint refuses to run without an image):
@@ -365,7 +405,8 @@ html_table(rows)
 (t2v_all, t2v_var), (i2v_all, i2v_var) = flops[t2v_twin.name], flops[table.name]
 print(f"all context counted: i2v - t2v = {(i2v_all - t2v_all) / 1e12:.1f} TFLOP per step")
 print(f"valid tokens only: i2v - t2v = {(i2v_var - t2v_var) / 1e12:.1f} TFLOP per step "
-      f"(+{i2v_var / t2v_var - 1:.2%}); i2v valid-only is {1 - i2v_var / i2v_all:.2%} below all-context")
+      f"(+{i2v_var / t2v_var - 1:.2%}); i2v valid-only is {1 - i2v_var / i2v_all:.2%} below all-context; "
+      f"{tokens['video']:,} video tokens")
 
 # %% [markdown]
 # So image to video costs the DiT nothing extra under the book's exact kernels (Splash with segment ids, the XLA
@@ -442,15 +483,25 @@ print(f"DiT work per 480p video, 121 frames: 480p_i2v 50 steps x CFG pair = {ful
 #
 # ## Exercises
 #
-# 1. A 1920 × 1080 photo and a 1280 × 720 one go to `720p_i2v`. What size is each video, and why can `--height`
+# Difficulty: ★ a few lines of reasoning or arithmetic, ★★ a derivation or a short run, ★★★ a design or a longer
+# experiment; **open**: a question this project has not answered, with a place to start.
+#
+# 1. ★ A 1920 × 1080 photo and a 1280 × 720 one go to `720p_i2v`. What size is each video, and why can `--height`
 #    not be given with `--image_path`?
-# 2. Why does text to video pass 729 image tokens at all, instead of a sequence 729 tokens shorter?
-# 3. Caption the default frame *up* (`HYV_DIRECTIONS=up`). Then draw the circle near the top edge,
-#    `data.draw_frame("yellow", "circle", "gray", center=(56, 14))`, and caption it *up* again. What happens, and
-#    why?
-# 4. How many MiB do the image tensors add to a 480p_i2v stage-1 file for a 16:9 frame?
-# 5. With 12 steps instead of 8, what are the step-distilled variant's first three timesteps, and its last
+# 2. ★ Why does text to video pass 729 image tokens at all, instead of a sequence 729 tokens shorter?
+# 3. ★★ In "Where the caption loses", the circle at the top edge captioned *up* did not move up, while the same
+#    caption moved the middle circle up. Why? What would hyv-tiny's training data need for the top-edge frame to
+#    move up, and what would that video show? (Hint: `data.render_clip`.)
+# 4. ★ How many MiB do the image tensors add to a 480p_i2v stage-1 file for a 16:9 frame?
+# 5. ★★ With 12 steps instead of 8, what are the step-distilled variant's first three timesteps, and its last
 #    `timestep_r`?
+# 6. **Open.** Can the same checkpoint continue a video, given its first *several* frames instead of one? The
+#    condition channels have room for every latent frame and the mask channel says which are given, but diffusers'
+#    pipeline and `hyv_lib` fill only latent frame 0, and nobody here has tried more. A start: build the condition
+#    with more latent frames given (`hyv_lib.pipeline.sampling.condition_channels` shows the layout) and the mask 1
+#    on them, generate with hyv-tiny from the first 5 frames of a held-out clip, and measure with
+#    `quality.centroid_track` whether the motion continues at the clip's speed. (Whether SigLIP's tokens of one
+#    frame still suffice is a second question.)
 #
 # :::{admonition} Answers
 # :class: dropdown
@@ -461,10 +512,14 @@ print(f"DiT work per 480p video, 121 frames: 480p_i2v 50 steps x CFG pair = {ful
 # 2. One model input layout for both tasks. The checkpoints share the DiT's architecture, and diffusers' forward
 #    decides the task from the data (all-zero image embeddings are masked out), so t2v keeps the slots and pays
 #    for them in any kernel that computes padded positions. It also keeps the compiled TPU program the same shape.
-# 3. From the middle the circle moves up (when we tried seeds 0-3, all four did, by 16-18 px). From the top edge
-#    it does not: in our runs it drifted a few pixels left instead. hyv-tiny's training clips always start where
-#    the whole path fits inside the frame (`data.render_clip`), so a shape at the top edge captioned *up* is a
-#    start it never saw; the model has no way to move the shape out of the frame, and the caption loses.
+# 3. hyv-tiny's training clips always start where the whole path fits inside the frame (`data.render_clip`
+#    picks the start so that the shape, 2 px of margin included, never leaves it), so an *up* clip never begins
+#    near the top: a shape at the top edge captioned *up* is a start the model never saw with that caption, and
+#    moving up would take it out of the frame, which no training clip does. The frame wins and the caption
+#    loses. To make it move up, the data would need clips whose shape leaves the frame (a start anywhere, the
+#    path clipped at the border); the video would then show the circle sliding out through the top edge and an
+#    empty background after it, and the reader (`quality.read_video`) would need a rule for a shape that
+#    disappears.
 # 4. `tensor_rows(PRESETS["480p_i2v"].stage1_shapes(image_size=bucket_size(PRESETS["480p_i2v"], "16:9")), ...)`:
 #    the bucket is 480 × 848, so `cond_latents` is [1, 32, 1, 30, 53] in fp32, about 0.19 MiB, and
 #    `image_embeds` [1, 729, 1152] in bf16 is 1.60 MiB, as at 720p: about 1.80 MiB in all.
