@@ -76,7 +76,7 @@ def sizes(tiny: bool) -> dict[str, Any]:
     if tiny:
         # "large" has enough tokens (240 video + 170 context) that S x S outgrows every other tensor of the tiny model
         return dict(preset="tiny", attention=(128, 160, 9), steps={"small": (32, 48, 9), "large": (128, 160, 9)},
-                    vae=(64, 96, 9), vae_tiles=(64,), vae_budgets=(0.01,), repeats=1)
+                    vae=(64, 96, 9), vae_tiles=(64,), vae_budgets=(0.417,), repeats=1)
     return dict(preset="720p_t2v", attention=(720, 1280, 121),
                 steps={"480p": (480, 848, 121), "720p": (720, 1280, 121)}, vae=(720, 1280, 121),
                 vae_tiles=(128, 192, 256, 384), vae_budgets=(8, 12, 24), repeats=3)

@@ -12,9 +12,13 @@ from ..base.errors import HyvInputError
 from ..models.patches import frame_causal_vae_attention
 
 #: Copies of the decoder's largest activation alive at its peak (a causal convolution's padded input, its output, the
-#: residual, the norm's output, ...): fitted to one H200 measurement, bf16, 720p/121f, 256 px tiles, 16.56 GiB allocated
-#: (benchmarks/results/gpu_check_2026-11-26_H200_run2.json), with the other terms of :func:`decode_peak_bytes`.
-LIVE_COPIES = 6.3
+#: residual, the norm's output, ...) and the memory besides the weights, the activations and the decoded video (the
+#: decoded tiles waiting to be blended, cuDNN's workspace): fitted by least squares to one H200's peaks, bf16,
+#: 720p/121f, tiles of 128, 192, 256 and 384 px: 6.77, 10.75, 16.56 and 33.14 GiB allocated, each within 1.2% of the
+#: model; the 320 px decode left out of the fit measured 23.9 GiB, modelled 24.0
+#: (benchmarks/results/gpu_check_2026-11-26_H200_run4.json).
+LIVE_COPIES = 7.0
+WORKSPACE_GIB = 0.41
 #: Tile sizes :func:`tile_for_budget` tries, in pixels (square tiles, multiples of the 16x spatial compression).
 TILE_STEP_PX = 64
 SMALLEST_TILE_PX = 64
@@ -42,39 +46,29 @@ def _largest_activation_elements(vae_class: type, config_json: str, tile_shape: 
     return largest[0]
 
 
-def _tile_starts(length: int, tile: int, overlap_factor: float) -> range:
-    """diffusers' tile origins along one latent axis (``tiled_decode``: a stride of tile x (1 - overlap))."""
-    return range(0, length, max(1, int(tile * (1 - overlap_factor))))
-
-
 def decode_peak_bytes(vae, latent_shape: tuple[int, ...], tile_px: int | None, dtype: torch.dtype) -> dict[str, float]:
-    """The peak device memory of ``decode_latents`` for latents of ``latent_shape`` [B, C, T, h, w] with square
-    ``tile_px`` tiles (None: one piece), the VAE in ``dtype``: its terms in bytes and their ``total``.
+    """The peak device memory (allocated; torch's allocator may reserve more) of ``decode_latents`` for latents of
+    ``latent_shape`` [B, C, T, h, w] with square ``tile_px`` tiles (None: one piece), the VAE in ``dtype``: its terms
+    in bytes and their ``total``.
 
     - ``weights``: the whole VAE (encoder too: it moves as one module);
     - ``activations``: :data:`LIVE_COPIES` x the decoder's largest activation on one tile (every tile spans all the
       video's frames: diffusers tiles space only), traced on the meta device;
-    - ``tiles``: the decoded tiles diffusers keeps until it blends them;
-    - ``video``: the blended rows and the concatenated video.
+    - ``video``: the decoded video;
+    - ``workspace``: :data:`WORKSPACE_GIB`, the rest (fitted).
     """
     batch, _, frames, h, w = latent_shape
     ratio = vae.config.spatial_compression_ratio
     x = torch.empty((), dtype=dtype).element_size()
     weights = sum(p.numel() for p in vae.parameters()) * x
     tile = max(h, w) if tile_px is None else max(1, tile_px // ratio)
-    th, tw = min(tile, h), min(tile, w)
     config = json.dumps({k: v for k, v in vae.config.items() if not k.startswith("_")}, sort_keys=True, default=list)
-    largest = _largest_activation_elements(type(vae), config, (batch, latent_shape[1], frames, th, tw))
+    largest = _largest_activation_elements(type(vae), config, (batch, latent_shape[1], frames, min(tile, h),
+                                                               min(tile, w)))
     out_frames = (frames - 1) * vae.config.temporal_compression_ratio + 1
-    overlap = vae.tile_overlap_factor
-    tiled = tile_px is not None and (h > tile or w > tile)
-    tiles = 0.0
-    if tiled:
-        for i in _tile_starts(h, tile, overlap):
-            for j in _tile_starts(w, tile, overlap):
-                tiles += batch * 3 * out_frames * min(tile, h - i) * ratio * min(tile, w - j) * ratio * x
-    video = (2 if tiled else 1) * batch * 3 * out_frames * h * ratio * w * ratio * x
-    terms = dict(weights=float(weights), activations=LIVE_COPIES * largest * x, tiles=tiles, video=float(video))
+    video = batch * 3 * out_frames * h * ratio * w * ratio * x
+    terms = dict(weights=float(weights), activations=LIVE_COPIES * largest * x, video=float(video),
+                 workspace=WORKSPACE_GIB * 2**30)
     terms["total"] = sum(terms.values())
     return terms
 
