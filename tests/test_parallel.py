@@ -270,3 +270,28 @@ def test_torchrun_stage3_spreads_tiles_and_rank0_writes(tiny_run, tmp_path):
                         "--save_frames", "--quiet"]) == 0
     frames = load_file(tmp_path / "stage3_frames.safetensors")["frames"]
     assert torch.equal(frames, load_file(single / "stage3_frames.safetensors")["frames"])
+
+
+def test_torchrun_without_a_split_is_refused_before_any_file(tiny_run, tmp_path, monkeypatch, capsys):
+    """Under torchrun (WORLD_SIZE 2) a stage that would run whole in every rank into the same files stops with one
+    error line and writes nothing: stage 1, generate, stage 2 on --runtime torch or tpu without --shard_weights.
+    (Stage 3 spreads its tiles: test_torchrun_stage3_spreads_tiles_and_rank0_writes.)"""
+    import shutil
+
+    from hyv_lib.cli import run as cli
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    before = sorted(p.name for p in run.iterdir())
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    fresh = tmp_path / "fresh"
+    for argv, message in ((["stage1", "--preset", "tiny", "--prompt", "x", "--output_dir", str(fresh)],
+                           "error: stage1: runs in one process, not in each of 2 torchrun ranks"),
+                          (["generate", "--preset", "tiny", "--prompt", "x", "--output_dir", str(fresh)],
+                           "error: generate: runs in one process"),
+                          (["stage2", "--input_dir", str(run)], "error: --runtime: this process is one of 2 torchrun"),
+                          (["stage2", "--input_dir", str(run), "--runtime", "tpu"], "--runtime tpu would run")):
+        assert cli(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(message) or message in err, err
+    assert sorted(p.name for p in run.iterdir()) == before and not fresh.exists()

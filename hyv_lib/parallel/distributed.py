@@ -35,6 +35,14 @@ def local_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
+def launched_ranks() -> int:
+    """How many processes this one belongs to: the process group's size once it is up, else torchrun's
+    ``WORLD_SIZE`` (1 outside torchrun)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def rank() -> int:
     """This process's rank under torch.distributed (0 when not distributed): only rank 0 writes files."""
     return dist.get_rank() if dist.is_initialized() else 0

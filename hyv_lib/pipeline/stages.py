@@ -16,7 +16,7 @@ from ..base.files import ensure_output_dir
 from ..base.memory import PeakMemory
 from ..base.presets import DEFAULT_PRESET, PRESETS, Preset, get_preset
 from ..models.components import IMAGE_COMPONENTS, TEXT_COMPONENTS, load_components, torch_dtype
-from ..parallel.distributed import barrier, init_distributed, local_device, rank
+from ..parallel.distributed import barrier, init_distributed, launched_ranks, local_device, rank
 from ..runtimes.fsdp import shard_weights, sharded_step
 from ..runtimes.placement import place_transformer, while_denoising
 from ..runtimes.step import TransformerStep, make_step
@@ -91,6 +91,10 @@ def stage1(
     them between prompts."""
     start = time.perf_counter()
     _require_folder("output_dir", output_dir)
+    if launched_ranks() > 1:
+        raise HyvInputError("stage1", f"runs in one process, not in each of {launched_ranks()} torchrun ranks (they "
+                                      "would all write the same files): run stage 1 without torchrun, then "
+                                      "torchrun ... stage2 --runtime ulysses and torchrun ... stage3")
     spec = get_preset(preset)
     dtype = dtype or spec.default_dtype
     torch_dtype(dtype)  # validates --dtype
@@ -148,6 +152,11 @@ def stage2(
     _require_folder("input_dir", input_dir)
     requested = Stage2Settings.from_kwargs(settings)
     runtime, mesh, sharding, attention = requested.runtime, requested.mesh, requested.sharding, requested.attention
+    ranks = launched_ranks()
+    if ranks > 1 and runtime != "ulysses" and requested.shard_weights is None:
+        raise HyvInputError("--runtime", f"this process is one of {ranks} torchrun ranks, and --runtime {runtime} would "
+                                         "run the whole stage in each of them into the same files: split the work "
+                                         "with --runtime ulysses (or --shard_weights fsdp), or run it without torchrun")
     config = read_config(input_dir) if os.path.isdir(input_dir) else {}
     embeds = load_stage1(input_dir)
     spec = _preset_from_config(config, input_dir)
@@ -292,6 +301,10 @@ def generate(
     ``runtime="tpu"`` stage 3 decodes on JAX too.
     """
     _require_folder("output_dir", output_dir)
+    if launched_ranks() > 1:
+        raise HyvInputError("generate", f"runs in one process, not in each of {launched_ranks()} torchrun ranks "
+                                        "(stage 1 would run in every one into the same files): run stage1 without "
+                                        "torchrun, then torchrun ... stage2 --runtime ulysses and torchrun ... stage3")
     stage2_settings = {k: v for k, v in stage2_kwargs.items() if k not in ("quiet", "step", "components")}
     spec = get_preset(preset)
     requested = Stage2Settings.from_kwargs(stage2_settings)
