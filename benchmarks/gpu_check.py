@@ -76,7 +76,7 @@ def sizes(tiny: bool) -> dict[str, Any]:
     if tiny:
         # "large" has enough tokens (240 video + 170 context) that S x S outgrows every other tensor of the tiny model
         return dict(preset="tiny", attention=(128, 160, 9), steps={"small": (32, 48, 9), "large": (128, 160, 9)},
-                    vae=(64, 96, 9), vae_tiles=(64,), vae_budgets=(0.417,), repeats=1)
+                    vae=(64, 96, 9), vae_tiles=(64,), vae_budgets=(0.037,), repeats=1)
     return dict(preset="720p_t2v", attention=(720, 1280, 121),
                 steps={"480p": (480, 848, 121), "720p": (720, 1280, 121)}, vae=(720, 1280, 121),
                 vae_tiles=(128, 192, 256, 384), vae_budgets=(8, 12, 24), repeats=3)
@@ -510,7 +510,7 @@ def vae_section(section, device, clock, budget, cfg, tiny) -> None:
     import diffusers
 
     from hyv_lib.runtimes.vae import decode_latents
-    from hyv_lib.runtimes.vae_memory import LIVE_COPIES, decode_peak_bytes, tile_for_budget
+    from hyv_lib.runtimes.vae_memory import decode_peak_bytes, tile_for_budget
 
     preset = get_preset(cfg["preset"])
     height, width, frames = cfg["vae"]
@@ -548,8 +548,8 @@ def vae_section(section, device, clock, budget, cfg, tiny) -> None:
         decode(tile_px, f"vae decode {height}x{width}x{frames}, {tile_px} px tiles")
     for gib in cfg["vae_budgets"]:  # what --vae_memory_gb picks, and whether the decode stayed within it
         decode(tile_for_budget(vae, (1, c, t, h, w), gib, torch.bfloat16), f"--vae_memory_gb {gib}", budget_gib=gib)
-    section["note"] = ("modelled_gib: hyv_lib.runtimes.vae_memory.decode_peak_bytes (LIVE_COPIES "
-                       f"{LIVE_COPIES}); peak_allocated_gib includes the VAE's weights, as the model does.")
+    section["note"] = ("modelled_gib: hyv_lib.runtimes.vae_memory.decode_peak_bytes; peak_allocated_gib includes the "
+                       "VAE's weights, as the model does.")
 
 
 # ------------------------------------------------------------------------------------------ distributed

@@ -16,6 +16,7 @@ from hyv_lib.base.presets import get_preset, real_layout_tiny
 from hyv_lib.parallel.distributed import run_distributed
 from hyv_lib.planning import gpu_memory as gm
 from hyv_lib.planning.costs import model_dims, token_counts
+from hyv_lib.runtimes.vae_memory import VAE_TILE_COPIES
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -308,7 +309,7 @@ def test_the_gpu_setup_page_numbers():
                  f"{gm.STEP_STREAM_COPIES + 2 * 4} copies of the video tokens",
                  f"{gm.BLOCK_CONTEXT_COPIES + gm.FORWARD_CONTEXT_COPIES} of the 1,985 context tokens",
                  f"{gm.ULYSSES_HELD_COPIES + gm.ULYSSES_ALL_TO_ALL_COPIES} copies of a GPU's share",
-                 f"and {gm.ULYSSES_CONTEXT_COPIES} of the context", f"{gm.VAE_TILE_COPIES} copies of its last up block",
+                 f"and {gm.ULYSSES_CONTEXT_COPIES} of the context", f"{VAE_TILE_COPIES} copies of its last up block",
                  f"{gm.ALLOCATOR_WORKSPACE / GIB:.2f} GiB that torch's allocator",
                  f"CUDA context outside torch's allocator, {gm.CUDA_CONTEXT / GIB:.1f} GiB",
                  f"leaves {gm.HEADROOM:.0%} of the card free",

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 from ..base.errors import HyvInputError
 from ..base.presets import Preset, get_preset
 from ..models.registry import get_adapter
+from ..runtimes.vae_memory import decode_peak_bytes
 from .costs import as_preset, dtype_bytes, model_dims, param_bytes, parameter_shapes, step_batch, token_counts
 from .hardware import GIB, check_count
 
@@ -47,12 +48,6 @@ OFFLOAD_RESIDENT_BLOCKS = 2
 #: own stream while a block computes). The root's own parameters (outside the blocks) are gathered for the whole
 #: step. An estimate from FSDP2's design, not measured on GPUs.
 FSDP_BLOCK_BUFFERS = 2
-#: VAE decode: tensors of one tile's largest activation, c0 x F x tile_h x tile_w (c0 = the decoder's last width,
-#: 128; F = output frames; a tile spans every frame) alive at the decoder's peak, in a resnet of its last up block:
-#: the up block's input, the resnet's input, the first conv's output, and the norm's fp32 input and quotient (2 + 2);
-#: plus its fp32 norm denominator (one channel: 2 / c0 of a copy), which :func:`vae_decode_memory` adds.
-VAE_TILE_COPIES = 7
-
 # ------------------------------------------------------------------------------------------------ overheads
 #: What torch's allocator held on the H200 before each measured step besides the weights and the forward's inputs
 #: (peak_allocated_gib - extra_gib - weights - inputs: 0.03 to 0.04 GiB in benchmarks/results/
@@ -222,62 +217,32 @@ def step_memory(preset: Preset | str, height: int, width: int, video_length: int
 
 # ---------------------------------------------------------------------------------------------------- VAE
 @functools.lru_cache(maxsize=8)
-def _vae_geometry(config_json: str) -> dict[str, Any]:
+def _meta_vae(config_json: str):
+    """The VAE of a config on the meta device (shapes and parameter counts, no memory)."""
     import diffusers
     import torch
 
     with torch.device("meta"):
-        vae = diffusers.AutoencoderKLHunyuanVideo15(**json.loads(config_json))
-    return dict(params=sum(p.numel() for p in vae.parameters()), tile_latent=vae.tile_latent_min_height,
-                overlap=vae.tile_overlap_factor)
+        return diffusers.AutoencoderKLHunyuanVideo15(**json.loads(config_json))
 
 
 def vae_decode_memory(preset: Preset | str, height: int, width: int, video_length: int, gpus: int = 1, *,
                       vae_dtype: str = "bf16") -> dict[str, Any]:
-    """Peak GPU memory of the tiled VAE decode (stage 3, diffusers' spatial tiles, each spanning every frame) on each of
-    ``gpus`` GPUs, in bytes: ``allocated`` (torch's peak) and ``total`` (+ :data:`CUDA_CONTEXT`).
+    """Peak GPU memory of the tiled VAE decode (stage 3, diffusers' 256 px spatial tiles, each spanning every frame)
+    on each of ``gpus`` GPUs (tiles spread round-robin), in bytes: the terms of
+    :func:`hyv_lib.runtimes.vae_memory.decode_peak_bytes` (the model ``--vae_memory_gb`` sizes tiles by), its
+    ``allocated`` total, and ``total`` = allocated + :data:`CUDA_CONTEXT`."""
+    import torch
 
-    - ``weights``: the whole VAE in ``vae_dtype`` (the encoder moves with it), exact from a meta-device build;
-    - ``decode``: the larger of the decode phase, (:data:`VAE_TILE_COPIES` + 2 / c0) x c0 x F x tile_h x tile_w x
-      bytes for the largest tile plus the decoded tiles this GPU holds by then, and the blend phase after it: every
-      decoded tile, the blended rows and the video (3 x F x H x W) at once. On several GPUs the tiles are spread
-      round-robin (:func:`hyv_lib.runtimes.tile_parallel.tile_parallel_decode`): each decodes its share, then all hold
-      every tile for the blend;
-    - ``frames``: the uint8 conversion's two fp32 copies of the video beside it (``to_uint8_frames``), a third phase;
-    - ``workspace``: :data:`ALLOCATOR_WORKSPACE`.
-    """
     preset = as_preset(preset)
     check_count("gpus", gpus)
     if vae_dtype not in ("bf16", "fp32"):
         raise HyvInputError("vae_dtype", f"must be bf16 or fp32, got {vae_dtype!r}")
-    x = dtype_bytes(vae_dtype)
-    geometry = _vae_geometry(json.dumps(preset.vae, sort_keys=True))
-    c0 = preset.vae["block_out_channels"][0]
-    s = preset.spatial_compression
-    _, c, t, lh, lw = preset.latent_shape(height, width, video_length)
-    frames = (t - 1) * preset.temporal_compression + 1
-    tile = geometry["tile_latent"]
-    stride = max(1, int(tile * (1 - geometry["overlap"])))
-    if lh > tile or lw > tile:  # diffusers tiles only a frame larger than one tile
-        tiles = [(min(tile, lh - i) * s, min(tile, lw - j) * s) for i in range(0, lh, stride) for j in range(0, lw, stride)]
-    else:
-        tiles = [(lh * s, lw * s)]
-    video = 3 * frames * height * width * x
-    done = peak = 0.0
-    for index, (th, tw) in enumerate(tiles):
-        if index % gpus:  # another GPU's tile
-            continue
-        peak = max(peak, done + (VAE_TILE_COPIES + 2 / c0) * c0 * frames * th * tw * x)
-        done += 3 * frames * th * tw * x
-    held = sum(3 * frames * th * tw * x for th, tw in tiles) if len(tiles) > 1 else 0
-    blend = held + 2 * video if len(tiles) > 1 else video
-    parts = dict(weights=geometry["params"] * x, latents=c * t * lh * lw * x, decode=max(peak, blend),
-                 workspace=ALLOCATOR_WORKSPACE)
-    frames_phase = video + 2 * video * 4 / x
-    parts["decode"] = max(parts["decode"], frames_phase)
-    allocated = sum(parts.values())
-    return dict(parts, tiles=len(tiles), tile_phase=peak, blend_phase=blend, frames_phase=frames_phase,
-                allocated=allocated, context=CUDA_CONTEXT, total=allocated + CUDA_CONTEXT)
+    vae = _meta_vae(json.dumps(preset.vae, sort_keys=True))
+    terms = decode_peak_bytes(vae, preset.latent_shape(height, width, video_length), vae.tile_sample_min_height,
+                              torch.bfloat16 if vae_dtype == "bf16" else torch.float32, ranks=gpus)
+    allocated = terms.pop("total")
+    return dict(terms, allocated=allocated, context=CUDA_CONTEXT, total=allocated + CUDA_CONTEXT)
 
 
 # ------------------------------------------------------------------------------------------------ together

@@ -2,75 +2,66 @@
 
 from __future__ import annotations
 
-import functools
-import json
 import math
 
 import torch
 
 from ..base.errors import HyvInputError
-from ..models.patches import frame_causal_vae_attention
 
-#: Copies of the decoder's largest activation alive at its peak (a causal convolution's padded input, its output, the
-#: residual, the norm's output, ...) and the memory besides the weights, the activations and the decoded video (the
-#: decoded tiles waiting to be blended, cuDNN's workspace): fitted by least squares to one H200's peaks, bf16,
-#: 720p/121f, tiles of 128, 192, 256 and 384 px: 6.77, 10.75, 16.56 and 33.14 GiB allocated, each within 1.2% of the
-#: model; the 320 px decode left out of the fit measured 23.9 GiB, modelled 24.0
-#: (benchmarks/results/gpu_check_2026-11-26_H200_run4.json).
-LIVE_COPIES = 7.0
-WORKSPACE_GIB = 0.41
+#: Tensors of one tile's largest activation, c0 x F x tile_h x tile_w (c0 = the decoder's last width, 128 at real
+#: size; F = output frames; a tile spans every frame) alive at the decoder's peak, in a resnet of its last up block:
+#: the up block's input, the resnet's input, the first convolution's output, and the norm's fp32 input and quotient
+#: (2 + 2); plus its fp32 norm denominator (one channel: 2 / c0 of a copy), which :func:`decode_peak_bytes` adds.
+#: Counted from diffusers 0.42.1's code, checked on the CPU by the live tensor bytes of the real class at tiny widths
+#: (7.27 measured, tests/test_gpu_memory.py) and on one H200 at five tile sizes (tests/test_vae_memory.py).
+VAE_TILE_COPIES = 7
+#: What torch's allocator holds besides the tensors (cuBLAS's workspace; 0.03-0.04 GiB on the H200,
+#: benchmarks/results/gpu_check_2026-11-26_H200_run2.json and run3.json).
+DECODE_WORKSPACE = 0.03 * 2**30
 #: Tile sizes :func:`tile_for_budget` tries, in pixels (square tiles, multiples of the 16x spatial compression).
 TILE_STEP_PX = 64
 SMALLEST_TILE_PX = 64
 
 
-@functools.lru_cache(maxsize=8)
-def _largest_activation_elements(vae_class: type, config_json: str, tile_shape: tuple[int, ...]) -> int:
-    """Elements of the largest output of any leaf module of the decoder on one latent tile: the decoder runs on the
-    meta device (shapes only, no memory, no arithmetic), so this is the real class's architecture, not a model of it."""
-    with torch.device("meta"):
-        vae = vae_class.from_config(json.loads(config_json))
-    largest = [0]
+def decode_peak_bytes(vae, latent_shape: tuple[int, ...], tile_px: int | None, dtype: torch.dtype,
+                      ranks: int = 1) -> dict[str, float]:
+    """Peak allocated device memory of ``decode_latents`` (torch's allocator may reserve more) for one video's latents
+    of ``latent_shape`` [1, C, T, h, w], square ``tile_px`` tiles (None: one piece), the VAE (a module: real or on
+    the meta device) in ``dtype``, its tiles spread round-robin over ``ranks``
+    (:func:`hyv_lib.runtimes.tile_parallel.tile_parallel_decode`). In bytes:
 
-    def record(module, args, out):
-        if isinstance(out, torch.Tensor):
-            largest[0] = max(largest[0], out.numel())
-
-    hooks = [m.register_forward_hook(record) for m in vae.decoder.modules() if not list(m.children())]
-    try:
-        with torch.no_grad(), frame_causal_vae_attention(vae.decoder):
-            vae.decoder(torch.empty(tile_shape, device="meta"))
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return largest[0]
-
-
-def decode_peak_bytes(vae, latent_shape: tuple[int, ...], tile_px: int | None, dtype: torch.dtype) -> dict[str, float]:
-    """The peak device memory (allocated; torch's allocator may reserve more) of ``decode_latents`` for latents of
-    ``latent_shape`` [B, C, T, h, w] with square ``tile_px`` tiles (None: one piece), the VAE in ``dtype``: its terms
-    in bytes and their ``total``.
-
-    - ``weights``: the whole VAE (encoder too: it moves as one module);
-    - ``activations``: :data:`LIVE_COPIES` x the decoder's largest activation on one tile (every tile spans all the
-      video's frames: diffusers tiles space only), traced on the meta device;
-    - ``video``: the decoded video;
-    - ``workspace``: :data:`WORKSPACE_GIB`, the rest (fitted).
+    - ``weights``: the whole VAE (the encoder moves with it); ``latents``;
+    - ``decode``: the largest of three phases: decoding (:data:`VAE_TILE_COPIES` + 2 / c0) x c0 x F x tile_h x
+      tile_w for a tile, beside the decoded tiles this rank holds by then; blending (every decoded tile, the blended
+      rows and the video, 3 x F x H x W); and the uint8 conversion (the video and two fp32 copies of it);
+    - ``workspace``: :data:`DECODE_WORKSPACE`; ``total``: their sum.
     """
-    batch, _, frames, h, w = latent_shape
-    ratio = vae.config.spatial_compression_ratio
+    _, channels, latent_frames, h, w = latent_shape
+    config = vae.config
+    ratio, c0 = config.spatial_compression_ratio, config.block_out_channels[0]
     x = torch.empty((), dtype=dtype).element_size()
-    weights = sum(p.numel() for p in vae.parameters()) * x
+    frames = (latent_frames - 1) * config.temporal_compression_ratio + 1
     tile = max(h, w) if tile_px is None else max(1, tile_px // ratio)
-    config = json.dumps({k: v for k, v in vae.config.items() if not k.startswith("_")}, sort_keys=True, default=list)
-    largest = _largest_activation_elements(type(vae), config, (batch, latent_shape[1], frames, min(tile, h),
-                                                               min(tile, w)))
-    out_frames = (frames - 1) * vae.config.temporal_compression_ratio + 1
-    video = batch * 3 * out_frames * h * ratio * w * ratio * x
-    terms = dict(weights=float(weights), activations=LIVE_COPIES * largest * x, video=float(video),
-                 workspace=WORKSPACE_GIB * 2**30)
+    stride = max(1, int(tile * (1 - vae.tile_overlap_factor)))
+    if h > tile or w > tile:  # diffusers tiles only a frame larger than one tile
+        tiles = [(min(tile, h - i) * ratio, min(tile, w - j) * ratio)
+                 for i in range(0, h, stride) for j in range(0, w, stride)]
+    else:
+        tiles = [(h * ratio, w * ratio)]
+    video = 3 * frames * h * ratio * w * ratio * x
+    done = tile_phase = 0.0
+    for index, (th, tw) in enumerate(tiles):
+        if index % ranks:  # another rank's tile
+            continue
+        tile_phase = max(tile_phase, done + (VAE_TILE_COPIES + 2 / c0) * c0 * frames * th * tw * x)
+        done += 3 * frames * th * tw * x
+    blend_phase = sum(3 * frames * th * tw * x for th, tw in tiles) + 2 * video if len(tiles) > 1 else video
+    frames_phase = video + 2 * video * 4 / x
+    terms = dict(weights=float(sum(p.numel() for p in vae.parameters()) * x),
+                 latents=float(channels * latent_frames * h * w * x),
+                 decode=max(tile_phase, blend_phase, frames_phase), workspace=DECODE_WORKSPACE)
     terms["total"] = sum(terms.values())
-    return terms
+    return dict(terms, tiles=len(tiles), tile_phase=tile_phase, blend_phase=blend_phase, frames_phase=frames_phase)
 
 
 def tile_for_budget(vae, latent_shape: tuple[int, ...], budget_gib: float, dtype: torch.dtype) -> int:
