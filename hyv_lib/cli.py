@@ -16,7 +16,7 @@ from .base.files import ensure_output_dir
 from .base.presets import DEFAULT_PRESET, DEFAULT_SEED, PRESETS, get_preset
 from .models.components import quiet_loading, save_tiny_pipeline
 from .parallel.jax_env import enable_compile_cache
-from .pipeline.batch import BatchRunner, read_prompts_file, run_prompts_file
+from .pipeline.batch import BatchRunner, parse_shard, read_prompts_file, run_lock, run_prompts_file
 from .pipeline.calibration import calibrate
 from .pipeline.image import load_image
 from .pipeline.settings import STAGE2_SETTINGS
@@ -209,8 +209,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="run all three stages")
     gen.add_argument("--prompts_file", default=None,
                      help="many videos in one process: a prompt per line, or JSON lines with prompt / negative_prompt "
-                          "/ seed / image_path; each into OUTPUT_DIR/NNNN; models load and the step compiles once; complete "
-                          "folders are skipped on a rerun; exit code 1 if any prompt or line failed")
+                          "/ seed / image_path; each into OUTPUT_DIR/NNNN (NNNN: the entry's number among the prompt "
+                          "lines); models load and the step compiles once; a rerun skips the folders complete for the "
+                          "same prompt, seed, image and settings and redoes the rest; exit code 1 if any prompt or line "
+                          "failed")
+    gen.add_argument("--shard", default=None,
+                     help="with --prompts_file: I/N, run the entries whose number is I modulo N (worker I of N), into "
+                          "the same OUTPUT_DIR/NNNN folders; N workers (processes or machines sharing the folder) "
+                          "split one file with no coordination (default: every entry)")
     _add_stage1(gen)
     _add_stage2(gen, dirs=False)
     _add_stage3(gen, input_dir=False)
@@ -253,7 +259,8 @@ def _generate_many(args: argparse.Namespace) -> int:
     """``generate --prompts_file``: one :class:`hyv_lib.pipeline.batch.BatchRunner` for every prompt of the file."""
     if args.prompt:
         raise HyvInputError("--prompts_file", "give --prompt or --prompts_file, not both")
-    read_prompts_file(args.prompts_file)  # a missing file is bad input: before any model loads
+    shard = parse_shard(args.shard)
+    read_prompts_file(args.prompts_file)  # a missing, binary or non-UTF-8 file is bad input: before any model loads
     if args.image_path is not None:
         load_image(args.image_path)
     stage2 = {k: v for k, v in _stage2_kwargs(args).items() if k != "seed"}
@@ -261,9 +268,18 @@ def _generate_many(args: argparse.Namespace) -> int:
                   vae_dtype=args.vae_dtype, vae_memory_gb=args.vae_memory_gb)
     if args.output_video:
         raise HyvInputError("--output_video", "with --prompts_file each video goes to OUTPUT_DIR/NNNN/output_video.mp4")
-    pipe = BatchRunner(args.preset, args.model_path, args.dtype, stage2=stage2, stage3=stage3)
-    report = run_prompts_file(args.prompts_file, args.output_dir, pipe, seed=args.seed, progress=not args.quiet,
-                              image_path=args.image_path)
+    created = not os.path.isdir(args.output_dir)
+    ensure_output_dir(args.output_dir)
+    try:  # a second run of this folder (or of this shard) stops here, before any model loads
+        with run_lock(args.output_dir, shard):
+            pipe = BatchRunner(args.preset, args.model_path, args.dtype, stage2=stage2, stage3=stage3)
+            report = run_prompts_file(args.prompts_file, args.output_dir, pipe, seed=args.seed,
+                                      progress=not args.quiet, image_path=args.image_path, shard=shard)
+    except HyvInputError:  # bad settings, refused before any model loaded: leave no new empty folder
+        if created:
+            with contextlib.suppress(OSError):
+                os.rmdir(args.output_dir)
+        raise
     for bad in report.bad_lines:
         print(f"error: --prompts_file: line {bad['line']}: {bad['error']} (skipped)", file=sys.stderr)
     for entry in report.entries:
@@ -273,7 +289,8 @@ def _generate_many(args: argparse.Namespace) -> int:
     counts = {status: sum(e["status"] == status for e in report.entries) for status in ("done", "skipped", "failed")}
     if not args.quiet:
         compiled = "" if pipe.compilations is None else f"; the step compiled {pipe.compilations} time(s)"
-        print(f"generate: {counts['done']} done, {counts['skipped']} already complete, {counts['failed']} failed, "
+        part = "" if shard is None else f"shard {shard[0]}/{shard[1]}: "
+        print(f"generate: {part}{counts['done']} done, {counts['skipped']} already complete, {counts['failed']} failed, "
               f"{len(report.bad_lines)} bad line(s){compiled}; files in {os.path.abspath(args.output_dir)}",
               file=sys.stderr)
     return 1 if report.failed else 0
@@ -340,6 +357,8 @@ def _run_command(args: argparse.Namespace) -> int:
         elif args.command == "generate" and args.prompts_file:
             return _generate_many(args)
         elif args.command == "generate":
+            if args.shard is not None:
+                raise HyvInputError("--shard", "splits a --prompts_file; one --prompt is one video")
             generate(preset=args.preset, prompt=args.prompt, negative_prompt=args.negative_prompt,
                      output_dir=args.output_dir, model_path=args.model_path, dtype=args.dtype,
                      output_video=args.output_video, fps=args.fps, disable_tiling=args.disable_tiling,

@@ -60,7 +60,7 @@ def test_a_failing_prompt_loses_nothing_and_a_rerun_skips_complete_folders(tmp_p
     report = run_prompts_file(str(prompts), str(tmp_path / "out"), pipe, progress=False)
     assert [e["status"] for e in report.entries] == ["done", "failed", "done"]
     assert "simulated" in report.entries[1]["error"] and report.bad_lines[0]["line"] == 3 and report.failed == 2
-    assert (tmp_path / "out" / "0002" / "output_video.mp4").is_file()
+    assert (tmp_path / "out" / "0003" / "output_video.mp4").is_file()  # numbered among prompt lines, bad ones too
     monkeypatch.setattr(BatchRunner, "generate", real)
     again = run_prompts_file(str(prompts), str(tmp_path / "out"), pipe, progress=False)
     assert [e["status"] for e in again.entries] == ["skipped", "done", "skipped"]

@@ -1,14 +1,20 @@
-"""Writing files safely: output folders checked up front, and atomic writes (a temp name, then rename)."""
+"""Writing files safely: output folders checked up front, atomic durable writes, and the leftovers of killed writers."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
 import secrets
 import tempfile
 from typing import Iterator
 
 from .errors import HyvInputError
+
+#: A write in progress: ``.NAME.<12 hex>.partial.EXT`` (:func:`atomic_path`) or ensure_output_dir's probe. A process
+#: killed with SIGKILL leaves them (no ``finally`` runs); :func:`clean_partials` removes them.
+PARTIAL_FILE = re.compile(r"^\..+\.[0-9a-f]{12}\.partial(\.[^./]+)?$|^\.hyv-write-test-")
 
 
 def ensure_output_dir(path: str, argument: str = "--output_dir") -> str:
@@ -22,11 +28,30 @@ def ensure_output_dir(path: str, argument: str = "--output_dir") -> str:
     return path
 
 
+def fsync_dir(directory: str) -> None:
+    """Flush a folder's entries (a rename or unlink in it) to disk; a no-op where the file system cannot."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as err:  # some file systems (and Windows shares) do not fsync a directory
+        if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF, errno.EACCES):
+            raise
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def atomic_path(final_path: str) -> Iterator[str]:
-    """Yield a temporary path next to ``final_path``; rename it into place only if the block succeeds.
+    """Yield a temporary path next to ``final_path``; if the block succeeds, flush it to disk and rename it into place.
 
-    The temporary name keeps the extension, so tools that infer the format from it (ffmpeg) still work.
+    The file is fsynced before the rename and its folder after it, so after a crash or power loss ``final_path`` is
+    either the old file or the whole new one. On an exception the temporary file is removed, and an OSError about
+    it (ENOSPC, EIO, ...) is raised again naming ``final_path``. A process killed outright leaves the temporary file
+    (``.NAME.<hex>.partial.EXT``); :func:`clean_partials` removes those. The temporary name keeps the extension, so
+    tools that infer the format from it (ffmpeg) still work.
     """
     directory, base = os.path.split(os.path.abspath(final_path))
     stem, ext = os.path.splitext(base)
@@ -39,11 +64,38 @@ def atomic_path(final_path: str) -> Iterator[str]:
             break
         except FileExistsError:
             continue
+        except OSError as err:
+            raise OSError(err.errno, err.strerror, final_path) from None
     try:
         yield tmp
         with open(tmp, "rb+") as f:  # flushed to disk before the rename, so a crash cannot leave a short file
             os.fsync(f.fileno())
         os.replace(tmp, final_path)
+        fsync_dir(directory)  # the rename itself reaches the disk
+    except OSError as err:
+        if err.filename in (None, tmp):  # the writer's own failure: name the file the caller asked for
+            raise OSError(err.errno, err.strerror, final_path) from err
+        raise
     finally:
-        if os.path.exists(tmp):
+        with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
+
+
+def clean_partials(directory: str) -> list[str]:
+    """Remove the temporary files (:data:`PARTIAL_FILE`) that killed writers left in ``directory``; returns their
+    paths. Call it only while no other process writes there (holding the folder's lock: :mod:`hyv_lib.base.lock`),
+    or it may remove a write in progress."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    removed = []
+    for name in names:
+        if PARTIAL_FILE.match(name):
+            path = os.path.join(directory, name)
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                os.remove(path)
+                removed.append(path)
+    if removed:
+        fsync_dir(directory)
+    return removed
