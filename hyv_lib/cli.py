@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Iterator
 
-from .base.errors import HyvInputError, cli_names
+from .base.errors import EXIT_BAD_INPUT, EXIT_FAULT, HyvFaultError, HyvInputError, cli_names
 from .base.files import ensure_output_dir
 from .base.presets import DEFAULT_PRESET, DEFAULT_SEED, PRESETS, get_preset
 from .models.components import quiet_loading, save_tiny_pipeline
@@ -165,6 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m hyv_lib",
         description="HunyuanVideo-1.5 in three stages: text encoders -> DiT denoising -> VAE decode.",
+        epilog="exit codes: 0 done; 1 generate --prompts_file ran but some entries or lines failed; 2 bad input (a "
+               "flag, or a model folder, stage file, image or prompts file that is missing or corrupt), refused "
+               "before any work; 3 a fault while running (disk full, read-only or forbidden folder, I/O error, NaN "
+               "latents). 2 and 3 print one 'error: ...' line and leave no partial file.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     info = sub.add_parser("info", help="print a preset")
@@ -325,6 +329,11 @@ def run(argv: list[str] | None = None) -> int:
         return _run_command(args)
 
 
+def _one_line(text: str) -> str:
+    """An error's text on one line (ffmpeg's and the OS's messages may hold several)."""
+    return " ".join(str(text).split())
+
+
 def _run_command(args: argparse.Namespace) -> int:
     """One parsed command; returns the exit code."""
     if getattr(args, "runtime", None) == "tpu":  # the CLI's policy, not a library side effect
@@ -366,7 +375,14 @@ def _run_command(args: argparse.Namespace) -> int:
                      vae_memory_gb=args.vae_memory_gb, **_stage2_kwargs(args))
     except HyvInputError as err:
         print(f"error: {err.argument}: {err.message}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
+    except HyvFaultError as err:  # a fault while running (NaN latents, ffmpeg): what failed and why
+        print(f"error: {err.subject}: {_one_line(err.message)}", file=sys.stderr)
+        return EXIT_FAULT
+    except OSError as err:  # a write the OS refused (disk full, read-only, permissions, I/O error): the path and why
+        where = f"{err.filename}: " if err.filename is not None else ""
+        print(f"error: {where}{_one_line(err.strerror or str(err))}", file=sys.stderr)
+        return EXIT_FAULT
     if args.command not in ("info", "compile", "save_tiny", "calibrate_cache") and not getattr(args, "quiet", False):
         out = getattr(args, "output_dir", None) or getattr(args, "input_dir", None)
         print(f"{args.command}: done, files in {os.path.abspath(out)}", file=sys.stderr)

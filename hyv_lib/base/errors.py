@@ -1,12 +1,20 @@
-"""The one exception type for bad user input: it names the argument (the CLI flag or the Python parameter, as
-the caller used) and what is valid."""
+"""The two exception types and the exit codes: bad user input (naming the argument, as the caller used it: CLI flag
+or Python parameter) and a fault while running (naming the file or step that failed)."""
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 import re
 from typing import Iterator
+
+#: Exit codes of ``python -m hyv_lib``. 0: done. 1: ``generate --prompts_file`` ran, but some entries or lines failed
+#: (each has its ``error:`` line). 2: bad input, refused before any work: a flag, or a file given as input (model
+#: folder, stage file, image, prompts file) that is missing, corrupt or holds NaN/Inf. 3: a fault while running: a
+#: write the operating system refused (disk full, read-only or forbidden folder, I/O error) or a denoising step that
+#: made NaN/Inf latents. Codes 2 and 3 print one ``error: ...`` line and leave no partial file.
+EXIT_OK, EXIT_ENTRIES_FAILED, EXIT_BAD_INPUT, EXIT_FAULT = 0, 1, 2, 3
 
 
 class HyvInputError(ValueError):
@@ -20,6 +28,30 @@ class HyvInputError(ValueError):
         self.argument = argument
         self.message = message
         super().__init__(f"{argument}: {message}")
+
+
+class HyvFaultError(RuntimeError):
+    """A run that failed for a reason other than its input: what failed (``subject``: a file path, a denoising step)
+    and why. The CLI prints ``error: <subject>: <message>`` on one line and exits with code 3 (:data:`EXIT_FAULT`),
+    as it does for an ``OSError`` (a write the operating system refused)."""
+
+    def __init__(self, subject: str, message: str):
+        self.subject = subject
+        self.message = message
+        super().__init__(f"{subject}: {message}")
+
+
+@contextlib.contextmanager
+def naming_path(path: str | os.PathLike) -> Iterator[None]:
+    """An ``OSError`` raised inside the block (while writing ``path``) is re-raised naming ``path``, the file the
+    caller asked for: a failed write(2) or fsync (disk full, I/O error) names no file, and a failed rename names the
+    hidden temporary one. The error number and text are kept, so the type stays (``PermissionError``, ...)."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno is None:
+            raise
+        raise OSError(err.errno, err.strerror or os.strerror(err.errno), os.fspath(path)) from err
 
 
 # The validation is shared by the CLI and the Python API and raises with CLI flags (``--height``). Inside
