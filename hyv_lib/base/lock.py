@@ -131,8 +131,8 @@ def folder_lock(folder: str, argument: str = "--output_dir", name: str = LOCK_FI
                 _held[key][1] -= 1
         return
     fd = _open_locked(path, shared, wait)
-    if fd is None:
-        raise FolderInUseError(argument, folder, [h for h in [read_holder(path)] if h])
+    if fd is None:  # the exclusive holder wrote itself in; shared holders (shards) are in their own lock files
+        raise FolderInUseError(argument, folder, [h for h in [read_holder(path)] if h] or live_holders(folder))
     try:
         if shared:
             holder = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Any
@@ -10,6 +11,7 @@ import torch
 
 from ..base.errors import HyvInputError
 from ..base.files import atomic_path
+from ..base.lock import folder_lock
 
 STAGE1_FILE = "stage1_embeddings.safetensors"
 STAGE2_FILE = "stage2_latents.safetensors"
@@ -119,11 +121,18 @@ def read_config(directory: str) -> dict[str, Any]:
 
 
 def update_config(directory: str, base: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
-    """Merge ``fields`` into ``base`` (default: the folder's current config) and write it atomically."""
-    data = dict(read_config(directory) if base is None else base)
-    data.update(fields)
-    with atomic_path(os.path.join(directory, CONFIG_FILE)) as tmp:
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
+    """Merge ``fields`` into ``base`` (default: the folder's current config) and write it atomically. The read and
+    the write hold the config's lock, so an update from another process (or thread) waits and is not lost."""
+    path = os.path.join(directory, CONFIG_FILE)
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(folder_lock(directory, name=f".{CONFIG_FILE}.lock", wait=True))
+        except OSError as err:  # a read-only or full folder: name the file this call writes
+            raise OSError(err.errno, err.strerror, path) from None
+        data = dict(read_config(directory) if base is None else base)
+        data.update(fields)
+        with atomic_path(path) as tmp:
+            with open(tmp, "w") as f:
+                json.dump(data, f, indent=2, sort_keys=True)
+                f.write("\n")
     return data
