@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 import re
 from typing import Iterator
 
@@ -39,19 +38,6 @@ class HyvFaultError(RuntimeError):
         self.subject = subject
         self.message = message
         super().__init__(f"{subject}: {message}")
-
-
-@contextlib.contextmanager
-def naming_path(path: str | os.PathLike) -> Iterator[None]:
-    """An ``OSError`` raised inside the block (while writing ``path``) is re-raised naming ``path``, the file the
-    caller asked for: a failed write(2) or fsync (disk full, I/O error) names no file, and a failed rename names the
-    hidden temporary one. The error number and text are kept, so the type stays (``PermissionError``, ...)."""
-    try:
-        yield
-    except OSError as err:
-        if err.errno is None:
-            raise
-        raise OSError(err.errno, err.strerror or os.strerror(err.errno), os.fspath(path)) from err
 
 
 # The validation is shared by the CLI and the Python API and raises with CLI flags (``--height``). Inside

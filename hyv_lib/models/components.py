@@ -11,6 +11,7 @@ import re
 from typing import Any, Iterable
 
 import torch
+from safetensors import SafetensorError, safe_open
 
 from ..base.errors import HyvInputError
 from ..base.presets import Preset, get_preset, real_layout_tiny, siglip_image_size, tiny_tokenizer_captions
@@ -211,8 +212,28 @@ def _loader(name: str):
     }[name]
 
 
+def check_weight_files(model_path: str) -> None:
+    """HyvInputError naming --model_path and the file when a safetensors file of a component subfolder is truncated
+    or corrupt (its header unreadable, or its tensors not covering the file exactly): safetensors' own check, reading
+    each header only. Every component hyv_lib loads is checked, not only the ones loaded now, so a cut-off transformer
+    is found before stage 1 writes its files, not after."""
+    for name in (*COMPONENTS, *IMAGE_COMPONENTS):
+        folder = os.path.join(model_path, name)
+        if not os.path.isdir(folder):
+            continue
+        for file in sorted(f for f in os.listdir(folder) if f.endswith(".safetensors")):
+            path = os.path.join(folder, file)
+            try:
+                with safe_open(path, "pt"):
+                    pass
+            except Exception as err:  # SafetensorError (a truncated or garbled file) or an OSError reading it
+                raise HyvInputError("--model_path", f"{path!r} is not a complete safetensors file ({err}); "
+                                                    "copy or download it again") from None
+
+
 def check_model_path(model_path: str, names: Iterable[str]) -> None:
-    """Fail early, naming --model_path, when a local folder lacks a needed component subfolder.
+    """Fail early, naming --model_path, when a local folder lacks a needed component subfolder or holds a truncated
+    or corrupt weight file (:func:`check_weight_files`).
 
     A string that is not an existing path is treated as a hub id and left to ``from_pretrained``.
     """
@@ -229,6 +250,7 @@ def check_model_path(model_path: str, names: Iterable[str]) -> None:
             f"{model_path!r} is not a diffusers-format HunyuanVideo-1.5 folder: missing {', '.join(missing)} "
             "(expected model_index.json plus one subfolder per component)",
         )
+    check_weight_files(model_path)
 
 
 def load_components(
@@ -270,7 +292,7 @@ def load_components(
             logger.info("loading %s from %s", name, model_path)
             try:
                 components[name] = cls.from_pretrained(model_path, **kwargs)
-            except (OSError, ValueError) as err:  # missing files, no network, corrupt weights
+            except (OSError, ValueError, SafetensorError) as err:  # missing files, no network, corrupt weights
                 first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                 raise HyvInputError("--model_path", f"cannot load {name} from {model_path!r}: {first_line}") from err
     for name, module in components.items():

@@ -6,6 +6,7 @@ import contextlib
 import contextvars
 from typing import Iterable
 
+from ..base.checks import as_number
 from ..base.errors import HyvInputError
 from .jax_env import default_backend, jax_devices
 
@@ -31,8 +32,9 @@ AXES = ("data", "tensor", "sequence")
 
 
 def make_mesh(data: int | str = 1, tensor: int | None = None, sequence: int = 1, devices: Iterable | None = None):
-    """A jax Mesh with axes (data, tensor, sequence); ``tensor`` defaults to what the devices leave. ``data`` may
-    also be a mesh string, as everywhere else: ``make_mesh("data=2,tensor=4")`` (see :func:`parse_mesh`).
+    """A jax Mesh with axes (data, tensor, sequence), each a size >= 1 (a HyvInputError naming the axis otherwise);
+    ``tensor`` defaults to what the devices leave. ``data`` may also be a mesh string, as everywhere else:
+    ``make_mesh("data=2,tensor=4")`` (see :func:`parse_mesh`).
 
     Works with ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (8 CPU devices) as on a v6e-8.
     """
@@ -44,6 +46,10 @@ def make_mesh(data: int | str = 1, tensor: int | None = None, sequence: int = 1,
             raise HyvInputError("mesh", "give a mesh string or axis sizes, not both")
         axes = parse_mesh(data) or {}
         data, tensor, sequence = axes.get("data", 1), axes.get("tensor"), axes.get("sequence", 1)
+    data, tensor, sequence = (as_number(name, value, int, low=1) for name, value in (
+        ("data", data), ("tensor", tensor), ("sequence", sequence)))  # make_mesh(data=0) divided by zero
+    if data is None or sequence is None:
+        raise HyvInputError("data" if data is None else "sequence", "must be an integer >= 1, got None")
     devices = list(jax_devices() if devices is None else devices)
     if tensor is None:
         if len(devices) % (data * sequence):

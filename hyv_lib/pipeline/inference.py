@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,7 +12,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..base.checks import as_number
 from ..base.errors import HyvInputError, python_names
 from ..base.files import ensure_output_dir
 from ..base.presets import DEFAULT_PRESET, DEFAULT_SEED, Preset, get_preset
@@ -34,7 +34,7 @@ from .image import check_task, first_frame
 from .sampling import sample_latents
 from .settings import Stage2Settings, check_vae_settings, resolve_settings
 from .text import encode_pair
-from .video_io import check_mp4_path, write_mp4
+from .video_io import check_fps, check_mp4_path, write_mp4
 
 
 @dataclass
@@ -47,9 +47,13 @@ class Video:
     config: dict[str, Any] = field(default_factory=dict)
 
     def save(self, path: str, fps: float | None = None) -> str:
-        """Write the frames as an H.264 mp4 at ``fps`` (default: the preset's), atomically; returns ``path``."""
+        """Write the frames as an H.264 mp4 at ``fps`` (default: the preset's), atomically; returns the path written
+        (``~`` expanded to the home folder, as a shell would)."""
         check_mp4_path(path)
-        fps = as_number("fps", self.config.get("fps") if fps is None else fps, low=0, low_open=True)
+        path = os.path.expanduser(os.fspath(path))  # "~/x.mp4" made a folder named "~" in the working directory
+        fps = check_fps(self.config.get("fps") if fps is None else fps, "fps")
+        if fps is None:
+            raise HyvInputError("fps", "give the frames per second: this video's config has no fps")
         ensure_output_dir(os.path.dirname(os.path.abspath(path)), "path")
         write_mp4(self.frames, path, fps)
         return path
@@ -72,6 +76,11 @@ class VideoPipeline:
     denoises its part of the sequence. Every rank calls :meth:`generate` with the same arguments and gets the same
     video.
     ``vae_memory_gb`` (GiB): decode with the largest tiles that fit (see :func:`hyv_lib.pipeline.stages.stage3`).
+
+    Calls of :meth:`generate` on one pipeline run one at a time (a lock; other threads wait): they share the models,
+    and a DeepCache or MagCache step keeps its cached features on the shared transformer, an offloaded transformer
+    moves between devices, the VAE decode patches the shared VAE. Two threads used to corrupt each other's videos.
+    For videos in parallel, load one pipeline per device or process.
     """
 
     def __init__(self, preset: str | Preset, components: dict[str, Any], *, runtime: str = "torch",
@@ -99,6 +108,7 @@ class VideoPipeline:
         with python_names():
             self.vae_memory_gb = check_vae_settings(vae_dtype, vae_memory_gb, tiling, vae_runtime)
         self.components = components
+        self.lock = threading.Lock()  # held by each generate call (see the class docstring)
         self.model_path = model_path
         self.runtime, self.mesh, self.sharding, self.attention = runtime, mesh, sharding, attention
         self.offload, self.shard_weights = offload, shard_weights
@@ -159,7 +169,16 @@ class VideoPipeline:
         steps).
         ``image`` (a PIL image or the path of a PNG/JPEG): the first frame of an image-to-video run; its bucket sets
         the height and width. ``aspect_ratio`` (W:H) picks the preset's bucket when ``height`` and ``width`` are not
-        given, as ``--aspect_ratio`` does. Every setting is checked before any model runs."""
+        given, as ``--aspect_ratio`` does. Every setting is checked before any model runs. One call at a time runs
+        on a pipeline: a second thread's call waits for the first to finish."""
+        with self.lock:
+            return self._generate(prompt, negative_prompt, height, width, aspect_ratio, video_length,
+                                  num_inference_steps, guidance_scale, flow_shift, seed, cache, no_cache_blocks,
+                                  progress, image)
+
+    def _generate(self, prompt, negative_prompt, height, width, aspect_ratio, video_length, num_inference_steps,
+                  guidance_scale, flow_shift, seed, cache, no_cache_blocks, progress, image) -> Video:
+        """:meth:`generate`'s work, under the pipeline's lock."""
         start = time.perf_counter()
         with python_names():
             task = check_task(self.preset, image is not None, argument="image")

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..base.errors import HyvInputError
+from ..base.errors import HyvFaultError, HyvInputError
 from ..base.presets import Preset, samples_per_step
 from ..runtimes.step import TransformerStep
 from .stage_io import (
@@ -114,6 +114,8 @@ def denoise(
 
     Sigmas are linspace(1, 0, N+1)[:-1] shifted by the scheduler, as diffusers' pipeline sets them
     (:func:`sampling_schedule`).
+    After each step the latents are checked (one ``isfinite`` reduction): the first step that makes a NaN or an
+    infinity raises :class:`hyv_lib.base.errors.HyvFaultError` naming it, instead of denoising on to a black video.
     Warmup calls run the step on the first input and discard the result without touching the
     scheduler, so they cannot change the latents (gpu-tpu-pedia's warmup advanced the step index).
     ``cond_latents`` [1, C, 1, h, w] (image-to-video): the first frame's latents go into latent frame 0 of the
@@ -159,4 +161,9 @@ def denoise(
             noise_uncond, noise_cond = noise.chunk(2)
             noise = noise_uncond + guidance_scale * (noise_cond - noise_uncond)
         latents = scheduler.step(noise, t, latents, return_dict=False)[0]
+        if not bool(torch.isfinite(latents).all()):  # one reduction per step; a NaN would run on to a black video
+            raise HyvFaultError(f"denoising step {i + 1} of {len(timesteps)}",
+                                f"the latents became NaN or infinite at timestep {float(t):.1f} (guidance scale "
+                                f"{guidance_scale:g}, model dtype {str(model_dtype).removeprefix('torch.')}); "
+                                "stopped there, nothing written")
     return latents

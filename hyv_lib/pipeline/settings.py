@@ -16,10 +16,16 @@ from ..runtimes.fsdp import check_shard_weights
 from ..runtimes.magcache import DEFAULT_MAX_SKIP, DEFAULT_RETENTION, DEFAULT_THRESHOLD
 from ..runtimes.placement import OFFLOAD_MODES
 from ..runtimes.step import RUNTIMES, check_attention
+from .size_check import check_fits
 
 #: The step caches (``--cache_method``): DeepCache's fixed schedule, or the adaptive MagCache-style one
 #: (:mod:`hyv_lib.runtimes.magcache`). Both run DeepCache's full and cached programs.
 CACHE_METHODS = ("deepcache", "magcache")
+#: Upper bounds of ``--guidance_scale`` and ``--flow_shift``, far above every preset's value (guidance 1 to 6, shift 3
+#: to 9): a huge finite value only broke the run late (``guidance_scale=1e308``: Inf latents, a black video;
+#: ``flow_shift=1e308``: NaN timesteps, an IndexError in the scheduler).
+MAX_GUIDANCE_SCALE = 100.0
+MAX_FLOW_SHIFT = 1000.0
 
 
 # ----------------------------------------------------------------------------------------------- validation
@@ -152,16 +158,20 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
     flow_shift = preset.flow_shift if flow_shift is None else flow_shift
     if num_inference_steps < 1:
         raise HyvInputError("--num_inference_steps", f"must be >= 1, got {num_inference_steps}")
-    if not guidance_scale >= 1.0:
-        raise HyvInputError("--guidance_scale", f"must be >= 1 (1 disables CFG's effect), got {guidance_scale}")
-    if not flow_shift > 0:
-        raise HyvInputError("--flow_shift", f"must be > 0, got {flow_shift}")
-    if not 0 <= seed < 2**63:
-        raise HyvInputError("--seed", f"must be in [0, 2**63), got {seed}")
-    if warmup_steps < 0:
+    if not 1.0 <= guidance_scale <= MAX_GUIDANCE_SCALE:
+        raise HyvInputError("--guidance_scale", f"must be >= 1 (1 disables CFG's effect) and <= {MAX_GUIDANCE_SCALE:g} "
+                                                f"(the presets use 1 to 6), got {guidance_scale}")
+    if not 0 < flow_shift <= MAX_FLOW_SHIFT:
+        raise HyvInputError("--flow_shift", f"must be > 0 and <= {MAX_FLOW_SHIFT:g} (the presets use 3 to 9; at "
+                                            f"{MAX_FLOW_SHIFT:g} even the last of 50 steps starts at sigma 0.95), got "
+                                            f"{flow_shift}")
+    if seed is None or not 0 <= seed < 2**63:
+        raise HyvInputError("--seed", f"must be an integer in [0, 2**63), got {seed}")
+    if warmup_steps is None or warmup_steps < 0:
         raise HyvInputError("--warmup_steps", f"must be >= 0, got {warmup_steps}")
     if runtime not in RUNTIMES:
         raise HyvInputError("--runtime", f"must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    check_fits(height, width, video_length, runtime)  # a size whose decoded video cannot fit in memory: refused now
     check_attention(attention, runtime)
     axes = parse_mesh(mesh)
     if axes and runtime != "tpu":

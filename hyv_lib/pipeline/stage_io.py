@@ -30,11 +30,16 @@ _INTS = (torch.int64, torch.int32, torch.bool)
 
 
 def save_tensors(tensors: dict[str, torch.Tensor], path: str, metadata: dict[str, str] | None = None) -> None:
-    """Write a safetensors file atomically (contiguous CPU copies)."""
-    from safetensors.torch import save_file
+    """Write a safetensors file atomically (contiguous CPU copies). The bytes are serialized in memory and written by
+    Python into the temporary file :func:`hyv_lib.base.files.atomic_path` created: the file gets the umask's mode
+    like the JSON and mp4 files (safetensors' own ``save_file`` made a 0600 file), and a failed write is an
+    ``OSError`` naming ``path`` (disk full, I/O error), not a library's wrapped message."""
+    from safetensors.torch import save
 
+    data = save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, metadata=metadata)
     with atomic_path(path) as tmp:
-        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, tmp, metadata=metadata)
+        with open(tmp, "wb") as f:
+            f.write(data)
 
 
 def _load_tensors(path: str, argument: str) -> dict[str, torch.Tensor]:
@@ -49,6 +54,14 @@ def _load_tensors(path: str, argument: str) -> dict[str, torch.Tensor]:
         raise HyvInputError(argument, f"{path!r} is not a readable safetensors file ({err})") from None
 
 
+def _require_finite(path: str, name: str, tensor: torch.Tensor, remedy: str) -> None:
+    """HyvInputError naming the file unless every value of the float ``tensor`` is finite (one reduction)."""
+    if tensor.dtype in _FLOATS and not bool(torch.isfinite(tensor).all()):
+        bad = int((~torch.isfinite(tensor)).sum())
+        raise HyvInputError("--input_dir", f"{path!r}: {name} holds {bad} NaN or infinite value(s) of "
+                                           f"{tensor.numel()}; {remedy}")
+
+
 def _require_input_dir(input_dir: str) -> None:
     if not os.path.isdir(input_dir):
         raise HyvInputError("--input_dir", f"folder {input_dir!r} does not exist")
@@ -56,7 +69,8 @@ def _require_input_dir(input_dir: str) -> None:
 
 def load_stage1(input_dir: str) -> dict[str, torch.Tensor]:
     """Load and validate stage1_embeddings.safetensors: exactly the 8 text names (plus both image names for
-    image-to-video), ranks 3/2, float embeds, integer/bool masks, batch 1, and masks as long as their embeddings."""
+    image-to-video), ranks 3/2, float embeds, integer/bool masks, batch 1, masks as long as their embeddings, and no
+    NaN or infinite value."""
     _require_input_dir(input_dir)
     path = os.path.join(input_dir, STAGE1_FILE)
     tensors = _load_tensors(path, "--input_dir")
@@ -88,13 +102,17 @@ def load_stage1(input_dir: str) -> dict[str, torch.Tensor]:
     for name in STAGE1_NAMES[4:]:  # the negative_* tensors must match their positive counterparts
         if tensors[name].shape != tensors[name.removeprefix("negative_")].shape:
             raise HyvInputError("--input_dir", f"{STAGE1_FILE}: {name} and its positive counterpart differ in shape")
+    for name, value in tensors.items():
+        _require_finite(path, name, value, "rerun stage1")
     return tensors
 
 
 def load_stage2(input_dir: str) -> torch.Tensor:
-    """Load and validate stage2_latents.safetensors: one float tensor ``latents`` [1, C, T, H, W]."""
+    """Load and validate stage2_latents.safetensors: one float tensor ``latents`` [1, C, T, H, W], every value
+    finite."""
     _require_input_dir(input_dir)
-    tensors = _load_tensors(os.path.join(input_dir, STAGE2_FILE), "--input_dir")
+    path = os.path.join(input_dir, STAGE2_FILE)
+    tensors = _load_tensors(path, "--input_dir")
     if set(tensors) != {"latents"}:
         raise HyvInputError("--input_dir", f"{STAGE2_FILE} must hold exactly one tensor 'latents', "
                                            f"got {sorted(tensors)}")
@@ -102,6 +120,7 @@ def load_stage2(input_dir: str) -> torch.Tensor:
     if latents.ndim != 5 or latents.shape[0] != 1 or latents.dtype not in _FLOATS:
         raise HyvInputError("--input_dir", f"{STAGE2_FILE}: latents must be a float tensor [1, C, T, H, W], "
                                            f"got {latents.dtype} {list(latents.shape)}")
+    _require_finite(path, "latents", latents, "stage 3 would write them as a black or garbled video: rerun stage2")
     return latents
 
 

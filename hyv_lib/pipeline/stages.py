@@ -10,7 +10,6 @@ from typing import Any
 import torch
 
 from .. import __version__
-from ..base.checks import as_number
 from ..base.errors import HyvInputError, python_names
 from ..base.files import ensure_output_dir
 from ..base.memory import PeakMemory
@@ -39,7 +38,7 @@ from .stage_io import (
     update_config,
 )
 from .text import encode_pair
-from .video_io import check_mp4_path, write_mp4
+from .video_io import check_fps, check_mp4_path, write_mp4
 
 logger = logging.getLogger(__name__)
 
@@ -212,7 +211,7 @@ def _check_stage3_settings(output_video: str | None, fps: Any, vae_dtype: str, v
     """Stage 3's own settings (HyvInputError naming the flag): checked by :func:`stage3` before it loads anything
     and by :func:`generate` before stage 1 writes anything. Returns ``fps`` and ``vae_memory_gb`` as Python floats
     (or None)."""
-    fps = as_number("--fps", fps, low=0, low_open=True)
+    fps = check_fps(fps, "--fps")  # the frame rates an mp4 holds, before any work
     budget = check_vae_settings(vae_dtype, vae_memory_gb, tiling, runtime)
     if output_video is not None:
         check_mp4_path(output_video, "--output_video")
