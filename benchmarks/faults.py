@@ -1,15 +1,18 @@
 """Fault injection: SIGKILL `python -m hyv_lib generate --prompts_file` at random moments, rerun it, count what is lost.
 
-    .venv/bin/python benchmarks/faults.py [--trials 20] [--entries 4] [--max_kills 2] [--seed 0] [--json out.json]
+    .venv/bin/python benchmarks/faults.py [--trials 20] [--entries 4] [--max_kills 2] [--mid_write 0.5] [--seed 0]
+                                          [--json out.json]
 
 One clean run of a prompts file (tiny preset, 5 frames, 2 steps) gives the reference latents and its timing. Each
 trial then starts from an empty folder: it runs the same command and kills its process group (SIGKILL, as a
-preempted VM does: no handler or ``finally`` runs) a random moment after the run began generating, 1 to
-``--max_kills`` times, each time rerunning; then it reruns to completion. After every kill, each folder that says it
-is complete for its entry's inputs must hold the clean run's latents bit for bit (``wrong complete``); after the
-last run every entry must (``entries lost``), and no partial file (``.NAME.<hex>.partial.EXT``) or lock file may be
-left. ``partial files after kills`` counts the partial files the kills left for the reruns to clean up: evidence
-that kills landed mid-write. tests/test_faults.py runs a few trials of the same harness.
+preempted VM does: no handler or ``finally`` runs) 1 to ``--max_kills`` times, each time rerunning; then it reruns to
+completion. A kill lands a random moment after the run began generating (within the clean run's generating time),
+or, for a ``--mid_write`` fraction of them, while a file is being written (as soon as a partial file shows up).
+After every kill, each folder that says it is complete for its entry's inputs must hold the clean run's latents bit
+for bit (``wrong complete``); after the last run every entry must (``entries lost``), and no partial file
+(``.NAME.<hex>.partial.EXT``) or lock file may be left. ``partial files after kills`` counts the partial files the
+kills left for the reruns to clean up: evidence that kills landed mid-write. tests/test_faults.py runs a few trials
+of the same harness.
 """
 
 from __future__ import annotations
@@ -66,18 +69,29 @@ def generating(out: str, pid: int) -> bool:
     return any(read_holder(os.path.join(out, n, ".hyv.lock")).get("pid") == pid for n in names if n.isdigit())
 
 
-def run(prompts: str, out: str, kill_after: float | None = None) -> dict:
-    """Run the command; with ``kill_after``, SIGKILL its process group that many seconds after it began generating
-    (unless it finished first). Returns whether it was killed, its exit code, and the seconds to the first entry and
-    to the end."""
+def partial_files(out: str) -> set[str]:
+    """The partial files (writes in progress, or left by a killed writer) in the entry folders of ``out``."""
+    found = set()
+    for name in os.listdir(out) if os.path.isdir(out) else []:
+        folder = os.path.join(out, name)
+        if name.isdigit() and os.path.isdir(folder):
+            found |= {os.path.join(folder, n) for n in os.listdir(folder) if PARTIAL_FILE.match(n)}
+    return found
+
+
+def run(prompts: str, out: str, kill_after: float | None = None, mid_write: bool = False) -> dict:
+    """Run the command; with ``kill_after``, SIGKILL its process group that many seconds after it began generating,
+    or with ``mid_write`` as soon as a partial file appears once it began (unless it finished first). Returns whether
+    it was killed, its exit code, and the seconds to the first entry and to the end."""
     start = time.perf_counter()
     proc = subprocess.Popen(command(prompts, out), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)  # its own process group: ffmpeg children die with it
-    began = None
+    began, stale = None, partial_files(out)  # a killed run's leftovers are not writes of this one
     while proc.poll() is None:
         if began is None and generating(out, proc.pid):
             began = time.perf_counter()
-        if began is not None and kill_after is not None and time.perf_counter() - began >= kill_after:
+        if began is not None and ((kill_after is not None and time.perf_counter() - began >= kill_after)
+                                  or (mid_write and partial_files(out) - stale)):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             proc.stderr.close()
@@ -141,12 +155,16 @@ def clean_reference(work: str, entries: int) -> dict:
     return dict(prompts=prompts, reference=reference, began_s=result["began_s"], total_s=result["total_s"])
 
 
-def trial(clean: dict, out: str, rng: random.Random, kills: int) -> dict:
-    """One trial into the empty folder ``out``: up to ``kills`` killed runs, each checked, then a run to the end."""
+def trial(clean: dict, out: str, rng: random.Random, kills: int, mid_write: float = 0.0) -> dict:
+    """One trial into the empty folder ``out``: up to ``kills`` killed runs, each checked, then a run to the end;
+    each kill lands mid-write with probability ``mid_write``."""
     window = clean["total_s"] - clean["began_s"]  # how long the clean run generated
     row = dict(kills=0, wrong_complete=0, partial_after_kills=0, runs=0)
     for _ in range(kills):
-        result = run(clean["prompts"], out, kill_after=rng.uniform(0, window))
+        if rng.random() < mid_write:
+            result = run(clean["prompts"], out, mid_write=True)
+        else:
+            result = run(clean["prompts"], out, kill_after=rng.uniform(0, window))
         row["runs"] += 1
         if not result["killed"]:  # it finished first: nothing left to kill
             break
@@ -167,6 +185,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--entries", type=int, default=4, help="prompts in the file (default 4)")
     parser.add_argument("--max_kills", type=int, default=2, help="kills per trial, 1 to this (default 2)")
+    parser.add_argument("--mid_write", type=float, default=0.5,
+                        help="fraction of the kills made while a file is written (default 0.5)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill moments (default 0)")
     parser.add_argument("--json", default=None, help="also write the rows and totals to this file")
     args = parser.parse_args(argv)
@@ -178,7 +198,8 @@ def main(argv: list[str] | None = None) -> dict:
               f"{clean['total_s']:.1f} s", file=sys.stderr)
         rows = []
         for number in range(args.trials):
-            rows.append(trial(clean, os.path.join(work, f"trial{number:03d}"), rng, rng.randint(1, args.max_kills)))
+            rows.append(trial(clean, os.path.join(work, f"trial{number:03d}"), rng, rng.randint(1, args.max_kills),
+                              args.mid_write))
             print(f"trial {number}: {rows[-1]}", file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)

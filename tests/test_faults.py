@@ -39,10 +39,10 @@ def listing(folder):
 
 @pytest.mark.slow
 def test_runs_killed_at_random_moments_resume_to_the_clean_runs_latents(tmp_path):
-    """`python -m hyv_lib generate --prompts_file` SIGKILLed (process group, as a preempted VM) a random moment after
-    it began generating, rerun, killed again, rerun to the end: every entry's latents equal a clean run's bit for
-    bit; after each kill no folder claims completeness with other latents; no partial or lock file is left. A partial
-    file and a lock file of a dead run planted in an entry folder are cleaned up too."""
+    """`python -m hyv_lib generate --prompts_file` SIGKILLed (process group, as a preempted VM) while it writes a file,
+    rerun, killed again a random moment after it began generating, rerun to the end: every entry's latents equal a
+    clean run's bit for bit; after each kill no folder claims completeness with other latents; no partial or lock
+    file is left. A partial file and a lock file of a dead run planted in an entry folder are cleaned up too."""
     prompts = faults.write_prompts(str(tmp_path), 3)
     clean_dir = tmp_path / "clean"  # the clean run, in this process: same code path as the CLI's, same latents
     report = run_prompts_file(prompts, str(clean_dir), BatchRunner("tiny", stage2=SETTINGS), progress=False)
@@ -50,8 +50,8 @@ def test_runs_killed_at_random_moments_resume_to_the_clean_runs_latents(tmp_path
     reference = faults.entries_of(str(clean_dir))
     out = str(tmp_path / "out")
     rng, kills = random.Random(31), 0
-    for _ in range(2):
-        result = faults.run(prompts, out, kill_after=rng.uniform(0, 2.0))
+    for mid_write in (True, False):  # the first kill as soon as a file is being written, the second at random
+        result = faults.run(prompts, out, kill_after=None if mid_write else rng.uniform(0, 2.0), mid_write=mid_write)
         kills += result["killed"]
         if not result["killed"]:
             break
@@ -106,10 +106,9 @@ def test_a_second_run_on_a_folder_in_use_stops_at_once_naming_the_holder(tmp_pat
     (out / "0000").mkdir(parents=True)
     (out / "0000" / "keep.txt").write_text("x")
     prompts = faults.write_prompts(str(tmp_path), 1)
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from hyv_lib.base.lock import folder_lock\n"
-         f"with folder_lock({str(out)!r}, part='the whole prompts file'):\n print('held', flush=True); sys.stdin.read()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    code = (f"import sys; from hyv_lib.base.lock import folder_lock\nwith folder_lock({str(out)!r}, part='the whole "
+            "prompts file'):\n print('held', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         before = listing(out)

@@ -141,9 +141,10 @@ def folder_lock(folder: str, argument: str = "--output_dir", name: str = LOCK_FI
                           started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
             if part:
                 holder["part"] = part
-        os.ftruncate(fd, 0)  # shared holders clear what a dead exclusive holder wrote
-        if holder:
-            os.pwrite(fd, json.dumps(holder).encode(), 0)
+        with contextlib.suppress(OSError):  # the holder's note is for messages: a full disk does not stop the lock
+            os.ftruncate(fd, 0)  # shared holders clear what a dead exclusive holder wrote
+            if holder:
+                os.pwrite(fd, json.dumps(holder).encode(), 0)
         with _held_guard:
             _held[key] = [fd, 1]
         try:

@@ -320,7 +320,8 @@ def run_prompts_file(path: str, output_dir: str, runner: BatchRunner, seed: int 
     A rerun is safe after anything: each folder records what made it (:func:`entry_record`), and an entry is skipped
     only when its folder is complete for the same inputs, else (re)made; partial files of killed writers are removed.
     Editing line k redoes entry k alone; inserting or deleting a prompt line renumbers the entries after it, whose
-    folders (and default seeds) then no longer match: they are redone, never passed off as the new entries. ``shard``
+    folders (and default seeds) then no longer match: they are redone, never passed off as the new entries; folders
+    numbered past the file's last entry are left as they are. ``shard``
     ("I/N"): only the entries whose number is I modulo N (N workers, same folders, no coordination: see
     :func:`run_lock`). An entry that fails is reported and the others still run, except on a full, read-only or
     failing disk (:data:`DISK_ERRORS`), which stops the run with that OSError; bad lines are reported, not run."""
