@@ -81,15 +81,15 @@ from diffusers import FlowMatchEulerDiscreteScheduler, HunyuanVideo15Transformer
 from IPython.display import display
 
 import hyv_lib
-from hyv_lib.planning.costs import step_flops
-from hyv_lib.tiny import quality
-from hyv_lib.runtimes.deepcache import DeepCacheSchedule, DeepCacheStep, TorchDeepCache, step_times
-from hyv_lib.notebook.display import frame_grid, html_table
 from hyv_lib.models.components import example_forward_kwargs, load_components, quiet_loading
+from hyv_lib.notebook.display import frame_grid, html_table
 from hyv_lib.pipeline.sampling import denoise, prepare_conditioning
-from hyv_lib.runtimes.step import make_step
 from hyv_lib.pipeline.text import encode_prompts
+from hyv_lib.planning.costs import step_flops
+from hyv_lib.runtimes.deepcache import DeepCacheSchedule, DeepCacheStep, TorchDeepCache, step_times
+from hyv_lib.runtimes.step import make_step
 from hyv_lib.runtimes.vae import decode_latents
+from hyv_lib.tiny import quality
 
 # The models here are small: their ops gain nothing from a second thread, and one thread times steadily on a
 # shared machine.
@@ -380,19 +380,21 @@ if READ:
 # latents, and the loop times follow the number of cached steps (within timing noise). The readings tell whether
 # the drift changed what the video shows (colour, direction, background) or only how it looks. In the default
 # run every video still reads as the prompt says, and the drift shows in the PSNR and, at the widest intervals,
-# slightly in how far the shape travels. The reading averages the whole foreground, though, so the frame strips
-# below (uncached, then the widest interval) are the closer check: the two are hard to tell apart, down to the
+# slightly in how far the shape travels. The plot below sets the table's frame PSNR against its measured speed-up,
+# both for this model (the 54-block model above is only the speed test). The reading averages the whole
+# foreground, though, so the frame strips after the plot (uncached, then the widest interval) are the closer check: the two are hard to tell apart, down to the
 # faint smudge under the shape in the last frame, which the uncached run has too.
 
 # %%
 fig, ax = plt.subplots(figsize=(5.5, 3.5))
-deep_speedups = {row["interval"]: row["speed-up n / (f + c r)"] for row in speed_rows}
-ax.plot([deep_speedups[i] for i in INTERVALS], [r["frame PSNR, dB"] for r in rows[1:]], "o-")
+# Both axes on the model of the table: its measured loop speed-up (x) and its frames' PSNR (y)
+loop_speedups = {i: uncached_seconds / np.median(loop_seconds[i]) for i in INTERVALS}
+ax.plot([loop_speedups[i] for i in INTERVALS], [r["frame PSNR, dB"] for r in rows[1:]], "o-")
 for i, r in zip(INTERVALS, rows[1:]):
-    ax.annotate(f"interval {i}", (deep_speedups[i], r["frame PSNR, dB"]), textcoords="offset points", xytext=(5, 5),
+    ax.annotate(f"interval {i}", (loop_speedups[i], r["frame PSNR, dB"]), textcoords="offset points", xytext=(5, 5),
                 fontsize=8)
-ax.set(xlabel=f"speed-up ({SPEED_LAYERS}-block model)", ylabel=f"frame PSNR vs uncached, dB ({PRESET})",
-       title="DeepCache: speed against quality")
+ax.set(xlabel="measured loop speed-up (median of 3 rounds)", ylabel="frame PSNR vs uncached, dB",
+       title=f"DeepCache on {preset.name} ({num_blocks} blocks): speed against quality")
 fig.tight_layout()
 plt.show()
 frame_grid(reference_frames, columns=5, title="uncached", scale=1.2)
@@ -425,7 +427,12 @@ plt.show()
 from hyv_lib.runtimes.magcache import MagCacheSchedule, bundled_calibration, load_calibration
 from hyv_lib.tiny import data
 from hyv_lib.tiny.frontier import (
-    default_settings, frontier_table, load_results, measure_frontier, meets_goal, plot_frontier,
+    default_settings,
+    frontier_table,
+    load_results,
+    measure_frontier,
+    meets_goal,
+    plot_frontier,
 )
 
 with quiet_loading():
@@ -438,8 +445,14 @@ for k in (1, 0):  # medians of interleaved full and cached steps (hyv_lib.runtim
     step_ms[k] = {"full": 1e3 * full_s, "cached": 1e3 * cached_s}
 for k, ms in step_ms.items():
     r_k = ms["cached"] / ms["full"]
-    print(f"no_cache_blocks={k}: full step {ms['full']:.1f} ms, cached step {ms['cached']:.2f} ms, r = {r_k:.3f}; "
-          f"7 full of 20 steps: at most {20 / (7 + 13 * r_k):.2f}x")
+    print(f"no_cache_blocks={k}: full step {ms['full']:.1f} ms, cached step {ms['cached']:.2f} ms, r = {r_k:.3f} "
+          f"(1/{1 / r_k:.1f} of a full step); 7 full of 20 steps: at most {20 / (7 + 13 * r_k):.2f}x")
+# One block is what a cached step with no_cache_blocks=1 runs beyond one with 0
+block_share = (step_ms[1]["cached"] - step_ms[0]["cached"]) / np.mean([ms["full"] for ms in step_ms.values()])
+num_tiny_blocks = len(tiny_model.transformer_blocks)
+print(f"one block (the two cached steps' difference): about {block_share:.0%} of a full step, so the "
+      f"{num_tiny_blocks} blocks about {num_tiny_blocks * block_share:.0%}; the rest is the embedders, the token "
+      f"refiner and the output layer")
 calibrations = {k: load_calibration(bundled_calibration(tiny_preset, k))
                 for k in (1, 0)}
 plans = {"no_cache_blocks=1, threshold 0.3": MagCacheSchedule(calibrations[1].curve, 0.3),
@@ -467,17 +480,18 @@ for name, plan in plans.items():
     print(f"{name}: full steps {plan.full_steps}")
 
 # %% [markdown]
-# Read the curves from left to right. The first steps move the cached tokens by a few percent, no more than the
-# middle ones, and from about step 14 on the change climbs, to its maximum at the last step. So on this model the
+# Read the curves from left to right. The first three steps move the cached tokens by a few percent, about as much
+# as the middle ones (printed above: from below the middle's median to a little above it), and over the last four
+# steps the change climbs, to its maximum at the last step. So on this model the
 # curve, not the noise level, argues for keeping the *end* full; MagCache keeps the *start* full through its
 # retention (the first fifth, or a tenth here), because the layout and colour are decided there and an error
 # carries into every later step. Its accumulator handles the end by itself: the larger late changes use up the
 # threshold sooner, so the full steps crowd together towards the end (16 and 18 in the second plan). With
 # `max_skip` reached, a step runs full even where the curve is flat.
 #
-# The step costs show why the deeper cache matters on a 3-block model: recomputing one block costs a large fraction
-# of a full step, so with 7 full steps out of 20 the one-block cache cannot reach 2.5× even in principle, while the
-# output layer alone is almost free.
+# The step costs show why the deeper cache matters on a 3-block model: a cached step that still runs one block
+# costs several times one that runs none (the two $r$ above), so with 7 full steps out of 20 the one-block cache
+# cannot reach 2.5× even in principle, while the output layer alone is almost free.
 #
 # ## The speed-quality frontier
 #
@@ -506,9 +520,10 @@ print(f"{live['prompts']} prompts: {live['machine']}")
 # %% [markdown]
 # The full run is the record shipped with the weights (`hyv_lib/weights/hyv-tiny/cache_frontier.json`): all 45
 # held-out prompts and 14 settings, made with
-# `python benchmarks/cache_frontier.py --output hyv_lib/weights/hyv-tiny/cache_frontier.json` on the machine its
-# title names (about 5 minutes here). It is loaded, not rerun, to keep this chapter short; the book's tests check
-# that it matches the settings and schedules of the current code.
+# `python benchmarks/cache_frontier.py --output hyv_lib/weights/hyv-tiny/cache_frontier.json` on the machine and
+# the date the last printed line names, which also gives the minutes its timed generations took. It is loaded, not
+# rerun, to keep this chapter short; the book's tests check that it matches the settings and schedules of the
+# current code.
 
 # %%
 record = load_results()
@@ -528,12 +543,17 @@ for r in on_target:
 fewer = rows_by_name["uncached, 7 steps"]
 print(f"uncached, 7 steps: {fewer['speedup_denoise']:.2f}x, colour {100 * (fewer['color'] - base['color']):+.1f}, "
       f"direction {100 * (fewer['direction'] - base['direction']):+.1f} points, {fewer['psnr_db']:.1f} dB")
+print(f"uncached: the denoising loop is {base['denoise_seconds'] / base['total_seconds']:.0%} of a generation "
+      f"(the rest: text encoding, VAE decode)")
+print(f"record: {record['date']}, {record['machine']}; its timed generations took "
+      f"{sum(r['total_seconds'] for r in record['rows']) / 60:.1f} min (warm-up videos and grading not counted)")
 
 # %% [markdown]
 # What the frontier shows:
 #
-# * **Depth of the cache decides the speed.** With one block recomputed no setting goes beyond 1.60× (a cached step is
-#   a fifth of a full one here); caching the whole stack takes DeepCache and MagCache past 2.5×.
+# * **Depth of the cache decides the speed.** With one block recomputed no setting goes beyond 1.60× (a cached step
+#   costs the $r$ measured for `no_cache_blocks=1` above); caching the whole stack takes DeepCache and MagCache past
+#   2.5×.
 # * **MagCache spends its full steps better than a fixed interval.** At the same 7 full steps of 20 and the same
 #   speed, the calibrated plan keeps colour at 88.9% and 27.4 dB where DeepCache's interval-4 plan from step 2
 #   drops to 82.2% and 23.5 dB. It places more of them late (steps 13, 16 and 18 against 14 and 18), where the
@@ -546,8 +566,8 @@ print(f"uncached, 7 steps: {fewer['speedup_denoise']:.2f}x, colour {100 * (fewer
 #   frames (30.3 dB) and keep direction, but lose 6.7 colour points; ten steps (1.97×) lose nothing in colour.
 #   hyv-tiny was trained and gated at 20 steps, more than it needs, so this is partly a property of the model:
 #   on the real model, measure the fewer-steps row before choosing a cache.
-# * The end-to-end speed-ups are far lower (1.43× for that MagCache setting): on this tiny model text encoding and
-#   the VAE decode take about half of a generation, and no step cache touches them.
+# * The end-to-end speed-ups are far lower (1.43× for that MagCache setting): on this tiny model the denoising loop
+#   is only about half of an uncached generation (printed above), and no step cache touches the rest.
 
 # %% [markdown]
 # ## On TPU: two programs and a Python branch
@@ -623,8 +643,8 @@ print(f"skipped steps: tpu {on_tpu.config['cache_skipped_steps']}, torch "
 # step's fresh input; DeepCache's cache, ours, reuses the stack's output). Their quality is reported as PSNR, SSIM and
 # LPIPS against the uncached video, not as whether the video still shows the prompt. Ours, on hyv-tiny:
 # 2.54× for the whole-stack MagCache at threshold 0.5 with colour and direction within 5 points, measured on a
-# CPU at a size where the three blocks are about half of a full step (the step costs above: a cached step with one
-# block is a fifth of a full one, the output layer alone a few percent).
+# CPU at a size where the three blocks are only part of a full step and a cached step also skips the embedders
+# and the token refiner (the step costs above estimate the blocks' share), so it saves more than blocks.
 #
 # ## Summary
 #
@@ -649,16 +669,27 @@ print(f"skipped steps: tpu {on_tpu.config['cache_skipped_steps']}, torch "
 #
 # ## Exercises
 #
-# 1. Why must the denoising loop reset a `DeepCacheStep` after warmup calls?
-# 2. With `no_cache_blocks=2` and 54 blocks, what is the block-count bound for 11/45/4 over 50 steps?
-# 3. A threshold-driven cache (TeaCache) decides per step from the data whether to skip. What does that mean for
+# Difficulty: ★ a few lines of reasoning or arithmetic, ★★ a derivation or a short run, ★★★ a design or a longer
+# experiment; **open**: a question this project has not answered, with a place to start.
+#
+# 1. ★ Why must the denoising loop reset a `DeepCacheStep` after warmup calls?
+# 2. ★ With `no_cache_blocks=2` and 54 blocks, what is the block-count bound for 11/45/4 over 50 steps?
+# 3. ★★ A threshold-driven cache (TeaCache) decides per step from the data whether to skip. What does that mean for
 #    the TPU runtime?
-# 4. How many of 50 steps are full with 11/45/8, and what is the block-count bound at 54 blocks?
-# 5. On 8×H100 the cited run takes 5.2 s per uncached step and 2.84 s per step on average with 11/45/4. What
+# 4. ★ How many of 50 steps are full with 11/45/8, and what is the block-count bound at 54 blocks?
+# 5. ★★ On 8×H100 the cited run takes 5.2 s per uncached step and 2.84 s per step on average with 11/45/4. What
 #    cost ratio $r = t_\text{cached}/t_\text{full}$ does that imply, and how many seconds does a cached step take
 #    beyond one block's share of a full step?
-# 6. In the frontier record, which setting would you pick for a 2× speed-up, and why is the uncached run with
+# 6. ★★ In the frontier record, which setting would you pick for a 2× speed-up, and why is the uncached run with
 #    10 steps a fair competitor for it?
+# 7. **Open.** Does the frontier's ranking hold on the real model: does any cache at 50 steps beat simply running
+#    fewer uncached steps, at the same speed-up, on 720p_t2v? This project has measured the frontier only on
+#    hyv-tiny, whose 20 steps are more than it needs. A start: `hyv_lib.tiny.frontier.measure_frontier` times and
+#    compares any pipeline's settings, so run it on `hyv_lib.load_pipeline("720p_t2v", model_path=...)` with a
+#    MagCache calibration from `python -m hyv_lib calibrate_cache` and a few prompts. Its colour and direction
+#    columns only mean something for hyv-tiny's captions (for other prompts pass placeholder `combos` and read the
+#    speed-ups and the PSNR against the uncached frames); a perceptual metric such as LPIPS, which the MagCache
+#    paper reports, is what would have to be added.
 #
 # :::{admonition} Answers
 # :class: dropdown
@@ -678,8 +709,8 @@ print(f"skipped steps: tpu {on_tpu.config['cache_skipped_steps']}, torch "
 #    implementation (angelslim's `DeepCacheHelper`): it keeps the cached block outputs in CPU memory and copies
 #    them back to the GPU on every cached step.
 # 6. Near 2× the record has "uncached, 10 steps" (1.97×: colour 93.3%, direction 88.9%, 35.5 dB) and the
-#    whole-stack MagCache at threshold 0.3 (2.10×: 86.7%, 88.9%, 30.0 dB). Ten uncached steps win on every
-#    quality column for 6% less speed: pick them. Fewer steps is a fair competitor because it buys the same time
+#    whole-stack MagCache at threshold 0.3 (2.10×: 86.7%, 88.9%, 30.0 dB). Ten uncached steps are better on colour
+#    (by 6.7 points, three prompts of 45) and PSNR, and tie on direction, for 6% less speed: pick them. Fewer steps is a fair competitor because it buys the same time
 #    with no extra machinery and no calibration: a cache is worth it only where it beats that row on the
 #    frontier. On hyv-tiny, 20 steps are more than the model needs, which is what makes fewer steps strong; the
 #    real model's 50 steps may leave less room (measure it the same way with `hyv_lib.tiny.frontier`).
