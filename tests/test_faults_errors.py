@@ -55,7 +55,8 @@ def small_tmpfs(tmp_path):
 
     yield mount
     for point in mounts:
-        subprocess.run(["umount", str(point)], check=False)
+        done = subprocess.run(["umount", "--lazy", str(point)], capture_output=True)  # a failure may still map a file
+        assert done.returncode == 0, done.stderr.decode()
 
 
 @pytest.mark.parametrize("kib,failing,kept", [
@@ -69,6 +70,22 @@ def test_a_full_disk_is_one_error_line_naming_the_file_and_leaves_no_partial_fil
     line = error_line(capsys, ["generate", "--preset", "tiny", "--output_dir", str(out), "--quiet"], EXIT_FAULT)
     assert line == f"error: {out / failing}: No space left on device"
     assert sorted(os.listdir(out)) == kept  # whole files only: no partial, no truncated mp4
+
+
+def test_a_folder_that_turns_read_only_is_named(capsys, small_tmpfs, run_dir, tmp_path):
+    """A real EROFS after the checks: stage 3's input folder is remounted read-only, so its mp4 (elsewhere) is written
+    and its config update is refused: one line naming generation_config.json, exit 3."""
+    folder = small_tmpfs(64) / "run"
+    folder.mkdir()
+    for name in ("stage2_latents.safetensors", "generation_config.json"):
+        shutil.copy(run_dir / name, folder / name)
+    config = (folder / "generation_config.json").read_bytes()
+    assert subprocess.run(["mount", "-o", "remount,ro", str(folder.parent)]).returncode == 0
+    video = tmp_path / "elsewhere" / "v.mp4"
+    line = error_line(capsys, ["stage3", "--input_dir", str(folder), "--output_video", str(video), "--quiet"],
+                      EXIT_FAULT)
+    assert line == f"error: {folder / 'generation_config.json'}: Read-only file system"
+    assert (folder / "generation_config.json").read_bytes() == config and video.is_file()
 
 
 @pytest.fixture()
@@ -362,8 +379,9 @@ def test_stage_files_get_the_umask_mode_like_the_json_and_the_mp4(tmp_path):
     finally:
         os.umask(before)
     modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "out").iterdir()}
+    # the safetensors files were 0600
     assert modes == dict.fromkeys(["generation_config.json", "output_video.mp4", "stage1_embeddings.safetensors",
-                                   "stage2_latents.safetensors", "stage3_frames.safetensors"], 0o640)  # safetensors: 0600
+                                   "stage2_latents.safetensors", "stage3_frames.safetensors"], 0o640)
 
 
 def test_video_save_expands_the_home_folder(pipe, tmp_path, monkeypatch):

@@ -37,10 +37,13 @@ def host_memory_bytes() -> int | None:
 
 
 def gpu_memory_bytes(device: torch.device) -> int | None:
-    """Total memory of a CUDA ``device`` (what torch reports), else None."""
+    """Total memory of a CUDA ``device`` (what torch reports), else None (also when CUDA cannot be asked)."""
     if device.type != "cuda":
         return None
-    return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return torch.cuda.get_device_properties(device).total_memory
+    except (RuntimeError, AssertionError):  # no usable CUDA driver: the run will say so where it starts
+        return None
 
 
 def decode_bytes(height: int, width: int, video_length: int, on_gpu: bool) -> dict[str, int]:
