@@ -395,6 +395,16 @@ def test_video_save_expands_the_home_folder(pipe, tmp_path, monkeypatch):
     assert (home / "clips" / "x.mp4").is_file() and not list(cwd.iterdir())  # no folder named "~"
 
 
+def test_a_model_path_under_home_is_expanded(model_folder, tmp_path, monkeypatch):
+    """``load_components(..., model_path="~/...")`` from Python: the folder under $HOME (it was "does not exist")."""
+    from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.components import load_components
+
+    monkeypatch.setenv("HOME", str(model_folder.parent))
+    loaded = load_components(get_preset("tiny"), f"~/{model_folder.name}", ["scheduler"])
+    assert loaded["scheduler"].config.shift == get_preset("tiny").flow_shift
+
+
 def test_two_threads_on_one_pipeline_get_their_own_videos(pipe):
     """DeepCache keeps its features on the shared transformer and the decode patches the shared VAE: two threads'
     calls used to mix (latents off by ~1, or an AttributeError in the VAE patch). Now they wait for each other."""

@@ -262,6 +262,8 @@ def load_components(
     Neural networks are cast to ``dtype``, except the VAE, which stays fp32 on CPU for exact decoding.
     """
     names = list(names)
+    if isinstance(model_path, str):
+        model_path = os.path.expanduser(model_path)  # "~/weights" from Python, as a shell would expand it
     if model_path is None and preset.bundled_weights is not None:
         model_path = preset.bundled_path
         if not os.path.isdir(model_path):
