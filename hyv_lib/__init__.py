@@ -18,6 +18,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 #: Public name -> the module that defines it (relative to hyv_lib).
 _PUBLIC = {
     "HyvInputError": "base.errors",
+    "HyvFaultError": "base.errors",
     "PRESETS": "base.presets", "Preset": "base.presets", "get_preset": "base.presets",
     "PeakMemory": "base.memory",
     "make_mesh": "parallel.mesh", "parse_mesh": "parallel.mesh", "enable_compile_cache": "parallel.jax_env",
