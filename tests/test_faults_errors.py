@@ -429,3 +429,14 @@ def test_two_threads_on_one_pipeline_get_their_own_videos(pipe):
     for seed in (1, 2):
         assert torch.equal(together[seed].latents, alone[seed].latents)
         assert np.array_equal(together[seed].frames, alone[seed].frames)
+
+
+def test_an_image_path_under_home_is_expanded(tmp_path, monkeypatch):
+    """``load_image("~/frame.png")`` from Python: the file under $HOME (it was "does not exist")."""
+    from PIL import Image
+
+    from hyv_lib.pipeline.image import load_image
+
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(tmp_path / "frame.png")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert load_image("~/frame.png").size == (64, 48)

@@ -25,6 +25,7 @@ def load_image(path: Any, argument: str = "--image_path"):
 
     if not isinstance(path, (str, os.PathLike)) or not str(path):
         raise HyvInputError(argument, f"must be the path of a PNG or JPEG image, got {path!r}")
+    path = os.path.expanduser(path)  # "~/frame.png" from Python as from a shell
     if not os.path.isfile(path):
         raise HyvInputError(argument, f"{str(path)!r} does not exist or is not a file")
     try:
