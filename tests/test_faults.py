@@ -206,3 +206,34 @@ def test_an_edited_prompts_file_redoes_exactly_the_changed_entries(tmp_path):
         (0, "skipped", None), (1, "skipped", None), (2, "done", True), (3, "done", False)]
     config = json.loads((out / "0003" / "generation_config.json").read_text())
     assert (config["prompt"], config["seed"], config["batch_entry"]["line"]) == ("a fixed line", 8, 4)
+
+
+def test_a_single_stage_run_holds_its_folder_and_clears_partials(tiny_run, tmp_path, capsys):
+    """stage1/2/3 and generate (not only prompts files) hold the folder's run lock: a second run on a folder in use
+    is one error line (exit 2) and changes nothing; the next run removes the partial files a killed writer left."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from hyv_lib.cli import run as cli
+
+    folder = tmp_path / "run"
+    shutil.copytree(tiny_run, folder)
+    partial = folder / ".stage2_latents.0123456789ab.partial.safetensors"
+    partial.write_bytes(b"cut short")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom hyv_lib.base.lock import folder_lock\n"
+         f"with folder_lock({str(folder)!r}):\n    print('held', flush=True)\n    time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+        assert cli(["stage3", "--input_dir", str(folder)]) == 2
+        assert f"is in use by another run (pid {holder.pid}" in capsys.readouterr().err
+        assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == before
+    finally:
+        holder.kill()
+        holder.wait()
+    assert cli(["stage3", "--input_dir", str(folder)]) == 0
+    assert not partial.exists() and not any(n.endswith(".lock") for n in os.listdir(folder))

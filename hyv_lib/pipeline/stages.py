@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import os
 import time
@@ -11,7 +13,8 @@ import torch
 
 from .. import __version__
 from ..base.errors import HyvInputError, python_names
-from ..base.files import ensure_output_dir
+from ..base.files import clean_partials, ensure_output_dir
+from ..base.lock import folder_lock
 from ..base.memory import PeakMemory
 from ..base.presets import DEFAULT_PRESET, PRESETS, Preset, get_preset
 from ..models.components import IMAGE_COMPONENTS, TEXT_COMPONENTS, load_components, torch_dtype
@@ -74,7 +77,36 @@ def _preset_from_config(config: dict[str, Any], input_dir: str) -> Preset:
     return get_preset(config["preset"])
 
 
+def one_run_per_folder(*names: str):
+    """Decorate a stage: while it runs, this process holds the folder's run lock
+    (:func:`hyv_lib.base.lock.folder_lock`: a second run on the folder is refused with one error line, and a killed
+    run's lock goes with its process) and the hidden partial files a killed writer left there are removed first
+    (:func:`hyv_lib.base.files.clean_partials`). The folder is the first of the parameters ``names`` that is given;
+    a folder that does not exist yet is not locked (the stage checks or creates it), and under torchrun only rank 0,
+    the rank that writes, takes the lock. A stage called inside another's lock (generate, a prompts file) nests."""
+
+    def wrap(fn):
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            bound = signature.bind_partial(*args, **kwargs).arguments
+            name = next((n for n in names if bound.get(n)), None)
+            folder = bound.get(name) if name else None
+            if (not isinstance(folder, (str, os.PathLike)) or not os.path.isdir(folder)
+                    or os.environ.get("RANK", "0") != "0"):
+                return fn(*args, **kwargs)
+            with folder_lock(os.fspath(folder), argument=f"--{name}"):
+                clean_partials(os.fspath(folder))
+                return fn(*args, **kwargs)
+
+        return run
+
+    return wrap
+
+
 @python_names()  # called from Python: errors name parameters; from the CLI: flags
+@one_run_per_folder("output_dir")
 def stage1(
     preset: str | Preset = DEFAULT_PRESET, prompt: str = "", negative_prompt: str = "", output_dir: str | None = None,
     model_path: str | None = None, dtype: str | None = None, components: dict[str, Any] | None = None,
@@ -128,6 +160,7 @@ def stage1(
 
 
 @python_names()  # called from Python: errors name parameters; from the CLI: flags
+@one_run_per_folder("output_dir", "input_dir")
 def stage2(
     input_dir: str | None = None, output_dir: str | None = None, *, quiet: bool = False,
     step: TransformerStep | None = None, components: dict[str, Any] | None = None, **settings: Any,
@@ -219,6 +252,7 @@ def _check_stage3_settings(output_video: str | None, fps: Any, vae_dtype: str, v
 
 
 @python_names()  # called from Python: errors name parameters; from the CLI: flags
+@one_run_per_folder("input_dir")
 def stage3(
     input_dir: str | None = None, output_video: str | None = None, fps: float | None = None,
     disable_tiling: bool = False, save_frames: bool = False, runtime: str = "torch", vae_dtype: str = "fp32",
@@ -286,6 +320,7 @@ def stage3(
 
 
 @python_names()  # called from Python: errors name parameters; from the CLI: flags
+@one_run_per_folder("output_dir")
 def generate(
     preset: str | Preset = DEFAULT_PRESET, prompt: str = "", negative_prompt: str = "", output_dir: str | None = None,
     model_path: str | None = None, dtype: str | None = None, output_video: str | None = None,
