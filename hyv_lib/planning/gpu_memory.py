@@ -257,6 +257,7 @@ def gpu_memory(preset: Preset | str, height: int, width: int, video_length: int,
       transformer's weights stay on the GPU meanwhile unless offloaded (``model`` moves it to the host first,
       ``block`` keeps it there; FSDP's shards stay);
     - ``staged`` = max(step, decode) (the three-stage CLI) and ``pipeline`` = max(step, pipeline_decode).
+
     Each value is a ``total`` (with :data:`CUDA_CONTEXT`); ``parts`` holds the step's and the decode's breakdowns.
     """
     preset = as_preset(preset)
