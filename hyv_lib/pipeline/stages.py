@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -96,8 +97,13 @@ def one_run_per_folder(*names: str):
             if (not isinstance(folder, (str, os.PathLike)) or not os.path.isdir(folder)
                     or os.environ.get("RANK", "0") != "0"):
                 return fn(*args, **kwargs)
-            with folder_lock(os.fspath(folder), argument=f"--{name}"):
-                clean_partials(os.fspath(folder))
+            with contextlib.ExitStack() as held:
+                try:
+                    held.enter_context(folder_lock(os.fspath(folder), argument=f"--{name}"))
+                except OSError:  # a full or read-only folder: the stage's own first write names the file it refused
+                    pass
+                else:
+                    clean_partials(os.fspath(folder))
                 return fn(*args, **kwargs)
 
         return run
