@@ -10,6 +10,7 @@ import threading
 import numpy as np
 import pytest
 import torch
+from memory_probe import live_peak_bytes
 from safetensors.torch import load_file, save_file
 
 from hyv_lib.base.errors import EXIT_BAD_INPUT, EXIT_FAULT, HyvFaultError, HyvInputError
@@ -326,24 +327,6 @@ def test_the_size_check_counts_the_gpu_when_the_decode_runs_there(monkeypatch):
     with pytest.raises(HyvInputError, match=r"at least 544\.5 GiB on the GPU, which has 74\.5 GiB"):
         size_check.check_fits(16384, 16384, 121, "torch")  # 121 x 16384^2 x 3 x 6 bytes
     size_check.check_fits(16384, 16384, 121, "tpu")  # the TPU's memory is the compiler's to judge; 90.8 GiB of frames
-
-
-def live_peak_bytes(fn) -> int:
-    """Peak bytes of the CPU tensors ``fn`` has alive at once (torch profiler's allocation and free events)."""
-    import warnings
-
-    from torch.profiler import ProfilerActivity, profile
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            fn()
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
-    live = peak = 0
-    for _, nbytes in events:
-        live += nbytes
-        peak = max(peak, live)
-    return peak
 
 
 def test_the_size_check_is_a_lower_bound_of_a_measured_decode():

@@ -5,11 +5,10 @@ import dataclasses
 import json
 import pathlib
 import re
-import warnings
 
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
+from memory_probe import live_peak_bytes
 
 from hyv_lib.base.errors import HyvInputError
 from hyv_lib.base.presets import get_preset, real_layout_tiny
@@ -26,21 +25,6 @@ GIB = 2**30
 def h200_row(run: int, section: str, name: str) -> dict:
     data = json.loads((RESULTS / f"gpu_check_2026-11-26_H200_run{run}.json").read_text())
     return next(r for r in data["sections"][section]["rows"] if r["name"] == name)
-
-
-def live_peak_bytes(fn) -> int:
-    """Peak bytes of the tensors ``fn`` allocates and has alive at once on the CPU: the allocation and free events of
-    torch's profiler, in time order (what was allocated before the call is not counted)."""
-    with warnings.catch_warnings():  # "Profiler clears events at the end of each cycle": one cycle here
-        warnings.simplefilter("ignore", UserWarning)
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            fn()
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
-    live = peak = 0
-    for _, nbytes in events:
-        live += nbytes
-        peak = max(peak, live)
-    return peak
 
 
 def test_live_peak_bytes_counts_what_is_alive_at_once():
