@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..models.flow_matching import NUM_TRAIN_TIMESTEPS, flow_matching_loss, sample_sigmas, training_inputs
 from ..models.patches import batched_vae_attention, rms_norm_floor
 from ..pipeline.image import crop_to_bucket, encode_image
 from ..pipeline.text import encode_prompts
@@ -221,9 +222,10 @@ def flow_matching_sigmas(batch_size: int, shift: float, generator: torch.Generat
 
     The same warp the FlowMatchEulerDiscreteScheduler applies at inference, so training sees noise
     levels as often as sampling visits them (high noise, where layout and color are decided, most).
+    (:func:`hyv_lib.models.flow_matching.sample_sigmas` with ``sampling="uniform"``; the official trainer's
+    default is logit-normal, which hyv-tiny was not trained with.)
     """
-    u = torch.rand(batch_size, generator=generator)
-    return shift * u / (1 + (shift - 1) * u)
+    return sample_sigmas(batch_size, shift=shift, sampling="uniform", generator=generator)
 
 
 def dit_loss(transformer, x0: torch.Tensor, conditioning: dict[str, torch.Tensor], shift: float,
@@ -231,19 +233,14 @@ def dit_loss(transformer, x0: torch.Tensor, conditioning: dict[str, torch.Tensor
     """Flow-matching loss: x_t = (1 - sigma) x0 + sigma * noise, target velocity noise - x0 (the
     scheduler's Euler step x += (sigma_next - sigma) * v then walks back towards x0). The input is the noisy
     latents, then the condition latents and a mask channel, as the pipeline builds them: zeros for t2v; with
-    ``cond_latents`` [B, C, 1, h, w] (i2v) the first frame's latents in latent frame 0 and the mask 1 there."""
-    b, c, f, h, w = x0.shape
+    ``cond_latents`` [B, C, 1, h, w] (i2v) the first frame's latents in latent frame 0 and the mask 1 there
+    (:func:`hyv_lib.models.flow_matching.training_inputs`). Draws the noise, then the noise levels."""
     noise = torch.randn(x0.shape, generator=generator)
-    sigma = flow_matching_sigmas(b, shift, generator)
-    s = sigma.view(b, 1, 1, 1, 1)
-    noisy = (1 - s) * x0 + s * noise
-    condition = torch.zeros(b, c + 1, f, h, w)
-    if cond_latents is not None:
-        condition[:, :c, :1] = cond_latents
-        condition[:, c, 0] = 1.0
-    hidden = torch.cat([noisy, condition], dim=1)
-    prediction = transformer(hidden_states=hidden, timestep=sigma * 1000, **conditioning, return_dict=False)[0]
-    return (prediction.float() - (noise - x0)).pow(2).mean()
+    sigma = flow_matching_sigmas(len(x0), shift, generator)
+    hidden, target = training_inputs(x0, noise, sigma, cond_latents)
+    prediction = transformer(hidden_states=hidden, timestep=sigma * NUM_TRAIN_TIMESTEPS, **conditioning,
+                             return_dict=False)[0]
+    return flow_matching_loss(prediction, target)
 
 
 def select_conditioning(embeds: dict[str, torch.Tensor], negative: dict[str, torch.Tensor], index: torch.Tensor,
