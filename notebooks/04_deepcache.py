@@ -16,10 +16,11 @@
 # %% [markdown]
 # # 4. DeepCache and MagCache
 #
-# A 50-step generation runs the 54 blocks of the DiT 50 times. Yet the features deep in the network change
-# little from one step to the next. DeepCache (Ma et al., 2023, first for U-Nets) exploits this. On a **full** step
-# it runs every block and keeps the video and context tokens that enter the last block(s). On a **cached** step it
-# reuses them: it recomputes only the timestep embedding, the last block(s) and the output layer.
+# A 50-step generation runs the 54 blocks of the {term}`DiT` 50 times. Yet the features deep in the network
+# change little from one step to the next. {term}`DeepCache` (Ma et al., 2023, first for U-Nets) exploits this. On
+# a **full** step it runs every block and keeps the video and {term}`context tokens` that enter the last block(s).
+# On a **cached** step it reuses them: it recomputes only the {term}`timestep embedding`, the last block(s) and the
+# output layer.
 #
 # For HunyuanVideo-1.5, Tencent's own generation script caches the input of block 53 (the last of 54,
 # `--no_cache_block_id 53`). Steps 0-10 and 45-49 are full, and every fourth step in between (11, 15, ..., 43),
@@ -41,7 +42,7 @@
 # 2. builds the schedule and derives the most it can save;
 # 3. implements the cached step for the torch and TPU runtimes (`hyv_lib.runtimes.deepcache`);
 # 4. measures speed and quality on this CPU;
-# 5. adds an adaptive cache (MagCache) planned from the trained model's own curve, and a deeper cache point;
+# 5. adds an adaptive cache ({term}`MagCache`) planned from the trained model's own curve, and a deeper cache point;
 # 6. maps speed against quality for 14 settings on 45 held-out prompts, fewer steps included;
 # 7. explains why the TPU version is two compiled programs and a Python branch, and sets the cited TPU and GPU
 #    numbers next to ours.
@@ -162,7 +163,7 @@ print(f"largest change: {max(change):.3f}, into step {largest} of 0-{STEPS - 1};
       f"lowest cosine similarity: {min(cosine):.4f}")
 
 # %% [markdown]
-# In the default run (hyv-tiny, 50 steps) the *last* steps move the most: the change climbs over the final ten
+# In the default run ({term}`hyv-tiny`, 50 steps) the *last* steps move the most: the change climbs over the final ten
 # steps and peaks at the very last one, where the sampler settles fine detail. The early steps move a little more
 # than the middle ones, far less than the last. Both ends of the schedule stay full: the end because its
 # features change fastest, the start because at high noise the layout and colour are still being decided, and an
@@ -200,9 +201,10 @@ print(f"full steps: {schedule.full_steps}")
 # step relative to a full one. Then the speed-up is $n / (f + c\,r)$, and blocks alone give $r = k/L = 1/54 \approx
 # 0.0185$. Work that both kinds of step repeat (the output layer, the scheduler, the loop) raises $r$ and pulls the
 # speed-up below the block count. The block count is therefore an upper bound, as long as a cached step saves only
-# blocks. Ours also skips the embedders and the token refiner, so a model whose blocks are few and cheap can beat
-# its block count. At 720p they hardly matter: `hyv_lib.planning.costs.step_flops` counts the FLOPs of one CFG step at
-# 1280×720, 121 frames. The cached step is charged one block, the output layer and, to be safe, every embedder:
+# blocks. Ours also skips the embedders and the {term}`token refiner`, so a model whose blocks are few and cheap
+# can beat its block count. At 720p they hardly matter: `hyv_lib.planning.costs.step_flops` counts the FLOPs of
+# one {term}`CFG` step at 1280×720, 121 frames. The cached step is charged one block, the output layer and, to be
+# safe, every embedder:
 
 # %%
 n, L, k = 50, 54, 1
@@ -242,7 +244,7 @@ print(f"r = {r_720:.5f} (blocks alone: k/L = {k / L:.5f}); FLOP speed-up n / (f 
 #
 # * **torch**: a full step *is* diffusers' forward, with a pre-hook on the first uncached block that records its
 #   inputs. A schedule of only full steps therefore gives exactly the uncached latents (a test checks `torch.equal`).
-# * **tpu**: `TpuTransformer` jits two methods of its static-shape step, `forward_and_cache` and
+# * **tpu**: `TpuTransformer` {term}`jits <jit>` two methods of its static-shape step, `forward_and_cache` and
 #   `forward_from_cache`. The cache stays on the device between steps.
 #
 # The tests count block calls: on a cached step, block 0 never runs.
@@ -312,8 +314,8 @@ print(f"r is {r_cpu * SPEED_LAYERS - 1:+.0%} off k/L, so every speed-up is "
 #
 # ## Quality
 #
-# The same prompt, seed and steps are run with and without the cache on the preset's model. We compare the final
-# latents (PSNR, peak = the uncached latents' range) and the decoded frames (PSNR, peak 255). PSNR against the
+# The same prompt, seed and steps are run with and without the cache on the {term}`preset`'s model. We compare the final
+# latents ({term}`PSNR`, peak = the uncached latents' range) and the decoded frames (PSNR, peak 255). PSNR against the
 # uncached run measures drift, not whether the video is still right. hyv-tiny (the default preset here) is
 # trained, so we can also *read* each video (`quality.read_video`: the shape's colour, direction of motion and
 # background, and how far its centre travels) and check the reading against the prompt. With random weights
@@ -576,11 +578,11 @@ print(f"record: {record['date']}, {record['machine']}; its timed generations too
 # **two** programs, the full step (which also returns the cache) and the cached step, and Python picks one per
 # step. The alternative, `jax.lax.cond` inside one jitted step, brings costs and no benefit here:
 #
-# * both branches must return the same pytree, so the cached branch must pass the cache through and the full
+# * both branches must return the same {term}`pytree`, so the cached branch must pass the cache through and the full
 #   branch must produce it, every step;
 # * both branches live in one program, and the decision, which Python already knows, moves onto the device;
-# * gpu-tpu-pedia reports that torchax's tensor wrappers made matching pytrees hard and leaked tracers, which is
-#   why it too uses two compiled modules.
+# * gpu-tpu-pedia reports that {term}`torchax`'s tensor wrappers made matching pytrees hard and leaked
+#   {term}`tracers <tracer>`, which is why it too uses two compiled modules.
 #
 # Here is the TPU runtime (the JAX CPU backend on this machine) on the same loop with interval 4. It compiles
 # exactly two programs for all the steps and agrees with the torch runtime's run above:
@@ -602,7 +604,7 @@ print(f"tpu runtime: {tpu.compilations} compilations for {STEPS} steps; "
 # MagCache changes nothing here: its plan is made from the calibration curve before the loop, so the same Python
 # branch picks between the same two programs, and the TPU runtime skips exactly the steps the torch runtime
 # skips. Here is the whole-stack plan from the frontier on hyv-tiny, one prompt on each runtime (a threshold rule
-# that read a device value every step, as TeaCache does, would need a device-to-host copy before each branch):
+# that read a device value every step, as {term}`TeaCache` does, would need a device-to-host copy before each branch):
 
 # %%
 with quiet_loading():
@@ -620,7 +622,7 @@ print(f"skipped steps: tpu {on_tpu.config['cache_skipped_steps']}, torch "
 #
 # | setting | uncached | DeepCache 11/45/4 | speed-up | source |
 # |---|---|---|---|---|
-# | 720p, 121 frames, 50 steps, TPU v6e-8 | ≈350 s | ≈203 s | 1.72× | gpu-tpu-pedia |
+# | 720p, 121 frames, 50 steps, TPU {term}`v6e-8 <slice>` | ≈350 s | ≈203 s | 1.72× | gpu-tpu-pedia |
 # | 720p, 49 frames, 50 steps, TPU | 113.95 s | 62.43 s | 1.83× | gpu-tpu-pedia |
 # | 720p, 121 frames, 50 steps, 8×H100 | 5.2 s/step | 2.84 s/step | 1.83× | gpu-tpu-pedia (GPU `docs/deepcache_explained.md`) |
 #
@@ -640,9 +642,9 @@ print(f"skipped steps: tpu {on_tpu.config['cache_skipped_steps']}, torch "
 # | MagCache (threshold 0.24, K 6, retention 0.2) | 19 min 33 s | 2.77× | same table |
 #
 # Both skip the whole block stack, as `no_cache_blocks=0` does here (they add the stack's cached residual to the
-# step's fresh input; DeepCache's cache, ours, reuses the stack's output). Their quality is reported as PSNR, SSIM and
-# LPIPS against the uncached video, not as whether the video still shows the prompt. Ours, on hyv-tiny:
-# 2.54× for the whole-stack MagCache at threshold 0.5 with colour and direction within 5 points, measured on a
+# step's fresh input; DeepCache's cache, ours, reuses the stack's output). Their quality is reported as PSNR,
+# {term}`SSIM` and {term}`LPIPS` against the uncached video, not as whether the video still shows the prompt.
+# Ours, on hyv-tiny: 2.54× for the whole-stack MagCache at threshold 0.5 with colour and direction within 5 points, measured on a
 # CPU at a size where the three blocks are only part of a full step and a cached step also skips the embedders
 # and the token refiner (the step costs above estimate the blocks' share), so it saves more than blocks.
 #

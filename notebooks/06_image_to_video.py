@@ -16,18 +16,18 @@
 # %% [markdown]
 # # 6. Image to video
 #
-# Text to video invents the first frame. Image to video (I2V) is given it: the caption says what happens next, and
-# the model must start from the picture. HunyuanVideo-1.5 ships image-to-video checkpoints for which `hyv_lib` has the
-# presets `480p_i2v` and `720p_i2v`, their CFG-distilled versions `480p_i2v_distilled` and `720p_i2v_distilled`
-# (guidance off, 50 steps; chapter 8) and `480p_i2v_step_distilled` (8 steps, guidance off). They are the same
-# 8.3B DiT with the same 54 blocks as text to video. What changes is what goes in: the first frame enters the model
-# twice, as SigLIP tokens in the joint attention sequence and as VAE latents stacked onto the noisy latents'
-# channels, with a mask channel that marks the frame as given (the figure below).
+# Text to video invents the first frame. Image to video ({term}`I2V`) is given it: the caption says what happens next,
+# and the model must start from the picture. HunyuanVideo-1.5 ships image-to-video checkpoints for which `hyv_lib` has
+# the {term}`presets <preset>` `480p_i2v` and `720p_i2v`, their {term}`CFG-distilled` versions `480p_i2v_distilled`
+# and `720p_i2v_distilled` (guidance off, 50 steps; chapter 8) and `480p_i2v_step_distilled` (8 steps, guidance off).
+# They are the same 8.3B {term}`DiT` with the same 54 blocks as text to video. What changes is what goes in: the first
+# frame enters the model twice, as {term}`SigLIP` tokens in the joint attention sequence and as {term}`VAE` latents
+# stacked onto the noisy latents' channels, with a mask channel that marks the frame as given (the figure below).
 #
 # :::{figure} ../book/figures/06_image_to_video_conditioning.svg
 # :name: fig-06-image-to-video-conditioning
 #
-# The conditioning path of `720p_i2v`. Stage 1 crops the image to the preset's bucket nearest its aspect ratio
+# The conditioning path of `720p_i2v`. Stage 1 crops the image to the preset's {term}`bucket` nearest its aspect ratio
 # (which fixes the video's size) and encodes it twice: SigLIP gives 729 tokens of width 1152 (`image_embeds`),
 # the VAE encoder one latent frame (`cond_latents`). In stage 2 the DiT's `image_embedder` turns the tokens into
 # the 729 image slots of the joint sequence, which text to video also carries but masks out. The latents go into
@@ -38,11 +38,12 @@
 # This chapter:
 #
 # 1. draws a first frame and follows it through stage 1 into the two places the DiT reads it;
-# 2. animates it live with hyv-tiny, which was trained for both tasks (chapter 7), and reads the motion back;
+# 2. animates it live with {term}`hyv-tiny`, which was trained for both tasks (chapter 7), and reads the motion back;
 # 3. gives the same frame two captions that move it two ways, and measures where it went;
 # 4. computes the stage-1 file of `720p_i2v` from the preset;
 # 5. asks the planner what image to video costs compared with text to video;
-# 6. derives the step-distilled variant's schedule, with the extra timestep its MeanFlow model reads.
+# 6. derives the {term}`step-distilled` variant's schedule, with the extra timestep its {term}`MeanFlow` model
+#    reads.
 
 # %% tags=["parameters"]
 import os
@@ -158,11 +159,12 @@ print(f"{len(embeds)} tensors ({len(embeds) - 8} of them the image's); shapes as
 # %% [markdown]
 # ### Into the joint sequence
 #
-# In stage 2 the DiT's `image_embedder` projects the SigLIP tokens to the model width and they take the image slots
-# of the context, in front of the ByT5 and text tokens. Text to video fills the same slots with zeros, which
-# diffusers' forward detects (`torch.all(image_embeds == 0)`) and masks out. `hyv_lib.models.hunyuan.context_layout` makes
-# the same decision outside the jitted step and returns the valid-first order of the context. Below, one sample's
-# sequence for each task (the prompt's own masks; pale tokens are padding):
+# In stage 2 the DiT's `image_embedder` projects the SigLIP tokens to the model width and they take the image slots of
+# the {term}`context <context tokens>`, in front of the {term}`ByT5` and text tokens. Text to video fills the same
+# slots with zeros, which diffusers' forward detects (`torch.all(image_embeds == 0)`) and masks out.
+# `hyv_lib.models.hunyuan.context_layout` makes the same decision outside the {term}`jitted <jit>` step and returns
+# the {term}`valid-first` order of the context. Below, one sample's sequence for each task (the prompt's own masks;
+# pale tokens are padding):
 
 # %%
 config = pipe.components["transformer"].config
@@ -214,9 +216,9 @@ print(f"DiT input: {config.out_channels} noisy + {config.out_channels} condition
 # %% [markdown]
 # ## Image to video, live
 #
-# `pipe.generate(caption, image=frame)` runs the three stages in memory. The first frame of the result should be
-# the drawn frame, up to what the VAE loses (a lossy round trip); after it, the shape should move as the caption
-# says. `hyv_lib.tiny.quality` reads both back: PSNR of the first frame against the cropped image, and the direction
+# `pipe.generate(caption, image=frame)` runs the three stages in memory. The first frame of the result should be the
+# drawn frame, up to what the VAE loses (a lossy round trip); after it, the shape should move as the caption says.
+# `hyv_lib.tiny.quality` reads both back: {term}`PSNR` of the first frame against the cropped image, and the direction
 # from the track of the shape's centroid (`quality.centroid_track`, the foreground being every pixel far from the
 # border's median colour).
 
@@ -379,8 +381,9 @@ print(f"{table.name}, {real_bucket[1]}x{real_bucket[0]} first frame: the image t
 # The DiT runs the same shapes for both tasks: the 65 input channels exist in text to video too (zeros), and so do
 # the 729 image slots of the context, as the sequences above showed. So the planner (`hyv_lib.planning`, chapters 3 and
 # 8) counts the same work for one denoising step of either task (at the preset's 16:9 size, 1280 × 720 for
-# `720p_i2v`, and 121 frames), and the same memory per device on a v6e-8 mesh (`data=2,tensor=4`,
-# `tp_replicated_out`; the planner's own estimate for both, to compare like with like). The difference appears only for a kernel that skips padded tokens (varlen FlashAttention on a
+# `720p_i2v`, and 121 frames), and the same memory per device on a {term}`v6e-8 <slice>` {term}`mesh`
+# (`data=2,tensor=4`, {term}`tp_replicated_out`; the planner's own estimate for both, to compare like with like).
+# The difference appears only for a kernel that skips padded tokens ({term}`varlen` {term}`FlashAttention` on a
 # GPU): there text to video attends over the valid prompt tokens alone, and image to video over 729 more. For a
 # short prompt without quoted text, take 120 valid text tokens, as chapter 8 does:
 
@@ -409,12 +412,12 @@ print(f"valid tokens only: i2v - t2v = {(i2v_var - t2v_var) / 1e12:.1f} TFLOP pe
       f"{tokens['video']:,} video tokens")
 
 # %% [markdown]
-# So image to video costs the DiT nothing extra under the book's exact kernels (Splash with segment ids, the XLA
-# kernel, a dense mask): they compute the 729 masked image slots of text to video anyway, and image to video only
-# makes them count. A kernel that skips padding sees the difference, about 1% of a step (printed above), because
-# the 729 tokens are a small addition to the video tokens every query attends to (111,600 at 720p). Per video there is also
-# stage 1's extra work: SigLIP over one 384 × 384 image and the VAE encoder over one frame, once, not per step.
-# The planner leaves them out.
+# So image to video costs the DiT nothing extra under the book's exact kernels ({term}`Splash` with
+# {term}`segment ids`, the {term}`XLA` kernel, a dense mask): they compute the 729 masked image slots of text to video
+# anyway, and image to video only makes them count. A kernel that skips padding sees the difference, about 1% of a
+# step (printed above), because the 729 tokens are a small addition to the video tokens every query attends to
+# (111,600 at 720p). Per video there is also stage 1's extra work: SigLIP over one 384 × 384 image and the VAE encoder
+# over one frame, once, not per step. The planner leaves them out.
 #
 # :::{admonition} Takeaway
 # :class: tip
@@ -427,13 +430,13 @@ print(f"valid tokens only: i2v - t2v = {(i2v_var - t2v_var) / 1e12:.1f} TFLOP pe
 #
 # ## The step-distilled variant
 #
-# `480p_i2v_step_distilled` samples in 8 steps (the official README also recommends 12) with guidance off: CFG 1,
-# so each step is one forward of one sample instead of a pair. Its transformer has `use_meanflow=True`: besides the
+# `480p_i2v_step_distilled` samples in 8 steps (the official README also recommends 12) with guidance off: {term}`CFG`
+# 1, so each step is one forward of one sample instead of a pair. Its transformer has `use_meanflow=True`: besides the
 # timestep $t$ of the current noise level, each call receives `timestep_r`, the timestep $r$ the step goes to. A
 # MeanFlow model (Geng et al., 2025) learns the *average* velocity over $[r, t]$ rather than the velocity at $t$, so a
-# long Euler step from $t$ to $r$ stays on course. `hyv_lib.pipeline.sampling.sampling_schedule` gives the loop's timesteps
-# for the preset's shift (7) and the $r$ of each step, the next timestep and 0 after the last, as diffusers' I2V
-# pipeline passes it:
+# long {term}`Euler step <flow matching>` from $t$ to $r$ stays on course.
+# `hyv_lib.pipeline.sampling.sampling_schedule` gives the loop's timesteps for the preset's {term}`shift <flow shift>`
+# (7) and the $r$ of each step, the next timestep and 0 after the last, as diffusers' I2V pipeline passes it:
 
 # %%
 distilled = PRESETS["480p_i2v_step_distilled"]
