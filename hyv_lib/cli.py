@@ -79,6 +79,12 @@ def _add_stage2(p: argparse.ArgumentParser, dirs: bool = True) -> None:
     g.add_argument("--multi_host", action="store_true",
                    help="tpu runtime on a multi-host slice: join the hosts (jax.distributed.initialize) first; run "
                         "the same command on every host (gcloud ... ssh --worker=all)")
+    g.add_argument("--lora", default=None,
+                   help="a LoRA in diffusers' format: the .safetensors file, or the folder holding "
+                        "pytorch_lora_weights.safetensors (what `train` writes); merged into the transformer's weights "
+                        "before the step is built, on every runtime (default: none)")
+    g.add_argument("--lora_scale", type=float, default=1.0,
+                   help="the LoRA's strength: W += scale * alpha/rank * B @ A (default 1.0; 0 leaves the model as is)")
     c = p.add_argument_group("stage 2: DeepCache (torch and tpu runtimes)")
     c.add_argument("--enable_cache", action="store_true", help="reuse deep features on the schedule's cached steps")
     c.add_argument("--cache_method", default=None,

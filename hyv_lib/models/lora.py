@@ -29,6 +29,10 @@ FORMAT = "hyv_lib.lora/1"
 #: The default targets: the attention projections (q, k, v, out) of both streams in each transformer block, the
 #: layers diffusers' LoRA trainers adapt.
 DEFAULT_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
+#: generation_config.json's fields of a merged LoRA (:meth:`LoraWeights.record`).
+RECORD_FIELDS = ("lora", "lora_sha256", "lora_scale", "lora_rank")
+#: The attribute :func:`merge_lora` keeps on a transformer: the LoRAs merged into its weights (path, sha256, scale).
+MERGED_ATTRIBUTE = "hyv_merged_loras"
 _BLOCK = re.compile(r"^transformer_blocks\.\d+\.attn\.")
 _KEY = re.compile(r"^(?P<module>.+)\.(?P<part>lora_A\.weight|lora_B\.weight|lora_B\.bias)$")
 
@@ -145,7 +149,7 @@ class LoraWeights:
 
     def record(self, scale: float) -> dict[str, Any]:
         """generation_config.json fields of this LoRA merged at ``scale``."""
-        return dict(lora=self.path, lora_sha256=self.sha256, lora_scale=scale, lora_rank=self.rank)
+        return dict(zip(RECORD_FIELDS, (self.path, self.sha256, scale, self.rank)))
 
 
 def lora_file(path: str, argument: str = "--lora") -> str:
@@ -278,6 +282,32 @@ def merge_lora(transformer, path_or_weights: str | LoraWeights, scale: float = 1
             bias = module.bias
             bias.copy_((bias.float() + (scale * layer.scaling) * layer.bias.to(bias.device, torch.float32))
                        .to(bias.dtype))
-    merged = list(getattr(transformer, "hyv_merged_loras", []))
-    transformer.hyv_merged_loras = merged + [(weights.sha256, scale)]
+    merged = list(getattr(transformer, MERGED_ATTRIBUTE, []))
+    setattr(transformer, MERGED_ATTRIBUTE, merged + [dict(path=weights.path, sha256=weights.sha256, scale=scale)])
     return weights
+
+
+def ensure_merged(transformer, path: str | None, scale: float = 1.0, *, can_merge: bool = True,
+                  argument: str = "--lora") -> LoraWeights | None:
+    """Make ``transformer`` hold the LoRA ``path`` merged at ``scale`` (None: no LoRA) and return its weights: a no-op
+    for a kept transformer that already holds exactly that merge (same file contents, same scale); a merge when it
+    holds none (``can_merge=False``: its step is already built, so a merge would come too late: an error); an error
+    when it holds another one (weights cannot be unmerged exactly: load the model again)."""
+    merged = list(getattr(transformer, MERGED_ATTRIBUTE, []))
+    if path is None:
+        if merged:
+            raise HyvInputError(argument, f"this transformer has the LoRA {merged[-1]['path']!r} merged into its "
+                                          "weights: load the model again for a run without it")
+        return None
+    weights = read_lora(path, argument)
+    scale = as_number("--lora_scale" if argument == "--lora" else "lora_scale", scale)
+    if len(merged) == 1 and (merged[0]["sha256"], merged[0]["scale"]) == (weights.sha256, scale):
+        return weights
+    if merged:
+        raise HyvInputError(argument, f"this transformer already has the LoRA {merged[-1]['path']!r} merged at scale "
+                                      f"{merged[-1]['scale']:g}: load the model again to merge another LoRA or scale")
+    if not can_merge:
+        raise HyvInputError(argument, "the transformer step was built before the LoRA could be merged: give the "
+                                      "LoRA where the models are loaded (load_pipeline(lora=...), BatchRunner's stage-2 "
+                                      "settings)")
+    return merge_lora(transformer, weights, scale, argument=argument)

@@ -73,7 +73,7 @@ class BatchRunner:
         self.video = load_pipeline(self.spec, model_path, self.dtype, runtime=runtime, mesh=settings.mesh,
                                    sharding=self.stage2_settings.get("sharding", "tp_replicated_out"),
                                    attention=settings.attention, vae_runtime=self.stage3_settings["runtime"],
-                                   offload=settings.offload,
+                                   offload=settings.offload, lora=settings.lora, lora_scale=settings.lora_scale,
                                    progress=not self.stage2_settings.get("quiet", False))
         self.step = self.video.step_for(cache_schedule(settings, self.spec, model_path),
                                         settings.no_cache_blocks)
@@ -88,6 +88,8 @@ class BatchRunner:
         preset, model, dtype, the resolved stage-2 settings but the seed and the untimed warm-up calls, and stage 3's.
         A local model folder counts by its path, not its contents."""
         stage2_fields = {k: v for k, v in self.settings.config().items() if k not in ("seed", "warmup_steps")}
+        if self.settings.lora:  # a LoRA counts by its contents too (a retrained file at the same path reruns)
+            stage2_fields["lora_sha256"] = self.video.lora_record["lora_sha256"]
         s3 = self.stage3_settings
         fps = s3.get("fps")
         model = self.model_path

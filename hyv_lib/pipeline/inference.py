@@ -23,6 +23,7 @@ from ..models.components import (
     quiet_loading,
     torch_dtype,
 )
+from ..models.lora import ensure_merged
 from ..parallel.distributed import local_device
 from ..runtimes.fsdp import shard_weights as shard_transformer
 from ..runtimes.fsdp import sharded_step, under_torchrun
@@ -87,7 +88,7 @@ class VideoPipeline:
                  mesh: str | None = None, sharding: str = "tp_replicated_out", attention: str = "auto",
                  vae_runtime: str | None = None, vae_dtype: str = "fp32", tiling: bool = True,
                  model_path: str | None = None, offload: str | None = None, vae_memory_gb: float | None = None,
-                 shard_weights: str | None = None):
+                 shard_weights: str | None = None, lora: str | None = None, lora_scale: float = 1.0):
         with python_names():
             self.preset = get_preset(preset)
         if not isinstance(components, dict):
@@ -97,8 +98,9 @@ class VideoPipeline:
         if missing:
             raise HyvInputError("components", f"missing {', '.join(missing)} (hyv_lib.load_pipeline loads them all)")
         with python_names():
-            resolve_settings(self.preset, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention,
-                             offload=offload, shard_weights=shard_weights)
+            lora_settings = resolve_settings(self.preset, runtime=runtime, mesh=mesh, sharding=sharding,
+                                             attention=attention, offload=offload, shard_weights=shard_weights,
+                                             lora=lora, lora_scale=lora_scale)
             if runtime == "ulysses" and not under_torchrun():
                 raise HyvInputError("--runtime", "an in-memory pipeline runs with torch or tpu, or with ulysses in "
                                                  "each process of a torchrun launch (one per device)")
@@ -114,6 +116,10 @@ class VideoPipeline:
         self.offload, self.shard_weights = offload, shard_weights
         self.vae_runtime, self.vae_dtype, self.tiling = vae_runtime, vae_dtype, tiling
         transformer = components["transformer"]
+        with python_names():  # merged before the weights are placed, sharded or traced: no extra work per step
+            merged = ensure_merged(transformer, lora_settings.lora, lora_settings.lora_scale)
+        #: generation_config.json's LoRA fields (path, sha256, scale, rank); empty without a LoRA
+        self.lora_record = {} if merged is None else merged.record(lora_settings.lora_scale)
         self.device = local_device() if runtime in ("torch", "ulysses") else torch.device("cpu")
         if shard_weights:  # 1/N of the weights to this rank's device, cut block by block
             with python_names():
@@ -217,6 +223,7 @@ class VideoPipeline:
         config = dict(prompt=prompt, negative_prompt=negative_prompt, preset=self.preset.name, task=task,
                       model_path=self.model_path, dtype=self.dtype, **settings.config(), fps=self.preset.fps,
                       stage3_runtime=self.vae_runtime, vae_dtype=self.vae_dtype, vae_tiling=self.tiling,
+                      **self.lora_record,
                       **({} if tile_px is None else dict(vae_memory_gb=self.vae_memory_gb, vae_tile_px=tile_px)),
                       time_s=round(time.perf_counter() - start, 3), denoise_time_s=round(denoise_s, 3))
         if cache is not None:
@@ -230,13 +237,16 @@ def load_pipeline(preset: str | Preset = DEFAULT_PRESET, model_path: str | None 
                   runtime: str = "torch", mesh: str | None = None, attention: str = "auto",
                   sharding: str = "tp_replicated_out", vae_runtime: str | None = None, vae_dtype: str = "fp32",
                   tiling: bool = True, progress: bool = True, offload: str | None = None,
-                  vae_memory_gb: float | None = None, shard_weights: str | None = None) -> VideoPipeline:
+                  vae_memory_gb: float | None = None, shard_weights: str | None = None, lora: str | None = None,
+                  lora_scale: float = 1.0) -> VideoPipeline:
     """Load every component of ``preset`` once (``model_path``: a diffusers-format folder; None: the preset's
     bundled or in-code tiny weights) in ``dtype`` (default: the preset's) and return a :class:`VideoPipeline`.
 
     ``progress=False`` also silences the weight-loading bars; ``offload`` (``block`` or ``model``) keeps the transformer
     off the GPU when it is not needed there; ``shard_weights="fsdp"`` (in each process of a torchrun launch) splits its
-    weights over the ranks (see :class:`VideoPipeline`). Example::
+    weights over the ranks (see :class:`VideoPipeline`). ``lora``: a LoRA file in diffusers' format (or its folder),
+    merged at ``lora_scale`` into the transformer's weights before the step is built, on every runtime
+    (:func:`hyv_lib.models.lora.merge_lora`); a LoRA for another model or other shapes is refused. Example::
 
         pipe = hyv_lib.load_pipeline("tiny_trained")
         video = pipe.generate("a red circle moving left on a gray background", seed=1)
@@ -248,7 +258,7 @@ def load_pipeline(preset: str | Preset = DEFAULT_PRESET, model_path: str | None 
         torch_dtype(dtype)
 
         resolve_settings(spec, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention, offload=offload,
-                         shard_weights=shard_weights)
+                         shard_weights=shard_weights, lora=lora, lora_scale=lora_scale)  # before any model loads
         context = contextlib.nullcontext() if progress else quiet_loading()
         with context:
             names = PIPELINE_COMPONENTS + (IMAGE_COMPONENTS if "i2v" in spec.tasks else ())
@@ -256,4 +266,4 @@ def load_pipeline(preset: str | Preset = DEFAULT_PRESET, model_path: str | None 
     return VideoPipeline(spec, components, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention,
                          vae_runtime=vae_runtime, vae_dtype=vae_dtype, tiling=tiling, model_path=model_path,
                          vae_memory_gb=vae_memory_gb,
-                         offload=offload, shard_weights=shard_weights)
+                         offload=offload, shard_weights=shard_weights, lora=lora, lora_scale=lora_scale)

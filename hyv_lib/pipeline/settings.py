@@ -9,6 +9,7 @@ from typing import Any
 from ..base.checks import as_number
 from ..base.errors import HyvInputError
 from ..base.presets import DEFAULT_SEED, Preset, check_data_axis, samples_per_step, video_size
+from ..models.lora import lora_file
 from ..parallel.jax_env import init_multi_host
 from ..parallel.mesh import make_mesh, parse_mesh
 from ..parallel.sharding import STRATEGIES
@@ -63,6 +64,9 @@ class Stage2Settings:
     #: keeps the transformer on the GPU during the denoising loop only
     shard_weights: str | None = None  #: ``fsdp``: the transformer's weights split over the torchrun ranks (FSDP2),
     #: with ``runtime`` ulysses or torch (:data:`hyv_lib.runtimes.fsdp.SHARD_WEIGHTS`)
+    lora: str | None = None  #: a LoRA file in diffusers' format (or its folder), merged into the transformer's weights
+    #: before the step is built (:func:`hyv_lib.models.lora.merge_lora`)
+    lora_scale: float = 1.0  #: the LoRA's strength: ``W += lora_scale * alpha / rank * B @ A``
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> "Stage2Settings":
@@ -110,6 +114,8 @@ class ResolvedSettings:
     multi_host: bool
     offload: str | None = None  #: ``block``, ``model`` or None
     shard_weights: str | None = None  #: ``fsdp`` or None
+    lora: str | None = None  #: the LoRA file (absolute path), or None
+    lora_scale: float = 1.0
 
     def config(self) -> dict[str, Any]:
         """The generation_config.json fields of these settings: the cache method's own fields only when it is on,
@@ -127,6 +133,8 @@ class ResolvedSettings:
             names.append("offload")
         if self.shard_weights:
             names.append("shard_weights")
+        if self.lora:
+            names += ["lora", "lora_scale"]
         return {name: getattr(self, name) for name in names}
 
 
@@ -197,6 +205,10 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
             raise HyvInputError("--offload", "block is not combined with --enable_cache (the cached step's block hooks and "
                                              "the offload hooks are untested together): choose one")
     check_shard_weights(s.shard_weights, runtime, s.offload, enable_cache)  # under torchrun, ulysses or torch
+    lora_scale = 1.0 if s.lora_scale is None else as_number("--lora_scale", s.lora_scale)
+    lora = None if s.lora is None else lora_file(s.lora, "--lora")  # ~ expanded; a missing file refused now
+    if lora is None and lora_scale != 1.0:
+        raise HyvInputError("--lora_scale", "needs --lora")
     if sharding not in STRATEGIES:
         raise HyvInputError("--sharding", f"must be one of {', '.join(STRATEGIES)}, got {sharding!r}")
     magcache_flags = {"--cache_threshold": s.cache_threshold, "--cache_max_skip": s.cache_max_skip,
@@ -240,7 +252,8 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
         cache_start_step=cache_start_step, cache_end_step=cache_end_step, cache_step_interval=cache_step_interval,
         no_cache_blocks=no_cache_blocks, cache_threshold=threshold, cache_max_skip=max_skip, cache_retention=retention,
         cache_calibration=None if s.cache_calibration is None else str(s.cache_calibration),
-        multi_host=bool(multi_host), offload=s.offload, shard_weights=s.shard_weights)
+        multi_host=bool(multi_host), offload=s.offload, shard_weights=s.shard_weights, lora=lora,
+        lora_scale=lora_scale)
 
 
 def check_vae_settings(vae_dtype: str, vae_memory_gb: Any = None, tiling: bool = True,

@@ -19,6 +19,7 @@ from ..base.lock import folder_lock
 from ..base.memory import PeakMemory
 from ..base.presets import DEFAULT_PRESET, PRESETS, Preset, get_preset
 from ..models.components import IMAGE_COMPONENTS, TEXT_COMPONENTS, load_components, torch_dtype
+from ..models.lora import RECORD_FIELDS, ensure_merged
 from ..parallel.distributed import barrier, init_distributed, launched_ranks, local_device, rank
 from ..runtimes.fsdp import shard_weights, sharded_step
 from ..runtimes.placement import place_transformer, while_denoising
@@ -209,6 +210,8 @@ def stage2(
     if components is None:
         components = load_components(spec, config.get("model_path"), ["transformer", "scheduler"], dtype=dtype)
     transformer = components["transformer"]
+    # the LoRA into the weights before they are placed, sharded or traced (a kept transformer: merged once, by its loader)
+    lora = ensure_merged(transformer, settings.lora, settings.lora_scale, can_merge=step is None)
     device = local_device() if runtime in ("torch", "ulysses") else torch.device("cpu")  # a GPU per rank, if any
     distributed = runtime == "ulysses" or settings.shard_weights is not None  # one process per device, torchrun
     owns_group = distributed and not torch.distributed.is_initialized()  # else the caller's: left as found
@@ -226,6 +229,10 @@ def stage2(
     if rank() == 0:  # every rank holds the same latents; one writes them
         save_tensors({"latents": latents}, os.path.join(output_dir, STAGE2_FILE), metadata={"preset": spec.name})
         fields = settings.config()
+        if lora is not None:  # the file's path, SHA-256, scale and rank
+            fields.update(lora.record(settings.lora_scale))
+        else:  # a rerun without the LoRA (or from a folder made with one) records none
+            config = {k: v for k, v in config.items() if k not in RECORD_FIELDS}
         used = getattr(step, "schedule", None)  # the cache's own fields (MagCache: the calibration file it used)
         if settings.enable_cache and used is not None:
             fields.update(used.settings())
