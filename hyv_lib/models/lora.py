@@ -16,6 +16,7 @@ from safetensors import SafetensorError, safe_open
 from ..base.checks import as_number
 from ..base.errors import HyvInputError
 from ..base.files import atomic_path
+from .registry import get_adapter
 
 #: The file name diffusers' LoRA savers and loaders use (``LORA_WEIGHT_NAME_SAFE``); ``train`` writes it.
 LORA_FILE = "pytorch_lora_weights.safetensors"
@@ -260,6 +261,22 @@ def check_lora_fits(transformer, weights: LoraWeights, argument: str = "--lora")
                                           f"{list(expected)} in this transformer: a LoRA for other shapes{context}")
         if layer.bias is not None and (module.bias is None or layer.bias.shape != module.bias.shape):
             raise HyvInputError(argument, f"{where!r}: {name!r} has a LoRA bias but the layer's bias does not fit")
+
+
+def check_lora_file(path: str, model: str, config: dict[str, Any], model_path: str | None = None,
+                    argument: str = "--lora") -> LoraWeights:
+    """Read the LoRA ``path`` and check it fits the transformer of ``config`` (a preset's; a local ``model_path``
+    folder's transformer/config.json when it has one) of the model adapter ``model``, built on the meta device (no
+    memory, no weights loaded): a corrupt file or a LoRA for another model fails before any work."""
+    weights = read_lora(path, argument)
+    folder_config = os.path.join(os.path.expanduser(model_path), "transformer", "config.json") if model_path else ""
+    if os.path.isfile(folder_config):
+        with open(folder_config) as f:
+            config = {k: v for k, v in json.load(f).items() if not k.startswith("_")}
+    with torch.device("meta"):
+        transformer = get_adapter(model).build(dict(config))
+    check_lora_fits(transformer, weights, argument)
+    return weights
 
 
 @torch.no_grad()

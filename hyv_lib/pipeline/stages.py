@@ -19,7 +19,7 @@ from ..base.lock import folder_lock
 from ..base.memory import PeakMemory
 from ..base.presets import DEFAULT_PRESET, PRESETS, Preset, get_preset
 from ..models.components import IMAGE_COMPONENTS, TEXT_COMPONENTS, load_components, torch_dtype
-from ..models.lora import RECORD_FIELDS, ensure_merged
+from ..models.lora import RECORD_FIELDS, check_lora_file, ensure_merged
 from ..parallel.distributed import barrier, init_distributed, launched_ranks, local_device, rank
 from ..runtimes.fsdp import shard_weights, sharded_step
 from ..runtimes.placement import place_transformer, while_denoising
@@ -361,6 +361,8 @@ def generate(
     settings = resolve_settings(spec, requested)
     if settings.cache_method == "magcache":  # a missing or unfitting calibration file fails before stage 1 writes
         resolve_calibration(settings, spec)
+    if settings.lora:  # so does a corrupt LoRA, or one for another model or other shapes
+        check_lora_file(settings.lora, spec.model, spec.transformer, model_path)
     vae_runtime = "tpu" if settings.runtime == "tpu" else "torch"
     fps, _ = _check_stage3_settings(output_video, fps, vae_dtype, vae_memory_gb, not disable_tiling, vae_runtime)
     stage1(preset=preset, prompt=prompt, negative_prompt=negative_prompt, output_dir=output_dir,
