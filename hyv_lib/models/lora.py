@@ -46,7 +46,8 @@ def config_digest(transformer: torch.nn.Module) -> str:
 
 def target_names(transformer: torch.nn.Module, target_modules: list[str] | None = None) -> list[str]:
     """The full names of the ``nn.Linear`` layers a LoRA adapts: by default :data:`DEFAULT_TARGETS` in the transformer
-    blocks' attention; else every Linear whose name is, or ends in ``.`` + , one of ``target_modules`` (peft's rule)."""
+    blocks' attention; else every Linear whose name is one of ``target_modules`` or ends in ``.`` and one of them
+    (peft's rule)."""
     if target_modules is not None and (isinstance(target_modules, str) or not all(
             isinstance(t, str) and t for t in target_modules)):
         raise HyvInputError("target_modules", f"must be a list of module names, got {target_modules!r}")
@@ -325,6 +326,6 @@ def ensure_merged(transformer, path: str | None, scale: float = 1.0, *, can_merg
                                       f"{merged[-1]['scale']:g}: load the model again to merge another LoRA or scale")
     if not can_merge:
         raise HyvInputError(argument, "the transformer step was built before the LoRA could be merged: give the "
-                                      "LoRA where the models are loaded (load_pipeline(lora=...), BatchRunner's stage-2 "
-                                      "settings)")
+                                      "LoRA where the models are loaded (load_pipeline(lora=...), BatchRunner's "
+                                      "stage-2 settings)")
     return merge_lora(transformer, weights, scale, argument=argument)

@@ -210,7 +210,7 @@ def stage2(
     if components is None:
         components = load_components(spec, config.get("model_path"), ["transformer", "scheduler"], dtype=dtype)
     transformer = components["transformer"]
-    # the LoRA into the weights before they are placed, sharded or traced (a kept transformer: merged once, by its loader)
+    # the LoRA into the weights before they are placed, sharded or traced (a kept transformer: merged by its loader)
     lora = ensure_merged(transformer, settings.lora, settings.lora_scale, can_merge=step is None)
     device = local_device() if runtime in ("torch", "ulysses") else torch.device("cpu")  # a GPU per rank, if any
     distributed = runtime == "ulysses" or settings.shard_weights is not None  # one process per device, torchrun
