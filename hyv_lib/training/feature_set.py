@@ -1,0 +1,127 @@
+"""The features folder of :func:`hyv_lib.training.features.extract_features`: its format, and :class:`FeatureSet`, its
+reader.
+
+Layout (format ``hyv_lib.features/1``)::
+
+    features.safetensors.index.json   {"metadata": {...}, "weight_map": {key: file}, "clips": [...], "failed": [...]}
+    features-negative.safetensors     the empty prompt, encoded once: negative.prompt_embeds, ... (caption dropout)
+    features-00000.safetensors        up to shard_size clips each: "{id}.latents", "{id}.prompt_embeds", ...
+
+Per clip (no batch axis): ``latents`` [C, T, h, w] fp32, the VAE posterior's mode times ``vae.config.scaling_factor``
+(what the DiT is trained on); ``prompt_embeds`` [L, D], ``prompt_embeds_mask`` [L] (int64), ``prompt_embeds_2``
+[L2, D2], ``prompt_embeds_mask_2`` [L2]: stage 1's tensors (:func:`hyv_lib.pipeline.text.encode_prompts`) in the
+text encoders' dtype; image-to-video also ``image_embeds`` [N, D] (SigLIP) and ``cond_latents`` [C, 1, h, w] (the first
+frame's scaled latents), as stage 1 makes them from a first frame (:func:`hyv_lib.pipeline.image.encode_image`).
+
+``metadata``: format, preset (a name, or every field of a custom preset), model_path, model_config_digest, task,
+latents_scaled (true), scaling_factor, num_frames, max_height, max_width, dtype, vae_dtype, frame_sampling. ``clips``:
+one record per clip, in extraction order: id, path (as in data.json), file (absolute), caption, entry (its index in
+the data.json of the run that made it), num_frames, height, width (the pixels encoded), fps (the source's), and
+latent_shape. ``failed``: the last run's bad entries, {"entry", "path", "error"}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..base.errors import HyvInputError, python_names
+
+FORMAT = "hyv_lib.features/1"
+INDEX_FILE = "features.safetensors.index.json"
+NEGATIVE_FILE = "features-negative.safetensors"
+#: Clip shards: ``features-00000.safetensors``, ``features-00001.safetensors``, ...
+SHARD_PATTERN = re.compile(r"^features-(\d{5})\.safetensors$")
+#: The text tensors of a clip (and of the negative prompt), as stage 1 names them.
+TEXT_NAMES = ("prompt_embeds", "prompt_embeds_mask", "prompt_embeds_2", "prompt_embeds_mask_2")
+#: What image-to-video adds per clip: the first frame's SigLIP tokens and scaled VAE latents.
+IMAGE_NAMES = ("image_embeds", "cond_latents")
+
+
+def shard_name(number: int) -> str:
+    """The file name of clip shard ``number``."""
+    return f"features-{number:05d}.safetensors"
+
+
+def read_index(path: str, argument: str = "--features") -> dict[str, Any]:
+    """The index of the features folder ``path``, checked (format, fields); a HyvInputError naming ``argument``."""
+    index_path = os.path.join(path, INDEX_FILE)
+    if not os.path.isfile(index_path):
+        raise HyvInputError(argument, f"{path!r} has no {INDEX_FILE}; make it with python -m hyv_lib extract_features")
+    try:
+        with open(index_path, encoding="utf-8") as f:
+            index = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise HyvInputError(argument, f"{index_path!r} is not a readable JSON index ({err}); extract the features "
+                                      "again into a new folder") from None
+    fields = {"metadata": dict, "weight_map": dict, "clips": list, "failed": list}
+    if not isinstance(index, dict) or any(not isinstance(index.get(k), t) for k, t in fields.items()):
+        raise HyvInputError(argument, f"{index_path!r} is not a features index (needs {', '.join(fields)})")
+    if index["metadata"].get("format") != FORMAT:
+        raise HyvInputError(argument, f"{index_path!r} has format {index['metadata'].get('format')!r}; this "
+                                      f"hyv_lib reads {FORMAT!r}")
+    return index
+
+
+class FeatureSet:
+    """The clips of a features folder: ``len()``, ``fs[i]`` -> {name: tensor} of clip ``i`` (``latents``, the four
+    text tensors, and for i2v ``image_embeds`` and ``cond_latents``; shapes without a batch axis, see the module
+    docstring), ``.negative`` (the empty prompt's four text tensors), ``.metadata``, ``.clips`` (the index's
+    records), ``.failed`` and ``.shapes()``. Shards are memory-mapped (safetensors' ``safe_open``) and read tensor by
+    tensor; a FeatureSet pickles (DataLoader workers reopen the shards)."""
+
+    @python_names()
+    def __init__(self, path: str):
+        path = os.path.expanduser(os.fspath(path))
+        index = read_index(path, "--features")
+        self.path = path
+        self.metadata: dict[str, Any] = index["metadata"]
+        self.clips: list[dict[str, Any]] = index["clips"]
+        self.failed: list[dict[str, Any]] = index["failed"]
+        self.weight_map: dict[str, str] = index["weight_map"]
+        for name in sorted(set(self.weight_map.values())):
+            if not os.path.isfile(os.path.join(path, name)):
+                raise HyvInputError("--features", f"{path!r}: shard {name} of its index is missing; extract the "
+                                                  "features again (a rerun redoes only what is missing)")
+        self._handles: dict[str, Any] = {}
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The tensors of each clip."""
+        return ("latents", *TEXT_NAMES, *(IMAGE_NAMES if self.metadata.get("task") == "i2v" else ()))
+
+    def __len__(self) -> int:
+        return len(self.clips)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
+            raise TypeError(f"a FeatureSet is indexed by an integer, got {type(i).__name__}")
+        clip = self.clips[i]  # IndexError past the end, as a list
+        return {name: self._tensor(f"{clip['id']}.{name}") for name in self.names}
+
+    @property
+    def negative(self) -> dict[str, torch.Tensor]:
+        """The empty prompt's text tensors (what caption dropout trains on)."""
+        return {name: self._tensor(f"negative.{name}") for name in TEXT_NAMES}
+
+    def shapes(self) -> list[tuple[int, ...]]:
+        """The latent shape (C, T, h, w) of each clip, in order (clips of one shape can share a batch)."""
+        return [tuple(clip["latent_shape"]) for clip in self.clips]
+
+    def _tensor(self, key: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        if key not in self.weight_map:
+            raise HyvInputError("--features", f"{self.path!r}: its index names no tensor {key!r}")
+        name = self.weight_map[key]
+        if name not in self._handles:
+            self._handles[name] = safe_open(os.path.join(self.path, name), "pt")
+        return self._handles[name].get_tensor(key)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_handles": {}}
