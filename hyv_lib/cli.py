@@ -1,4 +1,4 @@
-"""Command line: ``python -m hyv_lib info|compile|save_tiny|calibrate_cache|stage1|stage2|stage3|generate`` (flag names of the gpu-tpu-pedia staged
+"""Command line: ``python -m hyv_lib info|compile|save_tiny|calibrate_cache|stage1|stage2|stage3|generate|extract_features`` (flag names of the gpu-tpu-pedia staged
 scripts)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Iterator
 
-from .base.errors import EXIT_BAD_INPUT, EXIT_FAULT, HyvFaultError, HyvInputError, cli_names
+from .base.errors import EXIT_BAD_INPUT, EXIT_ENTRIES_FAILED, EXIT_FAULT, HyvFaultError, HyvInputError, cli_names
 from .base.files import ensure_output_dir
 from .base.presets import DEFAULT_PRESET, DEFAULT_SEED, PRESETS, get_preset
 from .models.components import quiet_loading, save_tiny_pipeline
@@ -23,6 +23,7 @@ from .pipeline.settings import STAGE2_SETTINGS
 from .pipeline.stages import generate, stage1, stage2, stage3
 from .planning.tpu_compile import compile_step, format_report
 from .runtimes.magcache import CALIBRATION_PROMPT, CALIBRATION_SEED
+from .training.features import extract_features
 
 
 def _add_stage1(p: argparse.ArgumentParser, output_dir: bool = True) -> None:
@@ -171,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m hyv_lib",
         description="HunyuanVideo-1.5 in three stages: text encoders -> DiT denoising -> VAE decode.",
-        epilog="exit codes: 0 done; 1 generate --prompts_file ran but some entries or lines failed; 2 bad input (a "
+        epilog="exit codes: 0 done; 1 generate --prompts_file or extract_features ran but some entries or lines "
+               "failed; 2 bad input (a "
                "flag, or a model folder, stage file, image or prompts file that is missing or corrupt), refused "
                "before any work; 3 a fault while running (disk full, read-only or forbidden folder, I/O error, NaN "
                "latents). 2 and 3 print one 'error: ...' line and leave no partial file.",
@@ -216,6 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--preset", default="720p_t2v", help="720p_t2v | 480p_t2v | tiny (default 720p_t2v)")
     tiny.add_argument("--output_dir", required=True, help="the folder to write (must not exist or be empty)")
     tiny.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    _add_extract_features(sub.add_parser(
+        "extract_features", help="encode a MindSpeed-MM data.json's clips once for training: VAE latents, text "
+                                 "embeddings (and first frames for i2v) into sharded safetensors; resumable"))
     gen = sub.add_parser("generate", help="run all three stages")
     gen.add_argument("--prompts_file", default=None,
                      help="many videos in one process: a prompt per line, or JSON lines with prompt / negative_prompt "
@@ -233,6 +238,43 @@ def build_parser() -> argparse.ArgumentParser:
     for p in [gen, tiny, cal, *(sp for sp, _ in stages.values())]:
         p.add_argument("--quiet", action="store_true", help="no progress bar or summary line")
     return parser
+
+
+def _add_extract_features(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data_json", required=True,
+                   help='a JSON list of {"path", "cap", "num_frames", "fps", "resolution": {"height", "width"}} '
+                        "(MindSpeed-MM's format; paths relative to the file; a png/jpg is a 1-frame clip)")
+    p.add_argument("--preset", default=DEFAULT_PRESET, help=f"a preset of `info` (default {DEFAULT_PRESET})")
+    p.add_argument("--model_path", default=None, help="diffusers-format folder or hub id; required for real presets")
+    p.add_argument("--output_dir", required=True, help="the features folder (a rerun adds only the missing clips)")
+    p.add_argument("--num_frames", type=int, default=None,
+                   help="frames per clip, 4n+1, the first ones at the clip's own fps; a shorter video fails "
+                        "(default: the preset's video length)")
+    p.add_argument("--max_height", type=int, default=None, help="centre-crop taller buckets to this (multiple of 16)")
+    p.add_argument("--max_width", type=int, default=None, help="centre-crop wider buckets to this (multiple of 16)")
+    p.add_argument("--task", default=None, help="t2v | i2v: i2v adds each clip's first-frame conditions (default: "
+                                                "i2v for an image-to-video preset, else t2v)")
+    p.add_argument("--device", default=None, help="where the encoders run (default: cuda if present, else cpu)")
+    p.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16: the text and image encoders' (default: the "
+                                                 "preset's)")
+    p.add_argument("--vae_dtype", default="fp32", help="fp32 | bf16 (default fp32)")
+    p.add_argument("--shard_size", type=int, default=32, help="clips per safetensors shard (default 32)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or summary line")
+
+
+def _extract_features(args: argparse.Namespace) -> int:
+    """``extract_features``: one ``error:`` line per entry that failed (the others are written); exit code 1 if any."""
+    report = extract_features(args.data_json, preset=args.preset, model_path=args.model_path,
+                              output_dir=args.output_dir, num_frames=args.num_frames, max_height=args.max_height,
+                              max_width=args.max_width, progress=not args.quiet, task=args.task, device=args.device,
+                              dtype=args.dtype, vae_dtype=args.vae_dtype, shard_size=args.shard_size)
+    for bad in report.failed:
+        where = f" ({bad['path']})" if bad["path"] is not None else ""
+        print(f"error: --data_json: entry {bad['entry']}{where}: {_one_line(bad['error'])} (skipped)", file=sys.stderr)
+    if not args.quiet:
+        print(f"extract_features: {len(report.extracted)} extracted, {len(report.skipped)} already there, "
+              f"{len(report.failed)} failed; features in {report.output_dir}", file=sys.stderr)
+    return EXIT_ENTRIES_FAILED if report.failed else 0
 
 
 def _stage2_kwargs(args: argparse.Namespace) -> dict:
@@ -369,6 +411,8 @@ def _run_command(args: argparse.Namespace) -> int:
             stage3(input_dir=args.input_dir, output_video=args.output_video, fps=args.fps,
                    disable_tiling=args.disable_tiling, save_frames=args.save_frames, runtime=args.runtime,
                    vae_dtype=args.vae_dtype, vae_memory_gb=args.vae_memory_gb)
+        elif args.command == "extract_features":
+            return _extract_features(args)
         elif args.command == "generate" and args.prompts_file:
             return _generate_many(args)
         elif args.command == "generate":
