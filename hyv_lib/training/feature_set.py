@@ -1,7 +1,6 @@
-"""The features folder of :func:`hyv_lib.training.features.extract_features`: its format, and :class:`FeatureSet`, its
-reader.
+"""The features folder's format (files, tensor names, index) and FeatureSet, its reader.
 
-Layout (format ``hyv_lib.features/1``)::
+The folder :func:`hyv_lib.training.features.extract_features` writes. Layout (format ``hyv_lib.features/1``)::
 
     features.safetensors.index.json   {"metadata": {...}, "weight_map": {key: file}, "clips": [...], "failed": [...]}
     features-negative.safetensors     the empty prompt, encoded once: negative.prompt_embeds, ... (caption dropout)
@@ -29,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import safe_open
 
 from ..base.errors import HyvInputError, python_names
 
@@ -114,8 +114,6 @@ class FeatureSet:
         return [tuple(clip["latent_shape"]) for clip in self.clips]
 
     def _tensor(self, key: str) -> torch.Tensor:
-        from safetensors import safe_open
-
         if key not in self.weight_map:
             raise HyvInputError("--features", f"{self.path!r}: its index names no tensor {key!r}")
         name = self.weight_map[key]

@@ -1,5 +1,7 @@
-"""Feature extraction for fine-tuning: a data.json's clips encoded once (VAE latents, text embeddings, first-frame
-conditions) into a resumable folder of sharded safetensors (:mod:`hyv_lib.training.feature_set` has the layout)."""
+"""Feature extraction: a data.json's clips encoded once for training, into a resumable folder of safetensors shards.
+
+What is encoded: VAE latents, stage-1 text embeddings and, for image-to-video, first-frame conditions;
+:mod:`hyv_lib.training.feature_set` gives the folder's layout and reads it."""
 
 from __future__ import annotations
 
