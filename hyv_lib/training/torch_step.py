@@ -1,0 +1,200 @@
+"""The torch train step: AdamW on the trainable weights, clipping, gradient checkpointing, FSDP2 over torchrun ranks."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from ..models.flow_matching import flow_matching_loss
+from ..parallel.distributed import local_device
+from ..runtimes.fsdp import mesh_device, shard_weights, under_torchrun
+
+#: The batch keys a train step takes (the loop builds them on the host; :mod:`hyv_lib.training.loop`).
+BATCH_KEYS = ("hidden_states", "timestep", "target", "encoder_hidden_states", "encoder_attention_mask",
+              "encoder_hidden_states_2", "encoder_attention_mask_2", "image_embeds")
+_MASKS = ("encoder_attention_mask", "encoder_attention_mask_2")
+#: Cast to the model's dtype, as the sampling loop passes them (the timestep too).
+_FLOATS = ("hidden_states", "timestep", "encoder_hidden_states", "encoder_hidden_states_2", "image_embeds")
+TRAINABLE = ("lora", "full")
+
+
+class LinearWarmup:
+    """The learning rate of update ``count`` (0 for the first): ``peak * min(1, (count + 1) / warmup_steps)``, then
+    constant. Plain arithmetic, so the same object is an optax schedule (``count`` a jax array) and a torch one."""
+
+    def __init__(self, peak: float, warmup_steps: int):
+        self.peak, self.warmup_steps = float(peak), int(warmup_steps)
+
+    def __call__(self, count):
+        if self.warmup_steps <= 0:
+            return self.peak + 0 * count
+        frac = (count + 1) / self.warmup_steps
+        return self.peak * (frac - (frac - 1) * (frac > 1))  # min(frac, 1) without min(): jax arrays too
+
+    def __repr__(self) -> str:
+        return f"LinearWarmup(peak={self.peak}, warmup_steps={self.warmup_steps})"
+
+
+def trainable_parameters(transformer: torch.nn.Module, trainable: str) -> list[tuple[str, torch.nn.Parameter]]:
+    """(name, parameter) pairs to train, with ``requires_grad`` set accordingly on every parameter: ``lora``, the
+    adapter's (``lora_`` in the name; attach one first with :func:`hyv_lib.models.lora.add_lora`); ``full``, all."""
+    if trainable not in TRAINABLE:
+        raise ValueError(f"trainable: {trainable!r}; valid: {', '.join(TRAINABLE)}")
+    chosen = []
+    for name, param in transformer.named_parameters():
+        train = trainable == "full" or "lora_" in name
+        param.requires_grad_(train)
+        if train:
+            chosen.append((name, param))
+    if not chosen:
+        raise ValueError("trainable='lora' but the transformer has no LoRA parameters: call add_lora first")
+    return chosen
+
+
+class TorchTrainStep:
+    """One optimizer update per :meth:`step` on a HunyuanVideo-1.5 transformer (diffusers' forward), in place.
+
+    AdamW (torch.optim, ``betas``, ``eps``, decoupled ``weight_decay``) over the parameters :func:`trainable_parameters`
+    picks; the learning rate of update k is ``learning_rate(k)`` when it is callable (:class:`LinearWarmup`), else the
+    number; gradients clipped to a global norm of ``max_grad_norm``. ``remat``: diffusers' gradient checkpointing
+    (``enable_gradient_checkpointing``: each block's activations recomputed in the backward pass).
+
+    Under torchrun (or an initialised process group) the transformer is sharded with FSDP2 over all ranks
+    (:func:`hyv_lib.runtimes.fsdp.shard_weights`: every block, then the root) and each rank takes its contiguous
+    slice of every batch (the batch size must divide by the number of ranks); FSDP averages the gradients, so an update
+    equals one process's on the whole batch, and :meth:`step` returns the whole batch's loss on every rank.
+    One process: the transformer moves to this process's device (:func:`hyv_lib.parallel.distributed.local_device`).
+
+    Precision: the forward runs in the model's dtype (inputs cast to it, as the sampling loop does); the loss is fp32.
+    In one process a LoRA adapter is kept in fp32 on a bf16 model (peft casts around it); under FSDP2 (one dtype per
+    sharded group) it stays in the model's dtype, and ``full`` trains the weights in their own dtype (no fp32 master
+    copy, unlike :class:`hyv_lib.runtimes.tpu_train.TpuTrainStep`): fine-tune bf16 weights fully with care.
+    """
+
+    def __init__(self, transformer: torch.nn.Module, *, trainable: str = "lora",
+                 learning_rate: float | Callable[[int], float] = 1e-4, weight_decay: float = 0.01,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, max_grad_norm: float = 1.0,
+                 remat: bool = True, distributed: bool | None = None):
+        self.trainable, self.max_grad_norm = trainable, float(max_grad_norm)
+        self.schedule = learning_rate if callable(learning_rate) else LinearWarmup(learning_rate, 0)
+        self.distributed = under_torchrun() if distributed is None else distributed
+        trainable_parameters(transformer, trainable)
+        if remat:
+            transformer.enable_gradient_checkpointing()
+        transformer.train()
+        if self.distributed:
+            shard_weights(transformer)  # starts the process group if needed
+            self.device = mesh_device()
+            self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        else:
+            self.device = local_device()
+            transformer.to(self.device)
+            self.rank, self.world = 0, 1
+            if trainable == "lora":  # fp32 adapter weights on a bf16 model: peft casts its input and output
+                for name, param in transformer.named_parameters():
+                    if "lora_" in name:
+                        param.data = param.data.float()
+        self.transformer = transformer
+        self.params = [p for p in transformer.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=float(self.schedule(0)), betas=tuple(betas), eps=eps,
+                                           weight_decay=weight_decay)
+        self.steps = 0
+        self.dtype = next(p.dtype for n, p in transformer.named_parameters() if "lora_" not in n)
+
+    def _local(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """This rank's slice of the batch on the step's device, floats in the model's dtype, masks as int64."""
+        size = len(batch["hidden_states"])
+        if size % self.world:
+            raise ValueError(f"batch size {size} does not divide over {self.world} ranks")
+        part = size // self.world
+        out = {}
+        for key in BATCH_KEYS:
+            tensor = batch[key][self.rank * part:(self.rank + 1) * part]
+            if key in _MASKS:
+                tensor = tensor.to(torch.int64)
+            elif key in _FLOATS:
+                tensor = tensor.to(self.dtype)
+            else:
+                tensor = tensor.float()
+            out[key] = tensor.to(self.device)
+        return out
+
+    def step(self, batch: dict[str, torch.Tensor]) -> float:
+        """One update on ``batch`` (:data:`BATCH_KEYS`): forward, flow-matching loss, backward, clip, AdamW; returns
+        the batch's loss (before the update)."""
+        lr = float(self.schedule(self.steps))
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        inputs = self._local(batch)
+        target = inputs.pop("target")
+        prediction = self.transformer(**inputs, return_dict=False)[0]
+        loss = flow_matching_loss(prediction, target)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        self.optimizer.step()
+        self.steps += 1
+        loss = loss.detach()
+        if self.distributed:  # every rank's slice is the same size: the mean of the means is the batch's mean
+            loss = loss.clone()
+            dist.all_reduce(loss, op=dist.ReduceOp.SUM)
+            loss = loss / self.world
+        return float(loss)
+
+    def _options(self, **kwargs):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(full_state_dict=True, cpu_offload=self.distributed, **kwargs)
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"params": trainable weights by name, "optimizer": AdamW's state by parameter name, "step": updates
+        done}``, whole (unsharded) CPU tensors. Under FSDP every rank must call it and only rank 0 gets the tensors."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        params = get_model_state_dict(self.transformer, options=self._options(ignore_frozen_params=True))
+        optimizer = get_optimizer_state_dict(self.transformer, self.optimizer, options=self._options())
+        cpu = lambda tree: _map_tensors(tree, lambda t: t.detach().cpu())  # noqa: E731
+        return {"params": cpu(params), "optimizer": cpu(optimizer), "step": self.steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (every rank passes the whole state)."""
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+        set_model_state_dict(self.transformer, state["params"],
+                             options=self._options(strict=False, ignore_frozen_params=True))
+        # strict=False: a parameter that never had a gradient (the last block's text-stream output) has no AdamW state
+        set_optimizer_state_dict(self.transformer, self.optimizer, state["optimizer"],
+                                 options=self._options(strict=False))
+        self.steps = int(state["step"])
+
+    def trained_transformer(self) -> torch.nn.Module | None:
+        """The transformer with the trained weights, in eval mode, unsharded (a LoRA adapter still attached). One
+        process: the module trained in place. Under FSDP every rank must call it (the weights are gathered) and rank
+        0 gets a new unsharded CPU module; the other ranks get None."""
+        if not self.distributed:
+            self.transformer.eval()
+            return self.transformer
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        whole = get_model_state_dict(self.transformer, options=self._options())
+        if self.rank != 0:
+            return None
+        with torch.device("meta"):
+            module = type(self.transformer).from_config(self.transformer.config)
+        for name, config in (getattr(self.transformer, "peft_config", None) or {}).items():
+            module.add_adapter(copy.deepcopy(config), adapter_name=name)
+        module.load_state_dict(whole, strict=True, assign=True)
+        return module.eval().requires_grad_(False)
+
+
+def _map_tensors(tree: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return fn(tree)
+    if isinstance(tree, dict):
+        return {k: _map_tensors(v, fn) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_map_tensors(v, fn) for v in tree)
+    return tree
