@@ -29,7 +29,8 @@
 #    collectives from the TPU compiler itself (the figure below).
 # 4. **Convert** published step times into model FLOP utilisation ({term}`MFU`), next to `hyv_lib`'s own step measured on
 #    one H200.
-# 5. **Plan** the road to 50% MFU on a TPU v6e-8: which levers exist, and how much each can give.
+# 5. **Profile** one step of the program the TPU runtime runs, on this CPU, and read where its time goes, op by op.
+# 6. **Plan** the road to 50% MFU on a TPU v6e-8: which levers exist, and how much each can give.
 #
 # :::{figure} ../book/figures/08_compile_without_tpu.svg
 # :name: fig-08-compile-without-tpu
@@ -45,9 +46,10 @@
 # $D$ make the hidden width $d$, memory and bytes moved are in GiB, and the vendors' bandwidths in GB/s ($10^9$
 # bytes per second).
 #
-# Nothing here runs the model or loads weights, so the chapter reads the same on a CPU and on a TPU VM; the
-# compiler reports were saved by `benchmarks/tpu_compile.py`, so this notebook does not need libtpu either, and the
-# GPU measurements are read from the JSON files that `benchmarks/gpu_check.py` wrote on the H200.
+# Nothing here loads weights, and only the profile section runs a model (a small one with random weights, on the
+# CPU backend the book is built with), so the chapter reads the same on a CPU and on a TPU VM; the compiler reports
+# were saved by `benchmarks/tpu_compile.py`, so this notebook does not need libtpu either, and the GPU measurements
+# are read from the JSON files that `benchmarks/gpu_check.py` wrote on the H200.
 
 # %% tags=["parameters"]
 import os
@@ -56,13 +58,13 @@ FRAMES = int(os.environ.get("HYV_FRAMES", "121"))       # video length of the ro
 TARGET_MFU = float(os.environ.get("HYV_TARGET_MFU", "0.5"))  # the goal of the last section
 from hyv_lib.notebook.display import NOTEBOOK_SETTINGS, settings_not_used  # noqa: E402
 
-# No model runs here: the counts use the real presets' configurations (hyv_lib.get_preset("720p_t2v"), no weights),
-# the memory and collectives come from saved TPU compiler reports, and the step times are published ones or read
-# from a saved GPU check (benchmarks/results/). So HYV_PRESET, HYV_MODEL_PATH and the other run settings are not
-# used; the next line says so if any is set.
+# The counts use the real presets' configurations (hyv_lib.get_preset("720p_t2v"), no weights), the memory and
+# collectives come from saved TPU compiler reports, and the step times are published ones or read from a saved GPU
+# check (benchmarks/results/); the one model that runs, in the profile section, is a random-weight DiT at hyv-tiny's
+# sizes. So HYV_PRESET, HYV_MODEL_PATH and the other run settings are not used; the next line says so if any is set.
 _ = settings_not_used({name: "this chapter is arithmetic on the real presets' configurations, saved TPU compiler "
-                             "reports, saved GPU measurements and published timings: no model runs and no weights "
-                             "are loaded"
+                             "reports, saved GPU measurements and published timings, plus one profiled step of a "
+                             "random-weight DiT at hyv-tiny's sizes: no weights are loaded"
                        for name in NOTEBOOK_SETTINGS})
 
 # %%
@@ -702,6 +704,172 @@ print(f"GPU-seconds per 720p CFG step: measured 1 x {measured_steps[('hyv_lib', 
 # runtime has not been measured on GPUs, and nothing here was measured on an H100.
 
 # %% [markdown]
+# ## Reading a profile: one step, op by op
+#
+# Every time so far was counted, cited or read from a file. A *profile* says where a real step's time goes, op by op,
+# and it is how one would answer the open exercise at the end of this chapter on a TPU. This section profiles one step
+# here, on the program the TPU runtime runs (`TpuTransformer`, the {term}`jitted <jit>` step of chapter 1, on JAX's
+# CPU backend, which the book is built with: on a TPU VM without `JAX_PLATFORMS=cpu` the same cell traces the TPU,
+# where the way `profile_step` reads the trace is untested), and walks through reading it. The model is the diffusers
+# DiT at hyv-tiny's sizes (3 blocks, 2 heads of 32, $d = 64$) with seeded random weights, which change the numbers
+# computed but not the work or its speed, at a size chosen so that attention's share of the counted FLOPs is close to
+# the 720p step's (both printed below).
+#
+# `hyv_lib.planning.profile.profile_transformer` runs the step once (it compiles), then traces two more steps with
+# `jax.profiler.trace(..., create_perfetto_trace=True)`, the capture the JAX documentation describes for any
+# backend ([Profiling computation](https://docs.jax.dev/en/latest/profiling.html)). In the trace, XLA's CPU runtime
+# names the {term}`HLO` instruction behind each event; `profile_step` looks each one up in the compiled program
+# (`compiled.as_text()`) and sorts it into one of four kinds:
+#
+# - **linear matmuls**: ops that are or contain a `dot` (or a convolution) without batch dimensions: activations
+#   times a weight matrix;
+# - **attention matmuls**: ops that contain a `dot` batched over samples and heads: $QK^\top$ and $PV$;
+# - **attention softmax and mask**: the other ops that write or read the *scores*, the tensor $QK^\top$ produces and
+#   $PV$ consumes (the mask, the running maximum, the exponentials, the sums and the rescale);
+# - **other**: the rest (norms, {term}`RoPE`, activations, residual adds, copies and transposes).
+#
+# Loops are not counted twice: the attention kernel's `lax.scan` over key blocks compiles to a `while`, and only
+# the ops of its body are counted, once per run.
+
+# %%
+from hyv_lib.kernels.xla import DEFAULT_BLOCK_KV, kv_block_layout
+from hyv_lib.models.components import build_tiny_components, example_forward_kwargs
+from hyv_lib.planning.profile import OP_KINDS, profile_transformer
+from hyv_lib.runtimes.tpu import TpuTransformer
+
+TINY = hyv_lib.get_preset("tiny_trained")  # hyv-tiny's sizes; random weights below, not its trained ones
+PROFILE_SIZE = (256, 384, 33)  # height, width, frames of the profiled step
+_, _, *profile_latent = TINY.latent_shape(*PROFILE_SIZE)
+profile_flops = step_flops(TINY, *PROFILE_SIZE)
+profile_model = build_tiny_components(TINY, names=["transformer"])["transformer"]  # seeded random weights
+profile_inputs = example_forward_kwargs(TINY, latent=tuple(profile_latent), text_lengths=(7, 12),
+                                        byt5_lengths=(0, 5))  # a CFG pair with real padding
+profile = profile_transformer(TpuTransformer(profile_model), profile_inputs, repeats=2)
+S_profile = profile_flops["tokens"]["joint"]
+print(f"{len(profile_model.transformer_blocks)} blocks, d = {profile_model.config.num_attention_heads} x "
+      f"{profile_model.config.attention_head_dim}; one CFG step at {PROFILE_SIZE[1]}x{PROFILE_SIZE[0]}, "
+      f"{PROFILE_SIZE[2]} frames: S = {S_profile:,} tokens, {profile_flops['total'] / 1e9:.1f} GFLOP counted, "
+      f"{profile_flops['attention_share']:.1%} of it attention (720p, 121 frames: {F720['attention_share']:.1%})")
+print(f"per step ({profile.repeats} traced): {1e3 * profile.wall_seconds:.0f} ms from call to result on the host; "
+      f"some op running for {1e3 * profile.busy_seconds:.0f} ms ({profile.busy_seconds / profile.wall_seconds:.0%}); "
+      f"the ops' times summed: {1e3 * profile.op_seconds:.0f} ms")
+counted = {"linear matmuls": profile_flops["linear"], "attention matmuls": profile_flops["attention"]}
+html_table([{"kind": kind, "ms/step": round(1e3 * profile.by_kind[kind], 1),
+             "share of op time": f"{profile.shares[kind]:.1%}",
+             "share of counted FLOPs": (f"{counted[kind] / profile_flops['total']:.1%}" if kind in counted
+                                        else "not counted"),
+             "GFLOP/s": round(counted[kind] / profile.by_kind[kind] / 1e9, 1) if kind in counted else ""}
+            for kind in OP_KINDS])
+
+# %% [markdown]
+# The ten longest ops, with what the profile and the compiled program say about each, then the longest op of each
+# kind:
+
+# %%
+display(html_table(profile.top(10)))
+display(html_table([row for kind in OP_KINDS for row in profile.top(1, kind)]))
+n_kv_blocks, kv_block = kv_block_layout(S_profile, DEFAULT_BLOCK_KV)
+attention_time = profile.by_kind["attention matmuls"] + profile.by_kind["attention softmax and mask"]
+print(f"key blocks of the XLA attention kernel: kv_block_layout({S_profile:,}, {DEFAULT_BLOCK_KV}) = "
+      f"{n_kv_blocks} blocks of {kv_block} keys")
+print(f"attention (matmuls + softmax and mask): {attention_time / profile.op_seconds:.1%} of the op time for "
+      f"{profile_flops['attention_share']:.1%} of the counted FLOPs; the softmax and mask are "
+      f"{profile.by_kind['attention softmax and mask'] / attention_time:.0%} of attention's time")
+
+# %%
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [1, 1.4]})
+colors = dict(zip(OP_KINDS, ("C0", "C1", "C3", "0.6")))
+y = np.arange(len(OP_KINDS))
+ax1.barh(y - 0.2, [100 * counted.get(k, 0) / profile_flops["total"] for k in OP_KINDS], 0.4, color="0.85",
+         edgecolor="0.3", label="counted FLOPs (step_flops)")
+ax1.barh(y + 0.2, [100 * profile.shares[k] for k in OP_KINDS], 0.4, color=[colors[k] for k in OP_KINDS],
+         label="measured op time (profile), by kind")
+ax1.set_yticks(y, OP_KINDS, fontsize=8)
+ax1.invert_yaxis()
+ax1.set_xlabel("% of the step")
+ax1.set_title("Counted FLOPs against measured time", fontsize=9)
+ax1.legend(frameon=False, fontsize=7, loc="lower right")
+top = profile.ops[:10]
+ax2.barh(np.arange(len(top)), [1e3 * o["seconds"] for o in top], color=[colors[o["kind"]] for o in top])
+ax2.set_yticks(np.arange(len(top)), [f"{o['name']} (x{o['calls']:g})" for o in top], fontsize=7)
+ax2.invert_yaxis()
+ax2.set_xlabel("ms per step (all runs of the op)")
+ax2.set_title("The ten longest HLO ops, coloured by kind", fontsize=9)
+fig.suptitle(f"One CFG step of hyv-tiny's DiT at S = {S_profile:,} on this CPU (random weights)", fontsize=10)
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Read it from the top down, as one would read a TPU profile:
+#
+# 1. **Host or device?** The second printed line compares the time from call to result with the time some op was
+#    running. When the two are close, as here, the step is bound by the device's work; a large gap would be Python,
+#    dispatch and copies, which on a TPU VM show up on the host rows of the trace, not on the TPU's. (The ops'
+#    summed time can exceed the busy time a little: XLA's CPU runtime may run two independent ops at once.)
+# 2. **Which kind of work?** The kinds table and the left chart set each kind's share of the op time beside its
+#    share of the FLOPs that `step_flops` counts. The two matmul kinds have FLOPs, so their time gives a rate
+#    (GFLOP/s). The softmax and mask have none in the count (`step_flops` counts matmuls only, and a softmax is a
+#    few operations per score against $4D$ matmul FLOPs), yet they take a large part of the time (the second printed
+#    line under the op tables): they are elementwise passes over the whole score tensor, limited by memory and
+#    the vector units, not by the matrix units. On a v6e, gpu-tpu-pedia's optimisation guide (cited in the next
+#    section, unverified) puts the softmax at about a third of the Splash kernel's time: the same kind of cost, on
+#    another machine.
+# 3. **Which ops?** Each row of the two op tables is one HLO instruction, named by XLA after what it fuses:
+#    `ynn_fusion.N` is a fusion that XLA's CPU backend hands to YNNPACK, its matmul library;
+#    `broadcast_select_fusion` holds the mask's `jnp.where`, `subtract_exponential_fusion` the $\exp(s - m)$ of the
+#    online softmax. `runs/step` is how often the op ran: the attention ops run once per key block (the number
+#    printed under the tables, from `kv_block_layout`), because they sit in the body of the kernel's `while` loop.
+#    `JAX op (metadata)` is the JAX operation XLA kept in the op's metadata: `while/body/closed_call/...` marks the
+#    kernel's loop, and a linear matmul's reads `linear/...a,ba->...b/dot_general`, a torch `Linear` lowered by
+#    torchax, whose `reads weight` names the parameter it multiplies by (second table). That is the way back from a
+#    slow op to the code that made it.
+# 4. **How fast is each kind?** The GFLOP/s column is the measured rate of the matmuls; against the machine's peak
+#    it is the per-op FLOP utilisation that a TPU profiler reports per op and per category (below).
+#
+# ### What a TPU profile shows instead
+#
+# On a TPU VM the same step compiles to a different program, and its profile reads differently:
+#
+# - **Attention is one op per block.** With {term}`Splash` (`--attention auto` on a TPU), $QK^\top$, the softmax and
+#   $PV$ are one Pallas kernel compiled by {term}`Mosaic`, one custom call in the HLO, so no separate softmax rows
+#   appear: the kernel's time against its FLOPs gives its efficiency, the $e_\text{attn}$ of the next section, and
+#   how that time splits inside the kernel needs the kernel-level tools.
+# - **The linear layers** run in bf16 on the {term}`MXU`, as fusions around the dots (here: f32, on YNNPACK).
+# - **On a mesh, collectives appear**: the all-reduces of `tp`, or under `tp_replicated_out` all-gathers in place of
+#   half of them (chapter 3). XLA may make them asynchronous (`-start`/`-done` pairs); whether compute runs between
+#   a start and its done, or the chip waits, is the exposed communication $t_\text{exposed}$ of the next section.
+# - XProf's **HLO Op Stats** tool lists the time of every HLO op and charts it by category, and its **HLO Op
+#   Profile** tool gives each op's and each category's FLOPS utilisation and HBM bandwidth utilisation
+#   ([HLO Op Stats](https://openxla.org/xprof/hlo_op_stats), [HLO Op Profile](https://openxla.org/xprof/hlo_op_profile)).
+#
+# To capture one on a TPU VM, warm the step up (the first call compiles), trace one call, and open the trace in
+# XProf (the JAX documentation's recipe, [Profiling computation](https://docs.jax.dev/en/latest/profiling.html);
+# Google Cloud's [Profile your model on Cloud TPU VMs](https://docs.cloud.google.com/tpu/docs/profile-tpu-vm)):
+#
+# ```python
+# import jax
+# from hyv_lib.runtimes.tpu import TpuTransformer
+#
+# tpu = TpuTransformer(transformer, mesh="data=2,tensor=4")  # the real 720p DiT, loaded as in chapter 5
+# tpu(**kwargs)                                  # warm-up: compiles
+# with jax.profiler.trace("/tmp/profile-data"):
+#     tpu(**kwargs)                              # returns the prediction on the host: the device work is inside
+# ```
+#
+# then `pip install xprof` and `xprof --port 8791 /tmp/profile-data` on the VM, forward the port over SSH, and
+# choose `trace_viewer`, `hlo_op_stats` or `hlo_op_profile` under Tools. `profile_transformer` itself was
+# written and tested on the CPU backend only: on a TPU its trace should name the device's HLO ops too, but no TPU
+# was at hand to check it, so read a TPU profile in XProf.
+#
+# :::{admonition} Takeaway
+# :class: tip
+# A profile turns the FLOP count into time per op. Each kind of matmul takes its FLOPs divided by its own rate (the
+# GFLOP/s column), and the softmax and mask, which the count leaves out, take a large share of the step besides:
+# the reason a FLOP count alone cannot give a step time, and why the attention kernel, softmax included, is the
+# lever of the next section.
+# :::
+
+# %% [markdown]
 # ## The road to 50% MFU on a v6e-8
 #
 # The target follows from the count and the peak alone:
@@ -1062,6 +1230,11 @@ html_table(rows)
 #   `720p_i2v_distilled`) run one sample per step instead of the CFG pair, exactly half the FLOPs, and leave a
 #   `data` axis nothing to split. The official super-resolution stage and sparse attention (SSTA) change the cost
 #   of a video too; `hyv_lib` runs neither yet.
+# - A profile of one step of the TPU runtime's program, here on the CPU backend at hyv-tiny's sizes with attention
+#   about as large a share of the counted FLOPs as at 720p, splits the step's time by HLO op: each kind of matmul
+#   takes its FLOPs at a rate of its own, and the attention's softmax and mask, which the FLOP count leaves out,
+#   take a large share besides. On a TPU, Splash holds them inside one custom call; `jax.profiler.trace` around one
+#   warmed-up step and XProf's trace viewer, HLO Op Stats and HLO Op Profile show where that time goes.
 #
 # ## Exercises
 #
@@ -1161,4 +1334,37 @@ html_table(rows)
 # all-gather (and whether it runs beside compute or alone). Compare the Splash total with this chapter's
 # `attention_efficiency` line, and the exposed collectives with the interconnect bounds of the communication table;
 # then repeat on `data=2,tensor=4` to see what the default layout changes.
+# :::
+
+# %% [markdown]
+# 8. ★ In the profile's top-ops table every attention op ran the same number of times per step. Which number, and
+#    where does it come from? How many times would each of them run per step at 720p, 121 frames, with the same
+#    kernel?
+
+# %% [markdown]
+# :::{admonition} Answer
+# :class: dropdown
+# 7, the number of key blocks printed under the table: `kv_block_layout(3500, 512)` cuts the 3,500 keys into 7
+# blocks of 504, and the XLA kernel's `lax.scan` over those blocks compiles to a `while` loop whose body holds the
+# attention's ops (their `JAX op` column starts with `while/body`). At 720p, `kv_block_layout(113585, 512)` gives 222
+# blocks of 512 keys, so each would run 222 times per step. On a TPU the step would use Splash instead, whose loop over
+# blocks runs inside one kernel: the profile shows one op per block, not its iterations.
+# :::
+#
+# 9. ★★ Profile the same step with `TpuTransformer(profile_model, attention_options={"block_kv": 256})`. Predict the
+#    `runs/step` of the attention ops, how many keys the kernel computes (padding included) against 512-key blocks,
+#    and the `result` shape of the $QK^\top$ op; then measure whether the attention's time changes. What is the TPU
+#    counterpart of this knob?
+
+# %% [markdown]
+# :::{admonition} Answer
+# :class: dropdown
+# `kv_block_layout(3500, 256)` gives 14 blocks of 256 keys: 14 runs per step, $14 \cdot 256 = 3{,}584$ keys computed
+# against $7 \cdot 504 = 3{,}528$ (84 padded keys instead of 28, 1.6% more attention work), and a score tile of
+# `f32[2,2,3500,256]` instead of `f32[2,2,3500,504]`. The time is for the measurement to say: each run does half the
+# work, and the softmax's elementwise passes go over a tile half the size, which may fit the CPU's caches better.
+# `hyv_lib/kernels/xla.py` records 512 as the fastest of 256 to 2,048 at head dimension 128 and $S \approx 4$k on a
+# 2-core CPU; at this model's head dimension of 32 the best block can differ, which is why such a default is
+# measured, not derived. On a TPU the counterpart is Splash's block sizes: the key block, and the query block
+# ({term}`block_q`) whose size sets how often $k$ and $v$ are read again from HBM (the roofline section).
 # :::
