@@ -34,9 +34,9 @@
 #
 # :::{figure} ../book/figures/08_compile_without_tpu.svg
 # :name: fig-08-compile-without-tpu
-# How `python -m hyv_lib compile` (`hyv_lib.planning.tpu_compile`) checks a TPU layout on a CPU. libtpu describes the devices
-# of a named slice; the diffusers DiT on torch's meta device gives every weight's name and shape, which become
-# abstract bf16 arrays placed on a mesh of those devices by a sharding rule set; the jitted step that
+# How `python -m hyv_lib compile` (`hyv_lib.planning.tpu_compile`) checks a TPU layout on a CPU. libtpu describes the
+# devices of a named slice; the diffusers DiT on torch's meta device gives every weight's name and shape, which become
+# abstract bf16 arrays placed on a mesh of those devices by a sharding rule set; the {term}`jitted <jit>` step that
 # `TpuTransformer` runs on a TPU VM is lowered and compiled by XLA's TPU compiler, with the {term}`Splash` kernel
 # compiled by {term}`Mosaic`. The compiler's memory analysis, cost analysis and optimised {term}`HLO` are what the
 # chapter reads back.
@@ -107,10 +107,10 @@ print("source:", V6E.source)
 # ## One CFG step, counted
 #
 # `step_flops` counts the matmuls of one transformer forward, 2 FLOPs per multiply-add, from the shapes in the
-# preset's diffusers config. Elementwise work (norms, softmax, RoPE, activations) is left out: a softmax costs a few
-# operations per logit against $4D = 512$ matmul FLOPs. With $L = 54$ blocks, batch $B = 2$ (CFG), $n_h = 16$ heads of
-# $D = 128$, hidden width $d = n_h D = 2048$, MLP width $f = 4d$ and a joint sequence of $S$ tokens (video tokens plus all
-# 1985 context tokens, padding included, because the kernels compute it):
+# preset's diffusers config. Elementwise work (norms, softmax, {term}`RoPE`, activations) is left out: a softmax costs
+# a few operations per logit against $4D = 512$ matmul FLOPs. With $L = 54$ blocks, batch $B = 2$ (CFG), $n_h = 16$
+# heads of $D = 128$, hidden width $d = n_h D = 2048$, MLP width $f = 4d$ and a joint sequence of $S$ tokens (video
+# tokens plus all 1985 context tokens, padding included, because the kernels compute it):
 #
 # $$
 # C_\text{attn} = L \cdot \underbrace{2Bn_hS^2D}_{QK^\top} + L \cdot \underbrace{2Bn_hS^2D}_{PV} = 4LBS^2d,
@@ -708,12 +708,12 @@ print(f"GPU-seconds per 720p CFG step: measured 1 x {measured_steps[('hyv_lib', 
 #
 # Every time so far was counted, cited or read from a file. A *profile* says where a real step's time goes, op by op,
 # and it is how one would answer the open exercise at the end of this chapter on a TPU. This section profiles one step
-# here, on the program the TPU runtime runs (`TpuTransformer`, the {term}`jitted <jit>` step of chapter 1, on JAX's
-# CPU backend, which the book is built with: on a TPU VM without `JAX_PLATFORMS=cpu` the same cell traces the TPU,
-# where the way `profile_step` reads the trace is untested), and walks through reading it. The model is the diffusers
-# DiT at hyv-tiny's sizes (3 blocks, 2 heads of 32, $d = 64$) with seeded random weights, which change the numbers
-# computed but not the work or its speed, at a size chosen so that attention's share of the counted FLOPs is close to
-# the 720p step's (both printed below).
+# here, on the program the TPU runtime runs (`TpuTransformer`, the jitted step of chapter 1, on JAX's CPU backend,
+# which the book is built with: on a TPU VM without `JAX_PLATFORMS=cpu` the same cell traces the TPU, where the way
+# `profile_step` reads the trace is untested), and walks through reading it. The model is the diffusers DiT at
+# hyv-tiny's sizes (3 blocks, 2 heads of 32, $d = 64$) with seeded random weights, which change the numbers computed
+# but not the work or its speed, at a size chosen so that attention's share of the counted FLOPs is close to the 720p
+# step's (both printed below).
 #
 # `hyv_lib.planning.profile.profile_transformer` runs the step once (it compiles), then traces two more steps with
 # `jax.profiler.trace(..., create_perfetto_trace=True)`, the capture the JAX documentation describes for any
@@ -726,7 +726,7 @@ print(f"GPU-seconds per 720p CFG step: measured 1 x {measured_steps[('hyv_lib', 
 # - **attention matmuls**: ops that contain a `dot` batched over samples and heads: $QK^\top$ and $PV$;
 # - **attention softmax and mask**: the other ops that write or read the *scores*, the tensor $QK^\top$ produces and
 #   $PV$ consumes (the mask, the running maximum, the exponentials, the sums and the rescale);
-# - **other**: the rest (norms, {term}`RoPE`, activations, residual adds, copies and transposes).
+# - **other**: the rest (norms, RoPE, activations, residual adds, copies and transposes).
 #
 # Loops are not counted twice: the attention kernel's `lax.scan` over key blocks compiles to a `while`, and only
 # the ops of its body are counted, once per run.
@@ -838,7 +838,7 @@ plt.show()
 # - **On a mesh, collectives appear**: the all-reduces of `tp`, or under `tp_replicated_out` all-gathers in place of
 #   half of them (chapter 3). XLA may make them asynchronous (`-start`/`-done` pairs); whether compute runs between
 #   a start and its done, or the chip waits, is the exposed communication $t_\text{exposed}$ of the next section.
-# - XProf's **HLO Op Stats** tool lists the time of every HLO op and charts it by category, and its **HLO Op
+# - {term}`XProf`'s **HLO Op Stats** tool lists the time of every HLO op and charts it by category, and its **HLO Op
 #   Profile** tool gives each op's and each category's FLOPS utilisation and HBM bandwidth utilisation
 #   ([HLO Op Stats](https://openxla.org/xprof/hlo_op_stats), [HLO Op Profile](https://openxla.org/xprof/hlo_op_profile)).
 #
