@@ -53,6 +53,7 @@ def test_classify_and_profile_a_hand_written_program(tmp_path):
     # the ops ran inside the traced calls: their busy time cannot exceed the calls' wall time
     assert 0 < profile.busy_seconds <= profile.wall_seconds
     assert all(o["kind"] in OP_KINDS for o in profile.ops)  # the while/call containers are not counted twice
+    assert profile.trace_dir == str(tmp_path) and list(tmp_path.rglob("perfetto_trace.json.gz"))  # kept: given
 
 
 def _dit_profile(heads: int, head_dim: int, latent: tuple[int, int, int]):
@@ -88,6 +89,7 @@ def test_the_larger_flop_part_takes_the_larger_time(heads, head_dim, latent):
           f"{attention_time / linear_time:.2f} against a FLOP ratio of {flops['attention'] / flops['linear']:.2f}")
     assert abs(sum(profile.shares.values()) - 1) < 1e-9
     assert profile.busy_seconds <= profile.wall_seconds
+    assert profile.trace_dir is None  # no folder given: the trace was written to a temporary one and removed
     if flops["attention"] > flops["linear"]:
         assert attention_time > 1.5 * linear_time
     else:

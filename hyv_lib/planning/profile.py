@@ -42,7 +42,7 @@ class StepProfile:
     busy_seconds: float  # the time at least one op ran: the union of the ops' intervals
     wall_seconds: float  # the traced call, host work and the copy of the result included
     repeats: int
-    trace_dir: str  # where jax.profiler wrote the trace (TensorBoard / XProf / Perfetto open it)
+    trace_dir: str | None  # where jax.profiler wrote the trace (XProf or Perfetto open it); None: not kept
 
     @property
     def shares(self) -> dict[str, float]:
@@ -218,7 +218,8 @@ def profile_step(call: Callable[[], Any], hlo_text: str, *, repeats: int = 1,
     Warm ``call`` up first: a call that compiles would put the compiler in the profile. Each op's time is the sum
     of its events (a ``while`` body's ops run once per iteration), divided by ``repeats``; containers are left out,
     their time being their body's. ``busy_seconds`` is the union of the ops' intervals: the device's busy time,
-    which ``wall_seconds`` exceeds by the host's work (Python, dispatch, input and output copies).
+    which ``wall_seconds`` exceeds by the host's work (Python, dispatch, input and output copies). The trace is kept
+    in ``trace_dir`` when one is given, else written to a temporary folder and removed.
     """
     import jax
 
@@ -226,16 +227,18 @@ def profile_step(call: Callable[[], Any], hlo_text: str, *, repeats: int = 1,
         raise ValueError(f"repeats must be a positive integer, got {repeats}")
     ops = classify_hlo(hlo_text)
     module = module_name(hlo_text)
-    trace_dir = trace_dir or tempfile.mkdtemp(prefix="hyv_profile_")
-    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
-        start = time.perf_counter()
-        for _ in range(repeats):
-            call()
-        wall = (time.perf_counter() - start) / repeats
+    with tempfile.TemporaryDirectory(prefix="hyv_profile_") as scratch:
+        folder = trace_dir or scratch
+        with jax.profiler.trace(folder, create_perfetto_trace=True):
+            start = time.perf_counter()
+            for _ in range(repeats):
+                call()
+            wall = (time.perf_counter() - start) / repeats
+        events = trace_events(folder)
     seconds: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
     intervals = []
-    for event in trace_events(trace_dir):
+    for event in events:
         args = event.get("args") or {}
         name = args.get("hlo_op")
         if not name or args.get("hlo_module") != module or name not in ops or ops[name].kind == "container":
