@@ -160,7 +160,9 @@ def splash_attention_jax(q, k, v, kv_mask, *, block_q=None, block_kv=None, block
     mask = _sm.MultiHeadMask([_sm.FullMask((len_q, len_kv))] * heads)
     kernel = _sk.make_splash_mha(
         mask,
-        block_sizes=_sk.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkvc),
+        # the backward kernels (dK/dV and dQ, used by a train step's jax.grad) tile like the forward
+        block_sizes=_sk.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkvc, block_q_dkv=bq, block_kv_dkv=bkv,
+                                   block_kv_dkv_compute=bkvc, block_q_dq=bq, block_kv_dq=bkv),
         head_shards=1,
         q_seq_shards=1,
         interpret=bool(interpret),

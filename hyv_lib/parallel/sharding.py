@@ -172,3 +172,55 @@ def per_shard(kernel):
     heads = P("data", head_axes(mesh), None, None)
     return jax.shard_map(kernel, mesh=mesh, in_specs=(heads, heads, heads, P("data", None)), out_specs=heads,
                          check_vma=False)
+
+
+def plan_fsdp(named_shapes: dict[str, tuple[int, ...]], rules: list[Rule],
+              mesh) -> tuple[dict[str, tuple], list[dict]]:
+    """:func:`plan` for a train step, where every parameter with optimizer state should be split: a parameter that a
+    rule of ``rules`` (e.g. a model's ``fsdp`` rule set) places, and whose split divides it, takes that rule's spec;
+    every other one (embedders, the head, a LoRA factor whose rank the mesh does not divide) is split along its first
+    dimension that all the mesh's devices divide, and only one that has none stays replicated.
+
+    Returns (name -> spec, report rows) in :func:`plan`'s format; a rule that matches nothing is no error here (a LoRA
+    model renames the weights it wraps).
+    """
+    devices = 1
+    for axis in AXES:
+        devices *= mesh.shape[axis]
+    specs: dict[str, tuple] = {}
+    stats: dict[str, dict[str, Any]] = {}
+    for name, shape in named_shapes.items():
+        rule = next((r for r in rules if r.matches(name)), None)
+        spec = rule.spec[: len(shape)] if rule else None
+        label = rule.name if rule else ""
+        if spec is None or not _fits(shape, spec, mesh):
+            dim = next((i for i, d in enumerate(shape) if d % devices == 0), None)
+            spec = () if dim is None or devices == 1 else (None,) * dim + (AXES,)
+            label = "fsdp/first divisible dim" if spec else "replicated (no divisible dim)"
+        specs[name] = spec
+        numel = 1
+        for d in shape:
+            numel *= d
+        row = stats.setdefault(label, {"rule": label, "tensors": 0, "params": 0, "per_device": 0})
+        row["tensors"] += 1
+        row["params"] += numel
+        split = 1
+        for axes in spec:
+            for axis in (axes if isinstance(axes, tuple) else (axes,) if axes else ()):
+                split *= mesh.shape[axis]
+        row["per_device"] += numel // split
+    return specs, list(stats.values())
+
+
+def shard_tokens(tokens):
+    """Pin [B, N, C] tokens (a torchax tensor) to samples over ``data`` and tokens over ``sequence`` on the active
+    mesh (the video tokens between blocks); a no-op without a mesh or a sequence axis."""
+    mesh = current_mesh()
+    if mesh is None or mesh.shape["sequence"] == 1:
+        return tokens
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+    from torchax.interop import call_jax
+
+    return call_jax(jax.lax.with_sharding_constraint, tokens, NamedSharding(mesh, P("data", "sequence", None)))

@@ -1,4 +1,4 @@
-"""Arrays between torch, numpy and JAX on the host: bf16 bit-exactly (numpy has no bf16), multi-host arrays gathered."""
+"""Arrays between torch, numpy and JAX: bf16 bit-exactly (numpy has no bf16), multi-host arrays gathered, mesh placement."""
 
 from __future__ import annotations
 
@@ -32,3 +32,22 @@ def jax_to_torch(array) -> torch.Tensor:
 
         array = multihost_utils.process_allgather(array, tiled=True)
     return numpy_to_torch(array)
+
+
+def place(tensor: torch.Tensor, mesh=None, spec: tuple = (), dtype: torch.dtype | None = None, abstract: bool = False):
+    """A torch tensor (CPU or meta) -> a JAX array, in ``dtype`` if given; on a mesh laid out as
+    ``PartitionSpec(*spec)``, each process building only its own devices' shards from the (identical) host copy.
+    ``abstract`` (a meta tensor, compile only) gives a ``jax.ShapeDtypeStruct`` with that sharding instead."""
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+    from torchax.ops.mappings import t2j_dtype
+
+    dtype = tensor.dtype if dtype is None else dtype
+    sharding = None if mesh is None else NamedSharding(mesh, P(*spec))
+    if abstract:
+        return jax.ShapeDtypeStruct(tuple(tensor.shape), t2j_dtype(dtype), sharding=sharding)
+    host = torch_to_numpy(tensor.detach().to(dtype))
+    if sharding is None:
+        return jax.numpy.asarray(host)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])

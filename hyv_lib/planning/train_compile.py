@@ -1,0 +1,204 @@
+"""Compile the DiT's train step for a TPU slice on any machine (no TPU needed): per-device memory, fits, FLOPs.
+
+The training twin of :mod:`hyv_lib.planning.tpu_compile`: the preset's DiT on the meta device (a LoRA attached with
+:func:`hyv_lib.models.lora.add_lora` for ``train="lora"``), a compile-only
+:class:`hyv_lib.runtimes.tpu_train.TpuTrainStep` on a mesh of the slice's devices (FSDP, bf16 weights, fp32
+optimizer state and master weights for the trainable parameters, each block recomputed in the backward pass, Splash
+attention with its own backward kernels), and the very jitted update (forward + backward + AdamW) lowered and
+compiled by libtpu. What it reports is the compiler's: a memory and collective check, not a timing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import torch
+
+from ..base.errors import HyvInputError
+from ..base.presets import Preset, get_preset, video_size
+from ..kernels.splash import default_block_sizes, resolve_block_sizes
+from ..models.lora import add_lora
+from ..models.registry import get_adapter
+from ..parallel.jax_env import quiet_libtpu
+from ..parallel.mesh import head_split, make_mesh, parse_mesh
+from ..runtimes.tpu_train import TRAINABLE, TpuTrainStep
+from .costs import token_counts
+from .hardware import CHIPS
+from .planner import default_layout
+from .tpu_compile import (
+    TOPOLOGY_CHIPS,
+    abstract_transformer,
+    available_hbm,
+    example_inputs,
+    parse_hbm_oom,
+    program_report,
+    topology_devices,
+)
+
+#: The LoRA of the official HunyuanVideo-1.5 trainer (``train.py``: r=8, alpha=16), on hyv_lib's default targets
+#: (the attention projections of both streams in every block, :data:`hyv_lib.models.lora.DEFAULT_TARGETS`).
+RECIPE_LORA_RANK = 8
+RECIPE_LORA_ALPHA = 16.0
+
+
+def train_batch(preset: Preset, height: int, width: int, video_length: int, batch_size: int,
+                dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """A train step's batch of the real shapes (zeros: only shapes and dtypes reach the compiler): the forward's
+    keywords for ``batch_size`` samples (t2v, 120 valid text tokens) and the velocity target."""
+    batch = example_inputs(preset, height, width, video_length, batch=batch_size, dtype=dtype)
+    batch.pop("timestep_r", None)
+    target = torch.zeros(preset.latent_shape(height, width, video_length), dtype=torch.float32)
+    return dict(batch, target=target.expand(batch_size, *target.shape[1:]))
+
+
+def compile_train_step(preset: str | Preset = "720p_t2v", topology: str = "v5p:2x2x1", *, train: str = "lora",
+                       lora_rank: int = RECIPE_LORA_RANK, lora_alpha: float | None = RECIPE_LORA_ALPHA,
+                       height: int | None = None, width: int | None = None, video_length: int | None = None,
+                       batch_size: int = 1, mesh: str | dict | None = None, remat: bool = True,
+                       master_weights: bool = True, attention_options: dict | None = None,
+                       num_layers: int | None = None) -> dict[str, Any]:
+    """Compile one train step (forward, backward and the AdamW update) of ``preset`` for the TPU slice ``topology``.
+
+    ``train``: ``lora`` (rank ``lora_rank``, ``lora_alpha``; default the official recipe's r=8, alpha=16) or ``full``.
+    ``batch_size`` samples per step; ``mesh`` (default: ``data`` = the batch where it divides the devices, the rest on
+    ``sequence``, as :func:`hyv_lib.planning.planner.default_layout` lays out FSDP) must use every device. Weights
+    bf16; trainable parameters with fp32 master weights (``master_weights``) and fp32 AdamW moments; ``remat``
+    recomputes each block in the backward pass. ``num_layers`` overrides the block count (tests). Bad input raises
+    :class:`HyvInputError` naming the flag.
+
+    Returns what ``python -m hyv_lib compile --train ... --json`` prints: per-device bytes from the compiler's memory
+    analysis (arguments = weights + optimizer state + batch; outputs = what is not donated back), the chip's HBM,
+    ``fits``, the collectives in the optimised HLO, XLA's FLOP count (Splash excluded: a Pallas call counts only its
+    bytes), the parameter counts and the compile time.
+    """
+    preset = get_preset(preset) if isinstance(preset, str) else preset
+    if train not in TRAINABLE:
+        raise HyvInputError("--train", f"must be one of {', '.join(TRAINABLE)}, got {train!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise HyvInputError("--batch_size", f"must be an integer >= 1, got {batch_size!r}")
+    height, width, video_length = video_size(preset, height, width, video_length)
+    devices = topology_devices(topology)
+    heads = preset.transformer["num_attention_heads"]
+    axes = (parse_mesh(mesh) if isinstance(mesh, str) or mesh is None else dict(mesh)) or default_layout(
+        len(devices), heads, "fsdp", batch=batch_size)
+    try:
+        jax_mesh = make_mesh(**axes, devices=devices)
+    except (ValueError, TypeError) as err:
+        raise HyvInputError("--mesh", f"{err} (topology {topology})") from None
+    if heads % head_split(jax_mesh):
+        raise HyvInputError("--mesh", f"the {heads} attention heads cannot be split over tensor x sequence = "
+                                      f"{jax_mesh.shape['tensor']} x {jax_mesh.shape['sequence']}")
+    if batch_size % jax_mesh.shape["data"]:
+        raise HyvInputError("--mesh", f"data={jax_mesh.shape['data']} does not divide --batch_size {batch_size}")
+    config = dict(preset.transformer, **({} if num_layers is None else {"num_layers": num_layers}))
+    preset = preset if config == preset.transformer else dataclasses.replace(preset, transformer=config)
+    model = abstract_transformer(preset)
+    if train == "lora":
+        with torch.device("meta"):
+            add_lora(model, lora_rank, lora_alpha)
+        torch.nn.Module.to(model, torch.bfloat16)  # not diffusers' override, which warns (see abstract_transformer)
+    counts = dict(total=sum(p.numel() for p in model.parameters()),
+                  trainable=sum(p.numel() for n, p in model.named_parameters() if train == "full" or "lora_" in n))
+    tokens = token_counts(preset, height, width, video_length)
+    with quiet_libtpu():
+        try:
+            step = TpuTrainStep(model, mesh=jax_mesh, trainable=train, remat=remat, master_weights=master_weights,
+                                attention="splash", attention_options=attention_options,
+                                adapter=get_adapter(preset.model))
+        except ValueError as err:
+            raise HyvInputError("--mesh", str(err)) from None
+        program = _compile(step, train_batch(preset, height, width, video_length, batch_size))
+    chip = CHIPS[TOPOLOGY_CHIPS[topology.split(":")[0]]]
+    chips = len({(d.process_index, tuple(d.coords)) for d in devices})
+    report = dict(
+        topology=topology, device_kind=devices[0].device_kind, devices=len(devices),
+        processes=len({d.process_index for d in devices}), chips=chips,
+        mesh={a: int(n) for a, n in jax_mesh.shape.items()}, preset=preset.name, train=train,
+        lora=dict(rank=lora_rank, alpha=float(lora_rank if lora_alpha is None else lora_alpha)) if train == "lora"
+        else None,
+        batch=batch_size, size=dict(height=height, width=width, video_length=video_length), tokens=tokens,
+        parameters=counts, param_dtype="bfloat16", optimizer_state="float32 (AdamW moments)"
+        + (" + float32 master weights" if master_weights else ""), remat=remat,
+        **{k: v for k, v in program.items() if k != "compile_error"},
+        hbm_bytes_per_device=chip.hbm_bytes * chips / len(devices),
+        hbm_source=f"{chip.name}, {chip.hbm_bytes / 2**30:.0f} GiB per chip, {len(devices) // chips} device(s) per "
+                   f"chip: {chip.source.split(':')[0]}",
+        hbm_available_per_device=available_hbm(devices[0]),
+        attention=dict(backend="splash", native=program["splash_kernels"] > 0,
+                       **_splash_settings(devices[0].device_kind, attention_options, tokens["joint"])),
+    )
+    report["fits"] = not program.get("compile_error") and (
+        report["per_device_bytes"]["total"] <= report["hbm_available_per_device"])
+    if program.get("compile_error"):
+        report["compile_error"] = program["compile_error"]
+    return report
+
+
+def _compile(step: TpuTrainStep, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Lower and compile the update; a program too large for HBM gives a report (total = the compiler's figure, fits
+    false) instead of an error."""
+    import jax
+
+    start = time.perf_counter()
+    try:
+        return program_report(step.lower(batch).compile(), time.perf_counter() - start)
+    except jax.errors.JaxRuntimeError as err:
+        parsed = parse_hbm_oom(str(err))
+        if parsed is None:
+            raise
+        return dict(per_device_bytes=dict(arguments=None, temporaries=None, outputs=None, code=None, total=parsed[0]),
+                    collectives=[], flops_per_device=None, compiler_estimate_seconds=None, splash_kernels=0,
+                    compile_seconds=round(time.perf_counter() - start, 1),
+                    compile_error=str(err).splitlines()[0][:300])
+
+
+def _splash_settings(device_kind: str, options: dict | None, seq_len: int) -> dict[str, Any]:
+    """The kernel's compute dtype and the tiles it runs with at this sequence length (the backward kernels tile like
+    the forward)."""
+    import jax.numpy as jnp
+
+    options = options or {}
+    dtype = options.get("compute_dtype") or "bfloat16"
+    defaults = default_block_sizes(jnp.dtype(dtype), device_kind)
+    blocks = resolve_block_sizes(seq_len, *(options.get(k) or defaults[k]
+                                            for k in ("block_q", "block_kv", "block_kv_compute")), jnp.dtype(dtype))
+    return dict(compute_dtype=dtype, **dict(zip(("block_q", "block_kv", "block_kv_compute"), blocks)))
+
+
+def format_train_report(report: dict[str, Any]) -> str:
+    """The report of :func:`compile_train_step` as the CLI's table."""
+    gib = 2**30
+
+    def size(n):
+        return "n/a" if n is None else f"{n / gib:.2f} GiB"
+
+    s, tok, b = report["size"], report["tokens"], report["per_device_bytes"]
+    mesh = " x ".join(f"{a}={n}" for a, n in report["mesh"].items())
+    what = (f"LoRA r={report['lora']['rank']} alpha={report['lora']['alpha']:g}" if report["train"] == "lora"
+            else "full fine-tuning")
+    params = report["parameters"]
+    lines = [
+        f"train step of {report['preset']} at {s['height']}x{s['width']}, {s['video_length']} frames "
+        f"({tok['video']:,} video + {tok['context']:,} context tokens), batch {report['batch']}: {what} "
+        f"({params['trainable']:,} of {params['total']:,} parameters trained)",
+        f"compiled for {report['topology']}: {report['devices']} x {report['device_kind']} on {report['chips']} chips",
+        f"mesh {mesh}, FSDP; {report['param_dtype']} weights, optimizer state {report['optimizer_state']}, "
+        f"remat {'per block' if report['remat'] else 'off'}; Splash "
+        f"{'native (Mosaic)' if report['attention']['native'] else 'NOT native'}",
+        "per device:   " + " | ".join(f"{k} {size(b[k])}" for k in ("arguments", "temporaries", "outputs", "code"))
+        + f" | total {size(b['total'])}",
+        f"HBM:          {size(report['hbm_bytes_per_device'])} per device; the compiler lets a program use "
+        f"{size(report['hbm_available_per_device'])} -> {'fits' if report['fits'] else 'DOES NOT FIT'}",
+    ]
+    if report.get("compile_error"):
+        lines.append(f"compiler:     {report['compile_error']}")
+    lines.append("collectives:  " + (", ".join(f"{c['kind']} x{c['count']} {size(c['bytes'])}"
+                                               for c in report["collectives"]) or "none"))
+    flops = report["flops_per_device"]
+    lines += [f"XLA FLOPs per device and step: {'n/a' if flops is None else f'{flops:.3g}'} (Splash kernels not "
+              "counted)",
+              f"compiled in {report['compile_seconds']:.0f} s on this machine: a memory and collective check, "
+              "not a timing"]
+    return "\n".join(lines)
