@@ -1,4 +1,4 @@
-"""Arrays between torch, numpy and JAX: bf16 bit-exactly (numpy has no bf16), multi-host arrays gathered, mesh placement."""
+"""Arrays between torch, numpy and JAX: bf16 bit-exactly (numpy has no bf16), multi-host gathers, mesh placement."""
 
 from __future__ import annotations
 
