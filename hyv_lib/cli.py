@@ -1,4 +1,4 @@
-"""Command line: ``python -m hyv_lib info|compile|save_tiny|calibrate_cache|stage1|stage2|stage3|generate|extract_features`` (flag names of the gpu-tpu-pedia staged
+"""Command line: ``python -m hyv_lib info|compile|save_tiny|calibrate_cache|stage1|stage2|stage3|generate|extract_features|train`` (flag names of the gpu-tpu-pedia staged
 scripts)."""
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from .pipeline.stages import generate, stage1, stage2, stage3
 from .planning.tpu_compile import compile_step, format_report
 from .runtimes.magcache import CALIBRATION_PROMPT, CALIBRATION_SEED
 from .training.features import extract_features
+from .training.loop import DEFAULTS as TRAIN_DEFAULTS
+from .training.loop import train
 
 
 def _add_stage1(p: argparse.ArgumentParser, output_dir: bool = True) -> None:
@@ -218,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--preset", default="720p_t2v", help="720p_t2v | 480p_t2v | tiny (default 720p_t2v)")
     tiny.add_argument("--output_dir", required=True, help="the folder to write (must not exist or be empty)")
     tiny.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    _add_train(sub.add_parser("train", help="fine-tune the DiT on a feature folder (extract_features): a LoRA "
+                                            "(--lora_rank) or every weight (--full), resumable"))
     _add_extract_features(sub.add_parser(
         "extract_features", help="encode a MindSpeed-MM data.json's clips once for training: VAE latents, text "
                                  "embeddings (and first frames for i2v) into sharded safetensors; resumable"))
@@ -238,6 +242,49 @@ def build_parser() -> argparse.ArgumentParser:
     for p in [gen, tiny, cal, *(sp for sp, _ in stages.values())]:
         p.add_argument("--quiet", action="store_true", help="no progress bar or summary line")
     return parser
+
+
+def _add_train(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--features", required=True, help="a folder of python -m hyv_lib extract_features")
+    p.add_argument("--preset", default=DEFAULT_PRESET, help=f"the features' preset (default {DEFAULT_PRESET})")
+    p.add_argument("--model_path", default=None, help="diffusers-format folder of the model to train (default: the "
+                                                      "preset's bundled or built weights)")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--lora_rank", type=int, default=None, help="train a LoRA adapter of this rank (writes "
+                                                                  "OUTPUT_DIR/pytorch_lora_weights.safetensors)")
+    what.add_argument("--full", action="store_true", help="train every weight (writes OUTPUT_DIR/transformer)")
+    p.add_argument("--lora_alpha", type=float, default=None, help="LoRA alpha (default: the rank, a scale of 1)")
+    p.add_argument("--steps", type=int, required=True, help="optimizer updates in all (a rerun resumes; more steps "
+                                                            "train a finished run further)")
+    p.add_argument("--learning_rate", type=float, default=TRAIN_DEFAULTS["learning_rate"],
+                   help=f"AdamW's peak learning rate (default {TRAIN_DEFAULTS['learning_rate']:g})")
+    p.add_argument("--warmup_steps", type=int, default=TRAIN_DEFAULTS["warmup_steps"],
+                   help=f"linear warmup updates (default {TRAIN_DEFAULTS['warmup_steps']})")
+    p.add_argument("--batch_size", type=int, default=TRAIN_DEFAULTS["batch_size"],
+                   help="clips per update, all of one latent shape; under torchrun split over the ranks (default 1)")
+    p.add_argument("--task", default="t2v", help="t2v | i2v (i2v: features extracted with first frames)")
+    p.add_argument("--caption_dropout", type=float, default=TRAIN_DEFAULTS["caption_dropout"],
+                   help="probability of training a clip on the empty prompt (default "
+                        f"{TRAIN_DEFAULTS['caption_dropout']})")
+    p.add_argument("--output_dir", required=True, help="checkpoint, train_log.jsonl and the trained weights")
+    p.add_argument("--runtime", default="torch", help="torch (one device; FSDP2 under torchrun) | tpu (JAX)")
+    p.add_argument("--mesh", default=None, help="--runtime tpu: e.g. data=2,sequence=4 (FSDP over every device)")
+    p.add_argument("--checkpoint_every", type=int, default=None, help="steps between checkpoints (default: only at "
+                                                                      "the end)")
+    p.add_argument("--seed", type=int, default=TRAIN_DEFAULTS["seed"], help="batches, noise, LoRA init (default 0)")
+    p.add_argument("--dtype", default=None, help="fp32 | bf16: the transformer's (default: the preset's)")
+    p.add_argument("--no_gradient_checkpointing", action="store_true",
+                   help="keep every block's activations instead of recomputing them in the backward pass")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or summary line")
+
+
+def _train(args: argparse.Namespace) -> None:
+    train(args.features, preset=args.preset, model_path=args.model_path, lora_rank=args.lora_rank,
+          lora_alpha=args.lora_alpha, full=args.full, steps=args.steps, learning_rate=args.learning_rate,
+          warmup_steps=args.warmup_steps, batch_size=args.batch_size, task=args.task,
+          caption_dropout=args.caption_dropout, output_dir=args.output_dir, runtime=args.runtime, mesh=args.mesh,
+          checkpoint_every=args.checkpoint_every, seed=args.seed, dtype=args.dtype,
+          gradient_checkpointing=not args.no_gradient_checkpointing, progress=not args.quiet)
 
 
 def _add_extract_features(p: argparse.ArgumentParser) -> None:
@@ -411,6 +458,8 @@ def _run_command(args: argparse.Namespace) -> int:
             stage3(input_dir=args.input_dir, output_video=args.output_video, fps=args.fps,
                    disable_tiling=args.disable_tiling, save_frames=args.save_frames, runtime=args.runtime,
                    vae_dtype=args.vae_dtype, vae_memory_gb=args.vae_memory_gb)
+        elif args.command == "train":
+            _train(args)
         elif args.command == "extract_features":
             return _extract_features(args)
         elif args.command == "generate" and args.prompts_file:

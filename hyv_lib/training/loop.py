@@ -1,0 +1,437 @@
+"""Fine-tuning on a feature folder: seeded batches, the flow-matching inputs, checkpoints and exact resume, outputs."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Iterator
+
+import torch
+from tqdm.auto import tqdm
+
+from ..base.checks import as_number
+from ..base.errors import HyvFaultError, HyvInputError, python_names
+from ..base.files import atomic_path, clean_partials, ensure_output_dir
+from ..base.lock import folder_lock
+from ..base.presets import Preset, get_preset
+from ..models.components import load_components
+from ..models.flow_matching import NUM_TRAIN_TIMESTEPS, SAMPLINGS, TRAIN_TIMESTEP_SHIFT, sample_sigmas, training_inputs
+from ..models.lora import LORA_FILE, add_lora, config_digest, save_lora
+from ..parallel.distributed import rank as process_rank
+from ..runtimes.tpu_train import TpuTrainStep
+from .checkpoint import checkpoint_path, load_checkpoint, read_info, save_checkpoint
+from .feature_set import FeatureSet
+from .features import model_config_digest
+from .torch_step import LinearWarmup, TorchTrainStep
+
+logger = logging.getLogger(__name__)
+
+LOG_FILE = "train_log.jsonl"
+TRANSFORMER_DIR = "transformer"
+TMP_PREFIX = ".transformer-"  #: temporary folders of _save_transformer (a killed run's are removed by the next)
+TASKS = ("t2v", "i2v")
+RUNTIMES = ("torch", "tpu")
+TEXT_KEYS = {"encoder_hidden_states": "prompt_embeds", "encoder_attention_mask": "prompt_embeds_mask",
+             "encoder_hidden_states_2": "prompt_embeds_2", "encoder_attention_mask_2": "prompt_embeds_mask_2"}
+#: Defaults: the official trainer's shift and logit-normal sampling (:mod:`hyv_lib.models.flow_matching`), its
+#: weight decay, betas and eps; caption dropout 0.1 (the empty prompt's embeddings, what CFG's negative half sees).
+DEFAULTS = dict(learning_rate=1e-4, batch_size=1, caption_dropout=0.1, warmup_steps=50, weight_decay=0.01,
+                shift=TRAIN_TIMESTEP_SHIFT, sampling="logit_normal", seed=0)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What decides a run's curve: a rerun in the same folder resumes only with the same settings (``steps`` may
+    grow: a finished run trained further continues from its checkpoint)."""
+
+    features: str
+    preset: str
+    model_digest: str
+    trainable: str
+    lora_rank: int | None
+    lora_alpha: float | None
+    learning_rate: float
+    batch_size: int
+    task: str
+    seed: int
+    caption_dropout: float
+    warmup_steps: int
+    weight_decay: float
+    shift: float
+    sampling: str
+    runtime: str
+    ranks: int
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` did: the records of the steps run now, where it started, the files it wrote."""
+
+    output_dir: str
+    steps: int
+    resumed_from: int
+    records: list[dict[str, Any]]
+    output: str | None  #: the LoRA file or the transformer folder (rank 0; None on the others)
+
+
+# ------------------------------------------------------------------------------------------------ batches
+def _squeeze_to(tensor: torch.Tensor, ndim: int) -> torch.Tensor:
+    """``tensor`` without leading size-1 axes beyond ``ndim`` (a feature stored as [1, L, D] or [L, D])."""
+    while tensor.ndim > ndim and tensor.shape[0] == 1:
+        tensor = tensor[0]
+    return tensor
+
+
+def pick_clips(shapes: list[tuple], batch_size: int, generator: torch.Generator) -> list[int]:
+    """A batch of clip indices of one latent shape: an anchor drawn uniformly from every clip (so each shape comes
+    up as often as it has clips), then ``batch_size - 1`` more drawn uniformly, with replacement, from the clips of
+    the anchor's shape. Two ``torch.randint`` draws of ``generator``."""
+    anchor = int(torch.randint(len(shapes), (1,), generator=generator))
+    group = [i for i, s in enumerate(shapes) if tuple(s) == tuple(shapes[anchor])]
+    more = torch.randint(len(group), (batch_size - 1,), generator=generator).tolist()
+    return [anchor] + [group[j] for j in more]
+
+
+def build_batch(features, picks: list[int], *, task: str, caption_dropout: float, shift: float, sampling: str,
+                image_tokens: int, image_dim: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """The train step's batch (:data:`hyv_lib.training.torch_step.BATCH_KEYS`) for the clips ``picks``, on the host.
+
+    Draws from ``generator``, in this order: the caption-dropout coins (``torch.rand``; a dropped caption's four text
+    tensors become the empty prompt's, ``features.negative``), the noise (``torch.randn`` of the latents' shape),
+    the noise levels (:func:`hyv_lib.models.flow_matching.sample_sigmas`). Then
+    :func:`~hyv_lib.models.flow_matching.training_inputs`: t2v with zero image embeddings (the model masks them out),
+    i2v with each clip's first-frame latents and SigLIP tokens (never dropped, as at sampling time)."""
+    clips = [features[i] for i in picks]
+    x0 = torch.stack([_squeeze_to(c["latents"], 4).float() for c in clips])
+    size = len(picks)
+    drop = torch.rand(size, generator=generator) < caption_dropout
+    batch = {}
+    for key, name in TEXT_KEYS.items():
+        rank = 1 if "mask" in name else 2
+        negative = _squeeze_to(features.negative[name], rank)
+        rows = [negative if d else _squeeze_to(c[name], rank) for c, d in zip(clips, drop.tolist())]
+        batch[key] = torch.stack(rows)
+    noise = torch.randn(x0.shape, generator=generator)
+    sigma = sample_sigmas(size, shift=shift, sampling=sampling, generator=generator)
+    cond_latents = None
+    if task == "i2v":
+        cond_latents = torch.stack([_squeeze_to(c["cond_latents"], 4).float() for c in clips])
+        batch["image_embeds"] = torch.stack([_squeeze_to(c["image_embeds"], 2).float() for c in clips])
+    else:
+        batch["image_embeds"] = torch.zeros(size, image_tokens, image_dim)
+    batch["hidden_states"], batch["target"] = training_inputs(x0, noise, sigma, cond_latents)
+    batch["timestep"] = sigma * NUM_TRAIN_TIMESTEPS
+    return batch
+
+
+# ------------------------------------------------------------------------------------------------ checks
+def features_digest(spec: Preset, model_path: str | None) -> str:
+    """The ``model_config_digest`` features extracted with this preset and model carry
+    (:func:`hyv_lib.training.features.model_config_digest`: the VAE's config and the preset's conditioning layout).
+    A model folder's VAE is built on the meta device from its config (no weights read)."""
+    from diffusers import AutoencoderKLHunyuanVideo15
+
+    path = os.path.expanduser(model_path) if model_path else spec.bundled_path
+    if path is None:
+        vae = load_components(spec, None, ["vae"])["vae"]
+    else:
+        try:
+            config = AutoencoderKLHunyuanVideo15.load_config(path, subfolder="vae")
+        except (OSError, ValueError) as err:
+            raise HyvInputError("--model_path", f"cannot read the VAE config of {path!r}: {err}") from None
+        with torch.device("meta"):
+            vae = AutoencoderKLHunyuanVideo15.from_config(config)
+    return model_config_digest(vae, spec)
+
+
+def check_features(features, preset: Preset, transformer, task: str, digest: str | None = None) -> None:
+    """One HyvInputError naming ``--features`` when the feature folder was made for another preset or model (its
+    ``preset`` and ``model_config_digest`` metadata against ``preset`` and ``digest``, :func:`features_digest`),
+    holds no clips, or lacks the first-frame conditions ``--task i2v`` needs (naming ``--task``); the latent channels
+    and text widths are checked against the transformer too."""
+    meta = features.metadata
+    where = getattr(features, "path", "the feature folder")
+    made_for = meta.get("preset")
+    if made_for is not None and made_for not in (preset.name, json.loads(json.dumps(preset.to_dict()))):
+        name = made_for if isinstance(made_for, str) else made_for.get("name", "another preset")
+        raise HyvInputError("--features", f"{where!r} was extracted for preset {name}, not {preset.name}: train "
+                                          f"with --preset {name}, or extract features with --preset {preset.name}")
+    if digest is not None and meta.get("model_config_digest") not in (None, digest):
+        raise HyvInputError("--features", f"{where!r} was extracted with another model (config digest "
+                                          f"{str(meta['model_config_digest'])[:12]}; this --preset and --model_path "
+                                          f"give {digest[:12]}): extract features with this model")
+    if len(features) == 0:
+        raise HyvInputError("--features", f"{where!r} holds no clips (every entry failed or none was given)")
+    first = features[0]
+    config = transformer.config
+    channels = _squeeze_to(first["latents"], 4).shape[0]
+    if 2 * channels + 1 != config.in_channels:
+        raise HyvInputError("--features", f"{where!r}: latents have {channels} channels, the transformer takes "
+                                          f"{(config.in_channels - 1) // 2}: features of another model")
+    for name, width in (("prompt_embeds", config.text_embed_dim), ("prompt_embeds_2", config.text_embed_2_dim)):
+        if first[name].shape[-1] != width:
+            raise HyvInputError("--features", f"{where!r}: {name} has width {first[name].shape[-1]}, the transformer "
+                                              f"expects {width}: features of another model")
+    if task == "i2v" and not all(k in first for k in ("cond_latents", "image_embeds")):
+        raise HyvInputError("--task", f"i2v needs first-frame conditions, and {where!r} was extracted without them "
+                                      "(extract features for an i2v preset or task)")
+
+
+def _check_settings(steps, learning_rate, batch_size, task, runtime, checkpoint_every, seed, caption_dropout,
+                    warmup_steps, weight_decay, shift, sampling, lora_rank, lora_alpha, full, mesh) -> dict[str, Any]:
+    """The numbers and choices, checked (one HyvInputError naming the flag); returns them as Python numbers."""
+    if full and lora_rank is not None:
+        raise HyvInputError("--full", "trains every weight; --lora_rank trains a LoRA adapter: give one of them")
+    if not full and lora_rank is None:
+        raise HyvInputError("--lora_rank", "give --lora_rank R (a LoRA adapter of rank R) or --full (every weight)")
+    if full and lora_alpha is not None:
+        raise HyvInputError("--lora_alpha", "scales a LoRA adapter: it needs --lora_rank, not --full")
+    if task not in TASKS:
+        raise HyvInputError("--task", f"must be one of {', '.join(TASKS)}, got {task!r}")
+    if runtime not in RUNTIMES:
+        raise HyvInputError("--runtime", f"must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    if mesh is not None and runtime != "tpu":
+        raise HyvInputError("--mesh", "lays out JAX devices: it needs --runtime tpu (torch shards over torchrun ranks)")
+    if sampling not in SAMPLINGS:
+        raise HyvInputError("--sampling", f"must be one of {', '.join(SAMPLINGS)}, got {sampling!r}")
+    return dict(
+        steps=as_number("--steps", steps, int, low=1),
+        learning_rate=as_number("--learning_rate", learning_rate, low=0, low_open=True),
+        batch_size=as_number("--batch_size", batch_size, int, low=1),
+        checkpoint_every=as_number("--checkpoint_every", checkpoint_every, int, low=1),
+        seed=as_number("--seed", seed, int, low=0),
+        caption_dropout=as_number("--caption_dropout", caption_dropout, low=0, high=1),
+        warmup_steps=as_number("--warmup_steps", warmup_steps, int, low=0),
+        weight_decay=as_number("--weight_decay", weight_decay, low=0),
+        shift=as_number("--shift", shift, low=0, low_open=True),
+        lora_rank=as_number("--lora_rank", lora_rank, int, low=1),
+        lora_alpha=as_number("--lora_alpha", lora_alpha, low=0, low_open=True),
+    )
+
+
+# ------------------------------------------------------------------------------------------------ files
+@contextlib.contextmanager
+def run_lock(output_dir: str) -> Iterator[None]:
+    """The output folder's run lock (:func:`hyv_lib.base.lock.folder_lock`), held by rank 0 (the rank that writes),
+    and the partial files a killed run left there removed."""
+    if process_rank() != 0 or os.environ.get("RANK", "0") != "0":
+        yield
+        return
+    with folder_lock(output_dir, "--output_dir", part="train"):
+        clean_partials(output_dir)
+        for name in os.listdir(output_dir):  # a transformer folder a killed run was writing (_save_transformer)
+            if name.startswith(TMP_PREFIX) and os.path.isdir(os.path.join(output_dir, name)):
+                shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
+        yield
+
+
+def read_log(path: str) -> list[dict[str, Any]]:
+    """The records of a ``train_log.jsonl`` ([] if there is none; a torn last line is dropped)."""
+    records = []
+    try:
+        with open(path) as f:
+            for line in f:
+                with contextlib.suppress(ValueError):
+                    records.append(json.loads(line))
+    except FileNotFoundError:
+        pass
+    return records
+
+
+def _rewrite_log(path: str, records: list[dict[str, Any]]) -> None:
+    with atomic_path(path) as tmp:
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+def _save_transformer(module, output_dir: str) -> str:
+    """``module.save_pretrained`` into ``output_dir/transformer``: written in a temporary sibling folder, then renamed
+    into place (a previous run's folder is moved aside first and removed after)."""
+    target = os.path.join(output_dir, TRANSFORMER_DIR)
+    tmp = tempfile.mkdtemp(prefix=TMP_PREFIX, suffix=".partial", dir=output_dir)
+    old = None
+    try:
+        module.save_pretrained(tmp, safe_serialization=True)
+        if os.path.exists(target):
+            old = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}old-", dir=output_dir)
+            os.replace(target, os.path.join(old, TRANSFORMER_DIR))
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def _rng_state(generator: torch.Generator) -> dict[str, torch.Tensor]:
+    state = {"batches": generator.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(generator: torch.Generator, state: dict[str, Any]) -> None:
+    generator.set_state(state["batches"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ------------------------------------------------------------------------------------------------ the loop
+def make_train_step(runtime: str, transformer, *, trainable: str, learning_rate: float, warmup_steps: int,
+                    weight_decay: float, mesh: str | None = None, remat: bool = True):
+    """The runtime's TrainStep: :class:`hyv_lib.training.torch_step.TorchTrainStep` (one device, or FSDP2 under
+    torchrun) or :class:`hyv_lib.runtimes.tpu_train.TpuTrainStep` (JAX, FSDP over ``mesh``), with the same
+    hyper-parameters: AdamW (betas 0.9/0.999, eps 1e-8), clipping to norm 1, :class:`LinearWarmup` to
+    ``learning_rate`` over ``warmup_steps`` updates."""
+    hyper = dict(trainable=trainable, learning_rate=LinearWarmup(learning_rate, warmup_steps),
+                 weight_decay=weight_decay, betas=(0.9, 0.999), eps=1e-8, max_grad_norm=1.0, remat=remat)
+    if runtime == "tpu":
+        return TpuTrainStep(transformer, mesh=mesh, **hyper)
+    return TorchTrainStep(transformer, **hyper)
+
+
+@python_names()
+@torch.random.fork_rng(devices=[])  # the run seeds torch's global RNG; the caller's is restored afterwards
+def train(features: str | Any, *, preset: str, output_dir: str, steps: int, model_path: str | None = None,
+          lora_rank: int | None = None, lora_alpha: float | None = None, full: bool = False,
+          learning_rate: float = DEFAULTS["learning_rate"], batch_size: int = DEFAULTS["batch_size"],
+          task: str = "t2v", runtime: str = "torch", mesh: str | None = None, checkpoint_every: int | None = None,
+          seed: int = DEFAULTS["seed"], caption_dropout: float = DEFAULTS["caption_dropout"],
+          warmup_steps: int = DEFAULTS["warmup_steps"], weight_decay: float = DEFAULTS["weight_decay"],
+          shift: float = DEFAULTS["shift"], sampling: str = DEFAULTS["sampling"], dtype: str | None = None,
+          gradient_checkpointing: bool = True, progress: bool = True, transformer=None) -> TrainResult:
+    """Fine-tune a HunyuanVideo-1.5 transformer on a feature folder (:func:`hyv_lib.training.features.extract_features`)
+    with its flow-matching objective, into ``output_dir``.
+
+    A LoRA adapter of ``lora_rank`` (:func:`hyv_lib.models.lora.add_lora`, ``lora_alpha`` default = rank) ends as
+    ``output_dir/pytorch_lora_weights.safetensors`` (diffusers' format); ``full`` trains every weight and ends as a
+    diffusers-format ``output_dir/transformer`` folder. Each step: :func:`pick_clips` (one latent shape per batch),
+    :func:`build_batch` (caption dropout, noise, logit-normal noise levels with the shift, t2v or i2v inputs), one
+    update of the runtime's step (:func:`make_train_step`), a record in ``train_log.jsonl`` (step, loss, lr,
+    seconds). Every ``checkpoint_every`` steps and at the end, ``checkpoint.safetensors`` holds the trainable weights,
+    the optimizer state, the step count and every RNG state, written atomically: rerunning a killed run with the same
+    command resumes at its last checkpoint and reproduces the same losses (log records past it are dropped); other
+    settings in a folder holding a checkpoint are refused. ``steps`` may grow to train a finished run further.
+    The folder's run lock keeps a second run out. ``transformer``: a module to train instead of loading the preset's
+    (``model_path``); ``dtype``: fp32 or bf16 (default: the preset's).
+    """
+    settings = _check_settings(steps, learning_rate, batch_size, task, runtime, checkpoint_every, seed,
+                               caption_dropout, warmup_steps, weight_decay, shift, sampling, lora_rank, lora_alpha,
+                               full, mesh)
+    spec = get_preset(preset)
+    steps, batch_size = settings["steps"], settings["batch_size"]
+    checkpoint_every = settings["checkpoint_every"] or steps
+    if isinstance(features, (str, os.PathLike)):
+        features = FeatureSet(os.fspath(features))
+    ensure_output_dir(output_dir)
+    with run_lock(output_dir):
+        if transformer is None:
+            transformer = load_components(spec, model_path, ["transformer"], dtype or spec.default_dtype)["transformer"]
+        check_features(features, spec, transformer, task, features_digest(spec, model_path))
+        trainable = "full" if full else "lora"
+        lora_alpha = settings["lora_alpha"] if settings["lora_alpha"] is not None else settings["lora_rank"]
+        if not full:
+            with torch.random.fork_rng(devices=[]):  # peft draws lora_A from the global RNG: seeded by --seed
+                torch.manual_seed(settings["seed"])
+                add_lora(transformer, settings["lora_rank"], lora_alpha)
+        ranks = int(os.environ.get("WORLD_SIZE", "1")) if runtime == "torch" else 1
+        if batch_size % ranks:
+            raise HyvInputError("--batch_size", f"{batch_size} does not split over {ranks} ranks: each rank takes an "
+                                                "equal slice of every batch")
+        run = RunSettings(
+            features=os.path.abspath(getattr(features, "path", "")), preset=spec.name,
+            model_digest=config_digest(transformer), trainable=trainable, lora_rank=settings["lora_rank"],
+            lora_alpha=None if full else float(lora_alpha), learning_rate=settings["learning_rate"],
+            batch_size=batch_size, task=task, seed=settings["seed"], caption_dropout=settings["caption_dropout"],
+            warmup_steps=settings["warmup_steps"], weight_decay=settings["weight_decay"], shift=settings["shift"],
+            sampling=sampling, runtime=runtime, ranks=ranks)
+        step = make_train_step(runtime, transformer, trainable=trainable, learning_rate=run.learning_rate,
+                               warmup_steps=run.warmup_steps, weight_decay=run.weight_decay, mesh=mesh,
+                               remat=gradient_checkpointing)
+        return _run(features, step, run, spec, transformer, output_dir, steps, checkpoint_every, progress)
+
+
+def _resume(step, run: RunSettings, output_dir: str, generator: torch.Generator, steps: int) -> int:
+    """Load the folder's checkpoint into ``step`` and ``generator`` (same settings, at most ``steps`` done); returns
+    its step count."""
+    path = checkpoint_path(output_dir)
+    if not os.path.exists(path):
+        return 0
+    info = read_info(path)
+    if int(info.get("step", 0)) > steps:
+        raise HyvInputError("--steps", f"{steps}, but {output_dir!r} holds a checkpoint at step {info['step']}: give "
+                                       f"--steps {info['step']} or more, or use another folder")
+    saved = info.get("settings", {})
+    differ = {k: (saved.get(k), v) for k, v in asdict(run).items() if saved.get(k) != v}
+    if differ:
+        what = "; ".join(f"{k} {old!r} there, {new!r} now" for k, (old, new) in sorted(differ.items()))
+        raise HyvInputError("--output_dir", f"{output_dir!r} holds the checkpoint of a run with other settings "
+                                            f"({what}): rerun with its settings to resume, or use another folder")
+    state, info = load_checkpoint(path)
+    step.load_state_dict(state["step"])
+    _set_rng_state(generator, state["rng"])
+    return int(info["step"])
+
+
+def _run(features, step, run: RunSettings, spec: Preset, transformer, output_dir: str, steps: int,
+         checkpoint_every: int, progress: bool) -> TrainResult:
+    writer = process_rank() == 0
+    generator = torch.Generator().manual_seed(run.seed)
+    torch.manual_seed(run.seed)
+    start = _resume(step, run, output_dir, generator, steps)
+    log_path = os.path.join(output_dir, LOG_FILE)
+    if writer:
+        _rewrite_log(log_path, [r for r in read_log(log_path) if r.get("step", 0) <= start])
+    shapes = [tuple(s) for s in features.shapes()]
+    image_dim = transformer.config.image_embed_dim
+    records: list[dict[str, Any]] = []
+    clock = time.perf_counter()
+    bar = tqdm(range(start, steps), desc="train", initial=start, total=steps, disable=not (progress and writer))
+    for index in bar:
+        picks = pick_clips(shapes, run.batch_size, generator)
+        batch = build_batch(features, picks, task=run.task, caption_dropout=run.caption_dropout, shift=run.shift,
+                            sampling=run.sampling, image_tokens=spec.image_tokens, image_dim=image_dim,
+                            generator=generator)
+        loss = step.step(batch)
+        if loss != loss or loss in (float("inf"), float("-inf")):
+            raise HyvFaultError(f"train step {index + 1}", f"the loss is {loss}; lower --learning_rate")
+        record = {"step": index + 1, "loss": loss, "lr": float(step_lr(run, index)),
+                  "shape": list(shapes[picks[0]]), "seconds": round(time.perf_counter() - clock, 3)}
+        records.append(record)
+        bar.set_postfix(loss=f"{loss:.4f}")
+        if writer:
+            with open(log_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        if (index + 1) % checkpoint_every == 0 or index + 1 == steps:
+            _checkpoint(step, run, output_dir, index + 1, generator, writer)
+    if start >= steps and writer:  # nothing left to train: the outputs are (re)written from the checkpoint
+        logger.info("train: %s already holds step %d of %d", output_dir, start, steps)
+    module = step.trained_transformer()
+    output = None
+    if writer and module is not None:
+        if run.trainable == "lora":
+            output = save_lora(module, os.path.join(output_dir, LORA_FILE),
+                               metadata=dict(preset=run.preset, steps=steps, task=run.task, features=run.features))
+        else:
+            output = _save_transformer(module, output_dir)
+    return TrainResult(output_dir=os.path.abspath(output_dir), steps=steps, resumed_from=start, records=records,
+                       output=output)
+
+
+def step_lr(run: RunSettings, index: int) -> float:
+    """The learning rate of update ``index`` (0-based) of a run."""
+    return LinearWarmup(run.learning_rate, run.warmup_steps)(index)
+
+
+def _checkpoint(step, run: RunSettings, output_dir: str, done: int, generator: torch.Generator, writer: bool) -> None:
+    state = step.state_dict()  # collective under FSDP
+    if writer:
+        save_checkpoint(checkpoint_path(output_dir), {"step": state, "rng": _rng_state(generator)},
+                        info={"step": done, "settings": asdict(run)})
