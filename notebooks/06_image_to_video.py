@@ -83,7 +83,8 @@ from hyv_lib.base.presets import PRESETS, bucket_size
 from hyv_lib.models.hunyuan import context_layout
 from hyv_lib.notebook.display import frame_grid, html_table, tensor_rows, token_layout_figure
 from hyv_lib.pipeline.image import crop_to_bucket, image_bucket
-from hyv_lib.pipeline.sampling import condition_channels, sampling_schedule
+from hyv_lib.models.flow_matching import condition_channels
+from hyv_lib.pipeline.sampling import sampling_schedule
 from hyv_lib.planning.costs import step_flops, token_counts
 from hyv_lib.planning.planner import device_plan
 from hyv_lib.tiny import data, quality
@@ -190,7 +191,7 @@ print(f"valid context tokens: t2v {valid['t2v']}, i2v {valid['i2v']} (+{valid['i
 #
 # The second copy of the frame goes in beside the noise. The DiT's `in_channels` is $2C + 1$ (65 for $C = 32$):
 # the $C$ noisy latent channels, $C$ condition channels and one mask channel, concatenated on the channel axis at
-# every step. `hyv_lib.pipeline.sampling.condition_channels` builds the last $C + 1$ as diffusers' I2V pipeline does: the
+# every step. `hyv_lib.models.flow_matching.condition_channels` builds the last $C + 1$ as diffusers' I2V pipeline does: the
 # frame's latents in latent frame 0, zeros after it, and a mask that is 1 on frame 0 only. Text to video passes the
 # same channels, all zero. Here they are for this video (the condition's first channel, and the mask):
 
@@ -501,7 +502,7 @@ print(f"DiT work per 480p video, 121 frames: 480p_i2v 50 steps x CFG pair = {ful
 # 6. **Open.** Can the same checkpoint continue a video, given its first *several* frames instead of one? The
 #    condition channels have room for every latent frame and the mask channel says which are given, but diffusers'
 #    pipeline and `hyv_lib` fill only latent frame 0, and nobody here has tried more. A start: build the condition
-#    with more latent frames given (`hyv_lib.pipeline.sampling.condition_channels` shows the layout) and the mask 1
+#    with more latent frames given (`hyv_lib.models.flow_matching.condition_channels` shows the layout) and the mask 1
 #    on them, generate with hyv-tiny from the first 5 frames of a held-out clip, and measure with
 #    `quality.centroid_track` whether the motion continues at the clip's speed. (Whether SigLIP's tokens of one
 #    frame still suffice is a second question.)

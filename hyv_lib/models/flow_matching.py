@@ -53,8 +53,11 @@ def sample_sigmas(batch_size: int, *, shift: float, sampling: str = "logit_norma
 
 
 def condition_channels(x0: torch.Tensor, cond_latents: torch.Tensor | None = None) -> torch.Tensor:
-    """The C + 1 channels after the noisy latents [B, C + 1, T, h, w], as the pipeline builds them: zeros for t2v;
-    with ``cond_latents`` [B, C, 1, h, w] (i2v) those latents in latent frame 0 and the mask channel 1 there."""
+    """What the DiT gets after the noisy latents on the channel axis (its in_channels are 2 C + 1): C condition
+    channels and one mask channel, [B, C + 1, T, h, w]. Image to video (``cond_latents`` [B, C, 1, h, w], the first
+    frame's VAE latents): the condition channels hold them in latent frame 0 and zeros after, and the mask is 1 on
+    frame 0, 0 elsewhere. Text to video (None): all zeros. As diffusers' pipelines build them
+    (``prepare_cond_latents_and_mask``), for sampling and training alike."""
     b, c, f, h, w = x0.shape
     condition = torch.zeros(b, c + 1, f, h, w, dtype=x0.dtype, device=x0.device)
     if cond_latents is not None:

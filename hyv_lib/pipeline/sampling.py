@@ -9,6 +9,7 @@ import torch
 
 from ..base.errors import HyvFaultError, HyvInputError
 from ..base.presets import Preset, samples_per_step
+from ..models.flow_matching import condition_channels
 from ..runtimes.step import TransformerStep
 from .stage_io import (
     STAGE1_FILE,
@@ -84,20 +85,6 @@ def sampling_schedule(scheduler, num_inference_steps: int, device=None) -> tuple
     return timesteps, timestep_r
 
 
-def condition_channels(latents: torch.Tensor, cond_latents: torch.Tensor | None = None) -> torch.Tensor:
-    """What the DiT gets after the noisy ``latents`` [B, C, F, h, w] on the channel axis (its in_channels are
-    2 C + 1): C condition channels and one mask channel, [B, C + 1, F, h, w]. Image to video (``cond_latents``
-    [1, C, 1, h, w], the first frame's VAE latents): the condition channels hold them in latent frame 0 and zeros
-    after, and the mask is 1 on frame 0, 0 elsewhere. Text to video (None): all zeros. As diffusers' pipelines
-    build them (``prepare_cond_latents_and_mask``)."""
-    b, c, f, h, w = latents.shape
-    condition = torch.zeros(b, c + 1, f, h, w, dtype=latents.dtype, device=latents.device)
-    if cond_latents is not None:
-        condition[:, :c, :1] = cond_latents.to(latents.dtype)
-        condition[:, c, 0] = 1.0
-    return condition
-
-
 def initial_latents(shape: tuple[int, ...], seed: int) -> torch.Tensor:
     """Gaussian starting latents from a CPU generator: the same seed gives the same bits anywhere."""
     return torch.randn(shape, generator=torch.Generator("cpu").manual_seed(seed), dtype=torch.float32)
@@ -119,7 +106,7 @@ def denoise(
     Warmup calls run the step on the first input and discard the result without touching the
     scheduler, so they cannot change the latents (gpu-tpu-pedia's warmup advanced the step index).
     ``cond_latents`` [1, C, 1, h, w] (image-to-video): the first frame's latents go into latent frame 0 of the
-    condition channels and the mask channel is 1 there, 0 elsewhere (:func:`condition_channels`). ``meanflow``: each
+    condition channels and the mask channel is 1 there, 0 elsewhere (:func:`hyv_lib.models.flow_matching.condition_channels`). ``meanflow``: each
     call also gets ``timestep_r``, the next timestep (0 after the last), as diffusers' I2V pipeline passes it.
     """
     from tqdm import tqdm  # plain text bar: works in terminals and in executed notebooks alike
