@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -11,7 +12,7 @@ from ..base.errors import HyvInputError
 from ..base.presets import Preset, get_preset
 from ..models.lora import target_names
 from ..models.registry import get_adapter
-from .costs import BYT5_HIDDEN, as_preset, model_dims, token_counts
+from .costs import BYT5_HIDDEN, as_preset, model_dims, parameter_shapes, token_counts
 from .gpu_memory import (
     ALLOCATOR_WORKSPACE,
     CUDA_CONTEXT,
@@ -111,6 +112,9 @@ class Recipe:
     moments: int
     activation: int = 2
     lora_fp32: bool = False
+    #: the weights no gradient reaches (:func:`dead_parameters`) get gradient and moments all the same (JAX's
+    #: gradient of every parameter, optax's state for all); torch.optim.AdamW skips a parameter whose grad is None
+    dead_have_state: bool = True
     source: str = ""
 
     @property
@@ -118,19 +122,23 @@ class Recipe:
         return self.weight + self.gradient + self.master + self.moments
 
 
-FP32_LORA = Recipe(2, 4, 4, 0, 8, lora_fp32=True, source="fp32 LoRA factors on a bf16 model")
+FP32_LORA = Recipe(2, 4, 4, 0, 8, lora_fp32=True, dead_have_state=False, source="fp32 LoRA factors on a bf16 model")
 #: The recipes (``precision``), by trainable (``lora`` / ``full``).
 RECIPES: dict[str, dict[str, Recipe]] = {
     # hyv_lib.training.torch_step.TorchTrainStep in one process: torch.optim.AdamW keeps its moments in each
     # parameter's dtype; the LoRA factors are fp32 (16 bytes each), full fine-tuning trains the bf16 weights as they
     # are, no master copy (8 bytes per parameter). Under FSDP2 a LoRA stays bf16 (one dtype per sharded group).
-    "torch": dict(lora=FP32_LORA, full=Recipe(2, 2, 2, 0, 4, source="bf16 weights, gradients and moments")),
+    "torch": dict(lora=FP32_LORA, full=Recipe(2, 2, 2, 0, 4, dead_have_state=False,
+                                              source="bf16 weights, gradients and moments")),
     # hyv_lib.runtimes.tpu_train.TpuTrainStep (and planning.train_compile): bf16 frozen weights; each trained parameter
     # an fp32 master, its fp32 gradient and fp32 moments (16 bytes; the bf16 copy the forward uses is made in the step).
     "mixed": dict(lora=Recipe(2, 0, 4, 4, 8, source="fp32 master, gradient and moments"),
                   full=Recipe(2, 0, 4, 4, 8, source="fp32 master, gradient and moments")),
-    "bf16": dict(lora=Recipe(2, 2, 2, 0, 4, source="all bf16"), full=Recipe(2, 2, 2, 0, 4, source="all bf16")),
-    "fp32": dict(lora=Recipe(4, 4, 4, 0, 8, 4, source="all fp32"), full=Recipe(4, 4, 4, 0, 8, 4, source="all fp32")),
+    # torch.optim.AdamW on bf16 (fp32) weights
+    "bf16": dict(lora=Recipe(2, 2, 2, 0, 4, dead_have_state=False, source="all bf16"),
+                 full=Recipe(2, 2, 2, 0, 4, dead_have_state=False, source="all bf16")),
+    "fp32": dict(lora=Recipe(4, 4, 4, 0, 8, 4, dead_have_state=False, source="all fp32"),
+                 full=Recipe(4, 4, 4, 0, 8, 4, dead_have_state=False, source="all fp32")),
 }
 
 
@@ -170,6 +178,24 @@ def lora_parameters(preset: Preset | str, rank: int, targets: Sequence[str] | No
 
 
 # ---------------------------------------------------------------------------------------------- state
+#: The last block's context-stream layers after its attention: their output feeds nothing (only the video tokens reach
+#: the head), so no gradient reaches them.
+DEAD_LAYERS = ("attn.to_add_out", "ff_context.")
+
+
+def dead_parameters(preset: Preset, lora: dict[str, Any] | None = None, lora_rank: int = 0,
+                    lora_targets: Sequence[str] | None = None) -> int:
+    """Trained parameters no gradient reaches (:data:`DEAD_LAYERS` of the last block; under a LoRA, its factors
+    there)."""
+    prefix = f"{get_adapter(preset.model).block_prefix}{model_dims(preset)['layers'] - 1}."
+    dead = tuple(prefix + layer for layer in DEAD_LAYERS)
+    if lora is not None:
+        layers = _lora_layers(preset.model, json.dumps(preset.transformer, sort_keys=True),
+                              tuple(lora_targets) if lora_targets is not None else None)
+        return sum(lora_rank * (i + o) for n, i, o in layers if n.startswith(dead))
+    return sum(math.prod(shape) for name, shape in parameter_shapes(preset) if name.startswith(dead))
+
+
 def state_bytes(preset: Preset | str, trainable: str = "lora", *, lora_rank: int = 16,
                 lora_targets: Sequence[str] | None = None, precision: str = "torch", fsdp: int = 1) -> dict[str, Any]:
     """Per-device bytes a train step keeps from one step to the next: ``weights`` (frozen and trained, LoRA factors
@@ -183,11 +209,12 @@ def state_bytes(preset: Preset | str, trainable: str = "lora", *, lora_rank: int
     lora = lora_parameters(preset, lora_rank, lora_targets) if trainable == "lora" else None
     trained, block_trained = (lora["params"], lora["block_params"]) if lora else (params, block_params)
     frozen = params if lora else 0
+    live = trained - (0 if rec.dead_have_state else dead_parameters(preset, lora, lora_rank, lora_targets))
+    block_live = block_trained - (trained - live)
     share = 1.0 if fsdp == 1 else fsdp_shard_bytes(preset, fsdp, "bf16") / layout["total"]
-    return dict(weights=(frozen * rec.frozen + trained * rec.weight) * share, gradients=trained * rec.gradient * share,
-                block_gradients=block_trained * rec.gradient * share, master=trained * rec.master * share,
-                optimizer=trained * rec.moments * share, params=params, trained_params=trained, lora=lora,
-                recipe=rec)
+    return dict(weights=(frozen * rec.frozen + trained * rec.weight) * share, gradients=live * rec.gradient * share,
+                block_gradients=block_live * rec.gradient * share, master=trained * rec.master * share,
+                optimizer=live * rec.moments * share, params=params, trained_params=trained, lora=lora, recipe=rec)
 
 
 # ---------------------------------------------------------------------------------------- activations
@@ -221,9 +248,9 @@ def activation_phases(preset: Preset | str, height: int, width: int, video_lengt
     - a block holds its inputs, b (N_v + N_c) h x, for its backward: with ``remat`` that is all it holds until its
       backward recomputes it; without, also what it saves (:data:`BLOCK_SAVED` per token of each stream and per
       joint token with a rank's heads; a LoRA's first block :data:`FIRST_BLOCK_STATS`);
-    - around the blocks: the RoPE tables (2 N_v head_dim fp32); until the head's backward the head and the loss
-      (:data:`HEAD_SAVED`, fp32 out_channels); in full fine-tuning the embedders (:data:`REFINER_SAVED`,
-      :data:`BYT5_SAVED`, :data:`IMAGE_SAVED`);
+    - around the blocks: the RoPE tables (2 N_v head_dim fp32); the prediction (out_channels wide; the step holds it
+      to the end); until the head's backward the head and the loss (:data:`HEAD_SAVED`, fp32 out_channels); in full
+      fine-tuning the embedders (:data:`REFINER_SAVED`, :data:`BYT5_SAVED`, :data:`IMAGE_SAVED`);
     - the block in backward adds :data:`LAST_BLOCK_EXTRA` (the last) or :data:`BACKWARD_EXTRA` (measured).
     """
     preset = as_preset(preset)
@@ -246,6 +273,7 @@ def activation_phases(preset: Preset | str, height: int, width: int, video_lengt
     inputs = b * (nv + nc) * h * x
     rope = 2 * nv * d["head_dim"] * 4
     head = b * nv * (HEAD_SAVED[trainable].bytes_per_token(h, f, heads, r, x) + d["out_channels"] * 4)
+    prediction = b * nv * d["out_channels"] * x  # the model's output, which the train step holds until it returns
     embedders = 0.0
     if trainable == "full":
         embedders = b * (
@@ -257,7 +285,7 @@ def activation_phases(preset: Preset | str, height: int, width: int, video_lengt
         held, last = d["layers"] * inputs, saved  # the checkpoints' inputs; the last block recomputed
     else:
         held, last = (d["layers"] - 1) * (saved + inputs) + first + first_inputs, 0.0
-    around = rope + embedders
+    around = rope + embedders + prediction
     key = "full" if trainable == "full" else "lora"
     phases = dict(forward_end=held + around + head,
                   backward_start=held + around + last + extra(LAST_BLOCK_EXTRA[key]),
@@ -266,7 +294,7 @@ def activation_phases(preset: Preset | str, height: int, width: int, video_lengt
     peak_phase = max(phases, key=phases.get)
     return dict(phases=phases, peak_phase=peak_phase, peak=phases[peak_phase], tokens_per_device=nv,
                 parts=dict(block_saved=saved, block_inputs=inputs, held=held, rope=rope, head=head,
-                           embedders=embedders))
+                           prediction=prediction, embedders=embedders))
 
 
 # --------------------------------------------------------------------------------------------- the step
@@ -326,8 +354,8 @@ def train_step_memory(preset: Preset | str, *, height: int, width: int, video_le
     buffers = state["trained_params"] * 2 * share if rec.master else 0  # the bf16 copies the forward uses
     if fsdp > 1:
         buffers += layout["outside"] + (FSDP_BLOCK_BUFFERS + (trainable == "full")) * layout["block"]
-    temporaries = state["trained_params"] * rec.moments / 2 * share if (device == "gpu" and precision == "torch") \
-        else 0  # torch.optim.AdamW's foreach update: one moment-sized temporary (its square root)
+    # torch.optim.AdamW's foreach update on a GPU: one temporary the size of a moment (the second's square root)
+    temporaries = state["optimizer"] / 2 if (device == "gpu" and precision == "torch") else 0
     d = model_dims(preset)
     _, c, t, hh, ww = preset.latent_shape(height, width, video_length)
     inputs = step_inputs_bytes(preset, height, width, video_length, batch_size, x) + batch_size * c * t * hh * ww * 4
