@@ -129,7 +129,8 @@ def test_bad_inputs_are_named(lora_model, batch):
 
 def test_sharded_step_equals_one_device():
     """FSDP over data=2 x sequence=2 (4 emulated CPU devices): every weight and the LoRA factors' AdamW moments split
-    4 ways, block weights gathered per block, video tokens split over sequence; two steps equal one device's."""
+    4 ways, block weights gathered per block inside the scan over blocks, video tokens split over sequence; two steps
+    equal one device's running the blocks unrolled."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", OMP_NUM_THREADS="1")
     out = subprocess.run([sys.executable, PROBE, "lora", "2"], capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -137,11 +138,11 @@ def test_sharded_step_equals_one_device():
     one, mesh = result["losses"]["one"], result["losses"]["mesh"]
     assert max(abs(a - b) for a, b in zip(one, mesh)) <= 1e-5 * one[0]
     assert result["max_param_err"] <= 0.02 * result["max_param_change"]
-    assert result["devices"] == 4 and result["compilations"] == 1
-    full, shard = result["weight"]["full"], result["weight"]["shard"]
-    assert shard[0] * 4 == full[0] and shard[1:] == full[1:]  # FSDP: a frozen block weight split 4 ways
+    assert result["devices"] == 4 and result["compilations"] == 1 and result["scan"] == [False, True]
+    full, shard = result["weight"]["full"], result["weight"]["shard"]  # [blocks, out, in], stacked for the scan
+    assert shard == [full[0], full[1] // 4, full[2]]  # FSDP: a frozen block weight split 4 ways
     mu = result["mu"]  # a LoRA factor's AdamW moment, split 4 ways like its parameter
-    assert "lora_B" in mu["name"] and mu["shard"][0] * 4 == mu["full"][0] and mu["shard"][1:] == mu["full"][1:]
+    assert "lora_B" in mu["name"] and mu["shard"] == [mu["full"][0], mu["full"][1] // 4, mu["full"][2]]
 
 
 def test_tiny_train_step_compiles_for_a_tpu_slice():

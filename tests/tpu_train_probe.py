@@ -37,13 +37,14 @@ def main(trainable: str, steps: int):
     batch = dict(kwargs, target=torch.randn(2, 8, *kwargs["hidden_states"].shape[2:],
                                             generator=torch.Generator().manual_seed(1)))
     runs = {}
+    # the mesh runs the blocks as a scan (the default), one device unrolled: the two programs check each other
     for name, mesh in (("one", None), ("mesh", "data=2,sequence=2")):
         step = TpuTrainStep(copy.deepcopy(model), mesh=mesh, trainable=trainable, learning_rate=1e-3,
-                            compiler_options={"xla_backend_optimization_level": 0})
+                            compiler_options={"xla_backend_optimization_level": 0}, scan_blocks=mesh is not None)
         losses = [step.step(batch) for _ in range(steps)]
-        runs[name] = dict(step=step, losses=losses, params={n: p for n, p in step.state_dict()["params"].items()})
-    weight = "transformer_blocks.0.ff.net.0.proj.weight"
-    lora = "transformer_blocks.0.attn.to_q.lora_B.default.weight"
+        runs[name] = dict(step=step, losses=losses, params=dict(step.trained_transformer().named_parameters()))
+    weight = "transformer_blocks.*.ff.net.0.proj.weight"  # stacked over the 2 blocks
+    lora = "transformer_blocks.*.attn.to_q.lora_B.default.weight"
     sharded = runs["mesh"]["step"]
     adam = sharded.opt_state[1][0]  # clip_by_global_norm's state, then adamw's chain: scale_by_adam's first
     mu = adam.mu[lora if trainable == "lora" else weight]
@@ -54,6 +55,7 @@ def main(trainable: str, steps: int):
                              for n, p in runs["one"]["params"].items()),
         "max_param_change": max((p - dict(model.named_parameters())[n]).abs().max().item()
                                 for n, p in runs["one"]["params"].items()),
+        "scan": [runs["one"]["step"].scan, sharded.scan],
         "weight": {"full": list(sharded.frozen[weight].shape if weight in sharded.frozen else
                                 sharded.params[weight].shape),
                    "shard": list((sharded.frozen.get(weight) if weight in sharded.frozen else

@@ -24,6 +24,56 @@ logger = logging.getLogger(__name__)
 TRAINABLE = ("lora", "full")
 #: The batch keys :meth:`TpuTrainStep.step` reads besides the adapter's conditioning keywords.
 BATCH_KEYS = ("hidden_states", "timestep", "target")
+#: The name of a block weight stacked over the blocks (``scan_blocks``): ``transformer_blocks.*.attn.to_q.weight``.
+STACKED = "*"
+
+
+def _block_index(name: str, prefix: str) -> tuple[int, str] | None:
+    """(block index, name inside the block) of a block weight's name, else None."""
+    if not name.startswith(prefix):
+        return None
+    index, _, rest = name[len(prefix):].partition(".")
+    return (int(index), rest) if index.isdigit() and rest else None
+
+
+def _same_blocks(tensors: dict[str, torch.Tensor], prefix: str, count: int) -> bool:
+    """Whether the ``count`` blocks hold the same weights (names, shapes, dtypes): then a scan can run them."""
+    per_block: dict[int, dict[str, tuple]] = {}
+    for name, tensor in tensors.items():
+        found = _block_index(name, prefix)
+        if found:
+            per_block.setdefault(found[0], {})[found[1]] = (tuple(tensor.shape), tensor.dtype)
+    return count > 0 and sorted(per_block) == list(range(count)) and all(
+        per_block[i] == per_block[0] for i in per_block)
+
+
+def _stack(tensors: dict[str, torch.Tensor], specs: dict[str, tuple], prefix: str,
+           count: int) -> tuple[dict[str, torch.Tensor], dict[str, tuple]]:
+    """Block weights stacked over the blocks (``prefix*.<name>`` -> [count, ...]), placed as one block's weight along
+    its own dims; the other weights as they are."""
+    stacked, stacked_specs = {}, {}
+    for name, tensor in tensors.items():
+        found = _block_index(name, prefix)
+        if found is None:
+            stacked[name], stacked_specs[name] = tensor, specs.get(name, ())
+        elif found[0] == 0:
+            key = f"{prefix}{STACKED}.{found[1]}"
+            stacked[key] = torch.stack([tensors[f"{prefix}{i}.{found[1]}"] for i in range(count)])
+            spec = specs.get(name, ())
+            stacked_specs[key] = (None, *spec) if spec else ()
+    return stacked, stacked_specs
+
+
+def _unstack(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """Stacked block weights (or their gradients) back under each block's own names."""
+    out = {}
+    marker = f"{prefix}{STACKED}."
+    for name, tensor in tensors.items():
+        if name.startswith(marker):
+            out.update({f"{prefix}{i}.{name[len(marker):]}": t for i, t in enumerate(tensor.unbind(0))})
+        else:
+            out[name] = tensor
+    return out
 
 
 class _Block(torch.nn.Module):
@@ -41,21 +91,31 @@ class _Objective(torch.nn.Module):
     """The adapter's forward (:meth:`hyv_lib.models.adapter.ModelAdapter.forward`) and the flow-matching loss, written
     for a train step: each block recomputed in the backward pass (``jax.checkpoint``, ``remat``) and, on a mesh, its
     weights all-gathered whole right before it runs (FSDP: the gather is recomputed too, so whole weights live for
-    one block at a time) and the video tokens kept split over ``sequence`` between blocks."""
+    one block at a time) and the video tokens kept split over ``sequence`` between blocks.
+
+    ``stacked`` (name after the block prefix -> [num_blocks, ...] weights) runs the blocks as one ``jax.lax.scan``
+    over the first block's module with each block's weights in turn: the compiler sees one block, not 54."""
 
     def __init__(self, model, adapter: ModelAdapter, remat: bool, gather: bool):
         super().__init__()
         self.model, self.adapter, self.remat, self.gather = model, adapter, remat, gather
         self.traces = 0
 
-    def _run_block(self, block, video, context, temb, inputs, rope):
+    def _block_fn(self, block):
+        """A torch function (block weights as ``block.<name>``, tokens, temb, inputs, rope) -> (video, context)."""
         adapter, gather = self.adapter, self.gather
 
         def run(weights, video, context, temb, inputs, rope):
             if gather:
                 weights = {name: gather_whole(w) for name, w in weights.items()}
-            return torch.func.functional_call(_Block(adapter, block), weights, (video, context, temb, inputs, rope))
+            out_video, out_context = torch.func.functional_call(_Block(adapter, block), weights,
+                                                                (video, context, temb, inputs, rope))
+            return shard_tokens(out_video.to(video.dtype)), out_context.to(context.dtype)
 
+        return run
+
+    def _run_block(self, block, video, context, temb, inputs, rope):
+        run = self._block_fn(block)
         if self.remat:
             from torchax.interop import gradient_checkpoint
 
@@ -63,16 +123,33 @@ class _Objective(torch.nn.Module):
         weights = {f"block.{name}": w for name, w in block.named_parameters()}
         return run(weights, video, context, temb, inputs, rope)
 
-    def forward(self, hidden_states, timestep, prepared, rope, target):
+    def _scan_blocks(self, stacked, video, context, temb, inputs, rope):
+        import jax
+        from torchax.interop import call_jax, jax_view
+
+        run = jax_view(self._block_fn(self.adapter.blocks(self.model)[0]))
+
+        def body(carry, weights):
+            return tuple(run(weights, *carry, temb, inputs, rope)), None
+
+        if self.remat:
+            body = jax.checkpoint(body)
+        temb, inputs, rope = jax_view((temb, inputs, rope))
+        weights = {f"block.{name}": w for name, w in stacked.items()}
+        return call_jax(lambda carry, xs: jax.lax.scan(body, carry, xs)[0], (video, context), weights)
+
+    def forward(self, hidden_states, timestep, prepared, rope, target, stacked=None):
         self.traces += 1
         a, m = self.adapter, self.model
         temb = a.time_embedding(m, timestep)
         video = shard_tokens(a.embed_video(m, hidden_states))
         context = a.embed_context(m, timestep, prepared)
         inputs = a.block_inputs(prepared)
-        for block in a.blocks(m):
-            video, context = self._run_block(block, video, context, temb, inputs, rope)
-            video = shard_tokens(video)
+        if stacked is not None:
+            video, context = self._scan_blocks(stacked, video, context, temb, inputs, rope)
+        else:
+            for block in a.blocks(m):
+                video, context = self._run_block(block, video, context, temb, inputs, rope)
         prediction = a.unpatchify(a.output_tokens(m, video, temb), hidden_states.shape)
         return flow_matching_loss(prediction, target)
 
@@ -102,7 +179,10 @@ class TpuTrainStep:
     ``sequence``. ``placement`` holds the per-rule report.
 
     ``attention``: as :class:`hyv_lib.runtimes.tpu.TpuTransformer` takes it (``auto``: Splash on a TPU, whose
-    kernel has its own backward; the XLA kernel elsewhere). ``compiler_options``: XLA options for the update's
+    kernel has its own backward; the XLA kernel elsewhere). ``scan_blocks`` (when every block holds the same weights)
+    runs the block stack as one ``jax.lax.scan`` over weights stacked per name (``transformer_blocks.*.<name>``,
+    [num_blocks, ...]): one block for the compiler to compile instead of 54, the same numbers.
+    ``compiler_options``: XLA options for the update's
     compilation (``jax.jit``'s; e.g. ``{"xla_backend_optimization_level": 0}`` compiles a CPU test faster).
     """
 
@@ -111,7 +191,7 @@ class TpuTrainStep:
                  max_grad_norm: float = 1.0, remat: bool = True, param_dtype: torch.dtype | None = None,
                  master_weights: bool = True, attention: str = "auto",
                  attention_options: dict[str, Any] | None = None, adapter: ModelAdapter | None = None,
-                 compiler_options: dict[str, Any] | None = None):
+                 compiler_options: dict[str, Any] | None = None, scan_blocks: bool = True):
         import jax
         import optax
         import torchax
@@ -143,17 +223,24 @@ class TpuTrainStep:
         if not names:
             raise HyvInputError("trainable", "'lora' needs a LoRA adapter on the transformer "
                                              "(hyv_lib.models.lora.add_lora) first; or train 'full'")
-        self.trainable_names = names
         tensors = dict(params, **dict(transformer.named_buffers()))
-        self.specs: dict[str, tuple] = {}
+        specs: dict[str, tuple] = {}
         self.placement: list[dict] = []
         if mesh is not None:
             shapes = {n: tuple(t.shape) for n, t in tensors.items()}
-            self.specs, self.placement = plan_fsdp(shapes, adapter.rules("fsdp"), mesh)
+            specs, self.placement = plan_fsdp(shapes, adapter.rules("fsdp"), mesh)
+        self.num_blocks = len(adapter.blocks(transformer))
+        self.scan = scan_blocks and _same_blocks(tensors, adapter.block_prefix, self.num_blocks)
+        if self.scan:  # one [num_blocks, ...] array per block weight, placed like a block's: split along its dims
+            tensors, specs = _stack(tensors, specs, adapter.block_prefix, self.num_blocks)
+            trained = set(names)
+            names = [n for n in tensors if n.replace(f"{adapter.block_prefix}{STACKED}.", f"{adapter.block_prefix}0.")
+                     in trained]
+        self.trainable_names, self.specs = names, specs
 
         def to_jax(name, dtype):
             tensor = tensors[name]
-            return place(tensor, mesh, self.specs.get(name, ()), dtype if tensor.is_floating_point() else None,
+            return place(tensor, mesh, specs.get(name, ()), dtype if tensor.is_floating_point() else None,
                          self.abstract)
 
         trained = set(names)
@@ -222,19 +309,24 @@ class TpuTrainStep:
         from torchax.interop import call_torch
 
         weights = dict(frozen, **{n: p.astype(self._compute_dtype) for n, p in params.items()})
+        prefix = self.adapter.block_prefix
         if self.mesh is not None:  # the small weights outside the blocks: gathered whole once per step
-            prefix = self.adapter.block_prefix
             whole = NamedSharding(self.mesh, P())
             weights = {n: w if n.startswith(prefix) else jax.lax.with_sharding_constraint(w, whole)
                        for n, w in weights.items()}
 
-        def objective(weights, batch):
+        stacked, marker = None, f"{prefix}{STACKED}."
+        if self.scan:
+            stacked = {n[len(marker):]: w for n, w in weights.items() if n.startswith(marker)}
+            weights = {n: w for n, w in weights.items() if not n.startswith(marker)}
+
+        def objective(weights, stacked, batch):
             return torch.func.functional_call(self._objective, {f"model.{n}": w for n, w in weights.items()},
                                               (batch["hidden_states"], batch["timestep"], batch["prepared"],
-                                               batch["rope"], batch["target"]))
+                                               batch["rope"], batch["target"], stacked), strict=False)
 
         with active_mesh(self.mesh):
-            return call_torch(objective, weights, batch)
+            return call_torch(objective, weights, stacked, batch)
 
     def _update_fn(self, params, opt_state, frozen, batch):
         import jax
@@ -304,7 +396,7 @@ class TpuTrainStep:
         if self._gradients is None:
             self._gradients = jax.jit(jax.value_and_grad(self._loss))
         loss, grads = self._gradients(self.params, self.frozen, self._batch(batch))
-        return float(loss), {n: jax_to_torch(g) for n, g in grads.items()}
+        return float(loss), _unstack({n: jax_to_torch(g) for n, g in grads.items()}, self.adapter.block_prefix)
 
     def lower(self, batch: dict[str, torch.Tensor]):
         """``jax.jit(update).lower(...)`` for a batch of these shapes (tensors, or meta tensors for a compile-only
@@ -362,8 +454,9 @@ class TpuTrainStep:
         self._check_concrete()
         named = dict(self.model.named_parameters())
         with torch.no_grad():
-            for name, array in self.params.items():
-                named[name].copy_(jax_to_torch(array).to(named[name].dtype))
+            trained = _unstack({n: jax_to_torch(p) for n, p in self.params.items()}, self.adapter.block_prefix)
+            for name, tensor in trained.items():
+                named[name].copy_(tensor.to(named[name].dtype))
         self.model.set_attn_processor(self._processors)
         self._restored = True
         return self.model
