@@ -22,6 +22,7 @@ from .pipeline.image import load_image
 from .pipeline.settings import STAGE2_SETTINGS
 from .pipeline.stages import generate, stage1, stage2, stage3
 from .planning.tpu_compile import compile_step, format_report
+from .planning.train_compile import RECIPE_LORA_ALPHA, RECIPE_LORA_RANK, compile_train_step, format_train_report
 from .runtimes.magcache import CALIBRATION_PROMPT, CALIBRATION_SEED
 from .training.features import extract_features
 from .training.loop import DEFAULTS as TRAIN_DEFAULTS
@@ -200,8 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--mesh", default=None,
                       help="e.g. data=2,tensor=4 or sequence=2,tensor=4; must use every device "
                            "(default: data=2 for the CFG batch, tensor = the rest)")
-    comp.add_argument("--sharding", default="tp_replicated_out", help="tp | tp_replicated_out | fsdp "
-                                                                      "(default tp_replicated_out)")
+    comp.add_argument("--sharding", default=None, help="tp | tp_replicated_out | fsdp (default tp_replicated_out; "
+                                                       "--train: fsdp, the only one)")
     comp.add_argument("--height", type=int, default=None, help="pixels (default: the preset's 16:9 bucket)")
     comp.add_argument("--width", type=int, default=None, help="pixels (default: the preset's 16:9 bucket)")
     comp.add_argument("--video_length", type=int, default=None, help="frames, 4n+1 (default: the preset's)")
@@ -209,6 +210,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="compile DeepCache's full and cached programs instead of the plain step")
     comp.add_argument("--no_cache_blocks", type=int, default=1,
                       help="trailing blocks of the cached step, 0..num_layers (default 1)")
+    comp.add_argument("--train", default=None, help="lora | full: compile the train step instead (forward, backward "
+                                                    "and AdamW; FSDP, bf16 weights, fp32 optimizer state, remat)")
+    comp.add_argument("--lora_rank", type=int, default=RECIPE_LORA_RANK,
+                      help=f"--train lora: the rank (default {RECIPE_LORA_RANK}, the official train.py's)")
+    comp.add_argument("--lora_alpha", type=float, default=RECIPE_LORA_ALPHA,
+                      help=f"--train lora: alpha (default {RECIPE_LORA_ALPHA:g}, the official train.py's)")
+    comp.add_argument("--batch_size", type=int, default=1, help="--train: samples per step (default 1)")
     comp.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     cal = sub.add_parser("calibrate_cache", help="magcache: one uncached run that writes the per-step curve "
                                                  "(--cache_calibration) for a preset and step count")
@@ -439,10 +447,19 @@ def _run_command(args: argparse.Namespace) -> int:
             data = preset.to_json()
             print(json.dumps(data, indent=2) if args.json else
                   "\n".join(f"{k}: {v}" for k, v in data.items() if not isinstance(v, dict)))
+        elif args.command == "compile" and args.train is not None:
+            if args.sharding not in (None, "fsdp") or args.enable_cache:
+                raise HyvInputError("--sharding" if args.sharding not in (None, "fsdp") else "--enable_cache",
+                                    "a train step (--train) is FSDP over the mesh, without DeepCache")
+            report = compile_train_step(args.preset, args.topology, train=args.train, lora_rank=args.lora_rank,
+                                        lora_alpha=args.lora_alpha, height=args.height, width=args.width,
+                                        video_length=args.video_length, batch_size=args.batch_size, mesh=args.mesh)
+            print(json.dumps(report, indent=2) if args.json else format_train_report(report))
         elif args.command == "compile":
-            report = compile_step(args.preset, args.topology, mesh=args.mesh, sharding=args.sharding,
-                                  height=args.height, width=args.width, video_length=args.video_length,
-                                  enable_cache=args.enable_cache, no_cache_blocks=args.no_cache_blocks)
+            report = compile_step(args.preset, args.topology, mesh=args.mesh, sharding=args.sharding or
+                                  "tp_replicated_out", height=args.height, width=args.width,
+                                  video_length=args.video_length, enable_cache=args.enable_cache,
+                                  no_cache_blocks=args.no_cache_blocks)
             print(json.dumps(report, indent=2) if args.json else format_report(report))
         elif args.command == "save_tiny":
             _save_tiny(args)
