@@ -1,0 +1,219 @@
+"""Compile the real HunyuanVideo-1.5 train step (forward, backward, AdamW) for 8-chip-class TPU slices on this CPU, and
+find what fits: for each slice x resolution x LoRA/full, the largest batch at 121 frames, or the longest video
+(4n+1 frames) at batch 1 when 121 frames do not fit. Not a unit test:
+
+    .venv/bin/python benchmarks/train_compile.py                 # the grid, resumable (each compile takes minutes)
+    .venv/bin/python benchmarks/train_compile.py --table         # rewrite the markdown table from the saved JSON
+
+Each compile is one ``python -m hyv_lib compile --train ... --json`` child process (the public CLI); its report and
+command are saved as they finish in benchmarks/results/train_compile_<date>_cpu_libtpu.json, and a rerun skips those
+already there. The search: compile 121 frames at batch 1; if that fits, batch 2, then the batch a straight line
+through those two totals predicts to be the largest (per-device memory is the sharded weights and optimizer state
+plus activations proportional to batch x tokens), checked by compiling it and the next one; if 121 frames do not fit,
+the same with frames at batch 1 (a line through 121 frames and 33). What the compiler reports is a memory and
+collective check, not a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATE = "2026-11-26"
+STEM = os.path.join(HERE, "results", f"train_compile_{DATE}_cpu_libtpu")
+SLICES = {"v5p-8": "v5p:2x2x1", "v6e-8": "v6e:2x4", "v5e-8": "v5e:2x4"}
+SIZES = {"480p": "480p_t2v", "720p": "720p_t2v"}
+TRAIN = ("lora", "full")
+FRAMES, SHORT = 121, 33
+MAX_BATCH = 16
+
+
+def load() -> dict:
+    if os.path.exists(STEM + ".json"):
+        with open(STEM + ".json") as f:
+            return json.load(f)
+    return {"runs": {}}
+
+
+def save(results: dict) -> None:
+    os.makedirs(os.path.dirname(STEM), exist_ok=True)
+    for path, text in ((STEM + ".json", json.dumps(results, indent=1, sort_keys=True)),
+                       (STEM + ".md", table(results))):
+        with open(path + ".tmp", "w") as f:
+            f.write(text + "\n")
+        os.replace(path + ".tmp", path)
+
+
+def compile_child(slice_: str, size: str, train: str, frames: int, batch: int) -> dict:
+    """One ``python -m hyv_lib compile --train`` child: its report with the command, or the error it ended with."""
+    cmd = ["-m", "hyv_lib", "compile", "--preset", SIZES[size], "--topology", SLICES[slice_], "--train", train,
+           "--video_length", str(frames), "--batch_size", str(batch), "--json"]
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable] + cmd, capture_output=True, text=True, cwd=os.path.dirname(HERE),
+                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    wall = round(time.perf_counter() - start, 1)
+    command = "python " + " ".join(cmd)
+    if out.returncode != 0:
+        return dict(error=(out.stderr.strip().splitlines() or ["?"])[-1], command=command, wall_seconds=wall)
+    return dict(json.loads(out.stdout), command=command, wall_seconds=wall)
+
+
+def search(results: dict, slice_: str, size: str, train: str, log, base_only: bool = False) -> None:
+    """Compile what the search needs for one configuration (skipping saved compiles); ``base_only``: only 121 frames
+    at batch 1 (a first pass over the grid)."""
+
+    def run(frames: int, batch: int) -> dict:
+        key = f"{slice_}/{size}/{train}/F{frames}/B{batch}"
+        if key not in results["runs"]:
+            log(f"compiling {key} ...")
+            results["runs"][key] = compile_child(slice_, size, train, frames, batch)
+            save(results)
+            r = results["runs"][key]
+            log(f"  {key}: {'error ' + r['error'] if 'error' in r else ('fits' if r['fits'] else 'does not fit')}"
+                f", {r.get('per_device_bytes', {}).get('total', 0) / 2**30:.2f} GiB, {r['wall_seconds']} s")
+        return results["runs"][key]
+
+    def fits(r: dict) -> bool:
+        return "error" not in r and r["fits"]
+
+    def total(r: dict) -> float:
+        return r["per_device_bytes"]["total"]
+
+    def largest(x1: int, r1: dict, x2: int, r2: dict, lo: int, hi: int) -> int:
+        """The largest x in [lo, hi] that a line through (x1, total1), (x2, total2) keeps within the HBM limit."""
+        slope = (total(r2) - total(r1)) / (x2 - x1)
+        room = r1["hbm_available_per_device"] - total(r1)
+        return max(lo, min(hi, x1 + int(room // slope))) if slope > 0 else hi
+
+    def climb(first: int, value: int, step, compile_at, bound: int) -> None:
+        """From a predicted ``value``: compile it; while it fits, compile the next; while it does not, the previous."""
+        x = value
+        if fits(compile_at(x)):
+            while x + step <= bound and fits(compile_at(x + step)):
+                x += step
+        else:
+            while x - step >= first and not fits(compile_at(x - step)):
+                x -= step
+
+    base = run(FRAMES, 1)
+    if "error" in base or base_only:
+        return
+    if fits(base):  # the largest batch at 121 frames
+        two = run(FRAMES, 2)
+        if "error" in two or not fits(two) or total(two) <= total(base):
+            return
+        climb(2, largest(1, base, 2, two, 2, MAX_BATCH), 1, lambda b: run(FRAMES, b), MAX_BATCH)
+    else:  # the longest video at batch 1
+        short = run(SHORT, 1)
+        if "error" in short or not fits(short):
+            run(9, 1)
+            return
+        latent = largest((SHORT - 1) // 4, short, (FRAMES - 1) // 4, base, (SHORT - 1) // 4, (FRAMES - 1) // 4 - 1)
+        climb(SHORT, 4 * latent + 1, 4, lambda f: run(f, 1), FRAMES - 4)
+
+
+def summary(results: dict) -> list[dict]:
+    """Per configuration: the largest (frames, batch) that fits and its report, and how many compiles it took."""
+    rows = []
+    for slice_ in SLICES:
+        for size in SIZES:
+            for train in TRAIN:
+                prefix = f"{slice_}/{size}/{train}/"
+                runs = {k[len(prefix):]: r for k, r in results["runs"].items() if k.startswith(prefix)}
+                if not runs:
+                    continue
+                ok = [(r["size"]["video_length"], r["batch"], r) for r in runs.values() if "error" not in r and
+                      r["fits"]]
+                best = max(ok, key=lambda t: (t[0] * t[1], t[0]))[2] if ok else None
+                smallest_bad = [r for r in runs.values() if "error" not in r and not r["fits"]]
+                rows.append(dict(slice=slice_, size=size, train=train, best=best, compiles=len(runs),
+                                 failed=min(smallest_bad, key=lambda r: r["size"]["video_length"] * r["batch"])
+                                 if smallest_bad else None))
+    return rows
+
+
+def table(results: dict) -> str:
+    gib = 2**30
+
+    def g(n):
+        return "n/a" if n is None else f"{n / gib:.1f}"
+
+    lines = [
+        f"# The HunyuanVideo-1.5 train step compiled for TPU slices ({DATE}, libtpu on a CPU, no TPU)",
+        "",
+        "`python benchmarks/train_compile.py`: each row is `python -m hyv_lib compile --train ... --json` (commands "
+        "below), the whole update (forward, backward with each block recomputed, AdamW) of the 8.3B DiT, bf16 weights "
+        "and activations, fp32 AdamW moments and fp32 master weights for the trained parameters, FSDP over every "
+        "device (mesh: data = the batch where it divides the devices, sequence = the rest), the blocks as one scan, "
+        "Splash attention (forward and backward kernels, Mosaic). LoRA: rank 8, alpha 16 (the official train.py's), "
+        "on the attention q/k/v/out projections of both streams in the 54 blocks. Memory is the compiler's per-device "
+        "figure; `fits` = it compiled and its total is within what the compiler lets a program use. A memory check, "
+        "not a timing. 16:9 buckets: 480p = 480x848, 720p = 720x1280.",
+        "",
+        "## What fits",
+        "",
+        "| slice | size | train | largest that fits (frames x batch) | per device: total (weights+state / "
+        "temporaries) GiB | HBM available GiB | matmul TFLOP per device and step | compiles | smallest that "
+        "does not fit |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in summary(results):
+        b, bad = row["best"], row["failed"]
+        bad_text = "" if bad is None else (f"{bad['size']['video_length']} x {bad['batch']}: "
+                                           f"{g(bad['per_device_bytes']['total'])} GiB")
+        if b is None:
+            lines.append(f"| {row['slice']} | {row['size']} | {row['train']} | nothing fits | | | | "
+                         f"{row['compiles']} | {bad_text} |")
+            continue
+        m = b["per_device_bytes"]
+        flops = b.get("matmul_flops_per_device")
+        lines.append(f"| {row['slice']} | {row['size']} | {row['train']} | {b['size']['video_length']} x {b['batch']} "
+                     f"| {g(m['total'])} ({g(m['arguments'])} / {g(m['temporaries'])}) | "
+                     f"{g(b['hbm_available_per_device'])} | {'n/a' if flops is None else f'{flops / 1e12:,.0f}'} | "
+                     f"{row['compiles']} | {bad_text} |")
+    lines += ["", "## Every compile", "",
+              "| configuration | mesh | fits | total GiB | arguments GiB | temporaries GiB | collectives | "
+              "compile s | command |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for key, r in sorted(results["runs"].items()):
+        if "error" in r:
+            lines.append(f"| {key} | | error: {r['error']} | | | | | {r['wall_seconds']} | `{r['command']}` |")
+            continue
+        m = r["per_device_bytes"]
+        mesh = ",".join(f"{a}={n}" for a, n in r["mesh"].items() if n > 1)
+        coll = ", ".join(f"{c['kind']} x{c['count']}" for c in r["collectives"]) or "n/a"
+        lines.append(f"| {key} | {mesh} | {'yes' if r['fits'] else 'no'} | {g(m['total'])} | {g(m['arguments'])} | "
+                     f"{g(m['temporaries'])} | {coll} | {r['compile_seconds']} | `{r['command']}` |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--table", action="store_true", help="only rewrite the markdown from the saved JSON")
+    parser.add_argument("--only", default=None, help="comma-separated filters on 'slice/size/train' (e.g. v5p-8)")
+    args = parser.parse_args()
+    results = load()
+    if args.table:
+        save(results)
+        print(table(results))
+        return
+
+    def log(text):
+        print(time.strftime("%H:%M:%S"), text, flush=True)
+
+    order = [(s, z, t) for z in SIZES for t in TRAIN for s in SLICES]
+    filters = args.only.split(",") if args.only else None
+    chosen = [c for c in order if not filters or any(f in "/".join(c) for f in filters)]
+    for base_only in (True, False):  # 121 frames at batch 1 everywhere first, then the searches
+        for slice_, size, train in chosen:
+            search(results, slice_, size, train, log, base_only)
+    save(results)
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
