@@ -1,6 +1,6 @@
 """One command on one GPU: the real-size evidence for hyv_lib's GPU claims, as one JSON file and a markdown table.
 
-    python benchmarks/gpu_check.py [--output FILE] [--budget_s 420] [--sections attention,step,cache,offload,vae]
+    python benchmarks/gpu_check.py [--output FILE] [--budget_s 420] [--sections attention,step,cache,offload,vae,train]
     python benchmarks/gpu_check.py --tiny      # the same code on the CPU in seconds (the test suite runs it)
 
 Sections, each catching and recording its own failure so one broken backend does not lose the rest:
@@ -23,6 +23,11 @@ Sections, each catching and recording its own failure so one broken backend does
   budgets with whether the measured peak stayed within them.
 - ``distributed``: ``torchrun --nproc_per_node 1 -m hyv_lib stage2`` with Ulysses, Ulysses + ``--shard_weights fsdp``
   and torch + fsdp on the tiny model (nccl on the GPU), against the same stage 2 in one process.
+- ``train``: fine-tuning steps of the full 54-block DiT (random bf16 weights, hyv_lib's SDPA attention) through
+  :class:`hyv_lib.training.torch_step.TorchTrainStep` (flow-matching loss, backward, clipping, AdamW): one full
+  fine-tune at 480p/33 frames, then a rank-16 LoRA (:func:`hyv_lib.models.lora.add_lora`) at 480p and 720p, 33 to 121
+  frames, with gradient checkpointing (and once without), cheapest first: s/step, peak memory and
+  :func:`hyv_lib.planning.train_memory.train_step_memory`'s model of it; an out-of-memory row says ``oom``.
 
 Everything is written after every section (``--output``, default ``benchmarks/results/gpu_check.json``, and the markdown
 table next to it), so a run stopped at its time limit keeps what it measured. Rows that would not fit the remaining
@@ -76,10 +81,19 @@ def sizes(tiny: bool) -> dict[str, Any]:
     if tiny:
         # "large" has enough tokens (240 video + 170 context) that S x S outgrows every other tensor of the tiny model
         return dict(preset="tiny", attention=(128, 160, 9), steps={"small": (32, 48, 9), "large": (128, 160, 9)},
-                    vae=(64, 96, 9), vae_tiles=(64,), vae_budgets=(0.037,), repeats=1)
+                    vae=(64, 96, 9), vae_tiles=(64,), vae_budgets=(0.037,), repeats=1,
+                    train=[("full", "small", (64, 96, 9), True), ("lora", "small", (128, 224, 9), True),
+                           ("lora", "small", (128, 224, 9), False)])
+    p480, p720 = (480, 848), (720, 1280)
     return dict(preset="720p_t2v", attention=(720, 1280, 121),
                 steps={"480p": (480, 848, 121), "720p": (720, 1280, 121)}, vae=(720, 1280, 121),
-                vae_tiles=(128, 192, 256, 384), vae_budgets=(8, 12, 24), repeats=3)
+                vae_tiles=(128, 192, 256, 384), vae_budgets=(8, 12, 24), repeats=3,
+                # (what trains, size name, (height, width, frames), remat): the full fine-tune first (before the
+                # LoRA is attached), then the LoRA rows by their expected time
+                train=[("full", "480p", (*p480, 33), True), ("lora", "480p", (*p480, 33), True),
+                       ("lora", "480p", (*p480, 33), False), ("lora", "480p", (*p480, 61), True),
+                       ("lora", "720p", (*p720, 33), True), ("lora", "480p", (*p480, 121), True),
+                       ("lora", "720p", (*p720, 61), True), ("lora", "720p", (*p720, 121), True)])
 
 
 # ------------------------------------------------------------------------------------------ measuring
@@ -600,6 +614,138 @@ def distributed_section(section, device, clock, budget, cfg, tiny) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+# ------------------------------------------------------------------------------------------ train
+#: The train rows' LoRA rank (community LoRAs for this model are rank 16 to 32; the official recipe uses 8).
+TRAIN_LORA_RANK = 16
+#: The attention backend of the train rows: hyv_lib's SDPA on the valid tokens (torch's fused kernels, with their
+#: backward; no [B, 1, S, S] mask).
+TRAIN_ATTENTION = "sdpa"
+#: Model FLOP utilisation assumed to plan a row's time (the inference step ran at 0.48 to 0.52 on the H200).
+PLANNING_MFU = 0.35
+
+
+def train_batch(preset, height: int, width: int, frames: int, seed: int = 3) -> dict[str, torch.Tensor]:
+    """One sample of a train step's host batch (TorchTrainStep's keys): clean latents noised by the flow-matching
+    objective (:func:`hyv_lib.models.flow_matching.training_inputs`, a logit-normal noise level with the official shift
+    3), random text embeddings padded as :data:`VALID_CONTEXT`'s first prompt, t2v (zero image embeddings)."""
+    from hyv_lib.models.flow_matching import NUM_TRAIN_TIMESTEPS, TRAIN_TIMESTEP_SHIFT, sample_sigmas, training_inputs
+
+    g = torch.Generator().manual_seed(seed)
+    kwargs = get_adapter(preset.model).example_inputs(preset, height, width, frames, batch=1, dtype=torch.float32)
+    x0 = torch.randn(preset.latent_shape(height, width, frames), generator=g)
+    sigma = sample_sigmas(1, shift=TRAIN_TIMESTEP_SHIFT, generator=g)
+    hidden, target = training_inputs(x0, torch.randn(x0.shape, generator=g), sigma)
+    text, byt5 = VALID_CONTEXT[0]
+    return dict(hidden_states=hidden, timestep=sigma * NUM_TRAIN_TIMESTEPS, target=target,
+                encoder_hidden_states=torch.randn(kwargs["encoder_hidden_states"].shape, generator=g),
+                encoder_attention_mask=(torch.arange(preset.text_len) < text).long()[None],
+                encoder_hidden_states_2=torch.randn(kwargs["encoder_hidden_states_2"].shape, generator=g),
+                encoder_attention_mask_2=(torch.arange(preset.byt5_len) < byt5).long()[None],
+                image_embeds=kwargs["image_embeds"])
+
+
+def train_flops(preset, height: int, width: int, frames: int, trainable: str, remat: bool) -> tuple[float, float]:
+    """(useful FLOPs of a train step, FLOPs it runs): the forward, and the backward's 2 forwards' worth for full
+    fine-tuning or 1 under a LoRA (the frozen weights' gradients are skipped); ``remat`` runs the forward again."""
+    forward = step_flops(preset, height, width, frames, batch=1)["total"]
+    useful = forward * (3 if trainable == "full" else 2)
+    return useful, useful + (forward if remat else 0)
+
+
+def train_section(section, device, clock, budget, cfg, tiny) -> None:
+    from hyv_lib.models.lora import add_lora
+    from hyv_lib.planning.train_memory import train_step_memory
+    from hyv_lib.training.torch_step import TorchTrainStep
+
+    live_peak_bytes = None
+    if tiny:  # the CPU's measure: torch's live tensor bytes (the test suite's probe)
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from memory_probe import live_peak_bytes
+
+    preset = get_preset(cfg["preset"])
+    chip = chip_key(device)
+    peak_flops = CHIPS[chip or "H100"].peak_bf16_flops
+    start = time.perf_counter()
+    model = build_transformer(preset, device)
+    get_adapter(preset.model).use_attention(model, TRAIN_ATTENTION)
+    section.update(build_s=round(time.perf_counter() - start, 1), attention=TRAIN_ATTENTION, lora_rank=TRAIN_LORA_RANK,
+                   recipe="hyv_lib.training.torch_step.TorchTrainStep: AdamW (torch.optim, default foreach), clip 1.0, "
+                          "lr 1e-5; full: bf16 weights, gradients and moments; LoRA: fp32 factors on bf16 weights",
+                   modelled="hyv_lib.planning.train_memory.train_step_memory(precision='torch', device='gpu'): "
+                            "modelled_gib is its allocated (torch's allocator peak, CUDA context excluded)",
+                   batch_size=1)
+    lora_added = False
+    for trainable, size_name, (height, width, frames), remat in cfg["train"]:
+        row: dict[str, Any] = dict(name=f"{trainable} {size_name} {frames}f{'' if remat else ' no remat'}",
+                                   trainable=trainable, size=[height, width, frames], remat=remat,
+                                   lora_rank=TRAIN_LORA_RANK if trainable == "lora" else None)
+        section["rows"].append(row)
+        useful, runs = train_flops(preset, height, width, frames, trainable, remat)
+        seconds_per_step = runs / (PLANNING_MFU * peak_flops)
+        repeats = 1 if tiny or seconds_per_step > 10 else 2
+        need = 1 if tiny else (1 + repeats) * seconds_per_step + 10
+        row["planned_s"] = round(need, 1)
+        modelled = None
+        try:
+            modelled = train_step_memory(preset, height=height, width=width, video_length=frames, trainable=trainable,
+                                         lora_rank=TRAIN_LORA_RANK, remat=remat, precision="torch",
+                                         device="gpu" if device.type == "cuda" else "cpu")
+            row.update(modelled_gib=round(modelled["allocated"] / GIB, 2), modelled_peak_phase=modelled["peak_phase"],
+                       modelled_parts_gib={k: round(modelled[k] / GIB, 3) for k in (
+                           "weights", "optimizer", "inputs", "transient", "gradients", "activations")})
+        except Exception as err:  # noqa: BLE001 - the measurement still runs
+            row["modelled_error"] = f"{type(err).__name__}: {err}"[:300]
+        if not budget.allows(need):
+            row.update(status="skipped", reason="time budget")
+            print(f"  train {row['name']}: skipped (time budget)", flush=True)
+            continue
+        step = None
+        try:
+            if trainable == "lora" and not lora_added:
+                for p in model.parameters():
+                    p.requires_grad_(False)
+                    p.grad = None
+                add_lora(model, TRAIN_LORA_RANK)
+                lora_added = True
+            if not remat:
+                model.disable_gradient_checkpointing()
+            step = TorchTrainStep(model, trainable=trainable, learning_rate=1e-5, remat=remat)
+            batch = train_batch(preset, height, width, frames)
+            with gpu_memory(device, row):
+                first = step.step(batch)  # warm-up: allocates the gradients and AdamW's state
+                seconds, loss = clock.time(lambda: step.step(batch), repeats)
+            row.update(status="ok", s_per_step=round(seconds, 3), first_loss=round(first, 5), loss=round(loss, 5),
+                       finite=bool(math.isfinite(first) and math.isfinite(loss)),
+                       trained_params=sum(p.numel() for p in step.params), useful_tflop=round(useful / 1e12, 2))
+            if chip:
+                row["mfu"] = round(mfu(useful, seconds, chip, 1), 3)
+            if live_peak_bytes is not None:
+                for p in step.params:  # over what a step keeps (weights, AdamW's state): the last gradients go first
+                    p.grad = None
+                measured = live_peak_bytes(lambda: step.step(batch))
+                row["live_peak_mib"] = round(measured / 2**20, 3)
+                if modelled is not None:
+                    row["modelled_live_mib"] = round((modelled["transient"] + modelled["inputs"]) / 2**20, 3)
+            if modelled is not None and "peak_allocated_gib" in row:
+                row["model_error"] = round(modelled["allocated"] / GIB / row["peak_allocated_gib"] - 1, 3)
+        except torch.cuda.OutOfMemoryError as err:
+            row.update(status="oom", error=str(err).split("\n")[0][:300])
+            print(f"  train {row['name']}: out of memory", flush=True)
+        except Exception as err:  # noqa: BLE001
+            row_failure(row, err)
+        finally:
+            step = None
+            for p in model.parameters():
+                p.grad = None
+            model.enable_gradient_checkpointing()
+            free_memory()
+        print(f"  train {row['name']}: {row.get('s_per_step', row.get('status'))} s/step, peak "
+              f"{row.get('peak_allocated_gib', row.get('live_peak_mib'))} (modelled {row.get('modelled_gib')} GiB)",
+              flush=True)
+    del model
+    free_memory()
+
+
 # ------------------------------------------------------------------------------------------ markdown
 def markdown(data: dict[str, Any]) -> str:
     """The report as markdown tables (what the runbook and chapter 8 quote)."""
@@ -618,7 +764,8 @@ def markdown(data: dict[str, Any]) -> str:
         rows = section.get("rows", [])
         keys = [k for k in ("name", "status", "backend", "ms", "tflops", "max_error", "s_per_step", "mfu",
                             "full_step_s", "cached_step_s", "seconds", "peak_allocated_gib", "extra_gib",
-                            "modelled_gib", "budget_gib", "fits", "max_abs_diff", "to_device_s", "back_to_host_s",
+                            "modelled_gib", "model_error", "live_peak_mib", "modelled_live_mib", "budget_gib", "fits",
+                            "max_abs_diff", "to_device_s", "back_to_host_s",
                             "allocated_after_gib",
                             "reason", "error") if any(k in r for r in rows)]
         if rows:
@@ -636,7 +783,7 @@ def markdown(data: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------------ main
-SECTIONS = ("attention", "step", "cache", "offload", "vae", "distributed")
+SECTIONS = ("attention", "step", "cache", "offload", "vae", "distributed", "train")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -698,6 +845,8 @@ def main(argv: list[str] | None = None) -> int:
         run_section(report, "vae", lambda s: vae_section(s, device, clock, budget, cfg, args.tiny))
     if "distributed" in wanted:
         run_section(report, "distributed", lambda s: distributed_section(s, device, clock, budget, cfg, args.tiny))
+    if "train" in wanted:
+        run_section(report, "train", lambda s: train_section(s, device, clock, budget, cfg, args.tiny))
     report.data["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     report.write()
     failed = [n for n, s in report.data["sections"].items() if s.get("status") == "failed"]

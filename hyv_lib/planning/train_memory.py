@@ -167,14 +167,15 @@ def _lora_layers(model: str, config_json: str, targets: tuple[str, ...] | None) 
 def lora_parameters(preset: Preset | str, rank: int, targets: Sequence[str] | None = None) -> dict[str, Any]:
     """Parameters of a rank-``rank`` LoRA on ``targets`` (default: :data:`hyv_lib.models.lora.DEFAULT_TARGETS` in the
     blocks' attention): per adapted layer ``rank x (in + out)`` (A: rank x in, B: out x rank). Returns ``params``,
-    ``modules`` and ``block_params`` (those inside the blocks)."""
+    ``modules``, ``block_params`` (those inside the blocks) and ``largest`` (one factor's)."""
     preset = as_preset(preset)
     check_count("lora_rank", rank)
     layers = _lora_layers(preset.model, json.dumps(preset.transformer, sort_keys=True),
                           tuple(targets) if targets is not None else None)
     prefix = get_adapter(preset.model).block_prefix
     return dict(params=sum(rank * (i + o) for _, i, o in layers), modules=len(layers),
-                block_params=sum(rank * (i + o) for n, i, o in layers if n.startswith(prefix)))
+                block_params=sum(rank * (i + o) for n, i, o in layers if n.startswith(prefix)),
+                largest=max(rank * max(i, o) for _, i, o in layers))
 
 
 # ---------------------------------------------------------------------------------------------- state
@@ -212,7 +213,9 @@ def state_bytes(preset: Preset | str, trainable: str = "lora", *, lora_rank: int
     live = trained - (0 if rec.dead_have_state else dead_parameters(preset, lora, lora_rank, lora_targets))
     block_live = block_trained - (trained - live)
     share = 1.0 if fsdp == 1 else fsdp_shard_bytes(preset, fsdp, "bf16") / layout["total"]
+    largest = lora["largest"] if lora else max(math.prod(shape) for _, shape in parameter_shapes(preset))
     return dict(weights=(frozen * rec.frozen + trained * rec.weight) * share, gradients=live * rec.gradient * share,
+                largest_trained=largest,
                 block_gradients=block_live * rec.gradient * share, master=trained * rec.master * share,
                 optimizer=live * rec.moments * share, params=params, trained_params=trained, lora=lora, recipe=rec)
 
@@ -238,9 +241,11 @@ def block_saved_bytes(kind: str, *, video_tokens: int, context_tokens: int, hidd
 def activation_phases(preset: Preset | str, height: int, width: int, video_length: int, *, batch_size: int = 1,
                       trainable: str = "lora", lora_rank: int = 16, remat: bool = True, sequence_parallel: int = 1,
                       activation_bytes: int = 2, lora_fp32: bool = False, block_gradients: float = 0,
-                      gradients: float = 0, optimizer_temporaries: float = 0) -> dict[str, Any]:
+                      gradients: float = 0, optimizer_temporaries: float = 0,
+                      previous_gradients: float = 0) -> dict[str, Any]:
     """Bytes a train step allocates on top of what it keeps between steps, at the points where it can peak:
-    ``forward_end`` (the loss computed), ``backward_start`` (the last block's backward), ``backward_end`` (the first
+    ``forward_end`` (the loss computed; with the last step's ``previous_gradients`` where they are cleared only after
+    the forward, as hyv_lib's torch step does), ``backward_start`` (the last block's backward), ``backward_end`` (the first
     block's backward, with the blocks' gradients ``block_gradients``) and ``optimizer`` (all ``gradients`` and the
     update's ``optimizer_temporaries``). With b samples, N_v video tokens (N_v / n under Ulysses over n ranks), N_c
     context tokens (whole on every rank), hidden h and x bytes per activation element:
@@ -287,7 +292,7 @@ def activation_phases(preset: Preset | str, height: int, width: int, video_lengt
         held, last = (d["layers"] - 1) * (saved + inputs) + first + first_inputs, 0.0
     around = rope + embedders + prediction
     key = "full" if trainable == "full" else "lora"
-    phases = dict(forward_end=held + around + head,
+    phases = dict(forward_end=held + around + head + previous_gradients,
                   backward_start=held + around + last + extra(LAST_BLOCK_EXTRA[key]),
                   backward_end=first_inputs + first + around + extra(BACKWARD_EXTRA[key]) + block_gradients,
                   optimizer=gradients + optimizer_temporaries)
@@ -354,20 +359,27 @@ def train_step_memory(preset: Preset | str, *, height: int, width: int, video_le
     buffers = state["trained_params"] * 2 * share if rec.master else 0  # the bf16 copies the forward uses
     if fsdp > 1:
         buffers += layout["outside"] + (FSDP_BLOCK_BUFFERS + (trainable == "full")) * layout["block"]
-    # torch.optim.AdamW's foreach update on a GPU: one temporary the size of a moment (the second's square root)
-    temporaries = state["optimizer"] / 2 if (device == "gpu" and precision == "torch") else 0
+    # torch.optim.AdamW's update: on a GPU (foreach) one temporary the size of a moment (the second's square root); on
+    # the CPU (one tensor at a time) that square root and its quotient for the largest trained tensor
+    temporaries = 0.0
+    if precision != "mixed" and device == "gpu":
+        temporaries = state["optimizer"] / 2
+    elif precision != "mixed" and device == "cpu":
+        temporaries = 2 * state["largest_trained"] * rec.moments / 2
     d = model_dims(preset)
     _, c, t, hh, ww = preset.latent_shape(height, width, video_length)
     inputs = step_inputs_bytes(preset, height, width, video_length, batch_size, x) + batch_size * c * t * hh * ww * 4
     act = activation_phases(preset, height, width, video_length, batch_size=batch_size, trainable=trainable,
                             lora_rank=lora_rank, remat=remat, sequence_parallel=sequence_parallel, activation_bytes=x,
                             lora_fp32=rec.lora_fp32, block_gradients=state["block_gradients"],
-                            gradients=state["gradients"], optimizer_temporaries=temporaries)
+                            gradients=state["gradients"], optimizer_temporaries=temporaries,
+                            previous_gradients=state["gradients"] if precision == "torch" else 0)
     parts = dict(weights=state["weights"], master=state["master"], optimizer=state["optimizer"], inputs=inputs,
                  buffers=buffers, transient=act["peak"], workspace=ALLOCATOR_WORKSPACE if device == "gpu" else 0)
     allocated = sum(parts.values())
     context = CUDA_CONTEXT if device == "gpu" else 0
-    held_gradients = dict(backward_end=state["block_gradients"], optimizer=state["gradients"] + temporaries)
+    held_gradients = dict(backward_end=state["block_gradients"], optimizer=state["gradients"] + temporaries,
+                          forward_end=state["gradients"] if precision == "torch" else 0)
     return dict(parts, gradients=state["gradients"], optimizer_temporaries=temporaries,
                 activations=act["peak"] - held_gradients.get(act["peak_phase"], 0), phases=act["phases"],
                 peak_phase=act["peak_phase"], activation_parts=act["parts"], allocated=allocated, context=context,
