@@ -469,3 +469,29 @@ def train_memory_markdown(rows: Sequence[dict[str, Any]]) -> str:
                  *[r["fits"][t] for t in targets]]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(line for line in out if line is not None) + "\n"
+
+
+# ------------------------------------------------------------------------------------ against the compiler
+def model_of_compiled(report: dict[str, Any]) -> dict[str, Any]:
+    """This model for the setting of a :func:`hyv_lib.planning.train_compile.compile_train_step` report (a TPU slice:
+    FSDP over all its devices, ``data`` x ``sequence`` x ``tensor`` mesh, the ``mixed`` recipe) beside what the TPU
+    compiler reported per device: ``arguments`` (weights, master, moments, the batch) against the model's state and
+    inputs; ``temporaries`` against its transient and buffers; ``total``; each with its ratio model / compiler."""
+    mesh, size = report["mesh"], report["size"]
+    devices = report["devices"]
+    split = mesh.get("sequence", 1) * mesh.get("tensor", 1)
+    lora = report.get("lora") or {}
+    m = train_step_memory(report["preset"], **size, batch_size=max(1, report["batch"] // mesh.get("data", 1)),
+                          trainable=report["train"], lora_rank=lora.get("rank", 16), remat=report["remat"],
+                          fsdp=devices, data_parallel=devices // split, sequence_parallel=split,
+                          precision="mixed", device="tpu")
+    compiled = report["per_device_bytes"]
+    out = dict(model_state=m["weights"] + m["master"] + m["optimizer"] + m["inputs"],
+               model_transient=m["transient"] + m["buffers"], model_total=m["allocated"],
+               compiled_arguments=compiled.get("arguments"), compiled_temporaries=compiled.get("temporaries"),
+               compiled_total=compiled["total"], peak_phase=m["peak_phase"])
+    for model_key, compiled_key in (("model_state", "compiled_arguments"), ("model_transient", "compiled_temporaries"),
+                                    ("model_total", "compiled_total")):
+        value = out[compiled_key]
+        out[f"{model_key}_ratio"] = out[model_key] / value if value else None
+    return out
