@@ -12,18 +12,8 @@ from ..base.errors import HyvInputError
 from ..base.presets import Preset, get_preset
 from ..models.lora import target_names
 from ..models.registry import get_adapter
+from . import gpu_memory as gm
 from .costs import BYT5_HIDDEN, as_preset, model_dims, parameter_shapes, token_counts
-from .gpu_memory import (
-    ALLOCATOR_WORKSPACE,
-    CUDA_CONTEXT,
-    FSDP_BLOCK_BUFFERS,
-    HEADROOM,
-    check_card,
-    fits,
-    fsdp_shard_bytes,
-    step_inputs_bytes,
-    weight_layout,
-)
 from .hardware import GIB, check_count, get_chip
 
 TRAINABLE = ("lora", "full")
@@ -33,10 +23,9 @@ DEVICES = ("gpu", "tpu", "cpu")
 # ----------------------------------------------------------------------------------------- saved tensors
 @dataclass(frozen=True)
 class Saved:
-    """What a piece of the model keeps for its backward per token, as tensor counts by width: ``h`` [hidden] and
-    ``f`` [MLP width] in the activation dtype, ``h_fp32`` [hidden] and ``heads_fp32`` [heads] in fp32, ``stats`` [1]
-    (LayerNorm's mean and 1/std) in the activation dtype, ``rank`` / ``rank_fp32`` [LoRA rank] in the activation dtype
-    / fp32; ``wide``: elements of any other width, in the activation dtype."""
+    """What a piece of the model keeps for its backward per token, as tensor counts by width: ``h`` [hidden], ``f`` [MLP
+    width], ``stats`` [1] (LayerNorm's mean and 1/std), ``rank`` [LoRA rank] and ``wide`` (elements of any other width)
+    in the activation dtype; ``h_fp32``, ``heads_fp32``, ``rank_fp32`` in fp32."""
 
     h: float = 0
     f: float = 0
@@ -52,11 +41,11 @@ class Saved:
                 + (self.h_fp32 * h + self.heads_fp32 * heads + self.rank_fp32 * rank) * 4)
 
 
-# Counted with torch.autograd.graph.saved_tensors_hooks on one HunyuanVideo15TransformerBlock (diffusers 0.42.1, hyv_lib's
-# JointAttnProcessor with SDPA) at tiny widths: the storages it saves that it allocated (its inputs, the RoPE tables and
-# the weights are counted elsewhere), each sorted by its token count and width (tests/test_train_memory.py repeats the
-# count). Both streams keep the same, per token ("stream"); per joint token (video + context; under Ulysses a rank's
-# heads) "joint". Keys: what trains.
+# Counted with torch.autograd.graph.saved_tensors_hooks on one HunyuanVideo15TransformerBlock (diffusers 0.42.1,
+# hyv_lib's JointAttnProcessor with SDPA) at tiny widths: the storages it saves that it allocated (its inputs, RoPE
+# tables and weights are counted elsewhere), each sorted by its token count and width (tests/test_train_memory.py
+# repeats the count). Both streams keep the same, per token ("stream"); per joint token (video + context; under
+# Ulysses a rank's heads) "joint". Keys: what trains.
 # - full (every weight): h: the norm1 LayerNorm output and its modulated copy; q and k before and after their RMSNorm
 #   (4); the attention output after to_out (for its gate); the residual into norm2, its output, the modulated copy
 #   into the MLP; the MLP output (for its gate): 11. f: GELU's input and output. h_fp32 and heads_fp32: RMSNorm's fp32
@@ -134,13 +123,10 @@ RECIPES: dict[str, dict[str, Recipe]] = {
                                               source="bf16 weights, gradients and moments")),
     # hyv_lib.runtimes.tpu_train.TpuTrainStep (and planning.train_compile): bf16 frozen weights; each trained parameter
     # an fp32 master, its fp32 gradient and fp32 moments (16 bytes; the bf16 copy the forward uses is made in the step).
-    "mixed": dict(lora=Recipe(2, 0, 4, 4, 8, source="fp32 master, gradient and moments"),
-                  full=Recipe(2, 0, 4, 4, 8, source="fp32 master, gradient and moments")),
+    "mixed": dict.fromkeys(TRAINABLE, Recipe(2, 0, 4, 4, 8, source="fp32 master, gradient and moments")),
     # torch.optim.AdamW on bf16 (fp32) weights
-    "bf16": dict(lora=Recipe(2, 2, 2, 0, 4, dead_have_state=False, source="all bf16"),
-                 full=Recipe(2, 2, 2, 0, 4, dead_have_state=False, source="all bf16")),
-    "fp32": dict(lora=Recipe(4, 4, 4, 0, 8, 4, dead_have_state=False, source="all fp32"),
-                 full=Recipe(4, 4, 4, 0, 8, 4, dead_have_state=False, source="all fp32")),
+    "bf16": dict.fromkeys(TRAINABLE, Recipe(2, 2, 2, 0, 4, dead_have_state=False, source="all bf16")),
+    "fp32": dict.fromkeys(TRAINABLE, Recipe(4, 4, 4, 0, 8, 4, dead_have_state=False, source="all fp32")),
 }
 
 
@@ -181,15 +167,13 @@ def lora_parameters(preset: Preset | str, rank: int, targets: Sequence[str] | No
 
 
 # ---------------------------------------------------------------------------------------------- state
-#: The last block's context-stream layers after its attention: their output feeds nothing (only the video tokens reach
-#: the head), so no gradient reaches them.
+#: The last block's context-stream layers after its attention: no gradient reaches them (their output feeds nothing).
 DEAD_LAYERS = ("attn.to_add_out", "ff_context.")
 
 
 def dead_parameters(preset: Preset, lora: dict[str, Any] | None = None, lora_rank: int = 0,
                     lora_targets: Sequence[str] | None = None) -> int:
-    """Trained parameters no gradient reaches (:data:`DEAD_LAYERS` of the last block; under a LoRA, its factors
-    there)."""
+    """Trained parameters no gradient reaches (:data:`DEAD_LAYERS` of the last block; under a LoRA, its factors)."""
     prefix = f"{get_adapter(preset.model).block_prefix}{model_dims(preset)['layers'] - 1}."
     dead = tuple(prefix + layer for layer in DEAD_LAYERS)
     if lora is not None:
@@ -207,14 +191,14 @@ def state_bytes(preset: Preset | str, trainable: str = "lora", *, lora_rank: int
     dimension, padded, as :func:`~hyv_lib.planning.gpu_memory.fsdp_shard_bytes` lays them out); and the counts."""
     preset = as_preset(preset)
     rec = recipe(precision, trainable, fsdp)
-    layout = weight_layout(preset, "bf16")
+    layout = gm.weight_layout(preset, "bf16")
     params, block_params = layout["total"] // 2, layout["blocks"] // 2
     lora = lora_parameters(preset, lora_rank, lora_targets) if trainable == "lora" else None
     trained, block_trained = (lora["params"], lora["block_params"]) if lora else (params, block_params)
     frozen = params if lora else 0
     live = trained - (0 if rec.dead_have_state else dead_parameters(preset, lora, lora_rank, lora_targets))
     block_live = block_trained - (trained - live)
-    share = 1.0 if fsdp == 1 else fsdp_shard_bytes(preset, fsdp, "bf16") / layout["total"]
+    share = 1.0 if fsdp == 1 else gm.fsdp_shard_bytes(preset, fsdp, "bf16") / layout["total"]
     largest = lora["largest"] if lora else max(math.prod(shape) for _, shape in parameter_shapes(preset))
     return dict(weights=(frozen * rec.frozen + trained * rec.weight) * share, gradients=live * rec.gradient * share,
                 largest_trained=largest,
@@ -247,9 +231,9 @@ def activation_phases(preset: Preset | str, height: int, width: int, video_lengt
                       previous_gradients: float = 0) -> dict[str, Any]:
     """Bytes a train step allocates on top of what it keeps between steps, at the points where it can peak:
     ``forward_end`` (the loss computed; with the last step's ``previous_gradients`` where they are cleared only after
-    the forward, as hyv_lib's torch step does), ``backward_start`` (the last block's backward), ``backward_end`` (the first
-    block's backward, with the blocks' gradients ``block_gradients``) and ``optimizer`` (all ``gradients`` and the
-    update's ``optimizer_temporaries``). With b samples, N_v video tokens (N_v / n under Ulysses over n ranks), N_c
+    the forward, as hyv_lib's torch step does), ``backward_start`` (the last block's backward), ``backward_end`` (the
+    first block's backward, with the blocks' gradients ``block_gradients``) and ``optimizer`` (all ``gradients`` and
+    the update's ``optimizer_temporaries``). With b samples, N_v video tokens (N_v / n under Ulysses over n ranks), N_c
     context tokens (whole on every rank), hidden h and x bytes per activation element:
 
     - a block holds its inputs, b (N_v + N_c) h x, for its backward: with ``remat`` that is all it holds until its
@@ -356,11 +340,11 @@ def train_step_memory(preset: Preset | str, *, height: int, width: int, video_le
     state = state_bytes(preset, trainable, lora_rank=lora_rank, lora_targets=lora_targets, precision=precision,
                         fsdp=fsdp)
     rec, x = state["recipe"], state["recipe"].activation
-    layout = weight_layout(preset, "bf16")
-    share = 1.0 if fsdp == 1 else fsdp_shard_bytes(preset, fsdp, "bf16") / layout["total"]
+    layout = gm.weight_layout(preset, "bf16")
+    share = 1.0 if fsdp == 1 else gm.fsdp_shard_bytes(preset, fsdp, "bf16") / layout["total"]
     buffers = state["trained_params"] * 2 * share if rec.master else 0  # the bf16 copies the forward uses
     if fsdp > 1:
-        buffers += layout["outside"] + (FSDP_BLOCK_BUFFERS + (trainable == "full")) * layout["block"]
+        buffers += layout["outside"] + (gm.FSDP_BLOCK_BUFFERS + (trainable == "full")) * layout["block"]
     # torch.optim.AdamW's update: on a GPU (foreach) one temporary the size of a moment (the second's square root); on
     # the CPU (one tensor at a time) that square root and its quotient for the largest trained tensor
     temporaries = 0.0
@@ -370,16 +354,16 @@ def train_step_memory(preset: Preset | str, *, height: int, width: int, video_le
         temporaries = 2 * state["largest_trained"] * rec.moments / 2
     d = model_dims(preset)
     _, c, t, hh, ww = preset.latent_shape(height, width, video_length)
-    inputs = step_inputs_bytes(preset, height, width, video_length, batch_size, x) + batch_size * c * t * hh * ww * 4
+    inputs = gm.step_inputs_bytes(preset, height, width, video_length, batch_size, x) + batch_size * c * t * hh * ww * 4
     act = activation_phases(preset, height, width, video_length, batch_size=batch_size, trainable=trainable,
                             lora_rank=lora_rank, remat=remat, sequence_parallel=sequence_parallel, activation_bytes=x,
                             lora_fp32=rec.lora_fp32, block_gradients=state["block_gradients"],
                             gradients=state["gradients"], optimizer_temporaries=temporaries,
                             previous_gradients=state["gradients"] if precision == "torch" else 0)
     parts = dict(weights=state["weights"], master=state["master"], optimizer=state["optimizer"], inputs=inputs,
-                 buffers=buffers, transient=act["peak"], workspace=ALLOCATOR_WORKSPACE if device == "gpu" else 0)
+                 buffers=buffers, transient=act["peak"], workspace=gm.ALLOCATOR_WORKSPACE if device == "gpu" else 0)
     allocated = sum(parts.values())
-    context = CUDA_CONTEXT if device == "gpu" else 0
+    context = gm.CUDA_CONTEXT if device == "gpu" else 0
     held_gradients = dict(backward_end=state["block_gradients"], optimizer=state["gradients"] + temporaries,
                           forward_end=state["gradients"] if precision == "torch" else 0)
     return dict(parts, gradients=state["gradients"], optimizer_temporaries=temporaries,
@@ -427,13 +411,13 @@ def device_hbm(chip: str) -> float:
 def train_memory_table(presets: Sequence[str] = ("480p_t2v", "720p_t2v"), video_lengths: Sequence[int] = (33, 61, 121),
                        layouts: Sequence[TrainLayout] = TRAIN_LAYOUTS, cards_gb: Sequence[int] = (24, 48, 80, 141),
                        chips: Sequence[str] = TABLE_CHIPS, *, lora_rank: int = 16,
-                       headroom: float = HEADROOM) -> list[dict[str, Any]]:
+                       headroom: float = gm.HEADROOM) -> list[dict[str, Any]]:
     """One row per preset (at its default 16:9 size), video length and layout: the modelled per-device peak of a train
     step (batch 1 per data-parallel rank) on a GPU with hyv_lib's torch recipe (``gpu_gib``: with the CUDA context) and
     on a TPU with its JAX recipe (``tpu_gib``: ``mixed``), and ``fits``: card GB or chip -> ``"yes"`` / ``"no"``
     (``headroom`` of the memory left free, as :func:`hyv_lib.planning.gpu_memory.fits`)."""
     for gb in cards_gb:
-        check_card(gb)
+        gm.check_card(gb)
     for chip in chips:
         get_chip(chip)
     rows = []
@@ -446,12 +430,13 @@ def train_memory_table(presets: Sequence[str] = ("480p_t2v", "720p_t2v"), video_
                               data_parallel=lay.data_parallel, sequence_parallel=lay.sequence_parallel)
                 gpu = train_step_memory(preset, **common, precision="torch", device="gpu")
                 tpu = train_step_memory(preset, **common, precision="mixed", device="tpu")
-                fit = {f"{gb} GB": "yes" if fits(gpu["total"], gb, headroom) else "no" for gb in cards_gb}
+                fit = {f"{gb} GB": "yes" if gm.fits(gpu["total"], gb, headroom) else "no" for gb in cards_gb}
                 fit.update({chip: "yes" if tpu["total"] <= (1 - headroom) * device_hbm(chip) else "no"
                             for chip in chips})
-                rows.append(dict(preset=name, **size, layout=lay.name, devices=lay.data_parallel * lay.sequence_parallel,
-                                 trainable=lay.trainable, remat=lay.remat, gpu_gib=gpu["total"] / GIB,
-                                 tpu_gib=tpu["total"] / GIB, gpu_peak_phase=gpu["peak_phase"], fits=fit))
+                devices = lay.data_parallel * lay.sequence_parallel
+                rows.append(dict(preset=name, **size, layout=lay.name, devices=devices, trainable=lay.trainable,
+                                 remat=lay.remat, gpu_gib=gpu["total"] / GIB, tpu_gib=tpu["total"] / GIB,
+                                 gpu_peak_phase=gpu["peak_phase"], fits=fit))
     return rows
 
 
@@ -497,3 +482,19 @@ def model_of_compiled(report: dict[str, Any]) -> dict[str, Any]:
         value = out[compiled_key]
         out[f"{model_key}_ratio"] = out[model_key] / value if value else None
     return out
+
+
+def compiled_markdown(reports: Sequence[dict[str, Any]]) -> str:
+    """Markdown of the TPU compiler's per-device bytes beside :func:`model_of_compiled` (GiB), one row per report."""
+    lines = ["| configuration | compiler: arguments / temporaries / total | model: state / transient / total | "
+             "model / compiler total |", "|---|---:|---:|---:|"]
+    for r in reports:
+        m = model_of_compiled(r)
+        what = f"{r['train']}{' r' + str(r['lora']['rank']) if r.get('lora') else ''}"
+        size = f"{r['size']['height']}x{r['size']['width']}x{r['size']['video_length']}"
+        compiled = "/".join("n/a" if m[k] is None else f"{m[k] / GIB:.1f}" for k in (
+            "compiled_arguments", "compiled_temporaries", "compiled_total"))
+        model = "/".join(f"{m[k] / GIB:.1f}" for k in ("model_state", "model_transient", "model_total"))
+        lines.append(f"| {r['topology']} {size} b{r['batch']} {what} | {compiled} | {model} | "
+                     f"{m['model_total_ratio']:.2f} |")
+    return "\n".join(lines) + "\n"
