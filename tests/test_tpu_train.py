@@ -55,7 +55,8 @@ def eager_loss(model, batch):
 
 def test_loss_and_gradients_equal_diffusers_eager_autograd(model, batch):
     """Every parameter (base weights and LoRA factors: trainable='full' on the LoRA model; blocks unrolled) against
-    torch autograd through diffusers' own forward. Measured: loss 1e-6 relative, gradients 1e-5 of the largest."""
+    torch autograd through diffusers' own forward. Measured: the same loss, gradients within 1.2e-6 of the largest
+    (unrolled and scanned blocks alike)."""
     oracle = copy.deepcopy(model).requires_grad_(True)
     loss = eager_loss(oracle, batch)
     loss.backward()
@@ -66,7 +67,7 @@ def test_loss_and_gradients_equal_diffusers_eager_autograd(model, batch):
     assert set(grads) == set(expected) and len(grads) > 100
     scale = max(g.abs().max().item() for g in expected.values())
     errors = {n: (grads[n] - g).abs().max().item() / scale for n, g in expected.items()}
-    assert max(errors.values()) <= 1e-4, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
+    assert max(errors.values()) <= 1e-5, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
     lora_scale = max(expected[n].abs().max().item() for n in expected if "lora_A" in n)
     assert lora_scale > 1e-3 * scale  # the LoRA factors' gradients are not vanishing, so they are checked too
 
@@ -94,13 +95,13 @@ def test_three_lora_steps_equal_torch_adamw_update_only_lora_and_resume_exactly(
 
     step, losses, state, after = lora_run
     assert step.compilations == 1 and step.scan
-    assert max(abs(a - b) for a, b in zip(losses, expected)) <= 2e-6 * expected[0]
+    assert max(abs(a - b) for a, b in zip(losses, expected)) <= 5e-6 * expected[0]  # measured 7e-7
     assert losses[2] < losses[0]  # it trains
 
     reference, before = dict(oracle.named_parameters()), dict(model.named_parameters())
     change = max((reference[n] - before[n]).abs().max().item() for n in names)
     error = max((after[n] - reference[n]).abs().max().item() for n in names)
-    assert change > 2 * LR and error <= 0.02 * change  # measured: error 1.6e-5 = 0.5% of the change
+    assert change > 2 * LR and error <= 5e-3 * change  # measured: 8.8e-7 = 0.03% of the change
     assert all(torch.equal(p, before[n]) for n, p in after.items() if n not in names)  # the base stays frozen
 
     # resume: the state after step 1 continues exactly as the run did (trained_transformer() put diffusers'
@@ -121,18 +122,18 @@ def test_bad_inputs_are_named(model):
 def test_sharded_step_equals_one_device(lora_run):
     """FSDP over data=2 x sequence=2 (4 emulated CPU devices, a fresh process): every weight and the LoRA factors'
     AdamW moments split 4 ways, block weights gathered per block inside the scan, video tokens split over sequence;
-    the three steps equal one device's (measured: losses within 2e-6 relative, LoRA factors within 0.1% of their
+    the three steps equal one device's (measured: losses within 7e-7 relative, LoRA factors within 0.01% of their
     change)."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", OMP_NUM_THREADS="1")
     out = subprocess.run([sys.executable, PROBE], capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     _, losses, _, after = lora_run
-    assert max(abs(a - b) for a, b in zip(result["losses"], losses)) <= 1e-5 * losses[0]
+    assert max(abs(a - b) for a, b in zip(result["losses"], losses)) <= 5e-6 * losses[0]
     before = dict(lora_model().named_parameters())
     change = max((after[n] - before[n]).abs().max().item() for n in result["trained"])
     error = max((torch.tensor(v) - after[n]).abs().max().item() for n, v in result["trained"].items())
-    assert error <= 0.02 * change
+    assert error <= 2e-3 * change
     assert result["devices"] == 4 and result["compilations"] == 1 and result["scan"]
     full, shard = result["weight"]["full"], result["weight"]["shard"]  # [blocks, out, in], stacked for the scan
     assert shard == [full[0], full[1] // 4, full[2]]  # FSDP: a frozen block weight split 4 ways

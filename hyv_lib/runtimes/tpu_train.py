@@ -165,7 +165,8 @@ class TpuTrainStep:
 
     Hyper-parameters as ``torch.optim.AdamW`` takes them (``learning_rate``, ``betas``, ``eps``, ``weight_decay``)
     and the gradient norm clipped to ``max_grad_norm`` first, as ``torch.nn.utils.clip_grad_norm_`` does:
-    the same steps as a torch loop.
+    the same steps as a torch loop. ``learning_rate`` may also be a schedule, ``count -> rate`` on the update count
+    from 0 (an optax schedule, e.g. :class:`hyv_lib.training.torch_step.LinearWarmup`).
 
     ``param_dtype`` (default: the module's dtype) is what the forward and backward compute in. The optimizer state is
     fp32; with bf16 parameters the trainable ones are also kept as fp32 master weights (``master_weights``; bf16
@@ -181,9 +182,9 @@ class TpuTrainStep:
     ``attention``: as :class:`hyv_lib.runtimes.tpu.TpuTransformer` takes it (``auto``: Splash on a TPU, whose
     kernel has its own backward; the XLA kernel elsewhere). ``scan_blocks`` (when every block holds the same weights)
     runs the block stack as one ``jax.lax.scan`` over weights stacked per name (``transformer_blocks.*.<name>``,
-    [num_blocks, ...]): one block for the compiler to compile instead of 54, the same numbers.
-    ``compiler_options``: XLA options for the update's
-    compilation (``jax.jit``'s; e.g. ``{"xla_backend_optimization_level": 0}`` compiles a CPU test faster).
+    [num_blocks, ...]): one block for the compiler to compile instead of 54, the same numbers. ``compiler_options``:
+    XLA options for the update's compilation (``jax.jit``'s; ``{"xla_backend_optimization_level": 0}`` compiles a
+    CPU test about twice as fast).
     """
 
     def __init__(self, transformer, *, mesh=None, trainable: str = "lora", learning_rate: float = 1e-4,
@@ -406,7 +407,8 @@ class TpuTrainStep:
 
     def state_dict(self) -> dict[str, Any]:
         """The trainable parameters (``params``, at their master precision), the optimizer state (``optimizer``:
-        ``<path>`` -> tensor, the optax state flattened) and ``step``, as host torch tensors."""
+        ``<path>`` -> tensor, the optax state flattened) and ``step``, as host torch tensors, in the step's own layout
+        (with ``scan_blocks``, block weights stacked under ``transformer_blocks.*.<name>``)."""
         import jax
 
         self._check_concrete()
