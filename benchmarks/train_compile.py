@@ -7,11 +7,9 @@ find what fits: for each slice x resolution x LoRA/full, the largest batch at 12
 
 Each compile is one ``python -m hyv_lib compile --train ... --json`` child process (the public CLI); its report and
 command are saved as they finish in benchmarks/results/train_compile_<date>_cpu_libtpu.json, and a rerun skips those
-already there. The search: compile 121 frames at batch 1; if that fits, batch 2, then the batch a straight line
-through those two totals predicts to be the largest (per-device memory is the sharded weights and optimizer state
-plus activations proportional to batch x tokens), checked by compiling it and the next one; if 121 frames do not fit,
-the same with frames at batch 1 (a line through 121 frames and 33). What the compiler reports is a memory and
-collective check, not a timing.
+already there. The search (see :func:`search`): 121 frames at batch 1 everywhere, then per configuration the largest
+batch (or, where 121 frames do not fit, the longest video) that a line through the two sizes' totals predicts, checked
+by compiling it and its neighbour. What the compiler reports is a memory and collective check, not a timing.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ STEM = os.path.join(HERE, "results", f"train_compile_{DATE}_cpu_libtpu")
 SLICES = {"v5p-8": "v5p:2x2x1", "v6e-8": "v6e:2x4", "v5e-8": "v5e:2x4"}
 SIZES = {"480p": "480p_t2v", "720p": "720p_t2v"}
 TRAIN = ("lora", "full")
-FRAMES, SHORT = 121, 33
+FRAMES = 121
 MAX_BATCH = 16
 
 
@@ -63,9 +61,24 @@ def compile_child(slice_: str, size: str, train: str, frames: int, batch: int) -
     return dict(json.loads(out.stdout), command=command, wall_seconds=wall)
 
 
+def tokens(size: str, frames: int) -> int:
+    """Joint tokens of one sample (video + the 1,985 context tokens) at ``size`` and ``frames``."""
+    from hyv_lib.base.presets import get_preset, video_size
+    from hyv_lib.planning.costs import token_counts
+
+    preset = get_preset(SIZES[size])
+    height, width, frames = video_size(preset, None, None, frames)
+    return token_counts(preset, height, width, frames)["joint"]
+
+
 def search(results: dict, slice_: str, size: str, train: str, log, base_only: bool = False) -> None:
     """Compile what the search needs for one configuration (skipping saved compiles); ``base_only``: only 121 frames
-    at batch 1 (a first pass over the grid)."""
+    at batch 1 (the first pass over the grid).
+
+    Then a straight line through the two sizes' 121-frame totals on this slice (per-device memory = the sharded
+    weights and optimizer state + activations proportional to batch x tokens) predicts the largest batch at 121
+    frames, or, where 121 frames do not fit, the longest video at batch 1; that prediction is compiled, and the one
+    after it (or, if it does not fit, the ones below it until one does)."""
 
     def run(frames: int, batch: int) -> dict:
         key = f"{slice_}/{size}/{train}/F{frames}/B{batch}"
@@ -81,40 +94,37 @@ def search(results: dict, slice_: str, size: str, train: str, log, base_only: bo
     def fits(r: dict) -> bool:
         return "error" not in r and r["fits"]
 
-    def total(r: dict) -> float:
-        return r["per_device_bytes"]["total"]
-
-    def largest(x1: int, r1: dict, x2: int, r2: dict, lo: int, hi: int) -> int:
-        """The largest x in [lo, hi] that a line through (x1, total1), (x2, total2) keeps within the HBM limit."""
-        slope = (total(r2) - total(r1)) / (x2 - x1)
-        room = r1["hbm_available_per_device"] - total(r1)
-        return max(lo, min(hi, x1 + int(room // slope))) if slope > 0 else hi
-
-    def climb(first: int, value: int, step, compile_at, bound: int) -> None:
-        """From a predicted ``value``: compile it; while it fits, compile the next; while it does not, the previous."""
-        x = value
-        if fits(compile_at(x)):
-            while x + step <= bound and fits(compile_at(x + step)):
-                x += step
-        else:
-            while x - step >= first and not fits(compile_at(x - step)):
-                x -= step
-
     base = run(FRAMES, 1)
     if "error" in base or base_only:
         return
+    bases = [(tokens(z, FRAMES), results["runs"].get(f"{slice_}/{z}/{train}/F{FRAMES}/B1")) for z in SIZES]
+    if any(r is None or "error" in r for _, r in bases):
+        return
+    (x1, r1), (x2, r2) = bases
+    slope = (r2["per_device_bytes"]["total"] - r1["per_device_bytes"]["total"]) / (x2 - x1)
+    room = base["hbm_available_per_device"] - (r1["per_device_bytes"]["total"] - slope * x1)  # minus the intercept
+    if slope <= 0 or room <= 0:
+        return
+    most = room / slope  # batch x joint tokens the line keeps within the limit
     if fits(base):  # the largest batch at 121 frames
-        two = run(FRAMES, 2)
-        if "error" in two or not fits(two) or total(two) <= total(base):
-            return
-        climb(2, largest(1, base, 2, two, 2, MAX_BATCH), 1, lambda b: run(FRAMES, b), MAX_BATCH)
-    else:  # the longest video at batch 1
-        short = run(SHORT, 1)
-        if "error" in short or not fits(short):
-            run(9, 1)
-            return
-        latent = largest((SHORT - 1) // 4, short, (FRAMES - 1) // 4, base, (SHORT - 1) // 4, (FRAMES - 1) // 4 - 1)
-        climb(SHORT, 4 * latent + 1, 4, lambda f: run(f, 1), FRAMES - 4)
+        step, first, bound, best = 1, 1, MAX_BATCH, int(most // tokens(size, FRAMES))
+
+        def compile_at(b):
+            return run(FRAMES, b)
+    else:  # the longest video at batch 1: latent frames the line allows
+        video = tokens(size, 5) - tokens(size, 1)  # video tokens per latent frame
+        latent = int((most - tokens(size, 1)) // video) + 1
+        step, first, bound, best = 4, 9, FRAMES - 4, 4 * (latent - 1) + 1
+
+        def compile_at(f):
+            return run(f, 1)
+    value = max(first, min(bound, best))
+    if fits(compile_at(value)):
+        while value + step <= bound and fits(compile_at(value + step)):
+            value += step
+    else:
+        while value - step >= first and not fits(compile_at(value - step)):
+            value -= step
 
 
 def summary(results: dict) -> list[dict]:
