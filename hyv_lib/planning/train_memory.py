@@ -16,8 +16,7 @@ from . import gpu_memory as gm
 from .costs import BYT5_HIDDEN, as_preset, model_dims, parameter_shapes, token_counts
 from .hardware import GIB, check_count, get_chip
 
-TRAINABLE = ("lora", "full")
-DEVICES = ("gpu", "tpu", "cpu")
+TRAINABLE, DEVICES = ("lora", "full"), ("gpu", "tpu", "cpu")
 
 
 # ----------------------------------------------------------------------------------------- saved tensors
@@ -404,8 +403,7 @@ TABLE_CHIPS = ("v5e", "v6e", "v5p", "v7x")
 
 def device_hbm(chip: str) -> float:
     """HBM bytes of one JAX device of a TPU chip (:data:`hyv_lib.planning.hardware.CHIPS`)."""
-    spec = get_chip(chip)
-    return spec.hbm_bytes / spec.devices_per_chip
+    return get_chip(chip).hbm_bytes / get_chip(chip).devices_per_chip
 
 
 def train_memory_table(presets: Sequence[str] = ("480p_t2v", "720p_t2v"), video_lengths: Sequence[int] = (33, 61, 121),
@@ -462,8 +460,9 @@ def train_memory_markdown(rows: Sequence[dict[str, Any]]) -> str:
 def model_of_compiled(report: dict[str, Any]) -> dict[str, Any]:
     """This model for the setting of a :func:`hyv_lib.planning.train_compile.compile_train_step` report (a TPU slice:
     FSDP over all its devices, ``data`` x ``sequence`` x ``tensor`` mesh, the ``mixed`` recipe) beside what the TPU
-    compiler reported per device: ``arguments`` (weights, master, moments, the batch) against the model's state and
-    inputs; ``temporaries`` against its transient and buffers; ``total``; each with its ratio model / compiler."""
+    compiler reported per device: ``arguments`` (weights, master, moments, the batch and the RoPE tables of every video
+    token, an argument on each device) against the model's state and inputs; ``temporaries`` against its transient and
+    buffers; ``total``; each with its ratio model / compiler."""
     mesh, size = report["mesh"], report["size"]
     devices = report["devices"]
     split = mesh.get("sequence", 1) * mesh.get("tensor", 1)
@@ -472,9 +471,10 @@ def model_of_compiled(report: dict[str, Any]) -> dict[str, Any]:
                           trainable=report["train"], lora_rank=lora.get("rank", 16), remat=report["remat"],
                           fsdp=devices, data_parallel=devices // split, sequence_parallel=split,
                           precision="mixed", device="tpu")
-    compiled = report["per_device_bytes"]
-    out = dict(model_state=m["weights"] + m["master"] + m["optimizer"] + m["inputs"],
-               model_transient=m["transient"] + m["buffers"], model_total=m["allocated"],
+    compiled, rope = report["per_device_bytes"], m["activation_parts"]["rope"]
+    whole_rope = 2 * report["tokens"]["video"] * model_dims(as_preset(report["preset"]))["head_dim"] * 4
+    out = dict(model_state=m["weights"] + m["master"] + m["optimizer"] + m["inputs"] + whole_rope,
+               model_transient=m["transient"] + m["buffers"] - rope, model_total=m["allocated"] - rope + whole_rope,
                compiled_arguments=compiled.get("arguments"), compiled_temporaries=compiled.get("temporaries"),
                compiled_total=compiled["total"], peak_phase=m["peak_phase"])
     for model_key, compiled_key in (("model_state", "compiled_arguments"), ("model_transient", "compiled_temporaries"),
