@@ -15,8 +15,9 @@ def xla_flops(compiled) -> dict[str, Any]:
     1 FLOP per element, exp/tanh/rsqrt under ``transcendentals``; it counts a while loop's body ONCE,
     whatever its trip count (jax 0.10.2), so a ``lax.scan`` over key blocks is undercounted.
     ``matmul`` re-counts only dots and convolutions from the optimised HLO text (2 x output elements x
-    contracted size) with while bodies multiplied by their known trip count: the number to compare
-    with :func:`step_flops`. ``unknown_trip_counts`` counts loops whose body was counted once.
+    contracted size) with while bodies multiplied by their trip count (XLA's ``known_trip_count``, or the constant N
+    of a scan's ``i < N`` condition): the number to compare with :func:`step_flops`. ``unknown_trip_counts`` counts
+    loops whose body was counted once.
     """
     text = compiled.as_text()
     cost = compiled.cost_analysis()
@@ -29,12 +30,25 @@ def xla_flops(compiled) -> dict[str, Any]:
             current = head.group(2)
             computations[current] = []
             entry = current if head.group(1) else entry
-        elif line.startswith("}"):
+        elif line.rstrip() == "}":  # not "}}, metadata=...": a custom call's multi-line config (Splash) ends so
             current = None
         elif current is not None:
             computations[current].append(line)
     operand = r"(?:\w+\[[\d,]*\]\S* )?%([\w.\-]+)"
     unknown = 0
+
+    def counted_loop(name: str) -> int:
+        """N for a loop condition ``i < N`` on a constant N (a scan's, whose counter starts at 0; the TPU compiler's
+        loops carry no known_trip_count), else 0."""
+        constants = {}
+        for line in computations.get(name, ()):
+            found = re.match(r"\s*%([\w.\-]+) = s32\[\]\S* constant\((\d+)\)", line)
+            if found:
+                constants[found.group(1)] = int(found.group(2))
+            compare = re.match(rf"\s*ROOT %[\w.\-]+ = pred\[\]\S* compare\({operand}, {operand}\), direction=LT", line)
+            if compare and compare.group(2) in constants:
+                return constants[compare.group(2)]
+        return 0
 
     @functools.lru_cache(maxsize=None)
     def count(name: str) -> int:
@@ -58,8 +72,10 @@ def xla_flops(compiled) -> dict[str, Any]:
             trips = 1
             if re.search(r" while\(", line):
                 known = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', line)
-                trips = int(known.group(1)) if known else 1
-                unknown += 0 if known else 1
+                condition = re.search(r"condition=%([\w.\-]+)", line)
+                trips = int(known.group(1)) if known else counted_loop(condition.group(1) if condition else "")
+                unknown += 0 if trips else 1
+                trips = trips or 1
             for kind, callee in re.findall(r"(calls|to_apply|body|condition)=%([\w.\-]+)", line):
                 calls.append((callee, trips if kind == "body" else 1))
             for group in re.findall(r"branch_computations=\{([^}]*)\}", line):

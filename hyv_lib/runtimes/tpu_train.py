@@ -96,16 +96,18 @@ class _Objective(torch.nn.Module):
     ``stacked`` (name after the block prefix -> [num_blocks, ...] weights) runs the blocks as one ``jax.lax.scan``
     over the first block's module with each block's weights in turn: the compiler sees one block, not 54."""
 
-    def __init__(self, model, adapter: ModelAdapter, remat: bool, gather: bool):
+    def __init__(self, model, adapter: ModelAdapter, remat: bool, gather: bool, dtype: torch.dtype):
         super().__init__()
-        self.model, self.adapter, self.remat, self.gather = model, adapter, remat, gather
+        self.model, self.adapter, self.remat, self.gather, self.dtype = model, adapter, remat, gather, dtype
         self.traces = 0
 
     def _block_fn(self, block):
         """A torch function (block weights as ``block.<name>``, tokens, temb, inputs, rope) -> (video, context)."""
-        adapter, gather = self.adapter, self.gather
+        adapter, gather, dtype = self.adapter, self.gather, self.dtype
 
         def run(weights, video, context, temb, inputs, rope):
+            # fp32 master weights become compute-dtype copies one block at a time, before the gather
+            weights = {name: w.to(dtype) if w.is_floating_point() else w for name, w in weights.items()}
             if gather:
                 weights = {name: gather_whole(w) for name, w in weights.items()}
             out_video, out_context = torch.func.functional_call(_Block(adapter, block), weights,
@@ -252,7 +254,7 @@ class TpuTrainStep:
                                                  weight_decay=weight_decay))
         self.hyperparameters = dict(learning_rate=learning_rate, weight_decay=weight_decay, betas=tuple(betas),
                                     eps=eps, max_grad_norm=max_grad_norm)
-        self._objective = _Objective(transformer, adapter, remat, gather=mesh is not None)
+        self._objective = _Objective(transformer, adapter, remat, gather=mesh is not None, dtype=self.dtype)
         self._rope = RopeTables(adapter, transformer, lambda *tables: tuple(
             place(t, mesh, (), None, self.abstract) for t in tables))
         self.step_count = 0
@@ -309,8 +311,10 @@ class TpuTrainStep:
         from jax.sharding import PartitionSpec as P
         from torchax.interop import call_torch
 
-        weights = dict(frozen, **{n: p.astype(self._compute_dtype) for n, p in params.items()})
         prefix = self.adapter.block_prefix
+        # the blocks' trainable weights are cast per block inside it (no compute-dtype copy of them all at once)
+        weights = dict(frozen, **{n: p if n.startswith(prefix) else p.astype(self._compute_dtype)
+                                  for n, p in params.items()})
         if self.mesh is not None:  # the small weights outside the blocks: gathered whole once per step
             whole = NamedSharding(self.mesh, P())
             weights = {n: w if n.startswith(prefix) else jax.lax.with_sharding_constraint(w, whole)
