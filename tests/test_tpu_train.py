@@ -160,3 +160,41 @@ def test_tiny_train_step_compiles_for_a_tpu_slice():
     assert 0 < report["parameters"]["trainable"] < report["parameters"]["total"]
     assert "all-gather" in {c["kind"] for c in report["collectives"]}  # FSDP's per-block gathers
     assert cli.run(["compile", "--preset", "tiny", "--train", "lora", "--sharding", "tp"]) == 2
+
+
+def test_hlo_flops_count_a_tpu_scan_after_a_splash_config():
+    """The HLO re-count on the TPU compiler's shape of a scan over blocks: the loop carries no known_trip_count (its
+    N is in the ``i < N`` condition) and follows a custom call whose multi-line config starts lines with '}}'."""
+    from types import SimpleNamespace
+
+    from hyv_lib.planning.hlo import xla_flops
+
+    text = """HloModule m
+
+%body (p: (s32[], f32[4,8], f32[8,8])) -> (s32[], f32[4,8], f32[8,8]) {
+  %p = (s32[], f32[4,8], f32[8,8]) parameter(0)
+  %x = f32[4,8]{1,0:T(8,128)} get-tuple-element(%p), index=1
+  %w = f32[8,8]{1,0:T(8,128)} get-tuple-element(%p), index=2
+  %d = f32[4,8]{1,0:T(8,128)} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %t = (s32[], f32[4,8], f32[8,8]) tuple(%i, %d, %w)
+}
+
+%cond (p: (s32[], f32[4,8], f32[8,8])) -> pred[] {
+  %c = s32[]{:T(128)} constant(54)
+  %p = (s32[], f32[4,8], f32[8,8]) parameter(0)
+  %i = s32[]{:T(128)} get-tuple-element(%p), index=0
+  ROOT %lt = pred[]{:T(512)} compare(%i, %c), direction=LT, metadata={op_name="while/cond/lt"}
+}
+
+ENTRY %main (a: f32[4,8], w: f32[8,8]) -> f32[4,8] {
+  %a = f32[4,8]{1,0} parameter(0)
+  %k = f32[4,8]{1,0} custom-call(%a), custom_call_target="tpu_custom_call", backend_config={"config":
+}}, metadata={op_name="splash"}
+  %w = f32[8,8]{1,0} parameter(1)
+  %t = (s32[], f32[4,8], f32[8,8]) tuple(%z, %k, %w)
+  %loop = (s32[], f32[4,8], f32[8,8]) while(%t), condition=%cond, body=%body
+  ROOT %out = f32[4,8]{1,0} get-tuple-element(%loop), index=1
+}
+"""
+    counts = xla_flops(SimpleNamespace(as_text=lambda: text, cost_analysis=lambda: {"flops": 0.0}))
+    assert counts["matmul"] == 54 * 2 * 4 * 8 * 8 and counts["unknown_trip_counts"] == 0
