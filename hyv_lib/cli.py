@@ -283,6 +283,8 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="fp32 | bf16: the transformer's (default: the preset's)")
     p.add_argument("--no_gradient_checkpointing", action="store_true",
                    help="keep every block's activations instead of recomputing them in the backward pass")
+    p.add_argument("--attention", default="auto", help="auto (flash/SDPA on the valid tokens; Splash on a TPU) | a "
+                   "backend name | diffusers (its own processor: a dense S x S mask per sample; torch runtime only)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary line")
 
 
@@ -292,7 +294,8 @@ def _train(args: argparse.Namespace) -> None:
           warmup_steps=args.warmup_steps, batch_size=args.batch_size, task=args.task,
           caption_dropout=args.caption_dropout, output_dir=args.output_dir, runtime=args.runtime, mesh=args.mesh,
           checkpoint_every=args.checkpoint_every, seed=args.seed, dtype=args.dtype,
-          gradient_checkpointing=not args.no_gradient_checkpointing, progress=not args.quiet)
+          gradient_checkpointing=not args.no_gradient_checkpointing, attention=args.attention,
+          progress=not args.quiet)
 
 
 def _add_extract_features(p: argparse.ArgumentParser) -> None:

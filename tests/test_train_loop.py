@@ -231,6 +231,8 @@ def cli(argv, capsys):
     (["--lora_rank", "4", "--runtime", "cuda"], "--runtime"),
     (["--lora_rank", "4", "--mesh", "data=2"], "--mesh"),
     (["--full", "--lora_alpha", "8"], "--lora_alpha"),
+    (["--lora_rank", "4", "--attention", "dense"], "--attention"),
+    (["--lora_rank", "4", "--runtime", "tpu", "--attention", "diffusers"], "--attention"),
     (["--lora_rank", "4", "--preset", "tiny_trained"], "--features"),  # extracted for another preset
 ])
 def test_cli_errors(extra, flag, features_dir, tmp_path, capsys):

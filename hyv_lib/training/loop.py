@@ -20,9 +20,11 @@ from ..base.errors import HyvFaultError, HyvInputError, python_names
 from ..base.files import atomic_path, clean_partials, ensure_output_dir
 from ..base.lock import folder_lock
 from ..base.presets import Preset, get_preset
+from ..kernels.registry import BACKENDS
 from ..models.components import load_components
 from ..models.flow_matching import NUM_TRAIN_TIMESTEPS, SAMPLINGS, TRAIN_TIMESTEP_SHIFT, sample_sigmas, training_inputs
 from ..models.lora import LORA_FILE, add_lora, config_digest, save_lora
+from ..models.registry import adapter_for
 from ..parallel.distributed import rank as process_rank
 from ..runtimes.tpu_train import TpuTrainStep
 from .checkpoint import checkpoint_path, load_checkpoint, read_info, save_checkpoint
@@ -285,15 +287,20 @@ def _set_rng_state(generator: torch.Generator, state: dict[str, Any]) -> None:
 
 # ------------------------------------------------------------------------------------------------ the loop
 def make_train_step(runtime: str, transformer, *, trainable: str, learning_rate: float, warmup_steps: int,
-                    weight_decay: float, mesh: str | None = None, remat: bool = True):
+                    weight_decay: float, mesh: str | None = None, remat: bool = True, attention: str = "auto"):
     """The runtime's TrainStep: :class:`hyv_lib.training.torch_step.TorchTrainStep` (one device, or FSDP2 under
     torchrun) or :class:`hyv_lib.runtimes.tpu_train.TpuTrainStep` (JAX, FSDP over ``mesh``), with the same
     hyper-parameters: AdamW (betas 0.9/0.999, eps 1e-8), clipping to norm 1, :class:`LinearWarmup` to
-    ``learning_rate`` over ``warmup_steps`` updates."""
+    ``learning_rate`` over ``warmup_steps`` updates. ``attention``: hyv_lib's masked attention backend (``auto``: flash
+    or SDPA on the valid tokens on CUDA, SDPA on the CPU, Splash/XLA on the tpu runtime; every one has a backward);
+    ``diffusers`` keeps diffusers' own processor on the torch runtime, whose dense [B, 1, S, S] mask alone is 12 GiB
+    per sample at 720p/121f."""
+    if runtime == "torch" and attention != "diffusers":
+        adapter_for(transformer).use_attention(transformer, attention)
     hyper = dict(trainable=trainable, learning_rate=LinearWarmup(learning_rate, warmup_steps),
                  weight_decay=weight_decay, betas=(0.9, 0.999), eps=1e-8, max_grad_norm=1.0, remat=remat)
     if runtime == "tpu":
-        return TpuTrainStep(transformer, mesh=mesh, **hyper)
+        return TpuTrainStep(transformer, mesh=mesh, attention=attention, **hyper)
     return TorchTrainStep(transformer, **hyper)
 
 
@@ -306,7 +313,8 @@ def train(features: str | Any, *, preset: str, output_dir: str, steps: int, mode
           seed: int = DEFAULTS["seed"], caption_dropout: float = DEFAULTS["caption_dropout"],
           warmup_steps: int = DEFAULTS["warmup_steps"], weight_decay: float = DEFAULTS["weight_decay"],
           shift: float = DEFAULTS["shift"], sampling: str = DEFAULTS["sampling"], dtype: str | None = None,
-          gradient_checkpointing: bool = True, progress: bool = True, transformer=None) -> TrainResult:
+          gradient_checkpointing: bool = True, attention: str = "auto", progress: bool = True,
+          transformer=None) -> TrainResult:
     """Fine-tune a HunyuanVideo-1.5 transformer on a feature folder (:func:`hyv_lib.training.features.extract_features`)
     with its flow-matching objective, into ``output_dir``.
 
@@ -320,11 +328,15 @@ def train(features: str | Any, *, preset: str, output_dir: str, steps: int, mode
     command resumes at its last checkpoint and reproduces the same losses (log records past it are dropped); other
     settings in a folder holding a checkpoint are refused. ``steps`` may grow to train a finished run further.
     The folder's run lock keeps a second run out. ``transformer``: a module to train instead of loading the preset's
-    (``model_path``); ``dtype``: fp32 or bf16 (default: the preset's).
+    (``model_path``); ``dtype``: fp32 or bf16 (default: the preset's); ``attention``: see :func:`make_train_step`.
     """
     settings = _check_settings(steps, learning_rate, batch_size, task, runtime, checkpoint_every, seed,
                                caption_dropout, warmup_steps, weight_decay, shift, sampling, lora_rank, lora_alpha,
                                full, mesh)
+    if attention not in ("auto", "diffusers", *BACKENDS):
+        raise HyvInputError("--attention", f"must be auto, diffusers or one of {', '.join(BACKENDS)}; got {attention!r}")
+    if attention == "diffusers" and runtime != "torch":
+        raise HyvInputError("--attention", f"diffusers' own processor runs on --runtime torch only, not {runtime!r}")
     spec = get_preset(preset)
     steps, batch_size = settings["steps"], settings["batch_size"]
     checkpoint_every = settings["checkpoint_every"] or steps
@@ -354,7 +366,7 @@ def train(features: str | Any, *, preset: str, output_dir: str, steps: int, mode
             sampling=sampling, runtime=runtime, ranks=ranks)
         step = make_train_step(runtime, transformer, trainable=trainable, learning_rate=run.learning_rate,
                                warmup_steps=run.warmup_steps, weight_decay=run.weight_decay, mesh=mesh,
-                               remat=gradient_checkpointing)
+                               remat=gradient_checkpointing, attention=attention)
         return _run(features, step, run, spec, transformer, output_dir, steps, checkpoint_every, progress)
 
 
