@@ -113,11 +113,18 @@ frame_grid(frames.numpy(), columns=5, title=f"{PRESET} at {WIDTH}x{HEIGHT}: {PRO
 plt.show()
 
 # %%
-video_html(os.path.join(OUTPUT_DIR, "output_video.mp4"), width=640, media_dir="../_static/videos")  # linked
+mp4 = os.path.join(OUTPUT_DIR, "output_video.mp4")
+if PRESET == "tiny":  # random weights: noise, which H.264 cannot compress; the book does not publish it
+    print(f"{mp4}: {os.path.getsize(mp4) / 2**20:.1f} MiB of H.264 noise, not embedded (the frames are above)")
+else:
+    video_html(mp4, width=640, media_dir="../_static/videos")  # linked
 
 # %% [markdown]
 # With the `tiny` preset the weights are random, so the frames are structured noise. The point here is the
-# pipeline at the real size: token counts, memory, tiling and file sizes.
+# pipeline at the real size: token counts, memory, tiling and file sizes. Why not hyv-tiny, the trained model of
+# chapter 7? It learned at 64 × 112 pixels only, and asked for 1280 × 720 it draws a plain background with no shape
+# on it (its RoPE positions and shape sizes in latents are far past anything it saw); teaching it to draw at 720p is
+# a fine-tuning job of the kind chapter 9 sets up.
 #
 # ## VAE decoding in tiles
 #
@@ -284,8 +291,9 @@ if COMPARE_UNTILED:
     print(f"tiled vs one piece: PSNR {quality.psnr(tiled, one_piece, 255):.1f} dB, max |difference| "
           f"{difference.max()} (of 255); mean |difference| in the blend bands {difference[:, band].mean():.2f}, "
           f"elsewhere {difference[:, ~band].mean():.2f} ({band.mean():.0%} of the pixels are in the bands)")
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    ax.imshow(difference[len(difference) // 2].max(axis=-1), cmap="magma")
+    fig, ax = plt.subplots(figsize=(8.8, 4.5))
+    image = ax.imshow(difference[len(difference) // 2].max(axis=-1), cmap="magma")
+    fig.colorbar(image, ax=ax, fraction=0.03, pad=0.02, label="|difference|, largest of R, G, B (of 255)")
     ax.set(title="|tiled - one piece|, middle frame: the blended tile seams", xticks=[], yticks=[])
     plt.show()
 
