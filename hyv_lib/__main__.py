@@ -1,5 +1,5 @@
 """Entry point for ``python -m hyv_lib``."""
 
-from .cli import main
+from .cli.commands import main
 
 main()

@@ -254,7 +254,7 @@ def test_the_shipped_tiny_trained_calibration_fits_its_defaults_and_its_first_va
 
 # ----------------------------------------------------------------------------------------------- flags
 def hyv(capsys, *argv):
-    from hyv_lib.cli import run
+    from hyv_lib.cli.commands import run
 
     code = run(list(argv))
     return code, capsys.readouterr().err.strip().splitlines()

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hyv_lib.base.errors import HyvInputError
-from hyv_lib.cli import run
+from hyv_lib.cli.commands import run
 from hyv_lib.pipeline.stages import generate, stage2, stage3
 
 
@@ -172,7 +172,7 @@ def test_stage2_checks_the_attention_backend_before_writing(capsys, run_dir):
 def test_stage2_settings_are_one_list_shared_by_the_functions_and_the_cli(tiny_run, tmp_path):
     """Every Stage2Settings field is a flag of stage2 and generate (same name, same default), and a name that is not
     a setting fails before anything is written."""
-    from hyv_lib.cli import build_parser
+    from hyv_lib.cli.commands import build_parser
     from hyv_lib.pipeline.settings import STAGE2_SETTINGS, Stage2Settings
 
     defaults = Stage2Settings()

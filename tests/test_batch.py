@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from hyv_lib.base.errors import HyvInputError
-from hyv_lib.cli import run
+from hyv_lib.cli.commands import run
 from hyv_lib.pipeline.batch import (
     BatchRunner,
     PromptEntry,

@@ -13,7 +13,7 @@ from hyv_lib.pipeline.video_io import read_mp4
 
 
 def hyv(*args, check=True, subprocess_run=False):
-    """Run the CLI: in this process (``hyv_lib.cli.run``, no ~6 s of imports per call) or, ``subprocess_run``, as
+    """Run the CLI: in this process (``hyv_lib.cli.commands.run``, no ~6 s of imports per call) or, ``subprocess_run``, as
     ``python -m hyv_lib`` in a child. Returns an object with returncode, stdout and stderr."""
     if subprocess_run:
         return subprocess.run([sys.executable, "-m", "hyv_lib", *args], capture_output=True, text=True, check=check,
@@ -21,7 +21,7 @@ def hyv(*args, check=True, subprocess_run=False):
     import contextlib
     import io
 
-    from hyv_lib.cli import run
+    from hyv_lib.cli.commands import run
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from hyv_lib.base.files import PARTIAL_FILE, atomic_path
 from hyv_lib.base.lock import FolderInUseError, folder_lock
-from hyv_lib.cli import run
+from hyv_lib.cli.commands import run
 from hyv_lib.pipeline import stages
 from hyv_lib.pipeline.batch import BatchRunner, run_lock, run_prompts_file
 from hyv_lib.pipeline.stage_io import STAGE2_FILE, update_config
@@ -216,7 +216,7 @@ def test_a_single_stage_run_holds_its_folder_and_clears_partials(tiny_run, tmp_p
     import subprocess
     import sys
 
-    from hyv_lib.cli import run as cli
+    from hyv_lib.cli.commands import run as cli
 
     folder = tmp_path / "run"
     shutil.copytree(tiny_run, folder)

@@ -14,7 +14,7 @@ from memory_probe import live_peak_bytes
 from safetensors.torch import load_file, save_file
 
 from hyv_lib.base.errors import EXIT_BAD_INPUT, EXIT_FAULT, HyvFaultError, HyvInputError
-from hyv_lib.cli import run
+from hyv_lib.cli.commands import run
 
 
 def error_line(capsys, argv, code):

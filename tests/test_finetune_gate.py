@@ -15,7 +15,7 @@ import json
 import pytest
 import torch
 
-from hyv_lib.cli import run
+from hyv_lib.cli.commands import run
 from hyv_lib.pipeline.video_io import read_mp4, write_mp4
 from hyv_lib.runtimes.vae import to_uint8_frames
 from hyv_lib.tiny import data, quality

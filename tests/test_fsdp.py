@@ -43,7 +43,7 @@ def sharded_job(heads, run=None, out_dir=None):
     the unsharded Ulysses step), this rank's parameter bytes at rest, inside every block (hooks) and after. With a
     stage-1 folder ``run``: also the CLI's stage2 with ``--shard_weights fsdp`` on the ulysses and torch runtimes into
     ``out_dir``/<runtime> (rank 0 writes), as ``torchrun --nproc_per_node N -m hyv_lib stage2 ...`` runs it."""
-    from hyv_lib.cli import run as cli
+    from hyv_lib.cli.commands import run as cli
     from hyv_lib.runtimes.step import torch_step
     from hyv_lib.runtimes.ulysses import UlyssesTransformer
 
@@ -248,7 +248,7 @@ def test_load_pipeline_with_ulysses_and_sharded_weights(monkeypatch):
 
 def test_the_surfaces_refuse_sharding_outside_torchrun(tiny_run, tmp_path, capsys, monkeypatch):
     import hyv_lib
-    from hyv_lib.cli import run as cli
+    from hyv_lib.cli.commands import run as cli
     from hyv_lib.pipeline.batch import BatchRunner
 
     if dist.is_initialized():

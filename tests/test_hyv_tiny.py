@@ -67,7 +67,7 @@ def test_vae_reconstructs_held_out_clips_and_the_dit_draws_held_out_prompts():
 
 
 def test_cli_generates_with_the_bundled_and_the_explicit_folder_identically(tmp_path):
-    from hyv_lib.cli import run
+    from hyv_lib.cli.commands import run
 
     def generate(out, *extra):
         assert run(["generate", "--preset", "tiny_trained", "--prompt", "a yellow circle moving right on a black "
@@ -85,7 +85,7 @@ def test_cli_generates_with_the_bundled_and_the_explicit_folder_identically(tmp_
 def test_the_same_first_frame_moves_as_each_caption_says(tmp_path):
     """The issue's check through the public CLI: a drawn frame (a yellow circle in the middle of a gray frame) and
     two captions; each video starts from the frame (first-frame PSNR >= 24 dB) and moves as its caption says."""
-    from hyv_lib.cli import run
+    from hyv_lib.cli.commands import run
 
     frame = data.draw_frame("yellow", "circle", "gray")
     frame.save(tmp_path / "frame.png")

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from hyv_lib.base.errors import HyvInputError
 from hyv_lib.base.presets import PRESETS, TINY, get_preset
-from hyv_lib.cli import run
+from hyv_lib.cli.commands import run
 from hyv_lib.models.components import COMPONENTS, IMAGE_COMPONENTS, build_tiny_components
 from hyv_lib.models.flow_matching import condition_channels
 from hyv_lib.pipeline.sampling import initial_latents, sampling_schedule

@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import load_file
 
 import hyv_lib
-from hyv_lib import cli
 from hyv_lib.base.errors import HyvInputError
+from hyv_lib.cli import commands as cli
 from hyv_lib.models import components as models
 from hyv_lib.pipeline import inference
 from hyv_lib.pipeline.video_io import read_mp4

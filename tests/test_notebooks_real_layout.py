@@ -22,7 +22,7 @@ SMALL = {"HYV_VIDEO_LENGTH": "5", "HYV_STEPS": "2", "HYV_HEIGHT": "128", "HYV_WI
 
 
 def _save_tiny(tmp_path_factory, preset):
-    from hyv_lib.cli import run
+    from hyv_lib.cli.commands import run
 
     path = tmp_path_factory.mktemp("real_layout") / f"hyv-{preset}-layout"
     assert run(["save_tiny", "--preset", preset, "--output_dir", str(path), "--quiet"]) == 0

@@ -184,7 +184,7 @@ def test_torchrun_cli_with_the_ulysses_runtime_equals_torch(tiny_run, tmp_path):
 
 
 def test_ulysses_outside_torchrun_is_a_clear_error(tiny_run, tmp_path, capsys):
-    from hyv_lib.cli import run
+    from hyv_lib.cli.commands import run
 
     assert run(["stage2", "--input_dir", str(tiny_run), "--output_dir", str(tmp_path), "--runtime", "ulysses",
                 "--quiet"]) == 2
@@ -248,7 +248,7 @@ def test_torchrun_stage3_spreads_tiles_and_rank0_writes(tiny_run, tmp_path):
 
     from safetensors.torch import load_file
 
-    from hyv_lib.cli import run as cli_run
+    from hyv_lib.cli.commands import run as cli_run
 
     run = tmp_path / "run"
     shutil.copytree(tiny_run, run)
@@ -278,7 +278,7 @@ def test_torchrun_without_a_split_is_refused_before_any_file(tiny_run, tmp_path,
     (Stage 3 spreads its tiles: test_torchrun_stage3_spreads_tiles_and_rank0_writes.)"""
     import shutil
 
-    from hyv_lib.cli import run as cli
+    from hyv_lib.cli.commands import run as cli
 
     run = tmp_path / "run"
     shutil.copytree(tiny_run, run)

@@ -232,7 +232,7 @@ def test_saved_tiny_folder_loads_through_the_real_weights_path(tiny_folder, tiny
 def test_real_preset_runs_a_diffusers_folder_through_the_model_path(tiny_folder, tmp_path):
     """`--preset 720p_t2v --model_path DIR`: the real preset's recipe (1000 text tokens after a 108-token crop,
     256 ByT5 tokens, 729 image tokens) with whatever weights the folder holds; widths come from the models."""
-    from hyv_lib.cli import run
+    from hyv_lib.cli.commands import run
 
     out = tmp_path / "real_layout"
     code = run(["generate", "--preset", "720p_t2v", "--model_path", str(tiny_folder), "--prompt", "a red ball",

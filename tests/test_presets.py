@@ -13,7 +13,7 @@ INFO_KEYS = {"text_len", "text_dim", "byt5_len", "byt5_dim", "latent_channels", 
 
 
 def test_info_json_cli_has_required_keys(capsys):
-    from hyv_lib.cli import run
+    from hyv_lib.cli.commands import run
 
     assert run(["info", "--preset", "720p_t2v", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -124,7 +124,7 @@ def test_cfg_distilled_presets_run_one_sample_per_step_on_their_base_architectur
 
 
 def test_info_prints_a_cfg_distilled_preset(capsys):
-    from hyv_lib.cli import run
+    from hyv_lib.cli.commands import run
 
     assert run(["info", "--preset", "480p_t2v_distilled", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

@@ -14,9 +14,9 @@ import pytest
 
 pytest.importorskip("libtpu", reason="the TPU compiler comes with libtpu (requirements.txt, Linux only)")
 
-from hyv_lib import cli  # noqa: E402
 from hyv_lib.base.errors import HyvInputError  # noqa: E402
 from hyv_lib.base.presets import get_preset  # noqa: E402
+from hyv_lib.cli import commands as cli  # noqa: E402
 from hyv_lib.planning.tpu_compile import compile_step, parse_hbm_oom  # noqa: E402
 
 TINY = get_preset("tiny")

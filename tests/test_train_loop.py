@@ -212,7 +212,7 @@ def test_two_rank_fsdp_equals_one_process(runs, features_dir, tmp_path):
 
 # ------------------------------------------------------------------------------------------------ (e)
 def cli(argv, capsys):
-    from hyv_lib.cli import run
+    from hyv_lib.cli.commands import run
 
     code = run(argv)
     return code, capsys.readouterr().err

@@ -123,7 +123,7 @@ def test_stage3_decodes_with_the_budgeted_tiles_and_records_them(tiny_run, tmp_p
     and recorded; bad combinations are one error line each."""
     import shutil
 
-    from hyv_lib.cli import run as cli
+    from hyv_lib.cli.commands import run as cli
     from hyv_lib.models.components import load_components
     from hyv_lib.pipeline.stage_io import load_stage2
     from hyv_lib.pipeline.stages import stage3

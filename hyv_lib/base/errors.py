@@ -73,3 +73,8 @@ def python_names() -> Iterator[None]:
         if _CALLED_FROM_CLI.get() or (not err.argument.startswith("--") and "--" not in err.message):
             raise
         raise HyvInputError(err.argument.removeprefix("--"), _python_text(err.message)) from None
+
+
+def one_line(text: str) -> str:
+    """An error's text on one line (ffmpeg's and the OS's messages may hold several)."""
+    return " ".join(str(text).split())

@@ -1,5 +1,4 @@
-"""Command line: ``python -m hyv_lib info|compile|save_tiny|calibrate_cache|stage1|stage2|stage3|generate|extract_features|train`` (flag names of the gpu-tpu-pedia staged
-scripts)."""
+"""The command line's parser and dispatch: ``python -m hyv_lib COMMAND`` (flag names of the gpu-tpu-pedia scripts)."""
 
 from __future__ import annotations
 
@@ -11,22 +10,27 @@ import os
 import sys
 from typing import Iterator
 
-from .base.errors import EXIT_BAD_INPUT, EXIT_ENTRIES_FAILED, EXIT_FAULT, HyvFaultError, HyvInputError, cli_names
-from .base.files import ensure_output_dir
-from .base.presets import DEFAULT_PRESET, DEFAULT_SEED, PRESETS, get_preset
-from .models.components import quiet_loading, save_tiny_pipeline
-from .parallel.jax_env import enable_compile_cache
-from .pipeline.batch import BatchRunner, parse_shard, read_prompts_file, run_lock, run_prompts_file
-from .pipeline.calibration import calibrate
-from .pipeline.image import load_image
-from .pipeline.settings import STAGE2_SETTINGS
-from .pipeline.stages import generate, stage1, stage2, stage3
-from .planning.tpu_compile import compile_step, format_report
-from .planning.train_compile import RECIPE_LORA_ALPHA, RECIPE_LORA_RANK, compile_train_step, format_train_report
-from .runtimes.magcache import CALIBRATION_PROMPT, CALIBRATION_SEED
-from .training.features import extract_features
-from .training.loop import DEFAULTS as TRAIN_DEFAULTS
-from .training.loop import train
+from ..base.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_FAULT,
+    HyvFaultError,
+    HyvInputError,
+    cli_names,
+    one_line,
+)
+from ..base.files import ensure_output_dir
+from ..base.presets import DEFAULT_PRESET, DEFAULT_SEED, PRESETS, get_preset
+from ..models.components import quiet_loading, save_tiny_pipeline
+from ..parallel.jax_env import enable_compile_cache
+from ..pipeline.batch import BatchRunner, parse_shard, read_prompts_file, run_lock, run_prompts_file
+from ..pipeline.calibration import calibrate
+from ..pipeline.image import load_image
+from ..pipeline.settings import STAGE2_SETTINGS
+from ..pipeline.stages import generate, stage1, stage2, stage3
+from ..planning.tpu_compile import compile_step, format_report
+from ..planning.train_compile import RECIPE_LORA_ALPHA, RECIPE_LORA_RANK, compile_train_step, format_train_report
+from ..runtimes.magcache import CALIBRATION_PROMPT, CALIBRATION_SEED
+from .training import add_extract_features_arguments, add_train_arguments, extract_features_command, train_command
 
 
 def _add_stage1(p: argparse.ArgumentParser, output_dir: bool = True) -> None:
@@ -228,9 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--preset", default="720p_t2v", help="720p_t2v | 480p_t2v | tiny (default 720p_t2v)")
     tiny.add_argument("--output_dir", required=True, help="the folder to write (must not exist or be empty)")
     tiny.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
-    _add_train(sub.add_parser("train", help="fine-tune the DiT on a feature folder (extract_features): a LoRA "
+    add_train_arguments(sub.add_parser("train", help="fine-tune the DiT on a feature folder (extract_features): a LoRA "
                                             "(--lora_rank) or every weight (--full), resumable"))
-    _add_extract_features(sub.add_parser(
+    add_extract_features_arguments(sub.add_parser(
         "extract_features", help="encode a MindSpeed-MM data.json's clips once for training: VAE latents, text "
                                  "embeddings (and first frames for i2v) into sharded safetensors; resumable"))
     gen = sub.add_parser("generate", help="run all three stages")
@@ -250,89 +254,6 @@ def build_parser() -> argparse.ArgumentParser:
     for p in [gen, tiny, cal, *(sp for sp, _ in stages.values())]:
         p.add_argument("--quiet", action="store_true", help="no progress bar or summary line")
     return parser
-
-
-def _add_train(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--features", required=True, help="a folder of python -m hyv_lib extract_features")
-    p.add_argument("--preset", default=DEFAULT_PRESET, help=f"the features' preset (default {DEFAULT_PRESET})")
-    p.add_argument("--model_path", default=None, help="diffusers-format folder of the model to train (default: the "
-                                                      "preset's bundled or built weights)")
-    what = p.add_mutually_exclusive_group()
-    what.add_argument("--lora_rank", type=int, default=None, help="train a LoRA adapter of this rank (writes "
-                                                                  "OUTPUT_DIR/pytorch_lora_weights.safetensors)")
-    what.add_argument("--full", action="store_true", help="train every weight (writes OUTPUT_DIR/transformer)")
-    p.add_argument("--lora_alpha", type=float, default=None, help="LoRA alpha (default: the rank, a scale of 1)")
-    p.add_argument("--steps", type=int, required=True, help="optimizer updates in all (a rerun resumes; more steps "
-                                                            "train a finished run further)")
-    p.add_argument("--learning_rate", type=float, default=TRAIN_DEFAULTS["learning_rate"],
-                   help=f"AdamW's peak learning rate (default {TRAIN_DEFAULTS['learning_rate']:g})")
-    p.add_argument("--warmup_steps", type=int, default=TRAIN_DEFAULTS["warmup_steps"],
-                   help=f"linear warmup updates (default {TRAIN_DEFAULTS['warmup_steps']})")
-    p.add_argument("--batch_size", type=int, default=TRAIN_DEFAULTS["batch_size"],
-                   help="clips per update, all of one latent shape; under torchrun split over the ranks (default 1)")
-    p.add_argument("--task", default="t2v", help="t2v | i2v (i2v: features extracted with first frames)")
-    p.add_argument("--caption_dropout", type=float, default=TRAIN_DEFAULTS["caption_dropout"],
-                   help="probability of training a clip on the empty prompt (default "
-                        f"{TRAIN_DEFAULTS['caption_dropout']})")
-    p.add_argument("--output_dir", required=True, help="checkpoint, train_log.jsonl and the trained weights")
-    p.add_argument("--runtime", default="torch", help="torch (one device; FSDP2 under torchrun) | tpu (JAX)")
-    p.add_argument("--mesh", default=None, help="--runtime tpu: e.g. data=2,sequence=4 (FSDP over every device)")
-    p.add_argument("--checkpoint_every", type=int, default=None, help="steps between checkpoints (default: only at "
-                                                                      "the end)")
-    p.add_argument("--seed", type=int, default=TRAIN_DEFAULTS["seed"], help="batches, noise, LoRA init (default 0)")
-    p.add_argument("--dtype", default=None, help="fp32 | bf16: the transformer's (default: the preset's)")
-    p.add_argument("--no_gradient_checkpointing", action="store_true",
-                   help="keep every block's activations instead of recomputing them in the backward pass")
-    p.add_argument("--attention", default="auto", help="auto (flash/SDPA on the valid tokens; Splash on a TPU) | a "
-                   "backend name | diffusers (its own processor: a dense S x S mask per sample; torch runtime only)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar or summary line")
-
-
-def _train(args: argparse.Namespace) -> None:
-    train(args.features, preset=args.preset, model_path=args.model_path, lora_rank=args.lora_rank,
-          lora_alpha=args.lora_alpha, full=args.full, steps=args.steps, learning_rate=args.learning_rate,
-          warmup_steps=args.warmup_steps, batch_size=args.batch_size, task=args.task,
-          caption_dropout=args.caption_dropout, output_dir=args.output_dir, runtime=args.runtime, mesh=args.mesh,
-          checkpoint_every=args.checkpoint_every, seed=args.seed, dtype=args.dtype,
-          gradient_checkpointing=not args.no_gradient_checkpointing, attention=args.attention,
-          progress=not args.quiet)
-
-
-def _add_extract_features(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data_json", required=True,
-                   help='a JSON list of {"path", "cap", "num_frames", "fps", "resolution": {"height", "width"}} '
-                        "(MindSpeed-MM's format; paths relative to the file; a png/jpg is a 1-frame clip)")
-    p.add_argument("--preset", default=DEFAULT_PRESET, help=f"a preset of `info` (default {DEFAULT_PRESET})")
-    p.add_argument("--model_path", default=None, help="diffusers-format folder or hub id; required for real presets")
-    p.add_argument("--output_dir", required=True, help="the features folder (a rerun adds only the missing clips)")
-    p.add_argument("--num_frames", type=int, default=None,
-                   help="frames per clip, 4n+1, the first ones at the clip's own fps; a shorter video fails "
-                        "(default: the preset's video length)")
-    p.add_argument("--max_height", type=int, default=None, help="centre-crop taller buckets to this (multiple of 16)")
-    p.add_argument("--max_width", type=int, default=None, help="centre-crop wider buckets to this (multiple of 16)")
-    p.add_argument("--task", default=None, help="t2v | i2v: i2v adds each clip's first-frame conditions (default: "
-                                                "i2v for an image-to-video preset, else t2v)")
-    p.add_argument("--device", default=None, help="where the encoders run (default: cuda if present, else cpu)")
-    p.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16: the text and image encoders' (default: the "
-                                                 "preset's)")
-    p.add_argument("--vae_dtype", default="fp32", help="fp32 | bf16 (default fp32)")
-    p.add_argument("--shard_size", type=int, default=32, help="clips per safetensors shard (default 32)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar or summary line")
-
-
-def _extract_features(args: argparse.Namespace) -> int:
-    """``extract_features``: one ``error:`` line per entry that failed (the others are written); exit code 1 if any."""
-    report = extract_features(args.data_json, preset=args.preset, model_path=args.model_path,
-                              output_dir=args.output_dir, num_frames=args.num_frames, max_height=args.max_height,
-                              max_width=args.max_width, progress=not args.quiet, task=args.task, device=args.device,
-                              dtype=args.dtype, vae_dtype=args.vae_dtype, shard_size=args.shard_size)
-    for bad in report.failed:
-        where = f" ({bad['path']})" if bad["path"] is not None else ""
-        print(f"error: --data_json: entry {bad['entry']}{where}: {_one_line(bad['error'])} (skipped)", file=sys.stderr)
-    if not args.quiet:
-        print(f"extract_features: {len(report.extracted)} extracted, {len(report.skipped)} already there, "
-              f"{len(report.failed)} failed; features in {report.output_dir}", file=sys.stderr)
-    return EXIT_ENTRIES_FAILED if report.failed else 0
 
 
 def _stage2_kwargs(args: argparse.Namespace) -> dict:
@@ -435,11 +356,6 @@ def run(argv: list[str] | None = None) -> int:
         return _run_command(args)
 
 
-def _one_line(text: str) -> str:
-    """An error's text on one line (ffmpeg's and the OS's messages may hold several)."""
-    return " ".join(str(text).split())
-
-
 def _run_command(args: argparse.Namespace) -> int:
     """One parsed command; returns the exit code."""
     if getattr(args, "runtime", None) == "tpu":  # the CLI's policy, not a library side effect
@@ -479,9 +395,9 @@ def _run_command(args: argparse.Namespace) -> int:
                    disable_tiling=args.disable_tiling, save_frames=args.save_frames, runtime=args.runtime,
                    vae_dtype=args.vae_dtype, vae_memory_gb=args.vae_memory_gb)
         elif args.command == "train":
-            _train(args)
+            train_command(args)
         elif args.command == "extract_features":
-            return _extract_features(args)
+            return extract_features_command(args)
         elif args.command == "generate" and args.prompts_file:
             return _generate_many(args)
         elif args.command == "generate":
@@ -496,11 +412,11 @@ def _run_command(args: argparse.Namespace) -> int:
         print(f"error: {err.argument}: {err.message}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except HyvFaultError as err:  # a fault while running (NaN latents, ffmpeg): what failed and why
-        print(f"error: {err.subject}: {_one_line(err.message)}", file=sys.stderr)
+        print(f"error: {err.subject}: {one_line(err.message)}", file=sys.stderr)
         return EXIT_FAULT
     except OSError as err:  # a write the OS refused (disk full, read-only, permissions, I/O error): the path and why
         where = f"{err.filename}: " if err.filename is not None else ""
-        print(f"error: {where}{_one_line(err.strerror or str(err))}", file=sys.stderr)
+        print(f"error: {where}{one_line(err.strerror or str(err))}", file=sys.stderr)
         return EXIT_FAULT
     if args.command not in ("info", "compile", "save_tiny", "calibrate_cache") and not getattr(args, "quiet", False):
         out = getattr(args, "output_dir", None) or getattr(args, "input_dir", None)
