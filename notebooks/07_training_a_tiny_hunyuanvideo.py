@@ -529,7 +529,9 @@ frame_grid(after_videos[0], columns=5, title=f"after LoRA: {probe[0].caption}", 
 # captions, another seed, and orange in the reader's palette.
 #
 # `transformer.save_lora_adapter(path)` would save the adapter alone (its size is printed above, in
-# parameters) instead of the whole model.
+# parameters) instead of the whole model. {doc}`Chapter 9 <09_fine_tuning>` teaches orange again with
+# `hyv_lib`'s commands (clips in a `data.json`, `extract_features`, `train --lora_rank 16`, `generate --lora`),
+# the recipe used at real size.
 #
 # ## At real scale
 #
