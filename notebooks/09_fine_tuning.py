@@ -93,7 +93,8 @@ real = requested if not requested.is_tiny else hyv_lib.get_preset("720p_t2v")  #
 height, width = HEIGHT or real.default_height, WIDTH or real.default_width
 frames = VIDEO_LENGTH or 121
 print(f"real-size sections: {real.name} at {height}x{width}, {frames} frames; live section: "
-      + ("hyv-tiny (tiny_trained)" if LIVE else f"not run ({requested.name} is not hyv-tiny; its commands are printed)"))
+      + ("hyv-tiny (tiny_trained)" if LIVE
+         else f"not run ({requested.name} is not hyv-tiny; its commands are printed)"))
 
 # %% [markdown]
 # ## 1. The recipe at real size
@@ -162,29 +163,36 @@ if reports:
     print(f"{os.path.basename(reports[-1])}: {len(runs)} compiles (python benchmarks/train_compile.py)")
 else:
     print("no saved train-step compiles yet: python benchmarks/train_compile.py writes benchmarks/results/")
+groups = {}  # (height, slice, what trains, frames) -> its compiles, by batch
+for key, r in runs.items():
+    what = f"LoRA r{r['lora']['rank']}" if r["lora"] else "every weight"
+    groups.setdefault((r["size"]["height"], key.split("/")[0], what, r["size"]["video_length"]), {})[r["batch"]] = r
 rows = []
-for key, r in sorted(runs.items(), key=lambda kv: (kv[1]["size"]["height"], kv[0])):
+for (h, slice_, what, f), by_batch in sorted(groups.items()):
+    r = by_batch.get(1) or by_batch[min(by_batch)]
     b = r["per_device_bytes"]
-    row = {"slice": key.split("/")[0], "size": f"{r['size']['height']}p x {r['size']['video_length']}",
-           "batch": r["batch"],
-           "trains": f"LoRA r{r['lora']['rank']}" if r["lora"] else "every weight",
+    fitting = [n for n, x in by_batch.items() if x["fits"]]
+    refused = [n for n, x in by_batch.items() if not x["fits"] and n > max(fitting, default=0)]
+    row = {"slice": slice_, "size": f"{h}p x {f}", "trains": what,
            "HBM GiB": f"{r['hbm_available_per_device'] / GIB:.1f}"}
+    column, note = "batch 1: compiler GiB (state + temp)", "" if r["batch"] == 1 else f"batch {r['batch']}: "
     if b.get("arguments") is None:  # the compiler refused it: its message says how much it needed
-        row.update({"compiler GiB (state + temp)": f"{b['total'] / GIB:.1f} needed", "fits": "no",
-                    "model GiB": "", "model / compiler": ""})
+        row.update({column: f"{note}{b['total'] / GIB:.1f} needed", "model GiB": "", "model / compiler": ""})
     else:
         m = model_of_compiled(r)
-        row.update({"compiler GiB (state + temp)": f"{b['total'] / GIB:.1f} ({b['arguments'] / GIB:.1f} + "
-                                                   f"{b['temporaries'] / GIB:.1f})",
-                    "fits": "yes" if r["fits"] else "no", "model GiB": f"{m['model_total'] / GIB:.1f}",
-                    "model / compiler": f"{m['model_total_ratio']:.2f}"})
+        row.update({column: f"{note}{b['total'] / GIB:.1f} ({b['arguments'] / GIB:.1f} + "
+                            f"{b['temporaries'] / GIB:.1f})",
+                    "model GiB": f"{m['model_total'] / GIB:.1f}", "model / compiler": f"{m['model_total_ratio']:.2f}"})
+    row["largest batch that fits (compiled)"] = (str(max(fitting)) if fitting else "none") + (
+        f" ({min(refused)} does not)" if refused else "")
     rows.append(row)
 if rows:
     display(html_table(rows))
 
 # %%
 for key, r in sorted(runs.items()):
-    print(f"{key:26s} {r['command']}")
+    if r["batch"] == 1:  # the batch searches' commands differ only in --batch_size
+        print(f"{key:26s} {r['command']}")
 
 # %% [markdown]
 # Read the table by its columns. *State* is what the step keeps from one step to the next (the bf16 weights, the
@@ -192,9 +200,10 @@ for key, r in sorted(runs.items()):
 # compiled program allocates while it runs, mostly activations. A LoRA trains about 14 million parameters (0.17% of
 # 8.3 billion, next cell), so its state is the frozen weights' share and little else, and at batch 1 it fits every
 # slice listed; full fine-tuning adds 16 bytes of fp32 state per parameter, and the v5e-8's 16 GiB per chip refuse it.
-# The planner's model is lower than the compiler in every row it can be compared on (the last column): it counts the
-# tensors the step needs, and the compiled program holds more at its peak, so near the limit the compiler's word
-# decides.
+# Where `benchmarks/train_compile.py` searched larger batches, the last column says where the activations, which grow
+# with the batch while the state does not, stop fitting. The planner's model is lower than the compiler in every
+# row it can be compared on (the "model / compiler" column): it counts the tensors the step needs, and the compiled
+# program holds more at its peak, so near the limit the compiler's word decides.
 #
 # Why the recipe shards and recomputes at all: the planner splits one device's share of a 720p step into what it
 # keeps (weights, master copies, moments) and what the backward pass needs (activations).
@@ -223,8 +232,39 @@ print(f"  one block: its inputs {acts[True]['parts']['block_inputs'] / GIB:.2f} 
 # their norms, the attention output, the MLP's wide activations. Over 54 blocks that is the "remat off" line, far
 # beyond any accelerator. With remat a block keeps only its input and recomputes the rest when the backward pass
 # reaches it, so the 54 blocks hold 54 inputs plus one block's full set: about one extra forward pass of compute for
-# a factor of about 18 in what the blocks hold (the two "hold" figures). The official trainer and MindSpeed-MM both checkpoint
-# every block for this reason.
+# a factor of about 18 in what the blocks hold (the two "hold" figures). The official trainer and MindSpeed-MM
+# both checkpoint every block for this reason.
+#
+# That is a model. `benchmarks/gpu_check.py --sections train` measured the real thing: the 8.3B DiT's train step
+# (random bf16 weights, `hyv_lib`'s torch step, rank-16 LoRA or every weight) on one NVIDIA H200, torch's peak
+# allocated memory beside the step time. The next cell reads that file and recomputes the planner's figure for each
+# row now (`train_step_memory` with the torch recipe on a GPU; it was not fitted to these runs).
+
+# %%
+measured = sorted(glob.glob("../benchmarks/results/gpu_check_*_train.json"))
+if measured:
+    check = json.load(open(measured[-1]))
+    print(f"{os.path.basename(measured[-1])}: {check['command']}")
+    rows = []
+    for r in check["sections"]["train"]["rows"]:
+        h, w, f = r["size"]
+        model = train_step_memory("720p_t2v" if h == 720 else "480p_t2v", height=h, width=w, video_length=f,
+                                  trainable=r["trainable"], lora_rank=r["lora_rank"] or 16, remat=r["remat"],
+                                  precision="torch", device="gpu")
+        planned = model["allocated"] / GIB
+        rows.append({"step (one H200, batch 1)": r["name"], "s per step": f"{r['s_per_step']:.2f}",
+                     "measured peak GiB": f"{r['peak_allocated_gib']:.2f}", "planner GiB": f"{planned:.2f}",
+                     "planner / measured": f"{planned / r['peak_allocated_gib']:.3f}"})
+    display(html_table(rows))
+else:
+    print("no saved GPU training measurements: python benchmarks/gpu_check.py --sections train writes them")
+
+# %% [markdown]
+# The planner's figure and the card's peak agree row by row (last column), which is what lets the layouts below,
+# which nobody has measured, be read from the model. The third row is the remat comparison on real hardware:
+# without recomputation the 480p, 33-frame LoRA step peaks at several times the memory of the first LoRA row, and runs
+# faster, because the backward pass no longer repeats each block's forward. At 720p and 121 frames even the LoRA step
+# with remat needs most of an 80 GB card.
 #
 # Remat alone does not make a 720p step fit one chip: the 54 block inputs are still many GiB, and full fine-tuning's
 # optimizer state is 16 bytes per parameter. The figure below is the planner's per-device peak for the layouts of
@@ -236,8 +276,9 @@ layouts = {lay.name: train_step_memory(real, height=height, width=width, video_l
                                         trainable=lay.trainable, lora_rank=8, remat=lay.remat, fsdp=lay.fsdp,
                                         data_parallel=lay.data_parallel, sequence_parallel=lay.sequence_parallel,
                                         precision="mixed", device="tpu") for lay in TRAIN_LAYOUTS}
-parts = {"weights (bf16)": lambda m: m["weights"] + m["buffers"], "master + moments (fp32)":
-         lambda m: m["master"] + m["optimizer"], "activations, gradients, batch": lambda m: m["transient"] + m["inputs"]}
+parts = {"weights (bf16)": lambda m: m["weights"] + m["buffers"],
+         "master + moments (fp32)": lambda m: m["master"] + m["optimizer"],
+         "activations, gradients, batch": lambda m: m["transient"] + m["inputs"]}
 fig, ax = plt.subplots(figsize=(9, 3.4))
 left = np.zeros(len(layouts))
 for label, part in parts.items():
@@ -248,8 +289,8 @@ for chip in ("v5e", "v6e", "v5p"):
     spec = CHIPS[chip]
     ax.axvline(spec.hbm_bytes / spec.devices_per_chip / GIB, color="gray", ls=":", lw=1)
     ax.text(spec.hbm_bytes / spec.devices_per_chip / GIB, len(layouts) - 0.4, f" {chip}", fontsize=8, color="gray")
-ax.set(xscale="log", xlim=(1, None), xlabel="GiB per device (log scale)", title=f"{real.name}, {height}x{width}x{frames}: "
-       "planner's train-step peak per device")
+ax.set(xscale="log", xlim=(1, None), xlabel="GiB per device (log scale)",
+       title=f"{real.name}, {height}x{width}x{frames}: planner's train-step peak per device")
 ax.invert_yaxis()
 ax.legend(fontsize=8, loc="lower right")
 fig.tight_layout()
@@ -470,7 +511,8 @@ shutil.rmtree(workdir, ignore_errors=True)
 # * The activations of the backward pass are the other wall: without remat one 720p sample's 54 blocks would hold
 #   hundreds of GiB; with it, their inputs. Ulysses divides those across devices, FSDP divides the weights and
 #   optimizer state. The TPU compiler, run on a CPU, says which slices hold the step; the planner's model sits
-#   below it in every compiled row, a bound to check against the compiler near the limit.
+#   below it in every compiled row, a bound to check against the compiler near the limit. On one H200 the planner
+#   matches the measured peak of the torch step, with and without remat.
 # * Live, on a 2-core CPU in a few minutes: 48 clips as mp4 files and a `data.json`, `extract_features`, 500 steps of
 #   `train --lora_rank 16`, and `generate --lora` teach hyv-tiny a colour it never saw, on held-out captions, while
 #   the known colours hold. The VAE limits what can be taught: it decodes orange on gray as red.
