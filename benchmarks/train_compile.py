@@ -8,8 +8,8 @@ find what fits: for each slice x resolution x LoRA/full, the largest batch at 12
 Each compile is one ``python -m hyv_lib compile --train ... --json`` child process (the public CLI); its report and
 command are saved as they finish in benchmarks/results/train_compile_<date>_cpu_libtpu.json, and a rerun skips those
 already there. The search (see :func:`search`): 121 frames at batch 1 everywhere, then per configuration the largest
-batch (or, where 121 frames do not fit, the longest video) that a line through the two sizes' totals predicts, checked
-by compiling it and its neighbour. What the compiler reports is a memory and collective check, not a timing.
+batch at 121 frames (or, where 121 frames do not fit, the longest video at batch 1) by doubling and bisection; the
+mesh is compile's default for the batch. What the compiler reports is a memory and collective check, not a timing.
 """
 
 from __future__ import annotations
@@ -61,24 +61,12 @@ def compile_child(slice_: str, size: str, train: str, frames: int, batch: int) -
     return dict(json.loads(out.stdout), command=command, wall_seconds=wall)
 
 
-def tokens(size: str, frames: int) -> int:
-    """Joint tokens of one sample (video + the 1,985 context tokens) at ``size`` and ``frames``."""
-    from hyv_lib.base.presets import get_preset, video_size
-    from hyv_lib.planning.costs import token_counts
-
-    preset = get_preset(SIZES[size])
-    height, width, frames = video_size(preset, None, None, frames)
-    return token_counts(preset, height, width, frames)["joint"]
-
-
 def search(results: dict, slice_: str, size: str, train: str, log, base_only: bool = False) -> None:
     """Compile what the search needs for one configuration (skipping saved compiles); ``base_only``: only 121 frames
     at batch 1 (the first pass over the grid).
 
-    Then a straight line through the two sizes' 121-frame totals on this slice (per-device memory = the sharded
-    weights and optimizer state + activations proportional to batch x tokens) predicts the largest batch at 121
-    frames, or, where 121 frames do not fit, the longest video at batch 1; that prediction is compiled, and the one
-    after it (or, if it does not fit, the ones below it until one does)."""
+    Where 121 frames fit at batch 1: batches 2, 4, 8, 16 until one does not fit, then bisection between the last that
+    fits and the first that does not. Where they do not: 9 frames, then bisection over the latent frames between."""
 
     def run(frames: int, batch: int) -> dict:
         key = f"{slice_}/{size}/{train}/F{frames}/B{batch}"
@@ -94,37 +82,22 @@ def search(results: dict, slice_: str, size: str, train: str, log, base_only: bo
     def fits(r: dict) -> bool:
         return "error" not in r and r["fits"]
 
+    def bisect(lo: int, hi: int, fits_at) -> None:
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits_at(mid) else (lo, mid)
+
     base = run(FRAMES, 1)
     if "error" in base or base_only:
         return
-    bases = [(tokens(z, FRAMES), results["runs"].get(f"{slice_}/{z}/{train}/F{FRAMES}/B1")) for z in SIZES]
-    if any(r is None or "error" in r for _, r in bases):
-        return
-    (x1, r1), (x2, r2) = bases
-    slope = (r2["per_device_bytes"]["total"] - r1["per_device_bytes"]["total"]) / (x2 - x1)
-    room = base["hbm_available_per_device"] - (r1["per_device_bytes"]["total"] - slope * x1)  # minus the intercept
-    if slope <= 0 or room <= 0:
-        return
-    most = room / slope  # batch x joint tokens the line keeps within the limit
     if fits(base):  # the largest batch at 121 frames
-        step, first, bound, best = 1, 1, MAX_BATCH, int(most // tokens(size, FRAMES))
-
-        def compile_at(b):
-            return run(FRAMES, b)
-    else:  # the longest video at batch 1: latent frames the line allows
-        video = tokens(size, 5) - tokens(size, 1)  # video tokens per latent frame
-        latent = int((most - tokens(size, 1)) // video) + 1
-        step, first, bound, best = 4, 9, FRAMES - 4, 4 * (latent - 1) + 1
-
-        def compile_at(f):
-            return run(f, 1)
-    value = max(first, min(bound, best))
-    if fits(compile_at(value)):
-        while value + step <= bound and fits(compile_at(value + step)):
-            value += step
-    else:
-        while value - step >= first and not fits(compile_at(value - step)):
-            value -= step
+        lo, hi = 1, None
+        while hi is None and 2 * lo <= MAX_BATCH:
+            lo, hi = (2 * lo, None) if fits(run(FRAMES, 2 * lo)) else (lo, 2 * lo)
+        if hi is not None:
+            bisect(lo, hi, lambda b: fits(run(FRAMES, b)))
+    elif fits(run(9, 1)):  # the longest video at batch 1, in latent frames (frames = 4 (t - 1) + 1)
+        bisect(3, (FRAMES - 1) // 4 + 1, lambda t: fits(run(4 * (t - 1) + 1, 1)))
 
 
 def summary(results: dict) -> list[dict]:

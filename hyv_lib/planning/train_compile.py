@@ -27,7 +27,6 @@ from ..runtimes.tpu_train import TRAINABLE, TpuTrainStep
 from .costs import token_counts
 from .hardware import CHIPS
 from .hlo import xla_flops
-from .planner import default_layout
 from .tpu_compile import (
     TOPOLOGY_CHIPS,
     abstract_transformer,
@@ -42,6 +41,15 @@ from .tpu_compile import (
 #: (the attention projections of both streams in every block, :data:`hyv_lib.models.lora.DEFAULT_TARGETS`).
 RECIPE_LORA_RANK = 8
 RECIPE_LORA_ALPHA = 16.0
+
+
+def train_layout(devices: int, heads: int, batch: int) -> dict[str, int]:
+    """The mesh a train step gets by default: ``data`` = the largest count that divides both the devices and the
+    batch (whole samples per data shard) and leaves a ``sequence`` axis (the rest of the devices) that divides the
+    heads; sequence parallelism inside each data shard, FSDP over all of them."""
+    fitting = [d for d in range(1, devices + 1) if devices % d == 0 and batch % d == 0 and heads % (devices // d) == 0]
+    data = max(fitting, default=1)
+    return {"data": data, "tensor": 1, "sequence": devices // data}
 
 
 def train_batch(preset: Preset, height: int, width: int, video_length: int, batch_size: int,
@@ -63,8 +71,8 @@ def compile_train_step(preset: str | Preset = "720p_t2v", topology: str = "v5p:2
     """Compile one train step (forward, backward and the AdamW update) of ``preset`` for the TPU slice ``topology``.
 
     ``train``: ``lora`` (rank ``lora_rank``, ``lora_alpha``; default the official recipe's r=8, alpha=16) or ``full``.
-    ``batch_size`` samples per step; ``mesh`` (default: ``data`` = the batch where it divides the devices, the rest on
-    ``sequence``, as :func:`hyv_lib.planning.planner.default_layout` lays out FSDP) must use every device. Weights
+    ``batch_size`` samples per step; ``mesh`` (default :func:`train_layout`: samples over ``data``, tokens over
+    ``sequence``) must use every device. Weights
     bf16; trainable parameters with fp32 master weights (``master_weights``) and fp32 AdamW moments; ``remat``
     recomputes each block in the backward pass; ``scan_blocks`` runs the blocks as one loop (one block to compile;
     off: unrolled). ``num_layers`` overrides the block count (tests). Bad input raises
@@ -86,8 +94,8 @@ def compile_train_step(preset: str | Preset = "720p_t2v", topology: str = "v5p:2
     height, width, video_length = video_size(preset, height, width, video_length)
     devices = topology_devices(topology)
     heads = preset.transformer["num_attention_heads"]
-    axes = (parse_mesh(mesh) if isinstance(mesh, str) or mesh is None else dict(mesh)) or default_layout(
-        len(devices), heads, "fsdp", batch=batch_size)
+    axes = (parse_mesh(mesh) if isinstance(mesh, str) or mesh is None else dict(mesh)) or train_layout(
+        len(devices), heads, batch_size)
     try:
         jax_mesh = make_mesh(**axes, devices=devices)
     except (ValueError, TypeError) as err:
