@@ -31,7 +31,7 @@
 #    into mp4 files and a `data.json`; `extract_features`, `train --lora_rank 16` and `generate --lora` run
 #    in-process; the colour of held-out captions is read before and after.
 #
-# The whole chapter runs on a 2-core CPU in about three minutes.
+# The whole chapter runs on a 2-core CPU in about two minutes.
 
 # %% tags=["parameters"]
 import os
@@ -539,8 +539,8 @@ shutil.rmtree(workdir, ignore_errors=True)
 #    where?
 # 7. **Open.** Which layers should a LoRA adapt to teach a new word fastest? `hyv_lib`'s default adapts the
 #    attention projections of the 54 blocks; the official trainer adapts every linear layer ("all-linear"); chapter
-#    7's adapter also reached the {term}`token refiner`'s attention, the only layers that see the caption's tokens
-#    before the joint blocks, and hyv-tiny's tokenizer spells "orange" in pieces. A start: train adapters on each
+#    7's adapter also reached the {term}`token refiner`'s attention, the only attention that mixes the caption's
+#    tokens among themselves before the joint blocks, and hyv-tiny's tokenizer spells "orange" in pieces. A start: train adapters on each
 #    set (peft's `LoraConfig(target_modules=...)` with chapter 7's `train.train_dit`), count trained parameters,
 #    and compare the orange rate per step and per parameter over several seeds.
 #
