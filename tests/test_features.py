@@ -253,3 +253,16 @@ def test_feature_set_refuses_what_is_not_a_features_folder(tmp_path):
                                                    "clips": [], "failed": []}))
     with pytest.raises(ValueError, match="shard features-negative.safetensors of its index is missing"):
         FeatureSet(str(tmp_path))
+
+
+def test_two_clips_of_one_caption_in_one_shard(dataset, components, tmp_path):
+    """Clips sharing a caption share its encoding; each gets its own copy in the shard (safetensors refused to write
+    one tensor under two keys: the whole run crashed)."""
+    entries = [{"path": str(dataset / "videos" / "c0.mp4"), "cap": CLIPS[0][1].caption, "num_frames": 9},
+               {"path": str(dataset / "frame.png"), "cap": CLIPS[0][1].caption}]
+    (tmp_path / "same.json").write_text(json.dumps(entries))
+    report = extract_features(str(tmp_path / "same.json"), preset=PRESET, output_dir=str(tmp_path / "f"),
+                              num_frames=9, progress=False, components=components)
+    assert report.ok and len(report.extracted) == 2
+    features = FeatureSet(str(tmp_path / "f"))
+    assert torch.equal(features[0]["prompt_embeds"], features[1]["prompt_embeds"])

@@ -103,8 +103,10 @@ def read_mp4(path: str) -> tuple[np.ndarray, dict]:
     """Read an mp4 back as uint8 frames [F,H,W,3] plus ffmpeg's metadata (fps, size, ...)."""
     import imageio_ffmpeg
 
-    reader = imageio_ffmpeg.read_frames(path)
-    meta = reader.__next__()
-    width, height = meta["size"]
-    frames = [np.frombuffer(buf, dtype=np.uint8).reshape(height, width, 3) for buf in reader]
+    with warnings.catch_warnings():  # ffmpeg is a fork+exec child, as in write_mp4
+        warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
+        reader = imageio_ffmpeg.read_frames(path)
+        meta = reader.__next__()
+        width, height = meta["size"]
+        frames = [np.frombuffer(buf, dtype=np.uint8).reshape(height, width, 3) for buf in reader]
     return np.stack(frames), meta

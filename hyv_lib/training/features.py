@@ -312,7 +312,8 @@ def _encode_clip(entry: ClipEntry, frames: np.ndarray, fps: float | None, plan: 
     latents = encode_frames(models["vae"], frames)
     if entry.caption not in captions:
         captions[entry.caption] = _first(encode_prompts(models, plan.spec, [entry.caption]))
-    features = {"latents": latents, **captions[entry.caption]}
+    # copies: safetensors refuses to write one tensor under two clips' keys ("Some tensors share memory")
+    features = {"latents": latents, **{k: v.clone() for k, v in captions[entry.caption].items()}}
     if plan.task == "i2v":  # the first frame as encoded, so its latents sit where the video's first latent frame is
         features.update(_first(encode_image(models, plan.spec, Image.fromarray(frames[0]))))
     clip = {"id": entry.id, "path": entry.path, "file": entry.file, "caption": entry.caption, "entry": entry.index,
