@@ -42,9 +42,8 @@ MIN_KNOWN_AFTER = 0.5
 
 def write_dataset(folder) -> str:
     """Render the training clips, write them as mp4 files and a MindSpeed-MM data.json beside them; returns its path.
-    The second clip of each orange caption comes after the first 32 entries, the first shard of extract_features:
-    two clips of one caption in one shard currently fail there (their shared text embeddings; safetensors refuses
-    tensors that share memory)."""
+    The second clip of each orange caption comes after the first 32 entries (the order the rates below were
+    measured with; two clips of one caption in one shard once crashed extract_features, tests/test_features.py)."""
     clips = [(c, 0) for c in TRAIN_ORANGE] + [(c, 0) for c in PRIOR] + [(c, 1) for c in TRAIN_ORANGE]
     entries = []
     for i, (combo, copy) in enumerate(clips):
