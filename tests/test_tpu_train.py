@@ -164,7 +164,8 @@ def test_tiny_train_step_compiles_for_a_tpu_slice():
 
 def test_hlo_flops_count_a_tpu_scan_after_a_splash_config():
     """The HLO re-count on the TPU compiler's shape of a scan over blocks: the loop carries no known_trip_count (its
-    N is in the ``i < N`` condition) and follows a custom call whose multi-line config starts lines with '}}'."""
+    N is in the ``i < N`` condition), follows a custom call whose multi-line config starts lines with '}}', and holds
+    a dot written as a convolution over a padded window."""
     from types import SimpleNamespace
 
     from hyv_lib.planning.hlo import xla_flops
@@ -176,6 +177,9 @@ def test_hlo_flops_count_a_tpu_scan_after_a_splash_config():
   %x = f32[4,8]{1,0:T(8,128)} get-tuple-element(%p), index=1
   %w = f32[8,8]{1,0:T(8,128)} get-tuple-element(%p), index=2
   %d = f32[4,8]{1,0:T(8,128)} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %x3 = f32[10,16,1]{2,1,0} parameter(1)
+  %w3 = f32[4,8,16]{2,1,0} parameter(2)
+  %q = f32[10,4,8]{2,1,0} convolution(%x3, %w3), window={size=4 pad=3_3 rhs_reversal=1}, dim_labels=bf0_0oi->b0f
   ROOT %t = (s32[], f32[4,8], f32[8,8]) tuple(%i, %d, %w)
 }
 
@@ -197,4 +201,5 @@ ENTRY %main (a: f32[4,8], w: f32[8,8]) -> f32[4,8] {
 }
 """
     counts = xla_flops(SimpleNamespace(as_text=lambda: text, cost_analysis=lambda: {"flops": 0.0}))
-    assert counts["matmul"] == 54 * 2 * 4 * 8 * 8 and counts["unknown_trip_counts"] == 0
+    # the dot, and a dot the TPU compiler wrote as a convolution: a size-1 input under a padded window of 4 (one tap)
+    assert counts["matmul"] == 54 * (2 * 4 * 8 * 8 + 2 * 10 * 4 * 8 * 16) and counts["unknown_trip_counts"] == 0

@@ -63,12 +63,17 @@ def xla_flops(compiled) -> dict[str, Any]:
             if dot and out is not None:
                 lhs = shapes[dot.group(1)]
                 own += 2 * math.prod(out) * math.prod(lhs[int(i)] for i in dot.group(3).split(",") if i)
-            conv = re.search(rf" convolution\({operand}, {operand}\).*dim_labels=\w+_(\w+)->", line)
+            conv = re.search(rf" convolution\({operand}, {operand}\).*dim_labels=(\w+)_(\w+)->", line)
             if conv and out is not None:
-                rhs = shapes[conv.group(2)]
-                groups = re.search(r"feature_group_count=(\d+)", line)
-                own += 2 * math.prod(out) * math.prod(rhs) // rhs[conv.group(3).index("o")] // (
-                    int(groups.group(1)) if groups else 1)
+                # per output element: the kernel's input features (already per feature group) times the kernel
+                # taps that can land on the input: min(kernel, input) along each spatial dim. The TPU compiler
+                # writes some dots as a convolution of a size-1 input under a padded window (one tap, not the
+                # window's size).
+                lhs, rhs = shapes[conv.group(1)], shapes[conv.group(2)]
+                lhs_labels, rhs_labels = conv.group(3), conv.group(4)
+                taps = math.prod(min(rhs[rhs_labels.index(d)], lhs[lhs_labels.index(d)])
+                                 for d in rhs_labels if d.isdigit())
+                own += 2 * math.prod(out) * rhs[rhs_labels.index("i")] * taps
             trips = 1
             if re.search(r" while\(", line):
                 known = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', line)
