@@ -132,7 +132,8 @@ def table(results: dict) -> str:
         "`python benchmarks/train_compile.py`: each row is `python -m hyv_lib compile --train ... --json` (commands "
         "below), the whole update (forward, backward with each block recomputed, AdamW) of the 8.3B DiT, bf16 weights "
         "and activations, fp32 AdamW moments and fp32 master weights for the trained parameters, FSDP over every "
-        "device (mesh: data = the batch where it divides the devices, sequence = the rest), the blocks as one scan, "
+        "device (mesh: data = the largest count dividing both the devices and the batch, sequence = the rest), the "
+        "blocks as one scan, "
         "Splash attention (forward and backward kernels, Mosaic). LoRA: rank 8, alpha 16 (the official train.py's), "
         "on the attention q/k/v/out projections of both streams in the 54 blocks. Memory is the compiler's per-device "
         "figure; `fits` = it compiled and its total is within what the compiler lets a program use. A memory check, "
@@ -155,7 +156,9 @@ def table(results: dict) -> str:
             continue
         m = b["per_device_bytes"]
         flops = b.get("matmul_flops_per_device")
-        lines.append(f"| {row['slice']} | {row['size']} | {row['train']} | {b['size']['video_length']} x {b['batch']} "
+        cap = " (the search's cap)" if b["batch"] == MAX_BATCH else ""
+        lines.append(f"| {row['slice']} | {row['size']} | {row['train']} | "
+                     f"{b['size']['video_length']} x {b['batch']}{cap} "
                      f"| {g(m['total'])} ({g(m['arguments'])} / {g(m['temporaries'])}) | "
                      f"{g(b['hbm_available_per_device'])} | {'n/a' if flops is None else f'{flops / 1e12:,.0f}'} | "
                      f"{row['compiles']} | {bad_text} |")
