@@ -36,7 +36,7 @@
 # %% tags=["parameters"]
 import os
 
-# The live part (section 3) runs on hyv-tiny (tiny_trained), the only model this CPU can fine-tune. With a real
+# The live part (the last section) runs on hyv-tiny (tiny_trained), the only model this CPU can fine-tune. With a real
 # preset (HYV_PRESET=720p_t2v and HYV_MODEL_PATH=...), the chapter prints the commands it would run for that preset
 # instead of running them, and the memory sections describe that preset at HYV_HEIGHT x HYV_WIDTH x HYV_VIDEO_LENGTH
 # (default: its 720p or 480p size, 121 frames); HYV_RUNTIME and HYV_MESH go into the printed train command.
@@ -97,7 +97,7 @@ print(f"real-size sections: {real.name} at {height}x{width}, {frames} frames; li
          else f"not run ({requested.name} is not hyv-tiny; its commands are printed)"))
 
 # %% [markdown]
-# ## 1. The recipe at real size
+# ## The recipe at real size
 #
 # MindSpeed-MM, Huawei's multimodal training suite, documents the whole path for HunyuanVideo in its user guide
 # (`examples/hunyuanvideo/README_en.md`, <https://gitcode.com/Ascend/MindSpeed-MM>) and the data and parallel setup
@@ -112,7 +112,7 @@ print(f"real-size sections: {real.name} at {height}x{width}, {frames} frames; li
 # | LoRA | an I2V LoRA script; only the LoRA weights are saved | peft LoRA, r = 8, alpha = 16, on every linear layer by default | `train --lora_rank R`: `pytorch_lora_weights.safetensors` in diffusers' format |
 # | merge, convert | `mm-convert ... merge_lora_to_base` writes merged weights | | `generate --lora FILE` (and `load_pipeline(lora=...)`) merges it before the weights are placed or sharded |
 #
-# Two things in that table decide whether a run fits at all, and section 2 measures both. *Feature extraction*
+# Two things in that table decide whether a run fits at all, and the next section measures both. *Feature extraction*
 # takes the text encoders (Qwen2.5-VL's 7B and ByT5) and the VAE out of the training step: they run once per clip
 # instead of once per step, and their weights are not on the training devices. *Recomputation and sharding* decide
 # the activations and the optimizer state, which, as the compiled step shows, dwarf the bf16 weights.
@@ -144,7 +144,7 @@ print("\n".join(commands))
 # `train_log.jsonl` gets one line per step. `--full` trains every weight instead and writes a diffusers transformer
 # folder.
 #
-# ## 2. What fits where
+# ## What fits where
 #
 # `python -m hyv_lib compile --train` builds the 8.3B DiT on the meta device, attaches the LoRA (or trains every
 # weight), and hands the *whole* update (forward, backward, AdamW) to the TPU compiler for a named slice, with no
@@ -244,7 +244,7 @@ print(f"  one block: its inputs {acts[True]['parts']['block_inputs'] / GIB:.2f} 
 measured = sorted(glob.glob("../benchmarks/results/gpu_check_*_train.json"))
 if measured:
     check = json.load(open(measured[-1]))
-    print(f"{os.path.basename(measured[-1])}: {check['command']}")
+    print(f"{os.path.basename(measured[-1])}: {check['command'].replace(' /root/out/', ' $OUT/')}")
     rows = []
     for r in check["sections"]["train"]["rows"]:
         h, w, f = r["size"]
@@ -305,7 +305,7 @@ html_table([{"layout": name, "GiB per device": f"{m['total'] / GIB:.1f}", "peak 
 # for the activations; the compiled slices above use both. That is the recipe's "FSDP plus context parallel plus
 # recomputation", derived rather than assumed.
 #
-# ## 3. Live: teaching hyv-tiny a colour
+# ## Live: teaching hyv-tiny a colour
 #
 # hyv-tiny was trained on five colours (chapter 7). Orange is not one of them, and its frozen text encoder has never
 # seen the word: its tokenizer spells "orange" with pieces it knows. The data first. Before any training, check what
@@ -328,7 +328,7 @@ if LIVE:
     display(html_table(checks))
 else:
     print(f"{requested.name}: the live section runs only on hyv-tiny (tiny_trained); at real size the commands of "
-          "section 1 are what it would run")
+          "the first section are what it would run")
 
 # %% [markdown]
 # On black and purple the decoded shape stays orange. On gray it comes back a dull red (its blue channel raised
@@ -362,7 +362,7 @@ if LIVE:
                         "resolution": {"height": data.HEIGHT, "width": data.WIDTH}})
     with open(os.path.join(dataset, "data.json"), "w") as f:
         json.dump(entries, f, indent=1)
-    print(f"{len(entries)} clips ({2 * len(train_orange)} orange, {len(prior)} prior) in {dataset}/videos; "
+    print(f"{len(entries)} clips ({2 * len(train_orange)} orange, {len(prior)} prior) in dataset/videos (a temporary folder); "
           f"data.json entry 0:\n{json.dumps(entries[0])}")
     fig, axes = plt.subplots(1, 6, figsize=(12, 1.3))
     for ax, i in zip(axes, (0, 5, 10, 16, 24, 30)):
@@ -546,7 +546,7 @@ shutil.rmtree(workdir, ignore_errors=True)
 # :::{admonition} Answers
 # :class: dropdown
 # 1. Each adapted matrix adds $r(d_\text{in} + d_\text{out}) = 8 \times 4096 = 32{,}768$ parameters; 54 blocks x 8
-#    matrices = 432 matrices, $432 \times 32{,}768 = 14{,}155{,}776$, the count printed in section 2 (and the
+#    matrices = 432 matrices, $432 \times 32{,}768 = 14{,}155{,}776$, the count printed in "What fits where" (and the
 #    compiled reports' trained parameters). At 2 bytes that is 28.3 MB, at 4 bytes 56.6 MB, against 16.7 GB for the
 #    DiT in bf16.
 # 2. Compute: a 7B model reading 1,000 tokens costs about $2 \times 7 \times 10^9 \times 1000 = 14$ TFLOP, a few
