@@ -39,7 +39,10 @@ def load() -> dict:
 
 
 def save(results: dict) -> None:
+    """Write the JSON and the markdown, merged with what another run of this script (say on other ``--only``
+    configurations) saved meanwhile."""
     os.makedirs(os.path.dirname(STEM), exist_ok=True)
+    results["runs"] = {**load()["runs"], **results["runs"]}
     for path, text in ((STEM + ".json", json.dumps(results, indent=1, sort_keys=True)),
                        (STEM + ".md", table(results))):
         with open(path + ".tmp", "w") as f:
