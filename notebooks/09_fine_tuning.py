@@ -57,6 +57,7 @@ _ = settings_not_used({"HYV_ATTENTION": "training runs the torch runtime's exact
 # %%
 import glob
 import json
+import re
 import shutil
 import tempfile
 import time
@@ -244,7 +245,8 @@ print(f"  one block: its inputs {acts[True]['parts']['block_inputs'] / GIB:.2f} 
 measured = sorted(glob.glob("../benchmarks/results/gpu_check_*_train.json"))
 if measured:
     check = json.load(open(measured[-1]))
-    print(f"{os.path.basename(measured[-1])}: {check['command'].replace(' /root/out/', ' $OUT/')}")
+    command = re.sub(r"--output \S+/", "--output $OUT/", check["command"])  # the GPU machine's output folder
+    print(f"{os.path.basename(measured[-1])}: {command}")
     rows = []
     for r in check["sections"]["train"]["rows"]:
         h, w, f = r["size"]
