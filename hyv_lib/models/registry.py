@@ -1,13 +1,14 @@
-"""The model adapters by name and by model class: HunyuanVideo-1.5's built in, more added with register_adapter."""
+"""The model adapters by name and by model class: HunyuanVideo-1.5 and CogVideoX built in, more by register_adapter."""
 
 from __future__ import annotations
 
 from ..base.errors import HyvInputError
 from .adapter import ModelAdapter
+from .cogvideox import COGVIDEOX
 from .hunyuan import HUNYUAN_VIDEO_15
 
 #: Registered adapters by name.
-ADAPTERS: dict[str, ModelAdapter] = {HUNYUAN_VIDEO_15.name: HUNYUAN_VIDEO_15}
+ADAPTERS: dict[str, ModelAdapter] = {HUNYUAN_VIDEO_15.name: HUNYUAN_VIDEO_15, COGVIDEOX.name: COGVIDEOX}
 
 
 def register_adapter(adapter: ModelAdapter) -> ModelAdapter:
