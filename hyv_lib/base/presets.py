@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .checks import as_number
+from .cogvideox_presets import COGVIDEOX_15_5B_FIELDS, COGVIDEOX_MODEL, COGVIDEOX_SCHEDULER, COGVIDEOX_TINY_CHANGES  # noqa: F401 (also importable from here)
 from .errors import HyvInputError
 
 # Flow shift and CFG per variant follow the official PIPELINE_CONFIGS
@@ -149,11 +150,34 @@ class Preset:
             width // self.spatial_compression,
         )
 
+    @property
+    def pixel_stride(self) -> int:
+        """Height and width are multiples of this: the VAE's spatial compression times the transformer's patch (16
+        for HunyuanVideo-1.5's 16x VAE and 1 x 1 patches, 16 for CogVideoX1.5's 8x VAE and 2 x 2 patches)."""
+        return self.spatial_compression * int(self.transformer.get("patch_size", 1) or 1)
+
+    def denoising_shape(self, height: int, width: int, video_length: int) -> tuple[int, ...]:
+        """Shape of the latents the denoising loop runs on, which stage2_latents.safetensors holds: HunyuanVideo-1.5's
+        :meth:`latent_shape` [1, C, T, h, w]; CogVideoX1.5's [1, T', C, h, w], frames before channels, with T' the
+        latent frames padded up to a multiple of the temporal patch as CogVideoXPipeline pads them (81 frames: 21
+        latent frames -> 22; the decode drops the first T' - T)."""
+        shape = self.latent_shape(height, width, video_length)
+        if self.model != COGVIDEOX_MODEL:
+            return shape
+        _, channels, frames, h, w = shape
+        patch_t = int(self.transformer.get("patch_size_t") or 1)
+        return (1, -(-frames // patch_t) * patch_t, channels, h, w)
+
     def stage1_shapes(self, image_size: tuple[int, int] | None = None) -> dict[str, tuple[int, ...]]:
         """Name -> shape of the tensors in stage1_embeddings.safetensors: the 8 text tensors, and with ``image_size``
         (the first frame's bucket as (height, width): image to video) also ``image_embeds`` [1, image_tokens,
         image_dim] (SigLIP's tokens) and ``cond_latents`` [1, latent_channels, 1, height / 16, width / 16] (the
-        frame's VAE latents; 16 = the spatial compression)."""
+        frame's VAE latents; 16 = the spatial compression). CogVideoX1.5: T5's ``prompt_embeds`` and
+        ``negative_prompt_embeds`` [1, text_len, text_dim] only (no masks: every token is attended; no image)."""
+        if self.model == COGVIDEOX_MODEL:
+            if image_size is not None:
+                raise HyvInputError("--image_path", f"{self.name} is text-to-video: it takes no image")
+            return {name: (1, self.text_len, self.text_dim) for name in ("prompt_embeds", "negative_prompt_embeds")}
         shapes = {
             "prompt_embeds": (1, self.text_len, self.text_dim),
             "prompt_embeds_mask": (1, self.text_len),
@@ -333,57 +357,9 @@ TINY_TRAINED = dataclasses.replace(
     bundled_weights="hyv-tiny",
 )
 
-# CogVideoX1.5-5B (zai-org/CogVideoX1.5-5B, formerly THUDM/): the transformer config that diffusers'
-# scripts/convert_cogvideox_to_diffusers.py writes for --version 1.5 with the 5B flags (42 layers, 48 heads x 64,
-# RoPE; patch 2 x 2, temporal patch 2, no patch bias, sample 300 x 300 latents, 81 frames), T5-XXL text of 226 tokens
-# (4096 wide, no padding mask: the pipeline pads to 226 and the model attends to every token), a 16-channel VAE
-# with 8x spatial / 4x temporal compression and scaling factor 0.7 (1.5 inverts it when encoding a first frame).
-# Sampling: CogVideoXDDIMScheduler (v-prediction, zero-terminal-SNR betas, trailing spacing, snr_shift_scale 1.0 for
-# 5B), CFG 6, 50 steps, 16 fps; 1360 x 768 is the recommended size (the 16:9 bucket of target 1024 at stride 16).
-# flow_shift is not used by this scheduler (1.0: none).
-COGVIDEOX_MODEL = "cogvideox"
-#: CogVideoXDDIMScheduler's config for the 5B models (the conversion script's, snr_shift_scale 1.0 for 5B).
-COGVIDEOX_SCHEDULER = dict(snr_shift_scale=1.0, beta_end=0.012, beta_schedule="scaled_linear", beta_start=0.00085,
-                           clip_sample=False, num_train_timesteps=1000, prediction_type="v_prediction",
-                           rescale_betas_zero_snr=True, set_alpha_to_one=True, timestep_spacing="trailing")
-
-
-def _cogvideox_dit(heads: int, head_dim: int, layers: int, text_dim: int, time_embed_dim: int) -> dict[str, Any]:
-    """CogVideoXTransformer3DModel's config for version 1.5: patch 2 x 2 x 2 (no patch bias), RoPE over a 300 x 300
-    latent grid, 16 latent channels, 226 text tokens; only the widths and the depth vary."""
-    return dict(num_attention_heads=heads, attention_head_dim=head_dim, in_channels=16, out_channels=16,
-                time_embed_dim=time_embed_dim, text_embed_dim=text_dim, num_layers=layers, patch_size=2,
-                patch_size_t=2, patch_bias=False, sample_height=300, sample_width=300, sample_frames=81,
-                temporal_compression_ratio=4, max_text_seq_length=226, use_rotary_positional_embeddings=True,
-                use_learned_positional_embeddings=False)
-
-
-COGVIDEOX_15_5B = Preset(
-    name="cogvideox1.5_5b",
-    description="CogVideoX1.5-5B text-to-video (5B DiT, T5-XXL text encoder), diffusers format.",
-    is_tiny=False, hub_id="zai-org/CogVideoX1.5-5B",
-    text_len=226, text_dim=4096, byt5_len=0, byt5_dim=0, image_tokens=0, image_dim=0,
-    latent_channels=16, spatial_compression=8, temporal_compression=4, target_size=1024,
-    default_video_length=81, default_steps=50, flow_shift=1.0, guidance_scale=6.0, fps=16, default_dtype="bf16",
-    crop_start=0,  # no chat template: the prompt is tokenized as is
-    transformer=_cogvideox_dit(heads=48, head_dim=64, layers=42, text_dim=4096, time_embed_dim=512),
-    vae=dict(latent_channels=16, scaling_factor=0.7, invert_scale_latents=True, temporal_compression_ratio=4),
-    model=COGVIDEOX_MODEL,
-)
-COGVIDEOX_TINY = dataclasses.replace(
-    COGVIDEOX_15_5B,
-    name="cogvideox_tiny",
-    description="CogVideoX1.5's classes (CogVideoXTransformer3DModel, AutoencoderKLCogVideoX, a T5 encoder) with tiny "
-    "widths, the real token layout (226 text tokens, patch 2 x 2 x 2) and seeded random weights: its videos are noise.",
-    is_tiny=True, hub_id=None, text_dim=32, target_size=128, default_video_length=9, default_steps=8,
-    default_dtype="fp32", fps=8,
-    # 8 heads (a mesh of 8 devices splits them), head_dim 16: RoPE gives 4 of it to time, 6 each to height and width
-    transformer=_cogvideox_dit(heads=8, head_dim=16, layers=2, text_dim=32, time_embed_dim=32),
-    vae=dict(latent_channels=16, scaling_factor=0.7, invert_scale_latents=True, temporal_compression_ratio=4,
-             block_out_channels=[16, 16, 32, 32], layers_per_block=1, norm_num_groups=4),
-    text_encoder=dict(vocab_size=384, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
-                      feed_forward_proj="gated-gelu"),
-)
+# CogVideoX1.5 (``model="cogvideox"``): its fields and the scheduler's config live in base.cogvideox_presets.
+COGVIDEOX_15_5B = Preset(**COGVIDEOX_15_5B_FIELDS)
+COGVIDEOX_TINY = dataclasses.replace(COGVIDEOX_15_5B, **COGVIDEOX_TINY_CHANGES)
 
 #: The preset every entry point uses when none is given (the CLI, the stage functions, generate, load_pipeline):
 #: hyv-tiny, the trained tiny model, whose videos show what the prompt says (``tiny`` is random: its videos are noise).
@@ -470,7 +446,7 @@ def bucket_size(preset: Preset, aspect_ratio: str = "16:9") -> tuple[int, int]:
     if beyond_buckets(w, h):
         raise HyvInputError("--aspect_ratio", f"ratio must be at most {MAX_ASPECT_RATIO:g} (buckets stop at "
                                               f"{MAX_ASPECT_RATIO:g}:1), got {aspect_ratio!r}")
-    return bucket_for(preset.target_size, preset.spatial_compression, w, h)
+    return bucket_for(preset.target_size, preset.pixel_stride, w, h)
 
 
 @functools.lru_cache(maxsize=None)
@@ -496,7 +472,7 @@ def video_size(preset: Preset, height: Any = None, width: Any = None, video_leng
     if (height is None) != (width is None):
         raise HyvInputError("--height" if height is None else "--width",
                             "give both --height and --width, or neither (then --aspect_ratio picks a bucket)")
-    stride = preset.spatial_compression
+    stride = preset.pixel_stride  # the VAE's compression times the patch: whole latent patches
     for name, value in (("--height", height), ("--width", width)):
         if value is not None and (value <= 0 or value % stride):
             raise HyvInputError(name, f"must be a positive multiple of {stride} for preset {preset.name}, "
