@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from ..base.checks import as_number
+from ..base.cogvideox_presets import COGVIDEOX_MODEL
 from ..base.errors import HyvInputError
 from ..base.presets import DEFAULT_SEED, Preset, check_data_axis, samples_per_step, video_size
 from ..models.lora import lora_file
@@ -138,6 +139,22 @@ class ResolvedSettings:
         return {name: getattr(self, name) for name in names}
 
 
+def check_model_settings(preset: Preset, settings: Stage2Settings) -> None:
+    """HyvInputError naming the first flag that ``preset``'s model does not take: CogVideoX1.5 samples with
+    CogVideoXDDIMScheduler (v-prediction, no flow shift), and MagCache calibrations and LoRA files are made for
+    HunyuanVideo-1.5's transformer."""
+    if preset.model != COGVIDEOX_MODEL:
+        return
+    if settings.flow_shift is not None:
+        raise HyvInputError("--flow_shift", f"{preset.name} samples with CogVideoX's DDIM scheduler (v-prediction), "
+                                            "which has no flow shift: drop it")
+    if settings.cache_method == "magcache" or settings.cache_calibration is not None:
+        raise HyvInputError("--cache_method" if settings.cache_method == "magcache" else "--cache_calibration",
+                            f"MagCache's calibrations are made for HunyuanVideo-1.5, not {preset.name}")
+    if settings.lora is not None:
+        raise HyvInputError("--lora", f"LoRA files here are for HunyuanVideo-1.5's transformer, not {preset.name}'s")
+
+
 def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **kwargs: Any) -> ResolvedSettings:
     """Fill unset stage-2 settings (a :class:`Stage2Settings`, or its fields as keyword arguments) from the preset,
     validate them, and resolve (height, width): a frozen :class:`ResolvedSettings`.
@@ -149,6 +166,7 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
         raise HyvInputError("settings", "give a Stage2Settings or keyword arguments, not both")
     settings = settings if settings is not None else Stage2Settings.from_kwargs(kwargs)
     s = settings
+    check_model_settings(preset, s)
     aspect_ratio, height, width, video_length = s.aspect_ratio, s.height, s.width, s.video_length
     num_inference_steps, guidance_scale, flow_shift = s.num_inference_steps, s.guidance_scale, s.flow_shift
     seed, warmup_steps, runtime, mesh, sharding = s.seed, s.warmup_steps, s.runtime, s.mesh, s.sharding
