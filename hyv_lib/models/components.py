@@ -13,8 +13,16 @@ from typing import Any, Iterable
 import torch
 from safetensors import SafetensorError, safe_open
 
+from ..base.cogvideox_presets import COGVIDEOX_MODEL
 from ..base.errors import HyvInputError
 from ..base.presets import Preset, get_preset, real_layout_tiny, siglip_image_size, tiny_tokenizer_captions
+from .cogvideox_components import (
+    COGVIDEOX_COMPONENTS,
+    COGVIDEOX_TEXT_COMPONENTS,
+    build_tiny_cogvideox,
+    cogvideox_loader,
+    save_cogvideox_pipeline,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +35,21 @@ IMAGE_COMPONENTS = ("image_encoder", "feature_extractor")
 TEXT_COMPONENTS = ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2")
 #: What stages 1-3 load (the text encoders, the DiT and its scheduler, the VAE).
 PIPELINE_COMPONENTS = (*TEXT_COMPONENTS, "transformer", "scheduler", "vae")
+
+
+def text_components(preset: Preset) -> tuple[str, ...]:
+    """What stage 1 loads for ``preset``: HunyuanVideo-1.5's two text encoders and tokenizers, CogVideoX's T5."""
+    return COGVIDEOX_TEXT_COMPONENTS if preset.model == COGVIDEOX_MODEL else TEXT_COMPONENTS
+
+
+def pipeline_components(preset: Preset) -> tuple[str, ...]:
+    """What stages 1-3 load for ``preset`` (text encoders, the DiT and its scheduler, the VAE; image-to-video's SigLIP
+    for a preset that takes only an image)."""
+    if preset.model == COGVIDEOX_MODEL:
+        return COGVIDEOX_COMPONENTS
+    return PIPELINE_COMPONENTS + (IMAGE_COMPONENTS if "i2v" in preset.tasks else ())
+
+
 #: Model dtypes by their CLI spelling (``--dtype``).
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -110,8 +133,9 @@ def _seeded(seed: int, build):
         return build()
 
 
-def build_tiny_components(preset: Preset, seed: int = 0, names: Iterable[str] = COMPONENTS) -> dict[str, Any]:
-    """Build the requested tiny components with seeded random weights (fp32, eval mode)."""
+def build_tiny_components(preset: Preset, seed: int = 0, names: Iterable[str] | None = None) -> dict[str, Any]:
+    """Build the requested tiny components (None: every one of the preset's model) with seeded random weights (fp32,
+    eval mode); CogVideoX's are :func:`hyv_lib.models.cogvideox_components.build_tiny_cogvideox`'s."""
     from diffusers import AutoencoderKLHunyuanVideo15, FlowMatchEulerDiscreteScheduler, HunyuanVideo15Transformer3DModel
     from diffusers.guiders import ClassifierFreeGuidance
     from transformers import ByT5Tokenizer, Qwen2_5_VLTextModel, T5Config, T5EncoderModel
@@ -119,7 +143,9 @@ def build_tiny_components(preset: Preset, seed: int = 0, names: Iterable[str] = 
 
     if not preset.is_tiny:
         raise HyvInputError("--preset", f"{preset.name} is a real preset: its weights load from --model_path")
-    names = set(names)
+    if preset.model == COGVIDEOX_MODEL:
+        return build_tiny_cogvideox(preset, seed, COGVIDEOX_COMPONENTS if names is None else names)
+    names = set(COMPONENTS if names is None else names)
     out: dict[str, Any] = {}
     tokenizer = build_tiny_tokenizer(preset.word_tokens)
     if "tokenizer" in names:
@@ -231,7 +257,7 @@ def check_weight_files(model_path: str) -> None:
                                                     "copy or download it again") from None
 
 
-def check_model_path(model_path: str, names: Iterable[str]) -> None:
+def check_model_path(model_path: str, names: Iterable[str], model: str = "HunyuanVideo-1.5") -> None:
     """Fail early, naming --model_path, when a local folder lacks a needed component subfolder or holds a truncated
     or corrupt weight file (:func:`check_weight_files`).
 
@@ -247,7 +273,7 @@ def check_model_path(model_path: str, names: Iterable[str]) -> None:
     if missing:
         raise HyvInputError(
             "--model_path",
-            f"{model_path!r} is not a diffusers-format HunyuanVideo-1.5 folder: missing {', '.join(missing)} "
+            f"{model_path!r} is not a diffusers-format {model} folder: missing {', '.join(missing)} "
             "(expected model_index.json plus one subfolder per component)",
         )
     check_weight_files(model_path)
@@ -285,9 +311,10 @@ def load_components(
             built = [n for n in names if n in IMAGE_COMPONENTS and not os.path.isdir(os.path.join(model_path, n))]
             components.update(build_tiny_components(preset, seed=seed, names=built))
             names = [n for n in names if n not in built]
-        check_model_path(model_path, names)
+        cogvideox = preset.model == COGVIDEOX_MODEL
+        check_model_path(model_path, names, "CogVideoX" if cogvideox else "HunyuanVideo-1.5")
         for name in names:
-            cls = _loader(name)
+            cls = cogvideox_loader(name, model_path) if cogvideox else _loader(name)
             kwargs = {"subfolder": name}
             if name in ("text_encoder", "text_encoder_2", "transformer", "image_encoder"):
                 kwargs["torch_dtype"] = torch_dtype(dtype)
@@ -327,6 +354,10 @@ def save_tiny_pipeline(path: str, seed: int = 0, preset: Preset | str = "tiny") 
     (:func:`hyv_lib.base.presets.real_layout_tiny`), loadable with ``--preset 720p_t2v --model_path`` like real weights.
     Presets that take an image get SigLIP too (an image-to-video pipeline folder)."""
     spec = get_preset(preset)
+    if spec.model == COGVIDEOX_MODEL:  # the tiny twin has the real layout already
+        spec = spec if spec.is_tiny else get_preset("cogvideox_tiny")
+        save_cogvideox_pipeline(build_tiny_cogvideox(spec, seed=seed), path)
+        return
     spec = spec if spec.is_tiny else real_layout_tiny(spec)
     names = COMPONENTS + IMAGE_COMPONENTS if "i2v" in spec.tasks else COMPONENTS
     save_pipeline(build_tiny_components(spec, seed=seed, names=names), path)

@@ -18,8 +18,8 @@ from ..base.presets import DEFAULT_PRESET, DEFAULT_SEED, Preset, get_preset
 from ..models.components import (
     DTYPES,
     IMAGE_COMPONENTS,
-    PIPELINE_COMPONENTS,
     load_components,
+    pipeline_components,
     quiet_loading,
     torch_dtype,
 )
@@ -31,9 +31,10 @@ from ..runtimes.placement import place_transformer, while_denoising
 from ..runtimes.step import cached_step, make_step
 from ..runtimes.vae import decode_latents
 from ..runtimes.vae_memory import tile_for_budget
+from .cogvideox import vae_latents
 from .image import check_task, first_frame
 from .sampling import sample_latents
-from .settings import Stage2Settings, check_vae_settings, resolve_settings
+from .settings import Stage2Settings, check_vae_model, check_vae_settings, resolve_settings
 from .text import encode_pair
 from .video_io import check_fps, check_mp4_path, write_mp4
 
@@ -93,7 +94,8 @@ class VideoPipeline:
             self.preset = get_preset(preset)
         if not isinstance(components, dict):
             raise HyvInputError("components", f"must be a dict of loaded components, got {type(components).__name__}")
-        needed = PIPELINE_COMPONENTS + (() if "t2v" in self.preset.tasks else IMAGE_COMPONENTS)
+        needed = [name for name in pipeline_components(self.preset)  # SigLIP only where the preset needs an image
+                  if name not in IMAGE_COMPONENTS or "t2v" not in self.preset.tasks]
         missing = [name for name in needed if name not in components]
         if missing:
             raise HyvInputError("components", f"missing {', '.join(missing)} (hyv_lib.load_pipeline loads them all)")
@@ -109,6 +111,7 @@ class VideoPipeline:
             raise HyvInputError("vae_runtime", f"must be torch or tpu, got {vae_runtime!r}")
         with python_names():
             self.vae_memory_gb = check_vae_settings(vae_dtype, vae_memory_gb, tiling, vae_runtime)
+            check_vae_model(self.preset, self.vae_memory_gb)
         self.components = components
         self.lock = threading.Lock()  # held by each generate call (see the class docstring)
         self.model_path = model_path
@@ -218,7 +221,8 @@ class VideoPipeline:
         if self.vae_memory_gb is not None:
             with python_names():
                 tile_px = tile_for_budget(vae, tuple(latents.shape), self.vae_memory_gb, vae_dtype)
-        frames = decode_latents(vae, latents, tiling=self.tiling, runtime=self.vae_runtime, dtype=vae_dtype,
+        decoded = vae_latents(self.preset, latents, settings.video_length)  # CogVideoX: padding dropped, C first
+        frames = decode_latents(vae, decoded, tiling=self.tiling, runtime=self.vae_runtime, dtype=vae_dtype,
                                 tile_px=tile_px, device=local_device() if self.vae_runtime == "torch" else None)
         config = dict(prompt=prompt, negative_prompt=negative_prompt, preset=self.preset.name, task=task,
                       model_path=self.model_path, dtype=self.dtype, **settings.config(), fps=self.preset.fps,
@@ -261,8 +265,7 @@ def load_pipeline(preset: str | Preset = DEFAULT_PRESET, model_path: str | None 
                          shard_weights=shard_weights, lora=lora, lora_scale=lora_scale)  # before any model loads
         context = contextlib.nullcontext() if progress else quiet_loading()
         with context:
-            names = PIPELINE_COMPONENTS + (IMAGE_COMPONENTS if "i2v" in spec.tasks else ())
-            components = load_components(spec, model_path, names, dtype=dtype)
+            components = load_components(spec, model_path, pipeline_components(spec), dtype=dtype)
     return VideoPipeline(spec, components, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention,
                          vae_runtime=vae_runtime, vae_dtype=vae_dtype, tiling=tiling, model_path=model_path,
                          vae_memory_gb=vae_memory_gb,

@@ -7,10 +7,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..base.cogvideox_presets import COGVIDEOX_MODEL
 from ..base.errors import HyvFaultError, HyvInputError
 from ..base.presets import Preset, samples_per_step
 from ..models.flow_matching import condition_channels
 from ..runtimes.step import TransformerStep
+from .cogvideox import sample_cogvideox
 from .stage_io import (
     STAGE1_FILE,
 )
@@ -22,9 +24,13 @@ def sample_latents(step: TransformerStep, transformer, scheduler_config, preset:
     """Stage 2's work without files: seeded noise denoised by ``step`` with CFG, conditioned on the stage-1
     tensors ``embeds`` (with ``image_embeds`` and ``cond_latents``: image-to-video), with resolved ``settings``
     (:func:`resolve_settings`); fp32 latents on the CPU. ``transformer`` supplies the dtype and widths (and whether
-    it is a MeanFlow model); the scheduler is built from ``scheduler_config`` with the settings' flow shift."""
+    it is a MeanFlow model); the scheduler is built from ``scheduler_config`` with the settings' flow shift. A
+    CogVideoX ``preset`` runs :func:`hyv_lib.pipeline.cogvideox.sample_cogvideox` ([1, T', C, h, w] latents)."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
+    if preset.model == COGVIDEOX_MODEL:  # CogVideoXPipeline's loop (v-prediction DDIM or DPM, padded frames)
+        return sample_cogvideox(step, transformer, scheduler_config, preset, embeds, settings, progress=progress,
+                                device=device)
     config = transformer.config
     for key, dim in (("prompt_embeds", config.text_embed_dim), ("prompt_embeds_2", config.text_embed_2_dim)):
         if embeds[key].shape[-1] != dim:

@@ -288,3 +288,10 @@ def check_vae_settings(vae_dtype: str, vae_memory_gb: Any = None, tiling: bool =
         raise HyvInputError("--vae_memory_gb", f"sizes the tiles of the torch decode (its memory model is fitted on "
                                                f"a GPU), not of --runtime {runtime}")
     return budget
+
+
+def check_vae_model(preset: Preset, vae_memory_gb: float | None) -> None:
+    """``--vae_memory_gb`` sizes tiles with a memory model of HunyuanVideo-1.5's VAE: refused for CogVideoX's."""
+    if vae_memory_gb is not None and preset.model == COGVIDEOX_MODEL:
+        raise HyvInputError("--vae_memory_gb", f"its memory model is fitted on HunyuanVideo-1.5's VAE, not "
+                                               f"{preset.name}'s: drop it (the decode uses the VAE's own tiles)")

@@ -9,9 +9,11 @@ from typing import Any
 
 import torch
 
+from ..base.cogvideox_presets import COGVIDEOX_MODEL
 from ..base.errors import HyvInputError
 from ..base.files import atomic_path
 from ..base.lock import folder_lock
+from ..base.presets import Preset
 
 STAGE1_FILE = "stage1_embeddings.safetensors"
 STAGE2_FILE = "stage2_latents.safetensors"
@@ -23,6 +25,8 @@ _EMBEDS = ("prompt_embeds", "prompt_embeds_2")
 _MASKS = ("prompt_embeds_mask", "prompt_embeds_mask_2")
 STAGE1_NAMES = tuple(p + n for p in ("", "negative_") for n in ("prompt_embeds", "prompt_embeds_mask",
                                                                  "prompt_embeds_2", "prompt_embeds_mask_2"))
+#: CogVideoX's stage-1 tensors: T5's embeddings of the prompt and of the negative prompt, [1, 226, D] each (no masks).
+T5_STAGE1_NAMES = ("prompt_embeds", "negative_prompt_embeds")
 #: Image-to-video adds the first frame's SigLIP tokens [1, N, D] and VAE latents [1, C, 1, h, w].
 IMAGE_NAMES = ("image_embeds", "cond_latents")
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -67,13 +71,32 @@ def _require_input_dir(input_dir: str) -> None:
         raise HyvInputError("--input_dir", f"folder {input_dir!r} does not exist")
 
 
-def load_stage1(input_dir: str) -> dict[str, torch.Tensor]:
+def _check_t5_embeddings(tensors: dict[str, torch.Tensor], preset: Preset, path: str) -> None:
+    """CogVideoX's stage-1 file: exactly :data:`T5_STAGE1_NAMES`, each a float [1, text_len, D], both one shape."""
+    if set(tensors) != set(T5_STAGE1_NAMES):
+        raise HyvInputError("--input_dir", f"{STAGE1_FILE} of {preset.name} must hold exactly "
+                                           f"{', '.join(T5_STAGE1_NAMES)}; got {', '.join(sorted(tensors))}")
+    for name, value in tensors.items():
+        if value.ndim != 3 or value.shape[:2] != (1, preset.text_len) or value.dtype not in _FLOATS:
+            raise HyvInputError("--input_dir", f"{path!r}: {name} must be a float tensor [1, {preset.text_len}, D], "
+                                               f"got {value.dtype} {list(value.shape)}")
+    if tensors["prompt_embeds"].shape != tensors["negative_prompt_embeds"].shape:
+        raise HyvInputError("--input_dir", f"{path!r}: negative_prompt_embeds and prompt_embeds differ in shape")
+
+
+def load_stage1(input_dir: str, preset: Preset | None = None) -> dict[str, torch.Tensor]:
     """Load and validate stage1_embeddings.safetensors: exactly the 8 text names (plus both image names for
     image-to-video), ranks 3/2, float embeds, integer/bool masks, batch 1, masks as long as their embeddings, and no
-    NaN or infinite value."""
+    NaN or infinite value. For a CogVideoX ``preset``: exactly T5's ``prompt_embeds`` and ``negative_prompt_embeds``
+    [1, text_len, D] (:data:`T5_STAGE1_NAMES`), finite."""
     _require_input_dir(input_dir)
     path = os.path.join(input_dir, STAGE1_FILE)
     tensors = _load_tensors(path, "--input_dir")
+    if preset is not None and preset.model == COGVIDEOX_MODEL:
+        _check_t5_embeddings(tensors, preset, path)
+        for name, value in tensors.items():
+            _require_finite(path, name, value, "rerun stage1")
+        return tensors
     expected = set(STAGE1_NAMES) | (set(IMAGE_NAMES) if set(IMAGE_NAMES) & set(tensors) else set())
     if set(tensors) != expected:
         missing = sorted(expected - set(tensors))

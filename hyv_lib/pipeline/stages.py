@@ -18,7 +18,7 @@ from ..base.files import clean_partials, ensure_output_dir
 from ..base.lock import folder_lock
 from ..base.memory import PeakMemory
 from ..base.presets import DEFAULT_PRESET, PRESETS, Preset, get_preset
-from ..models.components import IMAGE_COMPONENTS, TEXT_COMPONENTS, load_components, torch_dtype
+from ..models.components import IMAGE_COMPONENTS, load_components, text_components, torch_dtype
 from ..models.lora import RECORD_FIELDS, check_lora_file, ensure_merged
 from ..parallel.distributed import barrier, init_distributed, launched_ranks, local_device, rank
 from ..runtimes.fsdp import shard_weights, sharded_step
@@ -27,9 +27,10 @@ from ..runtimes.step import TransformerStep, make_step
 from ..runtimes.vae import decode_latents
 from ..runtimes.vae_memory import tile_for_budget
 from .calibration import cache_schedule, resolve_calibration
+from .cogvideox import vae_latents
 from .image import check_task, crop_to_bucket, first_frame, image_size_settings, load_image
 from .sampling import sample_latents
-from .settings import Stage2Settings, check_vae_settings, resolve_settings
+from .settings import Stage2Settings, check_vae_model, check_vae_settings, resolve_settings
 from .stage_io import (
     CONFIG_FILE,
     FRAMES_FILE,
@@ -145,7 +146,7 @@ def stage1(
     if model_path is None and not spec.is_tiny:
         load_components(spec, None, [])  # raises the "needs --model_path" error before any work
     ensure_output_dir(output_dir)
-    names = list(TEXT_COMPONENTS)
+    names = list(text_components(spec))
     if image is not None:
         names += [*IMAGE_COMPONENTS, "vae"]
     with PeakMemory() as memory:
@@ -197,7 +198,8 @@ def stage2(
                                          "run the whole stage in each of them into the same files: split the work "
                                          "with --runtime ulysses (or --shard_weights fsdp), or run it without torchrun")
     config = read_config(input_dir) if os.path.isdir(input_dir) else {}
-    embeds = load_stage1(input_dir)
+    # the preset says which stage-1 tensors to expect (HunyuanVideo-1.5's 8, CogVideoX's 2)
+    embeds = load_stage1(input_dir, _preset_from_config(config, input_dir) if "preset" in config else None)
     spec = _preset_from_config(config, input_dir)
     if "cond_latents" in embeds:  # image-to-video: the size is the first frame's
         requested = image_size_settings(
@@ -288,6 +290,8 @@ def stage3(
     config = read_config(input_dir) if os.path.isdir(input_dir) else {}
     latents = load_stage2(input_dir)
     spec = _preset_from_config(config, input_dir)
+    check_vae_model(spec, budget)
+    latents = vae_latents(spec, latents, config.get("video_length"))  # CogVideoX: padding dropped, [1, C, T, h, w]
     fps = spec.fps if fps is None else fps
     output_video = output_video or os.path.join(input_dir, VIDEO_FILE)
     out_dir = os.path.dirname(os.path.abspath(output_video))
@@ -364,7 +368,8 @@ def generate(
     if settings.lora:  # so does a corrupt LoRA, or one for another model or other shapes
         check_lora_file(settings.lora, spec.model, spec.transformer, model_path)
     vae_runtime = "tpu" if settings.runtime == "tpu" else "torch"
-    fps, _ = _check_stage3_settings(output_video, fps, vae_dtype, vae_memory_gb, not disable_tiling, vae_runtime)
+    fps, budget = _check_stage3_settings(output_video, fps, vae_dtype, vae_memory_gb, not disable_tiling, vae_runtime)
+    check_vae_model(spec, budget)
     stage1(preset=preset, prompt=prompt, negative_prompt=negative_prompt, output_dir=output_dir,
            model_path=model_path, dtype=dtype, image_path=image_path)
     stage2(input_dir=output_dir, **stage2_kwargs)

@@ -1,4 +1,4 @@
-"""Stage-1 text encoding with diffusers' own HunyuanVideo-1.5 recipe (Qwen2.5-VL template + ByT5 glyphs)."""
+"""Stage-1 text encoding with diffusers' own HunyuanVideo-1.5 recipe (Qwen2.5-VL template + ByT5 glyphs); CogVideoX's T5."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ from typing import Any
 
 import torch
 
+from ..base.cogvideox_presets import COGVIDEOX_MODEL
 from ..base.errors import HyvInputError
 from ..base.presets import Preset
 from ..models.components import IMAGE_COMPONENTS, torch_dtype
+from .cogvideox import encode_t5_pair
 from .image import encode_image
 
 
@@ -89,7 +91,12 @@ def encode_pair(components: dict[str, Any], preset: Preset, prompt: str, negativ
     ``prompt_embeds``, ``prompt_embeds_mask``, ``prompt_embeds_2``, ``prompt_embeds_mask_2`` and their
     ``negative_`` twins, batch 1 each, floats in ``dtype``. With ``image`` (a first frame already cropped to its
     bucket, :func:`hyv_lib.pipeline.image.crop_to_bucket`) also ``image_embeds`` (in ``dtype``) and ``cond_latents`` (fp32),
-    which need SigLIP and the VAE in ``components`` (a HyvInputError naming ``argument`` otherwise)."""
+    which need SigLIP and the VAE in ``components`` (a HyvInputError naming ``argument`` otherwise). CogVideoX:
+    T5's ``prompt_embeds`` and ``negative_prompt_embeds`` (:func:`hyv_lib.pipeline.cogvideox.encode_t5_pair`)."""
+    if preset.model == COGVIDEOX_MODEL:  # T5 alone: prompt_embeds and negative_prompt_embeds, no masks, no image
+        if image is not None:
+            raise HyvInputError(argument, f"{preset.name} is text-to-video: it takes no image")
+        return encode_t5_pair(components, preset, prompt, negative_prompt, dtype)
     encoded = encode_prompts(components, preset, [negative_prompt, prompt])
     tensors = {}
     for index, prefix in ((0, "negative_"), (1, "")):
