@@ -28,6 +28,9 @@ Sections, each catching and recording its own failure so one broken backend does
   fine-tune at 480p/33 frames, then a rank-16 LoRA (:func:`hyv_lib.models.lora.add_lora`) at 480p and 720p, 33 to 121
   frames, with gradient checkpointing (and once without), cheapest first: s/step, peak memory and
   :func:`hyv_lib.planning.train_memory.train_step_memory`'s model of it; an out-of-memory row says ``oom``.
+- ``cogvideox``: the second model (``benchmarks/gpu_cogvideox.py``): the tiny CogVideoX with hyv_lib's attention on the
+  GPU against diffusers' fp32 forward on the CPU, then one CFG step of CogVideoX1.5-5B (random bf16 weights) at
+  768x1360 and 720x1280, 81 frames: diffusers' stock forward against hyv_lib's attention.
 
 Everything is written after every section (``--output``, default ``benchmarks/results/gpu_check.json``, and the markdown
 table next to it), so a run stopped at its time limit keeps what it measured. Rows that would not fit the remaining
@@ -66,6 +69,9 @@ from hyv_lib.planning.costs import step_flops  # noqa: E402
 from hyv_lib.planning.hardware import CHIPS, mfu  # noqa: E402
 from hyv_lib.runtimes.deepcache import DeepCacheSchedule, TorchDeepCache  # noqa: E402
 from hyv_lib.runtimes.placement import offload_blocks, placed  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_cogvideox import cogvideox_section  # noqa: E402
 
 GIB = 2**30
 #: The backends the attention section tries, in this order, besides diffusers' dense-mask path.
@@ -773,6 +779,10 @@ def markdown(data: dict[str, Any]) -> str:
             for r in rows:
                 lines.append("| " + " | ".join(str(r.get(k, "")).replace("|", "/")[:120] for k in keys) + " |")
             lines.append("")
+        if section.get("tiny"):
+            t = section["tiny"]
+            lines += [f"- tiny model on this device ({t['backend']}) vs diffusers fp32 on the CPU: max |difference| "
+                      f"{t['max_abs_diff']:.3g} (output up to {t['max_abs_output']:.3g})", ""]
         if section.get("compare"):
             for size, c in section["compare"].items():
                 lines.append(f"- {size}: diffusers / hyv_lib = {c['speedup']}x; max |difference| "
@@ -783,7 +793,7 @@ def markdown(data: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------------ main
-SECTIONS = ("attention", "step", "cache", "offload", "vae", "distributed", "train")
+SECTIONS = ("attention", "step", "cache", "offload", "vae", "distributed", "train", "cogvideox")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -847,6 +857,10 @@ def main(argv: list[str] | None = None) -> int:
         run_section(report, "distributed", lambda s: distributed_section(s, device, clock, budget, cfg, args.tiny))
     if "train" in wanted:
         run_section(report, "train", lambda s: train_section(s, device, clock, budget, cfg, args.tiny))
+    if "cogvideox" in wanted:
+        helpers = dict(init_weights=init_weights, gpu_memory=gpu_memory, chip_key=chip_key, mfu=mfu,
+                       row_failure=row_failure, free_memory=free_memory)
+        run_section(report, "cogvideox", lambda s: cogvideox_section(s, device, clock, budget, args.tiny, helpers))
     report.data["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     report.write()
     failed = [n for n, s in report.data["sections"].items() if s.get("status") == "failed"]
