@@ -13,6 +13,7 @@ from ..base.errors import HyvFaultError, HyvInputError
 from ..base.presets import Preset, samples_per_step
 from ..models.cogvideox_components import SCHEDULER_CLASSES
 from ..models.components import torch_dtype
+from ..models.registry import get_adapter
 from ..runtimes.step import TransformerStep
 from .stage_io import CONFIG_FILE, STAGE1_FILE, STAGE2_FILE
 
@@ -48,18 +49,13 @@ def make_scheduler(scheduler_config: Any):
     return getattr(diffusers, name).from_config(scheduler_config)
 
 
-def rotary_tables(transformer, preset: Preset, height: int, width: int, latent_frames: int,
-                  device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The (cos, sin) RoPE tables the transformer gets as ``image_rotary_emb`` for ``latent_frames`` (padded) latent
-    frames of a ``height`` x ``width`` video: CogVideoXPipeline's own ``_prepare_rotary_positional_embeddings`` (1.5:
-    a "slice" grid of at most sample_height / patch rows); None for a model without RoPE."""
-    from diffusers import CogVideoXPipeline
-
+def rotary_tables(transformer, latent_shape: tuple[int, ...]) -> tuple[torch.Tensor, ...] | None:
+    """The (cos, sin) RoPE tables the transformer gets as ``image_rotary_emb`` for latents of ``latent_shape`` [B, T',
+    C, h, w] (T' padded): the CogVideoX adapter's (:meth:`hyv_lib.models.cogvideox.CogVideoXAdapter.rope`, the tables
+    of CogVideoXPipeline's ``_prepare_rotary_positional_embeddings``); None for a model without RoPE."""
     if not transformer.config.use_rotary_positional_embeddings:
         return None
-    host = SimpleNamespace(vae_scale_factor_spatial=preset.spatial_compression, transformer=transformer)
-    return CogVideoXPipeline._prepare_rotary_positional_embeddings(host, height, width, latent_frames,
-                                                                   device or torch.device("cpu"))
+    return get_adapter(COGVIDEOX_MODEL).rope(transformer, tuple(latent_shape))
 
 
 @torch.no_grad()
@@ -139,7 +135,8 @@ def sample_cogvideox(step: TransformerStep, transformer, scheduler_config, prese
     shape = (shape[0], shape[1], config.in_channels, *shape[3:])  # the model decides the channels
     generator = torch.Generator("cpu").manual_seed(settings.seed)
     latents = torch.randn(shape, generator=generator, dtype=torch.float32)
-    rope = rotary_tables(transformer, preset, settings.height, settings.width, shape[1], device)
+    rope = rotary_tables(transformer, shape)
+    rope = None if rope is None else tuple(table.to(device) for table in rope)
     return denoise_cogvideox(step, latents.to(device), embeds["prompt_embeds"], embeds["negative_prompt_embeds"],
                              make_scheduler(scheduler_config), num_inference_steps=settings.num_inference_steps,
                              guidance_scale=settings.guidance_scale, image_rotary_emb=rope,

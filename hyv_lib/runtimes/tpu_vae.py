@@ -35,13 +35,19 @@ class JaxDecoder(torch.nn.Module):
 
     @property
     def compilations(self) -> int:
-        """How many programs were compiled so far (one per distinct tile shape)."""
+        """How many programs were compiled so far (one per distinct tile shape, and per cache present or not)."""
         return len(self.shapes)
 
-    def forward(self, tile: torch.Tensor) -> torch.Tensor:
-        self.shapes.add(tuple(tile.shape))
+    def forward(self, tile: torch.Tensor, **kwargs):
+        """The decoded tile as a CPU tensor in ``tile``'s dtype. Keyword arguments pass through to the decoder:
+        CogVideoX's ``conv_cache`` (the causal convolutions' last frames of the previous chunk, a nested dict of
+        tensors, None for the first chunk), which its decoder returns beside the frames. That cache stays on JAX's
+        device between calls; a call with one and a call without are two programs."""
+        self.shapes.add((tuple(tile.shape), *sorted(k for k, v in kwargs.items() if v is not None)))
         with self.env, torch.no_grad(), loop_free_causal_masks(self.jitted):
-            out = self.jitted(tile.detach().to("cpu").to(self.dtype).to("jax"))
+            out = self.jitted(tile.detach().to("cpu").to(self.dtype).to("jax"), **kwargs)
+            if isinstance(out, tuple):  # CogVideoX: (frames, conv_cache)
+                return (to_cpu(out[0]).to(tile.dtype), *out[1:])
             return to_cpu(out).to(tile.dtype)
 
 
