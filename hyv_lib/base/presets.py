@@ -197,6 +197,9 @@ class Preset:
         data["default_height"] = self.default_height
         data["default_width"] = self.default_width
         data["samples_per_step"] = self.samples_per_step  # 1 with CFG off: a data mesh axis has nothing to split
+        data["pixel_stride"] = self.pixel_stride
+        data["denoising_shape"] = list(self.denoising_shape(self.default_height, self.default_width,
+                                                            self.default_video_length))  # stage 2's latents
         return data
 
 

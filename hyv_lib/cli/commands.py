@@ -60,7 +60,8 @@ def _add_stage2(p: argparse.ArgumentParser, dirs: bool = True) -> None:
     g.add_argument("--video_length", type=int, default=None, help="frames, 4n+1 (default: the preset's)")
     g.add_argument("--num_inference_steps", type=int, default=None, help="denoising steps (default: the preset's)")
     g.add_argument("--guidance_scale", type=float, default=None, help="CFG scale >= 1 (default: the preset's)")
-    g.add_argument("--flow_shift", type=float, default=None, help="sigma shift (default: the preset's)")
+    g.add_argument("--flow_shift", type=float, default=None,
+                   help="sigma shift (default: the preset's; HunyuanVideo-1.5 only, CogVideoX's scheduler has none)")
     g.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"seed of the initial noise (default {DEFAULT_SEED})")
     g.add_argument("--warmup_steps", type=int, default=0,
                    help="untimed transformer calls before the loop; never change the result (default 0)")
@@ -178,7 +179,8 @@ def _calibrate_cache(args: argparse.Namespace) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m hyv_lib",
-        description="HunyuanVideo-1.5 in three stages: text encoders -> DiT denoising -> VAE decode.",
+        description="HunyuanVideo-1.5 (and CogVideoX1.5: --preset cogvideox1.5_5b | cogvideox_tiny) in three stages: "
+                    "text encoders -> DiT denoising -> VAE decode.",
         epilog="exit codes: 0 done; 1 generate --prompts_file or extract_features ran but some entries or lines "
                "failed; 2 bad input (a "
                "flag, or a model folder, stage file, image or prompts file that is missing or corrupt), refused "
@@ -187,8 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     info = sub.add_parser("info", help="print a preset")
-    info.add_argument("--preset", default=DEFAULT_PRESET, help=f"default: {DEFAULT_PRESET}")
+    info.add_argument("--preset", default=DEFAULT_PRESET, help=f"{' | '.join(PRESETS)} (default: {DEFAULT_PRESET})")
     info.add_argument("--json", action="store_true", help="machine-readable JSON")
+    info.add_argument("--list", action="store_true", help="every preset: name, model and description, one a line")
     stages = {
         "stage1": (sub.add_parser("stage1", help="text -> stage1_embeddings.safetensors"), _add_stage1),
         "stage2": (sub.add_parser("stage2", help="embeddings -> stage2_latents.safetensors"), _add_stage2),
@@ -361,7 +364,10 @@ def _run_command(args: argparse.Namespace) -> int:
     if getattr(args, "runtime", None) == "tpu":  # the CLI's policy, not a library side effect
         enable_compile_cache(os.environ.get("HYV_COMPILE_CACHE_DIR"))
     try:
-        if args.command == "info":
+        if args.command == "info" and args.list:
+            print(json.dumps({name: p.to_json() for name, p in PRESETS.items()}, indent=2) if args.json else
+                  "\n".join(f"{name}  [{p.model}]  {p.description}" for name, p in PRESETS.items()))
+        elif args.command == "info":
             preset = get_preset(args.preset)
             data = preset.to_json()
             print(json.dumps(data, indent=2) if args.json else
