@@ -1,6 +1,6 @@
 """CogVideoX1.5 through hyv_lib's runtimes via its model adapter: tiny fp32 model vs diffusers' eager forward given the
 pipeline's RoPE tables (the composed pieces, the JAX runtime on 1 and 8 emulated devices, the torch runtime with
-hyv_lib's attention, DeepCache and MagCache); the real model's rule sets and shapes from the meta device."""
+hyv_lib's attention, DeepCache and MagCache, FSDP2 on gloo); the real model's rules and shapes from the meta device."""
 
 import copy
 import json
@@ -63,6 +63,15 @@ def model():
     return tiny_model()
 
 
+@pytest.fixture(scope="module")
+def tpu(model):
+    """One JAX runtime for the cache tests: its compiled DeepCache programs are shared between them."""
+    pytest.importorskip("torchax")
+    from hyv_lib.runtimes.tpu import TpuTransformer
+
+    return TpuTransformer(copy.deepcopy(model))
+
+
 @pytest.mark.parametrize("patch_size_t", [2, None])
 def test_the_composed_pieces_are_diffusers_forward(patch_size_t):
     """ModelAdapter.forward (what the runtimes jit) equals diffusers' forward for CogVideoX1.5 (temporal patch 2) and
@@ -100,8 +109,6 @@ def test_conditioning_checks(model):
         COGVIDEOX.prepare(model, encoder_hidden_states=torch.zeros(1, 226, 32), ofs=torch.ones(1))
     with pytest.raises(ValueError, match="timestep_cond is not supported"):
         COGVIDEOX.prepare(model, encoder_hidden_states=torch.zeros(1, 226, 32), timestep_cond=torch.ones(1, 8))
-    with pytest.raises(ValueError, match="UlyssesTransformer does not run CogVideoX"):
-        COGVIDEOX.check(model, "UlyssesTransformer")
     with pytest.raises(ValueError, match="text-to-video CogVideoX only"):
         COGVIDEOX.check(tiny_model(ofs_embed_dim=32), "TpuTransformer")
     with pytest.raises(ValueError, match="rotary positional embeddings only"):
@@ -188,6 +195,32 @@ def test_the_torch_runtime(model, attention):
     assert (out - oracle(model, kwargs)).abs().max() <= TOL
 
 
+def fsdp_job():
+    """On every rank of 2 gloo processes: the torch step over FSDP2-sharded weights vs diffusers' forward."""
+    from hyv_lib.runtimes.fsdp import shard_weights, sharded_step
+    from hyv_lib.runtimes.step import make_step
+
+    torch.set_num_threads(1)
+    model = tiny_model()
+    kwargs = inputs(8)
+    sharded = shard_weights(copy.deepcopy(model))
+    out = sharded_step(make_step(sharded, "torch"), sharded)(**kwargs, image_rotary_emb=pipeline_rope(model, SHAPE))
+    return (out - oracle(model, kwargs)).abs().max().item()
+
+
+def test_the_torch_runtime_over_fsdp_sharded_weights():
+    """FSDP2 (``--shard_weights fsdp``) on 2 gloo processes: each block of the adapter's list gathered as it runs."""
+    from hyv_lib.parallel.distributed import run_distributed
+
+    assert run_distributed(fsdp_job, 2, timeout=240) <= TOL
+
+
+def test_ulysses_is_refused_with_the_reason(model):
+    """Ulysses counts video tokens as latent pixels (HunyuanVideo's 1x1x1 patch): refused by the adapter's check."""
+    with pytest.raises(ValueError, match="UlyssesTransformer does not run CogVideoX yet: .*2x2x2 patch"):
+        COGVIDEOX.check(model, "UlyssesTransformer")
+
+
 def swapped_oracle(model, kwargs, cache_kwargs, no_cache_blocks):
     """What a cached step must give, from diffusers' forward alone: the forward at ``kwargs`` with the tokens entering
     the last ``no_cache_blocks`` blocks (0: leaving the last block) replaced by those of a forward at
@@ -219,32 +252,27 @@ def swapped_oracle(model, kwargs, cache_kwargs, no_cache_blocks):
 
 
 @pytest.mark.parametrize("no_cache_blocks", [1, 0])
-def test_deepcache_on_both_runtimes(model, no_cache_blocks):
+def test_deepcache_on_both_runtimes(model, tpu, no_cache_blocks):
     """DeepCache on the torch runtime (hooks on diffusers' forward) and the JAX one: the full step is the forward; a
     cached step at a new timestep equals diffusers' forward at that timestep with the cached tokens put back in front
     of the last blocks (or after the last block, for 0)."""
-    pytest.importorskip("torchax")
-    from hyv_lib.runtimes.tpu import TpuTransformer
-
     first, later = inputs(6), inputs(6, timestep=(500, 200))
     rope = pipeline_rope(model, SHAPE)
     expected_full = oracle(model, first)
     expected_cached = swapped_oracle(model, later, first, no_cache_blocks)
     assert (expected_cached - oracle(model, later)).abs().max() > 1e-3  # the swap changes the result
-    for runtime in (TorchDeepCache(model), TpuTransformer(copy.deepcopy(model))):
+    for runtime in (TorchDeepCache(model), tpu):
         full, cache = runtime.run_and_cache(no_cache_blocks, **first, image_rotary_emb=rope)
         assert (full - expected_full).abs().max() <= TOL
         cached = runtime.run_from_cache(cache, no_cache_blocks, **later, image_rotary_emb=rope)
         assert (cached - expected_cached).abs().max() <= TOL
 
 
-def test_magcache_calibrates_and_runs_on_this_model(model):
+def test_magcache_calibrates_and_runs_on_this_model(model, tpu):
     """MagCache needs only the cache runtimes' tokens: a calibration curve over four steps, then its schedule under
     DeepCacheStep skips a step on the torch and JAX runtimes alike, full steps equal to diffusers."""
-    pytest.importorskip("torchax")
     from hyv_lib.pipeline.calibration import CalibrationStep
     from hyv_lib.runtimes.magcache import MagCacheSchedule
-    from hyv_lib.runtimes.tpu import TpuTransformer
 
     steps = [inputs(7, timestep=(t, t)) for t in (900, 700, 500, 300)]
     for i, kwargs in enumerate(steps[1:], 1):  # a slowly changing trajectory, as in denoising
@@ -259,7 +287,7 @@ def test_magcache_calibrates_and_runs_on_this_model(model):
     schedule = MagCacheSchedule(curve, threshold=2 * max(curve), max_skip=1, retention=0.25)
     assert schedule.cached_steps, schedule.full_steps
     outs = []
-    for runtime in (TorchDeepCache(model), TpuTransformer(copy.deepcopy(model))):
+    for runtime in (TorchDeepCache(model), tpu):
         step = DeepCacheStep(runtime, schedule, 1)
         outs.append([step(**kwargs, image_rotary_emb=rope) for kwargs in steps])
         assert step.skipped_steps == schedule.cached_steps

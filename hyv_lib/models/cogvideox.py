@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from ..parallel.sharding import tensor_parallel_rule_sets
 from .adapter import ModelAdapter
-from .cogvideox_processor import use_attention
+from .cogvideox_processor import SharedProjectionsView, use_attention
 
 #: The spatial patch of every CogVideoX checkpoint (2b, 5b, 1.5-5b); :meth:`CogVideoXAdapter.check` refuses others,
 #: since :meth:`~CogVideoXAdapter.unpatchify` reads it from here (it is given the tokens and the latent shape only).
@@ -103,8 +103,8 @@ class CogVideoXAdapter(ModelAdapter):
 
     def check(self, model, who: str) -> None:
         """RoPE models without learned positional embeddings, text-to-video (no ``ofs`` embedding: CogVideoX1.5's
-        image-to-video model), a :data:`PATCH`-wide patch, and not under Ulysses (its processor is HunyuanVideo-1.5's
-        dual-stream one)."""
+        image-to-video model), a :data:`PATCH`-wide patch; not Ulysses yet (its token count assumes a 1x1x1 patch;
+        the rest, :meth:`embed_video`'s token ranges and :meth:`attention_modules`' view, is in place)."""
         config = model.config
         if not config.use_rotary_positional_embeddings or config.use_learned_positional_embeddings:
             raise ValueError(f"{who} runs CogVideoX models with rotary positional embeddings only (CogVideoX1.5, "
@@ -115,16 +115,18 @@ class CogVideoXAdapter(ModelAdapter):
         if config.patch_size != PATCH or config.out_channels != config.in_channels:
             raise ValueError(f"{who} runs CogVideoX models with a {PATCH}x{PATCH} patch and as many output as input "
                              "channels (every text-to-video checkpoint)")
-        if who == "UlyssesTransformer":
-            raise ValueError("UlyssesTransformer does not run CogVideoX: its attention processor is HunyuanVideo-1.5's "
-                             "dual-stream one (separate context projections), CogVideoX projects text and video with "
-                             "the same weights; use the tpu runtime with a sequence axis (--mesh ...,sequence=N)")
+        if who == "UlyssesTransformer":  # its token count is HunyuanVideo-1.5's: one token per latent pixel
+            raise ValueError("UlyssesTransformer does not run CogVideoX yet: it counts the video tokens as the latent "
+                             "pixels (HunyuanVideo-1.5's 1x1x1 patch), CogVideoX has one token per 2x2x2 patch; use "
+                             "the tpu runtime with a sequence axis (--mesh ...,sequence=N)")
 
     def blocks(self, model) -> torch.nn.ModuleList:
         return model.transformer_blocks
 
-    def attention_modules(self, model) -> list[torch.nn.Module]:
-        return [block.attn1 for block in self.blocks(model)]
+    def attention_modules(self, model) -> list[SharedProjectionsView]:
+        """Each block's ``attn1`` seen as a dual-stream attention (:class:`SharedProjectionsView`): Ulysses' processor
+        then projects the text with the shared weights, as CogVideoX does."""
+        return [SharedProjectionsView(block.attn1) for block in self.blocks(model)]
 
     def use_attention(self, model, backend: str = "auto", **options: Any) -> int:
         return use_attention(model, backend, **options)

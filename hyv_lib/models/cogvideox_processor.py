@@ -1,4 +1,4 @@
-"""A diffusers attention processor for CogVideoX's joint [text ; video] attention that calls hyv_lib's attention."""
+"""CogVideoX's joint [text ; video] attention in hyv_lib: a processor calling its attention, and a dual-stream view."""
 
 from __future__ import annotations
 
@@ -45,6 +45,42 @@ class CogVideoXJointAttnProcessor:
         return video, context
 
 
+class SharedProjectionsView:
+    """A CogVideoX attention module as a dual-stream processor (Ulysses', :mod:`hyv_lib.runtimes.ulysses`) expects
+    one: the context's projections, QK-norms and output projection are the shared ``to_q/to_k/to_v``, ``norm_q/norm_k``
+    and ``to_out``; everything else is the module's. Setting a processor on the view installs it on the module, called
+    with the view, so the dual-stream code runs unchanged on CogVideoX's joint attention (attention is over the set of
+    tokens, so its [video ; text] order is no matter; outputs are per token)."""
+
+    def __init__(self, attn):
+        self.attn = attn
+
+    def __getattr__(self, name: str):  # only for names not defined here
+        return getattr(self.attn, name)
+
+    add_q_proj = property(lambda self: self.attn.to_q)
+    add_k_proj = property(lambda self: self.attn.to_k)
+    add_v_proj = property(lambda self: self.attn.to_v)
+    norm_added_q = property(lambda self: self.attn.norm_q)
+    norm_added_k = property(lambda self: self.attn.norm_k)
+
+    def to_add_out(self, context: torch.Tensor) -> torch.Tensor:
+        return self.attn.to_out[1](self.attn.to_out[0](context))
+
+    def set_processor(self, processor) -> None:
+        self.attn.set_processor(_ViewedProcessor(processor, self))
+
+
+class _ViewedProcessor:
+    """Calls a dual-stream ``processor`` with a :class:`SharedProjectionsView` in place of the attention module."""
+
+    def __init__(self, processor, view: SharedProjectionsView):
+        self.processor, self.view = processor, view
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask=None, image_rotary_emb=None):
+        return self.processor(self.view, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+
+
 def use_attention(model: torch.nn.Module, backend: str = "auto", **options: Any) -> int:
     """Install :class:`CogVideoXJointAttnProcessor` on every attention of a CogVideoXTransformer3DModel (one per
     block); returns how many. The backend and its options are checked now, not at the first call."""
@@ -57,7 +93,8 @@ def use_attention(model: torch.nn.Module, backend: str = "auto", **options: Any)
     for name, module in model.named_modules():
         if not isinstance(module, Attention):
             continue
-        if not isinstance(module.processor, (CogVideoXAttnProcessor2_0, CogVideoXJointAttnProcessor)):
+        if not isinstance(module.processor, (CogVideoXAttnProcessor2_0, CogVideoXJointAttnProcessor,
+                                             _ViewedProcessor)):
             raise NotImplementedError(f"{name}: unexpected attention processor {type(module.processor).__name__} "
                                       "(hyv_lib replaces CogVideoXAttnProcessor2_0; fused QKV is not supported)")
         module.set_processor(CogVideoXJointAttnProcessor(backend, **options))
