@@ -167,7 +167,6 @@ class CogVideoXAdapter(ModelAdapter):
         return model.patch_embed.text_proj(prepared["text_states"])
 
     def run_block(self, block, video, context, temb, inputs, rope) -> tuple:
-        rope = None if rope is None or len(rope) == 0 else rope
         return block(hidden_states=video, encoder_hidden_states=context, temb=temb, image_rotary_emb=rope)
 
     def block_call(self, args: tuple, kwargs: dict) -> tuple:
