@@ -215,10 +215,24 @@ def test_the_torch_runtime_over_fsdp_sharded_weights():
     assert run_distributed(fsdp_job, 2, timeout=240) <= TOL
 
 
-def test_ulysses_is_refused_with_the_reason(model):
-    """Ulysses counts video tokens as latent pixels (HunyuanVideo's 1x1x1 patch): refused by the adapter's check."""
-    with pytest.raises(ValueError, match="UlyssesTransformer does not run CogVideoX yet: .*2x2x2 patch"):
-        COGVIDEOX.check(model, "UlyssesTransformer")
+def ulysses_job():
+    """Rank's Ulysses forward of the tiny model (2 gloo ranks: 12 video tokens, 6 per rank; 8 heads, 4 per rank)
+    against diffusers' forward."""
+    from hyv_lib.runtimes.ulysses import UlyssesTransformer
+
+    torch.set_num_threads(1)
+    model = tiny_model()
+    kwargs = inputs(8)
+    expected = oracle(model, kwargs)
+    out = UlyssesTransformer(copy.deepcopy(model))(**kwargs, image_rotary_emb=pipeline_rope(model, SHAPE))
+    return (out - expected).abs().max().item()
+
+
+def test_ulysses_on_two_gloo_ranks():
+    """Ulysses counts the video tokens through the adapter (one per 2x2x2 patch) and shards them: equal to diffusers."""
+    from hyv_lib.parallel.distributed import run_distributed
+
+    assert run_distributed(ulysses_job, 2, timeout=240) <= TOL
 
 
 def swapped_oracle(model, kwargs, cache_kwargs, no_cache_blocks):
@@ -341,3 +355,16 @@ def test_the_compile_path_lowers_the_tiny_model_from_the_meta_device():
     assert lowered.args_info[1]["hidden_states"].shape == (2, 4, 16, 8, 12)
     with pytest.raises(RuntimeError, match="compile only"):
         step(**kwargs)
+
+
+def test_a_bf16_model_gets_its_timesteps_exactly():
+    """The pipeline's integer timesteps reach the bf16 model's time embedding in float32, as diffusers embeds them:
+    999 and 1000 are distinct integers that bf16 rounds to one value (1000), and the runtimes must tell them apart."""
+    from hyv_lib.runtimes.tpu import TpuTransformer
+
+    model = tiny_model().to(torch.bfloat16)
+    tpu = TpuTransformer(copy.deepcopy(model))
+    kwargs = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in inputs(9).items()}
+    outs = [tpu(**dict(kwargs, timestep=torch.tensor([t, t]))) for t in (999, 1000)]
+    # a bf16 timestep would make the two calls one input, and so the one program's outputs bit-identical
+    assert not torch.equal(outs[0], outs[1])

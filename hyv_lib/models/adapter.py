@@ -11,6 +11,7 @@ differentiable.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Mapping
 
 import torch
@@ -50,6 +51,10 @@ class ModelAdapter:
     rule_sets: Mapping[str, list[Rule]] = {}
     #: The name prefix of the block stack's parameters (``"transformer_blocks."``): the planner reads per-block sizes.
     block_prefix: str = ""
+    #: The dtype the runtimes give the timestep (None: the model's dtype, as HunyuanVideo-1.5's pipeline passes it;
+    #: CogVideoX's pipeline passes integer timesteps that diffusers embeds in float32, where bf16 would round 999 to
+    #: 1000).
+    timestep_dtype: torch.dtype | None = None
 
     def build(self, config: dict[str, Any]) -> torch.nn.Module:
         """A transformer of ``config`` (its diffusers class's keyword arguments), on the current default device:
@@ -124,6 +129,11 @@ class ModelAdapter:
         ``(video, context, temb, inputs, rope)`` for :meth:`run_block`: DeepCache's eager runtime replays the last
         blocks from it."""
         raise NotImplementedError
+
+    def video_token_count(self, model, latent_shape: tuple[int, ...]) -> int:
+        """Video tokens of one sample for latents of ``latent_shape`` (Ulysses shards them): one per latent pixel of
+        [B, C, T, H, W] latents by default (a 1x1x1 patch)."""
+        return math.prod(latent_shape[2:])
 
     def rope(self, model, latent_shape: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
         """The rotary tables (one row per video token) for latents of ``latent_shape``; depends on the shape only."""

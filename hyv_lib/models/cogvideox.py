@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 import torch
@@ -87,6 +88,7 @@ class CogVideoXAdapter(ModelAdapter):
     block_keys = ()
     rule_sets = RULE_SETS
     block_prefix = "transformer_blocks."
+    timestep_dtype = torch.float32  # the pipeline's integer timesteps, embedded in float32 by diffusers
 
     def example_inputs(self, preset, height: int, width: int, video_length: int, batch: int = 2,
                        dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
@@ -103,8 +105,7 @@ class CogVideoXAdapter(ModelAdapter):
 
     def check(self, model, who: str) -> None:
         """RoPE models without learned positional embeddings, text-to-video (no ``ofs`` embedding: CogVideoX1.5's
-        image-to-video model), a :data:`PATCH`-wide patch; not Ulysses yet (its token count assumes a 1x1x1 patch;
-        the rest, :meth:`embed_video`'s token ranges and :meth:`attention_modules`' view, is in place)."""
+        image-to-video model), a :data:`PATCH`-wide patch."""
         config = model.config
         if not config.use_rotary_positional_embeddings or config.use_learned_positional_embeddings:
             raise ValueError(f"{who} runs CogVideoX models with rotary positional embeddings only (CogVideoX1.5, "
@@ -115,10 +116,6 @@ class CogVideoXAdapter(ModelAdapter):
         if config.patch_size != PATCH or config.out_channels != config.in_channels:
             raise ValueError(f"{who} runs CogVideoX models with a {PATCH}x{PATCH} patch and as many output as input "
                              "channels (every text-to-video checkpoint)")
-        if who == "UlyssesTransformer":  # its token count is HunyuanVideo-1.5's: one token per latent pixel
-            raise ValueError("UlyssesTransformer does not run CogVideoX yet: it counts the video tokens as the latent "
-                             "pixels (HunyuanVideo-1.5's 1x1x1 patch), CogVideoX has one token per 2x2x2 patch; use "
-                             "the tpu runtime with a sequence axis (--mesh ...,sequence=N)")
 
     def blocks(self, model) -> torch.nn.ModuleList:
         return model.transformer_blocks
@@ -175,6 +172,10 @@ class CogVideoXAdapter(ModelAdapter):
         call = {**dict(zip(names, args)), **kwargs}
         return (call["hidden_states"], call["encoder_hidden_states"], call["temb"], {},
                 call.get("image_rotary_emb"))
+
+    def video_token_count(self, model, latent_shape) -> int:
+        """One token per patch: ``F / p_t`` x ``H / 2`` x ``W / 2`` (:func:`video_tokens`)."""
+        return math.prod(video_tokens(tuple(latent_shape), model.config))
 
     def rope(self, model, latent_shape) -> tuple[torch.Tensor, ...]:
         """The pipeline's (cos, sin) tables for these latents (:func:`rotary_tables`), float32 as it makes them."""

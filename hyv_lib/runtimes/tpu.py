@@ -260,7 +260,7 @@ class TpuTransformer:
 
         def per_sample(t):
             t = torch.as_tensor(t).reshape(-1).expand(hidden_states.shape[0])
-            return self._to_jax(t.to(self.dtype), ("data",))
+            return self._to_jax(t.to(self.adapter.timestep_dtype or self.dtype), ("data",))
 
         return dict(hidden_states=self._to_jax(hidden_states.to(self.dtype), ("data",)), timestep=per_sample(timestep),
                     timestep_r=None if timestep_r is None else per_sample(timestep_r))

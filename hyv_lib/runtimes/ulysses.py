@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
@@ -210,10 +209,10 @@ class UlyssesTransformer:
 
         latents = put(hidden_states)
         batch = latents.shape[0]
-        tokens = math.prod(latents.shape[2:])
+        tokens = a.video_token_count(m, tuple(latents.shape))
         shard = shard_length(tokens, world)
-        timestep, timestep_r = (None if t is None else put(torch.as_tensor(t).reshape(-1).expand(batch).to(dtype))
-                                for t in (timestep, timestep_r))
+        timestep, timestep_r = (None if t is None else torch.as_tensor(t).reshape(-1).expand(batch).to(
+            device=device, dtype=a.timestep_dtype or dtype) for t in (timestep, timestep_r))
         temb = a.time_embedding(m, timestep, timestep_r)
         prepared = a.prepare(m, **{name: put(t) for name, t in conditioning.items()})
         context = a.embed_context(m, timestep, prepared)
