@@ -11,7 +11,7 @@ import torch
 from diffusers import CogVideoXDDIMScheduler, CogVideoXDPMScheduler, CogVideoXPipeline
 from safetensors.torch import load_file
 
-from hyv_lib.base.presets import COGVIDEOX_SCHEDULER, COGVIDEOX_TINY
+from hyv_lib.base.presets import COGVIDEOX_SCHEDULER, COGVIDEOX_TINY, TINY_TRAINED
 from hyv_lib.cli.commands import run
 from hyv_lib.models.components import build_tiny_components, load_components
 from hyv_lib.pipeline.cogvideox import denoise_cogvideox, encode_t5_pair, make_scheduler, rotary_tables
@@ -146,7 +146,9 @@ def test_saved_folder_loads_with_model_path(tmp_path, components, capsys):
 @pytest.mark.parametrize("flags, flag", [
     (["--flow_shift", "3"], "--flow_shift"),
     (["--image_path", "first.png"], "--image_path"),
-    (["--enable_cache", "--cache_method", "magcache"], "--cache_method"),
+    (["--enable_cache", "--cache_method", "magcache", "--cache_calibration",  # made for hyv-tiny
+      os.path.join(TINY_TRAINED.bundled_path, "magcache_calibration.json")], "--cache_calibration"),
+    (["--lora", "lora.safetensors"], "--lora"),
     (["--vae_memory_gb", "4"], "--vae_memory_gb"),
     (["--height", "88", "--width", "160"], "--height"),  # 8 x 11: not whole 2 x 2 latent patches
 ])

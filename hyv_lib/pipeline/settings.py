@@ -141,16 +141,14 @@ class ResolvedSettings:
 
 def check_model_settings(preset: Preset, settings: Stage2Settings) -> None:
     """HyvInputError naming the first flag that ``preset``'s model does not take: CogVideoX1.5 samples with
-    CogVideoXDDIMScheduler (v-prediction, no flow shift), and MagCache calibrations and LoRA files are made for
-    HunyuanVideo-1.5's transformer."""
+    CogVideoXDDIMScheduler (v-prediction, no flow shift), and LoRA files are made for HunyuanVideo-1.5's transformer.
+    (A MagCache calibration is checked against the run's preset where it is read: one made for HunyuanVideo-1.5 is
+    refused for CogVideoX, one made with ``calibrate_cache --preset cogvideox...`` runs.)"""
     if preset.model != COGVIDEOX_MODEL:
         return
-    if settings.flow_shift is not None:
+    if settings.flow_shift is not None and settings.flow_shift != preset.flow_shift:  # its own 1.0 (none) passes
         raise HyvInputError("--flow_shift", f"{preset.name} samples with CogVideoX's DDIM scheduler (v-prediction), "
                                             "which has no flow shift: drop it")
-    if settings.cache_method == "magcache" or settings.cache_calibration is not None:
-        raise HyvInputError("--cache_method" if settings.cache_method == "magcache" else "--cache_calibration",
-                            f"MagCache's calibrations are made for HunyuanVideo-1.5, not {preset.name}")
     if settings.lora is not None:
         raise HyvInputError("--lora", f"LoRA files here are for HunyuanVideo-1.5's transformer, not {preset.name}'s")
 
