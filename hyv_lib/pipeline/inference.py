@@ -41,8 +41,8 @@ from .video_io import check_fps, check_mp4_path, write_mp4
 
 @dataclass
 class Video:
-    """One generated video: ``frames`` uint8 [F, H, W, 3], ``latents`` fp32 [1, C, T, h, w] (what stage 2 writes)
-    and ``config`` (what generation_config.json would hold for it)."""
+    """One generated video: ``frames`` uint8 [F, H, W, 3], ``latents`` fp32 (what stage 2 writes: [1, C, T, h, w];
+    CogVideoX's [1, T', C, h, w] with its padded frames) and ``config`` (what generation_config.json would hold)."""
 
     frames: np.ndarray
     latents: torch.Tensor
