@@ -39,6 +39,18 @@ CHIP_BLOCK_SIZES: dict = {
 
 _LANES = 128
 
+#: Zero-pad a head dim that is not a multiple of 128 (CogVideoX's 64) before the kernel, unless ``pad_head_dim=False``.
+#: What the TPU compiler says (libtpu 0.0.42.1 without a TPU; CogVideoX1.5-5B at 768x1360x81, 45,106 tokens, 12 heads
+#: per device as on data=2 x tensor=4): Mosaic compiles the kernel at head dim 64 as is on v6e and v5e; the kernel's
+#: scoped VMEM is the same either way (7.00 MiB at 2048/2048/1024, 10.88 MiB at gpu-tpu-pedia's 3328/2816/256: a
+#: 64-wide tile occupies 128 lanes), q, k, v and the output sit in HBM lane-padded to 128 either way (the kernel's
+#: operand layout is (8, 128) tiles over [S, D]), and the whole step (2 real-width blocks) has the same per-device
+#: arguments, temporaries and outputs (1.86 GB; the code differs by 21 KB) and XLA FLOPs; XLA's cost model prices
+#: neither kernel. Nothing the compiler reports separates them and no TPU here can time them, so the library keeps
+#: one path for every head dim (16, 32, 64, 128), the one the interpret-mode tests check; a TPU user can time
+#: ``pad_head_dim=False``.
+PAD_HEAD_DIM = True
+
 
 def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
@@ -103,7 +115,7 @@ def _check_inputs(q, k, v, kv_mask) -> None:
 
 
 def splash_attention_jax(q, k, v, kv_mask, *, block_q=None, block_kv=None, block_kv_compute=None, interpret=None,
-                         compute_dtype=None):
+                         compute_dtype=None, pad_head_dim=None):
     """Masked attention with the Pallas Splash kernel. q, k, v: [B, H, S, D]; kv_mask: bool [B, S], True = valid.
 
     Query i of batch b attends to the keys j with ``kv_mask[b, j]`` (softmax over valid keys only, scale
@@ -119,8 +131,10 @@ def splash_attention_jax(q, k, v, kv_mask, *, block_q=None, block_kv=None, block
     for D = 128). ``"float32"`` loses nothing before the output's final rounding. ``None`` picks bf16 when q is
     bf16 and the kernel compiles for a TPU (the fast path a TPU VM runs), else f32 (the exactness tests on CPU).
 
-    A head dim that is not a multiple of 128 (the TPU lane width; tiny presets use 16 or 32) is zero-padded to
-    one, as maxdiffusion does: zero columns add nothing to q.k and give zero output columns, which are cut off.
+    ``pad_head_dim``: a head dim that is not a multiple of 128 (the TPU lane width; tiny presets use 16 or 32,
+    CogVideoX 64) is zero-padded to one (True, the default), as maxdiffusion does: zero columns add nothing to q.k
+    and give zero output columns, which are cut off. False feeds the kernel the head dim as is; Mosaic compiles that
+    too (the kernel's blocks span the whole head dim); :data:`PAD_HEAD_DIM` says why padding is the default.
 
     Exactness comes from segment ids, not from the kernel's static mask (a FullMask): valid tokens get id 1,
     invalid tokens and the block padding id 0, and a query only sees keys with its own id. A valid query thus
@@ -149,7 +163,10 @@ def splash_attention_jax(q, k, v, kv_mask, *, block_q=None, block_kv=None, block
     k, v = k.astype(compute_dtype), v.astype(compute_dtype)
 
     len_q, len_kv = _round_up(max(seq, 1), bq), _round_up(max(seq, 1), bkv)
-    pad_d = _round_up(head_dim, _LANES) - head_dim
+    if pad_head_dim not in (None, True, False):
+        raise HyvInputError("pad_head_dim", f"must be None, True or False, got {pad_head_dim!r}")
+    pad = PAD_HEAD_DIM if pad_head_dim is None else pad_head_dim
+    pad_d = _round_up(head_dim, _LANES) - head_dim if pad else 0
     seg = kv_mask.astype(jnp.int32)
     seg_q = jnp.pad(seg, ((0, 0), (0, len_q - seq)))
     seg_kv = jnp.pad(seg, ((0, 0), (0, len_kv - seq)))
@@ -176,8 +193,8 @@ def splash_attention_jax(q, k, v, kv_mask, *, block_q=None, block_kv=None, block
     return out.astype(out_dtype)
 
 
-#: The options Splash takes: its tile sizes, interpret mode and compute dtype.
-OPTIONS = ("block_q", "block_kv", "block_kv_compute", "interpret", "compute_dtype")
+#: The options Splash takes: its tile sizes, interpret mode, compute dtype and head-dim padding.
+OPTIONS = ("block_q", "block_kv", "block_kv_compute", "interpret", "compute_dtype", "pad_head_dim")
 
 
 @functools.lru_cache(maxsize=None)

@@ -49,34 +49,46 @@ BYT5_HIDDEN = 2048  # HunyuanVideo15ByT5TextProjection(text_embed_2_dim, 2048, i
 REFINER_MLP_RATIO = 4.0  # HunyuanVideo15TokenRefiner is built with its default mlp_ratio, not the model's
 
 
-#: The model adapters whose step this module counts analytically (the FLOP, byte and collective formulas below are
-#: HunyuanVideo-1.5's; another model is compiled, :func:`hyv_lib.planning.tpu_compile.compile_step`, until it has
-#: its own).
-COUNTED_MODELS = ("hunyuanvideo-1.5",)
+#: The model adapters whose step this module counts analytically: HunyuanVideo-1.5 (dual-stream blocks, a token
+#: refiner, ByT5 and image embedders) and CogVideoX (one joint stream of T5 text + video tokens through the same
+#: weights, AdaLN-zero modulation per block). Another model is compiled,
+#: :func:`hyv_lib.planning.tpu_compile.compile_step`, until it has its own formulas.
+COUNTED_MODELS = ("hunyuanvideo-1.5", "cogvideox")
 
 
 def model_dims(preset: Preset) -> dict[str, int]:
     """The sizes the cost formulas read from a preset's transformer config (HyvInputError for a model they do not
-    cover, :data:`COUNTED_MODELS`)."""
+    cover, :data:`COUNTED_MODELS`). ``streams`` is 2 for HunyuanVideo-1.5 (the context tokens have their own
+    weights) and 1 for CogVideoX (text and video share them); a model without a token refiner, ByT5 or image input
+    has 0 there."""
     if preset.model not in COUNTED_MODELS:
         raise HyvInputError("preset", f"{preset.name} runs {preset.model!r}: the analytic cost model covers "
                                       f"{', '.join(COUNTED_MODELS)}; compile it for the TPU compiler's numbers")
     c = preset.transformer
     heads, head_dim = c["num_attention_heads"], c["attention_head_dim"]
     hidden = heads * head_dim
+    if preset.model == "cogvideox":
+        # CogVideoXBlock: FeedForward(dim) with its default inner_dim 4 x dim; AdaLN-zero from the time embedding
+        return dict(heads=heads, head_dim=head_dim, hidden=hidden, mlp=4 * hidden, refiner_mlp=0,
+                    layers=c["num_layers"], refiner_layers=0, patch=c["patch_size"], patch_t=c.get("patch_size_t") or 1,
+                    in_channels=c["in_channels"], out_channels=c["out_channels"], text_dim=c["text_embed_dim"],
+                    byt5_dim=0, image_dim=0, time_dim=c["time_embed_dim"], streams=1)
     return dict(heads=heads, head_dim=head_dim, hidden=hidden, mlp=int(hidden * c["mlp_ratio"]),
                 refiner_mlp=int(hidden * REFINER_MLP_RATIO), layers=c["num_layers"],
                 refiner_layers=c["num_refiner_layers"], patch=c["patch_size"], patch_t=c["patch_size_t"],
                 in_channels=c["in_channels"], out_channels=c["out_channels"], text_dim=c["text_embed_dim"],
-                byt5_dim=c["text_embed_2_dim"], image_dim=c["image_embed_dim"])
+                byt5_dim=c["text_embed_2_dim"], image_dim=c["image_embed_dim"], time_dim=hidden, streams=2)
 
 
 def token_counts(preset: Preset | str, height: int, width: int, video_length: int) -> dict[str, int]:
-    """Tokens of one sample: video (after patching), context (image + ByT5 + text), joint = video + context."""
+    """Tokens of one sample: video (after patching the latents the denoising loop runs on,
+    :meth:`hyv_lib.base.presets.Preset.denoising_shape`: CogVideoX1.5 pads 21 latent frames to 22), context (image +
+    ByT5 + text; CogVideoX: its 226 T5 tokens), joint = video + context."""
     preset = as_preset(preset)
     d = model_dims(preset)
-    _, _, t, h, w = preset.latent_shape(height, width, video_length)
-    video = (t // d["patch_t"]) * (h // d["patch"]) * (w // d["patch"])
+    shape = preset.denoising_shape(height, width, video_length)
+    t, h, w = (shape[1], shape[3], shape[4]) if preset.model == "cogvideox" else shape[2:]
+    video = -(-t // d["patch_t"]) * (h // d["patch"]) * (w // d["patch"])
     context = context_tokens(preset)
     return dict(video=video, context=context, joint=video + context, text=preset.text_len,
                 byt5=preset.byt5_len, image=preset.image_tokens)
@@ -127,6 +139,12 @@ def step_flops(preset: Preset | str, height: int, width: int, video_length: int,
         raise HyvInputError("valid_context", f"must be between 0 and {nc}, got {valid_context}")
     s_attn = nv + (nc if valid_context is None else valid_context)
     per_token_block = 4 * h * h + 2 * h * f  # q, k, v, out + MLP in/out, per stream
+    if preset.model == "cogvideox":
+        parts = _cogvideox_parts(preset, d, b, nv, nc, s_attn, kv_block)
+        attention = parts["blocks_attention"]
+        total = sum(parts.values())
+        return dict(attention=attention, linear=total - attention, total=total, attention_share=attention / total,
+                    parts=parts, eager_extra=0, tokens=dict(tok, batch=batch, attended=s_attn))
     lt = preset.text_len
     per_token_refiner = 4 * h * h + 2 * h * d["refiner_mlp"]
     # The last block's context stream after attention (to_add_out, ff_context) feeds nothing: a compiler
@@ -150,6 +168,27 @@ def step_flops(preset: Preset | str, height: int, width: int, video_length: int,
     total = sum(parts.values())
     return dict(attention=attention, linear=total - attention, total=total, attention_share=attention / total,
                 parts=parts, eager_extra=dead, tokens=dict(tok, batch=batch, attended=s_attn))
+
+
+def _cogvideox_parts(preset: Preset, d: dict[str, int], b: int, nv: int, nc: int, s_attn: int,
+                     kv_block: int | None) -> dict[str, int]:
+    """:func:`step_flops`' parts for CogVideoX: one joint stream of ``nc`` T5 + ``nv`` video tokens through each
+    block's to_q/k/v, to_out.0 and MLP (the same weights for both); two AdaLN-zero linears per block (time_dim ->
+    6 h); the patch embedding (a Linear over C x p_t x p x p patches), text_proj, the time embedding (h sinusoids ->
+    time_dim -> time_dim), ``norm_out``'s linear (time_dim -> 2 h) and ``proj_out``. Nothing is dead code: the last
+    block's MLP runs on [text ; video] concatenated, so its text rows (and their to_out before it) are computed and
+    then dropped, which a compiler cannot skip (the compiled program keeps every dot,
+    tests/test_cogvideox_compile.py)."""
+    h, f, te, layers = d["hidden"], d["mlp"], d["time_dim"], d["layers"]
+    patch = d["in_channels"] * d["patch_t"] * d["patch"] ** 2
+    return {
+        "blocks_attention": layers * 4 * b * d["heads"] * s_attn * _pad(s_attn, kv_block) * d["head_dim"],
+        "blocks_linear": layers * 2 * b * (nv + nc) * (4 * h * h + 2 * h * f),
+        "blocks_modulation": layers * 2 * (2 * b * te * 6 * h),  # norm1 + norm2: time_dim -> 6 h on temb
+        "refiner_attention": 0, "refiner_linear": 0,
+        "embedders": 2 * b * nv * patch * h + 2 * b * nc * d["text_dim"] * h + 2 * b * (h * te + te * te),
+        "output": 2 * b * te * 2 * h + 2 * b * nv * h * d["out_channels"] * d["patch_t"] * d["patch"] ** 2,
+    }
 
 
 # ----------------------------------------------------------------------------------- parameters and rules

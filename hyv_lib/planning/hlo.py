@@ -116,3 +116,46 @@ def hlo_collectives(hlo_text: str) -> dict[str, dict[str, int]]:
                     found[op]["buffers"] += 1
                     found[op]["bytes"] += math.prod(int(d) for d in dims.split(",") if d) * _HLO_BYTES.get(dtype, 4)
     return found
+
+
+def _group_size(line: str) -> int | None:
+    """Devices per replica group of one collective instruction: ``replica_groups=[G,N]<=[...]`` (iota form),
+    ``{{0,1,2,3},{4,5,6,7}}``, or the mesh form ``mesh['axis_0'=2,'axis_1'=4] {'axis_1'}`` (the named axes' sizes
+    multiplied); None when the line has none (a collective-permute)."""
+    named = re.search(r"replica_groups=mesh\[([^\]]*)\][^{]*\{([^}]*)\}", line)
+    if named:
+        sizes = {k: int(v) for k, v in re.findall(r"'(\w+)'=(\d+)", named.group(1))}
+        return math.prod(sizes[axis] for axis in re.findall(r"'(\w+)'", named.group(2)))
+    iota = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", line)
+    if iota:
+        return int(iota.group(2))
+    listed = re.search(r"replica_groups=\{\{([\d,]*)\}", line)
+    return len(listed.group(1).split(",")) if listed else None
+
+
+def hlo_collective_ops(hlo_text: str) -> list[dict[str, Any]]:
+    """The collectives of a compiled program grouped by (kind, devices per group, result shapes): ``count``, result
+    ``bytes`` per instruction, and ``sent_bytes``: what each device puts on the wire for all of them, by the ring
+    algorithm's count (an all-reduce of m bytes over n devices sends 2 (n-1)/n m, an all-gather or all-to-all
+    (n-1)/n m of its result, a reduce-scatter (n-1) m of its result, a collective-permute m). Sorted by sent
+    bytes, largest first."""
+    rows: dict[tuple, dict[str, Any]] = {}
+    for line in hlo_text.splitlines():
+        for op in HLO_COLLECTIVES:
+            match = re.search(rf"= (.*?) {op}(?:-start)?\(", line)
+            if not match:
+                continue
+            # an async start's tuple holds the operand before the result, and scalar u32 contexts
+            shapes = [(t, d) for t, d in re.findall(r"(\w+)\[([\d,]*)\]", match.group(1)) if d]
+            if f"{op}-start(" in line and op in ("all-gather", "collective-permute"):
+                shapes = shapes[len(shapes) // 2:]
+            nbytes = sum(math.prod(int(d) for d in dims.split(",") if d) * _HLO_BYTES.get(dtype, 4)
+                         for dtype, dims in shapes)
+            n = _group_size(line)
+            key = (op, n, ",".join(f"{t}[{d}]" for t, d in shapes))
+            row = rows.setdefault(key, dict(kind=op, group=n, shapes=key[2], count=0, bytes=nbytes, sent_bytes=0.0))
+            row["count"] += 1
+            share = 1.0 if n is None else (n - 1) / n
+            row["sent_bytes"] += nbytes * {"all-reduce": 2 * share, "reduce-scatter": (n or 1) - 1,
+                                           "collective-permute": 1.0}.get(op, share)
+    return sorted(rows.values(), key=lambda r: -r["sent_bytes"])

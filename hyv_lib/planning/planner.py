@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 
 from ..base.errors import HyvInputError
 from ..base.presets import Preset, check_data_axis, get_preset
-from ..kernels.splash import CHIP_BLOCK_SIZES, DEFAULT_BLOCK_SIZES
+from ..kernels.splash import CHIP_BLOCK_SIZES, DEFAULT_BLOCK_SIZES, PAD_HEAD_DIM
 from ..models.registry import get_adapter
 from .costs import (
     FLASH_BLOCK_Q,
@@ -153,11 +153,16 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
     if sq > 1:
         add("all-to-all", 4 * layers * b * nv * (h // t) * x, sq)
         add("all-gather", (layers - 1) * b * nc * (h // t) * x, sq)
+    # context rows through the row-parallel outputs: HunyuanVideo-1.5 drops the last block's context stream after
+    # attention (to_add_out, ff_context); CogVideoX's MLP runs on [text ; video] concatenated, so its last block
+    # keeps the text rows of to_out and of the MLP (nothing is dead)
+    joint = dims["streams"] == 1
+    ctx_attn = ctx_mlp = (layers if joint else layers - 1) * nc
     if t > 1 and rules == "tp":
-        add("all-reduce", 2 * layers * b * nv * h * x + 2 * (layers - 1) * b * nc * h * x, t)
+        add("all-reduce", 2 * layers * b * nv * h * x + (ctx_attn + ctx_mlp) * b * h * x, t)
     elif t > 1 and rules == "tp_replicated_out":
-        add("all-gather", layers * b * nv * h * x + (layers - 1) * b * nc * h * x, t)
-        add("all-reduce", layers * b * nv * h * x + (layers - 1) * b * nc * h * x, t)
+        add("all-gather", layers * b * nv * h * x + ctx_attn * b * h * x, t)
+        add("all-reduce", layers * b * nv * h * x + ctx_mlp * b * h * x, t)
     if rules == "fsdp":
         matrices = sum(math.prod(shape) for name, shape in parameter_shapes(preset)
                        if name.startswith(prefix) and len(shape) == 2)
@@ -172,7 +177,8 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
     split_all = 1 if whole else t  # the tensor split of the column/row matmuls the rules split
     split_out = 1 if whole or rules == "tp_replicated_out" else t  # to_out's
     per_token = 2 * ((3 * h * h + 2 * h * f) / split_all + h * h / split_out)
-    dead_tokens = nc * (2 * ((h * f) / split_all + h * h / split_out) + 2 * h * f / split_all)  # last block, context
+    dead_tokens = 0 if joint else nc * (2 * ((h * f) / split_all + h * h / split_out)  # last block, context
+                                        + 2 * h * f / split_all)
     linear = b * (layers * (nv + nc) * per_token - dead_tokens)
     small = (parts["blocks_modulation"] + parts["refiner_linear"] + parts["embedders"] + parts["output"]) / d_
     flops = dict(attention=total["attention"] / (d_ * t * sq), linear=linear + small)
@@ -180,12 +186,18 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
 
     # ---- memory per device
     _, c, frames, lh, lw = preset.latent_shape(height, width, video_length)
-    inputs = (b * ((2 * c + 1) * frames * lh * lw * x + lt * dims["text_dim"] * x + lt * 8
-                   + preset.byt5_len * (dims["byt5_dim"] * x + 8) + preset.image_tokens * dims["image_dim"] * x
-                   + nc * 9 + x) + 2 * tok["video"] * hd * 4)  # masks and gather order as int64, RoPE cos/sin f32
-    outputs = b * dims["out_channels"] * tok["video"] * x + (b * (nv + nc) * h * x if enable_cache else 0)
+    if joint:  # CogVideoX: latents [F', C, h, w] (F' padded), T5 states, integer timesteps; RoPE cos/sin f32
+        latents = math.prod(preset.denoising_shape(height, width, video_length)[1:])
+        inputs = b * (latents * x + lt * dims["text_dim"] * x + 8) + 2 * tok["video"] * hd * 4
+    else:
+        inputs = (b * ((2 * c + 1) * frames * lh * lw * x + lt * dims["text_dim"] * x + lt * 8
+                       + preset.byt5_len * (dims["byt5_dim"] * x + 8) + preset.image_tokens * dims["image_dim"] * x
+                       + nc * 9 + x) + 2 * tok["video"] * hd * 4)  # masks and gather order int64, RoPE cos/sin f32
+    per_token_out = dims["out_channels"] * dims["patch_t"] * dims["patch"] ** 2  # the noise prediction
+    outputs = b * per_token_out * tok["video"] * x + (b * (nv + nc) * h * x if enable_cache else 0)
     padded = -(-tok["joint"] // 2048) * 2048  # Splash pads the joint sequence to its key block
-    temporaries = (2 * b * tok["video"] * h * x + 4 * b * (heads // (t * sq)) * padded * hd * x
+    kernel_hd = -(-hd // 128) * 128 if PAD_HEAD_DIM else hd  # and the head dim to the lanes (CogVideoX: 64 -> 128)
+    temporaries = (2 * b * tok["video"] * h * x + 4 * b * (heads // (t * sq)) * padded * kernel_hd * x
                    + TEMPORARY_STREAM_COPIES * b * nv * h * x)
     if rules == "fsdp":
         block = sum(math.prod(shape) for name, shape in parameter_shapes(preset)

@@ -26,7 +26,7 @@ from ..parallel.sharding import STRATEGIES
 from ..runtimes.tpu import TpuTransformer
 from .costs import token_counts
 from .hardware import CHIPS
-from .hlo import hlo_collectives
+from .hlo import hlo_collective_ops, hlo_collectives, xla_flops
 from .planner import default_layout
 
 #: Topology name prefixes that libtpu 0.0.42.1 knows, and the key of each chip in :data:`hyv_lib.planning.hardware.CHIPS`.
@@ -135,7 +135,11 @@ def program_report(compiled, compile_seconds: float) -> dict[str, Any]:
         per_device_bytes=dict(parts, total=sum(parts.values())),
         collectives=[dict(kind=kind, count=c["count"], bytes=c["bytes"])
                      for kind, c in hlo_collectives(text).items() if c["count"]],
+        # by kind, devices per group and shapes, with the bytes each device sends (planning.hlo)
+        collective_ops=hlo_collective_ops(text),
         flops_per_device=float(cost["flops"]),
+        # the dots and convolutions alone, re-counted from the HLO (Splash excluded here too)
+        matmul_flops_per_device=float(xla_flops(compiled)["matmul"]),
         # XLA's cost model prices a Pallas kernel by its bytes only, and sums -1 for ops it cannot price (seen at
         # the real size): a negative total is no estimate at all.
         compiler_estimate_seconds=float(estimate) if estimate is not None and estimate >= 0 else None,
@@ -245,7 +249,8 @@ def _compile(lower, inputs, keep: bool = False, **kwargs):
             raise
         report = dict(per_device_bytes=dict(arguments=None, temporaries=None, outputs=None, code=None,
                                             total=parsed[0]),
-                      collectives=[], flops_per_device=None, compiler_estimate_seconds=None, splash_kernels=0,
+                      collectives=[], collective_ops=[], flops_per_device=None, matmul_flops_per_device=None,
+                      compiler_estimate_seconds=None, splash_kernels=0,
                       compile_seconds=round(time.perf_counter() - start, 1),
                       compile_error=str(err).splitlines()[0][:300])
     return (compiled, report) if keep else report
@@ -273,7 +278,9 @@ def _combine(programs: dict[str, dict]) -> dict[str, Any]:
         values = [p[key] for p in programs.values()]
         return None if None in values else sum(values)
 
-    return dict(per_device_bytes=memory, collectives=list(kinds.values()), flops_per_device=total("flops_per_device"),
+    return dict(per_device_bytes=memory, collectives=list(kinds.values()),
+                collective_ops=[op for p in programs.values() for op in p["collective_ops"]],
+                flops_per_device=total("flops_per_device"), matmul_flops_per_device=total("matmul_flops_per_device"),
                 splash_kernels=total("splash_kernels"),
                 compiler_estimate_seconds=total("compiler_estimate_seconds"),
                 compile_seconds=round(sum(p["compile_seconds"] for p in programs.values()), 1))
