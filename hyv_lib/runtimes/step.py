@@ -21,8 +21,9 @@ from .ulysses import UlyssesTransformer
 
 
 class TransformerStep(Protocol):
-    """A transformer step: called with the keyword arguments of HunyuanVideo15Transformer3DModel.forward
-    (hidden_states, timestep, encoder_hidden_states, ...), returns the noise prediction tensor. Every runtime (eager
+    """A transformer step: called with the keyword arguments of the model's forward (hidden_states, timestep,
+    encoder_hidden_states, ...: the diffusers class's, whichever model adapter runs it), returns the prediction
+    tensor. Every runtime (eager
     torch, JAX jit, sharded, cached) implements this one interface; the loop never branches on platform.
 
     Optional, looked up with ``hasattr``: ``reset()``, which :func:`denoise` calls before the first step (after any

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from ..models.patches import loop_free_causal_masks
@@ -44,7 +46,10 @@ class JaxDecoder(torch.nn.Module):
         tensors, None for the first chunk), which its decoder returns beside the frames. That cache stays on JAX's
         device between calls; a call with one and a call without are two programs."""
         self.shapes.add((tuple(tile.shape), *sorted(k for k, v in kwargs.items() if v is not None)))
-        with self.env, torch.no_grad(), loop_free_causal_masks(self.jitted):
+        with self.env, torch.no_grad(), loop_free_causal_masks(self.jitted), warnings.catch_warnings():
+            # torch's nearest-upsampling decomposition (CogVideoX's decoder) asks for int64 pixel indices, which JAX
+            # makes int32 (x64 is off): exact for any frame size
+            warnings.filterwarnings("ignore", message="Explicitly requested dtype int64", category=UserWarning)
             out = self.jitted(tile.detach().to("cpu").to(self.dtype).to("jax"), **kwargs)
             if isinstance(out, tuple):  # CogVideoX: (frames, conv_cache)
                 return (to_cpu(out[0]).to(tile.dtype), *out[1:])
