@@ -27,6 +27,7 @@ from ..pipeline.calibration import calibrate
 from ..pipeline.image import load_image
 from ..pipeline.settings import STAGE2_SETTINGS
 from ..pipeline.stages import generate, stage1, stage2, stage3
+from ..planning.planner import format_plan, plan_step
 from ..planning.tpu_compile import compile_step, format_report
 from ..planning.train_compile import RECIPE_LORA_ALPHA, RECIPE_LORA_RANK, compile_train_step, format_train_report
 from ..runtimes.magcache import CALIBRATION_PROMPT, CALIBRATION_SEED
@@ -225,6 +226,18 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"--train lora: alpha (default {RECIPE_LORA_ALPHA:g}, the official train.py's)")
     comp.add_argument("--batch_size", type=int, default=1, help="--train: samples per step (default 1)")
     comp.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    pl = sub.add_parser("plan", help="the analytic planner: FLOPs, per-device memory, collectives and lower bounds "
+                                     "of one denoising step on a slice (instant; `compile` asks the TPU compiler)")
+    pl.add_argument("--preset", default="720p_t2v", help="a preset of `info` (default 720p_t2v)")
+    pl.add_argument("--chip", default="v6e", help="v4 | v5e | v5p | v6e | v7x | H100 | H200 (default v6e)")
+    pl.add_argument("--n_chips", type=int, default=8, help="chips (default 8)")
+    pl.add_argument("--mesh", default=None, help="TPU: e.g. data=2,tensor=4 (default: data=2 for the CFG batch, "
+                                                 "tensor = the rest); GPUs: Ulysses over all of them")
+    pl.add_argument("--sharding", default="tp_replicated_out", help="TPU: tp | tp_replicated_out | fsdp")
+    pl.add_argument("--height", type=int, default=None, help="pixels (default: the preset's 16:9 bucket)")
+    pl.add_argument("--width", type=int, default=None, help="pixels (default: the preset's 16:9 bucket)")
+    pl.add_argument("--video_length", type=int, default=None, help="frames, 4n+1 (default: the preset's)")
+    pl.add_argument("--json", action="store_true", help="one JSON object instead of the lines")
     cal = sub.add_parser("calibrate_cache", help="magcache: one uncached run that writes the per-step curve "
                                                  "(--cache_calibration) for a preset and step count")
     cal.add_argument("--output", required=True, help="the JSON file to write")
@@ -386,6 +399,10 @@ def _run_command(args: argparse.Namespace) -> int:
                                   video_length=args.video_length, enable_cache=args.enable_cache,
                                   no_cache_blocks=args.no_cache_blocks)
             print(json.dumps(report, indent=2) if args.json else format_report(report))
+        elif args.command == "plan":
+            report = plan_step(args.preset, args.height, args.width, args.video_length, chip=args.chip,
+                               n_chips=args.n_chips, mesh=args.mesh, rules=args.sharding)
+            print(json.dumps(report, indent=2) if args.json else format_plan(report))
         elif args.command == "save_tiny":
             _save_tiny(args)
         elif args.command == "calibrate_cache":
@@ -424,7 +441,8 @@ def _run_command(args: argparse.Namespace) -> int:
         where = f"{err.filename}: " if err.filename is not None else ""
         print(f"error: {where}{one_line(err.strerror or str(err))}", file=sys.stderr)
         return EXIT_FAULT
-    if args.command not in ("info", "compile", "save_tiny", "calibrate_cache") and not getattr(args, "quiet", False):
+    quiet_commands = ("info", "compile", "plan", "save_tiny", "calibrate_cache")
+    if args.command not in quiet_commands and not getattr(args, "quiet", False):
         out = getattr(args, "output_dir", None) or getattr(args, "input_dir", None)
         print(f"{args.command}: done, files in {os.path.abspath(out)}", file=sys.stderr)
     return 0

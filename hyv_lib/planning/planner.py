@@ -10,7 +10,7 @@ import re
 from typing import Any, Mapping, Sequence
 
 from ..base.errors import HyvInputError
-from ..base.presets import Preset, check_data_axis, get_preset
+from ..base.presets import Preset, check_data_axis, get_preset, video_size
 from ..kernels.splash import CHIP_BLOCK_SIZES, DEFAULT_BLOCK_SIZES, PAD_HEAD_DIM
 from ..models.registry import get_adapter
 from .costs import (
@@ -377,3 +377,73 @@ def plan_table(presets: Sequence[str] = ("480p_t2v", "720p_t2v"), chips: Sequenc
                     cited_source=f"{best['label']}; {best['source']}" if best else None,
                 ))
     return rows
+
+
+#: The planner's argument names -> the ``plan`` command's flags (errors name the flag the user typed).
+_PLAN_FLAGS = {"mesh_shape": "--mesh", "n_chips": "--n_chips", "chip": "--chip", "rules": "--sharding",
+               "height": "--height", "width": "--width", "video_length": "--video_length", "preset": "--preset"}
+
+
+def plan_step(preset: Preset | str, height: int | None = None, width: int | None = None,
+              video_length: int | None = None, chip: str = "v6e", n_chips: int = 8,
+              mesh: str | Mapping[str, int] | None = None, rules: str = "tp_replicated_out") -> dict[str, Any]:
+    """What ``python -m hyv_lib plan`` prints: one denoising step of ``preset`` (default size: its 16:9 bucket) on
+    ``n_chips`` x ``chip``, per device. A TPU gets :func:`device_plan` on ``mesh`` (default :func:`default_layout`)
+    with the rule set ``rules``; a GPU the Ulysses layout with whole weights (``rules`` is then ``replicated``).
+    Returns the FLOPs (total and per device), per-device memory and whether it fits, collective bytes and the
+    :func:`bounds` lower bounds. Errors name the CLI flag."""
+    try:
+        preset = as_preset(preset)
+        height, width, video_length = video_size(preset, height, width, video_length)
+        spec = get_chip(chip)
+        gpu = spec.device_kind is None
+        rules = "replicated" if gpu else rules
+        b = bounds(preset, height, width, video_length, chip, n_chips, rules, mesh_shape=None if gpu else mesh)
+        plan = None if gpu else device_plan(preset, height, width, video_length, b["mesh"], rules)
+    except HyvInputError as err:
+        flag = _PLAN_FLAGS.get(err.argument.lstrip("-"), err.argument)
+        raise HyvInputError(flag, err.message) from None
+    flops = step_flops(preset, height, width, video_length)
+    return dict(
+        preset=preset.name, model=preset.model, size=dict(height=height, width=width, video_length=video_length),
+        chip=spec.name, n_chips=n_chips, rules=rules, mesh=as_mesh(b["mesh"]), tokens=token_counts(
+            preset, height, width, video_length), flops=flops["total"], attention_share=flops["attention_share"],
+        flops_per_device=b["flops_per_device"],
+        per_device_bytes=plan["per_device_bytes"] if plan else dict(weights=b["weights_bytes"],
+                                                                    activations=b["activation_bytes"],
+                                                                    total=b["weights_bytes"] + b["activation_bytes"]),
+        memory_source=b["memory_source"], hbm_bytes_per_device=b["hbm_bytes"], fits=b["fits"],
+        collectives=plan["collectives"] if plan else None, sent_bytes=b["collective_bytes"],
+        bounds={k: b[k] for k in ("compute_s", "hbm_s", "interconnect_s", "step_s", "limit")},
+        notes=" ".join(n for n in (b["notes"], _GPU_COGVIDEOX if gpu and preset.model == "cogvideox" else None) if n)
+        or None)
+
+
+_GPU_COGVIDEOX = ("hyv_lib's Ulysses runtime does not run CogVideoX (its processor is HunyuanVideo-1.5's dual-stream "
+                  "one): the GPU rows plan the sequence-parallel layout, not a configuration hyv_lib runs.")
+
+
+def format_plan(report: dict[str, Any]) -> str:
+    """The report of :func:`plan_step` as the CLI's lines."""
+    gib = 2**30
+    size, tok, m = report["size"], report["tokens"], report["per_device_bytes"]
+    mesh = " x ".join(f"{a}={n}" for a, n in report["mesh"].items() if n > 1) or "one device"
+    b = report["bounds"]
+    lines = [
+        f"{report['preset']} at {size['height']}x{size['width']}, {size['video_length']} frames ({tok['video']:,} "
+        f"video + {tok['context']:,} context tokens): {report['flops'] / 1e15:.2f} PFLOP per step, "
+        f"{report['attention_share']:.0%} attention",
+        f"{report['n_chips']} x {report['chip']}, mesh {mesh}, rules {report['rules']}",
+        f"per device: {report['flops_per_device'] / 1e12:.1f} TFLOP | " + " | ".join(
+            f"{k} {v / gib:.2f} GiB" for k, v in m.items()) + f" of {report['hbm_bytes_per_device'] / gib:.0f} GiB ("
+        f"{report['memory_source']}) -> {'fits' if report['fits'] else 'DOES NOT FIT'}",
+        f"collectives: {report['sent_bytes'] / 1e9:.1f} GB sent per device"
+        + ("" if not report["collectives"] else " (" + ", ".join(
+            f"{k} {v / gib:.2f} GiB" for k, v in report["collectives"].items() if v) + ")"),
+        "lower bounds per step: " + ", ".join(f"{k[:-2]} {v:.3f} s" for k, v in b.items()
+                                              if k.endswith("_s") and k != "step_s" and v is not None)
+        + f" -> {b['step_s']:.3f} s ({b['limit'][:-2]}-bound)",
+    ]
+    if report["notes"]:
+        lines.append(report["notes"])
+    return "\n".join(lines)
