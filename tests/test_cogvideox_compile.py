@@ -120,3 +120,21 @@ def test_splash_at_head_dim_64_padded_or_not_equals_dense_attention(pad_head_dim
                                pad_head_dim=pad_head_dim)
     expected = torch.softmax(q.double() @ k.double().transpose(-1, -2) / 8.0, dim=-1) @ v.double()
     assert torch.from_numpy(np.array(out)).double().sub(expected).abs().max() < 1e-5
+
+
+def test_plan_command_covers_cogvideox_and_names_bad_flags(capsys):
+    """``python -m hyv_lib plan`` (in process): the 768x1360x81 step on a v6e-8 at data=2 x tensor=4 fits, its FLOPs
+    are step_flops', a device does more than an eighth of them (tp_replicated_out runs to_out whole), its memory is
+    between 6 and 10 GiB (the compiler: 8.80 GiB); a bad mesh is one error line naming --mesh."""
+    from hyv_lib.cli.commands import run
+
+    assert run(["plan", "--preset", "cogvideox1.5_5b", "--mesh", "data=2,tensor=4", "--height", "768", "--width",
+                "1360", "--video_length", "81", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    flops = step_flops("cogvideox1.5_5b", 768, 1360, 81)
+    assert report["model"] == "cogvideox" and report["fits"] and report["mesh"] == dict(data=2, tensor=4, sequence=1)
+    assert report["flops"] == flops["total"] and report["flops_per_device"] > flops["total"] / 8
+    assert 6 * 2**30 < report["per_device_bytes"]["total"] < 10 * 2**30
+    assert run(["plan", "--preset", "cogvideox1.5_5b", "--mesh", "tensor=5"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --mesh: ") and err.count("\n") == 1
