@@ -101,8 +101,8 @@ def table(results: dict) -> str:
     lines = [
         f"# CogVideoX1.5-5B compiled for TPU slices ({DATE}, libtpu 0.0.42.1 on a CPU, no TPU)",
         "",
-        "`python benchmarks/cogvideox_compile.py`: each row is `python -m hyv_lib compile --json` (its command is in the "
-        "last table): one denoising step of the 5.57B DiT on a CFG pair (batch 2), bf16 weights and activations, "
+        "`python benchmarks/cogvideox_compile.py`: each row is `python -m hyv_lib compile --json` (its command is in "
+        "the last table): one denoising step of the 5.57B DiT on a CFG pair (batch 2), bf16 weights and activations, "
         "Splash attention compiled by Mosaic (head_dim 64 zero-padded to 128, blocks 2048/2048/1024), the 42 blocks "
         "unrolled. Tokens: 226 T5 + 11 x 48 x 85 = 44,880 video at 768x1360x81 (45,106 joint), 11 x 45 x 80 = 39,600 "
         "at 720x1280x81 (39,826). `tp` = Megatron (to_q/k/v and ff.net.0 split by output features, to_out.0 and "
@@ -163,6 +163,20 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def v5p_lines(runs: dict) -> list[str]:
+    """The same pair on a v5p-8 (4 chips), where XLA's cost model does return a time for the program."""
+    rows = [runs.get(key("v5p-8", "768x1360", mesh, "tp")) for mesh in ("tensor=4", "data=2,tensor=2")]
+    if any(r is None or "error" in r or r.get("compiler_estimate_seconds") is None for r in rows):
+        return []
+    (t4, d2), sent = rows, [sum(op["sent_bytes"] for op in r["collective_ops"]) for r in rows]
+    return ["", f"On a v5p-8 (4 chips), where XLA's cost model does return a time (it prices the Splash kernels by "
+                f"their bytes only, so attention is missing from it): tensor=4 "
+                f"{t4['compiler_estimate_seconds']:.2f} s vs data=2 x tensor=2 {d2['compiler_estimate_seconds']:.2f} s "
+                f"({t4['compiler_estimate_seconds'] / d2['compiler_estimate_seconds']:.2f}x), sending "
+                f"{sent[0] / 1e9:.1f} vs {sent[1] / 1e9:.1f} GB per device; matmuls "
+                f"{t4['matmul_flops_per_device'] / 1e12:.1f} vs {d2['matmul_flops_per_device'] / 1e12:.1f} TFLOP."]
+
+
 def explain(runs: dict) -> list[str]:
     """The section that reads the two compiled 768x1360 programs (tensor=8 vs data=2 x tensor=4, ``tp``) against
     gpu-tpu-pedia's 1.79 vs 1.13 s/step."""
@@ -216,15 +230,18 @@ def explain(runs: dict) -> list[str]:
         "bidirectional per chip); if that 800 GB/s is four links' worth, 71 GB/s is most of one link in one "
         "direction, which a ring laid over a 2x4 grid gets per hop (a guess about the slice's wiring, not checked "
         "here). At the full published figure the same bytes would cost "
-        f"{sent['d2'] / egress:.2f} vs {sent['t8'] / egress:.2f} s and predict {peak_ratio:.2f}x, not 1.58x. So: the "
+        f"{sent['d2'] / egress:.2f} vs {sent['t8'] / egress:.2f} s and predict {peak_ratio:.2f}x at peak compute "
+        "(less at any lower MFU), not 1.58x. So: the "
         "compiled programs explain the direction and rule out compute, memory and attention as causes, and they "
         "point at the one thing that differs (the 126 all-reduces carry 2.33x the bytes at tensor=8); the size of "
         "the gap fits only if those all-reduces run near one link's bandwidth and serialise with the matmuls. The "
-        "compiler cannot say which: XLA's cost model gives no time for a v6e program with Splash in it "
-        "(optimal_seconds is negative), and no TPU here can measure the collectives. A profile on a v6e-8 "
+        "compiler cannot say which: XLA's cost model gives no time for these v6e programs (its optimal_seconds "
+        "comes back negative, as for every real-size v6e compile in hyv_lib/compiled/tpu_compile.json), and no TPU "
+        "here can measure the collectives. A profile on a v6e-8 "
         "(all-reduce time per block at tensor=4 vs 8) would settle it.",
-        *([] if not (rep := runs.get(key("v6e-8", "768x1360", "data=2,tensor=4", "tp_replicated_out"))) or "error" in rep
-          else ["", f"By the same reading hyv_lib's default rule set would gain a little more: `tp_replicated_out` on "
+        *([] if not (rep := runs.get(key("v6e-8", "768x1360", "data=2,tensor=4", "tp_replicated_out")))
+          or "error" in rep else [
+              "", "By the same reading hyv_lib's default rule set would gain a little more: `tp_replicated_out` on "
                 f"data=2 x tensor=4 sends {sum(op['sent_bytes'] for op in rep['collective_ops']) / 1e9:.1f} GB per "
                 "device (the attention output is all-gathered once before a whole to_out instead of all-reducing "
                 "to_out's partial sums) for "
@@ -232,6 +249,7 @@ def explain(runs: dict) -> list[str]:
                 "more weights per device; it also runs to_out whole on every device "
                 f"({rep['matmul_flops_per_device'] / 1e12:.1f} vs {d2['matmul_flops_per_device'] / 1e12:.1f} matmul "
                 "TFLOP), so which is faster again depends on the bandwidth above."]),
+        *v5p_lines(runs),
         "", "Not compiled here, and able to change the picture: gpu-tpu-pedia's own rules. Written on the torch "
         "[out, in] weights, its `to_q/k/v (None,'tp')` splits input features (the transpose of Megatron, as the "
         "project's reference notes on gpu-tpu-pedia point out, section 8), which GSPMD must meet with more or other "
