@@ -163,6 +163,29 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def sequence_lines(runs: dict, sent: dict) -> list[str]:
+    """The sequence layout beside the pair: its collectives by kind."""
+    r = runs.get(key("v6e-8", "768x1360", "tensor=4,sequence=2", "tp"))
+    if r is None or "error" in r:
+        return []
+    total = sum(op["sent_bytes"] for op in r["collective_ops"])
+    kinds = ", ".join(f"{c['count']} {c['kind']}s of {c['bytes'] / 2**30:.1f} GiB" for c in r["collectives"])
+    return ["", f"The sequence layout, tensor=4 x sequence=2 (the CFG pair together, the joint sequence halved), sits "
+                f"between them: {total / 1e9:.1f} GB sent per device ({kinds}). Its all-reduces are "
+                "data=2 x tensor=4's (both samples, half the sequence each, over 4 devices), and on top of them the "
+                "all-to-alls move full-width [2, S/2, 3072] activations as well as q, k, v and the attention output "
+                "between the sequence halves: CogVideoX's MLP runs on [text ; video] concatenated, which XLA "
+                f"re-shards every block. Same matmul work ({r['matmul_flops_per_device'] / 1e12:.1f} TFLOP); by the "
+                f"fit above it would land near {compute_at(sent, total):.2f} s/step."]
+
+
+def compute_at(sent: dict, total: float) -> float:
+    """The step time the two-point fit (compute + sent / bandwidth) gives for ``total`` bytes sent per device."""
+    slow, fast = CITED[("768x1360", "tensor=8")], CITED[("768x1360", "data=2,tensor=4")]
+    bandwidth = (sent["t8"] - sent["d2"]) / (slow - fast)
+    return fast + (total - sent["d2"]) / bandwidth
+
+
 def v5p_lines(runs: dict) -> list[str]:
     """The same pair on a v5p-8 (4 chips), where XLA's cost model does return a time for the program."""
     rows = [runs.get(key("v5p-8", "768x1360", mesh, "tp")) for mesh in ("tensor=4", "data=2,tensor=2")]
@@ -249,7 +272,14 @@ def explain(runs: dict) -> list[str]:
                 "more weights per device; it also runs to_out whole on every device "
                 f"({rep['matmul_flops_per_device'] / 1e12:.1f} vs {d2['matmul_flops_per_device'] / 1e12:.1f} matmul "
                 "TFLOP), so which is faster again depends on the bandwidth above."]),
+        *sequence_lines(runs, sent),
         *v5p_lines(runs),
+        "", "The 720x1280 figure (106.47 s end to end, data=2 x tensor=4) is not a step time: 106.47 / 50 = 2.13 s "
+        "would make the smaller video twice as slow per step as 768x1360's 1.13 s, although its step is "
+        f"{step_flops(PRESET, 720, 1280, 81)['total'] / step_flops(PRESET, 768, 1360, 81)['total']:.2f}x the FLOPs "
+        "(39,826 vs 45,106 tokens) and compiles to the same collectives on smaller activations. The end-to-end time "
+        "also holds the T5 encoding, the VAE decode and the first step's compilation; at 1.13 s or less per step, "
+        "those would be at least 50 s of it.",
         "", "Not compiled here, and able to change the picture: gpu-tpu-pedia's own rules. Written on the torch "
         "[out, in] weights, its `to_q/k/v (None,'tp')` splits input features (the transpose of Megatron, as the "
         "project's reference notes on gpu-tpu-pedia point out, section 8), which GSPMD must meet with more or other "
