@@ -419,8 +419,8 @@ def plan_step(preset: Preset | str, height: int | None = None, width: int | None
         or None)
 
 
-_GPU_COGVIDEOX = ("hyv_lib's Ulysses runtime does not run CogVideoX (its processor is HunyuanVideo-1.5's dual-stream "
-                  "one): the GPU rows plan the sequence-parallel layout, not a configuration hyv_lib runs.")
+_GPU_COGVIDEOX = ("the GPU rows' Ulysses layout is modelled as for HunyuanVideo-1.5; hyv_lib's Ulysses runtime runs "
+                  "CogVideoX (tests/test_cogvideox_runtimes.py), but no multi-GPU CogVideoX run has checked this plan.")
 
 
 def format_plan(report: dict[str, Any]) -> str:
