@@ -67,6 +67,19 @@ _OOM = (re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT])\) exceeds a
         re.compile(r"Used ([\d.]+)([KMGT]) of ([\d.]+)([KMGT]) hbm"))
 
 
+def topology_mesh(axes: dict[str, int], devices: list, topology: str, heads: int):
+    """The mesh of ``axes`` (data/tensor/sequence sizes) over a topology's ``devices``; HyvInputError naming --mesh
+    when the axes do not fit the devices or the ``heads`` cannot be split over tensor x sequence."""
+    try:
+        jax_mesh = make_mesh(**axes, devices=devices)
+    except (ValueError, TypeError) as err:
+        raise HyvInputError("--mesh", f"{err} (topology {topology})") from None
+    if heads % head_split(jax_mesh):
+        raise HyvInputError("--mesh", f"the {heads} attention heads cannot be split over tensor x sequence = "
+                                      f"{jax_mesh.shape['tensor']} x {jax_mesh.shape['sequence']}")
+    return jax_mesh
+
+
 def parse_hbm_oom(message: str) -> tuple[int, int] | None:
     """(bytes needed, bytes available) per device from the TPU compiler's out-of-HBM error, or None."""
     for pattern in _OOM:
@@ -179,13 +192,7 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
     batch = preset.samples_per_step  # what pipeline.denoise runs per step: 1 with CFG off (the distilled presets)
     axes = (parse_mesh(mesh) if isinstance(mesh, str) or mesh is None else dict(mesh)) or default_layout(
         len(devices), heads, sharding, batch=batch)
-    try:
-        jax_mesh = make_mesh(**axes, devices=devices)
-    except (ValueError, TypeError) as err:
-        raise HyvInputError("--mesh", f"{err} (topology {topology})") from None
-    if heads % head_split(jax_mesh):
-        raise HyvInputError("--mesh", f"the {heads} attention heads cannot be split over tensor x sequence = "
-                                      f"{jax_mesh.shape['tensor']} x {jax_mesh.shape['sequence']}")
+    jax_mesh = topology_mesh(axes, devices, topology, heads)
     check_data_axis(jax_mesh.shape, batch, "--mesh")
     config = dict(preset.transformer, **({} if num_layers is None else {"num_layers": num_layers}))
     model = abstract_transformer(_with_transformer(preset, config))
@@ -306,12 +313,31 @@ def _with_transformer(preset: Preset, config: dict) -> Preset:
     return preset if config == preset.transformer else dataclasses.replace(preset, transformer=config)
 
 
+def gib_text(n: int | None) -> str:
+    """Bytes as the reports print them: ``"12.34 GiB"``, or ``"n/a"``."""
+    return "n/a" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def memory_lines(report: dict[str, Any]) -> list[str]:
+    """The lines every compile report prints the same way: per-device bytes, HBM and whether the program fits, the
+    compiler's error if any, and the collectives (an inference step's or a train step's report)."""
+    b, size = report["per_device_bytes"], gib_text
+    source = f" ({report['hbm_source']})" if report.get("hbm_source") else ""
+    lines = [
+        "per device:   " + " | ".join(f"{k} {size(b[k])}" for k in ("arguments", "temporaries", "outputs", "code"))
+        + f" | total {size(b['total'])}",
+        f"HBM:          {size(report['hbm_bytes_per_device'])} per device{source}; the compiler lets a program use "
+        f"{size(report['hbm_available_per_device'])} -> {'fits' if report['fits'] else 'DOES NOT FIT'}",
+    ]
+    if report.get("compile_error"):
+        lines.append(f"compiler:     {report['compile_error']}")
+    lines.append("collectives:  " + (", ".join(f"{c['kind']} x{c['count']} {size(c['bytes'])}"
+                                               for c in report["collectives"]) or "none"))
+    return lines
+
+
 def format_report(report: dict[str, Any]) -> str:
     """The report of :func:`compile_step` as the CLI's table."""
-    gib = 2**30
-
-    def size(n):
-        return "n/a" if n is None else f"{n / gib:.2f} GiB"
 
     size_ = report["size"]
     tok = report["tokens"]
@@ -329,17 +355,7 @@ def format_report(report: dict[str, Any]) -> str:
     if "programs" in report:
         lines.append(f"DeepCache: full + cached programs ({report['no_cache_blocks']} uncached block(s)); memory is the "
                      "larger program's, the rest is one full + one cached step")
-    b = report["per_device_bytes"]
-    lines += [
-        "per device:   " + " | ".join(f"{k} {size(b[k])}" for k in ("arguments", "temporaries", "outputs", "code"))
-        + f" | total {size(b['total'])}",
-        f"HBM:          {size(report['hbm_bytes_per_device'])} per device ({report['hbm_source']}); the compiler lets "
-        f"a program use {size(report['hbm_available_per_device'])} -> {'fits' if report['fits'] else 'DOES NOT FIT'}",
-    ]
-    if report.get("compile_error"):
-        lines.append(f"compiler:     {report['compile_error']}")
-    lines.append("collectives:  " + (", ".join(f"{c['kind']} x{c['count']} {size(c['bytes'])}"
-                                               for c in report["collectives"]) or "none"))
+    lines += memory_lines(report)
     flops = report["flops_per_device"]
     estimate = report["compiler_estimate_seconds"]
     lines += [

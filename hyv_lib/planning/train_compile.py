@@ -22,7 +22,7 @@ from ..kernels.splash import default_block_sizes, resolve_block_sizes
 from ..models.lora import add_lora
 from ..models.registry import get_adapter
 from ..parallel.jax_env import quiet_libtpu
-from ..parallel.mesh import head_split, make_mesh, parse_mesh
+from ..parallel.mesh import parse_mesh
 from ..runtimes.tpu_train import TRAINABLE, TpuTrainStep
 from .costs import token_counts
 from .hardware import CHIPS
@@ -32,9 +32,11 @@ from .tpu_compile import (
     abstract_transformer,
     available_hbm,
     example_inputs,
+    memory_lines,
     parse_hbm_oom,
     program_report,
     topology_devices,
+    topology_mesh,
 )
 
 #: The LoRA of the official HunyuanVideo-1.5 trainer (``train.py``: r=8, alpha=16), on hyv_lib's default targets
@@ -96,13 +98,7 @@ def compile_train_step(preset: str | Preset = "720p_t2v", topology: str = "v5p:2
     heads = preset.transformer["num_attention_heads"]
     axes = (parse_mesh(mesh) if isinstance(mesh, str) or mesh is None else dict(mesh)) or train_layout(
         len(devices), heads, batch_size)
-    try:
-        jax_mesh = make_mesh(**axes, devices=devices)
-    except (ValueError, TypeError) as err:
-        raise HyvInputError("--mesh", f"{err} (topology {topology})") from None
-    if heads % head_split(jax_mesh):
-        raise HyvInputError("--mesh", f"the {heads} attention heads cannot be split over tensor x sequence = "
-                                      f"{jax_mesh.shape['tensor']} x {jax_mesh.shape['sequence']}")
+    jax_mesh = topology_mesh(axes, devices, topology, heads)
     if batch_size % jax_mesh.shape["data"]:
         raise HyvInputError("--mesh", f"data={jax_mesh.shape['data']} does not divide --batch_size {batch_size}")
     config = dict(preset.transformer, **({} if num_layers is None else {"num_layers": num_layers}))
@@ -188,12 +184,7 @@ def _splash_settings(device_kind: str, options: dict | None, seq_len: int) -> di
 
 def format_train_report(report: dict[str, Any]) -> str:
     """The report of :func:`compile_train_step` as the CLI's table."""
-    gib = 2**30
-
-    def size(n):
-        return "n/a" if n is None else f"{n / gib:.2f} GiB"
-
-    s, tok, b = report["size"], report["tokens"], report["per_device_bytes"]
+    s, tok = report["size"], report["tokens"]
     mesh = " x ".join(f"{a}={n}" for a, n in report["mesh"].items())
     what = (f"LoRA r={report['lora']['rank']} alpha={report['lora']['alpha']:g}" if report["train"] == "lora"
             else "full fine-tuning")
@@ -206,15 +197,8 @@ def format_train_report(report: dict[str, Any]) -> str:
         f"mesh {mesh}, FSDP; {report['param_dtype']} weights, optimizer state {report['optimizer_state']}, "
         f"remat {'per block' if report['remat'] else 'off'}; Splash "
         f"{'native (Mosaic)' if report['attention']['native'] else 'NOT native'}",
-        "per device:   " + " | ".join(f"{k} {size(b[k])}" for k in ("arguments", "temporaries", "outputs", "code"))
-        + f" | total {size(b['total'])}",
-        f"HBM:          {size(report['hbm_bytes_per_device'])} per device; the compiler lets a program use "
-        f"{size(report['hbm_available_per_device'])} -> {'fits' if report['fits'] else 'DOES NOT FIT'}",
+        *memory_lines(report),
     ]
-    if report.get("compile_error"):
-        lines.append(f"compiler:     {report['compile_error']}")
-    lines.append("collectives:  " + (", ".join(f"{c['kind']} x{c['count']} {size(c['bytes'])}"
-                                               for c in report["collectives"]) or "none"))
     flops = report["matmul_flops_per_device"]
     lines += [f"matmul FLOPs per device and step: {'n/a' if flops is None else f'{flops:.3g}'} (XLA's dots, each "
               "loop body times its trip count; the Splash kernels are not counted)",
