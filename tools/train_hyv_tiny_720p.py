@@ -2,7 +2,12 @@
 
     .venv/bin/python tools/train_hyv_tiny_720p.py --out runs/hyv-tiny-720p [--steps 600]
 
-Where it stands (2026-11-26, 2 shared cores): encoding took ~50 s (64x112), ~8 min (288x512) and ~25 min (45 clips
+2026-11-27: a 2000-step run (niced, beside other work) reached step ~550 in 70 minutes; at step 500 its DiT drew
+held-out captions at 288x512 with the right colour 6/6 and direction 3/6, at 720x1280 colour 2/6 and direction 1/6
+(tools/eval_hyv_tiny_720p.py, 20 steps): better than step 100, not yet good enough to ship. --init continues from a
+saved transformer_stepN.
+
+Where it stood (2026-11-26, 2 shared cores): encoding took ~50 s (64x112), ~8 min (288x512) and ~25 min (45 clips
 at 720x1280, 11-35 s each under load); a train step at 720x1280 takes 2.1 s alone. After 100 steps of the mix below,
 4 held-out captions at 288x512 (10 steps) gave the background 4/4, the colour 2/4 and the direction 1/4, drawn as
 many small blobs rather than one large shape: far more steps are needed than one shared session had.
@@ -68,12 +73,18 @@ def main() -> int:
     parser.add_argument("--hd_every", type=int, default=3, help="encode every Nth training caption at 720x1280")
     parser.add_argument("--save_every", type=int, default=100, help="also keep OUT/transformer_stepN every N steps")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--init", default=None, help="start the DiT from this transformer folder (an earlier run's "
+                        "OUT/transformer_stepN) instead of hyv-tiny's; the optimizer starts afresh")
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     os.makedirs(args.out, exist_ok=True)
     preset = get_preset("tiny_trained")
     components = load_components(preset, None, ["tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2",
                                                    "transformer", "vae"])
+    if args.init:
+        from diffusers import HunyuanVideo15Transformer3DModel
+
+        components["transformer"] = HunyuanVideo15Transformer3DModel.from_pretrained(args.init).float()
     vae, transformer = components["vae"], components["transformer"]
     train_combos, _ = data.split_combos()
     embeds = train.encode_captions(components, preset, [c.caption for c in train_combos])
