@@ -149,3 +149,15 @@ def test_a_data_axis_is_refused_as_of_no_use_with_cfg_off():
         check_data_axis({"data": 4, "tensor": 2}, 2)
     check_data_axis({"data": 2, "tensor": 4}, 2)  # the CFG pair: one sample per data shard
     check_data_axis({"tensor": 8}, 1)
+
+
+def test_info_names_every_preset_with_its_model(capsys):
+    """``python -m hyv_lib info`` ends with every preset and the model that runs it (both CogVideoX presets too)."""
+    from hyv_lib.cli.commands import run
+
+    assert run(["info"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("presets: ")
+    for name in ("tiny_trained", "720p_t2v", "cogvideox1.5_5b", "cogvideox_tiny"):
+        assert name in last
+    assert "cogvideox_tiny [cogvideox]" in last and "720p_t2v [hunyuanvideo-1.5]" in last

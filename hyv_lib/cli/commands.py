@@ -385,6 +385,8 @@ def _run_command(args: argparse.Namespace) -> int:
             data = preset.to_json()
             print(json.dumps(data, indent=2) if args.json else
                   "\n".join(f"{k}: {v}" for k, v in data.items() if not isinstance(v, dict)))
+            if not args.json:  # every preset by name and model, after the one printed (info --list: descriptions)
+                print("presets: " + ", ".join(f"{name} [{p.model}]" for name, p in PRESETS.items()))
         elif args.command == "compile" and args.train is not None:
             if args.sharding not in (None, "fsdp") or args.enable_cache:
                 raise HyvInputError("--sharding" if args.sharding not in (None, "fsdp") else "--enable_cache",
