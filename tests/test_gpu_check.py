@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = {"environment", "attention", "model", "step", "cache", "offload", "vae", "distributed", "train"}
+SECTIONS = {"environment", "attention", "model", "step", "cache", "offload", "vae", "distributed", "train",
+            "cogvideox"}
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +99,13 @@ def test_train_rows_run_the_torch_train_step_beside_the_memory_model(report):
     full, lora, no_remat = rows
     assert full["trained_params"] > 100 * lora["trained_params"]
     assert no_remat["live_peak_mib"] > lora["live_peak_mib"]  # what remat saves
+
+
+def test_cogvideox_section_compares_with_diffusers(report):
+    """The second model's section: the tiny CogVideoX with hyv_lib's attention against diffusers' fp32 forward, and the
+    step rows (diffusers' stock forward vs hyv_lib's attention on the same weights) with their output difference."""
+    section = report[0]["sections"]["cogvideox"]
+    assert section["tiny"]["max_abs_diff"] <= 1e-5 * max(1.0, section["tiny"]["max_abs_output"])
+    assert section["parameters"] > 0 and {r["status"] for r in section["rows"]} == {"ok"}
+    for compare in section["compare"].values():  # the same SDPA kernel on the CPU: equal outputs
+        assert compare["max_abs_diff"] <= 1e-5 * max(1.0, compare["max_abs_output"])
