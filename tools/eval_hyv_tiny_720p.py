@@ -34,6 +34,7 @@ def main() -> int:
     parser.add_argument("--transformer", required=True, help="a diffusers transformer folder (the fine-tuned DiT)")
     parser.add_argument("--sizes", default="288x512,720x1280")
     parser.add_argument("--prompts", type=int, default=8, help="held-out captions per size")
+    parser.add_argument("--every", type=int, default=1, help="take every Nth held-out caption (more colours, shapes)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--json", default=None)
@@ -43,7 +44,7 @@ def main() -> int:
                                                       "vae", "scheduler"])
     components["transformer"] = HunyuanVideo15Transformer3DModel.from_pretrained(args.transformer).float().eval()
     _, held_out = data.split_combos()
-    combos = held_out[: args.prompts]
+    combos = held_out[:: args.every][: args.prompts]
     results = {}
     for size in args.sizes.split(","):
         height, width = (int(x) for x in size.split("x"))
