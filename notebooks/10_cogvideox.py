@@ -22,9 +22,9 @@
 # public TPU port of it is gpu-tpu-pedia's (a single author's scripts); maxdiffusion has none.
 #
 # 1. **The two models side by side**: the shapes that differ, read from the presets and the diffusers classes.
-# 2. **What carried over**: the model adapter, the one place that knows a model; the runtimes name none.
-# 3. **What had to change**: a fixed 226-token {term}`T5` context with no padding, 3D {term}`RoPE` with a temporal
-#    patch, a head dimension of 64 on the {term}`MXU`, and another {term}`VAE`.
+# 2. **What carried over**: the model adapter, the one place that knows a model; no runtime imports one.
+# 3. **What had to change**: a fixed 226-token {term}`T5` context with no padding mask, 3D {term}`RoPE` with a
+#    temporal patch, a head dimension of 64 on the {term}`MXU`, and another {term}`VAE`.
 # 4. **The tiny model, live**: the diffusers classes at tiny widths with seeded weights, checked against diffusers'
 #    forward on 1 and 8 emulated devices, then the pipeline against diffusers' `CogVideoXPipeline`, and a video.
 # 5. **Real size, compiled here**: the 5.6B step compiled for a v6e-8 with the two layouts gpu-tpu-pedia timed, and
@@ -119,7 +119,7 @@ def describe(preset, frames):
             "patch (t x h x w)": f"{config.get('patch_size_t') or 1} x {config['patch_size']} x {config['patch_size']}",
             "VAE compression (t, h/w)": f"{preset.temporal_compression}x, {preset.spatial_compression}x",
             "text encoder, context tokens": ("Qwen2.5-VL + ByT5 (+ SigLIP), 1,985 padded" if preset.model != "cogvideox"
-                                             else "T5-XXL, 226, none padded"),
+                                             else "T5-XXL, 226 (pads attended, no mask)"),
             f"video tokens at 720x1280": f"{flops['tokens']['video']:,} ({frames} frames)",
             "PFLOP per CFG step": f"{flops['total'] / 1e15:.1f}",
             "attention share": f"{flops['attention_share']:.0%}",
@@ -349,21 +349,25 @@ if t8 and d2:
     work = d2["matmul_flops_per_device"] + step_flops(cogvideox, 768, 1360, 81)["attention"] / 8
     v6e = CHIPS["v6e"]
     egress = v6e.interconnect_bandwidth / 2  # one direction of the chip's published ICI bandwidth
+    at_peak = {name: work / v6e.peak_bf16_flops + sent[name] / egress for name in sent}  # compute + wire, no overlap
     print(f"sent per device and step: tensor=8 {sent['t8'] / 1e9:.1f} GB, data=2 x tensor=4 {sent['d2'] / 1e9:.1f} GB "
           f"({sent['t8'] / sent['d2']:.2f}x); work per device {work / 1e12:.0f} TFLOP in both")
     print(f"the one (compute, bandwidth) through both measured times: {compute:.2f} s of compute "
-          f"({work / compute / v6e.peak_bf16_flops:.0%} of the v6e's {v6e.peak_bf16_flops / 1e12:.0f} TFLOP/s) + sent / {bandwidth / 1e9:.0f} GB/s")
+          f"({work / compute / v6e.peak_bf16_flops:.0%} of the v6e's {v6e.peak_bf16_flops / 1e12:.0f} TFLOP/s) "
+          "+ sent / "
+          f"{bandwidth / 1e9:.0f} GB/s")
     print(f"at the published {egress / 1e9:.0f} GB/s egress the same bytes would cost {sent['d2'] / egress:.2f} vs "
           f"{sent['t8'] / egress:.2f} s: predicted ratio at peak compute "
-          f"{(work / v6e.peak_bf16_flops + sent['t8'] / egress) / (work / v6e.peak_bf16_flops + sent['d2'] / egress):.2f}x, measured "
+          f"{at_peak['t8'] / at_peak['d2']:.2f}x, measured "
           f"{slow / fast:.2f}x")
 
 # %% [markdown]
 # So the compiled programs explain the *direction* of gpu-tpu-pedia's 1.58x and rule out compute, memory and
 # attention as its cause: tensor=8 puts 2.33 times the bytes on the wire for the same work. They explain its *size*
 # only if those all-reduces run at about a fifth of the chip's published egress bandwidth and do not overlap the
-# matmuls (at the full bandwidth the same bytes predict 1.24x, not 1.58x); XLA's cost model gives no time for these v6e programs, and
-# no TPU here can measure the collectives, so that part stays a hypothesis that a profile on a v6e-8 would settle.
+# matmuls (at the full bandwidth the same bytes predict 1.24x, not 1.58x); XLA's cost model gives no time for these
+# v6e programs, and no TPU here can measure the collectives, so that part stays a hypothesis that a profile on a
+# v6e-8 would settle.
 # (The 720x1280 figure is an end-to-end time, T5, VAE and the first compilation included, not 50 steps: divided by
 # 50 it would make the smaller video slower per step than the larger one.)
 #
