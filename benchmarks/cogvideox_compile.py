@@ -16,13 +16,14 @@ a timing.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import compile_runs  # noqa: E402  (benchmarks/compile_runs.py, beside this script)
+
 sys.path.insert(0, os.path.dirname(HERE))
 DATE = "2026-11-27"
 STEM = os.path.join(HERE, "results", f"cogvideox_compile_{DATE}_cpu_libtpu")
@@ -53,36 +54,19 @@ def key(slice_: str, size: str, mesh: str, sharding: str) -> str:
 
 
 def load() -> dict:
-    if os.path.exists(STEM + ".json"):
-        with open(STEM + ".json") as f:
-            return json.load(f)
-    return {"runs": {}}
+    return compile_runs.load(STEM)
 
 
 def save(results: dict) -> None:
-    """The JSON and the markdown, atomically, merged with what another run (other ``--only``) saved meanwhile."""
-    os.makedirs(os.path.dirname(STEM), exist_ok=True)
-    results["runs"] = {**load()["runs"], **results["runs"]}
-    for path, text in ((STEM + ".json", json.dumps(results, indent=1, sort_keys=True)), (STEM + ".md", table(results))):
-        with open(path + ".tmp", "w") as f:
-            f.write(text + "\n")
-        os.replace(path + ".tmp", path)
+    compile_runs.save(STEM, results, table)
 
 
 def compile_child(slice_: str, size: str, mesh: str, sharding: str) -> dict:
     """One ``python -m hyv_lib compile --json`` child: its report with the command, or the error it ended with."""
     height, width, frames = SIZES[size]
-    cmd = ["-m", "hyv_lib", "compile", "--preset", PRESET, "--topology", SLICES[slice_], "--mesh", mesh,
-           "--sharding", sharding, "--height", str(height), "--width", str(width), "--video_length", str(frames),
-           "--json"]
-    start = time.perf_counter()
-    out = subprocess.run([sys.executable] + cmd, capture_output=True, text=True, cwd=os.path.dirname(HERE),
-                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
-    wall = round(time.perf_counter() - start, 1)
-    command = "python " + " ".join(cmd)
-    if out.returncode != 0:
-        return dict(error=(out.stderr.strip().splitlines() or ["?"])[-1], command=command, wall_seconds=wall)
-    return dict(json.loads(out.stdout), command=command, wall_seconds=wall)
+    return compile_runs.compile_child(["--preset", PRESET, "--topology", SLICES[slice_], "--mesh", mesh, "--sharding",
+                                       sharding, "--height", str(height), "--width", str(width), "--video_length",
+                                       str(frames)])
 
 
 def planner_row(r: dict) -> dict:

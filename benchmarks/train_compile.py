@@ -15,13 +15,14 @@ mesh is compile's default for the batch. What the compiler reports is a memory a
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import compile_runs  # noqa: E402  (benchmarks/compile_runs.py, beside this script)
+
 DATE = "2026-11-26"
 STEM = os.path.join(HERE, "results", f"train_compile_{DATE}_cpu_libtpu")
 SLICES = {"v5p-8": "v5p:2x2x1", "v6e-8": "v6e:2x4", "v5e-8": "v5e:2x4"}
@@ -32,36 +33,17 @@ MAX_BATCH = 16
 
 
 def load() -> dict:
-    if os.path.exists(STEM + ".json"):
-        with open(STEM + ".json") as f:
-            return json.load(f)
-    return {"runs": {}}
+    return compile_runs.load(STEM)
 
 
 def save(results: dict) -> None:
-    """Write the JSON and the markdown, merged with what another run of this script (say on other ``--only``
-    configurations) saved meanwhile."""
-    os.makedirs(os.path.dirname(STEM), exist_ok=True)
-    results["runs"] = {**load()["runs"], **results["runs"]}
-    for path, text in ((STEM + ".json", json.dumps(results, indent=1, sort_keys=True)),
-                       (STEM + ".md", table(results))):
-        with open(path + ".tmp", "w") as f:
-            f.write(text + "\n")
-        os.replace(path + ".tmp", path)
+    compile_runs.save(STEM, results, table)
 
 
 def compile_child(slice_: str, size: str, train: str, frames: int, batch: int) -> dict:
     """One ``python -m hyv_lib compile --train`` child: its report with the command, or the error it ended with."""
-    cmd = ["-m", "hyv_lib", "compile", "--preset", SIZES[size], "--topology", SLICES[slice_], "--train", train,
-           "--video_length", str(frames), "--batch_size", str(batch), "--json"]
-    start = time.perf_counter()
-    out = subprocess.run([sys.executable] + cmd, capture_output=True, text=True, cwd=os.path.dirname(HERE),
-                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
-    wall = round(time.perf_counter() - start, 1)
-    command = "python " + " ".join(cmd)
-    if out.returncode != 0:
-        return dict(error=(out.stderr.strip().splitlines() or ["?"])[-1], command=command, wall_seconds=wall)
-    return dict(json.loads(out.stdout), command=command, wall_seconds=wall)
+    return compile_runs.compile_child(["--preset", SIZES[size], "--topology", SLICES[slice_], "--train", train,
+                                       "--video_length", str(frames), "--batch_size", str(batch)])
 
 
 def search(results: dict, slice_: str, size: str, train: str, log, base_only: bool = False) -> None:

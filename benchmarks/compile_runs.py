@@ -1,0 +1,46 @@
+"""What the compile benchmarks share: their saved results (JSON + markdown, merged and atomic) and one compile child."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Callable
+
+#: The repository root, where the ``python -m hyv_lib compile`` children run.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load(stem: str) -> dict:
+    """The results saved at ``stem``.json, or none yet."""
+    if os.path.exists(stem + ".json"):
+        with open(stem + ".json") as f:
+            return json.load(f)
+    return {"runs": {}}
+
+
+def save(stem: str, results: dict, table: Callable[[dict], str]) -> None:
+    """Write ``stem``.json and its markdown (``table(results)``), each atomically, merged with what another run of the
+    same script (say on other ``--only`` configurations) saved meanwhile."""
+    os.makedirs(os.path.dirname(stem), exist_ok=True)
+    results["runs"] = {**load(stem)["runs"], **results["runs"]}
+    for path, text in ((stem + ".json", json.dumps(results, indent=1, sort_keys=True)), (stem + ".md", table(results))):
+        with open(path + ".tmp", "w") as f:
+            f.write(text + "\n")
+        os.replace(path + ".tmp", path)
+
+
+def compile_child(args: list[str]) -> dict:
+    """One ``python -m hyv_lib compile ... --json`` child (``args`` after ``compile``): its report with the command and
+    wall time, or the error line it ended with."""
+    cmd = ["-m", "hyv_lib", "compile", *args, "--json"]
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable] + cmd, capture_output=True, text=True, cwd=ROOT,
+                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    wall = round(time.perf_counter() - start, 1)
+    command = "python " + " ".join(cmd)
+    if out.returncode != 0:
+        return dict(error=(out.stderr.strip().splitlines() or ["?"])[-1], command=command, wall_seconds=wall)
+    return dict(json.loads(out.stdout), command=command, wall_seconds=wall)
