@@ -1,12 +1,29 @@
-"""Shared fixtures: one tiny end-to-end run and one saved tiny pipeline folder per test session."""
+"""Shared fixtures: a tiny end-to-end run and a saved tiny pipeline folder per session, and the probe runner."""
 
 import copy
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def run_probe():
+    """``run_probe(*args, timeout=600)``: run ``python *args`` in its own process without this one's XLA_FLAGS (a probe
+    that needs 8 emulated CPU devices sets them before JAX starts) and return the JSON of its last stdout line; a
+    failing probe fails the test with the end of its stderr."""
+
+    def run(*args: str, timeout: float = 600):
+        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+        out = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    return run
 
 
 @pytest.fixture(scope="session")

@@ -2,10 +2,7 @@
 through its own ModelAdapter, equal to its own eager forward; HunyuanVideo-1.5's adapter is found by class."""
 
 import copy
-import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -140,13 +137,9 @@ SHARDED_PROBE = textwrap.dedent("""
 
 
 @pytest.mark.slow  # its own process (8 emulated CPU devices need XLA_FLAGS before JAX starts)
-def test_a_second_model_sharded_on_eight_devices_by_its_own_rules():
+def test_a_second_model_sharded_on_eight_devices_by_its_own_rules(run_probe):
     pytest.importorskip("torchax")
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    out = subprocess.run([sys.executable, "-c", SHARDED_PROBE, os.path.dirname(__file__)], capture_output=True,
-                         text=True, timeout=600, env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = run_probe("-c", SHARDED_PROBE, os.path.dirname(__file__))
     assert result["tp"]["error"] <= TOL and result["fsdp"]["error"] <= TOL, result
     assert result["tp"]["rules"] == ["tp/qkv column", "tp/out row", "replicated (no rule)"]
     assert result["fsdp"]["rules"] == ["fsdp/matrix", "replicated (no rule)"]

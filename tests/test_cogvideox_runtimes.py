@@ -3,10 +3,7 @@ pipeline's RoPE tables (the composed pieces, the JAX runtime on 1 and 8 emulated
 hyv_lib's attention, DeepCache and MagCache, FSDP2 on gloo); the real model's rules and shapes from the meta device."""
 
 import copy
-import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -157,16 +154,12 @@ SHARDED_PROBE = textwrap.dedent("""
 """)
 
 
-def test_the_jax_runtime_sharded_on_eight_devices():
+def test_the_jax_runtime_sharded_on_eight_devices(run_probe):
     """8 emulated CPU devices (own process: XLA_FLAGS before JAX starts): tensor parallel over data=2 x tensor=4, with
     a sequence axis (tensor=2 x sequence=4: heads over both, video tokens split between blocks), FSDP over
     data=2 x sequence=4; each equal to diffusers, its weights placed by CogVideoX's own rules."""
     pytest.importorskip("torchax")
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    out = subprocess.run([sys.executable, "-c", SHARDED_PROBE, os.path.dirname(__file__)], capture_output=True,
-                         text=True, timeout=600, env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = run_probe("-c", SHARDED_PROBE, os.path.dirname(__file__))
     assert all(case["error"] <= TOL for case in result.values()), result
     blocks = COGVIDEOX_TINY.transformer["num_layers"]
     assert result["data=2,tensor=4"]["rules"] == {

@@ -2,10 +2,7 @@
 
 import copy
 import dataclasses
-import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -153,11 +150,7 @@ SHARDED_PROBE = textwrap.dedent("""
 
 
 @pytest.mark.slow  # its own process (8 emulated CPU devices need XLA_FLAGS before JAX starts)
-def test_tpu_runtime_sharded_on_eight_devices():
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    out = subprocess.run([sys.executable, "-c", SHARDED_PROBE, os.path.dirname(__file__)], capture_output=True,
-                         text=True, timeout=600, env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+def test_tpu_runtime_sharded_on_eight_devices(run_probe):
+    result = run_probe("-c", SHARDED_PROBE, os.path.dirname(__file__))
     assert max(result["errors"]) <= TOL, result
     assert result["compilations"] == 1

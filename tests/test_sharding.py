@@ -2,8 +2,6 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -18,15 +16,11 @@ PROBE = os.path.join(os.path.dirname(__file__), "sharding_probe.py")
 
 
 @pytest.fixture(scope="module")
-def probe():
+def probe(run_probe):
     """Every rule set on every mesh (XLA attention), plus Splash per shard on the (data 2, tensor 4) mesh."""
     cases = [[rules, mesh, "xla"] for rules in RULE_SETS for mesh in MESHES]
     cases.append(["tp_replicated_out", {"data": 2, "tensor": 4}, "splash"])
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    out = subprocess.run([sys.executable, PROBE, json.dumps(cases)], capture_output=True, text=True, timeout=900,
-                         env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_probe(PROBE, json.dumps(cases), timeout=900)
 
 
 def test_every_rule_set_and_mesh_equals_the_oracle(probe):
@@ -104,16 +98,12 @@ def test_tp_all_reduces_in_the_hlo_are_the_ones_the_planner_predicts(probe):
 
 
 @pytest.mark.slow  # its own processes
-def test_a_sequence_axis_divides_the_work_like_a_tensor_axis():
+def test_a_sequence_axis_divides_the_work_like_a_tensor_axis(run_probe):
     """On sequence=2 x tensor=4 the heads are split over both axes (Ulysses inside the mesh), so each device does
     the work of tensor=8: per-device FLOPs of the whole compiled step (XLA cost_analysis, dense attention so no loop
     hides FLOPs) within 5%. With heads on tensor alone the two sequence halves would repeat the same attention
     (measured +42% for this config), and the output still equals the oracle."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    out = subprocess.run([sys.executable, PROBE, "flops", json.dumps([{"tensor": 8}, {"sequence": 2, "tensor": 4}])],
-                         capture_output=True, text=True, timeout=900, env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
-    tensor, sequence = json.loads(out.stdout.strip().splitlines()[-1])
+    tensor, sequence = run_probe(PROBE, "flops", json.dumps([{"tensor": 8}, {"sequence": 2, "tensor": 4}]), timeout=900)
     print(f"per-device FLOPs: tensor=8 {tensor['flops']:.4g}, sequence=2 x tensor=4 {sequence['flops']:.4g}")
     assert abs(sequence["flops"] / tensor["flops"] - 1) <= 0.05
     assert tensor["max_err"] <= 1e-5 and sequence["max_err"] <= 1e-5
