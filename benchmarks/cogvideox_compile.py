@@ -15,7 +15,6 @@ a timing.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -276,15 +275,11 @@ def explain(runs: dict) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--table", action="store_true", help="only rewrite the markdown from the saved JSON")
-    parser.add_argument("--only", default=None, help="';'-separated filters on 'size/slice/mesh/rules'")
-    args = parser.parse_args()
-    results = load()
+    args = compile_runs.arguments(__doc__.split("\n\n")[0], "';'-separated filters on 'size/slice/mesh/rules'")
     if args.table:
-        save(results)
-        print(table(results))
+        compile_runs.rewrite_table(STEM, table)
         return
+    results = load()
     filters = args.only.split(";") if args.only else None
     for config in CONFIGS:
         name = key(*config)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -44,3 +45,19 @@ def compile_child(args: list[str]) -> dict:
     if out.returncode != 0:
         return dict(error=(out.stderr.strip().splitlines() or ["?"])[-1], command=command, wall_seconds=wall)
     return dict(json.loads(out.stdout), command=command, wall_seconds=wall)
+
+
+def arguments(description: str, only_help: str) -> argparse.Namespace:
+    """The compile benchmarks' command line: ``--table`` (only rewrite the markdown from the saved JSON) and
+    ``--only`` (filters on the configuration names)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--table", action="store_true", help="only rewrite the markdown from the saved JSON")
+    parser.add_argument("--only", default=None, help=only_help)
+    return parser.parse_args()
+
+
+def rewrite_table(stem: str, table: Callable[[dict], str]) -> None:
+    """``--table``: the saved results written again with the current markdown table, which is printed."""
+    results = load(stem)
+    save(stem, results, table)
+    print(table(results))

@@ -14,7 +14,6 @@ mesh is compile's default for the batch. What the compiler reports is a memory a
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -163,15 +162,11 @@ def table(results: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--table", action="store_true", help="only rewrite the markdown from the saved JSON")
-    parser.add_argument("--only", default=None, help="comma-separated filters on 'slice/size/train' (e.g. v5p-8)")
-    args = parser.parse_args()
-    results = load()
+    args = compile_runs.arguments(__doc__.split("\n\n")[0], "comma-separated filters on 'slice/size/train' (e.g. v5p-8)")
     if args.table:
-        save(results)
-        print(table(results))
+        compile_runs.rewrite_table(STEM, table)
         return
+    results = load()
 
     def log(text):
         print(time.strftime("%H:%M:%S"), text, flush=True)
