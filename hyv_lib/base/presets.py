@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from .checks import as_number
 from .cogvideox_presets import COGVIDEOX_15_5B_FIELDS, COGVIDEOX_MODEL, COGVIDEOX_SCHEDULER, COGVIDEOX_TINY_CHANGES  # noqa: F401 (also importable from here)
 from .errors import HyvInputError
+from .sizes import (  # noqa: F401 (also importable from here)
+    MAX_ASPECT_RATIO,
+    beyond_buckets,
+    bucket_for,
+    bucket_size,
+    default_size,
+    parse_aspect_ratio,
+    video_size,
+)
 
 # Flow shift and CFG per variant follow the official PIPELINE_CONFIGS
 # (Tencent-Hunyuan/HunyuanVideo-1.5, hyvideo/commons/__init__.py): 480p shift 5, 720p t2v shift 9, 720p i2v shift 7,
@@ -87,6 +94,7 @@ class Preset:
     text_encoder: dict[str, Any] | None = None  # tiny only: Qwen2.5-VL text config kwargs
     text_encoder_2: dict[str, Any] | None = None  # tiny only: T5 (ByT5) encoder config kwargs
     bundled_weights: str | None = None  # a diffusers-format folder inside hyv_lib/weights used without --model_path
+    bundled_subfolders: dict[str, str] = field(default_factory=dict)  # component -> its folder there, if not its name
     word_tokens: bool = False  # tiny only: the tokenizer has a token per caption word (models.build_tiny_tokenizer)
     tasks: tuple[str, ...] = ("t2v",)  # what the checkpoint was trained for: ("t2v",), ("i2v",) or both
     image_encoder: dict[str, Any] | None = None  # tiny only: SigLIP vision config kwargs (image-to-video)
@@ -120,6 +128,11 @@ class Preset:
         import os
 
         return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "weights", self.bundled_weights)
+
+    def bundled_subfolder(self, name: str) -> str:
+        """The subfolder of :attr:`bundled_path` that holds component ``name``: its name, unless the preset maps it
+        (``tiny_trained_720p`` shares hyv-tiny's text encoders and keeps its own transformer and VAE beside them)."""
+        return self.bundled_subfolders.get(name, name)
 
     @property
     def default_height(self) -> int:
@@ -360,6 +373,22 @@ TINY_TRAINED = dataclasses.replace(
     bundled_weights="hyv-tiny",
 )
 
+# hyv-tiny at 1280x720 (tools/train_hyv_tiny_720p.py): hyv-tiny's text encoders; its DiT re-cut to 5 x 5 latent
+# patches (a 720p frame is 9 x 16 tokens, not 45 x 80: the 3-block, 64-wide DiT drew speckles on the full grid)
+# and fine-tuned on 720p clips; its VAE's decoder fine-tuned on crops of 720p latents (the encoder, so the
+# latents, unchanged). 720x1280 is its only size (its stride is 16 x 5 = 80 pixels, and it saw nothing else).
+TINY_TRAINED_720P = dataclasses.replace(
+    TINY_TRAINED,
+    name="tiny_trained_720p",
+    description="hyv-tiny-720p: hyv-tiny with its DiT re-cut to 5x5 latent patches and fine-tuned at 1280x720, and "
+    "its VAE decoder fine-tuned there (text-to-video, 720x1280 only); weights bundled in hyv_lib/weights/hyv-tiny.",
+    target_size=960,  # 16:9 bucket 720 x 1280 at an 80-pixel stride
+    transformer=dict(TINY_TRAINED.transformer, patch_size=5, target_size=960),
+    flow_shift=5.0,  # as it was fine-tuned
+    tasks=("t2v",),
+    bundled_subfolders={"transformer": "transformer_720p", "vae": "vae_720p"},
+)
+
 # CogVideoX1.5 (``model="cogvideox"``): its fields and the scheduler's config live in base.cogvideox_presets.
 COGVIDEOX_15_5B = Preset(**COGVIDEOX_15_5B_FIELDS)
 COGVIDEOX_TINY = dataclasses.replace(COGVIDEOX_15_5B, **COGVIDEOX_TINY_CHANGES)
@@ -380,6 +409,7 @@ PRESETS: dict[str, Preset] = {
     for p in (
         TINY,
         TINY_TRAINED,
+        TINY_TRAINED_720P,
         _real("480p_t2v", 640, 5.0, "HunyuanVideo-1.5 480p text-to-video (8.3B DiT), diffusers format."),
         _real("720p_t2v", 960, 9.0, "HunyuanVideo-1.5 720p text-to-video (8.3B DiT), diffusers format."),
         _real("480p_i2v", 640, 5.0, "HunyuanVideo-1.5 480p image-to-video (8.3B DiT + SigLIP), diffusers format.",
@@ -414,77 +444,3 @@ def get_preset(name: str | Preset) -> Preset:
         return PRESETS[name]
     except KeyError:
         raise HyvInputError("--preset", f"unknown preset {name!r}; valid: {', '.join(PRESETS)}") from None
-
-
-def parse_aspect_ratio(aspect_ratio: str) -> tuple[int, int]:
-    """'16:9' -> (16, 9) as (width, height), the official CLI's W:H convention."""
-    try:
-        w, h = (int(x) for x in aspect_ratio.split(":"))
-        if w <= 0 or h <= 0:
-            raise ValueError
-    except ValueError:
-        raise HyvInputError(
-            "--aspect_ratio", f"must be W:H with positive integers (e.g. 16:9, 9:16, 4:3, 1:1), got {aspect_ratio!r}"
-        ) from None
-    return w, h
-
-
-#: The resolution buckets stop at 4:1 either way round (diffusers' generate_crop_size_list): a more elongated frame
-#: has no bucket.
-MAX_ASPECT_RATIO = 4.0
-
-
-def beyond_buckets(width: int, height: int) -> bool:
-    """Whether a width:height ratio is more elongated than any bucket (:data:`MAX_ASPECT_RATIO`)."""
-    return max(width, height) / min(width, height) > MAX_ASPECT_RATIO
-
-
-def bucket_size(preset: Preset, aspect_ratio: str = "16:9") -> tuple[int, int]:
-    """(height, width) of the preset's resolution bucket closest to ``aspect_ratio``, as diffusers picks it.
-
-    Uses diffusers' HunyuanVideo15ImageProcessor.calculate_default_height_width, whose bucket list and
-    one-sided nearest-ratio match differ from the official repo for some ratios (e.g. 9:16 at 720p).
-    """
-    w, h = parse_aspect_ratio(aspect_ratio)
-    if beyond_buckets(w, h):
-        raise HyvInputError("--aspect_ratio", f"ratio must be at most {MAX_ASPECT_RATIO:g} (buckets stop at "
-                                              f"{MAX_ASPECT_RATIO:g}:1), got {aspect_ratio!r}")
-    return bucket_for(preset.target_size, preset.pixel_stride, w, h)
-
-
-@functools.lru_cache(maxsize=None)
-def bucket_for(target_size: int, stride: int, w: int, h: int) -> tuple[int, int]:
-    from diffusers.pipelines.hunyuan_video1_5.image_processor import HunyuanVideo15ImageProcessor
-
-    processor = HunyuanVideo15ImageProcessor(vae_scale_factor=stride)
-    height, width = processor.calculate_default_height_width(h, w, target_size)
-    return int(height), int(width)
-
-
-def video_size(preset: Preset, height: Any = None, width: Any = None, video_length: Any = None,
-               aspect_ratio: str = "16:9") -> tuple[int, int, int]:
-    """(height, width, video_length) checked against ``preset`` (a HyvInputError naming the flag otherwise): both
-    sides or neither (then the ``aspect_ratio`` bucket, which is checked either way), positive multiples of the VAE's
-    spatial compression, 4n+1 frames; unset ones take the preset's. The one size check of the stages and of the
-    compile-for-TPU path."""
-    height, width, video_length = (as_number(name, value, int) for name, value in (
-        ("--height", height), ("--width", width), ("--video_length", video_length)))
-    video_length = preset.default_video_length if video_length is None else video_length
-    if video_length < 1 or (video_length - 1) % preset.temporal_compression:
-        raise HyvInputError("--video_length", f"must be 4n+1 (e.g. 9, 33, 61, 121), got {video_length}")
-    if (height is None) != (width is None):
-        raise HyvInputError("--height" if height is None else "--width",
-                            "give both --height and --width, or neither (then --aspect_ratio picks a bucket)")
-    stride = preset.pixel_stride  # the VAE's compression times the patch: whole latent patches
-    for name, value in (("--height", height), ("--width", width)):
-        if value is not None and (value <= 0 or value % stride):
-            raise HyvInputError(name, f"must be a positive multiple of {stride} for preset {preset.name}, "
-                                      f"got {value}")
-    bucket = bucket_size(preset, aspect_ratio)  # validates aspect_ratio even when a size is given
-    height, width = bucket if height is None else (height, width)
-    return height, width, video_length
-
-
-def default_size(preset: Preset) -> tuple[int, int]:
-    """The 16:9 bucket: 480x848 for 480p, 720x1280 for 720p (diffusers' T2V default)."""
-    return bucket_size(preset, "16:9")

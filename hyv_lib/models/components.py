@@ -283,18 +283,24 @@ def load_components(
     preset: Preset, model_path: str | None, names: Iterable[str], dtype: str = "fp32", seed: int = 0
 ) -> dict[str, Any]:
     """Load components by name: ``from_pretrained(model_path, subfolder=name)`` when a path is given
-    (real weights, or a saved tiny folder), else build the tiny ones in code.
+    (real weights, or a saved tiny folder), else the preset's bundled weights (each component from
+    ``preset.bundled_subfolder(name)``), else build the tiny ones in code.
 
     Neural networks are cast to ``dtype``, except the VAE, which stays fp32 on CPU for exact decoding.
     """
     names = list(names)
     if isinstance(model_path, str):
         model_path = os.path.expanduser(model_path)  # "~/weights" from Python, as a shell would expand it
+    subfolders = {name: name for name in names}
     if model_path is None and preset.bundled_weights is not None:
         model_path = preset.bundled_path
-        if not os.path.isdir(model_path):
-            raise HyvInputError("--preset", f"{preset.name}'s bundled weights are missing at {model_path!r}; "
-                                            "reinstall hyv_lib or run tools/train_hyv_tiny.py")
+        subfolders = {name: preset.bundled_subfolder(name) for name in names}
+        missing = [n for n in names if n not in IMAGE_COMPONENTS
+                   and not os.path.isdir(os.path.join(model_path, subfolders[n]))]
+        if not os.path.isdir(model_path) or missing:
+            raise HyvInputError("--preset", f"{preset.name}'s bundled weights are missing at {model_path!r}"
+                                            + (f" ({', '.join(subfolders[n] for n in missing)})" if missing else "")
+                                            + "; reinstall hyv_lib or run tools/train_hyv_tiny.py")
     if model_path is None:
         if not preset.is_tiny:
             raise HyvInputError(
@@ -308,14 +314,15 @@ def load_components(
         if preset.is_tiny and os.path.isdir(model_path):
             # A tiny folder saved before image-to-video existed (hyv-tiny's) has no SigLIP: build it in code, seeded,
             # as the tiny presets always do when there are no weights to load.
-            built = [n for n in names if n in IMAGE_COMPONENTS and not os.path.isdir(os.path.join(model_path, n))]
+            built = [n for n in names
+                     if n in IMAGE_COMPONENTS and not os.path.isdir(os.path.join(model_path, subfolders[n]))]
             components.update(build_tiny_components(preset, seed=seed, names=built))
             names = [n for n in names if n not in built]
         cogvideox = preset.model == COGVIDEOX_MODEL
-        check_model_path(model_path, names, "CogVideoX" if cogvideox else "HunyuanVideo-1.5")
+        check_model_path(model_path, [subfolders[n] for n in names], "CogVideoX" if cogvideox else "HunyuanVideo-1.5")
         for name in names:
             cls = cogvideox_loader(name, model_path) if cogvideox else _loader(name)
-            kwargs = {"subfolder": name}
+            kwargs = {"subfolder": subfolders[name]}
             if name in ("text_encoder", "text_encoder_2", "transformer", "image_encoder"):
                 kwargs["torch_dtype"] = torch_dtype(dtype)
             logger.info("loading %s from %s", name, model_path)

@@ -144,7 +144,8 @@ def features_digest(spec: Preset, model_path: str | None) -> str:
         vae = load_components(spec, None, ["vae"])["vae"]
     else:
         try:
-            config = AutoencoderKLHunyuanVideo15.load_config(path, subfolder="vae")
+            subfolder = "vae" if model_path else spec.bundled_subfolder("vae")
+            config = AutoencoderKLHunyuanVideo15.load_config(path, subfolder=subfolder)
         except (OSError, ValueError) as err:
             raise HyvInputError("--model_path", f"cannot read the VAE config of {path!r}: {err}") from None
         with torch.device("meta"):
