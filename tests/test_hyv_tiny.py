@@ -19,7 +19,7 @@ COMPONENTS = ["tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2", "tra
 
 def test_bundled_folder_is_a_small_diffusers_pipeline():
     total = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(FOLDER) for f in files)
-    assert total <= 30 * 2**20, f"{total / 2**20:.1f} MiB"
+    assert total <= 40 * 2**20, f"{total / 2**20:.1f} MiB"  # hyv-tiny and hyv-tiny-720p's DiT and VAE
     index = json.load(open(os.path.join(FOLDER, "model_index.json")))
     assert index["_class_name"] == "HunyuanVideo15ImageToVideoPipeline"  # one checkpoint for t2v and i2v
     for name in ("transformer", "vae", "text_encoder", "text_encoder_2", "image_encoder"):
