@@ -190,10 +190,10 @@ if PRESET == "tiny_trained_720p":
 # a blob, blocky at the 80-pixel token grid, and backgrounds carry speckles: the video above is one of its cleaner
 # kinds (a bright shape on black); on gray or purple the speckles are dense (try
 # `HYV_PROMPT="a green circle moving left on a gray background"`). Our guess, not tested: a 64-wide token that must
-# predict 5 × 5 × 16 = 400 latent values cannot cancel all of the noise it starts from. The decoder's fine-tune is a partial fix, as the
-# figure shows: where hyv-tiny's decoder draws a dark ring on a purple field, the new one draws the red disc, but
-# the black background far from the shape still comes out wrong (dark green), so the round trip of a real clip
-# gains only 1.9 dB (12.44 to 14.32 dB). What the DiT generates decodes with the right background in all 15
+# predict 5 × 5 × 16 = 400 latent values cannot cancel all of the noise it starts from. The decoder's fine-tune is
+# a partial fix, as the figure shows: where hyv-tiny's decoder draws a dark ring on a purple field, the new one
+# draws the red disc, but the black background far from the shape still comes out wrong (dark green), so the round
+# trip of a real clip gains only 1.9 dB (12.44 to 14.32 dB). What the DiT generates decodes with the right background in all 15
 # videos. None of this is the 8.3B model's quality: it is a small model drawing at the real size, so that the
 # pipeline's output here can be checked against its prompt.
 #
@@ -368,11 +368,11 @@ if COMPARE_UNTILED:
 
 # %% [markdown]
 # On the tiny model the two decodes differ by a level or two of 255 on average, a little more in the blend bands
-# than elsewhere (the printed means), with the largest differences at single pixels. They differ away from the
-# seams too because each tile's decoder (its mid block's attention, its convolutions' borders) sees only that tile.
-# Tiling trades this small difference, and time (every overlap is decoded more than once: exercise 4), for bounded
-# memory: the one-piece decode's memory grows with the whole frame, the tiled decode's with one tile (plus the
-# decoded tiles it keeps until it blends them, and the output).
+# than elsewhere (the printed means). They differ away from the seams too, because each tile's decoder (its mid
+# block's attention, its convolutions' borders) sees only that tile. Tiling trades this small difference, and time
+# (every overlap is decoded more than once: exercise 4), for bounded memory: the one-piece decode's memory grows with
+# the whole frame, the tiled decode's with one tile (plus the decoded tiles it keeps until it blends them, and the
+# output).
 #
 # ## The files
 #
