@@ -193,9 +193,9 @@ if PRESET == "tiny_trained_720p":
 # predict 5 × 5 × 16 = 400 latent values cannot cancel all of the noise it starts from. The decoder's fine-tune is
 # a partial fix, as the figure shows: where hyv-tiny's decoder draws a dark ring on a purple field, the new one
 # draws the red disc, but the black background far from the shape still comes out wrong (dark green), so the round
-# trip of a real clip gains only 1.9 dB (12.44 to 14.32 dB). What the DiT generates decodes with the right background in all 15
-# videos. None of this is the 8.3B model's quality: it is a small model drawing at the real size, so that the
-# pipeline's output here can be checked against its prompt.
+# trip of a real clip gains only 1.9 dB (12.44 to 14.32 dB). What the DiT generates decodes with the right
+# background in all 15 videos. None of this is the 8.3B model's quality: it is a small model drawing at the real
+# size, so that the pipeline's output here can be checked against its prompt.
 #
 # ## VAE decoding in tiles
 #
