@@ -1,6 +1,6 @@
 """Train hyv-tiny-720p (preset ``tiny_trained_720p``): hyv-tiny made to draw at 1280x720.
 
-    .venv/bin/python tools/train_hyv_tiny_720p.py --out runs/hyv-tiny-720p   # the shipped weights: ~85 min
+    .venv/bin/python tools/train_hyv_tiny_720p.py --out runs/hyv-tiny-720p   # the shipped weights: ~75 min on 2 cores
     cp -r runs/hyv-tiny-720p/transformer_720p runs/hyv-tiny-720p/vae_720p hyv_lib/weights/hyv-tiny/
 
 hyv-tiny learned at 64x112 (a 4 x 7 latent grid, a shape about one latent wide). Asked for 1280x720 (45 x 80
