@@ -79,7 +79,7 @@ from hyv_lib.pipeline.stage_io import read_config
 from hyv_lib.pipeline.stages import generate
 from hyv_lib.planning.hardware import get_chip, layout_label
 from hyv_lib.planning.planner import plan_table
-from hyv_lib.runtimes.vae import decode_latents
+from hyv_lib.runtimes.vae import decode_latents, to_uint8_frames
 from hyv_lib.tiny import quality
 
 torch.set_num_threads(os.cpu_count() or 1)
@@ -173,7 +173,7 @@ if PRESET == "tiny_trained_720p":
         decoders = {"hyv-tiny's decoder": load_components(hyv_lib.get_preset("tiny_trained"), None, ["vae"])["vae"],
                     "hyv-tiny-720p's decoder": load_components(preset, MODEL_PATH, ["vae"])["vae"]}
     clip_latents = train.encode_latents(decoders["hyv-tiny's decoder"], torch.from_numpy(clip)[None], progress=False)
-    truth = np.round((clip.transpose(1, 2, 3, 0) + 1) * 127.5).clip(0, 255).astype(np.uint8)
+    truth = to_uint8_frames(clip).numpy()
     panels = {"rendered clip": truth} | {name: decode_latents(d, clip_latents).numpy() for name, d in decoders.items()}
     fig, axes = plt.subplots(len(panels), 2, figsize=(8.8, 2.6 * len(panels)))
     for row, (name, video) in zip(axes, panels.items()):

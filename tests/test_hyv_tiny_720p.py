@@ -13,6 +13,7 @@ from hyv_lib.base.errors import HyvInputError
 from hyv_lib.base.presets import get_preset, video_size
 from hyv_lib.models.components import load_components
 from hyv_lib.pipeline.inference import VideoPipeline
+from hyv_lib.runtimes.vae import decode_latents, to_uint8_frames
 from hyv_lib.tiny import data, quality, train
 
 PRESET = get_preset("tiny_trained_720p")
@@ -60,10 +61,8 @@ def test_recorded_gates_describe_these_weights(components):
     _, held_out = data.split_combos()
     clip = data.render_clip(held_out[0], seed=gates["seed"], height=720, width=1280)
     latents = train.encode_latents(components["vae"], torch.from_numpy(clip)[None], progress=False)
-    from hyv_lib.runtimes.vae import decode_latents
-
     decoded = decode_latents(components["vae"], latents, tiling=True).numpy().astype(np.float32)
-    truth = np.round((clip.transpose(1, 2, 3, 0) + 1) * 127.5).clip(0, 255)
+    truth = to_uint8_frames(clip).numpy().astype(np.float32)
     assert abs(quality.psnr(decoded, truth, peak=255.0) - gates["vae_psnr_db_per_clip"]["this_decoder"][0]) <= 0.01
     first = held_out[:: gates["every"]][0]
     video = VideoPipeline(PRESET, components).generate(first.caption, height=720, width=1280, video_length=9,

@@ -29,7 +29,7 @@ def main() -> int:
     from hyv_lib.base.presets import get_preset
     from hyv_lib.models.components import load_components
     from hyv_lib.pipeline.inference import VideoPipeline
-    from hyv_lib.runtimes.vae import decode_latents
+    from hyv_lib.runtimes.vae import decode_latents, to_uint8_frames
     from hyv_lib.tiny import data, quality, train
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -60,7 +60,7 @@ def main() -> int:
     clips = [data.render_clip(c, seed=args.seed + i, height=height, width=width)
              for i, c in enumerate(held_out[: args.vae_clips])]
     latents = train.encode_latents(components["vae"], torch.from_numpy(np.stack(clips)), batch_size=1, progress=False)
-    truth = [np.round((clip.transpose(1, 2, 3, 0) + 1) * 127.5).clip(0, 255) for clip in clips]  # [F, H, W, 3]
+    truth = [to_uint8_frames(clip).numpy().astype(np.float32) for clip in clips]  # [F, H, W, 3]
 
     def decoder_psnr(vae) -> list[float]:
         """PSNR (peak 255) per clip of the tiled decode, as generation decodes, of the clips' latents."""
