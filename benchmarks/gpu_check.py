@@ -28,6 +28,9 @@ Sections, each catching and recording its own failure so one broken backend does
   fine-tune at 480p/33 frames, then a rank-16 LoRA (:func:`hyv_lib.models.lora.add_lora`) at 480p and 720p, 33 to 121
   frames, with gradient checkpointing (and once without), cheapest first: s/step, peak memory and
   :func:`hyv_lib.planning.train_memory.train_step_memory`'s model of it; an out-of-memory row says ``oom``.
+- ``ssta``: SSTA sparse attention (``benchmarks/gpu_ssta.py``) against the dense default on the same inputs and
+  weights: the 720p/121f and 480p/121f joint attention (ms, tile density, the mask's own time, error against a float32
+  reference on a slice of query tiles) and the full step (CFG batch, and the distilled sparse preset's batch of one).
 - ``cogvideox``: the second model (``benchmarks/gpu_cogvideox.py``): the tiny CogVideoX with hyv_lib's attention on the
   GPU against diffusers' fp32 forward on the CPU, then one CFG step of CogVideoX1.5-5B (random bf16 weights) at
   768x1360 and 720x1280, 81 frames: diffusers' stock forward against hyv_lib's attention.
@@ -72,6 +75,7 @@ from hyv_lib.runtimes.placement import offload_blocks, placed  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_cogvideox import cogvideox_section  # noqa: E402
+from gpu_ssta import ssta_section  # noqa: E402
 
 GIB = 2**30
 #: The backends the attention section tries, in this order, besides diffusers' dense-mask path.
@@ -768,7 +772,8 @@ def markdown(data: dict[str, Any]) -> str:
         if section.get("error"):
             lines += [f"error: `{section['error'][:300]}`", ""]
         rows = section.get("rows", [])
-        keys = [k for k in ("name", "status", "backend", "ms", "tflops", "max_error", "s_per_step", "mfu",
+        keys = [k for k in ("name", "status", "backend", "ms", "tflops", "tile_density", "mask_ms", "max_error",
+                            "s_per_step", "mfu", "first_call_s",
                             "full_step_s", "cached_step_s", "seconds", "peak_allocated_gib", "extra_gib",
                             "modelled_gib", "model_error", "live_peak_mib", "modelled_live_mib", "budget_gib", "fits",
                             "max_abs_diff", "to_device_s", "back_to_host_s",
@@ -785,6 +790,9 @@ def markdown(data: dict[str, Any]) -> str:
                       f"{t['max_abs_diff']:.3g} (output up to {t['max_abs_output']:.3g})", ""]
         if section.get("compare"):
             for size, c in section["compare"].items():
+                if "max_abs_diff" not in c:  # another section's comparison: its numbers as they are
+                    lines.append(f"- {size}: " + ", ".join(f"{k} {v}" for k, v in c.items()))
+                    continue
                 lines.append(f"- {size}: diffusers / hyv_lib = {c['speedup']}x; max |difference| "
                              f"{c['max_abs_diff']:.3g} (output up to {c['max_abs_output']:.3g}), relative L2 "
                              f"{c['relative_l2']:.3g}")
@@ -793,7 +801,7 @@ def markdown(data: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------------ main
-SECTIONS = ("attention", "step", "cache", "offload", "vae", "distributed", "train", "cogvideox")
+SECTIONS = ("attention", "step", "cache", "offload", "vae", "distributed", "train", "cogvideox", "ssta")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -861,6 +869,11 @@ def main(argv: list[str] | None = None) -> int:
         helpers = dict(init_weights=init_weights, gpu_memory=gpu_memory, chip_key=chip_key, mfu=mfu,
                        row_failure=row_failure, free_memory=free_memory)
         run_section(report, "cogvideox", lambda s: cogvideox_section(s, device, clock, budget, args.tiny, helpers))
+    if "ssta" in wanted:
+        helpers = dict(gpu_memory=gpu_memory, chip_key=chip_key, mfu=mfu, row_failure=row_failure,
+                       free_memory=free_memory, joint_mask=joint_mask, build_transformer=build_transformer,
+                       step_inputs=step_inputs)
+        run_section(report, "ssta", lambda s: ssta_section(s, device, clock, budget, args.tiny, helpers))
     report.data["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     report.write()
     failed = [n for n, s in report.data["sections"].items() if s.get("status") == "failed"]

@@ -99,6 +99,7 @@ class Preset:
     tasks: tuple[str, ...] = ("t2v",)  # what the checkpoint was trained for: ("t2v",), ("i2v",) or both
     image_encoder: dict[str, Any] | None = None  # tiny only: SigLIP vision config kwargs (image-to-video)
     model: str = "hunyuanvideo-1.5"  # the model adapter (hyv_lib.models.registry) that runs `transformer`
+    attention: str = "auto"  # the default --attention: "ssta" for the sparse checkpoints (trained with SSTA)
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, JSON-ready: stage 1 records a custom preset this way so that stages 2 and 3 rebuild it."""
@@ -236,7 +237,8 @@ def _vae_config(latent: int, widths: list[int], layers_per_block: int) -> dict[s
 
 
 def _real(name: str, target_size: int, flow_shift: float, description: str, *, task: str = "t2v",
-          guidance_scale: float = 6.0, default_steps: int = 50, use_meanflow: bool = False) -> Preset:
+          guidance_scale: float = 6.0, default_steps: int = 50, use_meanflow: bool = False,
+          attention: str = "auto") -> Preset:
     return Preset(
         name=name, description=description, is_tiny=False,
         hub_id=f"hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-{name}",
@@ -249,7 +251,7 @@ def _real(name: str, target_size: int, flow_shift: float, description: str, *, t
                                 byt5_dim=1472, image_dim=1152, rope_axes=[16, 56, 56], target_size=target_size,
                                 task=task, use_meanflow=use_meanflow),
         vae=_vae_config(32, [128, 256, 512, 1024, 1024], layers_per_block=2),
-        tasks=(task,),
+        tasks=(task,), attention=attention,
     )
 
 
@@ -426,6 +428,13 @@ PRESETS: dict[str, Preset] = {
               "sample per step, 50 steps), diffusers format.", task="i2v", guidance_scale=1.0),
         _real("720p_i2v_distilled", 960, 7.0, "HunyuanVideo-1.5 720p image-to-video, CFG-distilled (CFG off: one "
               "sample per step, 50 steps), diffusers format.", task="i2v", guidance_scale=1.0),
+        # The official's sparse transformers: CFG-distilled and trained with SSTA (hyv_lib.SstaConfig's defaults)
+        _real("720p_t2v_distilled_sparse", 960, 9.0, "HunyuanVideo-1.5 720p text-to-video, CFG-distilled and trained "
+              "with SSTA sparse attention (--attention ssta by default; CFG off, 50 steps).", guidance_scale=1.0,
+              attention="ssta"),
+        _real("720p_i2v_distilled_sparse", 960, 7.0, "HunyuanVideo-1.5 720p image-to-video, CFG-distilled and "
+              "trained with SSTA sparse attention (--attention ssta by default; CFG off, 50 steps).", task="i2v",
+              guidance_scale=1.0, attention="ssta"),
         COGVIDEOX_15_5B,
         COGVIDEOX_TINY,
     )

@@ -11,7 +11,7 @@ import torch
 from ..base.errors import HyvInputError
 from ..parallel.mesh import target_platform
 from ..parallel.sharding import per_shard
-from . import jax_kernels, splash, torch_kernels  # noqa: F401 - importing them registers the built-in backends
+from . import jax_kernels, splash, ssta_torch, torch_kernels  # noqa: F401 - importing them registers the built-in backends
 from .registry import BACKENDS
 
 

@@ -1,4 +1,5 @@
-"""diffusers attention processors for HunyuanVideo-1.5 that call hyv_lib's masked attention with the 1-D key mask."""
+"""diffusers attention processors for HunyuanVideo-1.5 that call hyv_lib's masked attention with the 1-D key mask (or SSTA,
+the sparse attention of the 720p sparse checkpoints, with the video's token grid)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,45 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.dispatch import attention, check_options, resolve_backend
+from ..kernels.registry import BACKENDS
+from ..kernels.ssta import SstaConfig
 from ..parallel.sharding import keep_heads_split, stream_layout
 
 
 # ---------------------------------------------------------------------------------- diffusers processors
+class TokenGrid:
+    """The token grid (t, h, w) of the video the model is running on, for SSTA's tiles: a pre-hook on the model's RoPE
+    module (which every runtime calls with the latents' shape, in diffusers' forward and in the adapter's pieces alike)
+    records it before the blocks run."""
+
+    def __init__(self, model):
+        config = model.config
+        self.patch = (config.patch_size_t, config.patch_size, config.patch_size)
+        self.grid: tuple[int, int, int] | None = None
+        model.rope.register_forward_pre_hook(self._record)
+
+    def _record(self, module, args) -> None:
+        t, h, w = args[0].shape[-3:]
+        self.grid = (t // self.patch[0], h // self.patch[1], w // self.patch[2])
+
+    @classmethod
+    def of(cls, model) -> "TokenGrid":
+        """The model's grid recorder (installed once)."""
+        if getattr(model, "hyv_token_grid", None) is None:
+            model.hyv_token_grid = cls(model)
+        return model.hyv_token_grid
+
+
 class _Processor:
-    def __init__(self, backend: str = "auto", **options: Any):
+    def __init__(self, backend: str = "auto", grid: TokenGrid | None = None, **options: Any):
         self.backend = backend
         self.options = options
+        self.grid = grid  # SSTA only: where the video's token grid is read at each call
 
     def _attend(self, q, k, v, kv_mask):  # q, k, v: [B, S, H, D] as diffusers lays them out
+        options = self.options if self.grid is None else {**self.options, "grid": self.grid.grid}
         out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), kv_mask,
-                        backend=self.backend, **self.options)
+                        backend=self.backend, **options)
         return _heads_split(out.transpose(1, 2).flatten(2, 3))
 
 
@@ -121,6 +149,10 @@ def use_attention(model: torch.nn.Module, backend: str = "auto", **options: Any)
 
     The backend and its options are checked now, so a missing package or a misspelt option fails here rather than
     mid-forward. The model is changed in place: its attention modules get these processors.
+
+    ``backend="ssta"`` (or its fp32 oracle ``ssta_reference``; option ``ssta``: a :class:`hyv_lib.SstaConfig`, default the official ``attn_param``) runs the
+    dual-stream blocks' joint attention sparse on the video's token grid (read from the latents' shape at each
+    forward); the blocks its ``dense_every`` names and the token refiner run the dense exact ``auto`` backend.
     """
     from diffusers.models.attention_processor import Attention, AttnProcessor2_0
     from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
@@ -128,18 +160,31 @@ def use_attention(model: torch.nn.Module, backend: str = "auto", **options: Any)
     if backend != "auto":
         resolve_backend(backend, next(model.parameters()).device)
     check_options(backend, options)  # now, not at the first traced call
+    sparse = backend in BACKENDS and "grid" in BACKENDS[backend].options  # ssta, ssta_reference: a tile grid
+    if sparse:
+        options = {"ssta": options.get("ssta") or SstaConfig()}
+        if not isinstance(options["ssta"], SstaConfig):
+            raise TypeError(f"ssta= must be a hyv_lib.SstaConfig, got {type(options['ssta']).__name__}")
+        grid, config = TokenGrid.of(model), options["ssta"]
+    joint = [m for m in model.modules() if isinstance(m, Attention)
+             and isinstance(m.processor, (HunyuanVideo15AttnProcessor2_0, JointAttnProcessor))]
     installed = 0
     for name, module in model.named_modules():
         if not isinstance(module, Attention):
             continue
         processor = module.processor
         if isinstance(processor, (HunyuanVideo15AttnProcessor2_0, JointAttnProcessor)):
-            module.set_processor(JointAttnProcessor(backend, **options))
+            if sparse and config.is_dense(joint.index(module), len(joint)):
+                module.set_processor(JointAttnProcessor("auto"))
+            elif sparse:
+                module.set_processor(JointAttnProcessor(backend, grid, **options))
+            else:
+                module.set_processor(JointAttnProcessor(backend, **options))
         elif isinstance(processor, (AttnProcessor2_0, SelfAttnProcessor)):
             unsupported = [a for a in ("group_norm", "spatial_norm", "norm_cross") if getattr(module, a, None)]
             if unsupported or module.residual_connection:
                 raise NotImplementedError(f"{name}: SelfAttnProcessor does not support {unsupported or 'residual'}")
-            module.set_processor(SelfAttnProcessor(backend, **options))
+            module.set_processor(SelfAttnProcessor("auto") if sparse else SelfAttnProcessor(backend, **options))
         else:
             raise NotImplementedError(f"{name}: unexpected attention processor {type(processor).__name__}")
         installed += 1
