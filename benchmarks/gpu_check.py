@@ -812,7 +812,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget_s", type=float, default=420.0, help="seconds for all sections (default 420)")
     parser.add_argument("--step_sizes", default=None,
                         help="comma-separated subset of the step sizes (480p,720p; tiny: small,large); the cache and "
-                             "offload rows use the last and the first of them")
+                             "offload rows use the last and the first of them, the ssta section those it has")
     parser.add_argument("--sections", default=",".join(SECTIONS),
                         help=f"comma-separated subset of {', '.join(SECTIONS)}")
     args = parser.parse_args(argv)
@@ -873,7 +873,8 @@ def main(argv: list[str] | None = None) -> int:
         helpers = dict(gpu_memory=gpu_memory, chip_key=chip_key, mfu=mfu, row_failure=row_failure,
                        free_memory=free_memory, joint_mask=joint_mask, build_transformer=build_transformer,
                        step_inputs=step_inputs)
-        run_section(report, "ssta", lambda s: ssta_section(s, device, clock, budget, args.tiny, helpers))
+        only = [x.strip() for x in args.step_sizes.split(",")] if args.step_sizes else None
+        run_section(report, "ssta", lambda s: ssta_section(s, device, clock, budget, args.tiny, helpers, only))
     report.data["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     report.write()
     failed = [n for n, s in report.data["sections"].items() if s.get("status") == "failed"]

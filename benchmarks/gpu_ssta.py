@@ -122,6 +122,7 @@ def attention_rows(section, device, clock, budget, cfg, tiny, helpers) -> None:
                     keep = positions >= 0
                     got = out[:, :, positions[keep]].float()
                     row["max_error"] = float((got - expected[:, :, keep]).abs().max())
+                    row["max_reference"] = float(expected[:, :, keep].abs().max())  # bf16's rounding scales with it
                     row["reference_tiles"] = picks
                     del qt, kt, vt, tiles, expected, got
                 del out
@@ -207,9 +208,13 @@ def step_rows(section, device, clock, budget, cfg, tiny, helpers) -> None:
     del model
 
 
-def ssta_section(section: dict[str, Any], device, clock, budget, tiny: bool, helpers: dict[str, Any]) -> None:
-    """The section (see the module docstring); ``helpers``: gpu_check's measuring functions by name."""
-    cfg = TINY if tiny else REAL
+def ssta_section(section: dict[str, Any], device, clock, budget, tiny: bool, helpers: dict[str, Any],
+                 sizes: list[str] | None = None) -> None:
+    """The section (see the module docstring); ``helpers``: gpu_check's measuring functions by name; ``sizes``: a
+    subset of the size names (``--step_sizes``; None: all)."""
+    cfg = dict(TINY if tiny else REAL)
+    if sizes:
+        cfg["sizes"] = {name: dims for name, dims in cfg["sizes"].items() if name in sizes} or cfg["sizes"]
     section.update(config=dict(cfg["config"].__dict__), preset=cfg["preset"], sparse_preset=cfg["sparse_preset"])
     attention_rows(section, device, clock, budget, cfg, tiny, helpers)
     step_rows(section, device, clock, budget, cfg, tiny, helpers)

@@ -151,61 +151,76 @@ class TileLayout:
         return (self.video_tiles + self.text_tiles) * self.tile_tokens
 
 
+def tile_order(layout: TileLayout, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Where the tiled sequence's positions come from: the source token of each position (index into the S tokens;
+    a video padding position names the edge token it would repeat, a text padding position the last text token)
+    and the video padding positions (those :func:`to_tiles` zeroes with ``pad="zero"``). Computed on ``device`` with
+    a few index operations (no host round trip, traceable by torch.compile)."""
+    (t, h, w), (tt, th, tw), (_, nh, nw) = layout.grid, layout.tile, layout.tiles
+    size = layout.tile_tokens
+    position = torch.arange(layout.video_tiles * size, device=device)
+    tile, within = position // size, position % size
+    ct = (tile // (nh * nw)) * tt + within // (th * tw)
+    ch = (tile // nw) % nh * th + (within // tw) % th
+    cw = (tile % nw) * tw + within % tw
+    padding = (ct >= t) | (ch >= h) | (cw >= w)
+    source = (ct.clamp(max=t - 1) * h + ch.clamp(max=h - 1)) * w + cw.clamp(max=w - 1)
+    text = layout.video_tokens + torch.arange(layout.text_tiles * size, device=device).clamp(max=layout.text_len - 1)
+    n_padding = layout.video_tiles * size - layout.video_tokens
+    padded = torch.argsort((~padding).to(torch.int8), stable=True)[:n_padding]
+    return torch.cat([source, text]), padded
+
+
 def to_tiles(x: torch.Tensor, layout: TileLayout, pad: str = "zero") -> torch.Tensor:
-    """[B, H, S, D] (video in raster order, then text) -> [B, H, padded_length, D], tile by tile; the video padded
-    with zeros or its last row along t, then h, then w (``pad``), the text with its last token."""
-    b, heads, s, d = x.shape
-    (t, h, w), (tt, th, tw) = layout.grid, layout.tile
-    if s != layout.video_tokens + layout.text_len:
-        raise ValueError(f"{s} tokens do not make a {layout.grid} grid and {layout.text_len} text tokens")
-    video = x[:, :, : layout.video_tokens].reshape(b, heads, t, h, w, d)
-    for axis, size in zip((2, 3, 4), layout.padded):
-        missing = size - video.shape[axis]
-        if missing:
-            edge = video.narrow(axis, video.shape[axis] - 1, 1)
-            fill = edge.expand(*[missing if i == axis else -1 for i in range(video.ndim)])
-            video = torch.cat([video, torch.zeros_like(fill) if pad == "zero" else fill], dim=axis)
-    nt, nh, nw = layout.tiles
-    video = (video.reshape(b, heads, nt, tt, nh, th, nw, tw, d).permute(0, 1, 2, 4, 6, 3, 5, 7, 8)
-             .reshape(b, heads, -1, d))
-    text = x[:, :, layout.video_tokens:]
-    missing = layout.text_tiles * layout.tile_tokens - layout.text_len
-    if missing:
-        text = torch.cat([text, text[:, :, -1:].expand(-1, -1, missing, -1)], dim=2)
-    return torch.cat([video, text], dim=2)
+    """[B, H, S, D] (video in raster order, then text) -> [B, H, padded_length, D], tile by tile: tiles in (t, h, w)
+    raster order, tokens inside a tile in raster order; the video padded to whole tiles with zeros or its edge
+    tokens (``pad``; the official pads t, then h, then w, which repeats the same edge token), the text with its last
+    token. One gather (and a fill of the padding)."""
+    if x.shape[2] != layout.video_tokens + layout.text_len:
+        raise ValueError(f"{x.shape[2]} tokens do not make a {layout.grid} grid and {layout.text_len} text tokens")
+    source, padded = tile_order(layout, x.device)
+    out = x.index_select(2, source)
+    if pad == "zero" and padded.numel():
+        out.index_fill_(2, padded, 0)
+    return out
 
 
 def from_tiles(x: torch.Tensor, layout: TileLayout) -> torch.Tensor:
-    """Inverse of :func:`to_tiles` for an output: [B, H, padded_length, D] -> [B, H, S, D], padding dropped."""
-    b, heads, _, d = x.shape
-    (t, h, w), (tt, th, tw), (nt, nh, nw) = layout.grid, layout.tile, layout.tiles
-    n_video = layout.video_tiles * layout.tile_tokens
-    video = (x[:, :, :n_video].reshape(b, heads, nt, nh, nw, tt, th, tw, d).permute(0, 1, 2, 5, 3, 6, 4, 7, 8)
-             .reshape(b, heads, nt * tt, nh * th, nw * tw, d)[:, :, :t, :h, :w].reshape(b, heads, -1, d))
-    return torch.cat([video, x[:, :, n_video: n_video + layout.text_len]], dim=2)
+    """Inverse of :func:`to_tiles` for an output: [B, H, padded_length, D] -> [B, H, S, D], padding dropped (one
+    gather)."""
+    (t, h, w), (tt, th, tw), (_, nh, nw) = layout.grid, layout.tile, layout.tiles
+    token = torch.arange(layout.video_tokens, device=x.device)
+    ct, ch, cw = token // (h * w), (token // w) % h, token % w
+    tile = ((ct // tt) * nh + ch // th) * nw + cw // tw
+    within = ((ct % tt) * th + ch % th) * tw + cw % tw
+    text = layout.video_tiles * layout.tile_tokens + torch.arange(layout.text_len, device=x.device)
+    return x.index_select(2, torch.cat([tile * layout.tile_tokens + within, text]))
 
 
 # ------------------------------------------------------------------------------------------ the block mask
-def window_mask(tiles: tuple[int, int, int], window: tuple[int, int, int]) -> torch.Tensor:
+def window_mask(tiles: tuple[int, int, int], window: tuple[int, int, int],
+                device: torch.device | str = "cpu") -> torch.Tensor:
     """[N, N] bool over the video tiles (raster order): query tile i attends key tile j when j lies in the window
     centred on i, the centre clamped to the grid's edges as numpy's ``clip(i, w // 2, n - 1 - w // 2)`` does
     (max first, then min: a grid narrower than the window sees all of it)."""
-    coords = torch.stack(torch.meshgrid(*(torch.arange(n) for n in tiles), indexing="ij"), -1).reshape(-1, 3)
-    half = torch.tensor([w // 2 for w in window])
-    top = torch.tensor(tiles) - 1 - half
-    centre = torch.minimum(torch.maximum(coords, half), top)
-    return ((centre[:, None, :] - coords[None, :, :]).abs() <= half).all(-1)
+    coords = torch.stack(torch.meshgrid(*(torch.arange(n, device=device) for n in tiles), indexing="ij"), -1)
+    coords = coords.reshape(-1, 3)
+    inside = torch.ones(coords.shape[0], coords.shape[0], dtype=torch.bool, device=device)
+    for axis, (n, size) in enumerate(zip(tiles, window)):
+        half = size // 2
+        centre = coords[:, axis].clamp(min=half).clamp(max=n - 1 - half)
+        inside &= (centre[:, None] - coords[None, :, axis]).abs() <= half
+    return inside
 
 
 def block_means(x: torch.Tensor, layout: TileLayout, pool: tuple[int, int, int] | None = None) -> torch.Tensor:
     """Per-tile mean features of the tiled video tokens, float32: [B, H, N_video_tiles, D] (``pool``: the means of
     each tile's ``pool`` sub-blocks, concatenated: [B, H, N, D * prod(pool)], as ``adaptive_avg_pool3d`` takes them)."""
     b, heads, _, d = x.shape
-    tiles = x[:, :, : layout.video_tiles * layout.tile_tokens].float().reshape(b, heads, layout.video_tiles,
-                                                                                *layout.tile, d)
+    tiles = x[:, :, : layout.video_tiles * layout.tile_tokens].reshape(b, heads, layout.video_tiles, -1, d)
     if pool is None:
-        return tiles.mean(dim=(3, 4, 5))
-    volumes = tiles.reshape(-1, *layout.tile, d).permute(0, 4, 1, 2, 3)
+        return tiles.mean(dim=3, dtype=torch.float32)  # accumulated in float32, no float32 copy of the tiles
+    volumes = tiles.float().reshape(-1, *layout.tile, d).permute(0, 4, 1, 2, 3)
     pooled = F.adaptive_avg_pool3d(volumes, pool).permute(0, 2, 3, 4, 1)
     return pooled.reshape(b, heads, layout.video_tiles, -1)
 
@@ -258,7 +273,7 @@ def tile_mask(q_tiles: torch.Tensor, k_tiles: torch.Tensor, layout: TileLayout, 
     mask = torch.zeros(b, 1 if config.share_heads else heads, n + n_text, n + n_text, dtype=torch.bool,
                        device=device)
     if config.sparse_type in ("ssta", "sta"):
-        mask[:, :, :n, :n] = window_mask(layout.tiles, config.window).to(device)
+        mask[:, :, :n, :n] = window_mask(layout.tiles, config.window, device)
     if config.sparse_type in ("ssta", "block_attn"):
         pool = (2, 2, 2) if config.sampling == "similarity" and config.threshold > 0 else None
         q_means, k_means = block_means(q_tiles, layout, pool), block_means(k_tiles, layout, pool)
