@@ -23,6 +23,7 @@ _PUBLIC = {
     "PeakMemory": "base.memory",
     "make_mesh": "parallel.mesh", "parse_mesh": "parallel.mesh", "enable_compile_cache": "parallel.jax_env",
     "available_backends": "kernels.dispatch", "attention": "kernels.dispatch", "register_backend": "kernels.registry",
+    "SstaConfig": "kernels.ssta", "ssta_mask": "kernels.ssta",
     "build_tiny_components": "models.components", "load_components": "models.components",
     "use_attention": "models.processors", "ModelAdapter": "models.adapter", "adapter_for": "models.registry",
     "register_adapter": "models.registry",

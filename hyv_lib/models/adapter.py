@@ -98,6 +98,10 @@ class ModelAdapter:
         """Install hyv_lib's masked attention ``backend`` on the model's attention modules; returns how many."""
         raise NotImplementedError
 
+    def note_latent_shape(self, model, latent_shape: tuple[int, ...]) -> None:
+        """Told the latents' shape of every step a runtime runs from cached RoPE tables (:class:`RopeTables`), for
+        attention that needs the video's token grid (SSTA's tiles). Default: nothing."""
+
     def prepare(self, model, **conditioning) -> dict[str, torch.Tensor]:
         """The prompt-only inputs of a step from the forward's conditioning keywords (concrete tensors: Python may
         branch on them). Static shapes; per-sample tensors keep the batch first. Unknown names are a TypeError."""
@@ -173,4 +177,5 @@ class RopeTables:
             with torch.no_grad():
                 tables = self.adapter.rope(self.model, tuple(latent_shape))
             self.tables[key] = tables if self.place is None else self.place(*tables, *extra)
+        self.adapter.note_latent_shape(self.model, tuple(latent_shape))  # a cached table calls no RoPE module
         return self.tables[key]

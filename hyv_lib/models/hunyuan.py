@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from ..parallel.sharding import tensor_parallel_rule_sets
 from .adapter import ModelAdapter
 from .layout import valid_first_order
-from .processors import use_attention
+from .processors import TokenGrid, use_attention
 
 
 class ContextLayout(NamedTuple):
@@ -135,6 +135,12 @@ class HunyuanVideo15Adapter(ModelAdapter):
 
     def use_attention(self, model, backend: str = "auto", **options: Any) -> int:
         return use_attention(model, backend, **options)
+
+    def note_latent_shape(self, model, latent_shape) -> None:
+        """SSTA's processors read the token grid of the step being run (installed by ``use_attention``)."""
+        grid = getattr(model, "hyv_token_grid", None)
+        if grid is not None:
+            grid.record_shape(latent_shape)
 
     def prepare(self, model, encoder_hidden_states, encoder_attention_mask, encoder_hidden_states_2=None,
                 encoder_attention_mask_2=None, image_embeds=None) -> dict[str, torch.Tensor]:

@@ -3,6 +3,7 @@ the sparse attention of the 720p sparse checkpoints, with the video's token grid
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -27,8 +28,22 @@ class TokenGrid:
         model.rope.register_forward_pre_hook(self._record)
 
     def _record(self, module, args) -> None:
-        t, h, w = args[0].shape[-3:]
+        self.record_shape(args[0].shape)
+
+    def record_shape(self, latent_shape) -> None:
+        """Record the grid of latents of ``latent_shape`` [..., T, H, W] (the runtimes that cache their RoPE tables
+        call this through the adapter's ``note_latent_shape``)."""
+        t, h, w = latent_shape[-3:]
         self.grid = (t // self.patch[0], h // self.patch[1], w // self.patch[2])
+
+    def current(self, video_tokens: int) -> tuple[int, int, int]:
+        """The recorded grid, checked against the video tokens an attention call sees (a stale or missing grid is an
+        error, never a silently wrong tiling)."""
+        if self.grid is None or math.prod(self.grid) != video_tokens:
+            raise RuntimeError(f"SSTA needs the video's token grid: recorded {self.grid}, but the attention sees "
+                               f"{video_tokens} video tokens (run the model through its forward or a hyv_lib runtime, "
+                               "which record the latents' shape)")
+        return self.grid
 
     @classmethod
     def of(cls, model) -> "TokenGrid":
@@ -44,8 +59,8 @@ class _Processor:
         self.options = options
         self.grid = grid  # SSTA only: where the video's token grid is read at each call
 
-    def _attend(self, q, k, v, kv_mask):  # q, k, v: [B, S, H, D] as diffusers lays them out
-        options = self.options if self.grid is None else {**self.options, "grid": self.grid.grid}
+    def _attend(self, q, k, v, kv_mask, video_tokens: int = 0):  # q, k, v: [B, S, H, D] as diffusers lays them out
+        options = self.options if self.grid is None else {**self.options, "grid": self.grid.current(video_tokens)}
         out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), kv_mask,
                         backend=self.backend, **options)
         return _heads_split(out.transpose(1, 2).flatten(2, 3))
@@ -106,7 +121,7 @@ class JointAttnProcessor(_Processor):
             kv_mask = None
         else:
             kv_mask = F.pad(attention_mask.bool(), (seq_len - attention_mask.shape[1], 0), value=True)
-        out = self._attend(query, key, value, kv_mask).to(query.dtype)
+        out = self._attend(query, key, value, kv_mask, hidden_states.shape[1]).to(query.dtype)
         if encoder_hidden_states is None:
             return out, None
         video, context = out[:, : -encoder_hidden_states.shape[1]], out[:, -encoder_hidden_states.shape[1] :]
