@@ -31,6 +31,7 @@ from ..planning.planner import format_plan, plan_step
 from ..planning.tpu_compile import compile_step, format_report
 from ..planning.train_compile import RECIPE_LORA_ALPHA, RECIPE_LORA_RANK, compile_train_step, format_train_report
 from ..runtimes.magcache import CALIBRATION_PROMPT, CALIBRATION_SEED
+from .attention_flags import add_attention_arguments, ssta_overrides
 from .training import add_extract_features_arguments, add_train_arguments, extract_features_command, train_command
 
 
@@ -73,10 +74,7 @@ def _add_stage2(p: argparse.ArgumentParser, dirs: bool = True) -> None:
                    help="tpu runtime: device mesh, e.g. tensor=8 or data=2,tensor=4 (default: one device)")
     g.add_argument("--sharding", default="tp_replicated_out",
                    help="tpu runtime with --mesh: tp | tp_replicated_out | fsdp (default tp_replicated_out)")
-    g.add_argument("--attention", default="auto",
-                   help="auto (exact: flash varlen on CUDA if installed, else SDPA; Splash/XLA for tpu) | sdpa | flash "
-                        "| flash3 | sage (lossy) | splash | xla | ... | diffusers (stock dense-mask processor, torch "
-                        "runtime only) (default auto)")
+    add_attention_arguments(p, g)
     g.add_argument("--offload", default=None,
                    help="torch runtime: block (the transformer's weights stay on the host, one block at a time is "
                         "streamed to the GPU: about a quarter of the GPU memory at 480p on an H200, 3.5%% slower) | "
@@ -155,7 +153,7 @@ def _add_calibration(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runtime", default="torch", help="torch | tpu (default torch)")
     p.add_argument("--mesh", default=None, help="tpu runtime: device mesh, e.g. tensor=8 (default: one device)")
     p.add_argument("--sharding", default="tp_replicated_out", help="tp | tp_replicated_out | fsdp")
-    p.add_argument("--attention", default="auto", help="as for stage2 (default auto)")
+    p.add_argument("--attention", default=None, help="as for stage2 (default: the preset's)")
 
 
 def _calibrate_cache(args: argparse.Namespace) -> None:
@@ -214,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--height", type=int, default=None, help="pixels (default: the preset's 16:9 bucket)")
     comp.add_argument("--width", type=int, default=None, help="pixels (default: the preset's 16:9 bucket)")
     comp.add_argument("--video_length", type=int, default=None, help="frames, 4n+1 (default: the preset's)")
+    comp.add_argument("--attention", default=None,
+                      help="splash (dense, exact) | ssta (SSTA's block-sparse Pallas kernel, the official options) "
+                           "(default: the preset's: ssta for *_distilled_sparse, else splash)")
     comp.add_argument("--enable_cache", action="store_true",
                       help="compile DeepCache's full and cached programs instead of the plain step")
     comp.add_argument("--no_cache_blocks", type=int, default=1,
@@ -237,6 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--height", type=int, default=None, help="pixels (default: the preset's 16:9 bucket)")
     pl.add_argument("--width", type=int, default=None, help="pixels (default: the preset's 16:9 bucket)")
     pl.add_argument("--video_length", type=int, default=None, help="frames, 4n+1 (default: the preset's)")
+    pl.add_argument("--attention", default="auto", help="auto (the preset's: ssta for the *_sparse presets, else "
+                                                        "dense) | dense | ssta (default auto)")
     pl.add_argument("--json", action="store_true", help="one JSON object instead of the lines")
     cal = sub.add_parser("calibrate_cache", help="magcache: one uncached run that writes the per-step curve "
                                                  "(--cache_calibration) for a preset and step count")
@@ -273,7 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _stage2_kwargs(args: argparse.Namespace) -> dict:
-    return {n: getattr(args, n) for n in (*STAGE2_SETTINGS, "quiet")}  # the flags carry the settings' names
+    kwargs = {n: getattr(args, n) for n in (*STAGE2_SETTINGS, "quiet") if n != "ssta"}  # flags named as settings
+    return {**kwargs, "ssta": ssta_overrides(args)}  # SSTA's options come from the --ssta_* flags
 
 
 def _save_tiny(args: argparse.Namespace) -> None:
@@ -391,6 +395,9 @@ def _run_command(args: argparse.Namespace) -> int:
             if args.sharding not in (None, "fsdp") or args.enable_cache:
                 raise HyvInputError("--sharding" if args.sharding not in (None, "fsdp") else "--enable_cache",
                                     "a train step (--train) is FSDP over the mesh, without DeepCache")
+            if args.attention not in (None, "splash"):
+                raise HyvInputError("--attention", "a train step (--train) compiles with splash: SSTA's TPU kernel has "
+                                                   "no backward yet (train SSTA on --runtime torch)")
             report = compile_train_step(args.preset, args.topology, train=args.train, lora_rank=args.lora_rank,
                                         lora_alpha=args.lora_alpha, height=args.height, width=args.width,
                                         video_length=args.video_length, batch_size=args.batch_size, mesh=args.mesh)
@@ -399,11 +406,11 @@ def _run_command(args: argparse.Namespace) -> int:
             report = compile_step(args.preset, args.topology, mesh=args.mesh, sharding=args.sharding or
                                   "tp_replicated_out", height=args.height, width=args.width,
                                   video_length=args.video_length, enable_cache=args.enable_cache,
-                                  no_cache_blocks=args.no_cache_blocks)
+                                  no_cache_blocks=args.no_cache_blocks, attention=args.attention)
             print(json.dumps(report, indent=2) if args.json else format_report(report))
         elif args.command == "plan":
             report = plan_step(args.preset, args.height, args.width, args.video_length, chip=args.chip,
-                               n_chips=args.n_chips, mesh=args.mesh, rules=args.sharding)
+                               n_chips=args.n_chips, mesh=args.mesh, rules=args.sharding, attention=args.attention)
             print(json.dumps(report, indent=2) if args.json else format_plan(report))
         elif args.command == "save_tiny":
             _save_tiny(args)

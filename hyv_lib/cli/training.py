@@ -6,10 +6,13 @@ import argparse
 import sys
 
 from ..base.errors import EXIT_ENTRIES_FAILED, one_line
-from ..base.presets import DEFAULT_PRESET
+from ..base.presets import DEFAULT_PRESET, get_preset
+from ..kernels.ssta import SstaConfig
+from ..pipeline.settings import resolve_attention
 from ..training.features import extract_features
 from ..training.loop import DEFAULTS as TRAIN_DEFAULTS
 from ..training.loop import train
+from .attention_flags import add_attention_arguments, ssta_overrides
 
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,19 +46,20 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="fp32 | bf16: the transformer's (default: the preset's)")
     p.add_argument("--no_gradient_checkpointing", action="store_true",
                    help="keep every block's activations instead of recomputing them in the backward pass")
-    p.add_argument("--attention", default="auto", help="auto (flash/SDPA on the valid tokens; Splash on a TPU) | a "
-                   "backend name | diffusers (its own processor: a dense S x S mask per sample; torch runtime only)")
+    add_attention_arguments(p)  # --attention (default: the preset's: ssta for the sparse checkpoints), --sparse_attn
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary line")
 
 
 def train_command(args: argparse.Namespace) -> None:
+    attention, ssta = resolve_attention(get_preset(args.preset), args.attention, args.sparse_attn,
+                                        ssta_overrides(args))
     train(args.features, preset=args.preset, model_path=args.model_path, lora_rank=args.lora_rank,
           lora_alpha=args.lora_alpha, full=args.full, steps=args.steps, learning_rate=args.learning_rate,
           warmup_steps=args.warmup_steps, batch_size=args.batch_size, task=args.task,
           caption_dropout=args.caption_dropout, output_dir=args.output_dir, runtime=args.runtime, mesh=args.mesh,
           checkpoint_every=args.checkpoint_every, seed=args.seed, dtype=args.dtype,
-          gradient_checkpointing=not args.no_gradient_checkpointing, attention=args.attention,
-          progress=not args.quiet)
+          gradient_checkpointing=not args.no_gradient_checkpointing, attention=attention,
+          attention_options=None if ssta is None else {"ssta": SstaConfig(**ssta)}, progress=not args.quiet)
 
 
 def add_extract_features_arguments(p: argparse.ArgumentParser) -> None:

@@ -15,6 +15,8 @@ ssta_attention.py``, ``attention.py`` and the transformer's ``attn_param`` defau
   ``threshold`` over 2x2x2-pooled tile features that keeps between 8 and ``topk`` tiles.
 - Every tile attends every text tile and every text tile attends every tile; text tiles past the last one holding a
   valid text token attend only themselves and nobody attends them.
+- Among equal scores the lower tile index wins (a stable sort: the official's ``topk`` leaves ties to the device's
+  library).
 - ``topk`` is halved at <= 31 latent frames (121 frames at 24 fps); a single frame uses a flat image tile of the same
   size and a 1x1x1 window.
 - Every token inside an attended tile counts, the zero padding included (a zero key scores 0 and adds its weight to
@@ -27,6 +29,7 @@ means are taken in float32 (the official takes them in the input dtype, then cas
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -96,8 +99,10 @@ class SstaConfig:
                 raise ValueError(f"a one-frame grid needs a tile of {', '.join(map(str, IMAGE_TILES))} cells (the "
                                  f"official's image tiles), got {self.tile} = {volume}")
             return _replace(self, tile=IMAGE_TILES[volume], window=(1, 1, 1))
-        if t <= 31:
-            return _replace(self, topk=self.topk // 2)
+        if t <= 31:  # the official halves k as it is (1 becomes 0: no top-k tiles), unchecked by __post_init__
+            halved = copy.copy(self)
+            object.__setattr__(halved, "topk", self.topk // 2)
+            return halved
         return self
 
     def is_dense(self, block: int, blocks: int) -> bool:
@@ -225,8 +230,15 @@ def block_means(x: torch.Tensor, layout: TileLayout, pool: tuple[int, int, int] 
     return pooled.reshape(b, heads, layout.video_tiles, -1)
 
 
+def best(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the ``k`` highest scores along the last axis, ties to the lower index (a stable sort; NaN ranks
+    highest, as torch sorts it). ``torch.topk`` leaves the order of ties to the device's library, so the CPU, CUDA
+    and the JAX kernel could pick different tiles from equal scores; a stable sort picks the same everywhere."""
+    return scores.sort(dim=-1, descending=True, stable=True).indices[..., :k]
+
+
 def topk_tiles(q_means: torch.Tensor, k_means: torch.Tensor, config: SstaConfig) -> torch.Tensor:
-    """Key-tile indices chosen per query tile, [B, H', N, k] (``torch.topk``'s choice among ties), by importance or
+    """Key-tile indices chosen per query tile, [B, H', N, k] (ties to the lower index, :func:`best`), by importance or
     similarity (with its cumulative ``threshold``: between 8 and ``topk`` tiles, the rest filled with the best one)."""
     topk = min(config.topk, k_means.shape[-2])
     if config.sampling == "importance":
@@ -237,12 +249,12 @@ def topk_tiles(q_means: torch.Tensor, k_means: torch.Tensor, config: SstaConfig)
         eye = torch.eye(unique.shape[-1], dtype=torch.bool, device=unique.device)
         redundancy = torch.nanmean(unique.masked_fill(eye, float("nan")), dim=-2, keepdim=True)
         scores = config.lambda_ * similarity - (1 - config.lambda_) * redundancy
-        return scores.topk(topk, dim=-1, sorted=False).indices
+        return best(scores, topk)
     gate = q_means @ k_means.transpose(-1, -2)
     if config.threshold <= 0:
-        return gate.topk(topk, dim=-1, sorted=False).indices
+        return best(gate, topk)
     probs = torch.softmax(gate / 0.01, dim=-1)
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
     above = sorted_probs.cumsum(-1) >= config.threshold
     count = torch.where(above.any(-1, keepdim=True), above.int().argmax(-1, keepdim=True) + 1,
                         torch.full_like(above[..., :1], config.topk, dtype=torch.long))

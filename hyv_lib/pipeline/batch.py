@@ -72,7 +72,7 @@ class BatchRunner:
         # The models and the step are an in-memory VideoPipeline's; this class adds the stage files per video.
         self.video = load_pipeline(self.spec, model_path, self.dtype, runtime=runtime, mesh=settings.mesh,
                                    sharding=self.stage2_settings.get("sharding", "tp_replicated_out"),
-                                   attention=settings.attention, vae_runtime=self.stage3_settings["runtime"],
+                                   attention=settings.attention, ssta=settings.ssta, vae_runtime=self.stage3_settings["runtime"],
                                    offload=settings.offload, lora=settings.lora, lora_scale=settings.lora_scale,
                                    progress=not self.stage2_settings.get("quiet", False))
         self.step = self.video.step_for(cache_schedule(settings, self.spec, model_path),

@@ -73,7 +73,7 @@ def calibrate(preset: str = DEFAULT_PRESET, model_path: str | None = None, *, pr
               guidance_scale: float | None = None, aspect_ratio: str = "16:9", height: int | None = None,
               width: int | None = None, video_length: int | None = None, no_cache_blocks: int = 1,
               runtime: str = "torch", mesh: str | None = None, sharding: str = "tp_replicated_out",
-              attention: str = "auto", dtype: str | None = None, components: dict[str, Any] | None = None,
+              attention: str | None = None, dtype: str | None = None, components: dict[str, Any] | None = None,
               progress: bool = False) -> MagCacheCalibration:
     """One uncached run of ``prompt`` (the first frame ``image_path`` for image-to-video presets) through DeepCache's
     full program, recording the curve a :class:`MagCacheSchedule` needs. Settings as for
@@ -111,7 +111,8 @@ def calibrate(preset: str = DEFAULT_PRESET, model_path: str | None = None, *, pr
         embeds = encode_pair(components, spec, prompt, negative_prompt, dtype, image)
     steps = settings.num_inference_steps
     probe = make_step(transformer, runtime, mesh, sharding, cache=DeepCacheSchedule(steps, 0, steps, 1),
-                      no_cache_blocks=no_cache_blocks, attention=attention)
+                      no_cache_blocks=no_cache_blocks, attention=settings.attention,
+                      attention_options=settings.attention_options())
     step = CalibrationStep(probe.runtime, probe.no_cache_blocks)
     sample_latents(step, transformer, components["scheduler"].config, spec, embeds, settings,
                    progress=progress, device=device)

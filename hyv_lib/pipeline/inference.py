@@ -86,8 +86,8 @@ class VideoPipeline:
     """
 
     def __init__(self, preset: str | Preset, components: dict[str, Any], *, runtime: str = "torch",
-                 mesh: str | None = None, sharding: str = "tp_replicated_out", attention: str = "auto",
-                 vae_runtime: str | None = None, vae_dtype: str = "fp32", tiling: bool = True,
+                 mesh: str | None = None, sharding: str = "tp_replicated_out", attention: str | None = None,
+                 sparse_attn: bool = False, ssta: Any = None, vae_runtime: str | None = None, vae_dtype: str = "fp32", tiling: bool = True,
                  model_path: str | None = None, offload: str | None = None, vae_memory_gb: float | None = None,
                  shard_weights: str | None = None, lora: str | None = None, lora_scale: float = 1.0):
         with python_names():
@@ -101,8 +101,8 @@ class VideoPipeline:
             raise HyvInputError("components", f"missing {', '.join(missing)} (hyv_lib.load_pipeline loads them all)")
         with python_names():
             lora_settings = resolve_settings(self.preset, runtime=runtime, mesh=mesh, sharding=sharding,
-                                             attention=attention, offload=offload, shard_weights=shard_weights,
-                                             lora=lora, lora_scale=lora_scale)
+                                             attention=attention, sparse_attn=sparse_attn, ssta=ssta, offload=offload,
+                                             shard_weights=shard_weights, lora=lora, lora_scale=lora_scale)
             if runtime == "ulysses" and not under_torchrun():
                 raise HyvInputError("--runtime", "an in-memory pipeline runs with torch or tpu, or with ulysses in "
                                                  "each process of a torchrun launch (one per device)")
@@ -115,7 +115,9 @@ class VideoPipeline:
         self.components = components
         self.lock = threading.Lock()  # held by each generate call (see the class docstring)
         self.model_path = model_path
-        self.runtime, self.mesh, self.sharding, self.attention = runtime, mesh, sharding, attention
+        self.runtime, self.mesh, self.sharding = runtime, mesh, sharding
+        #: the attention backend (the preset's when none was given) and SSTA's options (a dict, or None)
+        self.attention, self.ssta = lora_settings.attention, lora_settings.ssta
         self.offload, self.shard_weights = offload, shard_weights
         self.vae_runtime, self.vae_dtype, self.tiling = vae_runtime, vae_dtype, tiling
         transformer = components["transformer"]
@@ -130,7 +132,8 @@ class VideoPipeline:
         else:
             place_transformer(transformer, self.device, offload)  # the GPU, block streaming, or the host (model)
         with python_names():
-            self.step = make_step(transformer, runtime, mesh, sharding, attention=attention)
+            self.step = make_step(transformer, runtime, mesh, sharding, attention=self.attention,
+                                  attention_options=lora_settings.attention_options())
         if shard_weights:  # each step one forward of the sharded root
             self.step = sharded_step(self.step, transformer)
 
@@ -198,7 +201,7 @@ class VideoPipeline:
                 self.preset, aspect_ratio=aspect_ratio, height=height, width=width, video_length=video_length,
                 num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
                 seed=seed, runtime=self.runtime, mesh=self.mesh, sharding=self.sharding, attention=self.attention,
-                offload=self.offload, shard_weights=self.shard_weights)
+                ssta=self.ssta, offload=self.offload, shard_weights=self.shard_weights)
         step = self.step_for(cache, no_cache_blocks)
         if cache is not None and cache.num_steps != settings.num_inference_steps:
             raise HyvInputError("cache", f"the schedule has {cache.num_steps} steps but num_inference_steps is "
@@ -238,8 +241,8 @@ class VideoPipeline:
 
 
 def load_pipeline(preset: str | Preset = DEFAULT_PRESET, model_path: str | None = None, dtype: str | None = None,
-                  runtime: str = "torch", mesh: str | None = None, attention: str = "auto",
-                  sharding: str = "tp_replicated_out", vae_runtime: str | None = None, vae_dtype: str = "fp32",
+                  runtime: str = "torch", mesh: str | None = None, attention: str | None = None,
+                  sparse_attn: bool = False, ssta: Any = None, sharding: str = "tp_replicated_out", vae_runtime: str | None = None, vae_dtype: str = "fp32",
                   tiling: bool = True, progress: bool = True, offload: str | None = None,
                   vae_memory_gb: float | None = None, shard_weights: str | None = None, lora: str | None = None,
                   lora_scale: float = 1.0) -> VideoPipeline:
@@ -250,7 +253,9 @@ def load_pipeline(preset: str | Preset = DEFAULT_PRESET, model_path: str | None 
     off the GPU when it is not needed there; ``shard_weights="fsdp"`` (in each process of a torchrun launch) splits its
     weights over the ranks (see :class:`VideoPipeline`). ``lora``: a LoRA file in diffusers' format (or its folder),
     merged at ``lora_scale`` into the transformer's weights before the step is built, on every runtime
-    (:func:`hyv_lib.models.lora.merge_lora`); a LoRA for another model or other shapes is refused. Example::
+    (:func:`hyv_lib.models.lora.merge_lora`); a LoRA for another model or other shapes is refused. ``attention``
+    (None: the preset's, ``ssta`` for the sparse 720p checkpoints), ``sparse_attn`` and ``ssta`` (a
+    :class:`hyv_lib.SstaConfig`) as for :func:`hyv_lib.pipeline.stages.stage2`. Example::
 
         pipe = hyv_lib.load_pipeline("tiny_trained")
         video = pipe.generate("a red circle moving left on a gray background", seed=1)
@@ -261,12 +266,13 @@ def load_pipeline(preset: str | Preset = DEFAULT_PRESET, model_path: str | None 
         dtype = dtype or spec.default_dtype
         torch_dtype(dtype)
 
-        resolve_settings(spec, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention, offload=offload,
-                         shard_weights=shard_weights, lora=lora, lora_scale=lora_scale)  # before any model loads
+        resolve_settings(spec, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention,
+                         sparse_attn=sparse_attn, ssta=ssta, offload=offload, shard_weights=shard_weights, lora=lora, lora_scale=lora_scale)  # before any model loads
         context = contextlib.nullcontext() if progress else quiet_loading()
         with context:
             components = load_components(spec, model_path, pipeline_components(spec), dtype=dtype)
     return VideoPipeline(spec, components, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention,
+                         sparse_attn=sparse_attn, ssta=ssta,
                          vae_runtime=vae_runtime, vae_dtype=vae_dtype, tiling=tiling, model_path=model_path,
                          vae_memory_gb=vae_memory_gb,
                          offload=offload, shard_weights=shard_weights, lora=lora, lora_scale=lora_scale)

@@ -10,6 +10,8 @@ from ..base.checks import as_number
 from ..base.cogvideox_presets import COGVIDEOX_MODEL
 from ..base.errors import HyvInputError
 from ..base.presets import DEFAULT_SEED, Preset, check_data_axis, samples_per_step, video_size
+from ..kernels.registry import BACKENDS
+from ..kernels.ssta import SstaConfig
 from ..models.lora import lora_file
 from ..parallel.jax_env import init_multi_host
 from ..parallel.mesh import make_mesh, parse_mesh
@@ -60,7 +62,10 @@ class Stage2Settings:
     cache_retention: float | None = None  #: magcache: this fraction of the first steps always runs full
     cache_calibration: str | None = None  #: magcache: a file of ``python -m hyv_lib calibrate_cache``
     multi_host: bool = False  #: tpu runtime on a multi-host slice
-    attention: str = "auto"  #: ``auto``, ``diffusers`` or a backend of :data:`hyv_lib.kernels.registry.BACKENDS`
+    attention: str | None = None  #: ``auto``, ``diffusers`` or a backend of :data:`hyv_lib.kernels.registry.BACKENDS`;
+    #: None: the preset's (``auto``; ``ssta`` for the sparse 720p checkpoints)
+    sparse_attn: bool = False  #: the official scripts' flag: ``--attention ssta``
+    ssta: Any = None  #: SSTA's options: a :class:`hyv_lib.SstaConfig`, or a dict of its fields (``--ssta_<field>``)
     offload: str | None = None  #: torch runtime: ``block`` streams one transformer block at a time to the GPU; ``model``
     #: keeps the transformer on the GPU during the denoising loop only
     shard_weights: str | None = None  #: ``fsdp``: the transformer's weights split over the torchrun ranks (FSDP2),
@@ -99,7 +104,7 @@ class ResolvedSettings:
     seed: int
     warmup_steps: int
     runtime: str
-    attention: str
+    attention: str  #: resolved: the preset's when none was given
     mesh: str | None
     sharding: str | None  #: None without a mesh
     enable_cache: bool
@@ -117,6 +122,12 @@ class ResolvedSettings:
     shard_weights: str | None = None  #: ``fsdp`` or None
     lora: str | None = None  #: the LoRA file (absolute path), or None
     lora_scale: float = 1.0
+    ssta: dict[str, Any] | None = None  #: the SSTA options (every field of SstaConfig) when attention takes a grid
+
+    def attention_options(self) -> dict[str, Any]:
+        """The keyword options of the attention backend (:func:`hyv_lib.runtimes.step.make_step`'s
+        ``attention_options``): SSTA's :class:`hyv_lib.SstaConfig`, or none."""
+        return {} if self.ssta is None else {"ssta": SstaConfig(**self.ssta)}
 
     def config(self) -> dict[str, Any]:
         """The generation_config.json fields of these settings: the cache method's own fields only when it is on,
@@ -136,6 +147,8 @@ class ResolvedSettings:
             names.append("shard_weights")
         if self.lora:
             names += ["lora", "lora_scale"]
+        if self.ssta is not None:
+            names.append("ssta")
         return {name: getattr(self, name) for name in names}
 
 
@@ -151,6 +164,68 @@ def check_model_settings(preset: Preset, settings: Stage2Settings) -> None:
                                             "which has no flow shift: drop it")
     if settings.lora is not None:
         raise HyvInputError("--lora", f"LoRA files here are for HunyuanVideo-1.5's transformer, not {preset.name}'s")
+    if settings.sparse_attn or settings.attention in ("ssta", "ssta_reference"):
+        raise HyvInputError("--sparse_attn" if settings.sparse_attn else "--attention",
+                            f"SSTA is HunyuanVideo-1.5's sparse attention (its 720p sparse checkpoints), not "
+                            f"{preset.name}'s")
+
+
+def takes_grid(attention: str) -> bool:
+    """Whether the attention backend runs on the video's token grid (SSTA and its reference)."""
+    return attention in BACKENDS and "grid" in BACKENDS[attention].options
+
+
+def ssta_options(ssta: Any) -> dict[str, Any]:
+    """SSTA's options as every field of :class:`hyv_lib.SstaConfig`: from a SstaConfig, or a dict of overrides of the
+    official defaults (the CLI's ``--ssta_<field>`` flags; tile and window may be ``"6,8,8"``); a bad value is a
+    HyvInputError naming its flag."""
+    if isinstance(ssta, SstaConfig):
+        return dataclasses.asdict(ssta)
+    if not isinstance(ssta, dict):
+        raise HyvInputError("ssta", f"must be a hyv_lib.SstaConfig or a dict of its fields, got {type(ssta).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(SstaConfig)}
+    values = {}
+    for name, value in ssta.items():
+        flag = f"--ssta_{name.rstrip('_')}"
+        if name.rstrip("_") == "lambda":
+            name = "lambda_"
+        if name not in fields:
+            raise HyvInputError(flag, f"is not an SSTA option; valid: "
+                                      f"{', '.join('--ssta_' + n.rstrip('_') for n in fields)}")
+        if name in ("tile", "window") and isinstance(value, str):
+            try:
+                value = tuple(int(x) for x in value.split(","))
+            except ValueError:
+                raise HyvInputError(flag, f"must be three positive integers t,h,w (e.g. 6,8,8), got {value!r}") from None
+        elif name in ("tile", "window") and isinstance(value, (list, tuple)):
+            value = tuple(value)
+        values[name] = value
+    try:
+        return dataclasses.asdict(SstaConfig(**values))
+    except (ValueError, TypeError) as err:
+        message = str(err)
+        name = message.split(" ")[0].removeprefix("SstaConfig.") if message.startswith("SstaConfig.") else "ssta"
+        raise HyvInputError(f"--ssta_{name.rstrip('_')}" if name != "ssta" else "ssta",
+                            message.removeprefix(f"SstaConfig.{name} ")) from None
+
+
+def resolve_attention(preset: Preset, attention: str | None, sparse_attn: Any, ssta: Any) -> tuple[str, dict | None]:
+    """``--attention`` (None: the preset's), ``--sparse_attn`` (the official scripts' switch to SSTA) and SSTA's
+    options: the backend's name and, for SSTA, its options as a dict (what generation_config.json records)."""
+    if sparse_attn not in (True, False, None):
+        raise HyvInputError("--sparse_attn", f"must be true or false, got {sparse_attn!r}")
+    if sparse_attn:
+        if attention is not None and not takes_grid(attention):
+            raise HyvInputError("--sparse_attn", f"runs --attention ssta; drop --attention {attention}")
+        attention = attention or "ssta"
+    attention = preset.attention if attention is None else attention
+    if not takes_grid(attention):
+        if ssta is not None:
+            given = sorted(ssta) if isinstance(ssta, dict) else ["tile"]
+            raise HyvInputError(f"--ssta_{given[0].rstrip('_')}" if given else "ssta",
+                                f"applies to --attention ssta (or --sparse_attn), not {attention!r}")
+        return attention, None
+    return attention, ssta_options(SstaConfig() if ssta is None else ssta)
 
 
 def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **kwargs: Any) -> ResolvedSettings:
@@ -170,7 +245,8 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
     seed, warmup_steps, runtime, mesh, sharding = s.seed, s.warmup_steps, s.runtime, s.mesh, s.sharding
     enable_cache, cache_start_step, cache_end_step = s.enable_cache, s.cache_start_step, s.cache_end_step
     cache_step_interval, no_cache_blocks, cache_method = s.cache_step_interval, s.no_cache_blocks, s.cache_method
-    multi_host, attention = s.multi_host, s.attention
+    multi_host = s.multi_host
+    attention, ssta = resolve_attention(preset, s.attention, s.sparse_attn, s.ssta)
     # numpy and torch scalars are taken; from here on they are Python numbers (torch's manual_seed takes no np.int64)
     height, width, video_length = video_size(preset, height, width, video_length, aspect_ratio)
     num_inference_steps, seed, warmup_steps = (as_number(name, value, int) for name, value in (
@@ -269,7 +345,7 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
         no_cache_blocks=no_cache_blocks, cache_threshold=threshold, cache_max_skip=max_skip, cache_retention=retention,
         cache_calibration=None if s.cache_calibration is None else str(s.cache_calibration),
         multi_host=bool(multi_host), offload=s.offload, shard_weights=s.shard_weights, lora=lora,
-        lora_scale=lora_scale)
+        lora_scale=lora_scale, ssta=ssta)
 
 
 def check_vae_settings(vae_dtype: str, vae_memory_gb: Any = None, tiling: bool = True,

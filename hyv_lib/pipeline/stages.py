@@ -182,7 +182,8 @@ def stage2(
     ``components`` (transformer and scheduler, already loaded for this folder) skips loading them.
     ``multi_host``: this process is one host of a multi-host TPU slice (:func:`hyv_lib.parallel.jax_env.init_multi_host`); every
     host runs the same command and writes the same latents to its own ``output_dir``. ``attention``: see
-    :func:`make_step` (checked before anything is loaded or written). ``offload`` (torch runtime): ``block`` keeps the
+    :func:`make_step` (checked before anything is loaded or written; None: the preset's); ``sparse_attn=True`` (the
+    official scripts' flag) and ``ssta`` (a :class:`hyv_lib.SstaConfig` or a dict of its fields) run SSTA. ``offload`` (torch runtime): ``block`` keeps the
     weights on the host and streams each block to the GPU as it runs, ``model`` moves the transformer to the GPU for
     the denoising loop only (:data:`hyv_lib.runtimes.placement.OFFLOAD_MODES`). ``shard_weights="fsdp"`` (under
     torchrun, runtime ulysses or torch): each rank keeps 1/N of the transformer's weights on its device and gathers
@@ -191,7 +192,7 @@ def stage2(
     start = time.perf_counter()
     _require_folder("input_dir", input_dir)
     requested = Stage2Settings.from_kwargs(settings)
-    runtime, mesh, sharding, attention = requested.runtime, requested.mesh, requested.sharding, requested.attention
+    runtime, mesh, sharding = requested.runtime, requested.mesh, requested.sharding
     ranks = launched_ranks()
     if ranks > 1 and runtime != "ulysses" and requested.shard_weights is None:
         raise HyvInputError("--runtime", f"this process is one of {ranks} torchrun ranks, and --runtime {runtime} would "
@@ -222,7 +223,8 @@ def stage2(
     else:  # on the GPU (a no-op when a kept model is already there), streamed block by block, or on the host
         place_transformer(transformer, device, settings.offload)
     step = step or make_step(transformer, runtime, mesh, sharding, cache=schedule,
-                             no_cache_blocks=settings.no_cache_blocks, attention=attention)
+                             no_cache_blocks=settings.no_cache_blocks, attention=settings.attention,
+                             attention_options=settings.attention_options())
     if settings.shard_weights:  # each step one forward of the sharded root
         step = sharded_step(step, transformer)
     with PeakMemory() as memory, while_denoising(transformer, device, settings.offload):

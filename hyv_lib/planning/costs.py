@@ -9,12 +9,14 @@ from typing import Any, Mapping, Sequence
 
 from ..base.errors import HyvInputError
 from ..base.presets import Preset, get_preset
+from ..kernels.ssta import SstaConfig
 from ..kernels.xla import kv_block_layout
 from ..models.layout import context_tokens
 from ..models.registry import get_adapter
 from ..parallel import sharding
 from ..parallel.mesh import parse_mesh
 from ..parallel.sharding import plan
+from .sparse import ssta_density, ssta_kernel_cost
 
 
 def as_preset(preset: Preset | str) -> Preset:
@@ -104,7 +106,8 @@ def _pad(n: int, block: int | None) -> int:
 
 
 def step_flops(preset: Preset | str, height: int, width: int, video_length: int, batch: int | None = None, *,
-               valid_context: int | None = None, kv_block: int | None = None) -> dict[str, Any]:
+               valid_context: int | None = None, kv_block: int | None = None,
+               attention: str | SstaConfig | None = None) -> dict[str, Any]:
     """Analytic FLOPs of ONE transformer forward over a batch: one denoising step at the preset's own batch by
     default (:func:`step_batch`: the CFG pair, 2, or one sample for a preset with guidance 1, the distilled ones).
 
@@ -119,6 +122,12 @@ def step_flops(preset: Preset | str, height: int, width: int, video_length: int,
       compute the padded positions. ``valid_context=n`` counts only n context tokens (what varlen
       flash-attn skips to; the refiner always counts all text tokens). ``kv_block`` counts the key
       length a blockwise kernel computes, padding included (hyv_lib's XLA kernel, target 512).
+      ``attention``: ``dense`` (or ``flash``), ``ssta``, a :class:`hyv_lib.SstaConfig`, or None / ``auto``: the
+      preset's own (:data:`hyv_lib.planning.sparse.ATTENTIONS`; SSTA for the ``*_sparse`` presets). With SSTA each
+      joint block that runs it counts the dense FLOPs over the tiled sequence (video and context each padded to
+      whole 384-token tiles: the kernel computes the padding) times the tile density's upper bound,
+      :func:`hyv_lib.planning.sparse.ssta_density` (``valid_context`` also sets its valid text tiles); the token
+      refiner and ``dense_every``'s blocks stay dense. ``ssta`` in the result is that density (None when dense).
     - ``linear``: 2 x tokens x weights per stream in the joint blocks (video tokens through the img
       weights to_q/k/v, to_out.0, ff; context tokens through add_*_proj, to_add_out, ff_context),
       the AdaLN modulation linears on the B timestep embeddings, the token refiner, the embedders
@@ -127,7 +136,7 @@ def step_flops(preset: Preset | str, height: int, width: int, video_length: int,
       total, as XLA drops them, and reported as ``eager_extra`` (what eager torch spends on top).
 
     Returns ``attention``, ``linear``, ``total``, ``attention_share``, ``parts`` (summing to total),
-    ``eager_extra`` and ``tokens``.
+    ``eager_extra``, ``tokens`` and ``ssta``.
     """
     preset = as_preset(preset)
     batch = step_batch(preset, batch)
@@ -137,6 +146,7 @@ def step_flops(preset: Preset | str, height: int, width: int, video_length: int,
     nv, nc = tok["video"], tok["context"]
     if valid_context is not None and not 0 <= valid_context <= nc:
         raise HyvInputError("valid_context", f"must be between 0 and {nc}, got {valid_context}")
+    sparse = ssta_density(preset, height, width, video_length, attention, valid_context)
     s_attn = nv + (nc if valid_context is None else valid_context)
     per_token_block = 4 * h * h + 2 * h * f  # q, k, v, out + MLP in/out, per stream
     if preset.model == "cogvideox":
@@ -144,14 +154,16 @@ def step_flops(preset: Preset | str, height: int, width: int, video_length: int,
         attention = parts["blocks_attention"]
         total = sum(parts.values())
         return dict(attention=attention, linear=total - attention, total=total, attention_share=attention / total,
-                    parts=parts, eager_extra=0, tokens=dict(tok, batch=batch, attended=s_attn))
+                    parts=parts, eager_extra=0, tokens=dict(tok, batch=batch, attended=s_attn), ssta=None)
     lt = preset.text_len
     per_token_refiner = 4 * h * h + 2 * h * d["refiner_mlp"]
     # The last block's context stream after attention (to_add_out, ff_context) feeds nothing: a compiler
     # drops it (XLA does), eager torch computes it. Reported as ``eager_extra``, not in the total.
     dead = 2 * b * nc * (h * h + 2 * h * f) if d["layers"] else 0
+    dense_blocks = d["layers"] - (sparse["sparse_blocks"] if sparse else 0)
     parts = {
-        "blocks_attention": d["layers"] * 4 * b * heads * s_attn * _pad(s_attn, kv_block) * hd,
+        "blocks_attention": dense_blocks * 4 * b * heads * s_attn * _pad(s_attn, kv_block) * hd + (
+            sparse["sparse_blocks"] * ssta_kernel_cost(sparse, b, heads, hd, 2)["flops"] if sparse else 0),
         "blocks_linear": d["layers"] * 2 * b * (nv + nc) * per_token_block - dead,
         "blocks_modulation": d["layers"] * 2 * (2 * b * h * 6 * h),  # norm1 + norm1_context: h -> 6h on temb
         "refiner_attention": d["refiner_layers"] * 4 * b * heads * lt * _pad(lt, kv_block) * hd,
@@ -167,7 +179,7 @@ def step_flops(preset: Preset | str, height: int, width: int, video_length: int,
     attention = parts["blocks_attention"] + parts["refiner_attention"]
     total = sum(parts.values())
     return dict(attention=attention, linear=total - attention, total=total, attention_share=attention / total,
-                parts=parts, eager_extra=dead, tokens=dict(tok, batch=batch, attended=s_attn))
+                parts=parts, eager_extra=dead, tokens=dict(tok, batch=batch, attended=s_attn), ssta=sparse)
 
 
 def _cogvideox_parts(preset: Preset, d: dict[str, int], b: int, nv: int, nc: int, s_attn: int,
@@ -307,13 +319,17 @@ GPU_RESIDENT_TILES = 132
 
 def attention_hbm_bytes(preset: Preset | str, height: int, width: int, video_length: int, batch: int | None = None, *,
                         dtype: str = "bf16", block_q: int = 2048, block_kv: int | None = None,
-                        pad: bool = True) -> dict[str, Any]:
+                        pad: bool = True, attention: str | SstaConfig | None = None) -> dict[str, Any]:
     """HBM bytes the attention kernel moves in one transformer forward, following how a flash-style kernel (Splash,
     flash-attn) walks the sequence: per (sample, head) it reads Q once and writes O once, and for each of the
     ``ceil(S / block_q)`` query tiles it streams all of K and V again (they do not fit in VMEM / shared memory).
     Per joint block: ``B H D x (2 S_q + 2 (S_q / block_q) S_kv)``; the token refiner's self-attention over the text
     counts the same way. ``pad``: Splash pads the joint sequence to a multiple of its blocks (``S_q``, ``S_kv``
-    rounded up); flash-attn's varlen kernel reads only the real rows (``pad=False``).
+    rounded up); flash-attn's varlen kernel reads only the real rows (``pad=False``). ``attention`` as for
+    :func:`step_flops` (None: the preset's own): with SSTA the joint blocks that run it count
+    :func:`hyv_lib.planning.sparse.ssta_kernel_cost`'s bytes instead (Q and O once over the tiled sequence, each
+    384-token query tile re-reading only its attended K/V tiles); ``passes`` is then its mean K/V reads per block
+    and ``block_q`` its tile.
 
     Returns ``total``, ``joint_blocks``, ``refiner``, ``passes`` (K/V reads per joint block), the block sizes,
     ``flops`` (the attention FLOPs of :func:`step_flops`) and ``intensity`` = flops / total: the kernel's arithmetic
@@ -336,10 +352,16 @@ def attention_hbm_bytes(preset: Preset | str, height: int, width: int, video_len
         return batch * d["heads"] * d["head_dim"] * x * (2 * s_q + 2 * passes * s_q), passes, bq
 
     joint, passes, bq = per_block(tok["joint"])
+    joint_blocks = d["layers"] * joint
+    sparse = ssta_density(preset, height, width, video_length, attention)
+    if sparse:
+        kernel = ssta_kernel_cost(sparse, batch, d["heads"], d["head_dim"], x)
+        joint_blocks = (d["layers"] - sparse["sparse_blocks"]) * joint + sparse["sparse_blocks"] * kernel["bytes"]
+        passes, bq, block_kv = kernel["passes"], kernel["block_q"], kernel["block_q"]
     refiner, _, _ = per_block(preset.text_len)
-    total = d["layers"] * joint + d["refiner_layers"] * refiner
-    flops = step_flops(preset, height, width, video_length, batch)["attention"]
-    return dict(total=total, joint_blocks=d["layers"] * joint, refiner=d["refiner_layers"] * refiner, passes=passes,
+    total = joint_blocks + d["refiner_layers"] * refiner
+    flops = step_flops(preset, height, width, video_length, batch, attention=attention)["attention"]
+    return dict(total=total, joint_blocks=joint_blocks, refiner=d["refiner_layers"] * refiner, passes=passes,
                 block_q=bq, block_kv=block_kv or bq, flops=flops, intensity=flops / total)
 
 

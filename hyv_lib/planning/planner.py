@@ -12,6 +12,7 @@ from typing import Any, Mapping, Sequence
 from ..base.errors import HyvInputError
 from ..base.presets import Preset, check_data_axis, get_preset, video_size
 from ..kernels.splash import CHIP_BLOCK_SIZES, DEFAULT_BLOCK_SIZES, PAD_HEAD_DIM
+from ..kernels.ssta import SstaConfig
 from ..models.registry import get_adapter
 from .costs import (
     FLASH_BLOCK_Q,
@@ -34,6 +35,7 @@ from .costs import (
     token_counts,
 )
 from .hardware import CHIPS, CITED_STEP_TIMES, NO_INTERCONNECT_SOURCE, SLICES, Chip, check_count, get_chip, mfu
+from .sparse import density_summary, ssta_config
 
 # ------------------------------------------------------------------------------ per-device plan of a layout
 #: Temporaries of the compiled step (the peak of XLA's buffer assignment, read from the TPU compiler's memory report
@@ -78,7 +80,7 @@ def compiled_report(preset: Preset | str, height: int, width: int, video_length:
 def device_plan(preset: Preset | str, height: int, width: int, video_length: int,
                 mesh_shape: int | str | Mapping[str, int] | None = None, rules: str = "tp_replicated_out", *,
                 batch: int | None = None, dtype: str = "bf16", enable_cache: bool = False,
-                topology: str | None = None) -> dict[str, Any]:
+                topology: str | None = None, attention: str | SstaConfig | None = None) -> dict[str, Any]:
     """What one device holds, computes and exchanges in one CFG step of :class:`hyv_lib.runtimes.tpu.TpuTransformer` on a
     mesh: the planner's side of ``python -m hyv_lib compile`` (which asks the TPU compiler instead).
 
@@ -100,7 +102,10 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
     - ``flops``: attention over data x tensor x sequence (heads over tensor x sequence); block matmuls over data,
       the sequence for video tokens, and tensor only for the weights the rules split (``tp_replicated_out``'s
       to_out runs whole; ``fsdp`` and ``replicated`` run every matmul whole, so their compute splits only over
-      data and sequence).
+      data and sequence). ``attention`` as for :func:`step_flops` (None: the preset's own; SSTA for the ``*_sparse``
+      presets): SSTA's attention FLOPs are the dense ones over the tiled sequence times the tile density's upper
+      bound, split the same way: what a block-sparse kernel visiting only the attended tiles costs (no TPU
+      measurement checks it).
     - ``per_device_bytes``: weights under the rules (exact, :func:`param_bytes`), the step's inputs (latents,
       text, masks, RoPE tables), outputs (the noise prediction; with ``enable_cache`` the cached tokens too) and
       temporaries (see :data:`TEMPORARY_STREAM_COPIES`, :data:`FSDP_GATHERED_BLOCKS`; partly fitted). Weights the
@@ -110,7 +115,10 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
 
     ``topology`` (e.g. ``v6e:2x4``): when :data:`COMPILED_RESULTS` holds the compiler's report for this exact
     configuration, ``compiled`` is that report and ``memory_total`` its per-device total (the compiler's word beats
-    the model: the planner misses FSDP's generated code, for one); otherwise ``memory_total`` is the planner's.
+    the model: the planner misses FSDP's generated code, for one); otherwise ``memory_total`` is the planner's. Only
+    memory and collectives are compared with the compiler: XLA's cost analysis prices a Pallas call (Splash, or a
+    block-sparse SSTA kernel) by its operands' bytes alone, not its FLOPs, so the compiled step's FLOP count leaves
+    out the attention, dense or sparse, and cannot check these attention FLOPs (only the matmuls around it).
     """
     preset = as_preset(preset)
     mesh = as_mesh(mesh_shape)
@@ -171,7 +179,7 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
         add("all-gather", (matrices - dead) * x, d_ * t * sq)
 
     # ---- FLOPs per device
-    total = step_flops(preset, height, width, video_length, batch)
+    total = step_flops(preset, height, width, video_length, batch, attention=attention)
     parts = total["parts"]
     whole = rules in ("fsdp", "replicated")
     split_all = 1 if whole else t  # the tensor split of the column/row matmuls the rules split
@@ -196,6 +204,8 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
     per_token_out = dims["out_channels"] * dims["patch_t"] * dims["patch"] ** 2  # the noise prediction
     outputs = b * per_token_out * tok["video"] * x + (b * (nv + nc) * h * x if enable_cache else 0)
     padded = -(-tok["joint"] // 2048) * 2048  # Splash pads the joint sequence to its key block
+    if total["ssta"]:  # SSTA's kernel takes q, k, v in the tile layout: every tile whole
+        padded = total["ssta"]["padded_length"]
     kernel_hd = -(-hd // 128) * 128 if PAD_HEAD_DIM else hd  # and the head dim to the lanes (CogVideoX: 64 -> 128)
     temporaries = (2 * b * tok["video"] * h * x + 4 * b * (heads // (t * sq)) * padded * kernel_hd * x
                    + TEMPORARY_STREAM_COPIES * b * nv * h * x)
@@ -207,9 +217,9 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
                   outputs=outputs)
     memory["total"] = sum(memory.values())
     compiled = (compiled_report(preset, height, width, video_length, topology, mesh, rules, enable_cache)
-                if topology else None)
+                if topology and not total["ssta"] else None)  # the saved reports are of dense steps
     return dict(mesh=mesh, rules=rules, per_device_bytes=memory, collectives=coll, collective_total=sum(coll.values()),
-                sent_bytes=sent, flops=flops, tokens=tok, samples_per_device=b, compiled=compiled,
+                sent_bytes=sent, flops=flops, tokens=tok, samples_per_device=b, compiled=compiled, ssta=total["ssta"],
                 memory_total=compiled["per_device_bytes"]["total"] if compiled else memory["total"],
                 memory_source="TPU compiler" if compiled else "planner")
 
@@ -231,7 +241,7 @@ def default_layout(devices: int, heads: int, rules: str = "tp_replicated_out", b
 def bounds(preset: Preset | str, height: int, width: int, video_length: int, chip: str | Chip, n_chips: int,
            rules: str = "tp_replicated_out", *, mesh_shape: str | Mapping[str, int] | None = None,
            batch: int | None = None,
-           dtype: str = "bf16", strategy: str | None = None, attention: str = "flash",
+           dtype: str = "bf16", strategy: str | None = None, attention: str | SstaConfig | None = None,
            block_q: int | None = None) -> dict[str, Any]:
     """Lower bounds on the time of one denoising step on ``n_chips`` chips, and whether it fits in HBM. The step's
     batch is the preset's (:func:`step_batch`: a CFG pair, or one sample for a distilled preset with guidance 1).
@@ -249,6 +259,11 @@ def bounds(preset: Preset | str, height: int, width: int, video_length: int, chi
     - interconnect: bytes each device sends / its share of half the chip's published bidirectional ICI or NVLink
       bandwidth; None when the chip has no sourced figure.
 
+    ``attention``: ``flash`` (the exact kernels' O(S D) working set), ``dense`` (diffusers' S x S one; the same
+    FLOPs), ``ssta`` or a :class:`hyv_lib.SstaConfig` (SSTA: FLOPs and kernel bytes at the tile density's upper
+    bound, :mod:`hyv_lib.planning.sparse`; the flash working set), or None: the preset's own (``ssta`` for the
+    ``*_sparse`` presets, else ``flash``). ``ssta`` in the result is the density (None when dense).
+
     ``step_s`` is the largest known bound, ``limit`` which one it is.
     """
     preset = as_preset(preset)
@@ -257,12 +272,15 @@ def bounds(preset: Preset | str, height: int, width: int, video_length: int, chi
     check_count("n_chips", n_chips)
     dtype_bytes(dtype)  # checks the name
     devices = n_chips * spec.devices_per_chip
-    flops = step_flops(preset, height, width, video_length, batch)
+    sparse = ssta_config(preset, attention)
+    working_set = "dense" if attention == "dense" else "flash"
+    flops = step_flops(preset, height, width, video_length, batch, attention=sparse or "dense")
     d = model_dims(preset)
     blocks = attention_blocks(spec)
     if block_q is not None:
         blocks["block_q"] = block_q
-    kernel = attention_hbm_bytes(preset, height, width, video_length, batch, dtype=dtype, **blocks)
+    kernel = attention_hbm_bytes(preset, height, width, video_length, batch, dtype=dtype, attention=sparse or "dense",
+                                 **blocks)
     attention_io = kernel["total"] / devices  # every layout splits attention evenly: samples x heads
     rule_name = rules if isinstance(rules, str) else "custom"
     if rule_name in RULE_SET_LAYOUTS:
@@ -271,7 +289,8 @@ def bounds(preset: Preset | str, height: int, width: int, video_length: int, chi
             raise HyvInputError("mesh_shape", f"{mesh} is not {devices} devices ({n_chips} x {spec.name})")
         try:
             plan = device_plan(preset, height, width, video_length, mesh, rule_name, batch=batch, dtype=dtype,
-                               topology=SLICES.get((chip, n_chips)) if isinstance(chip, str) else None)
+                               topology=SLICES.get((chip, n_chips)) if isinstance(chip, str) else None,
+                               attention=sparse or "dense")
         except HyvInputError as err:
             if mesh_shape or err.argument != "mesh_shape":
                 raise
@@ -287,8 +306,8 @@ def bounds(preset: Preset | str, height: int, width: int, video_length: int, chi
         mesh = {STRATEGIES[strategy]: devices}
         device_flops = flops["total"] / devices
         weights = param_bytes(preset, dtype, rules, devices)["bytes_per_device"]
-        activations = activation_bytes(preset, height, width, video_length, batch, dtype=dtype, attention=attention,
-                                       mesh_shape=mesh)["bytes_per_device"]
+        activations = activation_bytes(preset, height, width, video_length, batch, dtype=dtype,
+                                       attention=working_set, mesh_shape=mesh)["bytes_per_device"]
         sent = collective_bytes(preset, height, width, video_length, batch, dtype=dtype, strategy=strategy,
                                 mesh_shape=devices)["bytes_per_device"]
         memory_source = "planner"
@@ -308,6 +327,7 @@ def bounds(preset: Preset | str, height: int, width: int, video_length: int, chi
                 attention_hbm_bytes=attention_io, attention_intensity=kernel["intensity"],
                 attention_block_q=kernel["block_q"], attention_passes=kernel["passes"],
                 collective_bytes=sent, strategy=strategy, rules=rule_name, mesh=mesh, memory_source=memory_source,
+                attention_flops=flops["attention"], ssta=flops["ssta"],
                 fits=weights + activations <= hbm, hbm_bytes=hbm, chip=spec.name, n_chips=n_chips,
                 notes=None if spec.interconnect_bandwidth else NO_INTERCONNECT_SOURCE)
 
@@ -381,29 +401,45 @@ def plan_table(presets: Sequence[str] = ("480p_t2v", "720p_t2v"), chips: Sequenc
 
 #: The planner's argument names -> the ``plan`` command's flags (errors name the flag the user typed).
 _PLAN_FLAGS = {"mesh_shape": "--mesh", "n_chips": "--n_chips", "chip": "--chip", "rules": "--sharding",
-               "height": "--height", "width": "--width", "video_length": "--video_length", "preset": "--preset"}
+               "height": "--height", "width": "--width", "video_length": "--video_length", "preset": "--preset",
+               "attention": "--attention"}
+
+
+#: The ``plan`` command's ``--attention`` values: the preset's own, dense or SSTA (:func:`plan_step`).
+PLAN_ATTENTIONS = ("auto", "dense", "ssta")
 
 
 def plan_step(preset: Preset | str, height: int | None = None, width: int | None = None,
               video_length: int | None = None, chip: str = "v6e", n_chips: int = 8,
-              mesh: str | Mapping[str, int] | None = None, rules: str = "tp_replicated_out") -> dict[str, Any]:
+              mesh: str | Mapping[str, int] | None = None, rules: str = "tp_replicated_out",
+              attention: str | SstaConfig | None = "auto") -> dict[str, Any]:
     """What ``python -m hyv_lib plan`` prints: one denoising step of ``preset`` (default size: its 16:9 bucket) on
     ``n_chips`` x ``chip``, per device. A TPU gets :func:`device_plan` on ``mesh`` (default :func:`default_layout`)
     with the rule set ``rules``; a GPU the Ulysses layout with whole weights (``rules`` is then ``replicated``).
-    Returns the FLOPs (total and per device), per-device memory and whether it fits, collective bytes and the
-    :func:`bounds` lower bounds. Errors name the CLI flag."""
+    ``attention``: ``auto`` (the preset's own: SSTA for the ``*_sparse`` presets), ``dense`` or ``ssta`` (or a
+    :class:`hyv_lib.SstaConfig`). Returns the FLOPs (total and per device), per-device memory and whether it fits,
+    collective bytes, the :func:`bounds` lower bounds and ``attention``: its kind and FLOPs beside the dense ones,
+    with SSTA its tile density (the upper bound, :func:`hyv_lib.planning.sparse.tile_density`, with the exact window
+    + text part and the uniform-top-k expectation). Errors name the CLI flag."""
     try:
         preset = as_preset(preset)
         height, width, video_length = video_size(preset, height, width, video_length)
         spec = get_chip(chip)
         gpu = spec.device_kind is None
         rules = "replicated" if gpu else rules
-        b = bounds(preset, height, width, video_length, chip, n_chips, rules, mesh_shape=None if gpu else mesh)
-        plan = None if gpu else device_plan(preset, height, width, video_length, b["mesh"], rules)
+        if not isinstance(attention, SstaConfig) and attention not in PLAN_ATTENTIONS:
+            raise HyvInputError("attention", f"must be one of {', '.join(PLAN_ATTENTIONS)}, got {attention!r}")
+        sparse = ssta_config(preset, attention)
+        b = bounds(preset, height, width, video_length, chip, n_chips, rules, mesh_shape=None if gpu else mesh,
+                   attention=sparse or "flash")
+        plan = None if gpu else device_plan(preset, height, width, video_length, b["mesh"], rules,
+                                            attention=sparse or "dense")
     except HyvInputError as err:
         flag = _PLAN_FLAGS.get(err.argument.lstrip("-"), err.argument)
         raise HyvInputError(flag, err.message) from None
-    flops = step_flops(preset, height, width, video_length)
+    flops = step_flops(preset, height, width, video_length, attention=sparse or "dense")
+    dense = step_flops(preset, height, width, video_length, attention="dense")
+    density = flops["ssta"]
     return dict(
         preset=preset.name, model=preset.model, size=dict(height=height, width=width, video_length=video_length),
         chip=spec.name, n_chips=n_chips, rules=rules, mesh=as_mesh(b["mesh"]), tokens=token_counts(
@@ -415,6 +451,8 @@ def plan_step(preset: Preset | str, height: int | None = None, width: int | None
         memory_source=b["memory_source"], hbm_bytes_per_device=b["hbm_bytes"], fits=b["fits"],
         collectives=plan["collectives"] if plan else None, sent_bytes=b["collective_bytes"],
         bounds={k: b[k] for k in ("compute_s", "hbm_s", "interconnect_s", "step_s", "limit")},
+        attention=dict(kind="ssta" if density else "dense", flops=flops["attention"], dense_flops=dense["attention"],
+                       dense_total=dense["total"], **density_summary(density)),
         notes=" ".join(n for n in (b["notes"], _GPU_COGVIDEOX if gpu and preset.model == "cogvideox" else None) if n)
         or None)
 
@@ -426,7 +464,7 @@ _GPU_COGVIDEOX = ("the GPU rows' Ulysses layout is modelled as for HunyuanVideo-
 def format_plan(report: dict[str, Any]) -> str:
     """The report of :func:`plan_step` as the CLI's lines."""
     gib = 2**30
-    size, tok, m = report["size"], report["tokens"], report["per_device_bytes"]
+    size, tok, m, att = report["size"], report["tokens"], report["per_device_bytes"], report["attention"]
     mesh = " x ".join(f"{a}={n}" for a, n in report["mesh"].items() if n > 1) or "one device"
     b = report["bounds"]
     lines = [
@@ -440,6 +478,12 @@ def format_plan(report: dict[str, Any]) -> str:
         f"collectives: {report['sent_bytes'] / 1e9:.1f} GB sent per device"
         + ("" if not report["collectives"] else " (" + ", ".join(
             f"{k} {v / gib:.2f} GiB" for k, v in report["collectives"].items() if v) + ")"),
+        *([] if att["kind"] == "dense" else [
+            f"attention SSTA: tile density <= {att['density']:.1%} of {att['tiles']} x {att['tiles']} tiles "
+            f"({att['topk']} top-k tiles counted outside the window: the upper bound; window + text alone "
+            f"{att['window_density']:.1%}, uniform top-k {att['uniform_density']:.1%}), {att['padded_length']:,} "
+            f"tiled tokens: attention {att['flops'] / 1e15:.2f} PFLOP vs {att['dense_flops'] / 1e15:.2f} dense; "
+            f"step {report['flops'] / 1e15:.2f} PFLOP vs {att['dense_total'] / 1e15:.2f} dense"]),
         "lower bounds per step: " + ", ".join(f"{k[:-2]} {v:.3f} s" for k, v in b.items()
                                               if k.endswith("_s") and k != "step_s" and v is not None)
         + f" -> {b['step_s']:.3f} s ({b['limit'][:-2]}-bound)",

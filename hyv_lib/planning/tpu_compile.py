@@ -10,6 +10,8 @@ check, not a timing.
 
 from __future__ import annotations
 
+import dataclasses
+
 import re
 import time
 from typing import Any
@@ -19,6 +21,7 @@ import torch
 from ..base.errors import HyvInputError
 from ..base.presets import Preset, check_data_axis, get_preset, video_size
 from ..kernels.splash import default_block_sizes, resolve_block_sizes
+from ..kernels.ssta import SstaConfig
 from ..models.registry import get_adapter
 from ..parallel.jax_env import quiet_libtpu
 from ..parallel.mesh import head_split, make_mesh, parse_mesh
@@ -161,10 +164,15 @@ def program_report(compiled, compile_seconds: float) -> dict[str, Any]:
     )
 
 
+#: The attention kernels the TPU step compiles with: Splash (dense, exact) and SSTA's block-sparse Pallas kernel.
+COMPILED_ATTENTION = ("splash", "ssta")
+
+
 def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *, mesh: str | dict | None = None,
                  sharding: str = "tp_replicated_out", height: int | None = None, width: int | None = None,
                  video_length: int | None = None, enable_cache: bool = False, no_cache_blocks: int = 1,
-                 attention_options: dict | None = None, num_layers: int | None = None) -> dict[str, Any]:
+                 attention_options: dict | None = None, num_layers: int | None = None,
+                 attention: str | None = None) -> dict[str, Any]:
     """Compile one denoising step of ``preset`` for the TPU slice ``topology``, here: a CFG batch of 2, or one sample
     for a preset that runs CFG off (``guidance_scale`` 1: the CFG-distilled and step-distilled ones), which the
     default mesh then puts wholly on ``tensor`` and a ``data`` axis is refused for (it has nothing to split).
@@ -172,11 +180,15 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
     ``mesh`` ('data=2,tensor=4' or a dict; default :func:`hyv_lib.planning.planner.default_layout`) must use all the slice's devices;
     ``sharding`` is a strategy of :data:`hyv_lib.parallel.sharding.STRATEGIES`. ``enable_cache`` compiles DeepCache's pair
     instead: the full step that also returns the cache, and the cached step (``no_cache_blocks`` trailing blocks).
-    ``num_layers`` overrides the block count (tests). Bad input raises :class:`HyvInputError` naming the flag.
+    ``num_layers`` overrides the block count (tests). ``attention``: ``splash`` (dense, exact) or ``ssta`` (the
+    block-sparse Pallas kernel of :mod:`hyv_lib.kernels.ssta_jax`, ``attention_options={"ssta": SstaConfig(...)}``,
+    the official options by default); None: the preset's (``ssta`` for the sparse 720p checkpoints, else ``splash``).
+    Bad input raises :class:`HyvInputError` naming the flag.
 
     Returns the report that ``python -m hyv_lib compile --json`` prints: per-device bytes from the compiler's memory
     analysis (arguments = weights + inputs, temporaries, outputs, code), the chip's HBM per device and ``fits``,
-    the collectives in the optimised HLO, XLA's FLOP count (Splash excluded: a Pallas call counts only its bytes),
+    the collectives in the optimised HLO, XLA's FLOP count (the attention kernels excluded: a Pallas call counts only
+    its bytes),
     its cost-model estimate when it gives one, and the compile time. With the cache, ``programs`` holds both programs
     and the top-level figures are the larger program's memory (plus both programs' code) and the sum of the rest.
     """
@@ -187,6 +199,11 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
     if not isinstance(no_cache_blocks, int) or not 0 <= no_cache_blocks <= preset.transformer["num_layers"]:
         raise HyvInputError("--no_cache_blocks", f"must be an integer in 0..{preset.transformer['num_layers']}, "
                                                  f"got {no_cache_blocks!r}")
+    attention = attention or ("ssta" if preset.attention == "ssta" else "splash")
+    if attention not in COMPILED_ATTENTION:
+        raise HyvInputError("--attention", f"the TPU step compiles {' or '.join(COMPILED_ATTENTION)}, got {attention!r}")
+    if attention == "ssta":
+        attention_options = {"ssta": SstaConfig(), **(attention_options or {})}
     devices = topology_devices(topology)
     heads = preset.transformer["num_attention_heads"]
     batch = preset.samples_per_step  # what pipeline.denoise runs per step: 1 with CFG off (the distilled presets)
@@ -198,7 +215,7 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
     model = abstract_transformer(_with_transformer(preset, config))
     with quiet_libtpu():
         try:
-            step = TpuTransformer(model, mesh=jax_mesh, sharding=sharding, attention="splash",
+            step = TpuTransformer(model, mesh=jax_mesh, sharding=sharding, attention=attention,
                                   attention_options=attention_options, adapter=get_adapter(preset.model))
         except ValueError as err:
             raise HyvInputError("--sharding", str(err)) from None
@@ -225,10 +242,12 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
         hbm_source=f"{chip.name}, {chip.hbm_bytes / 2**30:.0f} GiB per chip, {len(devices) // chips} device(s) per "
                    f"chip: {chip.source.split(':')[0]}",
         hbm_available_per_device=available_hbm(devices[0]),
-        attention=dict(backend="splash", native=all(p["splash_kernels"] for p in programs.values()),
-                       **_splash_settings(devices[0].device_kind, attention_options,
-                                          token_counts(_with_transformer(preset, config), height, width,
-                                                       video_length)["joint"])),
+        attention=dict(backend=attention, native=all(p["splash_kernels"] for p in programs.values()),
+                       **(_splash_settings(devices[0].device_kind, attention_options,
+                                           token_counts(_with_transformer(preset, config), height, width,
+                                                        video_length)["joint"]) if attention == "splash"
+                          else {k: list(v) if isinstance(v, tuple) else v
+                                for k, v in dataclasses.asdict(attention_options["ssta"]).items()})),
     )
     errors = [p["compile_error"] for p in programs.values() if p.get("compile_error")]
     # Fits = the compiler accepted every program and its bytes are within what the compiler makes available.
@@ -308,8 +327,6 @@ def _splash_settings(device_kind: str, options: dict | None, seq_len: int) -> di
 
 
 def _with_transformer(preset: Preset, config: dict) -> Preset:
-    import dataclasses
-
     return preset if config == preset.transformer else dataclasses.replace(preset, transformer=config)
 
 
@@ -349,8 +366,11 @@ def format_report(report: dict[str, Any]) -> str:
         f"{'a CFG batch of 2' if report.get('batch', 2) == 2 else 'one sample (CFG off)'}",
         f"compiled for {report['topology']}: {report['devices']} x {report['device_kind']} on {report['chips']} chips, "
         f"{report['processes']} host process(es)",
-        f"mesh {mesh}, sharding {report['sharding']}, Splash {'native (Mosaic)' if att['native'] else 'NOT native'} "
-        f"in {att['compute_dtype']}, blocks {att['block_q']}/{att['block_kv']}/{att['block_kv_compute']}",
+        f"mesh {mesh}, sharding {report['sharding']}, " + (
+            f"Splash {'native (Mosaic)' if att['native'] else 'NOT native'} in {att['compute_dtype']}, blocks "
+            f"{att['block_q']}/{att['block_kv']}/{att['block_kv_compute']}" if att.get("backend", "splash") == "splash"
+            else f"SSTA ({'native (Mosaic)' if att['native'] else 'NOT native'} block-sparse Pallas kernel), tiles "
+                 f"{'x'.join(map(str, att['tile']))}, window {'x'.join(map(str, att['window']))}, top-{att['topk']}"),
     ]
     if "programs" in report:
         lines.append(f"DeepCache: full + cached programs ({report['no_cache_blocks']} uncached block(s)); memory is the "
@@ -359,10 +379,10 @@ def format_report(report: dict[str, Any]) -> str:
     flops = report["flops_per_device"]
     estimate = report["compiler_estimate_seconds"]
     lines += [
-        f"XLA FLOPs per device: {'n/a' if flops is None else f'{flops:.3g}'} (Splash kernels not counted: XLA sees a "
+        f"XLA FLOPs per device: {'n/a' if flops is None else f'{flops:.3g}'} (attention kernels not counted: XLA sees a "
         "Pallas call as bytes only)",
         "compiler cost-model estimate: " + ("n/a (XLA's cost model returned no valid total)" if estimate is None
-                                            else f"{estimate:.3g} s (excludes the Splash kernels)"),
+                                            else f"{estimate:.3g} s (excludes the attention kernels)"),
         f"compiled in {report['compile_seconds']:.0f} s on this machine: a memory and collective check, not a timing",
     ]
     return "\n".join(lines)

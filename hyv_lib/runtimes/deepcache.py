@@ -127,6 +127,7 @@ class TorchDeepCache:
         a = self.adapter
         a.check_timestep_r(self.model, timestep_r)
         video, context, inputs, rope = cache
+        a.note_latent_shape(self.model, tuple(hidden_states.shape))  # this step's token grid (SSTA's tiles)
         temb = a.time_embedding(self.model, timestep, timestep_r)  # as the model's forward computes it
         for block in self._tail(no_cache_blocks):
             video, context = a.run_block(block, video, context, temb, inputs, rope)

@@ -51,7 +51,8 @@ RUNTIMES = ("torch", "tpu", "ulysses")
 ATTENTION_CHOICES = ("auto", "diffusers")
 def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
               sharding: str = "tp_replicated_out", cache=None, no_cache_blocks: int = 1,
-              attention: str = "auto", adapter: ModelAdapter | None = None) -> TransformerStep:
+              attention: str = "auto", adapter: ModelAdapter | None = None,
+              attention_options: dict[str, Any] | None = None) -> TransformerStep:
     """The transformer step of a runtime: ``torch`` (eager diffusers), ``tpu`` (torchax/JAX jit on
     whatever JAX backend is present: the TPU on a TPU VM, the CPU here; JAX's persistent compile cache is the
     caller's choice, :func:`hyv_lib.parallel.jax_env.enable_compile_cache`, which the CLI turns on) or
@@ -61,6 +62,8 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
     picks flash varlen on CUDA when installed, else SDPA on each sample's valid tokens (Splash or XLA under the tpu
     runtime); a name of :data:`hyv_lib.kernels.registry.BACKENDS` forces one. ``diffusers`` keeps diffusers' own processor
     on the torch runtime (the oracle: it builds a dense [B, 1, S, S] mask, 24 GiB at 720p/121f for the CFG batch).
+    ``attention_options``: the backend's options (``{"ssta": hyv_lib.SstaConfig(...)}`` for ``ssta``, Splash's block
+    sizes for ``splash``, ...), given to every runtime's attention; None: the backend's defaults.
     The step reads the model's device and dtype when it runs, not when it is built. ``adapter``: the model's glue
     (:class:`hyv_lib.models.adapter.ModelAdapter`; default: the registered one for the model's class).
     ``mesh`` ('tensor=8', 'data=2,tensor=4', ...) shards the tpu step with the rule set ``sharding``.
@@ -70,23 +73,30 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
     """
     if attention == "diffusers" and runtime != "torch":
         raise HyvInputError("--attention", f"diffusers' own processor runs on --runtime torch only, not {runtime!r}")
+    if attention_options is not None and not isinstance(attention_options, dict):
+        raise HyvInputError("attention_options", f"must be None or a dict of the backend's options, got "
+                                                 f"{type(attention_options).__name__}")
+    if attention == "diffusers" and attention_options:
+        raise HyvInputError("attention_options", "diffusers' own processor (--attention diffusers) takes no options, "
+                                                 f"got {', '.join(attention_options)}")
+    options = dict(attention_options or {})
     if cache is not None:
         if runtime not in ("torch", "tpu"):
             raise HyvInputError("--enable_cache", f"DeepCache runs on --runtime torch or tpu, not {runtime!r}")
-        return cached_step(make_step(transformer, runtime, mesh, sharding, attention=attention, adapter=adapter),
-                           transformer, cache, no_cache_blocks, adapter)
+        return cached_step(make_step(transformer, runtime, mesh, sharding, attention=attention, adapter=adapter,
+                                     attention_options=options), transformer, cache, no_cache_blocks, adapter)
     if runtime == "torch":
         if attention != "diffusers":  # else diffusers' own processor stays
-            adapter_for(transformer, adapter).use_attention(transformer, attention)
+            adapter_for(transformer, adapter).use_attention(transformer, attention, **options)
         return torch_step(transformer)
     if runtime == "tpu":
         axes = parse_mesh(mesh)
         if axes is None:
-            return TpuTransformer(transformer, attention=attention, adapter=adapter)
+            return TpuTransformer(transformer, attention=attention, attention_options=options, adapter=adapter)
         try:
             device_mesh = make_mesh(**axes)
             return TpuTransformer(transformer, mesh=device_mesh, sharding=sharding, attention=attention,
-                                  adapter=adapter)
+                                  attention_options=options, adapter=adapter)
         except ValueError as err:  # device count, head or batch splits
             raise HyvInputError("--mesh", str(err)) from None
     if runtime == "ulysses":
@@ -95,7 +105,10 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
                                              "torchrun --nproc_per_node=N -m hyv_lib stage2 --runtime ulysses ...")
         init_distributed()
         try:
-            return UlyssesTransformer(transformer, attention_backend=attention, adapter=adapter)
+            return UlyssesTransformer(transformer, attention_backend=attention, adapter=adapter,
+                                      attention_options=options)
+        except HyvInputError:  # names its own argument
+            raise
         except ValueError as err:  # heads that do not split over the ranks
             raise HyvInputError("--nproc_per_node", str(err)) from None
     raise HyvInputError("--runtime", f"must be one of {', '.join(RUNTIMES)}, got {runtime!r}")

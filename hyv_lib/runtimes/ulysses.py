@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ..base.errors import HyvInputError
 from ..kernels.dispatch import attention
 from ..models.adapter import ModelAdapter, RopeTables
 from ..models.processors import context_qkv, video_qkv
@@ -22,6 +23,17 @@ def check_heads(heads: int, world_size: int) -> None:
         valid = ", ".join(str(n) for n in range(1, heads + 1) if heads % n == 0)
         raise ValueError(f"{heads} heads cannot be split over {world_size} ranks: Ulysses sequence parallelism "
                          f"needs a world size that divides the head count ({valid})")
+
+
+def check_shared_heads(options: dict[str, Any], world_size: int) -> None:
+    """SSTA's ``share_heads`` picks one tile mask from the means over *all* heads, which no rank holds under Ulysses
+    (each has ``heads / world_size``): an error on 2+ ranks rather than a different mask per rank."""
+    config = options.get("ssta")
+    if world_size > 1 and getattr(config, "share_heads", False):
+        raise HyvInputError("attention_options", "SstaConfig(share_heads=True) averages the tile means over every "
+                                                 f"head, but Ulysses gives each of its {world_size} ranks a share of "
+                                                 "the heads: use share_heads=False (the official default) or one "
+                                                 "process")
 
 
 def shard_length(tokens: int, world_size: int) -> int:
@@ -81,13 +93,20 @@ class UlyssesJointAttnProcessor:
     ``[real video ; context ; video padding]`` with :func:`hyv_lib.kernels.dispatch.attention` (so the valid
     keys stay a prefix); the video output goes back to sequence shards with a second all_to_all and
     the context output is all_gathered over heads, leaving the same full context on every rank.
+
+    ``backend`` and ``options`` go to the attention call. ``grid`` (a :class:`hyv_lib.models.processors.TokenGrid`,
+    for a backend that tiles the video on its token grid: SSTA) gives the grid at each call; such a backend sees
+    exactly ``[real video (raster order) ; context]`` (the padding rows are dropped before the call and come back as
+    zero rows) and this rank's whole heads, with every token of the sequence, so its tiles are the single process's.
     """
 
-    def __init__(self, group=None, backend: str = "auto"):
+    def __init__(self, group=None, backend: str = "auto", grid=None, **options: Any):
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.backend = backend
+        self.grid = grid
+        self.options = options
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                  image_rotary_emb=None):
@@ -111,17 +130,20 @@ class UlyssesJointAttnProcessor:
         else:
             enc_q = enc_k = enc_v = video_q.new_zeros(batch, 0, local, video_q.shape[-1])
 
+        options = self.options if self.grid is None else {**self.options, "grid": self.grid.current(tokens)}
+        rows = world * shard if self.grid is None else tokens  # video rows the kernel sees (a tiling one: no padding)
+
         def joint(video, context):  # [real video ; context ; padding], [B, S, h, D] -> [B, h, S, D]
-            return torch.cat([video[:, :tokens], context, video[:, tokens:]], dim=1).transpose(1, 2)
+            return torch.cat([video[:, :tokens], context, video[:, tokens:rows]], dim=1).transpose(1, 2)
 
         device = hidden_states.device
         context_mask = (torch.ones(batch, context_len, dtype=torch.bool, device=device) if attention_mask is None
                         else attention_mask.to(device=device, dtype=torch.bool))
-        padding = world * shard - tokens
         kv_mask = torch.cat([torch.ones(batch, tokens, dtype=torch.bool, device=device), context_mask,
-                             torch.zeros(batch, padding, dtype=torch.bool, device=device)], dim=1)
+                             torch.zeros(batch, rows - tokens, dtype=torch.bool, device=device)], dim=1)
         out = attention(joint(video_q, enc_q), joint(video_k, enc_k), joint(video_v, enc_v), kv_mask,
-                        backend=self.backend).transpose(1, 2).to(query.dtype)  # [B, S, h, D]
+                        backend=self.backend, **options).transpose(1, 2).to(query.dtype)  # [B, S, h, D]
+        out = F.pad(out, (0, 0, 0, 0, 0, world * shard - rows))  # the dropped padding rows back, as zeros
 
         # Padding rows are invalid queries, so their outputs are exactly zero: they go back as they are.
         video = torch.cat([out[:, :tokens], out[:, tokens + context_len:]], dim=1)
@@ -148,10 +170,14 @@ class UlyssesTransformer:
 
     The model is modified in place: the dual-stream blocks get :class:`UlyssesJointAttnProcessor`,
     the token refiner hyv_lib's ``SelfAttnProcessor`` (it sees only the text and stays unsharded).
-    ``attention_backend`` is a backend of :func:`hyv_lib.kernels.dispatch.attention` for torch tensors.
+    ``attention_backend`` is a backend of :func:`hyv_lib.kernels.dispatch.attention` for torch tensors and
+    ``attention_options`` its options (``{"ssta": hyv_lib.SstaConfig(...)}`` for ``ssta``); each block's processor
+    runs what the adapter's ``use_attention`` chose for that block (SSTA: its token grid, and dense attention on
+    the blocks of ``dense_every``). SSTA with ``share_heads`` needs every head on one rank: refused on 2+ ranks.
     """
 
-    def __init__(self, model, group=None, attention_backend: str = "auto", adapter: ModelAdapter | None = None):
+    def __init__(self, model, group=None, attention_backend: str = "auto", adapter: ModelAdapter | None = None,
+                 attention_options: dict[str, Any] | None = None):
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("UlyssesTransformer needs torch.distributed initialised: call "
                                "hyv_lib.parallel.distributed.init_distributed() (under torchrun) or "
@@ -166,10 +192,18 @@ class UlyssesTransformer:
             raise ValueError("this process is not a member of the group passed to UlyssesTransformer")
         check_heads(config.num_attention_heads, self.world)
         self.model = model
-        adapter.use_attention(model, attention_backend)  # refiner: SelfAttnProcessor (also checks the backend)
-        self.processor = UlyssesJointAttnProcessor(group, attention_backend)
+        options = dict(attention_options or {})
+        # refiner: SelfAttnProcessor; blocks: the processors whose choices (backend, options, grid) Ulysses keeps
+        adapter.use_attention(model, attention_backend, **options)  # also checks the backend and its options
+        self.processors = []
         for attn in adapter.attention_modules(model):
-            attn.set_processor(self.processor)
+            chosen = attn.processor
+            processor = UlyssesJointAttnProcessor(group, getattr(chosen, "backend", attention_backend),
+                                                  getattr(chosen, "grid", None),
+                                                  **getattr(chosen, "options", options))
+            check_shared_heads(processor.options, self.world)
+            attn.set_processor(processor)
+            self.processors.append(processor)
         self._rope = RopeTables(adapter, model, self._local_rows)  # once per latent shape and device
 
     @property

@@ -288,20 +288,23 @@ def _set_rng_state(generator: torch.Generator, state: dict[str, Any]) -> None:
 
 # ------------------------------------------------------------------------------------------------ the loop
 def make_train_step(runtime: str, transformer, *, trainable: str, learning_rate: float, warmup_steps: int,
-                    weight_decay: float, mesh: str | None = None, remat: bool = True, attention: str = "auto"):
+                    weight_decay: float, mesh: str | None = None, remat: bool = True, attention: str = "auto",
+                    attention_options: dict[str, Any] | None = None):
     """The runtime's TrainStep: :class:`hyv_lib.training.torch_step.TorchTrainStep` (one device, or FSDP2 under
     torchrun) or :class:`hyv_lib.runtimes.tpu_train.TpuTrainStep` (JAX, FSDP over ``mesh``), with the same
     hyper-parameters: AdamW (betas 0.9/0.999, eps 1e-8), clipping to norm 1, :class:`LinearWarmup` to
     ``learning_rate`` over ``warmup_steps`` updates. ``attention``: hyv_lib's masked attention backend (``auto``: flash
     or SDPA on the valid tokens on CUDA, SDPA on the CPU, Splash/XLA on the tpu runtime; every one has a backward);
     ``diffusers`` keeps diffusers' own processor on the torch runtime, whose dense [B, 1, S, S] mask alone is 12 GiB
-    per sample at 720p/121f."""
+    per sample at 720p/121f. ``attention_options``: the backend's options (``{"ssta": hyv_lib.SstaConfig(...)}`` for
+    ``ssta``, whose backward on the CPU is hyv_lib's tile backward); None: its defaults."""
+    options = dict(attention_options or {})
     if runtime == "torch" and attention != "diffusers":
-        adapter_for(transformer).use_attention(transformer, attention)
+        adapter_for(transformer).use_attention(transformer, attention, **options)
     hyper = dict(trainable=trainable, learning_rate=LinearWarmup(learning_rate, warmup_steps),
                  weight_decay=weight_decay, betas=(0.9, 0.999), eps=1e-8, max_grad_norm=1.0, remat=remat)
     if runtime == "tpu":
-        return TpuTrainStep(transformer, mesh=mesh, attention=attention, **hyper)
+        return TpuTrainStep(transformer, mesh=mesh, attention=attention, attention_options=options, **hyper)
     return TorchTrainStep(transformer, **hyper)
 
 
@@ -315,7 +318,7 @@ def train(features: str | Any, *, preset: str, output_dir: str, steps: int, mode
           warmup_steps: int = DEFAULTS["warmup_steps"], weight_decay: float = DEFAULTS["weight_decay"],
           shift: float = DEFAULTS["shift"], sampling: str = DEFAULTS["sampling"], dtype: str | None = None,
           gradient_checkpointing: bool = True, attention: str = "auto", progress: bool = True,
-          transformer=None) -> TrainResult:
+          transformer=None, attention_options: dict[str, Any] | None = None) -> TrainResult:
     """Fine-tune a HunyuanVideo-1.5 transformer on a feature folder (:func:`hyv_lib.training.features.extract_features`)
     with its flow-matching objective, into ``output_dir``.
 
@@ -329,7 +332,8 @@ def train(features: str | Any, *, preset: str, output_dir: str, steps: int, mode
     command resumes at its last checkpoint and reproduces the same losses (log records past it are dropped); other
     settings in a folder holding a checkpoint are refused. ``steps`` may grow to train a finished run further.
     The folder's run lock keeps a second run out. ``transformer``: a module to train instead of loading the preset's
-    (``model_path``); ``dtype``: fp32 or bf16 (default: the preset's); ``attention``: see :func:`make_train_step`.
+    (``model_path``); ``dtype``: fp32 or bf16 (default: the preset's); ``attention``, ``attention_options``: see
+    :func:`make_train_step`.
     """
     settings = _check_settings(steps, learning_rate, batch_size, task, runtime, checkpoint_every, seed,
                                caption_dropout, warmup_steps, weight_decay, shift, sampling, lora_rank, lora_alpha,
@@ -338,6 +342,9 @@ def train(features: str | Any, *, preset: str, output_dir: str, steps: int, mode
         raise HyvInputError("--attention", f"must be auto, diffusers or one of {', '.join(BACKENDS)}; got {attention!r}")
     if attention == "diffusers" and runtime != "torch":
         raise HyvInputError("--attention", f"diffusers' own processor runs on --runtime torch only, not {runtime!r}")
+    if runtime == "tpu" and attention in BACKENDS and "grid" in BACKENDS[attention].options:
+        raise HyvInputError("--attention", f"{attention} has no backward on --runtime tpu yet (its Pallas kernel is "
+                                           "forward-only): train SSTA with --runtime torch")
     spec = get_preset(preset)
     steps, batch_size = settings["steps"], settings["batch_size"]
     checkpoint_every = settings["checkpoint_every"] or steps
@@ -367,7 +374,8 @@ def train(features: str | Any, *, preset: str, output_dir: str, steps: int, mode
             sampling=sampling, runtime=runtime, ranks=ranks)
         step = make_train_step(runtime, transformer, trainable=trainable, learning_rate=run.learning_rate,
                                warmup_steps=run.warmup_steps, weight_decay=run.weight_decay, mesh=mesh,
-                               remat=gradient_checkpointing, attention=attention)
+                               remat=gradient_checkpointing, attention=attention,
+                               attention_options=attention_options)
         return _run(features, step, run, spec, transformer, output_dir, steps, checkpoint_every, progress)
 
 
