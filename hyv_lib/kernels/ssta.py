@@ -176,6 +176,21 @@ def tile_order(layout: TileLayout, device: torch.device | str = "cpu") -> tuple[
     return torch.cat([source, text]), padded
 
 
+def call_layout(shape: tuple[int, ...], grid, config: SstaConfig) -> tuple[SstaConfig, TileLayout]:
+    """The per-grid options (:meth:`SstaConfig.for_grid`) and the tile layout of one attention call on [B, H, S, D]
+    tensors of ``shape`` whose video has the token grid ``grid``; a clear error for a missing or wrong grid."""
+    if grid is None or len(grid) != 3:
+        raise ValueError(f"ssta attention needs grid=(t, h, w), the video's token grid; got {grid!r}")
+    grid = tuple(int(n) for n in grid)
+    if not isinstance(config, SstaConfig):
+        raise TypeError(f"ssta= must be a hyv_lib.SstaConfig, got {type(config).__name__}")
+    config = config.for_grid(grid)
+    text_len = shape[2] - math.prod(grid)
+    if text_len < 0:
+        raise ValueError(f"grid {grid} has {math.prod(grid)} video tokens, more than the sequence's {shape[2]}")
+    return config, TileLayout(grid, config.tile, text_len)
+
+
 def to_tiles(x: torch.Tensor, layout: TileLayout, pad: str = "zero") -> torch.Tensor:
     """[B, H, S, D] (video in raster order, then text) -> [B, H, padded_length, D], tile by tile: tiles in (t, h, w)
     raster order, tokens inside a tile in raster order; the video padded to whole tiles with zeros or its edge

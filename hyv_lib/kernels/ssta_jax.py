@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from ..parallel.mesh import current_mesh, head_axes, target_platform
-from .ssta import SstaConfig, TileLayout, window_mask
+from .ssta import SstaConfig, TileLayout, call_layout, window_mask
 
 #: TPU lane width: the online softmax keeps its running max and sum replicated over this many lanes (as Splash does).
 LANES = 128
@@ -20,20 +20,6 @@ SMEM_BUDGET = 512 * 1024
 
 
 # ------------------------------------------------------------------------------------------ layout
-def check_call(shape: tuple[int, ...], grid, config) -> tuple[SstaConfig, TileLayout]:
-    """The per-grid options and the tile layout of one call on [B, H, S, D] arrays of ``shape``, or a clear error."""
-    if grid is None or len(grid) != 3:
-        raise ValueError(f"ssta attention needs grid=(t, h, w), the video's token grid; got {grid!r}")
-    grid = tuple(int(n) for n in grid)
-    if not isinstance(config, SstaConfig):
-        raise TypeError(f"ssta= must be a hyv_lib.SstaConfig, got {type(config).__name__}")
-    config = config.for_grid(grid)
-    text_len = shape[2] - math.prod(grid)
-    if text_len < 0:
-        raise ValueError(f"grid {grid} has {math.prod(grid)} video tokens, more than the sequence's {shape[2]}")
-    return config, TileLayout(grid, config.tile, text_len)
-
-
 def padded_video(x, layout: TileLayout, pad: str = "zero"):
     """The video tokens of [B, H, S, D] padded to whole tiles (zeros or the edge tokens, ``pad``) and split into
     them: [B, H, nt, tt, nh, th, nw, tw, D] (tile counts and tile cells per axis); a pad and a reshape."""
@@ -418,7 +404,7 @@ def ssta_jax_kernel(q, k, v, kv_mask=None, *, grid: tuple[int, int, int] | None 
     :func:`hyv_lib.parallel.mesh.target_platform`) and runs it in interpret mode elsewhere."""
     import jax.numpy as jnp
 
-    config, layout = check_call(tuple(q.shape), grid, ssta)
+    config, layout = call_layout(tuple(q.shape), grid, ssta)
     if interpret is None:
         interpret = target_platform() != "tpu"
     text_valid = None

@@ -10,7 +10,7 @@ import math
 import torch
 
 from .registry import register_backend
-from .ssta import SstaConfig, TileLayout, tile_mask, to_tiles, from_tiles, token_mask
+from .ssta import SstaConfig, TileLayout, call_layout, from_tiles, tile_mask, to_tiles, token_mask
 from .ssta_jax import ssta_jax_kernel
 
 
@@ -18,17 +18,8 @@ def ssta_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_mask: torc
                 grid: tuple[int, int, int], config: SstaConfig):
     """The tiled q, k, v, the layout and the tile mask [B, H, T, T] of one SSTA call (``kv_mask`` [B, S]: its text
     part gives each sample's valid text tokens, valid first)."""
-    if grid is None or len(grid) != 3:
-        raise ValueError(f"ssta attention needs grid=(t, h, w), the video's token grid; got {grid!r}")
-    grid = tuple(int(n) for n in grid)
-    if not isinstance(config, SstaConfig):
-        raise TypeError(f"ssta= must be a hyv_lib.SstaConfig, got {type(config).__name__}")
-    config = config.for_grid(grid)
-    video = math.prod(grid)
-    text_len = q.shape[2] - video
-    if text_len < 0:
-        raise ValueError(f"grid {grid} has {video} video tokens, more than the sequence's {q.shape[2]}")
-    layout = TileLayout(grid, config.tile, text_len)
+    config, layout = call_layout(q.shape, grid, config)
+    video = layout.video_tokens
     text_valid = None if kv_mask is None else kv_mask[:, video:].sum(dim=1)
     qt, kt, vt = (to_tiles(x, layout, config.pad) for x in (q, k, v))
     with torch.no_grad():  # a choice of tiles: nothing to differentiate
