@@ -31,6 +31,8 @@ Sections, each catching and recording its own failure so one broken backend does
 - ``ssta``: SSTA sparse attention (``benchmarks/gpu_ssta.py``) against the dense default on the same inputs and
   weights: the 720p/121f and 480p/121f joint attention (ms, tile density, the mask's own time, error against a float32
   reference on a slice of query tiles) and the full step (CFG batch, and the distilled sparse preset's batch of one).
+- ``ssta_backward``: SSTA's gradients (FlexAttention's compiled backward on CUDA, hyv_lib's tile backward on the CPU)
+  against autograd through the float32 reference, per attention call and through the tiny DiT.
 - ``cogvideox``: the second model (``benchmarks/gpu_cogvideox.py``): the tiny CogVideoX with hyv_lib's attention on the
   GPU against diffusers' fp32 forward on the CPU, then one CFG step of CogVideoX1.5-5B (random bf16 weights) at
   768x1360 and 720x1280, 81 frames: diffusers' stock forward against hyv_lib's attention.
@@ -75,7 +77,7 @@ from hyv_lib.runtimes.placement import offload_blocks, placed  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_cogvideox import cogvideox_section  # noqa: E402
-from gpu_ssta import ssta_section  # noqa: E402
+from gpu_ssta import backward_section, ssta_section  # noqa: E402
 
 GIB = 2**30
 #: The backends the attention section tries, in this order, besides diffusers' dense-mask path.
@@ -801,7 +803,8 @@ def markdown(data: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------------ main
-SECTIONS = ("attention", "step", "cache", "offload", "vae", "distributed", "train", "cogvideox", "ssta")
+SECTIONS = ("attention", "step", "cache", "offload", "vae", "distributed", "train", "cogvideox", "ssta",
+            "ssta_backward")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -875,6 +878,9 @@ def main(argv: list[str] | None = None) -> int:
                        step_inputs=step_inputs)
         only = [x.strip() for x in args.step_sizes.split(",")] if args.step_sizes else None
         run_section(report, "ssta", lambda s: ssta_section(s, device, clock, budget, args.tiny, helpers, only))
+    if "ssta_backward" in wanted:
+        helpers = dict(row_failure=row_failure)
+        run_section(report, "ssta_backward", lambda s: backward_section(s, device, clock, budget, args.tiny, helpers))
     report.data["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     report.write()
     failed = [n for n, s in report.data["sections"].items() if s.get("status") == "failed"]

@@ -152,10 +152,10 @@ def step_rows(section, device, clock, budget, cfg, tiny, helpers) -> None:
     outputs: dict[str, torch.Tensor] = {}
     sizes = list(cfg["sizes"].items())
     sparse_preset = get_preset(cfg["sparse_preset"])
-    runs = [(f"{kind} {size}", size, dims, kind, 2) for size, dims in sizes for kind in ("dense", "ssta")]
-    runs.append((f"{sparse_preset.name} batch 1 {sizes[0][0]}", sizes[0][0], sizes[0][1], "ssta", 1))
+    runs = [(f"step {kind} {size}", size, dims, kind, 2) for size, dims in sizes for kind in ("dense", "ssta")]
+    runs.append((f"step {sparse_preset.name} batch 1 {sizes[0][0]}", sizes[0][0], sizes[0][1], "ssta", 1))
     # last: the blocks stay compiled
-    runs.append((f"ssta compiled blocks {sizes[0][0]}", sizes[0][0], sizes[0][1], "ssta compiled", 2))
+    runs.append((f"step ssta compiled blocks {sizes[0][0]}", sizes[0][0], sizes[0][1], "ssta compiled", 2))
     chip = helpers["chip_key"](device)
     from hyv_lib.planning.costs import step_flops
 
@@ -199,11 +199,11 @@ def step_rows(section, device, clock, budget, cfg, tiny, helpers) -> None:
         helpers["free_memory"]()
         print(f"  ssta step {name}: {row.get('s_per_step', row.get('reason', row.get('error')))} s", flush=True)
     for size, _ in sizes:
-        dense, sparse = outputs.get(f"dense {size}"), outputs.get(f"ssta {size}")
+        dense, sparse = outputs.get(f"step dense {size}"), outputs.get(f"step ssta {size}")
         rows = {r["name"]: r for r in section["rows"]}
         if dense is not None and sparse is not None:
             section.setdefault("compare", {})[f"step {size}"] = dict(
-                speedup=round(rows[f"dense {size}"]["s_per_step"] / rows[f"ssta {size}"]["s_per_step"], 3),
+                speedup=round(rows[f"step dense {size}"]["s_per_step"] / rows[f"step ssta {size}"]["s_per_step"], 3),
                 relative_l2_sparse_vs_dense=float((sparse - dense).norm() / dense.norm().clamp_min(1e-30)))
     del model
 
@@ -218,3 +218,71 @@ def ssta_section(section: dict[str, Any], device, clock, budget, tiny: bool, hel
     section.update(config=dict(cfg["config"].__dict__), preset=cfg["preset"], sparse_preset=cfg["sparse_preset"])
     attention_rows(section, device, clock, budget, cfg, tiny, helpers)
     step_rows(section, device, clock, budget, cfg, tiny, helpers)
+
+
+# ------------------------------------------------------------------------------------------ backward
+def backward_section(section: dict[str, Any], device, clock, budget, tiny: bool, helpers: dict[str, Any]) -> None:
+    """``ssta_backward``: SSTA's gradients on this device (compiled FlexAttention's backward on CUDA; hyv_lib's tile
+    backward on the CPU) against autograd through the float32 reference, per call and through the tiny DiT.
+
+    - ``attention``: q, k, v [2, 4, S, 64] in float32 and bf16 on a 5x16x24 grid with 2x8x8 tiles (128 tokens: a
+      block size FlexAttention's CUDA kernel takes) and 77 context tokens, one sample's text cut short; the loss is
+      the output against a fixed random tensor. The largest gradient error of q, k and v relative to the largest
+      reference gradient.
+    - ``model``: the tiny preset's DiT (float32) with ``use_attention(model, "ssta")`` and with ``"ssta_reference"``,
+      the same latents: the loss and the largest relative error over every parameter's gradient."""
+    import copy
+
+    from hyv_lib.kernels.ssta_torch import ssta_reference
+    from hyv_lib.models.components import build_tiny_components, example_forward_kwargs
+
+    grid, tile = (5, 16, 24), (2, 8, 8)
+    config = SstaConfig(tile=tile, window=(1, 3, 3), topk=4)
+    text = 77
+    s = math.prod(grid) + text
+    for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        row: dict[str, Any] = dict(name=f"attention backward {name}", grid=list(grid), tile=list(tile))
+        section["rows"].append(row)
+        try:
+            g = torch.Generator(device=device).manual_seed(0)
+            q, k, v = (torch.randn(2, 4, s, 64, generator=g, device=device, dtype=dtype) for _ in range(3))
+            target = torch.randn(2, 4, s, 64, generator=g, device=device)
+            kv_mask = torch.ones(2, s, dtype=torch.bool, device=device)
+            kv_mask[1, math.prod(grid) + 20:] = False
+            grads = {}
+            for kind in ("ssta", "reference"):
+                leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
+                if kind == "ssta":
+                    out = attention(*leaves, kv_mask, backend="ssta", grid=grid, ssta=config)
+                else:
+                    out = ssta_reference(*[x.float() for x in leaves], kv_mask, grid=grid, ssta=config)
+                ((out.float() - target) ** 2).mean().backward()
+                grads[kind] = [x.grad.float() for x in leaves]
+            scale = max(float(g_.abs().max()) for g_ in grads["reference"])
+            row.update(status="ok", max_relative_error=max(float((a - b).abs().max()) / scale
+                                                           for a, b in zip(grads["ssta"], grads["reference"])))
+        except Exception as err:  # noqa: BLE001
+            helpers["row_failure"](row, err)
+        print(f"  {row['name']}: {row.get('max_relative_error', row.get('error'))}", flush=True)
+    row = dict(name="tiny DiT gradients fp32", grid=[5, 16, 24], tile=list(tile))
+    section["rows"].append(row)
+    try:
+        preset = get_preset("tiny")
+        base = build_tiny_components(preset, names=["transformer"])["transformer"].to(device)
+        kwargs = {key: value.to(device) for key, value in
+                  example_forward_kwargs(preset, latent=(5, 16, 24), text_lengths=(14, 40)).items()}
+        results = {}
+        for backend in ("ssta", "ssta_reference"):
+            model = copy.deepcopy(base).requires_grad_(True)
+            get_adapter(preset.model).use_attention(model, backend, ssta=config)
+            loss = model(**kwargs, return_dict=False)[0].square().mean()
+            loss.backward()
+            results[backend] = (loss.item(), {n: p.grad.float() for n, p in model.named_parameters()
+                                              if p.grad is not None})
+        (loss, mine), (ref_loss, ref) = results["ssta"], results["ssta_reference"]
+        scale = max(float(g_.abs().max()) for g_ in ref.values())
+        row.update(status="ok", loss=loss, reference_loss=ref_loss, parameters=len(ref),
+                   max_relative_error=max(float((mine[n] - ref[n]).abs().max()) / scale for n in ref))
+    except Exception as err:  # noqa: BLE001
+        helpers["row_failure"](row, err)
+    print(f"  {row['name']}: {row.get('max_relative_error', row.get('error'))}", flush=True)
