@@ -1,5 +1,5 @@
-"""diffusers attention processors for HunyuanVideo-1.5 that call hyv_lib's masked attention with the 1-D key mask (or SSTA,
-the sparse attention of the 720p sparse checkpoints, with the video's token grid)."""
+"""diffusers attention processors for HunyuanVideo-1.5 that call hyv_lib's masked attention with the 1-D key mask (or
+SSTA, the sparse attention of the 720p sparse checkpoints, with the video's token grid)."""
 
 from __future__ import annotations
 
@@ -165,9 +165,10 @@ def use_attention(model: torch.nn.Module, backend: str = "auto", **options: Any)
     The backend and its options are checked now, so a missing package or a misspelt option fails here rather than
     mid-forward. The model is changed in place: its attention modules get these processors.
 
-    ``backend="ssta"`` (or its fp32 oracle ``ssta_reference``; option ``ssta``: a :class:`hyv_lib.SstaConfig`, default the official ``attn_param``) runs the
-    dual-stream blocks' joint attention sparse on the video's token grid (read from the latents' shape at each
-    forward); the blocks its ``dense_every`` names and the token refiner run the dense exact ``auto`` backend.
+    ``backend="ssta"`` (or its fp32 oracle ``ssta_reference``; option ``ssta``: a :class:`hyv_lib.SstaConfig`, by
+    default the official ``attn_param``) runs the dual-stream blocks' joint attention sparse on the video's token
+    grid (read from the latents' shape at each forward); the blocks its ``dense_every`` names and the token refiner
+    run the dense exact ``auto`` backend.
     """
     from diffusers.models.attention_processor import Attention, AttnProcessor2_0
     from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
