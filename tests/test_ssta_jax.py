@@ -225,25 +225,33 @@ SHARDED_PROBE = textwrap.dedent("""
     torch.manual_seed(0)
     model = HunyuanVideo15Transformer3DModel(**dict(tiny.transformer, num_attention_heads=8, attention_head_dim=16))
     model = model.eval().requires_grad_(False)
-    kwargs = example_forward_kwargs(tiny, seed=1, latent=(3, 5, 7), text_lengths=(14, 50), byt5_lengths=(0, 7))
-    config = SstaConfig(tile=(2, 2, 2), window=(3, 3, 3), topk=4, share_heads=True)
+    # 4 x 4 x 6 = 96 video tokens: a sequence axis of 4 splits them evenly
+    kwargs = example_forward_kwargs(tiny, seed=1, latent=(4, 4, 6), text_lengths=(14, 50), byt5_lengths=(0, 7))
+    config = SstaConfig(tile=(2, 2, 2), window=(1, 3, 3), topk=4, share_heads=True)
     reference = copy.deepcopy(model)
     use_attention(reference, "ssta_reference", ssta=config)
     with torch.no_grad():
         expected = reference(**kwargs).sample
-    tpu = TpuTransformer(copy.deepcopy(model), mesh="data=2,tensor=4", attention="ssta",
-                         attention_options={"ssta": config})
-    print(json.dumps({"error": (tpu(**kwargs) - expected).abs().max().item()}))
+        dense = model(**kwargs).sample
+    errors = {}
+    for mesh in ("data=2,tensor=4", "tensor=2,sequence=4"):
+        tpu = TpuTransformer(copy.deepcopy(model), mesh=mesh, attention="ssta", attention_options={"ssta": config})
+        errors[mesh] = (tpu(**kwargs) - expected).abs().max().item()
+    print(json.dumps({"errors": errors, "sparse_effect": (dense - expected).abs().max().item()}))
 """)
 
 
 @pytest.mark.slow  # its own process (8 emulated CPU devices need XLA_FLAGS before JAX starts), ~25 s
 def test_sharded_on_eight_devices_with_one_mask_for_all_heads(run_probe):
-    """Heads split 4 ways: with ``share_heads`` every device averages the block means over all 8 heads (a pmean across
-    the head shards), not its own 2 (which measured 5e-3 off)."""
+    """Heads split 4 ways (data=2 x tensor=4) and 8 ways with the video tokens on a sequence axis (tensor=2 x
+    sequence=4: attention gathers the whole sequence for its heads, so tiles stay whole): with ``share_heads`` every
+    device averages the block means over all 8 heads (a pmean across the head shards), not its own (which measured
+    5e-3 off)."""
     pytest.importorskip("torchax")
     result = run_probe("-c", SHARDED_PROBE)
-    assert result["error"] <= 3e-6, result  # measured 6.0e-7
+    assert result["sparse_effect"] > 1e-3, result  # the sparse mask matters on this grid
+    for mesh, error in result["errors"].items():
+        assert error <= 3e-6, (mesh, result)  # measured 6.0e-7
 
 
 @pytest.mark.slow  # ~10 s: the TPU compiler (libtpu, no TPU) on the real shape
