@@ -40,7 +40,8 @@ def add_attention_arguments(parser: argparse.ArgumentParser, group=None) -> None
     parser.set_defaults(ssta=None)
     group = group or parser
     group.add_argument("--attention", default=None,
-                       help="auto (exact: flash varlen on CUDA if installed, else SDPA; Splash/XLA for tpu) | sdpa | "
+                       help="auto (exact; on CUDA by GPU generation: SDPA (cuDNN) first on Hopper and newer, flash-attn "
+                            "first before; Splash/XLA for tpu) | sdpa | "
                             "flash | flash3 | sage (lossy) | splash | xla | ssta (SSTA sparse attention, what the "
                             "720p sparse checkpoints were trained with) | ... | diffusers (stock dense-mask processor, "
                             "torch runtime only) (default: the preset's: ssta for *_distilled_sparse, else auto)")

@@ -32,6 +32,7 @@ from ..planning.tpu_compile import compile_step, format_report
 from ..planning.train_compile import RECIPE_LORA_ALPHA, RECIPE_LORA_RANK, compile_train_step, format_train_report
 from ..runtimes.magcache import CALIBRATION_PROMPT, CALIBRATION_SEED
 from .attention_flags import add_attention_arguments, ssta_overrides
+from .official_flags import add_official_arguments, official_overrides
 from .training import add_extract_features_arguments, add_train_arguments, extract_features_command, train_command
 
 
@@ -93,6 +94,7 @@ def _add_stage2(p: argparse.ArgumentParser, dirs: bool = True) -> None:
                         "before the step is built, on every runtime (default: none)")
     g.add_argument("--lora_scale", type=float, default=1.0,
                    help="the LoRA's strength: W += scale * alpha/rank * B @ A (default 1.0; 0 leaves the model as is)")
+    add_official_arguments(p)
     c = p.add_argument_group("stage 2: DeepCache (torch and tpu runtimes)")
     c.add_argument("--enable_cache", action="store_true", help="reuse deep features on the schedule's cached steps")
     c.add_argument("--cache_method", default=None,
@@ -277,7 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _stage2_kwargs(args: argparse.Namespace) -> dict:
     kwargs = {n: getattr(args, n) for n in (*STAGE2_SETTINGS, "quiet") if n != "ssta"}  # flags named as settings
-    return {**kwargs, "ssta": ssta_overrides(args)}  # SSTA's options come from the --ssta_* flags
+    # SSTA's options come from the --ssta_* flags; the official scripts' flags (--attn_mode, ...) set what they alias
+    return {**kwargs, "ssta": ssta_overrides(args), **official_overrides(args)}
 
 
 def _save_tiny(args: argparse.Namespace) -> None:

@@ -4,6 +4,7 @@ call that picks one."""
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,6 +26,60 @@ def jax_backends() -> tuple[str, ...]:
     return tuple(name for name, backend in BACKENDS.items() if backend.jax_kernel is not None)
 
 
+@dataclass(frozen=True)
+class GpuOrder:
+    """``auto``'s order of the exact CUDA backends on GPUs of at least ``min_capability``, and the measurement
+    behind it (the first that runs here and takes the tensors is used)."""
+
+    min_capability: tuple[int, int]
+    backends: tuple[str, ...]
+    reason: str
+
+
+#: ``auto`` on CUDA, newest GPU generation first: the first entry whose ``min_capability`` the GPU has decides.
+GPU_ORDERS = (
+    GpuOrder((9, 0), ("sdpa", "flash3", "flash", "torch_varlen"),
+             "Hopper and newer: torch's SDPA runs cuDNN's fused attention, measured fastest on one H200 (torch 2.11, "
+             "the real 720p/121f joint attention: SDPA 366.5 ms, 557.7 TFLOP/s, against torch_varlen's FlashAttention-2 "
+             "586.2 ms, 348.7 TFLOP/s; benchmarks/results/gpu_check_2026-11-26_H200_run2.json; a probe outside the "
+             "repository timed flash-attn's FA2 at 281 ms against SDPA's 178 ms for one 720p sample). FlashAttention-3 "
+             "has not been measured here, so it comes after SDPA: force it with --attention flash3"),
+    GpuOrder((0, 0), ("flash", "sdpa", "torch_varlen"),
+             "before Hopper (Ampere, Ada): not measured by this project. SDPA has no cuDNN kernel to pick there and "
+             "runs FlashAttention-2 itself, so flash-attn's varlen call (one launch for the batch) comes first when "
+             "installed, then SDPA per sample"),
+)
+
+
+def gpu_order(device: torch.device) -> GpuOrder:
+    """The :data:`GPU_ORDERS` entry for the CUDA GPU ``device`` (by its compute capability)."""
+    capability = torch.cuda.get_device_capability(device)
+    return next(entry for entry in GPU_ORDERS if capability >= entry.min_capability)
+
+
+def sdpa_kernel(device: torch.device, dtype: torch.dtype, head_dim: int, heads: int = 1) -> str:
+    """Which kernel torch's ``scaled_dot_product_attention`` picks for an unmasked [1, heads, 256, head_dim] query of
+    ``dtype`` on ``device``, as the ``sdpa`` backend calls it: ``cudnn``, ``flash``, ``efficient``, ``math`` or
+    ``overrideable`` (torch's own choice function, the one SDPA calls)."""
+    q = torch.zeros(1, heads, 256, head_dim, device=device, dtype=dtype)
+    choice = torch.nn.attention.SDPBackend(torch._fused_sdp_choice(q, q, q))
+    return {"CUDNN_ATTENTION": "cudnn", "FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "efficient",
+            "MATH": "math", "OVERRIDEABLE": "overrideable"}.get(choice.name, choice.name.lower())
+
+
+def kernel_record(backend: str, device: torch.device, dtype: torch.dtype, head_dim: int | None = None) -> dict[str, Any]:
+    """What attention ``backend`` runs as for a model on ``device`` in ``dtype`` (generation_config.json's
+    ``attention_kernel``): the resolved backend, SDPA's own kernel choice when it is ``sdpa`` (``head_dim`` given),
+    and on CUDA with ``auto`` the reason for the order it picked by."""
+    name = "diffusers" if backend == "diffusers" else resolve_backend(backend, device, dtype)
+    record: dict[str, Any] = {"backend": name}
+    if name == "sdpa" and head_dim:
+        record["sdpa_kernel"] = sdpa_kernel(device, dtype, head_dim)
+    if backend == "auto" and device.type == "cuda":
+        record["auto_order"] = list(gpu_order(device).backends)
+    return record
+
+
 def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype | None = None) -> str:
     """``auto`` -> the best backend for tensors on ``device`` (of ``dtype``); any other name is checked and
     returned: it must run on this machine and take tensors of this device and dtype."""
@@ -32,9 +87,7 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype | Non
     if backend == "auto":
         if device.type == "jax":
             return "splash" if target_platform() == "tpu" else "xla"
-        # SDPA before torch_varlen: measured on one H200 (torch 2.11, benchmarks/results/gpu_check_2026-11-26_H200_run2.json)
-        # torch's SDPA on each sample's valid tokens ran the real 720p attention 1.6x faster than varlen_attn.
-        order = ("flash3", "flash", "sdpa", "torch_varlen") if device.type == "cuda" else ("sdpa",)
+        order = gpu_order(device).backends if device.type == "cuda" else ("sdpa",)
         return next(name for name in order if available[name] is None and BACKENDS[name].takes(device, dtype) is None)
     if backend not in available:
         raise ValueError(f"backend must be 'auto' or one of {', '.join(BACKENDS)}; got {backend!r}")
@@ -52,7 +105,8 @@ def attention(
 ) -> torch.Tensor:
     """Masked attention over [B, H, S, D] tensors with a [B, S] key-padding mask (True = valid).
 
-    ``backend``: ``auto`` (flash3 > flash > sdpa > torch_varlen on CUDA, sdpa on CPU), ``reference`` (the fp32
+    ``backend``: ``auto`` (on CUDA by GPU generation, :data:`GPU_ORDERS`: sdpa > flash3 > flash > torch_varlen on
+    Hopper and newer, flash > sdpa > torch_varlen before; sdpa on CPU), ``reference`` (the fp32
     oracle, O(S^2) memory), ``sdpa``, ``flash``/``flash3`` (varlen via cu_seqlens), ``torch_varlen`` (PyTorch's
     varlen flash attention, torch >= 2.10), ``sage`` (lossy),
     ``splash`` (JAX Pallas Splash with segment ids; interpret mode off TPU; ``options`` are its block

@@ -18,6 +18,7 @@ from ..base.files import clean_partials, ensure_output_dir
 from ..base.lock import folder_lock
 from ..base.memory import PeakMemory
 from ..base.presets import DEFAULT_PRESET, PRESETS, Preset, get_preset
+from ..kernels.dispatch import kernel_record
 from ..models.components import IMAGE_COMPONENTS, load_components, text_components, torch_dtype
 from ..models.lora import RECORD_FIELDS, check_lora_file, ensure_merged
 from ..parallel.distributed import barrier, init_distributed, launched_ranks, local_device, rank
@@ -207,6 +208,7 @@ def stage2(
             requested, tuple(n * spec.spatial_compression for n in embeds["cond_latents"].shape[-2:]))
     settings = resolve_settings(spec, requested)
     # the step cache, decided before any model loads (a MagCache run's calibration file is resolved here)
+    own_step = step is None
     schedule = None if step is not None else cache_schedule(settings, spec, config.get("model_path"))
     output_dir = ensure_output_dir(output_dir or input_dir)
     dtype = config.get("dtype", spec.default_dtype)
@@ -233,6 +235,9 @@ def stage2(
     if rank() == 0:  # every rank holds the same latents; one writes them
         save_tensors({"latents": latents}, os.path.join(output_dir, STAGE2_FILE), metadata={"preset": spec.name})
         fields = settings.config()
+        if own_step and runtime in ("torch", "ulysses"):  # the backend `auto` chose, and SDPA's own kernel choice
+            fields["attention_kernel"] = kernel_record(settings.attention, device, next(transformer.parameters()).dtype,
+                                                       getattr(transformer.config, "attention_head_dim", None))
         if lora is not None:  # the file's path, SHA-256, scale and rank
             fields.update(lora.record(settings.lora_scale))
         else:  # a rerun without the LoRA (or from a folder made with one) records none

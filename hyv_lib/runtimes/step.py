@@ -59,7 +59,8 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
     ``ulysses`` (sequence parallel over the torchrun processes: nccl on GPUs, gloo on CPU).
 
     ``attention``: every runtime installs hyv_lib's exact masked attention on ``transformer`` (in place): ``auto``
-    picks flash varlen on CUDA when installed, else SDPA on each sample's valid tokens (Splash or XLA under the tpu
+    picks the exact CUDA kernel by GPU generation (:data:`hyv_lib.kernels.dispatch.GPU_ORDERS`: SDPA first on Hopper),
+    SDPA on each sample's valid tokens on the CPU (Splash or XLA under the tpu
     runtime); a name of :data:`hyv_lib.kernels.registry.BACKENDS` forces one. ``diffusers`` keeps diffusers' own processor
     on the torch runtime (the oracle: it builds a dense [B, 1, S, S] mask, 24 GiB at 720p/121f for the CFG batch).
     ``attention_options``: the backend's options (``{"ssta": hyv_lib.SstaConfig(...)}`` for ``ssta``, Splash's block
