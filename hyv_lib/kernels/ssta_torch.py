@@ -178,6 +178,7 @@ class FlexTileBackward(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, mask, layout: TileLayout, scale: float):
+        """The compiled FlexAttention forward on detached inputs; saves what the tile backward needs."""
         blocks = block_mask(mask, layout, q.device, backward=False)
         with host_compile(q.device):
             out = compiled_flex()(q.detach(), k.detach(), v.detach(), block_mask=blocks, scale=scale)
@@ -188,6 +189,7 @@ class FlexTileBackward(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
+        """dq, dk, dv by :func:`tile_attention_backward` (no gradient for the mask, layout and scale)."""
         q, k, v, out, mask = ctx.saved_tensors
         dq, dk, dv = tile_attention_backward(q, k, v, out, grad_out.contiguous(), mask, ctx.size, ctx.scale)
         return dq, dk, dv, None, None, None
