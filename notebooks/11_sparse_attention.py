@@ -399,7 +399,7 @@ for record in frontier["runs"]:
 #   tiles by importance and the text, and every token of an attended tile counts. One tile mask
 #   (`hyv_lib.ssta_mask`) drives every kernel.
 # * Tiles, because kernels skip whole blocks: a token mask of the same pattern would save nothing. The price is the
-#   padding, $(L/S)^2$ in the FLOP ratio $\rho L^2/S^2$: a quarter of dense at 720p, half at 480p.
+#   padding, $(L/S)^2$ in the FLOP ratio $\rho L^2/S^2$: a quarter of dense at 720p, 0.58 of it at 480p.
 # * torch's FlexAttention, driven by the tile mask, runs it on any GPU of compute capability 8.0 or newer with no extra
 #   package: on one H200 the 720p/121f attention call is 2.8x faster than cuDNN's dense kernel and the whole CFG step
 #   2.0x (12.06 against 24.25 s).
