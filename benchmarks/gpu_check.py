@@ -35,7 +35,20 @@ Sections, each catching and recording its own failure so one broken backend does
   against autograd through the float32 reference, per attention call and through the tiny DiT.
 - ``cogvideox``: the second model (``benchmarks/gpu_cogvideox.py``): the tiny CogVideoX with hyv_lib's attention on the
   GPU against diffusers' fp32 forward on the CPU, then one CFG step of CogVideoX1.5-5B (random bf16 weights) at
-  768x1360 and 720x1280, 81 frames: diffusers' stock forward against hyv_lib's attention.
+  768x1360 and 720x1280, 81 frames: diffusers' stock forward against hyv_lib's attention, eager and with its blocks
+  compiled (``make_step(..., compile=True)``; target >= 1.15x diffusers).
+- ``compiled``: the step of the ``step`` section with hyv_lib's blocks compiled (``make_step(model, "torch",
+  attention="auto", compile=True)``: regional torch.compile, attention as one custom op) on a model rebuilt with the
+  same seeded weights: the first call (compile + run) apart from the steady s/step, the ratios to the step section's
+  eager hyv_lib and diffusers rows of the same run, and the compiled output's difference to the eager one (target at
+  480p/121f: <= 4.6 s and >= 3.8x diffusers' stock forward).
+- ``e2e``: the whole video on one GPU (``benchmarks/gpu_e2e.py``) at 480x832x121 and 720x1280x121, hyv_lib against
+  diffusers' ``HunyuanVideo15Pipeline`` on the same random weights: text encoding (real-size Qwen2.5-VL-7B and ByT5
+  stand-ins), N CFG steps (hyv_lib compiled against the pipeline's loop) and the VAE decode, each timed, and the
+  50-step video measured where the budget allows, else projected (target: 480p <= 240 s).
+
+The ``environment`` section and the attention section's ``sdpa`` row record which kernel torch's SDPA dispatches to
+(cuDNN, flash, efficient or math): torch's own choice for the shapes, and the SDPA operators a profiled call ran.
 
 Everything is written after every section (``--output``, default ``benchmarks/results/gpu_check.json``, and the markdown
 table next to it), so a run stopped at its time limit keeps what it measured. Rows that would not fit the remaining
@@ -66,7 +79,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hyv_lib.base.memory import LargestTensor  # noqa: E402
 from hyv_lib.base.presets import get_preset  # noqa: E402
-from hyv_lib.kernels.dispatch import attention, available_backends, resolve_backend  # noqa: E402
+from hyv_lib.kernels.dispatch import (  # noqa: E402
+    attention,
+    available_backends,
+    kernel_record,
+    resolve_backend,
+    sdpa_kernel,
+)
 from hyv_lib.kernels.registry import BACKENDS  # noqa: E402
 from hyv_lib.models.layout import context_tokens, video_tokens  # noqa: E402
 from hyv_lib.models.registry import get_adapter  # noqa: E402
@@ -77,6 +96,7 @@ from hyv_lib.runtimes.placement import offload_blocks, placed  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_cogvideox import cogvideox_section  # noqa: E402
+from gpu_e2e import compiled_graphs, e2e_section  # noqa: E402
 from gpu_ssta import backward_section, ssta_section  # noqa: E402
 
 GIB = 2**30
@@ -154,6 +174,38 @@ def largest_tensor(fn: Callable[[], Any]) -> int:
     with LargestTensor() as probe:
         fn()
     return probe.elements
+
+
+#: torch's SDPA operators (the profiler's names without ``aten::``) and the kernel each one is.
+SDPA_OPS = {"_scaled_dot_product_cudnn_attention": "cudnn", "_scaled_dot_product_flash_attention": "flash",
+            "_scaled_dot_product_flash_attention_for_cpu": "flash (cpu)",
+            "_scaled_dot_product_efficient_attention": "efficient", "_scaled_dot_product_attention_math": "math",
+            "_scaled_dot_product_fused_attention_overrideable": "overrideable"}
+
+
+def sdpa_dispatch(fn: Callable[[], Any], device: torch.device) -> dict[str, Any]:
+    """Which SDPA kernels one profiled call of ``fn`` ran: ``sdpa_ops`` (kernel -> calls, from torch's operator
+    names) and on CUDA the names of the attention kernels launched (``cuda_kernels``, at most 4)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    ops: dict[str, int] = {}
+    kernels: set[str] = set()
+    for event in prof.events():
+        kind = SDPA_OPS.get(event.name.removeprefix("aten::"))
+        if kind:
+            ops[kind] = ops.get(kind, 0) + 1
+        if event.device_type == torch.autograd.DeviceType.CUDA and any(
+                word in event.name.lower() for word in ("fmha", "flash", "cudnn", "attention", "sdpa")):
+            kernels.add(event.name[:120])
+    out: dict[str, Any] = dict(sdpa_ops=ops)
+    if device.type == "cuda":
+        out["cuda_kernels"] = sorted(kernels)[:4]
+    return out
 
 
 class Budget:
@@ -234,6 +286,11 @@ def environment(section: dict[str, Any], device: torch.device, clock: Clock, tin
                                        inspect.signature(torch_varlen_kernel()).parameters else "packed cu_seqlens")
     except ImportError as err:
         info["torch_varlen_layout"] = f"absent: {err}"
+    try:  # what SDPA runs for the DiT's heads (128 wide, bf16): torch's own choice, and auto's record
+        info["sdpa_kernel_bf16_d128"] = sdpa_kernel(device, torch.bfloat16, 128, heads=16)
+        info["attention_auto"] = kernel_record("auto", device, torch.bfloat16, 128)
+    except Exception as err:  # noqa: BLE001 - a record, not a measurement
+        info["sdpa_kernel_bf16_d128"] = f"unknown: {type(err).__name__}: {err}"[:300]
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         info.update(gpu=props.name, capability=".".join(map(str, torch.cuda.get_device_capability(device))),
@@ -324,6 +381,8 @@ def attention_section(section, device, clock, budget, cfg, tiny) -> None:
                        exact=BACKENDS[name].exact if name in BACKENDS else True)
             if name != "diffusers_dense":  # hyv_lib's kernels never build an S x S tensor
                 row["largest_tensor_elements"] = largest_tensor(fn)
+            if name in ("sdpa", "diffusers_dense"):  # which of torch's SDPA kernels these shapes get
+                row.update(sdpa_dispatch(fn, device))
             del out
         except Exception as err:  # noqa: BLE001
             row_failure(row, err)
@@ -363,6 +422,15 @@ def build_transformer(preset, device: torch.device) -> torch.nn.Module:
 
 #: diffusers' own attention processors of each built model, by id (restored for the stock-forward rows).
 STOCK_PROCESSORS: dict[int, dict[str, Any]] = {}
+#: The step section's outputs (float32, on the CPU) by (which, size), and under "weights" the fingerprint of the
+#: weights that made them: the compiled section compares its compiled step with them.
+STEP_OUTPUTS: dict[Any, Any] = {}
+
+
+def weights_fingerprint(model: torch.nn.Module) -> float:
+    """The sum of every weight in float64: equal for two builds with the same seeded weights on the same device."""
+    with torch.no_grad():
+        return float(sum(p.double().sum() for p in model.parameters()))
 
 
 def step_inputs(preset, height: int, width: int, frames: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -449,7 +517,110 @@ def step_section(section, device, clock, budget, cfg, tiny, model) -> None:
                               / next(r for r in section["rows"] if r["name"] == f"hyv_lib {size}")["s_per_step"], 3),
                 max_abs_diff=float(diff.max()), max_abs_output=float(valid),
                 relative_l2=float(diff.norm() / theirs.norm().clamp_min(1e-30)))
+    STEP_OUTPUTS.clear()
+    STEP_OUTPUTS.update(outputs, weights=weights_fingerprint(model))
     use_processors(model, "auto")
+
+
+# ------------------------------------------------------------------------------------------ compiled
+#: What the compiled rows run, and the torch.compile modes they do not try (with why).
+COMPILED_HOW = ("hyv_lib.runtimes.step.make_step(model, 'torch', attention='auto', compile=True): torch.compile "
+                "(dynamic=False) of each dual-stream block (hyv_lib.runtimes.compiled.compile_blocks), hyv_lib's "
+                "attention as one custom op inside it; the rest of the forward eager")
+COMPILE_MODES_NOT_RUN = {"max-autotune-no-cudagraphs": "make_step(compile=True) takes no mode: compile_blocks runs "
+                                                       "torch.compile's default"}
+#: The issue's target for the dense 480p/121f CFG step (the real ``480p`` rows only).
+STEP_TARGET = dict(text="dense 480p/121f CFG step <= 4.6 s and >= 3.8x diffusers' stock forward (issue 44)",
+                   s_per_step=4.6, speedup=3.8)
+
+
+def compiled_section(section, device, clock, budget, cfg, tiny, step_section: dict[str, Any]) -> None:
+    """hyv_lib's step with its blocks compiled, beside the step section's eager hyv_lib and diffusers rows of the same
+    run: a model rebuilt with the same seeded weights (the step section's model went through the offload section),
+    the same inputs; the first call (compile + run) apart from the steady s/step, the ratios, and the compiled
+    output's difference to the eager one. Sizes the step section did not run get an eager row here first."""
+    from hyv_lib.runtimes.step import make_step
+
+    preset = get_preset(cfg["preset"])
+    chip = chip_key(device)
+    torch.compiler.reset()  # this section's first call compiles from nothing (inductor's disk caches aside)
+    start = time.perf_counter()
+    model = build_transformer(preset, device)
+    same = STEP_OUTPUTS.get("weights") == weights_fingerprint(model)
+    section.update(build_s=round(time.perf_counter() - start, 1), how=COMPILED_HOW, compile_mode="default",
+                   modes_not_run=COMPILE_MODES_NOT_RUN,
+                   eager_reference="the step section's hyv_lib rows (the same weights: equal fingerprints)" if same
+                   else "measured here, before compiling (no step section rows with these weights)")
+    stepped = {r["name"]: r for r in step_section.get("rows", [])}
+    eager: dict[str, tuple[float, torch.Tensor]] = {}
+    for size in cfg["steps"]:
+        row = stepped.get(f"hyv_lib {size}", {})
+        if same and row.get("status") == "ok" and ("hyv_lib", size) in STEP_OUTPUTS:
+            eager[size] = (row["s_per_step"], STEP_OUTPUTS[("hyv_lib", size)])
+    step = make_step(model, "torch", attention="auto")
+    for phase in ("eager", "compiled"):
+        if phase == "compiled":
+            step = make_step(model, "torch", attention="auto", compile=True)
+        for size, (height, width, frames) in cfg["steps"].items():
+            if phase == "eager" and size in eager:
+                continue
+            row: dict[str, Any] = dict(name=f"hyv_lib {phase} {size}", size=[height, width, frames], attention="auto",
+                                       backend=resolve_backend("auto", device, torch.bfloat16))
+            section["rows"].append(row)
+            if phase == "compiled":
+                row["compile_mode"] = "default"
+                if size == "480p" and not tiny:
+                    row["target"] = STEP_TARGET["text"]
+            need = 1 if tiny else {"480p": 25, "720p": 60}[size] * (4 if phase == "compiled" else 1)  # + compile
+            if not budget.allows(need):
+                row.update(status="skipped", reason="time budget")
+                continue
+            try:
+                kwargs = step_inputs(preset, height, width, frames, device)
+                repeats = 2 if (size == "480p" or tiny) else 1
+                graphs = compiled_graphs()
+                with torch.no_grad(), gpu_memory(device, row):
+                    first_s, _ = clock.time(lambda: step(**kwargs))  # eager: a warm-up; compiled: the compile
+                    seconds, out = clock.time(lambda: step(**kwargs), repeats)
+                row.update(status="ok", s_per_step=round(seconds, 3), finite=bool(torch.isfinite(out).all()))
+                if chip:
+                    row["mfu"] = round(mfu(step_flops(preset, height, width, frames, batch=2)["total"], seconds,
+                                           chip, 1), 3)
+                if phase == "eager":
+                    eager[size] = (seconds, out.float().cpu())
+                    continue
+                row.update(first_call_s=round(first_s, 2), compile_s=round(first_s - seconds, 2))
+                if graphs is not None:
+                    row["graphs_compiled"] = compiled_graphs() - graphs
+                compare: dict[str, Any] = dict(against="eager hyv_lib, same weights and inputs")
+                if size in eager:
+                    row["speedup_vs_eager"] = round(eager[size][0] / seconds, 3)
+                    reference = eager[size][1]
+                    diff = out.float().cpu() - reference
+                    compare.update(speedup_vs_eager=row["speedup_vs_eager"], max_abs_diff=float(diff.abs().max()),
+                                   max_abs_output=float(reference.abs().max()),
+                                   relative_l2=float(diff.norm() / reference.norm().clamp_min(1e-30)))
+                stock = stepped.get(f"diffusers {size}", {})
+                if stock.get("status") == "ok":
+                    row["speedup_vs_diffusers"] = round(stock["s_per_step"] / seconds, 3)
+                    compare["speedup_vs_diffusers"] = row["speedup_vs_diffusers"]
+                    if same and ("diffusers", size) in STEP_OUTPUTS:
+                        theirs = STEP_OUTPUTS[("diffusers", size)]
+                        compare["relative_l2_vs_diffusers"] = float((out.float().cpu() - theirs).norm()
+                                                                    / theirs.norm().clamp_min(1e-30))
+                section.setdefault("compare", {})[size] = compare
+                if "target" in row:
+                    row["target_met"] = bool(seconds <= STEP_TARGET["s_per_step"]
+                                             and row.get("speedup_vs_diffusers", 0) >= STEP_TARGET["speedup"])
+                del out
+            except Exception as err:  # noqa: BLE001
+                row_failure(row, err)
+            free_memory()
+            print(f"  compiled {row['name']}: {row.get('s_per_step', row.get('reason', row.get('error')))} s/step, "
+                  f"first call {row.get('first_call_s')} s", flush=True)
+    del step, model
+    torch.compiler.reset()  # drops the compiled blocks' references to the model before its memory is freed
+    free_memory()
 
 
 # ------------------------------------------------------------------------------------------ cache
@@ -774,8 +945,10 @@ def markdown(data: dict[str, Any]) -> str:
         if section.get("error"):
             lines += [f"error: `{section['error'][:300]}`", ""]
         rows = section.get("rows", [])
-        keys = [k for k in ("name", "status", "backend", "ms", "tflops", "tile_density", "mask_ms", "max_error",
-                            "s_per_step", "mfu", "first_call_s",
+        keys = [k for k in ("name", "status", "backend", "sdpa_ops", "ms", "tflops", "tile_density", "mask_ms",
+                            "max_error", "s_per_step", "mfu", "first_call_s", "compile_s", "speedup_vs_eager",
+                            "speedup_vs_diffusers", "how", "text_s", "denoise_s", "decode_s", "video_s",
+                            "first_video_s", "tiling", "target_met",
                             "full_step_s", "cached_step_s", "seconds", "peak_allocated_gib", "extra_gib",
                             "modelled_gib", "model_error", "live_peak_mib", "modelled_live_mib", "budget_gib", "fits",
                             "max_abs_diff", "to_device_s", "back_to_host_s",
@@ -786,14 +959,19 @@ def markdown(data: dict[str, Any]) -> str:
             for r in rows:
                 lines.append("| " + " | ".join(str(r.get(k, "")).replace("|", "/")[:120] for k in keys) + " |")
             lines.append("")
+            targets = [f"- {r['name']}: target {r['target']}: {'met' if r.get('target_met') else 'not met'}"
+                       if "target_met" in r else f"- {r['name']}: target {r['target']}: not measured"
+                       for r in rows if "target" in r]
+            lines += targets + [""] * bool(targets)
         if section.get("tiny"):
             t = section["tiny"]
             lines += [f"- tiny model on this device ({t['backend']}) vs diffusers fp32 on the CPU: max |difference| "
                       f"{t['max_abs_diff']:.3g} (output up to {t['max_abs_output']:.3g})", ""]
         if section.get("compare"):
             for size, c in section["compare"].items():
-                if "max_abs_diff" not in c:  # another section's comparison: its numbers as they are
-                    lines.append(f"- {size}: " + ", ".join(f"{k} {v}" for k, v in c.items()))
+                if "max_abs_diff" not in c or "speedup" not in c:  # other comparisons: their numbers as they are
+                    lines.append(f"- {size}: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                                                           for k, v in c.items()))
                     continue
                 lines.append(f"- {size}: diffusers / hyv_lib = {c['speedup']}x; max |difference| "
                              f"{c['max_abs_diff']:.3g} (output up to {c['max_abs_output']:.3g}), relative L2 "
@@ -803,8 +981,8 @@ def markdown(data: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------------ main
-SECTIONS = ("attention", "step", "cache", "offload", "vae", "distributed", "train", "cogvideox", "ssta",
-            "ssta_backward")
+SECTIONS = ("attention", "step", "cache", "offload", "compiled", "e2e", "vae", "distributed", "train", "cogvideox",
+            "ssta", "ssta_backward")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -815,7 +993,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget_s", type=float, default=420.0, help="seconds for all sections (default 420)")
     parser.add_argument("--step_sizes", default=None,
                         help="comma-separated subset of the step sizes (480p,720p; tiny: small,large); the cache and "
-                             "offload rows use the last and the first of them, the ssta section those it has")
+                             "offload rows use the last and the first of them, the ssta, compiled and e2e sections "
+                             "those they have")
     parser.add_argument("--sections", default=",".join(SECTIONS),
                         help=f"comma-separated subset of {', '.join(SECTIONS)}")
     args = parser.parse_args(argv)
@@ -862,6 +1041,15 @@ def main(argv: list[str] | None = None) -> int:
             run_section(report, name, lambda s, fn=fn: fn(s, device, clock, budget, cfg, args.tiny, model))
     model = None  # the VAE gets the memory
     free_memory()
+    if "compiled" in wanted:
+        run_section(report, "compiled", lambda s: compiled_section(s, device, clock, budget, cfg, args.tiny,
+                                                                   report.data["sections"].get("step", {})))
+    STEP_OUTPUTS.clear()
+    if "e2e" in wanted:
+        helpers = dict(gpu_memory=gpu_memory, row_failure=row_failure, free_memory=free_memory,
+                       build_transformer=build_transformer, init_weights=init_weights)
+        only = [x.strip() for x in args.step_sizes.split(",")] if args.step_sizes else None
+        run_section(report, "e2e", lambda s: e2e_section(s, device, clock, budget, args.tiny, helpers, only))
     if "vae" in wanted:
         run_section(report, "vae", lambda s: vae_section(s, device, clock, budget, cfg, args.tiny))
     if "distributed" in wanted:

@@ -8,7 +8,11 @@ Two parts, both through the model adapter hyv_lib runs CogVideoX with (``get_ada
   weights at 768x1360 and 720x1280, 81 frames (44,880 and 39,600 video tokens + 226 text tokens), diffusers' stock
   forward (its SDPA processor) against the same forward with hyv_lib's attention (``auto``): s/step, peak memory,
   MFU by :func:`hyv_lib.planning.costs.step_flops` where it counts this model, and the output difference. The RoPE
-  tables are diffusers' own (``get_3d_rotary_pos_embed`` as ``CogVideoXPipeline`` calls it).
+  tables are diffusers' own (``get_3d_rotary_pos_embed`` as ``CogVideoXPipeline`` calls it). Last, the same step
+  with the blocks compiled (``make_step(model, "torch", attention="auto", compile=True)``: regional torch.compile,
+  attention as one custom op; in place, so after every eager row): the first call apart from the steady s/step,
+  the ratios to the eager and diffusers rows and the difference to the eager output. Target (issue 44): >= 1.15x
+  diffusers' stock forward.
 
 The reference to put it beside (gpu-tpu-pedia, single author, TPU v6e-8 with data=2 x tensor=4): 1.13 s/step at
 768x1360x81, about 2.13 s/step at 720x1280x81 (106.47 s for 50 steps end to end).
@@ -23,10 +27,13 @@ import torch
 from hyv_lib.base.presets import get_preset
 from hyv_lib.kernels.dispatch import resolve_backend
 from hyv_lib.models.registry import get_adapter
+from hyv_lib.runtimes.step import make_step
 
 #: (height, width, frames) of the real rows, and of the tiny rows ``--tiny`` runs on the CPU.
 REAL_SIZES = {"768x1360": (768, 1360, 81), "720x1280": (720, 1280, 81)}
 TINY_SIZES = {"small": (96, 160, 9)}
+#: The issue's target for the compiled step against diffusers' stock forward (the real rows).
+COMPILED_TARGET = dict(text=">= 1.15x diffusers' stock forward (issue 44)", speedup=1.15)
 
 
 def pipeline_rope(config, height: int, width: int, latent_frames: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,7 +94,8 @@ def tiny_part(section: dict[str, Any], device: torch.device) -> None:
 
 
 def real_part(section: dict[str, Any], device, clock, budget, tiny: bool, helpers: dict[str, Any]) -> None:
-    """The real-size (or, with ``tiny``, the tiny preset's) step: diffusers' stock forward vs hyv_lib's attention."""
+    """The real-size (or, with ``tiny``, the tiny preset's) step: diffusers' stock forward vs hyv_lib's attention,
+    then hyv_lib's with the blocks compiled (:func:`compiled_rows`)."""
     preset = get_preset("cogvideox_tiny" if tiny else "cogvideox1.5_5b")
     adapter = get_adapter(preset.model)
     dtype = torch.float32 if tiny else torch.bfloat16
@@ -151,6 +159,63 @@ def real_part(section: dict[str, Any], device, clock, budget, tiny: bool, helper
                               / rows[f"cogvideox hyv_lib {size}"]["s_per_step"], 3),
                 max_abs_diff=float(diff.max()), max_abs_output=float(theirs.abs().max()),
                 relative_l2=float(diff.norm() / theirs.norm().clamp_min(1e-30)))
+    compiled_rows(section, model, adapter, preset, dtype, device, clock, budget, tiny, helpers, outputs)
+
+
+def compiled_rows(section, model, adapter, preset, dtype, device, clock, budget, tiny, helpers, outputs) -> None:
+    """The step with hyv_lib's attention and the blocks compiled in place (after every eager row), per size: first
+    call (compile + run), steady s/step, the ratios to the eager hyv_lib and diffusers rows and the difference to the
+    eager hyv_lib output (``compare["compiled <size>"]``)."""
+    rows = {r["name"]: r for r in section["rows"]}
+    chip = helpers["chip_key"](device)
+    step = None
+    for size, (height, width, frames) in (TINY_SIZES if tiny else REAL_SIZES).items():
+        row: dict[str, Any] = dict(name=f"cogvideox hyv_lib compiled {size}", size=[height, width, frames],
+                                   compile="make_step(model, 'torch', attention='auto', compile=True)",
+                                   compile_mode="default")
+        section["rows"].append(row)
+        if not tiny:
+            row["target"] = COMPILED_TARGET["text"]
+        if not budget.allows(20 if tiny else 150):
+            row.update(status="skipped", reason="time budget")
+            continue
+        try:
+            if step is None:
+                torch.compiler.reset()  # compiles from nothing, not from another section's graphs
+                step = make_step(model, "torch", attention="auto", adapter=adapter, compile=True)
+            row["backend"] = resolve_backend("auto", device, dtype)
+            inputs = forward_inputs(model.config, height, width, frames, device, dtype)
+            with torch.no_grad(), helpers["gpu_memory"](device, row):
+                first_s, _ = clock.time(lambda: step(**inputs))
+                seconds, out = clock.time(lambda: step(**inputs), 2 if tiny else 1)
+            row.update(status="ok", first_call_s=round(first_s, 2), compile_s=round(first_s - seconds, 2),
+                       s_per_step=round(seconds, 3), finite=bool(torch.isfinite(out).all()))
+            compare: dict[str, Any] = dict(against="eager hyv_lib attention, same weights and inputs")
+            for which, key in (("hyv_lib", "speedup_vs_eager"), ("diffusers", "speedup_vs_diffusers")):
+                other = rows.get(f"cogvideox {which} {size}", {})
+                if other.get("status") == "ok":
+                    row[key] = compare[key] = round(other["s_per_step"] / seconds, 3)
+            eager = outputs.get(("hyv_lib", size))
+            if eager is not None:
+                diff = out.float().cpu() - eager
+                compare.update(max_abs_diff_vs_eager=float(diff.abs().max()), max_abs_output=float(eager.abs().max()),
+                               relative_l2_vs_eager=float(diff.norm() / eager.norm().clamp_min(1e-30)))
+            section.setdefault("compare", {})[f"compiled {size}"] = compare
+            if "target" in row:
+                row["target_met"] = bool(row.get("speedup_vs_diffusers", 0) >= COMPILED_TARGET["speedup"])
+            if chip and "flops_note" not in section:  # the cost model counts this model (see real_part)
+                from hyv_lib.planning.costs import step_flops
+
+                flops = step_flops(preset, height, width, frames, batch=2)["total"]
+                row["mfu"] = round(helpers["mfu"](flops, seconds, chip, 1), 3)
+            del out
+        except Exception as err:  # noqa: BLE001
+            helpers["row_failure"](row, err)
+        helpers["free_memory"]()
+        print(f"  {row['name']}: {row.get('s_per_step', row.get('reason', row.get('error')))} s/step, first call "
+              f"{row.get('first_call_s')} s", flush=True)
+    del step
+    torch.compiler.reset()  # drops the compiled blocks' references to the model, which the caller frees next
 
 
 def cogvideox_section(section, device, clock, budget, tiny: bool, helpers: dict[str, Any]) -> None:
