@@ -40,7 +40,8 @@
 #
 # 1. measures how much deep features change from step to step;
 # 2. builds the schedule and derives the most it can save;
-# 3. implements the cached step for the torch and TPU runtimes (`hyv_lib.runtimes.deepcache`);
+# 3. implements the cached step for the torch and TPU runtimes (`hyv_lib.runtimes.deepcache`; Ulysses' ranks
+#    cache their own sequence shards the same way);
 # 4. measures speed and quality on this CPU;
 # 5. adds an adaptive cache ({term}`MagCache`) planned from the trained model's own curve, and a deeper cache point;
 # 6. maps speed against quality for 14 settings on 45 held-out prompts, fewer steps included;

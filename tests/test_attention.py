@@ -240,17 +240,7 @@ def test_torch_varlen_signature_detection_sees_real_varlen_attn():
     assert "seqused_k" in inspect.signature(torch_varlen_kernel()).parameters
 
 
-def test_auto_on_cuda_prefers_flash_then_sdpa_then_torch_varlen(monkeypatch):
-    """auto on CUDA: flash-attn when it imports, else SDPA per sample (measured 1.6x faster than varlen_attn at the
-    real 720p shape on an H200, benchmarks/results/gpu_check_2026-11-26_H200_run2.json), else PyTorch's varlen."""
-    everything = {n: None for n in BACKENDS}
-    monkeypatch.setattr(dispatch, "available_backends", lambda: {**everything, "flash3": "absent"})
-    assert resolve_backend("auto", torch.device("cuda"), torch.bfloat16) == "flash"
-    monkeypatch.setattr(dispatch, "available_backends", lambda: {**everything, "flash3": "absent", "flash": "absent"})
-    assert resolve_backend("auto", torch.device("cuda"), torch.bfloat16) == "sdpa"
-    monkeypatch.setattr(dispatch, "available_backends",
-                        lambda: {**everything, "flash3": "absent", "flash": "absent", "sdpa": "broken"})
-    assert resolve_backend("auto", torch.device("cuda"), torch.bfloat16) == "torch_varlen"
+# auto's CUDA order by GPU generation: tests/test_gpu_path.py
 
 
 @pytest.mark.parametrize("backend", ["flash", "flash3", "torch_varlen", "sage"])
@@ -371,13 +361,18 @@ def test_cuda_kernels_say_which_tensors_they_take(monkeypatch):
     """flash and Sage take fp16 / bf16 CUDA tensors: asked for CPU or fp32 tensors, backend resolution says so
     (even where the package is installed); auto does not pick them for fp32."""
     monkeypatch.setattr(dispatch, "available_backends", lambda: {**{n: None for n in BACKENDS}})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # a Hopper GPU
     with pytest.raises(ValueError, match="fp16 or bf16 CUDA tensors, got float32 tensors on cpu"):
         resolve_backend("flash", torch.device("cpu"), torch.float32)
     with pytest.raises(ValueError, match="got float32 tensors on cuda"):
         resolve_backend("sage", torch.device("cuda"), torch.float32)
     assert resolve_backend("flash", torch.device("cuda"), torch.bfloat16) == "flash"
     assert resolve_backend("auto", torch.device("cuda"), torch.float32) == "sdpa"
-    assert resolve_backend("auto", torch.device("cuda"), torch.float16) == "flash3"
+    assert resolve_backend("auto", torch.device("cuda"), torch.float16) == "sdpa"  # Hopper: SDPA (cuDNN) first
+    monkeypatch.setattr(dispatch, "available_backends", lambda: {**{n: None for n in BACKENDS}, "sdpa": "absent"})
+    with pytest.raises(RuntimeError, match="no exact attention backend for float32 tensors on cuda runs here "
+                                           r"\(sdpa: absent; flash3: takes fp16 or bf16 CUDA tensors"):
+        resolve_backend("auto", torch.device("cuda"), torch.float32)
 
 
 def test_options_go_only_to_backends_that_take_them():

@@ -160,8 +160,9 @@ def test_bad_cache_settings_name_the_flag(model):
 
     with pytest.raises(HyvInputError, match="no_cache_blocks"):
         make_step(model, "torch", cache=DeepCacheSchedule(8), no_cache_blocks=3)
-    with pytest.raises(HyvInputError, match="enable_cache"):
-        resolve_settings(TINY, enable_cache=True, runtime="ulysses")
+    assert resolve_settings(TINY, enable_cache=True, runtime="ulysses").enable_cache  # tests/test_cache_parallel.py
+    with pytest.raises(HyvInputError, match="enable_cache"):  # still refused: the offload's hooks and the cache's
+        resolve_settings(TINY, enable_cache=True, offload="block")
     with pytest.raises(HyvInputError, match="cache_end_step"):
         resolve_settings(TINY, enable_cache=True, cache_start_step=5, cache_end_step=2)
     with pytest.raises(HyvInputError, match="cache_step_interval"):

@@ -150,13 +150,12 @@ def test_bad_combinations_name_shard_weights():
     cases = [dict(shard_weights="zero3", runtime="ulysses", distributed=True),
              dict(shard_weights="fsdp", runtime="tpu", distributed=True),
              dict(shard_weights="fsdp", runtime="ulysses", offload="block", distributed=True),
-             dict(shard_weights="fsdp", runtime="torch", enable_cache=True, distributed=True),
              dict(shard_weights="fsdp", runtime="ulysses", distributed=False)]
     for case in cases:
         with pytest.raises(HyvInputError) as info:
             check_shard_weights(**case)
         assert info.value.argument == "--shard_weights", case
-    check_shard_weights(None, "tpu", offload="block", enable_cache=True, distributed=False)  # no sharding asked
+    check_shard_weights(None, "tpu", offload="block", distributed=False)  # no sharding asked
     check_shard_weights("fsdp", "ulysses", distributed=True)
     check_shard_weights("fsdp", "torch", distributed=True)
 
@@ -220,7 +219,8 @@ def test_cli_stage2_on_two_ranks_writes_the_single_process_latents(tiny_run, cli
 
 def test_load_pipeline_with_ulysses_and_sharded_weights(monkeypatch):
     """``load_pipeline("tiny", runtime="ulysses", shard_weights="fsdp")`` in a torchrun process (a group of one here:
-    the wiring; the splits are the tests above) gives the single-process pipeline's latents; a cache is refused."""
+    the wiring; the splits are the tests above) gives the single-process pipeline's latents, and with a cache the
+    single-process cached latents (2 ranks: tests/test_cache_parallel.py)."""
     import hyv_lib
     from hyv_lib.parallel.distributed import free_port
     from hyv_lib.runtimes.fsdp import SHARDED, ShardedStep
@@ -236,14 +236,18 @@ def test_load_pipeline_with_ulysses_and_sharded_weights(monkeypatch):
         pipe = hyv_lib.load_pipeline("tiny", runtime="ulysses", shard_weights="fsdp", progress=False)
         got = pipe.generate("a red ball", **video)
         assert isinstance(pipe.step, ShardedStep) and pipe.components["transformer"] in SHARDED
-        with pytest.raises(HyvInputError) as info:
-            pipe.generate("a red ball", cache=hyv_lib.DeepCacheSchedule(2, 0, 2, 2), **video)
-        assert info.value.argument == "cache"
+        cache = hyv_lib.DeepCacheSchedule(3, 1, 3, 2)  # steps 0 and 1 full, 2 cached
+        cached = pipe.generate("a red ball", cache=cache, **{**video, "num_inference_steps": 3})
     finally:
         dist.destroy_process_group()
     print(f"load_pipeline ulysses+fsdp: max difference {(got.latents - expected.latents).abs().max():.1e}")
     assert (got.latents - expected.latents).abs().max() <= 1e-5
     assert got.config["shard_weights"] == "fsdp" and "shard_weights" not in expected.config
+    single = hyv_lib.load_pipeline("tiny", progress=False).generate("a red ball", cache=cache,
+                                                                   **{**video, "num_inference_steps": 3})
+    print(f"  with a cache: max difference {(cached.latents - single.latents).abs().max():.1e}")
+    assert (cached.latents - single.latents).abs().max() <= 1e-5
+    assert (cached.config["cache_full_steps"], cached.config["cache_cached_steps"]) == (2, 1)
 
 
 def test_the_surfaces_refuse_sharding_outside_torchrun(tiny_run, tmp_path, capsys, monkeypatch):

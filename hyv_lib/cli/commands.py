@@ -50,6 +50,12 @@ def _add_stage1(p: argparse.ArgumentParser, output_dir: bool = True) -> None:
     if output_dir:
         g.add_argument("--output_dir", default="stage_outputs", help="where the stage files go")
     g.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16 (default: the preset's)")
+    g.add_argument("--text_device", default="auto",
+                   help="where the encoders run: auto | cpu | cuda | cuda:N. auto: this process's GPU when CUDA is "
+                        "available, else the host CPU (the host CPU with --runtime tpu). On a GPU each encoder "
+                        "(Qwen2.5-VL, ByT5, SigLIP; CogVideoX's T5) goes there for its own call, one at a time, and "
+                        "leaves it before stage 2; with --prompts_file they stay there between prompts unless "
+                        "--offload is set (default: auto)")
 
 
 def _add_stage2(p: argparse.ArgumentParser, dirs: bool = True) -> None:
@@ -85,6 +91,12 @@ def _add_stage2(p: argparse.ArgumentParser, dirs: bool = True) -> None:
                    help="fsdp: split the transformer's weights over the torchrun ranks (PyTorch FSDP2; each rank "
                         "holds 1/N of them and gathers one block at a time) with --runtime ulysses (or torch: every "
                         "rank computes the whole step) (default: off, every rank holds all of them)")
+    g.add_argument("--compile", action="store_true",
+                   help="torch and ulysses runtimes: torch.compile the transformer blocks (one compiled program shared "
+                        "by all of them; inductor fuses the norms, modulation, RoPE and copies around the matmuls and "
+                        "the attention). The first step compiles (an extra untimed warm-up call when --warmup_steps is "
+                        "0); another size, frame count or batch compiles again. Not with --offload block; the tpu "
+                        "runtime is always compiled (default: off)")
     g.add_argument("--multi_host", action="store_true",
                    help="tpu runtime on a multi-host slice: join the hosts (jax.distributed.initialize) first; run "
                         "the same command on every host (gcloud ... ssh --worker=all)")
@@ -95,7 +107,7 @@ def _add_stage2(p: argparse.ArgumentParser, dirs: bool = True) -> None:
     g.add_argument("--lora_scale", type=float, default=1.0,
                    help="the LoRA's strength: W += scale * alpha/rank * B @ A (default 1.0; 0 leaves the model as is)")
     add_official_arguments(p)
-    c = p.add_argument_group("stage 2: DeepCache (torch and tpu runtimes)")
+    c = p.add_argument_group("stage 2: DeepCache (torch, tpu and ulysses runtimes)")
     c.add_argument("--enable_cache", action="store_true", help="reuse deep features on the schedule's cached steps")
     c.add_argument("--cache_method", default=None,
                    help="deepcache (the fixed schedule of the --cache_*_step flags) | magcache (adaptive: skips by a "
@@ -326,7 +338,8 @@ def _generate_many(args: argparse.Namespace) -> int:
     ensure_output_dir(args.output_dir)
     try:  # a second run of this folder (or of this shard) stops here, before any model loads
         with run_lock(args.output_dir, shard):
-            pipe = BatchRunner(args.preset, args.model_path, args.dtype, stage2=stage2, stage3=stage3)
+            pipe = BatchRunner(args.preset, args.model_path, args.dtype, stage2=stage2, stage3=stage3,
+                               text_device=args.text_device)
             report = run_prompts_file(args.prompts_file, args.output_dir, pipe, seed=args.seed,
                                       progress=not args.quiet, image_path=args.image_path, shard=shard)
     except HyvInputError:  # bad settings, refused before any model loaded: leave no new empty folder
@@ -422,7 +435,7 @@ def _run_command(args: argparse.Namespace) -> int:
         elif args.command == "stage1":
             stage1(preset=args.preset, prompt=args.prompt, negative_prompt=args.negative_prompt,
                    output_dir=args.output_dir, model_path=args.model_path, dtype=args.dtype,
-                   image_path=args.image_path)
+                   image_path=args.image_path, text_device=args.text_device)
         elif args.command == "stage2":
             stage2(input_dir=args.input_dir, output_dir=args.output_dir, **_stage2_kwargs(args))
         elif args.command == "stage3":
@@ -442,7 +455,7 @@ def _run_command(args: argparse.Namespace) -> int:
                      output_dir=args.output_dir, model_path=args.model_path, dtype=args.dtype,
                      output_video=args.output_video, fps=args.fps, disable_tiling=args.disable_tiling,
                      save_frames=args.save_frames, vae_dtype=args.vae_dtype, image_path=args.image_path,
-                     vae_memory_gb=args.vae_memory_gb, **_stage2_kwargs(args))
+                     vae_memory_gb=args.vae_memory_gb, text_device=args.text_device, **_stage2_kwargs(args))
     except HyvInputError as err:
         print(f"error: {err.argument}: {err.message}", file=sys.stderr)
         return EXIT_BAD_INPUT

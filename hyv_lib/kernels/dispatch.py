@@ -88,7 +88,13 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype | Non
         if device.type == "jax":
             return "splash" if target_platform() == "tpu" else "xla"
         order = gpu_order(device).backends if device.type == "cuda" else ("sdpa",)
-        return next(name for name in order if available[name] is None and BACKENDS[name].takes(device, dtype) is None)
+        chosen = next((name for name in order if available[name] is None and BACKENDS[name].takes(device, dtype) is None),
+                      None)
+        if chosen is None:
+            reasons = "; ".join(f"{name}: {available[name] or BACKENDS[name].takes(device, dtype)}" for name in order)
+            raise RuntimeError(f"no exact attention backend for {str(dtype).removeprefix('torch.')} tensors on "
+                               f"{device.type} runs here ({reasons})")
+        return chosen
     if backend not in available:
         raise ValueError(f"backend must be 'auto' or one of {', '.join(BACKENDS)}; got {backend!r}")
     if available[backend] is not None:

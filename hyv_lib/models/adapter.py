@@ -87,7 +87,8 @@ class ModelAdapter:
 
     # ------------------------------------------------------------------------------------------ pieces
     def blocks(self, model) -> torch.nn.ModuleList:
-        """The stack of transformer blocks, in order (DeepCache splits it; FSDP gathers per block)."""
+        """The stack of transformer blocks, in order (DeepCache splits it; FSDP gathers per block; ``--compile``
+        compiles each, :func:`hyv_lib.runtimes.compiled.compile_blocks`: the repeated blocks of one class)."""
         raise NotImplementedError
 
     def attention_modules(self, model) -> list[torch.nn.Module]:

@@ -6,7 +6,8 @@ from typing import Any
 
 import torch
 
-from ..kernels.dispatch import attention, check_options, resolve_backend
+from ..kernels.custom_op import CompilableAttention
+from ..kernels.dispatch import check_options, resolve_backend
 from ..parallel.sharding import keep_heads_split, stream_layout
 from .processors import video_qkv
 
@@ -24,6 +25,7 @@ class CogVideoXJointAttnProcessor:
     def __init__(self, backend: str = "auto", **options: Any):
         self.backend = backend
         self.options = options
+        self.attend = CompilableAttention(backend, **options)  # one opaque op inside torch.compile
 
     def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask=None, image_rotary_emb=None):
         if attention_mask is not None:
@@ -33,7 +35,7 @@ class CogVideoXJointAttnProcessor:
         text_q, text_k, text_v = video_qkv(attn, encoder_hidden_states)  # the same projections, no RoPE
         q, k, v = (torch.cat(pair, dim=1).transpose(1, 2) for pair in ((text_q, video_q), (text_k, video_k),
                                                                         (text_v, video_v)))  # [B, H, S, D]
-        out = attention(q, k, v, None, backend=self.backend, **self.options)
+        out = self.attend(q, k, v, None)
         out = out.transpose(1, 2).flatten(2, 3).to(video_q.dtype)  # [B, S, H*D]
         if out.device.type == "jax":
             out = keep_heads_split(out)

@@ -9,7 +9,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..kernels.dispatch import attention, check_options, resolve_backend
+from ..kernels.custom_op import CompilableAttention
+from ..kernels.dispatch import check_options, resolve_backend
 from ..kernels.registry import BACKENDS
 from ..kernels.ssta import SstaConfig
 from ..parallel.sharding import keep_heads_split, stream_layout
@@ -58,11 +59,12 @@ class _Processor:
         self.backend = backend
         self.options = options
         self.grid = grid  # SSTA only: where the video's token grid is read at each call
+        # the attention call, one opaque op inside torch.compile (hyv_lib.runtimes.compiled): no graph break
+        self.attend = CompilableAttention(backend, **options)
 
     def _attend(self, q, k, v, kv_mask, video_tokens: int = 0):  # q, k, v: [B, S, H, D] as diffusers lays them out
-        options = self.options if self.grid is None else {**self.options, "grid": self.grid.current(video_tokens)}
-        out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), kv_mask,
-                        backend=self.backend, **options)
+        grid = None if self.grid is None else self.grid.current(video_tokens)
+        out = self.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), kv_mask, grid)
         return _heads_split(out.transpose(1, 2).flatten(2, 3))
 
 

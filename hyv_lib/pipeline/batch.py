@@ -45,11 +45,13 @@ class BatchRunner:
     ``preset``, ``model_path`` and ``dtype`` as for :func:`hyv_lib.pipeline.stages.stage1`; ``stage2`` takes the keyword
     arguments of :func:`hyv_lib.pipeline.stages.stage2` (``runtime``, ``mesh``, ``attention``, ``video_length``,
     ``enable_cache``, ...); ``stage3`` those of :func:`hyv_lib.pipeline.stages.stage3` (``fps``, ``disable_tiling``,
-    ``vae_dtype``, ...). Settings are checked here, before any model loads.
+    ``vae_dtype``, ...). Settings are checked here, before any model loads. ``text_device``: where stage 1's encoders
+    run (see :class:`hyv_lib.VideoPipeline`: on a GPU they stay there between prompts unless ``offload`` is set).
     """
 
     def __init__(self, preset: str | Preset = DEFAULT_PRESET, model_path: str | None = None, dtype: str | None = None,
-                 stage2: dict[str, Any] | None = None, stage3: dict[str, Any] | None = None):
+                 stage2: dict[str, Any] | None = None, stage3: dict[str, Any] | None = None,
+                 text_device: str | torch.device | None = "auto"):
         self.spec = get_preset(preset)
         self.model_path, self.dtype = model_path, dtype or self.spec.default_dtype
         torch_dtype(self.dtype)  # validates --dtype
@@ -74,7 +76,8 @@ class BatchRunner:
                                    sharding=self.stage2_settings.get("sharding", "tp_replicated_out"),
                                    attention=settings.attention, ssta=settings.ssta, vae_runtime=self.stage3_settings["runtime"],
                                    offload=settings.offload, lora=settings.lora, lora_scale=settings.lora_scale,
-                                   progress=not self.stage2_settings.get("quiet", False))
+                                   compile=settings.compile, progress=not self.stage2_settings.get("quiet", False),
+                                   text_device=text_device)
         self.step = self.video.step_for(cache_schedule(settings, self.spec, model_path),
                                         settings.no_cache_blocks)
 
@@ -116,7 +119,7 @@ class BatchRunner:
             clean_partials(output_dir)
             stage1(preset=self.spec.name, prompt=prompt, negative_prompt=negative_prompt, output_dir=output_dir,
                    model_path=self.model_path, dtype=self.dtype, components=self.video.components,
-                   image_path=image_path)
+                   image_path=image_path, text_device=self.video.text_device)
             stage2(input_dir=output_dir, seed=seed, step=self.step, components=self.video.components,
                    **self.stage2_settings)
             return stage3(input_dir=output_dir, components=self.video.components, **self.stage3_settings)

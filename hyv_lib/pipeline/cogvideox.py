@@ -14,26 +14,34 @@ from ..base.presets import Preset, samples_per_step
 from ..models.cogvideox_components import SCHEDULER_CLASSES
 from ..models.components import torch_dtype
 from ..models.registry import get_adapter
+from ..runtimes.compiled import warmup_calls
 from ..runtimes.step import TransformerStep
+from .encoder_device import on_device
 from .stage_io import CONFIG_FILE, STAGE1_FILE, STAGE2_FILE
 
 
 # ------------------------------------------------------------------------------------------------- stage 1
 @torch.no_grad()
 def encode_t5_pair(components: dict[str, Any], preset: Preset, prompt: str, negative_prompt: str = "",
-                   dtype: str = "fp32") -> dict[str, torch.Tensor]:
+                   dtype: str = "fp32", device: torch.device | None = None,
+                   release: bool = False) -> dict[str, torch.Tensor]:
     """``prompt_embeds`` and ``negative_prompt_embeds`` [1, text_len, D] in ``dtype``: T5's last hidden state of each
     prompt tokenized with padding to ``text_len`` (226) and truncation, by CogVideoXPipeline's own
     ``_get_t5_prompt_embeds`` (its warning names what a long prompt loses). One encoder batch [negative, positive]:
-    T5 gets no attention mask here, so each row is what diffusers computes for it alone."""
+    T5 gets no attention mask here, so each row is what diffusers computes for it alone. ``device`` (None: where T5
+    is): T5 runs there and leaves it after (:func:`hyv_lib.pipeline.encoder_device.on_device`, ``release`` as
+    there); the tensors come back on the host CPU."""
     from diffusers import CogVideoXPipeline
 
     text_encoder = components["text_encoder"]
-    host = SimpleNamespace(tokenizer=components["tokenizer"], text_encoder=text_encoder,
-                           _execution_device=text_encoder.device)
-    embeds = CogVideoXPipeline._get_t5_prompt_embeds(host, prompt=[negative_prompt, prompt],
-                                                     max_sequence_length=preset.text_len,
-                                                     device=text_encoder.device, dtype=torch_dtype(dtype))
+    with on_device(text_encoder, device, release):
+        host = SimpleNamespace(tokenizer=components["tokenizer"], text_encoder=text_encoder,
+                               _execution_device=text_encoder.device)
+        embeds = CogVideoXPipeline._get_t5_prompt_embeds(host, prompt=[negative_prompt, prompt],
+                                                         max_sequence_length=preset.text_len,
+                                                         device=text_encoder.device, dtype=torch_dtype(dtype))
+        if device is not None:
+            embeds = embeds.cpu()
     return {"prompt_embeds": embeds[1:2], "negative_prompt_embeds": embeds[0:1]}
 
 
@@ -137,11 +145,13 @@ def sample_cogvideox(step: TransformerStep, transformer, scheduler_config, prese
     latents = torch.randn(shape, generator=generator, dtype=torch.float32)
     rope = rotary_tables(transformer, shape)
     rope = None if rope is None else tuple(table.to(device) for table in rope)
+    dtype = next(transformer.parameters()).dtype
     return denoise_cogvideox(step, latents.to(device), embeds["prompt_embeds"], embeds["negative_prompt_embeds"],
                              make_scheduler(scheduler_config), num_inference_steps=settings.num_inference_steps,
                              guidance_scale=settings.guidance_scale, image_rotary_emb=rope,
-                             model_dtype=next(transformer.parameters()).dtype, generator=generator,
-                             warmup_steps=settings.warmup_steps, progress=progress).cpu()
+                             model_dtype=dtype, generator=generator, progress=progress,
+                             warmup_steps=warmup_calls(transformer, settings.warmup_steps, (
+                                 shape, samples_per_step(settings.guidance_scale), dtype, str(device)))).cpu()
 
 
 # ------------------------------------------------------------------------------------------------- stage 3

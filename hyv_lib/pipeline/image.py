@@ -11,6 +11,7 @@ import torch
 from ..base.errors import HyvInputError
 from ..base.presets import MAX_ASPECT_RATIO, PRESETS, Preset, beyond_buckets, bucket_for
 from ..models.components import i2v_pipeline_class
+from .encoder_device import module_device, on_device
 from .settings import Stage2Settings
 
 #: PIL modes taken as they are converted to RGB (as diffusers' processors do); 16-bit, float and CMYK images are
@@ -77,21 +78,27 @@ def _video_processor(preset: Preset):
 
 
 @torch.no_grad()
-def encode_image(components: dict[str, Any], preset: Preset, image) -> dict[str, torch.Tensor]:
-    """The stage-1 tensors of a first frame (already :func:`crop_to_bucket`-ed): ``image_embeds`` [1, N, D] (SigLIP's
-    last hidden state) and ``cond_latents`` [1, C, 1, h, w] (the VAE's latent mode times its scaling factor).
+def encode_image(components: dict[str, Any], preset: Preset, image, device: torch.device | None = None,
+                 release: bool = False) -> dict[str, torch.Tensor]:
+    """The stage-1 tensors of a first frame (already :func:`crop_to_bucket`-ed), on the host CPU: ``image_embeds``
+    [1, N, D] (SigLIP's last hidden state) and ``cond_latents`` [1, C, 1, h, w] (the VAE's latent mode times its
+    scaling factor).
 
     Calls diffusers' I2V pipeline's own two encoders (static methods, diffusers 0.42 pinned) rather than a copy, so
     the conditioning is the pipeline's by construction; tests compare the whole stage 1 + 2 with the pipeline.
+    ``device`` (None: each where it is): SigLIP, then the VAE, each moved there for its call and off it after
+    (:func:`hyv_lib.pipeline.encoder_device.on_device`; ``release``: dropped instead of moved back).
     """
     I2V = i2v_pipeline_class()
     encoder, vae = components["image_encoder"], components["vae"]
-    device = next(encoder.parameters()).device
-    image_embeds = I2V._get_image_embeds(encoder, components["feature_extractor"], image, device)
+    with on_device(encoder, device, release):
+        image_embeds = I2V._get_image_embeds(encoder, components["feature_extractor"], image,
+                                             module_device(encoder)).cpu()
     height, width = image.size[1], image.size[0]
-    cond_latents = I2V._get_image_latents(vae, _video_processor(preset), image, height, width,
-                                          next(vae.parameters()).device)
-    return {"image_embeds": image_embeds.cpu(), "cond_latents": cond_latents.float().cpu()}
+    with on_device(vae, device, release):
+        cond_latents = I2V._get_image_latents(vae, _video_processor(preset), image, height, width,
+                                              module_device(vae)).float().cpu()
+    return {"image_embeds": image_embeds, "cond_latents": cond_latents}
 
 
 # ------------------------------------------------------------------------------------------------- stage 1

@@ -32,6 +32,7 @@ from ..runtimes.step import cached_step, make_step
 from ..runtimes.vae import decode_latents
 from ..runtimes.vae_memory import tile_for_budget
 from .cogvideox import vae_latents
+from .encoder_device import ENCODERS, keep_on_device, resolve_text_device
 from .image import check_task, first_frame
 from .sampling import sample_latents
 from .settings import Stage2Settings, check_vae_model, check_vae_settings, resolve_settings
@@ -78,6 +79,15 @@ class VideoPipeline:
     denoises its part of the sequence. Every rank calls :meth:`generate` with the same arguments and gets the same
     video.
     ``vae_memory_gb`` (GiB): decode with the largest tiles that fit (see :func:`hyv_lib.pipeline.stages.stage3`).
+    ``text_device`` (``auto``: this process's GPU when CUDA is available, else the host CPU; the host CPU with the tpu
+    runtime; see :func:`hyv_lib.pipeline.encoder_device.resolve_text_device`): where the encoders of stage 1 run.
+    Without ``offload`` or ``shard_weights`` they move there once and stay, next to the transformer (Qwen2.5-VL-7B's
+    language model: 7.07B parameters, 13.2 GiB in bf16); with either (GPU memory tight) they stay on the host and each goes to the device for its own call
+    only, one at a time, and back right after, before the transformer denoises. The VAE that encodes a first frame
+    goes back to the host after each call either way (stage 3 places it for its decode).
+    ``compile=True`` (torch or ulysses runtime): the transformer's blocks are torch.compiled in place
+    (:func:`hyv_lib.runtimes.compiled.compile_blocks`); the first video of each size and frame count compiles them, in
+    an untimed warm-up call before its first step.
 
     Calls of :meth:`generate` on one pipeline run one at a time (a lock; other threads wait): they share the models,
     and a DeepCache or MagCache step keeps its cached features on the shared transformer, an offloaded transformer
@@ -89,9 +99,12 @@ class VideoPipeline:
                  mesh: str | None = None, sharding: str = "tp_replicated_out", attention: str | None = None,
                  sparse_attn: bool = False, ssta: Any = None, vae_runtime: str | None = None, vae_dtype: str = "fp32", tiling: bool = True,
                  model_path: str | None = None, offload: str | None = None, vae_memory_gb: float | None = None,
-                 shard_weights: str | None = None, lora: str | None = None, lora_scale: float = 1.0):
+                 shard_weights: str | None = None, lora: str | None = None, lora_scale: float = 1.0,
+                 compile: bool = False, text_device: str | torch.device | None = "auto"):
         with python_names():
             self.preset = get_preset(preset)
+            #: where stage 1's encoders run (:func:`hyv_lib.pipeline.encoder_device.resolve_text_device`)
+            self.text_device = resolve_text_device(text_device, runtime)
         if not isinstance(components, dict):
             raise HyvInputError("components", f"must be a dict of loaded components, got {type(components).__name__}")
         needed = [name for name in pipeline_components(self.preset)  # SigLIP only where the preset needs an image
@@ -102,7 +115,8 @@ class VideoPipeline:
         with python_names():
             lora_settings = resolve_settings(self.preset, runtime=runtime, mesh=mesh, sharding=sharding,
                                              attention=attention, sparse_attn=sparse_attn, ssta=ssta, offload=offload,
-                                             shard_weights=shard_weights, lora=lora, lora_scale=lora_scale)
+                                             shard_weights=shard_weights, lora=lora, lora_scale=lora_scale,
+                                             compile=compile)
             if runtime == "ulysses" and not under_torchrun():
                 raise HyvInputError("--runtime", "an in-memory pipeline runs with torch or tpu, or with ulysses in "
                                                  "each process of a torchrun launch (one per device)")
@@ -119,6 +133,7 @@ class VideoPipeline:
         #: the attention backend (the preset's when none was given) and SSTA's options (a dict, or None)
         self.attention, self.ssta = lora_settings.attention, lora_settings.ssta
         self.offload, self.shard_weights = offload, shard_weights
+        self.compile = compile
         self.vae_runtime, self.vae_dtype, self.tiling = vae_runtime, vae_dtype, tiling
         transformer = components["transformer"]
         with python_names():  # merged before the weights are placed, sharded or traced: no extra work per step
@@ -133,9 +148,13 @@ class VideoPipeline:
             place_transformer(transformer, self.device, offload)  # the GPU, block streaming, or the host (model)
         with python_names():
             self.step = make_step(transformer, runtime, mesh, sharding, attention=self.attention,
-                                  attention_options=lora_settings.attention_options())
+                                  attention_options=lora_settings.attention_options(), compile=compile)
         if shard_weights:  # each step one forward of the sharded root
             self.step = sharded_step(self.step, transformer)
+        #: the encoders stay on ``text_device`` between calls (nothing offloaded or sharded), else each visits it
+        self.encoders_resident = offload is None and shard_weights is None and self.text_device.type != "cpu"
+        if self.encoders_resident:
+            keep_on_device([components[name] for name in ENCODERS if name in components], self.text_device)
 
     @property
     def dtype(self) -> str:
@@ -151,12 +170,10 @@ class VideoPipeline:
     def step_for(self, cache, no_cache_blocks: int):
         """The uncached step, or (``cache``: a :class:`hyv_lib.runtimes.deepcache.DeepCacheSchedule` or an adaptive
         :class:`hyv_lib.runtimes.magcache.MagCacheSchedule`) a DeepCache step around the same runtime that recomputes
-        ``no_cache_blocks`` blocks on cached steps (the tpu programs are shared)."""
+        ``no_cache_blocks`` blocks on cached steps (the tpu programs are shared; over sharded weights each call is
+        still one forward of the sharded root: :func:`hyv_lib.runtimes.step.cached_step`)."""
         if cache is None:
             return self.step
-        if self.shard_weights:
-            raise HyvInputError("cache", f"a cached step does not run over sharded weights (shard_weights="
-                                         f"{self.shard_weights!r}): pass cache=None")
         with python_names():
             return cached_step(self.step, self.components["transformer"], cache, no_cache_blocks)
 
@@ -167,7 +184,8 @@ class VideoPipeline:
             if not isinstance(value, str):
                 raise HyvInputError(name, f"must be a string, got {type(value).__name__}")
         with torch.no_grad():
-            return encode_pair(self.components, self.preset, prompt, negative_prompt, self.dtype, image, "image")
+            return encode_pair(self.components, self.preset, prompt, negative_prompt, self.dtype, image, "image",
+                               device=self.text_device)
 
     @torch.no_grad()
     def generate(self, prompt: str, negative_prompt: str = "", height: int | None = None, width: int | None = None,
@@ -201,7 +219,7 @@ class VideoPipeline:
                 self.preset, aspect_ratio=aspect_ratio, height=height, width=width, video_length=video_length,
                 num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
                 seed=seed, runtime=self.runtime, mesh=self.mesh, sharding=self.sharding, attention=self.attention,
-                ssta=self.ssta, offload=self.offload, shard_weights=self.shard_weights)
+                ssta=self.ssta, offload=self.offload, shard_weights=self.shard_weights, compile=self.compile)
         step = self.step_for(cache, no_cache_blocks)
         if cache is not None and cache.num_steps != settings.num_inference_steps:
             raise HyvInputError("cache", f"the schedule has {cache.num_steps} steps but num_inference_steps is "
@@ -212,7 +230,9 @@ class VideoPipeline:
             if name in calibrated and calibrated[name] != mine:
                 raise HyvInputError("cache", f"the magcache schedule was calibrated with {name} {calibrated[name]!r} "
                                              f"but this video has {mine!r}")
-        embeds = self.encode(prompt, negative_prompt, image)
+        encode_start = time.perf_counter()
+        embeds = self.encode(prompt, negative_prompt, image)  # on the host; the encoders off the GPU unless resident
+        encode_s = time.perf_counter() - encode_start
         denoise_start = time.perf_counter()
         with while_denoising(self.components["transformer"], self.device, self.offload):  # offload model: GPU only here
             latents = sample_latents(step, self.components["transformer"], self.components["scheduler"].config,
@@ -232,7 +252,8 @@ class VideoPipeline:
                       stage3_runtime=self.vae_runtime, vae_dtype=self.vae_dtype, vae_tiling=self.tiling,
                       **self.lora_record,
                       **({} if tile_px is None else dict(vae_memory_gb=self.vae_memory_gb, vae_tile_px=tile_px)),
-                      time_s=round(time.perf_counter() - start, 3), denoise_time_s=round(denoise_s, 3))
+                      time_s=round(time.perf_counter() - start, 3), stage1_device=str(self.text_device),
+                      stage1_encode_time_s=round(encode_s, 3), denoise_time_s=round(denoise_s, 3))
         if cache is not None:
             config.update(enable_cache=True, **cache.settings(), no_cache_blocks=no_cache_blocks,
                           cache_full_steps=step.full_calls, cache_cached_steps=step.cached_calls,
@@ -245,7 +266,8 @@ def load_pipeline(preset: str | Preset = DEFAULT_PRESET, model_path: str | None 
                   sparse_attn: bool = False, ssta: Any = None, sharding: str = "tp_replicated_out", vae_runtime: str | None = None, vae_dtype: str = "fp32",
                   tiling: bool = True, progress: bool = True, offload: str | None = None,
                   vae_memory_gb: float | None = None, shard_weights: str | None = None, lora: str | None = None,
-                  lora_scale: float = 1.0) -> VideoPipeline:
+                  lora_scale: float = 1.0, compile: bool = False,
+                  text_device: str | torch.device | None = "auto") -> VideoPipeline:
     """Load every component of ``preset`` once (``model_path``: a diffusers-format folder; None: the preset's
     bundled or in-code tiny weights) in ``dtype`` (default: the preset's) and return a :class:`VideoPipeline`.
 
@@ -255,7 +277,10 @@ def load_pipeline(preset: str | Preset = DEFAULT_PRESET, model_path: str | None 
     merged at ``lora_scale`` into the transformer's weights before the step is built, on every runtime
     (:func:`hyv_lib.models.lora.merge_lora`); a LoRA for another model or other shapes is refused. ``attention``
     (None: the preset's, ``ssta`` for the sparse 720p checkpoints), ``sparse_attn`` and ``ssta`` (a
-    :class:`hyv_lib.SstaConfig`) as for :func:`hyv_lib.pipeline.stages.stage2`. Example::
+    :class:`hyv_lib.SstaConfig`) as for :func:`hyv_lib.pipeline.stages.stage2`. ``compile=True``: torch.compile the
+    transformer's blocks (torch or ulysses runtime; see :class:`VideoPipeline`). ``text_device``: where the encoders
+    run (``auto``: the GPU when CUDA is available; resident there unless ``offload`` or ``shard_weights``; see
+    :class:`VideoPipeline`). Example::
 
         pipe = hyv_lib.load_pipeline("tiny_trained")
         video = pipe.generate("a red circle moving left on a gray background", seed=1)
@@ -267,7 +292,9 @@ def load_pipeline(preset: str | Preset = DEFAULT_PRESET, model_path: str | None 
         torch_dtype(dtype)
 
         resolve_settings(spec, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention,
-                         sparse_attn=sparse_attn, ssta=ssta, offload=offload, shard_weights=shard_weights, lora=lora, lora_scale=lora_scale)  # before any model loads
+                         sparse_attn=sparse_attn, ssta=ssta, offload=offload, shard_weights=shard_weights, lora=lora, lora_scale=lora_scale,
+                         compile=compile)  # before any model loads
+        resolve_text_device(text_device, runtime)
         context = contextlib.nullcontext() if progress else quiet_loading()
         with context:
             components = load_components(spec, model_path, pipeline_components(spec), dtype=dtype)
@@ -275,4 +302,5 @@ def load_pipeline(preset: str | Preset = DEFAULT_PRESET, model_path: str | None 
                          sparse_attn=sparse_attn, ssta=ssta,
                          vae_runtime=vae_runtime, vae_dtype=vae_dtype, tiling=tiling, model_path=model_path,
                          vae_memory_gb=vae_memory_gb,
-                         offload=offload, shard_weights=shard_weights, lora=lora, lora_scale=lora_scale)
+                         offload=offload, shard_weights=shard_weights, lora=lora, lora_scale=lora_scale, compile=compile,
+                         text_device=text_device)

@@ -11,6 +11,7 @@ from ..base.cogvideox_presets import COGVIDEOX_MODEL
 from ..base.errors import HyvFaultError, HyvInputError
 from ..base.presets import Preset, samples_per_step
 from ..models.flow_matching import condition_channels
+from ..runtimes.compiled import warmup_calls
 from ..runtimes.step import TransformerStep
 from .cogvideox import sample_cogvideox
 from .stage_io import (
@@ -49,7 +50,10 @@ def sample_latents(step: TransformerStep, transformer, scheduler_config, preset:
         embeds, preset, model_dtype, image_dim=config.image_embed_dim).items()}
     return denoise(step, initial_latents(shape, settings.seed).to(device), conditioning, scheduler,
                    num_inference_steps=settings.num_inference_steps, guidance_scale=settings.guidance_scale,
-                   model_dtype=model_dtype, warmup_steps=settings.warmup_steps, progress=progress,
+                   model_dtype=model_dtype, progress=progress,
+                   # --compile: one untimed call compiles before the first timed step (unless warmup_steps says)
+                   warmup_steps=warmup_calls(transformer, settings.warmup_steps, (
+                       shape, samples_per_step(settings.guidance_scale), model_dtype, str(device))),
                    cond_latents=None if cond_latents is None else cond_latents.to(device),
                    meanflow=bool(getattr(config, "use_meanflow", False))).cpu()
 

@@ -51,7 +51,7 @@ class Stage2Settings:
     runtime: str = "torch"  #: one of :data:`RUNTIMES`
     mesh: str | None = None  #: tpu runtime: e.g. ``data=2,tensor=4``
     sharding: str = "tp_replicated_out"  #: a strategy of :data:`hyv_lib.parallel.sharding.STRATEGIES`
-    enable_cache: bool = False  #: DeepCache (torch and tpu runtimes)
+    enable_cache: bool = False  #: DeepCache (torch, tpu and ulysses runtimes; over FSDP-sharded weights too)
     cache_method: str | None = None  #: ``deepcache`` (the default with enable_cache) or ``magcache`` (adaptive)
     cache_start_step: int = 11
     cache_end_step: int = 45
@@ -73,6 +73,9 @@ class Stage2Settings:
     lora: str | None = None  #: a LoRA file in diffusers' format (or its folder), merged into the transformer's weights
     #: before the step is built (:func:`hyv_lib.models.lora.merge_lora`)
     lora_scale: float = 1.0  #: the LoRA's strength: ``W += lora_scale * alpha / rank * B @ A``
+    compile: bool = False  #: torch and ulysses runtimes: torch.compile the repeated transformer blocks
+    #: (:func:`hyv_lib.runtimes.compiled.compile_blocks`); the first step compiles (an untimed warm-up call when
+    #: ``warmup_steps`` is 0), another size or batch compiles again
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> "Stage2Settings":
@@ -123,6 +126,7 @@ class ResolvedSettings:
     lora: str | None = None  #: the LoRA file (absolute path), or None
     lora_scale: float = 1.0
     ssta: dict[str, Any] | None = None  #: the SSTA options (every field of SstaConfig) when attention takes a grid
+    compile: bool = False  #: the transformer blocks torch.compiled (torch and ulysses runtimes)
 
     def attention_options(self) -> dict[str, Any]:
         """The keyword options of the attention backend (:func:`hyv_lib.runtimes.step.make_step`'s
@@ -149,6 +153,8 @@ class ResolvedSettings:
             names += ["lora", "lora_scale"]
         if self.ssta is not None:
             names.append("ssta")
+        if self.compile:
+            names.append("compile")
         return {name: getattr(self, name) for name in names}
 
 
@@ -228,6 +234,22 @@ def resolve_attention(preset: Preset, attention: str | None, sparse_attn: Any, s
     return attention, ssta_options(SstaConfig() if ssta is None else ssta)
 
 
+def check_compile(compile: Any, runtime: str, offload: str | None = None) -> None:
+    """``--compile`` against the other settings (HyvInputError naming ``--compile``): a bool, the torch or ulysses
+    runtime (the tpu runtime is always compiled, by XLA), and no ``--offload block`` (diffusers' group offloading moves
+    each block's weights inside the forward that would be compiled)."""
+    if not isinstance(compile, bool):
+        raise HyvInputError("--compile", f"must be True or False, got {compile!r}")
+    if not compile:
+        return
+    if runtime == "tpu":
+        raise HyvInputError("--compile", "is for --runtime torch or ulysses: the tpu runtime is always compiled (XLA)")
+    if offload == "block":
+        raise HyvInputError("--compile", "is not combined with --offload block: diffusers' group offloading moves "
+                                         "each block's weights inside its forward, which the compiled block would "
+                                         "trace; use --offload model or no offload")
+
+
 def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **kwargs: Any) -> ResolvedSettings:
     """Fill unset stage-2 settings (a :class:`Stage2Settings`, or its fields as keyword arguments) from the preset,
     validate them, and resolve (height, width): a frozen :class:`ResolvedSettings`.
@@ -296,7 +318,8 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
         if enable_cache and s.offload == "block":
             raise HyvInputError("--offload", "block is not combined with --enable_cache (the cached step's block hooks and "
                                              "the offload hooks are untested together): choose one")
-    check_shard_weights(s.shard_weights, runtime, s.offload, enable_cache)  # under torchrun, ulysses or torch
+    check_shard_weights(s.shard_weights, runtime, s.offload)  # under torchrun, ulysses or torch
+    check_compile(s.compile, runtime, s.offload)
     lora_scale = 1.0 if s.lora_scale is None else as_number("--lora_scale", s.lora_scale)
     lora = None if s.lora is None else lora_file(s.lora, "--lora")  # ~ expanded; a missing file refused now
     if lora is None and lora_scale != 1.0:
@@ -312,9 +335,7 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
     given = [flag for flag, value in magcache_flags.items() if value is not None]
     if given and cache_method != "magcache":
         raise HyvInputError(given[0], "applies to --enable_cache --cache_method magcache only")
-    if enable_cache:
-        if runtime not in ("torch", "tpu"):
-            raise HyvInputError("--enable_cache", f"DeepCache runs on --runtime torch or tpu, not {runtime!r}")
+    if enable_cache:  # every runtime (ulysses: each rank caches its sequence shard)
         cache_start_step, cache_end_step, cache_step_interval, no_cache_blocks = (
             as_number(name, value, int, low=low) for name, value, low in (
                 ("--cache_start_step", cache_start_step, 0), ("--cache_end_step", cache_end_step, 0),
@@ -345,7 +366,7 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
         no_cache_blocks=no_cache_blocks, cache_threshold=threshold, cache_max_skip=max_skip, cache_retention=retention,
         cache_calibration=None if s.cache_calibration is None else str(s.cache_calibration),
         multi_host=bool(multi_host), offload=s.offload, shard_weights=s.shard_weights, lora=lora,
-        lora_scale=lora_scale, ssta=ssta)
+        lora_scale=lora_scale, ssta=ssta, compile=bool(s.compile))
 
 
 def check_vae_settings(vae_dtype: str, vae_memory_gb: Any = None, tiling: bool = True,

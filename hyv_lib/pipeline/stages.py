@@ -29,6 +29,7 @@ from ..runtimes.vae import decode_latents
 from ..runtimes.vae_memory import tile_for_budget
 from .calibration import cache_schedule, resolve_calibration
 from .cogvideox import vae_latents
+from .encoder_device import resolve_text_device
 from .image import check_task, crop_to_bucket, first_frame, image_size_settings, load_image
 from .sampling import sample_latents
 from .settings import Stage2Settings, check_vae_model, check_vae_settings, resolve_settings
@@ -119,10 +120,18 @@ def one_run_per_folder(*names: str):
 def stage1(
     preset: str | Preset = DEFAULT_PRESET, prompt: str = "", negative_prompt: str = "", output_dir: str | None = None,
     model_path: str | None = None, dtype: str | None = None, components: dict[str, Any] | None = None,
-    image_path: str | None = None,
+    image_path: str | None = None, text_device: str | torch.device | None = "auto",
 ) -> dict[str, torch.Tensor]:
     """Encode the prompt and negative prompt (and, with ``image_path``, the first frame of an image-to-video run);
     write stage1_embeddings.safetensors + generation_config.json.
+
+    ``text_device`` (:data:`hyv_lib.pipeline.encoder_device.TEXT_DEVICES`): where the encoders run; ``auto`` (the
+    default) is this process's GPU when CUDA is available, else the host CPU
+    (:func:`hyv_lib.pipeline.encoder_device.resolve_text_device`). On a GPU each encoder is moved there for its own
+    call, one at a time, and leaves it right after (encoders loaded here are dropped, given ``components`` go back
+    where they were), so stage 2 has the card; the tensors written are the host's, in ``dtype``. The device and the
+    encoders' seconds (moves included, loading not) are recorded as ``stage1_device`` and ``stage1_encode_time_s``,
+    next to ``stage1_time_s`` (the whole stage).
 
     The image is cropped to its bucket as diffusers' I2V pipeline does, then encoded by SigLIP (``image_embeds``)
     and the VAE (``cond_latents``); the bucket fixes the video's height and width for stage 2. ``components``
@@ -141,6 +150,7 @@ def stage1(
     if not isinstance(prompt, str) or not isinstance(negative_prompt, str):
         raise HyvInputError("--prompt", "prompt and negative prompt must be strings")
     task = check_task(spec, image_path is not None)
+    device = resolve_text_device(text_device)
     image = None
     if image_path is not None:
         image = crop_to_bucket(spec, load_image(image_path))
@@ -151,9 +161,12 @@ def stage1(
     if image is not None:
         names += [*IMAGE_COMPONENTS, "vae"]
     with PeakMemory() as memory:
-        if components is None:
+        loaded = components is None  # loaded here: each encoder's weights are dropped after its call
+        if loaded:
             components = load_components(spec, model_path, names, dtype=dtype)
-        tensors = encode_pair(components, spec, prompt, negative_prompt, dtype, image)
+        encode_start = time.perf_counter()
+        tensors = encode_pair(components, spec, prompt, negative_prompt, dtype, image, device=device, release=loaded)
+        encode_s = time.perf_counter() - encode_start
     save_tensors(tensors, os.path.join(output_dir, STAGE1_FILE), metadata={"preset": spec.name})
     image_fields = {} if image is None else dict(image_path=os.path.abspath(image_path), image_height=image.size[1],
                                                  image_width=image.size[0])
@@ -161,10 +174,12 @@ def stage1(
     update_config(
         output_dir, base={}, prompt=prompt, negative_prompt=negative_prompt, preset=spec.name, task=task, **custom,
         **image_fields, model_path=model_path, dtype=dtype, hyv_lib_version=__version__,
-        stage1_time_s=round(time.perf_counter() - start, 3), **memory_fields("stage1", memory),
+        stage1_time_s=round(time.perf_counter() - start, 3), stage1_encode_time_s=round(encode_s, 3),
+        stage1_device=str(device), **memory_fields("stage1", memory),
     )
-    logger.info("stage 1: %s in %.1f s (peak RSS %.0f MiB)", os.path.join(output_dir, STAGE1_FILE),
-                time.perf_counter() - start, memory.peak_bytes / 2**20)
+    logger.info("stage 1: %s in %.1f s, encoders %.1f s on %s (peak RSS %.0f MiB)",
+                os.path.join(output_dir, STAGE1_FILE), time.perf_counter() - start, encode_s, device,
+                memory.peak_bytes / 2**20)
     return tensors
 
 
@@ -188,7 +203,9 @@ def stage2(
     weights on the host and streams each block to the GPU as it runs, ``model`` moves the transformer to the GPU for
     the denoising loop only (:data:`hyv_lib.runtimes.placement.OFFLOAD_MODES`). ``shard_weights="fsdp"`` (under
     torchrun, runtime ulysses or torch): each rank keeps 1/N of the transformer's weights on its device and gathers
-    one block at a time (:func:`hyv_lib.runtimes.fsdp.shard_weights`).
+    one block at a time (:func:`hyv_lib.runtimes.fsdp.shard_weights`). ``compile=True`` (torch and ulysses runtimes):
+    the transformer's blocks are torch.compiled (:func:`hyv_lib.runtimes.compiled.compile_blocks`); with
+    ``warmup_steps=0`` one untimed warm-up call compiles before the first step. A given ``step`` is used as it is.
     """
     start = time.perf_counter()
     _require_folder("input_dir", input_dir)
@@ -226,7 +243,7 @@ def stage2(
         place_transformer(transformer, device, settings.offload)
     step = step or make_step(transformer, runtime, mesh, sharding, cache=schedule,
                              no_cache_blocks=settings.no_cache_blocks, attention=settings.attention,
-                             attention_options=settings.attention_options())
+                             attention_options=settings.attention_options(), compile=settings.compile)
     if settings.shard_weights:  # each step one forward of the sharded root
         step = sharded_step(step, transformer)
     with PeakMemory() as memory, while_denoising(transformer, device, settings.offload):
@@ -349,11 +366,13 @@ def generate(
     preset: str | Preset = DEFAULT_PRESET, prompt: str = "", negative_prompt: str = "", output_dir: str | None = None,
     model_path: str | None = None, dtype: str | None = None, output_video: str | None = None,
     fps: float | None = None, disable_tiling: bool = False, save_frames: bool = False, vae_dtype: str = "fp32",
-    image_path: str | None = None, vae_memory_gb: float | None = None, **stage2_kwargs: Any,
+    image_path: str | None = None, vae_memory_gb: float | None = None, text_device: str | torch.device | None = "auto",
+    **stage2_kwargs: Any,
 ) -> torch.Tensor:
     """Run stage 1, 2 and 3 into ``output_dir``; returns the uint8 frames [F,H,W,3]. ``image_path``: the first
     frame of an image-to-video run (see :func:`stage1`). ``stage2_kwargs``: the fields of :class:`Stage2Settings`,
-    and ``quiet``.
+    and ``quiet``. ``text_device``: where stage 1's encoders run (see :func:`stage1`; ``auto`` is the host CPU with
+    ``runtime="tpu"``); they leave the GPU before stage 2 loads the transformer.
 
     Stage-2 settings (and the image) are checked before the text encoders run, so bad input fails fast. With
     ``runtime="tpu"`` stage 3 decodes on JAX too.
@@ -377,8 +396,9 @@ def generate(
     vae_runtime = "tpu" if settings.runtime == "tpu" else "torch"
     fps, budget = _check_stage3_settings(output_video, fps, vae_dtype, vae_memory_gb, not disable_tiling, vae_runtime)
     check_vae_model(spec, budget)
+    device = resolve_text_device(text_device, settings.runtime)
     stage1(preset=preset, prompt=prompt, negative_prompt=negative_prompt, output_dir=output_dir,
-           model_path=model_path, dtype=dtype, image_path=image_path)
+           model_path=model_path, dtype=dtype, image_path=image_path, text_device=device)
     stage2(input_dir=output_dir, **stage2_kwargs)
     return stage3(input_dir=output_dir, output_video=output_video, fps=fps, disable_tiling=disable_tiling,
                   save_frames=save_frames, vae_dtype=vae_dtype, runtime=vae_runtime, vae_memory_gb=vae_memory_gb)

@@ -12,6 +12,7 @@ from ..base.errors import HyvInputError
 from ..base.presets import Preset
 from ..models.components import IMAGE_COMPONENTS, torch_dtype
 from .cogvideox import encode_t5_pair
+from .encoder_device import module_device, on_device
 from .image import encode_image
 
 
@@ -46,37 +47,48 @@ def template_crop_start(tokenizer, system: str | None = None) -> int:
 
 
 @torch.no_grad()
-def encode_prompts(components: dict, preset: Preset, prompts: list[str]) -> dict[str, torch.Tensor]:
+def encode_prompts(components: dict, preset: Preset, prompts: list[str], device: torch.device | None = None,
+                   release: bool = False) -> dict[str, torch.Tensor]:
     """Encode prompts (batch) into the four stage-1 tensors with diffusers' recipe.
 
     Qwen2.5-VL: chat template with the system prompt, padded to crop + text_len, hidden_states[-3],
     template tokens cropped; ByT5: only quoted text is encoded, zeros + mask 0 when there is none.
     Returns ``prompt_embeds`` [B,text_len,text_dim], ``prompt_embeds_mask`` [B,text_len] (int64),
     ``prompt_embeds_2`` [B,byt5_len,byt5_dim], ``prompt_embeds_mask_2`` [B,byt5_len] (int64).
+
+    ``device`` (None: each encoder runs where it is, and so are the tensors returned): each encoder runs there, one
+    at a time, and leaves it after its call (:func:`hyv_lib.pipeline.encoder_device.on_device`; ``release=True``
+    drops the weights of encoders loaded for this call only); the tensors come back on the host CPU.
     """
     from diffusers import HunyuanVideo15Pipeline
 
     defaults = _recipe_defaults()
     tokenizer, text_encoder = components["tokenizer"], components["text_encoder"]
     crop = preset.crop_start if preset.crop_start is not None else template_crop_start(tokenizer)
-    device = text_encoder.device
-    embeds, mask = HunyuanVideo15Pipeline._get_mllm_prompt_embeds(
-        text_encoder=text_encoder,
-        tokenizer=tokenizer,
-        prompt=prompts,
-        device=device,
-        tokenizer_max_length=preset.text_len,
-        num_hidden_layers_to_skip=defaults["num_hidden_layers_to_skip"],
-        system_message=defaults["system_message"],
-        crop_start=crop,
-    )
-    embeds_2, mask_2 = HunyuanVideo15Pipeline._get_byt5_prompt_embeds(
-        tokenizer=components["tokenizer_2"],
-        text_encoder=components["text_encoder_2"],
-        prompt=prompts,
-        device=device,
-        tokenizer_max_length=preset.byt5_len,
-    )
+    with on_device(text_encoder, device, release):
+        embeds, mask = HunyuanVideo15Pipeline._get_mllm_prompt_embeds(
+            text_encoder=text_encoder,
+            tokenizer=tokenizer,
+            prompt=prompts,
+            device=text_encoder.device,
+            tokenizer_max_length=preset.text_len,
+            num_hidden_layers_to_skip=defaults["num_hidden_layers_to_skip"],
+            system_message=defaults["system_message"],
+            crop_start=crop,
+        )
+        if device is not None:  # to the host before the encoder leaves the device
+            embeds, mask = embeds.cpu(), mask.cpu()
+    text_encoder_2 = components["text_encoder_2"]
+    with on_device(text_encoder_2, device, release):
+        embeds_2, mask_2 = HunyuanVideo15Pipeline._get_byt5_prompt_embeds(
+            tokenizer=components["tokenizer_2"],
+            text_encoder=text_encoder_2,
+            prompt=prompts,
+            device=text_encoder.device if device is None else module_device(text_encoder_2),  # None: as before
+            tokenizer_max_length=preset.byt5_len,
+        )
+        if device is not None:
+            embeds_2, mask_2 = embeds_2.cpu(), mask_2.cpu()
     return {
         "prompt_embeds": embeds,
         "prompt_embeds_mask": mask.to(torch.int64),
@@ -86,28 +98,36 @@ def encode_prompts(components: dict, preset: Preset, prompts: list[str]) -> dict
 
 
 def encode_pair(components: dict[str, Any], preset: Preset, prompt: str, negative_prompt: str = "",
-                dtype: str = "fp32", image=None, argument: str = "--image_path") -> dict[str, torch.Tensor]:
+                dtype: str = "fp32", image=None, argument: str = "--image_path", device: torch.device | None = None,
+                release: bool = False) -> dict[str, torch.Tensor]:
     """The stage-1 tensors of a prompt and its negative prompt (one text-encoder batch [negative, positive]):
     ``prompt_embeds``, ``prompt_embeds_mask``, ``prompt_embeds_2``, ``prompt_embeds_mask_2`` and their
     ``negative_`` twins, batch 1 each, floats in ``dtype``. With ``image`` (a first frame already cropped to its
     bucket, :func:`hyv_lib.pipeline.image.crop_to_bucket`) also ``image_embeds`` (in ``dtype``) and ``cond_latents`` (fp32),
     which need SigLIP and the VAE in ``components`` (a HyvInputError naming ``argument`` otherwise). CogVideoX:
-    T5's ``prompt_embeds`` and ``negative_prompt_embeds`` (:func:`hyv_lib.pipeline.cogvideox.encode_t5_pair`)."""
+    T5's ``prompt_embeds`` and ``negative_prompt_embeds`` (:func:`hyv_lib.pipeline.cogvideox.encode_t5_pair`).
+
+    ``device`` (e.g. :func:`hyv_lib.pipeline.encoder_device.resolve_text_device`'s; None: every encoder runs where
+    it is): each encoder is moved there for its own call, one at a time, and leaves it right after (back where it was,
+    or dropped with ``release=True``: components loaded for this call only); a GPU's cache is emptied after each, so
+    the transformer has the card, and the tensors come back on the host CPU, in the dtypes above. Encoders already
+    on ``device`` stay there (the in-memory pipeline's, when nothing is offloaded)."""
     if preset.model == COGVIDEOX_MODEL:  # T5 alone: prompt_embeds and negative_prompt_embeds, no masks, no image
         if image is not None:
             raise HyvInputError(argument, f"{preset.name} is text-to-video: it takes no image")
-        return encode_t5_pair(components, preset, prompt, negative_prompt, dtype)
-    encoded = encode_prompts(components, preset, [negative_prompt, prompt])
+        return encode_t5_pair(components, preset, prompt, negative_prompt, dtype, device=device, release=release)
+    if image is not None:
+        missing = [n for n in (*IMAGE_COMPONENTS, "vae") if n not in components]
+        if missing:
+            raise HyvInputError(argument, f"encoding a first frame needs {', '.join(missing)}; load the components "
+                                          "of a preset that takes an image")
+    encoded = encode_prompts(components, preset, [negative_prompt, prompt], device=device, release=release)
     tensors = {}
     for index, prefix in ((0, "negative_"), (1, "")):
         for name, value in encoded.items():
             value = value[index : index + 1]
             tensors[prefix + name] = value.to(torch_dtype(dtype)) if value.is_floating_point() else value
     if image is not None:
-        missing = [n for n in (*IMAGE_COMPONENTS, "vae") if n not in components]
-        if missing:
-            raise HyvInputError(argument, f"encoding a first frame needs {', '.join(missing)}; load the components "
-                                          "of a preset that takes an image")
-        frame = encode_image(components, preset, image)
+        frame = encode_image(components, preset, image, device=device, release=release)
         tensors.update(image_embeds=frame["image_embeds"].to(torch_dtype(dtype)), cond_latents=frame["cond_latents"])
     return tensors

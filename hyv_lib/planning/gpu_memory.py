@@ -249,7 +249,9 @@ def vae_decode_memory(preset: Preset | str, height: int, width: int, video_lengt
 def gpu_memory(preset: Preset | str, height: int, width: int, video_length: int, gpus: int = 1,
                weights: str = "replicated", ulysses: bool = False, offload: str = "none", *,
                batch: int | None = None, dtype: str = "bf16", vae_dtype: str = "bf16") -> dict[str, Any]:
-    """Per-GPU peaks of a whole generation (GiB), stage 1's text encoders excluded (they always run on the host):
+    """Per-GPU peaks of a whole generation (GiB), stage 1's encoders excluded (they run before stage 2 and leave the
+    GPU, one at a time; an in-memory pipeline without offload keeps them there: add their weights, 13.2 GiB for
+    Qwen2.5-VL-7B's language model in bf16):
 
     - ``step``: one denoising step (:func:`step_memory`);
     - ``decode``: the VAE decode as stage 3 runs it, in its own process (:func:`vae_decode_memory`);

@@ -144,6 +144,9 @@ class DeepCacheStep:
     branches are one batch, so they are cached together. The step counts its calls; the denoising loop calls
     :meth:`reset` before its first step, so warmup calls do not shift the schedule. On the TPU runtime the full
     and cached steps are two jitted functions chosen by a Python branch, so nothing recompiles from step to step.
+    Full or cached is decided from the call count and the schedule's precomputed plan alone (no tensor, no timing,
+    nothing local to a process), so the ranks of a Ulysses run, given the same schedule
+    (:meth:`hyv_lib.runtimes.ulysses.UlyssesTransformer.agreed_schedule`), take the same decision at every step.
     """
 
     def __init__(self, runtime: CacheableRuntime, schedule: DeepCacheSchedule, no_cache_blocks: int = 1):

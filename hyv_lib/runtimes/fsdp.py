@@ -45,11 +45,12 @@ def under_torchrun() -> bool:
 
 
 def check_shard_weights(shard_weights: str | None, runtime: str, offload: str | None = None,
-                        enable_cache: bool = False, distributed: bool | None = None) -> None:
+                        distributed: bool | None = None) -> None:
     """``--shard_weights`` against the other settings (HyvInputError naming ``--shard_weights``): a mode of
     :data:`SHARD_WEIGHTS`, a runtime of :data:`SHARD_RUNTIMES`, no ``--offload`` (both decide where the weights live),
-    no step cache (its block hooks are untested with FSDP's), and ranks to split over (``distributed``, default:
-    :func:`under_torchrun`). None (no sharding) always passes."""
+    and ranks to split over (``distributed``, default: :func:`under_torchrun`). None (no sharding) always passes.
+    The step cache (``--enable_cache``) combines with it: a cached step's last blocks gather their weights through
+    FSDP's hooks as a full step's do (:func:`hyv_lib.runtimes.step.cached_step`; tests/test_cache_parallel.py)."""
     if shard_weights is None:
         return
     if shard_weights not in SHARD_WEIGHTS:
@@ -60,9 +61,6 @@ def check_shard_weights(shard_weights: str | None, runtime: str, offload: str | 
     if offload is not None:
         raise HyvInputError("--shard_weights", f"is not combined with --offload {offload} (both decide where the "
                                                "weights live): choose one")
-    if enable_cache:
-        raise HyvInputError("--shard_weights", "is not combined with --enable_cache (the cache's block hooks and "
-                                               "FSDP's are untested together): choose one")
     if not (under_torchrun() if distributed is None else distributed):
         raise HyvInputError("--shard_weights", f"splits the weights over one process per device: {_LAUNCH}")
 

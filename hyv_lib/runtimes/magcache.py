@@ -78,8 +78,9 @@ class MagCacheSchedule:
 
     The decision depends only on the step index and the curve, so it is made before the loop (``full_steps``) and
     :class:`hyv_lib.runtimes.deepcache.DeepCacheStep` runs it unchanged: on the TPU runtime a host-side branch between the two
-    programs DeepCache already compiles (no third program, nothing recompiled per step), and torch and TPU skip the
-    same steps. ``calibration`` (not compared) is the metadata of the curve's calibration, for records.
+    programs DeepCache already compiles (no third program, nothing recompiled per step), and torch, TPU and every
+    Ulysses rank skip the same steps. ``calibration`` (not compared) is the metadata of the curve's calibration, for
+    records.
     """
 
     curve: tuple[float, ...]

@@ -14,7 +14,9 @@ from ..models.adapter import ModelAdapter
 from ..models.registry import adapter_for
 from ..parallel.distributed import init_distributed
 from ..parallel.mesh import make_mesh, parse_mesh
+from .compiled import compile_blocks
 from .deepcache import DeepCacheSchedule, DeepCacheStep, TorchDeepCache
+from .fsdp import ShardedStep, sharded_step
 from .magcache import MagCacheSchedule
 from .tpu import TpuTransformer
 from .ulysses import UlyssesTransformer
@@ -52,7 +54,7 @@ ATTENTION_CHOICES = ("auto", "diffusers")
 def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
               sharding: str = "tp_replicated_out", cache=None, no_cache_blocks: int = 1,
               attention: str = "auto", adapter: ModelAdapter | None = None,
-              attention_options: dict[str, Any] | None = None) -> TransformerStep:
+              attention_options: dict[str, Any] | None = None, compile: bool = False) -> TransformerStep:
     """The transformer step of a runtime: ``torch`` (eager diffusers), ``tpu`` (torchax/JAX jit on
     whatever JAX backend is present: the TPU on a TPU VM, the CPU here; JAX's persistent compile cache is the
     caller's choice, :func:`hyv_lib.parallel.jax_env.enable_compile_cache`, which the CLI turns on) or
@@ -69,9 +71,15 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
     (:class:`hyv_lib.models.adapter.ModelAdapter`; default: the registered one for the model's class).
     ``mesh`` ('tensor=8', 'data=2,tensor=4', ...) shards the tpu step with the rule set ``sharding``.
     ``cache`` (a :class:`hyv_lib.runtimes.deepcache.DeepCacheSchedule`, or the adaptive
-    :class:`hyv_lib.runtimes.magcache.MagCacheSchedule`) wraps the torch or tpu step in DeepCache, recomputing the last
-    ``no_cache_blocks`` blocks on cached steps.
+    :class:`hyv_lib.runtimes.magcache.MagCacheSchedule`) wraps the torch, tpu or ulysses step in DeepCache,
+    recomputing the last ``no_cache_blocks`` blocks on cached steps (:func:`cached_step`).
+    ``compile`` (torch and ulysses runtimes, and both under DeepCache or over FSDP-sharded weights): compile the
+    model's repeated transformer blocks in place with torch.compile (:func:`hyv_lib.runtimes.compiled.compile_blocks`;
+    one program shared by identical blocks, attention as one opaque op). The first call compiles; a call with another
+    latent shape or batch compiles again. The tpu runtime is always compiled (XLA): ``compile=True`` is refused there.
     """
+    if compile and runtime == "tpu":
+        raise HyvInputError("--compile", "is for --runtime torch or ulysses: the tpu runtime is always compiled (XLA)")
     if attention == "diffusers" and runtime != "torch":
         raise HyvInputError("--attention", f"diffusers' own processor runs on --runtime torch only, not {runtime!r}")
     if attention_options is not None and not isinstance(attention_options, dict):
@@ -82,13 +90,14 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
                                                  f"got {', '.join(attention_options)}")
     options = dict(attention_options or {})
     if cache is not None:
-        if runtime not in ("torch", "tpu"):
-            raise HyvInputError("--enable_cache", f"DeepCache runs on --runtime torch or tpu, not {runtime!r}")
         return cached_step(make_step(transformer, runtime, mesh, sharding, attention=attention, adapter=adapter,
-                                     attention_options=options), transformer, cache, no_cache_blocks, adapter)
+                                     attention_options=options, compile=compile), transformer, cache,
+                           no_cache_blocks, adapter)
     if runtime == "torch":
         if attention != "diffusers":  # else diffusers' own processor stays
             adapter_for(transformer, adapter).use_attention(transformer, attention, **options)
+        if compile:
+            compile_blocks(transformer, adapter)
         return torch_step(transformer)
     if runtime == "tpu":
         axes = parse_mesh(mesh)
@@ -106,27 +115,35 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
                                              "torchrun --nproc_per_node=N -m hyv_lib stage2 --runtime ulysses ...")
         init_distributed()
         try:
-            return UlyssesTransformer(transformer, attention_backend=attention, adapter=adapter,
-                                      attention_options=options)
+            ulysses = UlyssesTransformer(transformer, attention_backend=attention, adapter=adapter,
+                                         attention_options=options)
         except HyvInputError:  # names its own argument
             raise
         except ValueError as err:  # heads that do not split over the ranks
             raise HyvInputError("--nproc_per_node", str(err)) from None
+        if compile:
+            compile_blocks(transformer, adapter)
+        return ulysses
     raise HyvInputError("--runtime", f"must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
 
 
 def cached_step(step: TransformerStep, transformer, cache, no_cache_blocks: int = 1,
-                adapter: ModelAdapter | None = None) -> DeepCacheStep:
-    """DeepCache around an uncached step of :func:`make_step` for ``transformer``: a tpu step is the cache's runtime
-    itself (its compiled programs are shared), a torch step's model runs through :class:`TorchDeepCache`.
+                adapter: ModelAdapter | None = None) -> DeepCacheStep | ShardedStep:
+    """DeepCache around an uncached step of :func:`make_step` for ``transformer``: a tpu or ulysses step is the cache's
+    runtime itself (the tpu programs are shared; under Ulysses each rank caches its own sequence shard and every rank
+    runs rank 0's schedule, :meth:`UlyssesTransformer.agreed_schedule`), a torch step's model runs through
+    :class:`TorchDeepCache`. A step over FSDP-sharded weights (:class:`hyv_lib.runtimes.fsdp.ShardedStep`) stays one:
+    each cached or full call is one forward of the sharded root, whose blocks gather their weights as they run.
     ``cache``: a :class:`hyv_lib.runtimes.deepcache.DeepCacheSchedule` or an adaptive
     :class:`hyv_lib.runtimes.magcache.MagCacheSchedule`; the last ``no_cache_blocks`` blocks run on cached steps."""
     if not isinstance(cache, (DeepCacheSchedule, MagCacheSchedule)):
         raise HyvInputError("cache", "must be None, a hyv_lib.DeepCacheSchedule or a hyv_lib.MagCacheSchedule, got "
                                      f"{cache!r}")
+    if isinstance(step, ShardedStep):
+        return sharded_step(cached_step(step.step, transformer, cache, no_cache_blocks, adapter), step.model)
     if isinstance(step, UlyssesTransformer):
-        raise HyvInputError("--enable_cache", "DeepCache runs on --runtime torch or tpu, not 'ulysses'")
-    runtime = step if isinstance(step, TpuTransformer) else TorchDeepCache(transformer, adapter)
+        cache = step.agreed_schedule(cache)
+    runtime = step if isinstance(step, (TpuTransformer, UlyssesTransformer)) else TorchDeepCache(transformer, adapter)
     try:
         return DeepCacheStep(runtime, cache, no_cache_blocks)
     except ValueError as err:

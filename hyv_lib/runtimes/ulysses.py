@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..base.errors import HyvInputError
-from ..kernels.dispatch import attention
+from ..kernels.custom_op import CompilableAttention
 from ..models.adapter import ModelAdapter, RopeTables
 from ..models.processors import context_qkv, video_qkv
 from ..models.registry import adapter_for
@@ -107,6 +107,7 @@ class UlyssesJointAttnProcessor:
         self.backend = backend
         self.grid = grid
         self.options = options
+        self.attend = CompilableAttention(backend, **options)  # one opaque op inside a compiled block
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                  image_rotary_emb=None):
@@ -130,7 +131,7 @@ class UlyssesJointAttnProcessor:
         else:
             enc_q = enc_k = enc_v = video_q.new_zeros(batch, 0, local, video_q.shape[-1])
 
-        options = self.options if self.grid is None else {**self.options, "grid": self.grid.current(tokens)}
+        grid = None if self.grid is None else self.grid.current(tokens)
         rows = world * shard if self.grid is None else tokens  # video rows the kernel sees (a tiling one: no padding)
 
         def joint(video, context):  # [real video ; context ; padding], [B, S, h, D] -> [B, h, S, D]
@@ -141,8 +142,8 @@ class UlyssesJointAttnProcessor:
                         else attention_mask.to(device=device, dtype=torch.bool))
         kv_mask = torch.cat([torch.ones(batch, tokens, dtype=torch.bool, device=device), context_mask,
                              torch.zeros(batch, rows - tokens, dtype=torch.bool, device=device)], dim=1)
-        out = attention(joint(video_q, enc_q), joint(video_k, enc_k), joint(video_v, enc_v), kv_mask,
-                        backend=self.backend, **options).transpose(1, 2).to(query.dtype)  # [B, S, h, D]
+        out = self.attend(joint(video_q, enc_q), joint(video_k, enc_k), joint(video_v, enc_v), kv_mask,
+                          grid).transpose(1, 2).to(query.dtype)  # [B, S, h, D]
         out = F.pad(out, (0, 0, 0, 0, 0, world * shard - rows))  # the dropped padding rows back, as zeros
 
         # Padding rows are invalid queries, so their outputs are exactly zero: they go back as they are.
@@ -174,6 +175,11 @@ class UlyssesTransformer:
     ``attention_options`` its options (``{"ssta": hyv_lib.SstaConfig(...)}`` for ``ssta``); each block's processor
     runs what the adapter's ``use_attention`` chose for that block (SSTA: its token grid, and dense attention on
     the blocks of ``dense_every``). SSTA with ``share_heads`` needs every head on one rank: refused on 2+ ranks.
+
+    It is also a DeepCache runtime (:class:`hyv_lib.runtimes.deepcache.CacheableRuntime`: :meth:`run_and_cache`,
+    :meth:`run_from_cache`), so ``DeepCacheStep(ulysses, schedule)`` runs DeepCache and MagCache schedules with each
+    rank caching its own sequence shard; build that step with :func:`hyv_lib.runtimes.step.make_step` (or pass the
+    schedule through :meth:`agreed_schedule`), which gives every rank the same schedule.
     """
 
     def __init__(self, model, group=None, attention_backend: str = "auto", adapter: ModelAdapter | None = None,
@@ -224,13 +230,18 @@ class UlyssesTransformer:
                  for t in (cos, sin)]
         return tuple(t.to(device).contiguous() for t in local)
 
-    @torch.no_grad()
-    def __call__(self, hidden_states, timestep, timestep_r=None, attention_kwargs=None, return_dict: bool = False,
-                 **conditioning) -> torch.Tensor:
-        """The model's forward (latents, timestep(s), the adapter's conditioning keywords) on every rank."""
+    def _timesteps(self, batch: int, timestep, timestep_r) -> tuple:
+        """(timestep, timestep_r) as per-sample tensors on the model's device, and the timestep embedding."""
+        a, device = self.adapter, self.device
+        timestep, timestep_r = (None if t is None else torch.as_tensor(t).reshape(-1).expand(batch).to(
+            device=device, dtype=a.timestep_dtype or self.dtype) for t in (timestep, timestep_r))
+        return timestep, a.time_embedding(self.model, timestep, timestep_r)
+
+    def _start(self, hidden_states, timestep, timestep_r, conditioning: dict) -> tuple:
+        """A step up to the first block on this rank: (temb, video shard [B, shard, C], the full context, the
+        adapter's block inputs, the :class:`VideoShard` RoPE rows)."""
         a, m, world, rank = self.adapter, self.model, self.world, self.rank
         a.check_timestep_r(m, timestep_r)
-        out_device = hidden_states.device
         device, dtype = self.device, self.dtype
         if device.type != "cuda" and dist.get_backend(self.group) == "nccl":
             raise ValueError(f"the model is on {device}, but nccl exchanges GPU tensors only: move it to this rank's "
@@ -242,24 +253,82 @@ class UlyssesTransformer:
             return t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
 
         latents = put(hidden_states)
-        batch = latents.shape[0]
         tokens = a.video_token_count(m, tuple(latents.shape))
         shard = shard_length(tokens, world)
-        timestep, timestep_r = (None if t is None else torch.as_tensor(t).reshape(-1).expand(batch).to(
-            device=device, dtype=a.timestep_dtype or dtype) for t in (timestep, timestep_r))
-        temb = a.time_embedding(m, timestep, timestep_r)
+        timestep, temb = self._timesteps(latents.shape[0], timestep, timestep_r)
         prepared = a.prepare(m, **{name: put(t) for name, t in conditioning.items()})
         context = a.embed_context(m, timestep, prepared)
         inputs = a.block_inputs(prepared)
         # only this rank's tokens are embedded; padding tokens past the end are zeros
         video = a.embed_video(m, latents, rank * shard, (rank + 1) * shard)  # [B, shard, C]
-        cos, sin = self._rope(tuple(latents.shape), self.device)
-        rope = VideoShard(cos, sin, tokens)
-        for block in a.blocks(m):
-            video, context = a.run_block(block, video, context, temb, inputs, rope)
-        video = a.output_tokens(m, video, temb)  # per token, so still sharded: [B, shard, C_out]
-        video = _all_gather(video, 1, self.group, world)[:, :tokens]
-        return a.unpatchify(video, latents.shape).to(out_device)
+        cos, sin = self._rope(tuple(latents.shape), device)
+        return temb, video, context, inputs, VideoShard(cos, sin, tokens)
+
+    def _blocks(self, blocks, video, context, temb, inputs, rope) -> tuple:
+        for block in blocks:
+            video, context = self.adapter.run_block(block, video, context, temb, inputs, rope)
+        return video, context
+
+    def _finish(self, video, temb, hidden_states, tokens: int) -> torch.Tensor:
+        """The output layer on this rank's tokens, all ranks' tokens gathered, as latents where ``hidden_states``
+        is."""
+        video = self.adapter.output_tokens(self.model, video, temb)  # per token, so still sharded: [B, shard, C_out]
+        video = _all_gather(video, 1, self.group, self.world)[:, :tokens]
+        return self.adapter.unpatchify(video, hidden_states.shape).to(hidden_states.device)
+
+    def _split(self, no_cache_blocks: int) -> tuple[list, list]:
+        """The blocks before DeepCache's cache point and the last ``no_cache_blocks`` (none for 0)."""
+        blocks = list(self.adapter.blocks(self.model))
+        return blocks[:len(blocks) - no_cache_blocks], blocks[len(blocks) - no_cache_blocks:]
+
+    @torch.no_grad()
+    def __call__(self, hidden_states, timestep, timestep_r=None, attention_kwargs=None, return_dict: bool = False,
+                 **conditioning) -> torch.Tensor:
+        """The model's forward (latents, timestep(s), the adapter's conditioning keywords) on every rank."""
+        temb, video, context, inputs, rope = self._start(hidden_states, timestep, timestep_r, conditioning)
+        video, _ = self._blocks(self.adapter.blocks(self.model), video, context, temb, inputs, rope)
+        return self._finish(video, temb, hidden_states, rope.tokens)
+
+    # ------------------------------------------------------------------ DeepCache (CacheableRuntime protocol)
+    # Each rank caches its own sequence shard of the tokens entering the last ``no_cache_blocks`` blocks (the context
+    # tokens, replicated, too). Which steps are full is DeepCacheStep's choice, by step index from the schedule alone;
+    # :meth:`agreed_schedule` makes that schedule rank 0's on every rank, so all ranks run the same collectives.
+    @torch.no_grad()
+    def run_and_cache(self, no_cache_blocks: int, hidden_states, timestep, timestep_r=None, attention_kwargs=None,
+                      **conditioning) -> tuple[torch.Tensor, Any]:
+        """DeepCache's full step under Ulysses: the forward (the full prediction on every rank), and this rank's
+        cache: its shard of the video tokens and the context tokens entering the last ``no_cache_blocks`` blocks
+        (leaving the last block for 0), the block inputs and its RoPE rows."""
+        temb, video, context, inputs, rope = self._start(hidden_states, timestep, timestep_r, conditioning)
+        deep, tail = self._split(no_cache_blocks)
+        video, context = self._blocks(deep, video, context, temb, inputs, rope)
+        cache = (video, context, inputs, rope)
+        video, _ = self._blocks(tail, video, context, temb, inputs, rope)
+        return self._finish(video, temb, hidden_states, rope.tokens), cache
+
+    @torch.no_grad()
+    def run_from_cache(self, cache: Any, no_cache_blocks: int, hidden_states, timestep, timestep_r=None,
+                       **_) -> torch.Tensor:
+        """DeepCache's cached step under Ulysses: the fresh timestep embedding, the last ``no_cache_blocks`` blocks on
+        this rank's cached shard (their attention's all_to_alls as in a full step) and the output layer, gathered
+        (``hidden_states`` gives only the output's shape and device)."""
+        self.adapter.check_timestep_r(self.model, timestep_r)
+        video, context, inputs, rope = cache
+        self.adapter.note_latent_shape(self.model, tuple(hidden_states.shape))  # this step's token grid (SSTA)
+        _, temb = self._timesteps(hidden_states.shape[0], timestep, timestep_r)
+        video, _ = self._blocks(self._split(no_cache_blocks)[1], video, context, temb, inputs, rope)
+        return self._finish(video, temb, hidden_states, rope.tokens)
+
+    def agreed_schedule(self, schedule):
+        """The step-cache schedule (a DeepCacheSchedule or MagCacheSchedule) every rank of the group runs: rank 0's,
+        broadcast. DeepCacheStep decides full or cached by the step index from the schedule's precomputed plan, and
+        no rank-local data (no tensor, no timing) enters that decision; the one thing that could differ between ranks
+        is the plan itself (a MagCache curve calibrated on each rank, or different objects passed by the caller), so
+        every rank takes rank 0's and the ranks' collectives stay matched."""
+        box = [schedule]
+        dist.broadcast_object_list(box, src=0 if self.group is None else dist.get_global_rank(self.group, 0),
+                                   group=self.group)
+        return box[0]
 
 
 def ulysses_forward(model, kwargs: dict) -> torch.Tensor:
