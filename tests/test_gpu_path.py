@@ -149,3 +149,11 @@ def test_stage2_records_the_kernel_and_takes_the_official_flags(stage1_folder, t
     assert configs["auto"]["attention_kernel"] == {"backend": "sdpa", "sdpa_kernel": kernel}
     assert configs["official"]["attention"] == "sdpa"
     assert configs["official"]["attention_kernel"] == {"backend": "sdpa", "sdpa_kernel": kernel}
+
+
+def test_the_in_memory_pipeline_records_the_kernel_too():
+    import hyv_lib
+
+    video = hyv_lib.load_pipeline("tiny", progress=False).generate("a red ball", num_inference_steps=1, seed=1,
+                                                                    progress=False)
+    assert video.config["attention_kernel"] == {"backend": "sdpa", "sdpa_kernel": profiled_sdpa_kernel(torch.float32)}

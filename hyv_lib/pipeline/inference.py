@@ -15,6 +15,7 @@ import torch
 from ..base.errors import HyvInputError, python_names
 from ..base.files import ensure_output_dir
 from ..base.presets import DEFAULT_PRESET, DEFAULT_SEED, Preset, get_preset
+from ..kernels.dispatch import kernel_record
 from ..models.components import (
     DTYPES,
     IMAGE_COMPONENTS,
@@ -151,6 +152,10 @@ class VideoPipeline:
                                   attention_options=lora_settings.attention_options(), compile=compile)
         if shard_weights:  # each step one forward of the sharded root
             self.step = sharded_step(self.step, transformer)
+        #: generation_config.json's ``attention_kernel``: the backend ``auto`` picked and SDPA's own kernel choice
+        self.attention_kernel = kernel_record(self.attention, self.device, next(transformer.parameters()).dtype,
+                                              getattr(transformer.config, "attention_head_dim", None)
+                                              ) if runtime in ("torch", "ulysses") else None
         #: the encoders stay on ``text_device`` between calls (nothing offloaded or sharded), else each visits it
         self.encoders_resident = offload is None and shard_weights is None and self.text_device.type != "cpu"
         if self.encoders_resident:
@@ -253,7 +258,8 @@ class VideoPipeline:
                       **self.lora_record,
                       **({} if tile_px is None else dict(vae_memory_gb=self.vae_memory_gb, vae_tile_px=tile_px)),
                       time_s=round(time.perf_counter() - start, 3), stage1_device=str(self.text_device),
-                      stage1_encode_time_s=round(encode_s, 3), denoise_time_s=round(denoise_s, 3))
+                      stage1_encode_time_s=round(encode_s, 3), denoise_time_s=round(denoise_s, 3),
+                      **({} if self.attention_kernel is None else {"attention_kernel": self.attention_kernel}))
         if cache is not None:
             config.update(enable_cache=True, **cache.settings(), no_cache_blocks=no_cache_blocks,
                           cache_full_steps=step.full_calls, cache_cached_steps=step.cached_calls,
