@@ -16,6 +16,7 @@ from ..models.lora import lora_file
 from ..parallel.jax_env import init_multi_host
 from ..parallel.mesh import make_mesh, parse_mesh
 from ..parallel.sharding import STRATEGIES
+from ..runtimes.compiled import check_compile
 from ..runtimes.fsdp import check_shard_weights
 from ..runtimes.magcache import DEFAULT_MAX_SKIP, DEFAULT_RETENTION, DEFAULT_THRESHOLD
 from ..runtimes.placement import OFFLOAD_MODES
@@ -232,22 +233,6 @@ def resolve_attention(preset: Preset, attention: str | None, sparse_attn: Any, s
                                 f"applies to --attention ssta (or --sparse_attn), not {attention!r}")
         return attention, None
     return attention, ssta_options(SstaConfig() if ssta is None else ssta)
-
-
-def check_compile(compile: Any, runtime: str, offload: str | None = None) -> None:
-    """``--compile`` against the other settings (HyvInputError naming ``--compile``): a bool, the torch or ulysses
-    runtime (the tpu runtime is always compiled, by XLA), and no ``--offload block`` (diffusers' group offloading moves
-    each block's weights inside the forward that would be compiled)."""
-    if not isinstance(compile, bool):
-        raise HyvInputError("--compile", f"must be True or False, got {compile!r}")
-    if not compile:
-        return
-    if runtime == "tpu":
-        raise HyvInputError("--compile", "is for --runtime torch or ulysses: the tpu runtime is always compiled (XLA)")
-    if offload == "block":
-        raise HyvInputError("--compile", "is not combined with --offload block: diffusers' group offloading moves "
-                                         "each block's weights inside its forward, which the compiled block would "
-                                         "trace; use --offload model or no offload")
 
 
 def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **kwargs: Any) -> ResolvedSettings:

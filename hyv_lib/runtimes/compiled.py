@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import logging
 import weakref
+from typing import Any
 
 import torch
 
@@ -38,6 +39,22 @@ from .placement import OFFLOADED
 #: Models whose blocks :func:`compile_blocks` has compiled, and the step inputs they have been warmed up for
 #: (:func:`warmup_calls`).
 COMPILED: "weakref.WeakKeyDictionary[torch.nn.Module, set]" = weakref.WeakKeyDictionary()
+
+
+def check_compile(compile: Any, runtime: str, offload: str | None = None) -> None:
+    """``--compile`` against the other settings (HyvInputError naming ``--compile``): a bool, the torch or ulysses
+    runtime (the tpu runtime is always compiled, by XLA), and no ``--offload block`` (diffusers' group offloading moves
+    each block's weights inside the forward that would be compiled)."""
+    if not isinstance(compile, bool):
+        raise HyvInputError("--compile", f"must be True or False, got {compile!r}")
+    if not compile:
+        return
+    if runtime == "tpu":
+        raise HyvInputError("--compile", "is for --runtime torch or ulysses: the tpu runtime is always compiled (XLA)")
+    if offload == "block":
+        raise HyvInputError("--compile", "is not combined with --offload block: diffusers' group offloading moves "
+                                         "each block's weights inside its forward, which the compiled block would "
+                                         "trace; use --offload model or no offload")
 
 
 def compile_blocks(model: torch.nn.Module, adapter: ModelAdapter | None = None) -> int:
@@ -53,9 +70,7 @@ def compile_blocks(model: torch.nn.Module, adapter: ModelAdapter | None = None) 
     if model in COMPILED:
         return len(blocks)
     if model in OFFLOADED:
-        raise HyvInputError("--compile", "is not combined with --offload block: diffusers' group offloading moves "
-                                         "each block's weights inside its forward, which the compiled block would "
-                                         "trace; use --offload model or no offload")
+        check_compile(True, "torch", "block")
     if not torch.cuda.is_available():  # inductor's C++ build logs "No CUDA runtime is found", about CUDA it won't use
         logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     for block in blocks:

@@ -14,7 +14,7 @@ from ..models.adapter import ModelAdapter
 from ..models.registry import adapter_for
 from ..parallel.distributed import init_distributed
 from ..parallel.mesh import make_mesh, parse_mesh
-from .compiled import compile_blocks
+from .compiled import check_compile, compile_blocks
 from .deepcache import DeepCacheSchedule, DeepCacheStep, TorchDeepCache
 from .fsdp import ShardedStep, sharded_step
 from .magcache import MagCacheSchedule
@@ -78,8 +78,7 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
     one program shared by identical blocks, attention as one opaque op). The first call compiles; a call with another
     latent shape or batch compiles again. The tpu runtime is always compiled (XLA): ``compile=True`` is refused there.
     """
-    if compile and runtime == "tpu":
-        raise HyvInputError("--compile", "is for --runtime torch or ulysses: the tpu runtime is always compiled (XLA)")
+    check_compile(compile, runtime)
     if attention == "diffusers" and runtime != "torch":
         raise HyvInputError("--attention", f"diffusers' own processor runs on --runtime torch only, not {runtime!r}")
     if attention_options is not None and not isinstance(attention_options, dict):
