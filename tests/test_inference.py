@@ -200,6 +200,8 @@ def test_python_and_the_cli_share_one_default_preset_and_seed(tmp_path):
     assert config["preset"] == video.config["preset"] == "tiny_trained"
     assert config["seed"] == video.config["seed"] == 42
     entry_points = (hyv_lib.stage1, hyv_lib.generate, hyv_lib.load_pipeline, BatchRunner)
-    assert {inspect.signature(f).parameters["preset"].default for f in entry_points} == {"tiny_trained"}
+    # None everywhere: the model folder's own preset, else the one default (hyv_lib.models.folder.choose_preset)
+    assert {inspect.signature(f).parameters["preset"].default for f in entry_points} == {None}
+    assert config["preset_source"] == "default"
     seeds = (hyv_lib.VideoPipeline.generate, BatchRunner.generate)
     assert {inspect.signature(f).parameters["seed"].default for f in seeds} == {hyv_lib.Stage2Settings().seed} == {42}

@@ -90,12 +90,16 @@ def test_peak_memory_sees_short_lived_buffers_and_measures_again_when_reused():
     assert 60 <= growth["short_lived"] <= 80, growth
 
 
-def test_block_offload_streams_the_blocks_and_changes_nothing(tiny_run, tmp_path):
+def test_block_offload_streams_the_blocks_and_changes_nothing(tiny_run, tmp_path, monkeypatch):
     """--offload block: diffusers' group-offload hooks on every block (weights kept on the host, each block moved to
     the device when it runs; on the CPU the moves are no-ops), bit-identical latents to the resident model, recorded
-    in generation_config.json; a kept model is hooked once. Refused where it cannot apply."""
+    in generation_config.json; a kept model is hooked once. Refused where it cannot apply. (Without a GPU --offload
+    does nothing, tests/test_said_what_was_cut.py; here the CPU counts as one, so the hooks run.)"""
     from hyv_lib.base.errors import HyvInputError
+    from hyv_lib.runtimes import placement
     from hyv_lib.runtimes.placement import OFFLOADED
+
+    monkeypatch.setattr(placement, "OFFLOAD_DEVICE_TYPES", ("cuda", "cpu"))
 
     components = load_components(TINY, None, ["transformer", "scheduler"])
     plain = stage2(str(tiny_run), str(tmp_path / "plain"), quiet=True)
@@ -118,9 +122,13 @@ def test_block_offload_streams_the_blocks_and_changes_nothing(tiny_run, tmp_path
 def test_model_offload_holds_the_gpu_only_while_denoising(tiny_run, tmp_path, monkeypatch):
     """--offload model: the transformer waits on the host, is moved to the device for the denoising loop and back
     after it (the GPU's freed blocks released), so the VAE decode that follows has the card. On the CPU the latents
-    are the resident model's, bit for bit, and the mode is recorded; the moves are checked with a stand-in GPU (a spy
-    on torch.nn.Module.to that records the target and stays on the host)."""
+    are the resident model's, bit for bit, and the mode is recorded (the CPU counted as a GPU: without one --offload
+    does nothing); the moves are checked with a stand-in GPU (a spy on torch.nn.Module.to that records the target and
+    stays on the host)."""
+    from hyv_lib.runtimes import placement
     from hyv_lib.runtimes.placement import place_transformer, while_denoising
+
+    monkeypatch.setattr(placement, "OFFLOAD_DEVICE_TYPES", ("cuda", "cpu"))
 
     plain = stage2(str(tiny_run), str(tmp_path / "plain"), quiet=True)
     cache = dict(enable_cache=True, cache_start_step=2, cache_end_step=6, cache_step_interval=2)

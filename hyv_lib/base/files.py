@@ -19,13 +19,59 @@ PARTIAL_FILE = re.compile(r"^\..+\.[0-9a-f]{12}\.partial(\.[^./]+)?$|^\.hyv-writ
 
 def ensure_output_dir(path: str, argument: str = "--output_dir") -> str:
     """Create ``path`` if needed and check it is writable; a HyvInputError names ``argument`` otherwise."""
-    try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".hyv-write-test-"):
-            pass
-    except OSError as err:
-        raise HyvInputError(argument, f"cannot write to {path!r}: {err.strerror or err}") from None
+    for attempt in range(3):
+        try:
+            os.makedirs(path, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=path, prefix=".hyv-write-test-"):
+                pass
+            return path
+        except FileNotFoundError:  # removed in between (an empty folder a refused run made): made again
+            if attempt < 2:
+                continue
+            raise HyvInputError(argument, f"cannot write to {path!r}: it keeps vanishing") from None
+        except OSError as err:
+            raise HyvInputError(argument, f"cannot write to {path!r}: {err.strerror or err}") from None
     return path
+
+
+def make_folder(path: str) -> bool:
+    """Create the folder ``path`` (and its parents) if it does not exist; True when this call created it. mkdir is
+    atomic: of runs racing to create the same folder, exactly one gets True. False too when it cannot be made (the
+    caller's next write, or :func:`ensure_output_dir`, says why)."""
+    if os.path.isdir(path):
+        return False
+    try:
+        os.makedirs(path)
+    except OSError:
+        return False
+    return True
+
+
+def new_folder(parent: str, prefix: str) -> str:
+    """Create a new folder ``parent/<prefix><12 hex>`` and return its path. Its mode is the one the umask gives new
+    folders (0755 under umask 022), where :func:`tempfile.mkdtemp`'s is always 0700."""
+    while True:
+        path = os.path.join(parent, f"{prefix}{secrets.token_hex(6)}")
+        try:
+            os.mkdir(path, 0o777)
+            return path
+        except FileExistsError:
+            continue
+
+
+def umask_modes(folder: str) -> None:
+    """Give every file and folder under ``folder`` the mode the umask gives new ones (0644 and 0755 under umask 022),
+    whatever their writers chose (safetensors writes 0600 files). The umask is read back from ``folder``'s own mode,
+    which :func:`new_folder` made: reading it with os.umask would set it, a race with other threads."""
+    folder_mode = os.stat(folder).st_mode & 0o777
+    for root, dirs, names in os.walk(folder):
+        for name in dirs:
+            if not os.path.islink(os.path.join(root, name)):
+                os.chmod(os.path.join(root, name), folder_mode)
+        for name in names:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                os.chmod(path, folder_mode & 0o666)
 
 
 def fsync_dir(directory: str) -> None:

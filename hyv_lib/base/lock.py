@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import fcntl
 import glob
 import json
 import os
 import socket
 import threading
+import time
 from typing import Any, Iterator
 
 from .errors import HyvInputError
@@ -64,10 +66,16 @@ def is_held(path: str) -> bool:
 
 
 def _open_locked(path: str, shared: bool, wait: bool) -> int | None:
-    """The fd of ``path`` locked (created if absent), or None if another process holds it. A lock file unlinked by
-    its last holder between our open and our lock is a dead inode: retried on the new one."""
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    """The fd of ``path`` locked (created if absent, with its folder), or None if another process holds it. A lock
+    file unlinked by its last holder between our open and our lock is a dead inode: retried on the new one."""
+    for attempt in range(100):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except FileNotFoundError:  # its folder was removed since (an empty one a failed run made): made again
+            if attempt == 99:
+                raise
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            continue
         try:
             fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
@@ -83,6 +91,7 @@ def _open_locked(path: str, shared: bool, wait: bool) -> int | None:
         if same:
             return fd
         os.close(fd)
+    raise FileNotFoundError(errno.ENOENT, "the lock file keeps vanishing", path)
 
 
 def _release(path: str, fd: int, shared: bool) -> None:
@@ -132,7 +141,7 @@ def folder_lock(folder: str, argument: str = "--output_dir", name: str = LOCK_FI
         return
     fd = _open_locked(path, shared, wait)
     if fd is None:  # the exclusive holder wrote itself in; shared holders (shards) are in their own lock files
-        raise FolderInUseError(argument, folder, [h for h in [read_holder(path)] if h] or live_holders(folder))
+        raise FolderInUseError(argument, folder, _holders(path, folder))
     try:
         if shared:
             holder = {}
@@ -154,6 +163,17 @@ def folder_lock(folder: str, argument: str = "--output_dir", name: str = LOCK_FI
                 del _held[key]
     finally:
         _release(path, fd, shared)
+
+
+def _holders(path: str, folder: str, patience_s: float = 1.0) -> list[dict[str, Any]]:
+    """Who holds ``path`` (its own note, else the live lock files of ``folder``). A holder writes its note right
+    after it takes the lock: a run refused in between waits up to ``patience_s`` for it, to name its pid."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        holders = [h for h in [read_holder(path)] if h] or live_holders(folder)
+        if holders or time.monotonic() > deadline:
+            return holders
+        time.sleep(0.02)
 
 
 def live_holders(folder: str, pattern: str = ".hyv*.lock") -> list[dict[str, Any]]:

@@ -18,8 +18,9 @@ from ..base.errors import (
     cli_names,
     one_line,
 )
-from ..base.files import ensure_output_dir
-from ..base.presets import DEFAULT_PRESET, DEFAULT_SEED, PRESETS, get_preset
+from ..base.files import ensure_output_dir, make_folder, new_folder, umask_modes
+from ..base.lock import FolderInUseError
+from ..base.presets import DEFAULT_PRESET, PRESETS, get_preset
 from ..models.components import quiet_loading, save_tiny_pipeline
 from ..parallel.jax_env import enable_compile_cache
 from ..pipeline.batch import BatchRunner, parse_shard, read_prompts_file, run_lock, run_prompts_file
@@ -30,144 +31,17 @@ from ..pipeline.stages import generate, stage1, stage2, stage3
 from ..planning.planner import format_plan, plan_step
 from ..planning.tpu_compile import compile_step, format_report
 from ..planning.train_compile import RECIPE_LORA_ALPHA, RECIPE_LORA_RANK, compile_train_step, format_train_report
-from ..runtimes.magcache import CALIBRATION_PROMPT, CALIBRATION_SEED
-from .attention_flags import add_attention_arguments, ssta_overrides
-from .official_flags import add_official_arguments, official_overrides
-from .training import add_extract_features_arguments, add_train_arguments, extract_features_command, train_command
-
-
-def _add_stage1(p: argparse.ArgumentParser, output_dir: bool = True) -> None:
-    g = p.add_argument_group("stage 1: text (and image) encoders")
-    g.add_argument("--preset", default=DEFAULT_PRESET,
-                   help=f"{' | '.join(PRESETS)} (default: {DEFAULT_PRESET}; tiny has random weights)")
-    g.add_argument("--model_path", default=None,
-                   help="diffusers-format folder or hub id; required for real presets")
-    g.add_argument("--prompt", default="", help="text prompt; quoted text also goes to ByT5 (default: empty)")
-    g.add_argument("--negative_prompt", default="", help="negative prompt for CFG (default: empty)")
-    g.add_argument("--image_path", default=None,
-                   help="image-to-video: the first frame (PNG or JPEG), cropped to the preset's bucket nearest its "
-                        "aspect ratio, which sets the video's size; required by the i2v presets")
-    if output_dir:
-        g.add_argument("--output_dir", default="stage_outputs", help="where the stage files go")
-    g.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16 (default: the preset's)")
-    g.add_argument("--text_device", default="auto",
-                   help="where the encoders run: auto | cpu | cuda | cuda:N. auto: this process's GPU when CUDA is "
-                        "available, else the host CPU (the host CPU with --runtime tpu). On a GPU each encoder "
-                        "(Qwen2.5-VL, ByT5, SigLIP; CogVideoX's T5) goes there for its own call, one at a time, and "
-                        "leaves it before stage 2; with --prompts_file they stay there between prompts unless "
-                        "--offload is set (default: auto)")
-
-
-def _add_stage2(p: argparse.ArgumentParser, dirs: bool = True) -> None:
-    g = p.add_argument_group("stage 2: denoising")
-    if dirs:
-        g.add_argument("--input_dir", default="stage_outputs", help="folder with stage1_embeddings.safetensors")
-        g.add_argument("--output_dir", default=None, help="where stage2_latents.safetensors goes (default: input_dir)")
-    g.add_argument("--aspect_ratio", default="16:9", help="W:H, picks the preset's resolution bucket (default 16:9)")
-    g.add_argument("--height", type=int, default=None, help="pixels, multiple of 16 (overrides --aspect_ratio)")
-    g.add_argument("--width", type=int, default=None, help="pixels, multiple of 16 (overrides --aspect_ratio)")
-    g.add_argument("--video_length", type=int, default=None, help="frames, 4n+1 (default: the preset's)")
-    g.add_argument("--num_inference_steps", type=int, default=None, help="denoising steps (default: the preset's)")
-    g.add_argument("--guidance_scale", type=float, default=None, help="CFG scale >= 1 (default: the preset's)")
-    g.add_argument("--flow_shift", type=float, default=None,
-                   help="sigma shift (default: the preset's; HunyuanVideo-1.5 only, CogVideoX's scheduler has none)")
-    g.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"seed of the initial noise (default {DEFAULT_SEED})")
-    g.add_argument("--warmup_steps", type=int, default=0,
-                   help="untimed transformer calls before the loop; never change the result (default 0)")
-    g.add_argument("--runtime", default="torch",
-                   help="torch (eager diffusers) | tpu (torchax/JAX jit on the present JAX backend) | "
-                        "ulysses (sequence parallel; launch with torchrun --nproc_per_node=N)")
-    g.add_argument("--mesh", default=None,
-                   help="tpu runtime: device mesh, e.g. tensor=8 or data=2,tensor=4 (default: one device)")
-    g.add_argument("--sharding", default="tp_replicated_out",
-                   help="tpu runtime with --mesh: tp | tp_replicated_out | fsdp (default tp_replicated_out)")
-    add_attention_arguments(p, g)
-    g.add_argument("--offload", default=None,
-                   help="torch runtime: block (the transformer's weights stay on the host, one block at a time is "
-                        "streamed to the GPU: about a quarter of the GPU memory at 480p on an H200, 3.5%% slower) | "
-                        "model (the transformer is on the GPU for the denoising loop only, so the VAE decode after it "
-                        "has the card) (default: off)")
-    g.add_argument("--shard_weights", default=None,
-                   help="fsdp: split the transformer's weights over the torchrun ranks (PyTorch FSDP2; each rank "
-                        "holds 1/N of them and gathers one block at a time) with --runtime ulysses (or torch: every "
-                        "rank computes the whole step) (default: off, every rank holds all of them)")
-    g.add_argument("--compile", action="store_true",
-                   help="torch and ulysses runtimes: torch.compile the transformer blocks (one compiled program shared "
-                        "by all of them; inductor fuses the norms, modulation, RoPE and copies around the matmuls and "
-                        "the attention). The first step compiles (an extra untimed warm-up call when --warmup_steps is "
-                        "0); another size, frame count or batch compiles again. Not with --offload block; the tpu "
-                        "runtime is always compiled (default: off)")
-    g.add_argument("--multi_host", action="store_true",
-                   help="tpu runtime on a multi-host slice: join the hosts (jax.distributed.initialize) first; run "
-                        "the same command on every host (gcloud ... ssh --worker=all)")
-    g.add_argument("--lora", default=None,
-                   help="a LoRA in diffusers' format: the .safetensors file, or the folder holding "
-                        "pytorch_lora_weights.safetensors (what `train` writes); merged into the transformer's weights "
-                        "before the step is built, on every runtime (default: none)")
-    g.add_argument("--lora_scale", type=float, default=1.0,
-                   help="the LoRA's strength: W += scale * alpha/rank * B @ A (default 1.0; 0 leaves the model as is)")
-    add_official_arguments(p)
-    c = p.add_argument_group("stage 2: DeepCache (torch, tpu and ulysses runtimes)")
-    c.add_argument("--enable_cache", action="store_true", help="reuse deep features on the schedule's cached steps")
-    c.add_argument("--cache_method", default=None,
-                   help="deepcache (the fixed schedule of the --cache_*_step flags) | magcache (adaptive: skips by a "
-                        "calibrated per-step curve) (default deepcache)")
-    c.add_argument("--cache_start_step", type=int, default=11, help="first step of the cached range (default 11)")
-    c.add_argument("--cache_end_step", type=int, default=45, help="steps from here on are full again (default 45)")
-    c.add_argument("--cache_step_interval", type=int, default=4,
-                   help="in the range, every N-th step is full (default 4)")
-    c.add_argument("--no_cache_blocks", type=int, default=1,
-                   help="trailing blocks recomputed on cached steps; 0: a cached step runs only the output layer "
-                        "(default 1)")
-    c.add_argument("--cache_threshold", type=float, default=None,
-                   help="magcache: reuse the cache while the accumulated estimated error stays under this; 0 runs "
-                        "every step full (default 0.1)")
-    c.add_argument("--cache_max_skip", type=int, default=None,
-                   help="magcache: at most this many cached steps in a row (default 3)")
-    c.add_argument("--cache_retention", type=float, default=None,
-                   help="magcache: this fraction of the first steps always runs full (default 0.2)")
-    c.add_argument("--cache_calibration", default=None,
-                   help="magcache: calibration JSON of `calibrate_cache` (default: the one shipped with "
-                        "tiny_trained, or, for a tiny preset, one uncached calibration run first; required for real "
-                        "presets)")
-
-
-def _add_stage3(p: argparse.ArgumentParser, input_dir: bool = True) -> None:
-    g = p.add_argument_group("stage 3: VAE decode")
-    if input_dir:
-        g.add_argument("--input_dir", default="stage_outputs", help="folder with stage2_latents.safetensors")
-        g.add_argument("--runtime", default="torch",
-                       help="torch (eager: a GPU if present, else the host CPU; tiles spread over torchrun ranks) | "
-                            "tpu (the decoder jitted through torchax on JAX's device) (default torch)")
-    g.add_argument("--output_video", default=None, help="mp4 path (default: <dir>/output_video.mp4)")
-    g.add_argument("--fps", type=float, default=None, help="frames per second (default: the preset's)")
-    g.add_argument("--disable_tiling", action="store_true", help="decode without spatial VAE tiles")
-    g.add_argument("--save_frames", action="store_true", help="also write stage3_frames.safetensors")
-    g.add_argument("--vae_dtype", default="fp32", help="fp32 | bf16: what the VAE decoder computes in (default fp32)")
-    g.add_argument("--vae_memory_gb", type=float, default=None,
-                   help="torch runtime: decode with the largest square tiles whose peak device memory stays within "
-                        "this many GiB (a memory model fitted on an H200; default: diffusers' 256 px tiles)")
-
-
-def _add_calibration(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default=DEFAULT_PRESET, help=f"a preset of `info` (default {DEFAULT_PRESET})")
-    p.add_argument("--model_path", default=None, help="diffusers-format folder or hub id; required for real presets")
-    p.add_argument("--prompt", default=CALIBRATION_PROMPT, help=f"one sample's prompt (default {CALIBRATION_PROMPT!r})")
-    p.add_argument("--negative_prompt", default="", help="negative prompt for CFG (default: empty)")
-    p.add_argument("--image_path", default=None, help="first frame, for the image-to-video presets")
-    p.add_argument("--seed", type=int, default=CALIBRATION_SEED, help=f"seed (default {CALIBRATION_SEED})")
-    p.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16 (default: the preset's)")
-    for name, kind, text in (("--num_inference_steps", int, "denoising steps"), ("--flow_shift", float, "sigma shift"),
-                             ("--guidance_scale", float, "CFG scale"), ("--height", int, "pixels"),
-                             ("--width", int, "pixels"), ("--video_length", int, "frames, 4n+1")):
-        p.add_argument(name, type=kind, default=None, help=f"{text} (default: the preset's)")
-    p.add_argument("--aspect_ratio", default="16:9", help="W:H bucket (default 16:9)")
-    p.add_argument("--no_cache_blocks", type=int, default=1,
-                   help="trailing blocks of the cached step, 0..num_layers (default 1)")
-    p.add_argument("--runtime", default="torch", help="torch | tpu (default torch)")
-    p.add_argument("--mesh", default=None, help="tpu runtime: device mesh, e.g. tensor=8 (default: one device)")
-    p.add_argument("--sharding", default="tp_replicated_out", help="tp | tp_replicated_out | fsdp")
-    p.add_argument("--attention", default=None, help="as for stage2 (default: the preset's)")
+from .attention_flags import ssta_overrides
+from .official_flags import official_overrides, preset_from_flags
+from .stage_flags import add_calibration_arguments, add_stage1_arguments, add_stage2_arguments, add_stage3_arguments
+from .training import (
+    add_extract_features_arguments,
+    add_merge_lora_arguments,
+    add_train_arguments,
+    extract_features_command,
+    merge_lora_command,
+    train_command,
+)
 
 
 def _calibrate_cache(args: argparse.Namespace) -> None:
@@ -206,9 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true", help="machine-readable JSON")
     info.add_argument("--list", action="store_true", help="every preset: name, model and description, one a line")
     stages = {
-        "stage1": (sub.add_parser("stage1", help="text -> stage1_embeddings.safetensors"), _add_stage1),
-        "stage2": (sub.add_parser("stage2", help="embeddings -> stage2_latents.safetensors"), _add_stage2),
-        "stage3": (sub.add_parser("stage3", help="latents -> output_video.mp4"), _add_stage3),
+        "stage1": (sub.add_parser("stage1", help="text -> stage1_embeddings.safetensors"), add_stage1_arguments),
+        "stage2": (sub.add_parser("stage2", help="embeddings -> stage2_latents.safetensors"), add_stage2_arguments),
+        "stage3": (sub.add_parser("stage3", help="latents -> output_video.mp4"), add_stage3_arguments),
     }
     for stage_parser, add in stages.values():
         add(stage_parser)
@@ -220,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "(multi-host), ... (default v6e:2x4)")
     comp.add_argument("--mesh", default=None,
                       help="e.g. data=2,tensor=4 or sequence=2,tensor=4; must use every device "
-                           "(default: data=2 for the CFG batch, tensor = the rest)")
+                           "(default: data=2 for the CFG batch, tensor = the rest, as far as the heads split: "
+                           "the tpu runtime's default without --mesh)")
     comp.add_argument("--sharding", default=None, help="tp | tp_replicated_out | fsdp (default tp_replicated_out; "
                                                        "--train: fsdp, the only one)")
     comp.add_argument("--height", type=int, default=None, help="pixels (default: the preset's 16:9 bucket)")
@@ -247,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--chip", default="v6e", help="v4 | v5e | v5p | v6e | v7x | H100 | H200 (default v6e)")
     pl.add_argument("--n_chips", type=int, default=8, help="chips (default 8)")
     pl.add_argument("--mesh", default=None, help="TPU: e.g. data=2,tensor=4 (default: data=2 for the CFG batch, "
-                                                 "tensor = the rest); GPUs: Ulysses over all of them")
+                                                 "tensor = the rest, as far as the heads split); GPUs: Ulysses over "
+                                                 "all of them")
     pl.add_argument("--sharding", default="tp_replicated_out", help="TPU: tp | tp_replicated_out | fsdp")
     pl.add_argument("--height", type=int, default=None, help="pixels (default: the preset's 16:9 bucket)")
     pl.add_argument("--width", type=int, default=None, help="pixels (default: the preset's 16:9 bucket)")
@@ -258,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     cal = sub.add_parser("calibrate_cache", help="magcache: one uncached run that writes the per-step curve "
                                                  "(--cache_calibration) for a preset and step count")
     cal.add_argument("--output", required=True, help="the JSON file to write")
-    _add_calibration(cal)
+    add_calibration_arguments(cal)
     tiny = sub.add_parser("save_tiny", help="write a tiny diffusers-format model folder: with a real preset, that "
                                             "preset's layout (text lengths, channels, VAE) at tiny widths, loadable "
                                             "with --model_path like the real weights")
@@ -270,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_extract_features_arguments(sub.add_parser(
         "extract_features", help="encode a MindSpeed-MM data.json's clips once for training: VAE latents, text "
                                  "embeddings (and first frames for i2v) into sharded safetensors; resumable"))
+    add_merge_lora_arguments(sub.add_parser("merge_lora", help="merge a LoRA into a model for good: a whole model "
+                                                              "folder (run it with generate --model_path)"))
     gen = sub.add_parser("generate", help="run all three stages")
     gen.add_argument("--prompts_file", default=None,
                      help="many videos in one process: a prompt per line, or JSON lines with prompt / negative_prompt "
@@ -281,11 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --prompts_file: I/N, run the entries whose number is I modulo N (worker I of N), into "
                           "the same OUTPUT_DIR/NNNN folders; N workers (processes or machines sharing the folder) "
                           "split one file with no coordination (default: every entry)")
-    _add_stage1(gen)
-    _add_stage2(gen, dirs=False)
-    _add_stage3(gen, input_dir=False)
+    add_stage1_arguments(gen)
+    add_stage2_arguments(gen, dirs=False)
+    add_stage3_arguments(gen, input_dir=False)
     for p in [gen, tiny, cal, *(sp for sp, _ in stages.values())]:
         p.add_argument("--quiet", action="store_true", help="no progress bar or summary line")
+    for p in [parser, *sub.choices.values()]:  # a flag is spelled out: --num_inf is an error, not --num_inference_steps
+        p.allow_abbrev = False
     return parser
 
 
@@ -296,9 +176,9 @@ def _stage2_kwargs(args: argparse.Namespace) -> dict:
 
 
 def _save_tiny(args: argparse.Namespace) -> None:
-    """``save_tiny``: the folder is written whole or not at all (built in a sibling temporary folder, then renamed)."""
+    """``save_tiny``: the folder is written whole or not at all (built in a sibling temporary folder, then renamed),
+    its files and folders with the modes the umask gives (0644 and 0755 under umask 022)."""
     import shutil
-    import tempfile
 
     spec = get_preset(args.preset)
     target = os.path.abspath(args.output_dir)
@@ -307,11 +187,12 @@ def _save_tiny(args: argparse.Namespace) -> None:
     parent = os.path.dirname(target)
     try:
         os.makedirs(parent, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=".save_tiny-", dir=parent)
+        tmp = new_folder(parent, ".save_tiny-")
     except OSError as err:
         raise HyvInputError("--output_dir", f"cannot write in {parent!r}: {err.strerror}") from None
     try:
         save_tiny_pipeline(tmp, seed=args.seed, preset=spec)
+        umask_modes(tmp)  # safetensors writes 0600 files
         if os.path.isdir(target):
             os.rmdir(target)
         os.replace(tmp, target)
@@ -334,16 +215,16 @@ def _generate_many(args: argparse.Namespace) -> int:
                   vae_dtype=args.vae_dtype, vae_memory_gb=args.vae_memory_gb)
     if args.output_video:
         raise HyvInputError("--output_video", "with --prompts_file each video goes to OUTPUT_DIR/NNNN/output_video.mp4")
-    created = not os.path.isdir(args.output_dir)
+    created = make_folder(args.output_dir)  # mkdir is atomic: of two runs racing to make the folder, one made it
     ensure_output_dir(args.output_dir)
     try:  # a second run of this folder (or of this shard) stops here, before any model loads
         with run_lock(args.output_dir, shard):
-            pipe = BatchRunner(args.preset, args.model_path, args.dtype, stage2=stage2, stage3=stage3,
+            pipe = BatchRunner(preset_from_flags(args), args.model_path, args.dtype, stage2=stage2, stage3=stage3,
                                text_device=args.text_device)
             report = run_prompts_file(args.prompts_file, args.output_dir, pipe, seed=args.seed,
                                       progress=not args.quiet, image_path=args.image_path, shard=shard)
-    except HyvInputError:  # bad settings, refused before any model loaded: leave no new empty folder
-        if created:
+    except HyvInputError as err:  # bad settings, refused before any model loaded: leave no new empty folder
+        if created and not isinstance(err, FolderInUseError):  # (one another run holds is theirs: left alone)
             with contextlib.suppress(OSError):
                 os.rmdir(args.output_dir)
         raise
@@ -433,11 +314,12 @@ def _run_command(args: argparse.Namespace) -> int:
         elif args.command == "calibrate_cache":
             _calibrate_cache(args)
         elif args.command == "stage1":
-            stage1(preset=args.preset, prompt=args.prompt, negative_prompt=args.negative_prompt,
+            stage1(preset=preset_from_flags(args), prompt=args.prompt, negative_prompt=args.negative_prompt,
                    output_dir=args.output_dir, model_path=args.model_path, dtype=args.dtype,
                    image_path=args.image_path, text_device=args.text_device)
         elif args.command == "stage2":
-            stage2(input_dir=args.input_dir, output_dir=args.output_dir, **_stage2_kwargs(args))
+            stage2(input_dir=args.input_dir, output_dir=args.output_dir, preset=args.preset,
+                   model_path=args.model_path, **_stage2_kwargs(args))
         elif args.command == "stage3":
             stage3(input_dir=args.input_dir, output_video=args.output_video, fps=args.fps,
                    disable_tiling=args.disable_tiling, save_frames=args.save_frames, runtime=args.runtime,
@@ -446,12 +328,14 @@ def _run_command(args: argparse.Namespace) -> int:
             train_command(args)
         elif args.command == "extract_features":
             return extract_features_command(args)
+        elif args.command == "merge_lora":
+            return merge_lora_command(args)
         elif args.command == "generate" and args.prompts_file:
             return _generate_many(args)
         elif args.command == "generate":
             if args.shard is not None:
                 raise HyvInputError("--shard", "splits a --prompts_file; one --prompt is one video")
-            generate(preset=args.preset, prompt=args.prompt, negative_prompt=args.negative_prompt,
+            generate(preset=preset_from_flags(args), prompt=args.prompt, negative_prompt=args.negative_prompt,
                      output_dir=args.output_dir, model_path=args.model_path, dtype=args.dtype,
                      output_video=args.output_video, fps=args.fps, disable_tiling=args.disable_tiling,
                      save_frames=args.save_frames, vae_dtype=args.vae_dtype, image_path=args.image_path,

@@ -1,5 +1,6 @@
 """The official GPU scripts' flags (``--attn_mode``, ``--use_sageattn``, ``--enable_offloading``, ...) as aliases of
-hyv_lib's own stage-2 settings, or refused with one line saying what to use instead."""
+hyv_lib's own stage-2 settings, or refused with one line saying what to use instead; their checkpoint choice
+(``--resolution``, ``--task``, ``--cfg_distilled``, ``--step_distilled``, ``--sparse_attn``) as a preset choice."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import argparse
 from typing import Any
 
 from ..base.errors import HyvInputError
+from ..base.presets import PRESETS, Preset
+from ..models.folder import PresetChoice, choose_preset
 from .attention_flags import str_to_bool
 
 #: ``--attn_mode`` of Tencent's generate.py and the staged GPU scripts -> hyv_lib's ``--attention``. ``flash`` there
@@ -85,3 +88,62 @@ def official_overrides(args: argparse.Namespace) -> dict[str, Any]:
                                                 f"{given} was given too: give one of them")
         out["cache_method"] = method
     return out
+
+
+#: ``--resolution`` of the official generate.py -> the presets' bucket base size (``target_size``) of that resolution.
+RESOLUTIONS = {"480p": 640, "720p": 960}
+
+
+def add_preset_arguments(group: Any) -> None:
+    """The official generate.py's checkpoint flags on a stage-1 ``group``: with them (and no ``--preset``) a preset is
+    chosen as that script chooses its checkpoint, ``{resolution}_{task}[_distilled | _step_distilled |
+    _distilled_sparse]``."""
+    group.add_argument("--resolution", default=None,
+                       help="480p | 720p: choose the checkpoint as the official generate.py does, from this, --task, "
+                            "--cfg_distilled, --step_distilled and --sparse_attn (instead of --preset; with "
+                            "--model_path they must fit the folder)")
+    group.add_argument("--task", default=None, help="t2v | i2v: with --resolution (default: i2v with --image_path, "
+                                                    "else t2v)")
+    group.add_argument("--cfg_distilled", type=str_to_bool, nargs="?", const=True, default=False,
+                       help="with --resolution: the CFG-distilled checkpoint (guidance 1, one sample per step)")
+    group.add_argument("--step_distilled", "--enable_step_distill", dest="step_distilled", type=str_to_bool,
+                       nargs="?", const=True, default=False,
+                       help="with --resolution: the step-distilled (MeanFlow) checkpoint, 480p i2v only")
+
+
+def _fits(preset: Preset, resolution: str | None, task: str, cfg: bool, step: bool, sparse: bool) -> bool:
+    """Whether ``preset`` is the checkpoint the official flags name (read from its fields, not its name)."""
+    distilled = preset.guidance_scale == 1.0
+    return (not preset.is_tiny and preset.tasks == (task,)
+            and (resolution is None or preset.target_size == RESOLUTIONS[resolution])
+            and preset.use_meanflow == step and (distilled == (cfg or step or sparse))
+            and (preset.attention == "ssta") == sparse)
+
+
+def preset_from_flags(args: argparse.Namespace) -> "str | PresetChoice | None":
+    """What the command runs as its preset: ``--preset`` (None: the folder's or the default, see
+    :func:`hyv_lib.models.folder.choose_preset`), or, when the official checkpoint flags are given, the preset they
+    name (checked against ``--preset`` and the ``--model_path`` folder when those are given too)."""
+    resolution, task = getattr(args, "resolution", None), getattr(args, "task", None)
+    cfg, step = bool(getattr(args, "cfg_distilled", False)), bool(getattr(args, "step_distilled", False))
+    if resolution is None and task is None and not cfg and not step:
+        return args.preset
+    if resolution is not None and resolution not in RESOLUTIONS:
+        raise HyvInputError("--resolution", f"must be one of {', '.join(RESOLUTIONS)}, got {resolution!r}")
+    if task is not None and task not in ("t2v", "i2v"):
+        raise HyvInputError("--task", f"must be t2v or i2v, got {task!r}")
+    task = task or ("i2v" if getattr(args, "image_path", None) else "t2v")
+    sparse = bool(getattr(args, "sparse_attn", False))
+    names = [name for name, p in PRESETS.items() if _fits(p, resolution, task, cfg, step, sparse)]
+    asked = " ".join(filter(None, [resolution, task, "cfg-distilled" if cfg else "", "step-distilled" if step else "",
+                                   "sparse" if sparse else ""]))
+    flag = "--resolution" if resolution is not None else "--task"
+    if not names:
+        raise HyvInputError(flag, f"no preset is the {asked} checkpoint (the official naming); the real presets: "
+                                  f"{', '.join(n for n, p in PRESETS.items() if not p.is_tiny)}")
+    if args.preset is not None:
+        if args.preset not in names:
+            raise HyvInputError(flag, f"{asked} names {' or '.join(names)}, not --preset {args.preset}: give one of "
+                                      "them")
+        return args.preset
+    return choose_preset(None, args.model_path, candidates=names, selected_by=flag)

@@ -1,4 +1,5 @@
-"""The fine-tuning commands of the command line: ``extract_features`` and ``train`` (their flags and what they run)."""
+"""The fine-tuning commands of the command line: ``extract_features``, ``train`` and ``merge_lora`` (their flags and
+what they run)."""
 
 from __future__ import annotations
 
@@ -6,18 +7,21 @@ import argparse
 import sys
 
 from ..base.errors import EXIT_ENTRIES_FAILED, one_line
-from ..base.presets import DEFAULT_PRESET, get_preset
+from ..base.presets import DEFAULT_PRESET
 from ..kernels.ssta import SstaConfig
+from ..models.folder import choose_preset
 from ..pipeline.settings import resolve_attention
 from ..training.features import extract_features
 from ..training.loop import DEFAULTS as TRAIN_DEFAULTS
 from ..training.loop import train
+from ..training.merge import write_merged_model
 from .attention_flags import add_attention_arguments, ssta_overrides
 
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--features", required=True, help="a folder of python -m hyv_lib extract_features")
-    p.add_argument("--preset", default=DEFAULT_PRESET, help=f"the features' preset (default {DEFAULT_PRESET})")
+    p.add_argument("--preset", default=None, help=f"the features' preset (default: the --model_path folder's, else "
+                                                  f"{DEFAULT_PRESET})")
     p.add_argument("--model_path", default=None, help="diffusers-format folder of the model to train (default: the "
                                                       "preset's bundled or built weights)")
     what = p.add_mutually_exclusive_group()
@@ -25,6 +29,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                                                                   "OUTPUT_DIR/pytorch_lora_weights.safetensors)")
     what.add_argument("--full", action="store_true", help="train every weight (writes OUTPUT_DIR/transformer)")
     p.add_argument("--lora_alpha", type=float, default=None, help="LoRA alpha (default: the rank, a scale of 1)")
+    p.add_argument("--lora_targets", default=None,
+                   help="the layers the LoRA adapts: attn (the attention projections, default) | attn,mlp (and the "
+                        "feed-forward layers: MindSpeed-MM's I2V recipe) | all (every nn.Linear, as the official "
+                        "train.py)")
     p.add_argument("--steps", type=int, required=True, help="optimizer updates in all (a rerun resumes; more steps "
                                                             "train a finished run further)")
     p.add_argument("--learning_rate", type=float, default=TRAIN_DEFAULTS["learning_rate"],
@@ -51,11 +59,11 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def train_command(args: argparse.Namespace) -> None:
-    attention, ssta = resolve_attention(get_preset(args.preset), args.attention, args.sparse_attn,
+    attention, ssta = resolve_attention(choose_preset(args.preset, args.model_path).preset, args.attention, args.sparse_attn,
                                         ssta_overrides(args))
     train(args.features, preset=args.preset, model_path=args.model_path, lora_rank=args.lora_rank,
           lora_alpha=args.lora_alpha, full=args.full, steps=args.steps, learning_rate=args.learning_rate,
-          warmup_steps=args.warmup_steps, batch_size=args.batch_size, task=args.task,
+          lora_targets=args.lora_targets, warmup_steps=args.warmup_steps, batch_size=args.batch_size, task=args.task,
           caption_dropout=args.caption_dropout, output_dir=args.output_dir, runtime=args.runtime, mesh=args.mesh,
           checkpoint_every=args.checkpoint_every, seed=args.seed, dtype=args.dtype,
           gradient_checkpointing=not args.no_gradient_checkpointing, attention=attention,
@@ -66,12 +74,20 @@ def add_extract_features_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data_json", required=True,
                    help='a JSON list of {"path", "cap", "num_frames", "fps", "resolution": {"height", "width"}} '
                         "(MindSpeed-MM's format; paths relative to the file; a png/jpg is a 1-frame clip)")
-    p.add_argument("--preset", default=DEFAULT_PRESET, help=f"a preset of `info` (default {DEFAULT_PRESET})")
+    p.add_argument("--preset", default=None, help=f"a preset of `info` (default: the --model_path folder's, else "
+                                                  f"{DEFAULT_PRESET})")
     p.add_argument("--model_path", default=None, help="diffusers-format folder or hub id; required for real presets")
     p.add_argument("--output_dir", required=True, help="the features folder (a rerun adds only the missing clips)")
     p.add_argument("--num_frames", type=int, default=None,
-                   help="frames per clip, 4n+1, the first ones at the clip's own fps; a shorter video fails "
-                        "(default: the preset's video length)")
+                   help="frames per clip, 4n+1 (--frames, --fps say which); a shorter video fails (default: the "
+                        "preset's video length)")
+    p.add_argument("--fps", type=float, default=None,
+                   help="resample each clip to this frame rate before taking frames (MindSpeed-MM's 24: the source "
+                        "frame shown at each time k/fps; within 0.1 fps none is; default: the clip's own rate)")
+    p.add_argument("--frames", default="first",
+                   help="first | random: the first num_frames (default) or a window picked by --frame_seed and the "
+                        "clip (the same in every rerun; each clip's frame_start is recorded)")
+    p.add_argument("--frame_seed", type=int, default=0, help="--frames random: its seed (default 0)")
     p.add_argument("--max_height", type=int, default=None, help="centre-crop taller buckets to this (multiple of 16)")
     p.add_argument("--max_width", type=int, default=None, help="centre-crop wider buckets to this (multiple of 16)")
     p.add_argument("--task", default=None, help="t2v | i2v: i2v adds each clip's first-frame conditions (default: "
@@ -81,6 +97,10 @@ def add_extract_features_arguments(p: argparse.ArgumentParser) -> None:
                                                  "preset's)")
     p.add_argument("--vae_dtype", default="fp32", help="fp32 | bf16 (default fp32)")
     p.add_argument("--shard_size", type=int, default=32, help="clips per safetensors shard (default 32)")
+    p.add_argument("--caption", default="first", help='first | random: which caption of a "cap" list is encoded '
+                                                       "(default first; random: picked by the entry's position and "
+                                                       "--caption_seed, the same in every rerun)")
+    p.add_argument("--caption_seed", type=int, default=0, help="--caption random: its seed (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary line")
 
 
@@ -89,7 +109,9 @@ def extract_features_command(args: argparse.Namespace) -> int:
     report = extract_features(args.data_json, preset=args.preset, model_path=args.model_path,
                               output_dir=args.output_dir, num_frames=args.num_frames, max_height=args.max_height,
                               max_width=args.max_width, progress=not args.quiet, task=args.task, device=args.device,
-                              dtype=args.dtype, vae_dtype=args.vae_dtype, shard_size=args.shard_size)
+                              dtype=args.dtype, vae_dtype=args.vae_dtype, shard_size=args.shard_size,
+                              caption=args.caption, caption_seed=args.caption_seed, fps=args.fps,
+                              frames=args.frames, frame_seed=args.frame_seed)
     for bad in report.failed:
         where = f" ({bad['path']})" if bad["path"] is not None else ""
         print(f"error: --data_json: entry {bad['entry']}{where}: {one_line(bad['error'])} (skipped)", file=sys.stderr)
@@ -97,3 +119,31 @@ def extract_features_command(args: argparse.Namespace) -> int:
         print(f"extract_features: {len(report.extracted)} extracted, {len(report.skipped)} already there, "
               f"{len(report.failed)} failed; features in {report.output_dir}", file=sys.stderr)
     return EXIT_ENTRIES_FAILED if report.failed else 0
+
+
+def add_merge_lora_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lora", required=True, help="the LoRA: a .safetensors file, or the folder holding "
+                                                 "pytorch_lora_weights.safetensors (train's --output_dir)")
+    p.add_argument("--model_path", default=None, help="the local diffusers-format model folder to merge into (default: "
+                                                      "the preset's bundled or built weights)")
+    p.add_argument("--preset", default=None, help="the model's preset (default: read from --model_path's configs, "
+                                                  f"else {DEFAULT_PRESET})")
+    p.add_argument("--lora_scale", type=float, default=1.0, help="the LoRA's strength, as generate --lora_scale "
+                                                                  "(default 1)")
+    p.add_argument("--output_dir", required=True,
+                   help="a new (or empty) folder: a whole model folder with the merged transformer, the other "
+                        "components hardlinked or copied; run it with generate --model_path OUTPUT_DIR")
+    p.add_argument("--quiet", action="store_true", help="no summary line")
+
+
+def merge_lora_command(args: argparse.Namespace) -> int:
+    """``merge_lora``: the merged model folder, written atomically; one summary line on stderr."""
+    merged = write_merged_model(args.lora, args.output_dir, preset=args.preset, model_path=args.model_path,
+                                lora_scale=args.lora_scale)
+    if not args.quiet:
+        origin = f"the other components from {merged.source} ({merged.linked} files hardlinked, {merged.copied} " \
+                 "copied)" if merged.source else f"{merged.preset}'s built weights saved beside it"
+        print(f"merge_lora: {merged.record['lora']} (rank {merged.record['lora_rank']}, scale "
+              f"{merged.record['lora_scale']:g}) merged into {merged.preset}'s transformer; {origin}; model in "
+              f"{merged.output_dir} (generate --model_path {merged.output_dir})", file=sys.stderr)
+    return 0

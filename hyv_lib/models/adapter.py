@@ -42,6 +42,9 @@ class ModelAdapter:
     name: str = ""
     #: The diffusers transformer class names this adapter runs (looked up by :func:`adapter_for`).
     model_classes: tuple[str, ...] = ()
+    #: The transformer config keys that fix a checkpoint's layout (channels, patches, target size, task, ...), not its
+    #: widths: :mod:`hyv_lib.models.folder` matches a model folder to a preset by them.
+    layout_keys: tuple[str, ...] = ()
     #: The keyword names of the model's forward that carry the conditioning (besides latents and timesteps).
     conditioning: tuple[str, ...] = ()
     #: Keys of :meth:`prepare`'s dict that every block needs (kept with DeepCache's cached tokens).
@@ -55,6 +58,11 @@ class ModelAdapter:
     #: CogVideoX's pipeline passes integer timesteps that diffusers embeds in float32, where bf16 would round 999 to
     #: 1000).
     timestep_dtype: torch.dtype | None = None
+    #: The LoRA target groups (``train --lora_targets``, :func:`hyv_lib.models.lora.lora_target_names`): a group name
+    #: -> a regex an ``nn.Linear``'s module name must match whole. Every model names ``attn`` (the attention
+    #: projections of its blocks, the default), ``mlp`` (its blocks' feed-forward layers) and ``all`` (every
+    #: ``nn.Linear`` of the transformer, as the official trainer's peft ``"all-linear"`` adapts them).
+    lora_targets: Mapping[str, str] = {}
 
     def build(self, config: dict[str, Any]) -> torch.nn.Module:
         """A transformer of ``config`` (its diffusers class's keyword arguments), on the current default device:

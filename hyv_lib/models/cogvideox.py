@@ -25,6 +25,17 @@ RULE_SETS = tensor_parallel_rule_sets(
     row={"attn_out": r"attn1\.to_out\.0\.weight", "mlp_out": r"ff\.net\.2\.weight"})
 
 
+#: CogVideoX's LoRA target groups (``train --lora_targets``): ``attn`` the joint attention's Q/K/V and output (4 per
+#: block: one set for text and video), ``mlp`` the feed-forward's two layers (2 per block), ``all`` every ``nn.Linear``
+#: (with the blocks' AdaLN ``norm1``/``norm2`` modulations, the patch and text embeddings, the timestep embedding and
+#: the output head).
+LORA_TARGETS = {
+    "attn": r"transformer_blocks\.\d+\.attn1\.(to_q|to_k|to_v|to_out\.0)",
+    "mlp": r"transformer_blocks\.\d+\.ff\.net\.(0\.proj|2)",
+    "all": r".+",
+}
+
+
 def video_tokens(latent_shape: tuple[int, ...], config: Mapping[str, Any]) -> tuple[int, int, int]:
     """(frames, height, width) of the video token grid for latents [B, F, C, H, W] (``config``: the transformer's):
     ``F / patch_size_t`` rounded up (CogVideoX1.5; 1.0 has no temporal patch) and ``H, W / patch_size``."""
@@ -84,10 +95,14 @@ class CogVideoXAdapter(ModelAdapter):
 
     name = "cogvideox"
     model_classes = ("CogVideoXTransformer3DModel",)
+    layout_keys = ("in_channels", "out_channels", "patch_size", "patch_size_t", "sample_height", "sample_width",
+                   "sample_frames", "max_text_seq_length", "temporal_compression_ratio",
+                   "use_rotary_positional_embeddings")
     conditioning = ("encoder_hidden_states", "image_rotary_emb")
     block_keys = ()
     rule_sets = RULE_SETS
     block_prefix = "transformer_blocks."
+    lora_targets = LORA_TARGETS
     timestep_dtype = torch.float32  # the pipeline's integer timesteps, embedded in float32 by diffusers
 
     def example_inputs(self, preset, height: int, width: int, video_length: int, batch: int = 2,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import json
 import os
 import re
 from typing import Any, Iterable
@@ -16,6 +17,7 @@ from safetensors import SafetensorError, safe_open
 from ..base.cogvideox_presets import COGVIDEOX_MODEL
 from ..base.errors import HyvInputError
 from ..base.presets import Preset, get_preset, real_layout_tiny, siglip_image_size, tiny_tokenizer_captions
+from .folder import LAYOUT_NOTE
 from .cogvideox_components import (
     COGVIDEOX_COMPONENTS,
     COGVIDEOX_TEXT_COMPONENTS,
@@ -360,14 +362,28 @@ def save_tiny_pipeline(path: str, seed: int = 0, preset: Preset | str = "tiny") 
     --model_path``; for a real preset (``720p_t2v``, ``480p_i2v``, ...) the real layout with tiny widths
     (:func:`hyv_lib.base.presets.real_layout_tiny`), loadable with ``--preset 720p_t2v --model_path`` like real weights.
     Presets that take an image get SigLIP too (an image-to-video pipeline folder)."""
-    spec = get_preset(preset)
+    asked = spec = get_preset(preset)
     if spec.model == COGVIDEOX_MODEL:  # the tiny twin has the real layout already
         spec = spec if spec.is_tiny else get_preset("cogvideox_tiny")
         save_cogvideox_pipeline(build_tiny_cogvideox(spec, seed=seed), path)
-        return
-    spec = spec if spec.is_tiny else real_layout_tiny(spec)
-    names = COMPONENTS + IMAGE_COMPONENTS if "i2v" in spec.tasks else COMPONENTS
-    save_pipeline(build_tiny_components(spec, seed=seed, names=names), path)
+    else:
+        spec = spec if spec.is_tiny else real_layout_tiny(spec)
+        names = COMPONENTS + IMAGE_COMPONENTS if "i2v" in spec.tasks else COMPONENTS
+        save_pipeline(build_tiny_components(spec, seed=seed, names=names), path)
+    note_layout(path, asked.name)
+
+
+def note_layout(path: str, preset_name: str) -> None:
+    """Write into the folder's model_index.json which preset's layout it holds (:data:`hyv_lib.models.folder.LAYOUT_NOTE`;
+    diffusers ignores the key): where the configs fit two presets (a sparse checkpoint and its dense twin, a tiny twin
+    and its real model), the folder then still runs as the one it was saved as."""
+    index = os.path.join(path, "model_index.json")
+    with open(index) as f:
+        data = json.load(f)
+    data[LAYOUT_NOTE] = preset_name
+    with open(index, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
 
 
 def first_blocks_copy(transformer, blocks: int | None = None, dtype: torch.dtype = torch.float32):

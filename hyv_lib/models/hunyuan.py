@@ -85,6 +85,21 @@ RULE_SETS = tensor_parallel_rule_sets(
          "mlp_out": r"(ff|ff_context)\.net\.2\.weight"})
 
 
+#: HunyuanVideo-1.5's LoRA target groups (``train --lora_targets``), over diffusers' module names: ``attn`` the Q/K/V
+#: and output projections of both streams (8 per block, hyv_lib's default); ``mlp`` the two layers of the video and
+#: text feed-forwards ``ff``/``ff_context`` (4 per block: ``attn,mlp`` is MindSpeed-MM's I2V recipe, whose "single
+#: blocks" diffusers' 1.5 transformer does not have); ``all`` every ``nn.Linear`` of the transformer, what the official
+#: train.py adapts by default (peft's ``"all-linear"``): the blocks' layers with their AdaLN modulations
+#: ``norm1(_context).linear``, and outside the blocks the text embedder and its token refiner, the ByT5 and image
+#: embedders, the timestep embedding and the output head ``norm_out.linear``/``proj_out`` (the patch embedding is a
+#: Conv3d: no LoRA).
+LORA_TARGETS = {
+    "attn": r"transformer_blocks\.\d+\.attn\.(to_q|to_k|to_v|to_out\.0|add_q_proj|add_k_proj|add_v_proj|to_add_out)",
+    "mlp": r"transformer_blocks\.\d+\.(ff|ff_context)\.net\.(0\.proj|2)",
+    "all": r".+",
+}
+
+
 class HunyuanVideo15Adapter(ModelAdapter):
     """``HunyuanVideo15Transformer3DModel`` piece by piece: latents [B, C, T, H, W] with a 1x1x1 patch, the joint
     context [image ; ByT5 ; text] reordered valid-first, dual-stream blocks called
@@ -92,11 +107,14 @@ class HunyuanVideo15Adapter(ModelAdapter):
 
     name = "hunyuanvideo-1.5"
     model_classes = ("HunyuanVideo15Transformer3DModel",)
+    layout_keys = ("in_channels", "out_channels", "patch_size", "patch_size_t", "target_size", "task_type",
+                   "use_meanflow")
     conditioning = ("encoder_hidden_states", "encoder_attention_mask", "encoder_hidden_states_2",
                     "encoder_attention_mask_2", "image_embeds")
     block_keys = ("context_mask",)
     rule_sets = RULE_SETS
     block_prefix = "transformer_blocks."
+    lora_targets = LORA_TARGETS
 
     def example_inputs(self, preset, height: int, width: int, video_length: int, batch: int = 2,
                        dtype: torch.dtype = torch.bfloat16, text_tokens: int = 120) -> dict[str, torch.Tensor]:

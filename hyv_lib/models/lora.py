@@ -1,4 +1,4 @@
-"""LoRA files in diffusers' format for the HunyuanVideo-1.5 transformer: add an adapter, save it, read one, merge it."""
+"""LoRA files in diffusers' format for the video transformers: choose its layers, add an adapter, save, read, merge."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from safetensors import SafetensorError, safe_open
 from ..base.checks import as_number
 from ..base.errors import HyvInputError
 from ..base.files import atomic_path
-from .registry import get_adapter
+from .registry import adapter_for, get_adapter
 
 #: The file name diffusers' LoRA savers and loaders use (``LORA_WEIGHT_NAME_SAFE``); ``train`` writes it.
 LORA_FILE = "pytorch_lora_weights.safetensors"
@@ -30,6 +30,11 @@ FORMAT = "hyv_lib.lora/1"
 #: The default targets: the attention projections (q, k, v, out) of both streams in each transformer block, the
 #: layers diffusers' LoRA trainers adapt.
 DEFAULT_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
+#: The target groups ``train --lora_targets`` adapts by default: the attention projections (the model adapter's
+#: ``lora_targets`` says which layers each group is, :func:`lora_target_names`).
+DEFAULT_LORA_TARGETS = "attn"
+#: The group that adapts every ``nn.Linear`` (it holds the others: it is given alone).
+ALL_TARGETS = "all"
 #: generation_config.json's fields of a merged LoRA (:meth:`LoraWeights.record`).
 RECORD_FIELDS = ("lora", "lora_sha256", "lora_scale", "lora_rank")
 #: The attribute :func:`merge_lora` keeps on a transformer: the LoRAs merged into its weights (path, sha256, scale).
@@ -42,6 +47,46 @@ def config_digest(transformer: torch.nn.Module) -> str:
     """SHA-256 of the transformer's config (its public fields, as JSON): which model and shapes a LoRA was made for."""
     config = {k: v for k, v in dict(transformer.config).items() if not k.startswith("_")}
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def parse_lora_targets(targets: Any, groups: Any, argument: str = "--lora_targets") -> str:
+    """``targets`` (``"attn,mlp"``, or a list of group names) checked against a model's ``groups`` (its adapter's
+    :attr:`~hyv_lib.models.adapter.ModelAdapter.lora_targets`) and written canonically: each group once, in the
+    adapter's order, comma-separated (``"mlp, attn"`` -> ``"attn,mlp"``); ``all`` stands alone."""
+    groups = list(groups)
+    if isinstance(targets, str):
+        asked = [t.strip() for t in targets.split(",")]
+    elif isinstance(targets, (list, tuple)) and all(isinstance(t, str) for t in targets):
+        asked = [t.strip() for t in targets]
+    else:
+        raise HyvInputError(argument, f"must be comma-separated group names ({', '.join(groups)}), got {targets!r}")
+    unknown = [t for t in asked if t not in groups]
+    if not asked or unknown:
+        raise HyvInputError(argument, f"must be one or more of {', '.join(groups)} (comma-separated, e.g. attn,mlp), "
+                                      f"got {targets!r}")
+    if ALL_TARGETS in asked and len(set(asked)) > 1:
+        raise HyvInputError(argument, f"{ALL_TARGETS} adapts every nn.Linear already: give it alone, got {targets!r}")
+    return ",".join(g for g in groups if g in asked)
+
+
+def lora_target_names(transformer: torch.nn.Module, targets: Any = DEFAULT_LORA_TARGETS,
+                      argument: str = "--lora_targets") -> list[str]:
+    """The full names of the ``nn.Linear`` layers of ``transformer`` that the target groups ``targets`` adapt
+    (:func:`parse_lora_targets`): those whose name matches one group's regex of the model adapter's
+    :attr:`~hyv_lib.models.adapter.ModelAdapter.lora_targets` whole (HunyuanVideo-1.5:
+    :data:`hyv_lib.models.hunyuan.LORA_TARGETS`; CogVideoX: :data:`hyv_lib.models.cogvideox.LORA_TARGETS`)."""
+    adapter = adapter_for(transformer)
+    groups = adapter.lora_targets
+    if not groups:
+        raise HyvInputError(argument, f"the {adapter.name} model adapter names no LoRA target groups "
+                                      "(ModelAdapter.lora_targets)")
+    chosen = parse_lora_targets(targets, groups, argument).split(",")
+    patterns = [re.compile(groups[g]) for g in chosen]
+    names = [name for name, module in transformer.named_modules()
+             if isinstance(module, torch.nn.Linear) and any(p.fullmatch(name) for p in patterns)]
+    if not names:
+        raise HyvInputError(argument, f"no nn.Linear of {type(transformer).__name__} is in {','.join(chosen)}")
+    return names
 
 
 def target_names(transformer: torch.nn.Module, target_modules: list[str] | None = None) -> list[str]:
@@ -67,15 +112,27 @@ def target_names(transformer: torch.nn.Module, target_modules: list[str] | None 
     return names
 
 
-def add_lora(transformer, rank: int, alpha: float | None = None, target_modules: list[str] | None = None) -> None:
+def add_lora(transformer, rank: int, alpha: float | None = None, target_modules: list[str] | None = None, *,
+             targets: Any = None) -> list[str]:
     """Attach a trainable LoRA adapter (peft, through diffusers' ``add_adapter``) of ``rank`` and ``alpha`` (default:
-    ``rank``, a scaling of 1) to :func:`target_names`; its B matrices start at zero, so the output is unchanged."""
+    ``rank``, a scaling of 1) to the layers of the target groups ``targets`` (:func:`lora_target_names`: ``"attn"``,
+    ``"attn,mlp"``, ``"all"``), or else of :func:`target_names` (``target_modules``; neither: the attention
+    projections); its B matrices start at zero, so the output is unchanged. Returns the adapted layers' names."""
     from peft import LoraConfig
 
     rank = as_number("lora_rank", rank, int, low=1)
     alpha = float(rank) if alpha is None else as_number("lora_alpha", alpha, low=0, low_open=True)
-    names = target_names(transformer, target_modules)
+    if targets is not None and target_modules is not None:
+        raise HyvInputError("targets", "give target groups (targets) or module names (target_modules), not both")
+    names = lora_target_names(transformer, targets) if targets is not None else target_names(transformer,
+                                                                                              target_modules)
     transformer.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, target_modules=names, init_lora_weights=True))
+    adapted = sorted(n for n, m in transformer.named_modules() if hasattr(m, "lora_A"))  # peft's wrappers
+    if adapted != sorted(names):  # peft also takes a module whose name merely ends in ".<a target>"
+        extra = sorted(set(adapted) - set(names))
+        raise ValueError(f"peft adapted other layers than asked for ({extra[:3]} ...): a target name is the end of "
+                         "another module's name")
+    return names
 
 
 def _adapter_name(transformer) -> str:

@@ -29,6 +29,54 @@ def parse_mesh(text: str | None) -> dict[str, int] | None:
 
 
 AXES = ("data", "tensor", "sequence")
+#: ``--mesh 1``: the tpu runtime on one device, no mesh (without ``--mesh`` it lays every device out: :func:`default_mesh`).
+ONE_DEVICE = "1"
+
+
+def mesh_text(axes: dict[str, int] | None) -> str:
+    """Axes -> the mesh string ``--mesh`` takes, axes of size 1 left out: {'data': 2, 'tensor': 4, 'sequence': 1} ->
+    'data=2,tensor=4'; one device (or None) -> '1'."""
+    return ",".join(f"{a}={int(n)}" for a, n in (axes or {}).items() if a in AXES and int(n) > 1) or "1"
+
+
+def default_layout(devices: int, heads: int, rules: str = "tp_replicated_out", batch: int = 2) -> dict[str, int]:
+    """The mesh hyv_lib lays ``devices`` out as when none is given: the one rule of the tpu runtime
+    (:func:`default_mesh`), ``python -m hyv_lib compile`` and the planner. The samples of one step (``batch``: the CFG
+    pair, 2, or 1 with CFG off; :func:`hyv_lib.base.presets.samples_per_step`) go on ``data``, the rest on ``tensor``
+    (on ``sequence`` for the ``fsdp`` rules, whose gathered weights leave a tensor axis nothing to split but the heads),
+    as many ways as divide the model's ``heads`` (tensor x sequence splits them). The largest such layout, which may
+    leave devices out: 2 heads on 8 devices are data=2,tensor=2 (4 devices) with CFG, tensor=2 without; 16 heads are
+    data=2,tensor=4 and tensor=8. Of two layouts as large, the one with the data axis. One device: every axis 1."""
+    for name, value in (("devices", devices), ("heads", heads), ("batch", batch)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    best = (0, 0, 0)  # (devices used, data, rest)
+    for data in (d for d in range(1, min(batch, devices) + 1) if batch % d == 0):
+        rest = max(r for r in range(1, devices // data + 1) if heads % r == 0)
+        best = max(best, (data * rest, data, rest))
+    _, data, rest = best
+    return {"data": data, "tensor": 1, "sequence": 1, "sequence" if rules == "fsdp" else "tensor": rest}
+
+
+def default_mesh(heads: int, batch: int = 2, rules: str = "tp_replicated_out",
+                 devices: int | None = None) -> tuple[dict[str, int], str]:
+    """The tpu runtime's layout when no mesh is given: :func:`default_layout` of every JAX device (``devices``: their
+    count, default ``len(jax.devices())``), and why, as the parenthesis of the line it logs
+    (``mesh: data=2,tensor=4 (all 8 devices; --mesh 1 for one)``). A layout of fewer devices than there are says how
+    many and what stops it (the heads; with ``batch`` 1, CFG off, the data axis has nothing to split)."""
+    present = len(jax_devices()) if devices is None else devices
+    axes = default_layout(present, heads, rules, batch)
+    used = axes["data"] * axes["tensor"] * axes["sequence"]
+    if present == 1:
+        return axes, "the one device present"
+    one = "" if used == 1 else "; --mesh 1 for one"
+    if used == present:
+        return axes, f"all {present} devices{one}"
+    axis = "sequence" if rules == "fsdp" else "tensor"
+    why = f"{axis} must divide the model's {heads} attention head{'s' * (heads != 1)}"
+    if batch == 1:
+        why += " and with CFG off (one sample per step) a data axis has nothing to split"
+    return axes, f"{used} of {present} devices: {why}{one}"
 
 
 def make_mesh(data: int | str = 1, tensor: int | None = None, sequence: int = 1, devices: Iterable | None = None):

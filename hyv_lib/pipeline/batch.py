@@ -17,8 +17,9 @@ import torch
 from ..base.errors import HyvInputError
 from ..base.files import clean_partials
 from ..base.lock import folder_lock
-from ..base.presets import DEFAULT_PRESET, DEFAULT_SEED, PRESETS, Preset, get_preset
+from ..base.presets import DEFAULT_SEED, PRESETS, Preset
 from ..models.components import torch_dtype
+from ..models.folder import choose_preset
 from .calibration import cache_schedule
 from .inference import load_pipeline
 from .settings import check_vae_settings, resolve_settings
@@ -49,10 +50,11 @@ class BatchRunner:
     run (see :class:`hyv_lib.VideoPipeline`: on a GPU they stay there between prompts unless ``offload`` is set).
     """
 
-    def __init__(self, preset: str | Preset = DEFAULT_PRESET, model_path: str | None = None, dtype: str | None = None,
+    def __init__(self, preset: str | Preset | None = None, model_path: str | None = None, dtype: str | None = None,
                  stage2: dict[str, Any] | None = None, stage3: dict[str, Any] | None = None,
                  text_device: str | torch.device | None = "auto"):
-        self.spec = get_preset(preset)
+        self.choice = choose_preset(preset, model_path)  # None: what the folder says (or the default)
+        self.spec = self.choice.preset
         self.model_path, self.dtype = model_path, dtype or self.spec.default_dtype
         torch_dtype(self.dtype)  # validates --dtype
         self.stage2_settings = dict(stage2 or {})
@@ -117,7 +119,7 @@ class BatchRunner:
         (:func:`hyv_lib.base.lock.folder_lock`) throughout, and first removes what killed writers left there."""
         with folder_lock(output_dir, "output_dir"):
             clean_partials(output_dir)
-            stage1(preset=self.spec.name, prompt=prompt, negative_prompt=negative_prompt, output_dir=output_dir,
+            stage1(preset=self.choice, prompt=prompt, negative_prompt=negative_prompt, output_dir=output_dir,
                    model_path=self.model_path, dtype=self.dtype, components=self.video.components,
                    image_path=image_path, text_device=self.video.text_device)
             stage2(input_dir=output_dir, seed=seed, step=self.step, components=self.video.components,
@@ -195,8 +197,8 @@ def _parse_line(text: str, folder: str) -> tuple[str, str, int | None, str | Non
 def read_prompts_file(path: str, seed: int | None = None) -> tuple[list[PromptEntry], list[dict[str, Any]]]:
     """Parse a prompts file (UTF-8): one prompt per line, or a JSON object per line with ``prompt`` and optionally
     ``negative_prompt``, ``seed`` and ``image_path`` (image-to-video; relative to the file's folder). Blank lines and
-    lines starting with ``#`` are skipped. Returns the entries and the bad lines (line, number and why), which do not
-    stop the others. With ``seed``, an entry without one gets ``seed`` + its number, and one whose seed falls outside
+    lines starting with ``#`` are skipped; a file of nothing else holds no prompt, a HyvInputError. Returns the entries
+    and the bad lines (line, number and why), which do not stop the others. With ``seed``, an entry without one gets ``seed`` + its number, and one whose seed falls outside
     [0, 2**63) is a bad line. A missing, binary or non-UTF-8 file is a HyvInputError naming the file (and line)."""
     if not os.path.isfile(path):
         raise HyvInputError("--prompts_file", f"no such file: {path}")
@@ -226,6 +228,9 @@ def read_prompts_file(path: str, seed: int | None = None) -> tuple[list[PromptEn
         except ValueError as err:
             bad.append(dict(line=line, number=number, error=str(err)))
         number += 1
+    if number == 0:  # nothing to run: refused before any model loads, not a run of "0 done"
+        raise HyvInputError("--prompts_file", f"{path} holds no prompt (only blank lines and # comments)"
+                            if text.strip() else f"{path} holds no prompt (the file is empty)")
     return entries, bad
 
 

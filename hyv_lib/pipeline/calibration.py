@@ -10,6 +10,7 @@ import torch
 from ..base.errors import HyvInputError, python_names
 from ..base.presets import DEFAULT_PRESET, Preset, get_preset
 from ..models.components import IMAGE_COMPONENTS, TEXT_COMPONENTS, load_components, torch_dtype
+from ..models.folder import choose_preset
 from ..parallel.distributed import local_device
 from ..runtimes.deepcache import DeepCacheSchedule
 from ..runtimes.magcache import (
@@ -67,7 +68,7 @@ class CalibrationStep:
         return out
 
 
-def calibrate(preset: str = DEFAULT_PRESET, model_path: str | None = None, *, prompt: str = CALIBRATION_PROMPT,
+def calibrate(preset: str | Preset | None = None, model_path: str | None = None, *, prompt: str = CALIBRATION_PROMPT,
               negative_prompt: str = "", image_path: str | None = None, seed: int = CALIBRATION_SEED,
               num_inference_steps: int | None = None, flow_shift: float | None = None,
               guidance_scale: float | None = None, aspect_ratio: str = "16:9", height: int | None = None,
@@ -78,8 +79,9 @@ def calibrate(preset: str = DEFAULT_PRESET, model_path: str | None = None, *, pr
     """One uncached run of ``prompt`` (the first frame ``image_path`` for image-to-video presets) through DeepCache's
     full program, recording the curve a :class:`MagCacheSchedule` needs. Settings as for
     :func:`hyv_lib.pipeline.stages.stage2` (None: the preset's); ``components`` already loaded are reused, the missing
-    ones (text encoders, transformer, scheduler) are loaded. The curve is rounded to 6 decimals."""
-    spec = get_preset(preset)
+    ones (text encoders, transformer, scheduler) are loaded. The curve is rounded to 6 decimals. ``preset=None``:
+    the one ``model_path``'s configs say (:func:`hyv_lib.models.folder.choose_preset`), else the default."""
+    spec = choose_preset(preset, model_path).preset
     dtype = dtype or spec.default_dtype
     torch_dtype(dtype)
     if not isinstance(prompt, str) or not isinstance(negative_prompt, str):

@@ -14,7 +14,7 @@ import torch
 
 from ..base.errors import HyvInputError, python_names
 from ..base.files import ensure_output_dir
-from ..base.presets import DEFAULT_PRESET, DEFAULT_SEED, Preset, get_preset
+from ..base.presets import DEFAULT_SEED, Preset, get_preset
 from ..kernels.dispatch import kernel_record
 from ..models.components import (
     DTYPES,
@@ -24,6 +24,7 @@ from ..models.components import (
     quiet_loading,
     torch_dtype,
 )
+from ..models.folder import choose_preset
 from ..models.lora import ensure_merged
 from ..parallel.distributed import local_device
 from ..runtimes.fsdp import shard_weights as shard_transformer
@@ -267,7 +268,7 @@ class VideoPipeline:
         return Video(frames=frames.numpy(), latents=latents, config=config)
 
 
-def load_pipeline(preset: str | Preset = DEFAULT_PRESET, model_path: str | None = None, dtype: str | None = None,
+def load_pipeline(preset: str | Preset | None = None, model_path: str | None = None, dtype: str | None = None,
                   runtime: str = "torch", mesh: str | None = None, attention: str | None = None,
                   sparse_attn: bool = False, ssta: Any = None, sharding: str = "tp_replicated_out", vae_runtime: str | None = None, vae_dtype: str = "fp32",
                   tiling: bool = True, progress: bool = True, offload: str | None = None,
@@ -275,7 +276,9 @@ def load_pipeline(preset: str | Preset = DEFAULT_PRESET, model_path: str | None 
                   lora_scale: float = 1.0, compile: bool = False,
                   text_device: str | torch.device | None = "auto") -> VideoPipeline:
     """Load every component of ``preset`` once (``model_path``: a diffusers-format folder; None: the preset's
-    bundled or in-code tiny weights) in ``dtype`` (default: the preset's) and return a :class:`VideoPipeline`.
+    bundled or in-code tiny weights; ``preset=None`` with a folder: the preset its configs say, see
+    :func:`hyv_lib.models.folder.choose_preset`, and a preset that contradicts the folder is refused) in ``dtype``
+    (default: the preset's) and return a :class:`VideoPipeline`.
 
     ``progress=False`` also silences the weight-loading bars; ``offload`` (``block`` or ``model``) keeps the transformer
     off the GPU when it is not needed there; ``shard_weights="fsdp"`` (in each process of a torchrun launch) splits its
@@ -293,7 +296,7 @@ def load_pipeline(preset: str | Preset = DEFAULT_PRESET, model_path: str | None 
         video.save("circle.mp4")
     """
     with python_names():
-        spec = get_preset(preset)
+        spec = choose_preset(preset, model_path).preset  # None: the folder's configs say which (or the default)
         dtype = dtype or spec.default_dtype
         torch_dtype(dtype)
 

@@ -13,13 +13,13 @@ from ..base.presets import DEFAULT_SEED, Preset, check_data_axis, samples_per_st
 from ..kernels.registry import BACKENDS
 from ..kernels.ssta import SstaConfig
 from ..models.lora import lora_file
-from ..parallel.jax_env import init_multi_host
-from ..parallel.mesh import make_mesh, parse_mesh
+from ..parallel.jax_env import init_multi_host, jax_devices
+from ..parallel.mesh import ONE_DEVICE, default_mesh, make_mesh, mesh_text, parse_mesh
 from ..parallel.sharding import STRATEGIES
 from ..runtimes.compiled import check_compile
 from ..runtimes.fsdp import check_shard_weights
 from ..runtimes.magcache import DEFAULT_MAX_SKIP, DEFAULT_RETENTION, DEFAULT_THRESHOLD
-from ..runtimes.placement import OFFLOAD_MODES
+from ..runtimes.placement import OFFLOAD_MODES, offload_applies
 from ..runtimes.step import RUNTIMES, check_attention
 from .size_check import check_fits
 
@@ -50,7 +50,7 @@ class Stage2Settings:
     seed: int = DEFAULT_SEED
     warmup_steps: int = 0  #: untimed calls before the loop (they do not touch the scheduler)
     runtime: str = "torch"  #: one of :data:`RUNTIMES`
-    mesh: str | None = None  #: tpu runtime: e.g. ``data=2,tensor=4``
+    mesh: str | None = None  #: tpu runtime: e.g. ``data=2,tensor=4``; ``1``: one device; None: every device (default)
     sharding: str = "tp_replicated_out"  #: a strategy of :data:`hyv_lib.parallel.sharding.STRATEGIES`
     enable_cache: bool = False  #: DeepCache (torch, tpu and ulysses runtimes; over FSDP-sharded weights too)
     cache_method: str | None = None  #: ``deepcache`` (the default with enable_cache) or ``magcache`` (adaptive)
@@ -68,7 +68,8 @@ class Stage2Settings:
     sparse_attn: bool = False  #: the official scripts' flag: ``--attention ssta``
     ssta: Any = None  #: SSTA's options: a :class:`hyv_lib.SstaConfig`, or a dict of its fields (``--ssta_<field>``)
     offload: str | None = None  #: torch runtime: ``block`` streams one transformer block at a time to the GPU; ``model``
-    #: keeps the transformer on the GPU during the denoising loop only
+    #: keeps the transformer on the GPU during the denoising loop only; with no GPU here neither does anything (one
+    #: warning line; generation_config.json: ``offload`` null, ``offload_requested``, ``offload_applied`` false)
     shard_weights: str | None = None  #: ``fsdp``: the transformer's weights split over the torchrun ranks (FSDP2),
     #: with ``runtime`` ulysses or torch (:data:`hyv_lib.runtimes.fsdp.SHARD_WEIGHTS`)
     lora: str | None = None  #: a LoRA file in diffusers' format (or its folder), merged into the transformer's weights
@@ -109,7 +110,7 @@ class ResolvedSettings:
     warmup_steps: int
     runtime: str
     attention: str  #: resolved: the preset's when none was given
-    mesh: str | None
+    mesh: str | None  #: tpu runtime: the mesh used (``1``: one device), the default layout's without --mesh
     sharding: str | None  #: None without a mesh
     enable_cache: bool
     cache_method: str | None  #: ``deepcache`` or ``magcache`` with the cache on, else None
@@ -122,12 +123,14 @@ class ResolvedSettings:
     cache_retention: float | None
     cache_calibration: str | None
     multi_host: bool
-    offload: str | None = None  #: ``block``, ``model`` or None
+    offload: str | None = None  #: ``block``, ``model`` or None: as asked (``place_transformer`` takes it)
+    offload_applied: bool = False  #: ``offload`` does something: a GPU to offload to (``offload_applies``)
     shard_weights: str | None = None  #: ``fsdp`` or None
     lora: str | None = None  #: the LoRA file (absolute path), or None
     lora_scale: float = 1.0
     ssta: dict[str, Any] | None = None  #: the SSTA options (every field of SstaConfig) when attention takes a grid
     compile: bool = False  #: the transformer blocks torch.compiled (torch and ulysses runtimes)
+    mesh_source: str | None = None  #: tpu runtime: ``default`` (no --mesh: :func:`default_mesh`) or ``--mesh``
 
     def attention_options(self) -> dict[str, Any]:
         """The keyword options of the attention backend (:func:`hyv_lib.runtimes.step.make_step`'s
@@ -144,10 +147,14 @@ class ResolvedSettings:
         elif self.cache_method == "magcache":
             names += ["cache_method", "cache_threshold", "cache_max_skip", "cache_retention", "cache_calibration",
                       "no_cache_blocks"]
+        if self.mesh_source:
+            names.insert(names.index("mesh") + 1, "mesh_source")
         if self.multi_host:
             names.append("multi_host")
-        if self.offload:
-            names.append("offload")
+        offload = {}
+        if self.offload:  # asked for: what applies (None with no GPU to offload to), what was asked, whether it applies
+            offload = dict(offload=self.offload if self.offload_applied else None, offload_requested=self.offload,
+                           offload_applied=self.offload_applied)
         if self.shard_weights:
             names.append("shard_weights")
         if self.lora:
@@ -156,7 +163,7 @@ class ResolvedSettings:
             names.append("ssta")
         if self.compile:
             names.append("compile")
-        return {name: getattr(self, name) for name in names}
+        return {**{name: getattr(self, name) for name in names}, **offload}
 
 
 def check_model_settings(preset: Preset, settings: Stage2Settings) -> None:
@@ -280,8 +287,9 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
         raise HyvInputError("--runtime", f"must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
     check_fits(height, width, video_length, runtime)  # a size whose decoded video cannot fit in memory: refused now
     check_attention(attention, runtime)
-    axes = parse_mesh(mesh)
-    if axes and runtime != "tpu":
+    mesh = None if mesh == "" else mesh  # as if not given
+    axes = None if mesh == ONE_DEVICE else parse_mesh(mesh)
+    if (axes or mesh == ONE_DEVICE) and runtime != "tpu":
         raise HyvInputError("--mesh", "needs --runtime tpu")
     if axes:  # a data axis splits the CFG pair; with --guidance_scale 1 there is one sample per step and none
         check_data_axis(axes, samples_per_step(guidance_scale), "--mesh")
@@ -295,6 +303,14 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
             make_mesh(**axes)  # the device count must match before any stage writes a file
         except ValueError as err:
             raise HyvInputError("--mesh", str(err)) from None
+    mesh_source = None if runtime != "tpu" else "--mesh" if mesh is not None else "default"
+    if mesh_source == "default":  # every device, as compile lays them out (the step picks the same at its first call)
+        layout, why = default_mesh(preset.transformer["num_attention_heads"], samples_per_step(guidance_scale),
+                                   sharding)
+        mesh = mesh_text(layout)
+        if multi_host and layout["data"] * layout["tensor"] * layout["sequence"] < len(jax_devices()):
+            raise HyvInputError("--mesh", f"the default layout is {mesh} ({why}), and a multi-host run needs "
+                                          "every device: give a --mesh that uses them all")
     if s.offload is not None:
         if s.offload not in OFFLOAD_MODES:
             raise HyvInputError("--offload", f"must be one of {', '.join(OFFLOAD_MODES)}, got {s.offload!r}")
@@ -345,12 +361,14 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
     return ResolvedSettings(
         aspect_ratio=aspect_ratio, height=height, width=width, video_length=video_length,
         num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift, seed=seed,
-        warmup_steps=warmup_steps, runtime=runtime, attention=attention, mesh=mesh, sharding=sharding if mesh else None,
+        warmup_steps=warmup_steps, runtime=runtime, attention=attention, mesh=mesh,
+        sharding=sharding if mesh not in (None, ONE_DEVICE) else None, mesh_source=mesh_source,
         enable_cache=bool(enable_cache), cache_method=(cache_method or "deepcache") if enable_cache else None,
         cache_start_step=cache_start_step, cache_end_step=cache_end_step, cache_step_interval=cache_step_interval,
         no_cache_blocks=no_cache_blocks, cache_threshold=threshold, cache_max_skip=max_skip, cache_retention=retention,
         cache_calibration=None if s.cache_calibration is None else str(s.cache_calibration),
         multi_host=bool(multi_host), offload=s.offload, shard_weights=s.shard_weights, lora=lora,
+        offload_applied=runtime == "torch" and offload_applies(s.offload),
         lora_scale=lora_scale, ssta=ssta, compile=bool(s.compile))
 
 

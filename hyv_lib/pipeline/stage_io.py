@@ -162,9 +162,30 @@ def read_config(directory: str) -> dict[str, Any]:
     return data
 
 
+#: generation_config.json fields that hold a local path: recorded absolute, so that a later stage run from another
+#: working directory finds them (``model_path`` only when it is a local folder: a hub id stays as it is).
+PATH_FIELDS = ("model_path", "image_path", "lora", "cache_calibration", "output_video", "frames_file")
+
+
+def absolute_paths(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` with the paths of :data:`PATH_FIELDS` absolute (``~`` expanded), relative to this process's
+    working directory: call it where the paths were given."""
+    out = dict(fields)
+    for name in PATH_FIELDS:
+        value = out.get(name)
+        if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+            continue
+        path = os.path.abspath(os.path.expanduser(os.fspath(value)))
+        if name != "model_path" or os.path.isdir(path):
+            out[name] = path
+    return out
+
+
 def update_config(directory: str, base: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
     """Merge ``fields`` into ``base`` (default: the folder's current config) and write it atomically. The read and
-    the write hold the config's lock, so an update from another process (or thread) waits and is not lost."""
+    the write hold the config's lock, so an update from another process (or thread) waits and is not lost. The
+    paths among ``fields`` are recorded absolute (:func:`absolute_paths`); ``base``'s are kept as they are."""
+    fields = absolute_paths(fields)
     path = os.path.join(directory, CONFIG_FILE)
     with contextlib.ExitStack() as stack:
         try:

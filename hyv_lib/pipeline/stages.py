@@ -14,12 +14,13 @@ import torch
 
 from .. import __version__
 from ..base.errors import HyvInputError, python_names
-from ..base.files import clean_partials, ensure_output_dir
-from ..base.lock import folder_lock
+from ..base.files import clean_partials, ensure_output_dir, make_folder
+from ..base.lock import FolderInUseError, folder_lock
 from ..base.memory import PeakMemory
-from ..base.presets import DEFAULT_PRESET, PRESETS, Preset, get_preset
+from ..base.presets import PRESETS, Preset, get_preset
 from ..kernels.dispatch import kernel_record
 from ..models.components import IMAGE_COMPONENTS, load_components, text_components, torch_dtype
+from ..models.folder import PresetChoice, choose_preset
 from ..models.lora import RECORD_FIELDS, check_lora_file, ensure_merged
 from ..parallel.distributed import barrier, init_distributed, launched_ranks, local_device, rank
 from ..runtimes.fsdp import shard_weights, sharded_step
@@ -45,7 +46,7 @@ from .stage_io import (
     save_tensors,
     update_config,
 )
-from .text import encode_pair
+from .text import encode_pair, tokens_dropped
 from .video_io import check_fps, check_mp4_path, write_mp4
 
 logger = logging.getLogger(__name__)
@@ -76,19 +77,41 @@ def _preset_from_config(config: dict[str, Any], input_dir: str) -> Preset:
     """The preset stage 1 ran with: a named one, or a custom :class:`Preset` that stage 1 recorded whole."""
     if "preset" not in config:
         raise HyvInputError("--input_dir", f"{os.path.join(input_dir, CONFIG_FILE)!r} is missing or has no "
-                                           "'preset'; run stage1 into this folder first")
+                                           "'preset'; run stage1 into this folder first (a stage-1 folder of the "
+                                           "staged scripts: give --preset and --model_path)")
     if "preset_fields" in config:
         return Preset.from_dict(config["preset_fields"])
     return get_preset(config["preset"])
+
+
+def _with_given_preset(config: dict[str, Any], input_dir: str, preset: Any, model_path: str | None) -> dict[str, Any]:
+    """Stage 1's config with a preset and model folder given to a later stage: refused when stage 1 recorded another
+    preset; else recorded (a staged script's stage-1 folder has none: :func:`stage2`)."""
+    if preset is None and model_path is None:
+        return config
+    config = dict(config)
+    if model_path is not None:
+        config["model_path"] = os.path.abspath(os.path.expanduser(model_path)) if os.path.isdir(
+            os.path.expanduser(model_path)) else model_path
+    if "preset" in config:
+        if preset is not None and get_preset(preset).name != config["preset"]:
+            raise HyvInputError("--preset", f"{get_preset(preset).name} is not the preset stage 1 ran with in "
+                                            f"{input_dir!r} ({config['preset']}); leave --preset out")
+        return config
+    choice = choose_preset(preset, config.get("model_path"))
+    return {**config, "preset": choice.preset.name, **choice.record()}
 
 
 def one_run_per_folder(*names: str):
     """Decorate a stage: while it runs, this process holds the folder's run lock
     (:func:`hyv_lib.base.lock.folder_lock`: a second run on the folder is refused with one error line, and a killed
     run's lock goes with its process) and the hidden partial files a killed writer left there are removed first
-    (:func:`hyv_lib.base.files.clean_partials`). The folder is the first of the parameters ``names`` that is given;
-    a folder that does not exist yet is not locked (the stage checks or creates it), and under torchrun only rank 0,
-    the rank that writes, takes the lock. A stage called inside another's lock (generate, a prompts file) nests."""
+    (:func:`hyv_lib.base.files.clean_partials`). The folder is the first of the parameters ``names`` that is given.
+    An ``output_dir`` that does not exist yet is created and locked before any work (two runs racing to create it:
+    the one that gets the lock first runs, the other is refused and leaves the folder alone); if the stage then
+    refuses its input, a folder it created and left empty is removed. A missing input folder is not locked (the
+    stage says it is missing). Under torchrun only rank 0, the rank that writes, takes the lock. A stage called
+    inside another's lock (generate, a prompts file) nests."""
 
     def wrap(fn):
         signature = inspect.signature(fn)
@@ -98,17 +121,29 @@ def one_run_per_folder(*names: str):
             bound = signature.bind_partial(*args, **kwargs).arguments
             name = next((n for n in names if bound.get(n)), None)
             folder = bound.get(name) if name else None
-            if (not isinstance(folder, (str, os.PathLike)) or not os.path.isdir(folder)
-                    or os.environ.get("RANK", "0") != "0"):
+            if (not isinstance(folder, (str, os.PathLike)) or os.environ.get("RANK", "0") != "0"
+                    or (name != "output_dir" and not os.path.isdir(folder))):
                 return fn(*args, **kwargs)
-            with contextlib.ExitStack() as held:
-                try:
-                    held.enter_context(folder_lock(os.fspath(folder), argument=f"--{name}"))
-                except OSError:  # a full or read-only folder: the stage's own first write names the file it refused
-                    pass
-                else:
-                    clean_partials(os.fspath(folder))
-                return fn(*args, **kwargs)
+            folder = os.fspath(folder)
+            created = False
+            try:
+                with contextlib.ExitStack() as held:
+                    try:
+                        created = make_folder(folder)
+                        held.enter_context(folder_lock(folder, argument=f"--{name}"))
+                    except FolderInUseError:  # another run holds it (and may have just made it): left as it is
+                        created = False
+                        raise
+                    except OSError:  # a full or read-only place: the stage's own first write names what it refused
+                        pass
+                    else:
+                        clean_partials(folder)
+                    return fn(*args, **kwargs)
+            except HyvInputError:
+                if created:  # made by this call and still empty (bad input found before any write): removed
+                    with contextlib.suppress(OSError):
+                        os.rmdir(folder)
+                raise
 
         return run
 
@@ -118,8 +153,8 @@ def one_run_per_folder(*names: str):
 @python_names()  # called from Python: errors name parameters; from the CLI: flags
 @one_run_per_folder("output_dir")
 def stage1(
-    preset: str | Preset = DEFAULT_PRESET, prompt: str = "", negative_prompt: str = "", output_dir: str | None = None,
-    model_path: str | None = None, dtype: str | None = None, components: dict[str, Any] | None = None,
+    preset: str | Preset | PresetChoice | None = None, prompt: str = "", negative_prompt: str = "",
+    output_dir: str | None = None, model_path: str | None = None, dtype: str | None = None, components: dict[str, Any] | None = None,
     image_path: str | None = None, text_device: str | torch.device | None = "auto",
 ) -> dict[str, torch.Tensor]:
     """Encode the prompt and negative prompt (and, with ``image_path``, the first frame of an image-to-video run);
@@ -131,7 +166,9 @@ def stage1(
     call, one at a time, and leaves it right after (encoders loaded here are dropped, given ``components`` go back
     where they were), so stage 2 has the card; the tensors written are the host's, in ``dtype``. The device and the
     encoders' seconds (moves included, loading not) are recorded as ``stage1_device`` and ``stage1_encode_time_s``,
-    next to ``stage1_time_s`` (the whole stage).
+    next to ``stage1_time_s`` (the whole stage). A prompt longer than its encoder reads is cut there, with a warning;
+    how many of its tokens were dropped is recorded (``prompt_tokens_dropped``, ``negative_prompt_tokens_dropped``,
+    and ByT5's ``..._quoted_tokens_dropped``; 0 when all fit: :func:`hyv_lib.pipeline.text.tokens_dropped`).
 
     The image is cropped to its bucket as diffusers' I2V pipeline does, then encoded by SigLIP (``image_embeds``)
     and the VAE (``cond_latents``); the bucket fixes the video's height and width for stage 2. ``components``
@@ -144,7 +181,8 @@ def stage1(
         raise HyvInputError("stage1", f"runs in one process, not in each of {launched_ranks()} torchrun ranks (they "
                                       "would all write the same files): run stage 1 without torchrun, then "
                                       "torchrun ... stage2 --runtime ulysses and torchrun ... stage3")
-    spec = get_preset(preset)
+    choice = choose_preset(preset, model_path)  # a folder's configs say which preset; a contradicting one is refused
+    spec = choice.preset
     dtype = dtype or spec.default_dtype
     torch_dtype(dtype)  # validates --dtype
     if not isinstance(prompt, str) or not isinstance(negative_prompt, str):
@@ -164,6 +202,7 @@ def stage1(
         loaded = components is None  # loaded here: each encoder's weights are dropped after its call
         if loaded:
             components = load_components(spec, model_path, names, dtype=dtype)
+        dropped = tokens_dropped(components, spec, prompt, negative_prompt)  # encode_pair warns when one was cut
         encode_start = time.perf_counter()
         tensors = encode_pair(components, spec, prompt, negative_prompt, dtype, image, device=device, release=loaded)
         encode_s = time.perf_counter() - encode_start
@@ -172,10 +211,11 @@ def stage1(
                                                  image_width=image.size[0])
     custom = {} if PRESETS.get(spec.name) == spec else {"preset_fields": spec.to_dict()}  # stages 2-3 rebuild it
     update_config(
-        output_dir, base={}, prompt=prompt, negative_prompt=negative_prompt, preset=spec.name, task=task, **custom,
+        output_dir, base={}, prompt=prompt, negative_prompt=negative_prompt, preset=spec.name, **choice.record(),
+        task=task, **custom,
         **image_fields, model_path=model_path, dtype=dtype, hyv_lib_version=__version__,
         stage1_time_s=round(time.perf_counter() - start, 3), stage1_encode_time_s=round(encode_s, 3),
-        stage1_device=str(device), **memory_fields("stage1", memory),
+        stage1_device=str(device), **memory_fields("stage1", memory), **dropped,
     )
     logger.info("stage 1: %s in %.1f s, encoders %.1f s on %s (peak RSS %.0f MiB)",
                 os.path.join(output_dir, STAGE1_FILE), time.perf_counter() - start, encode_s, device,
@@ -187,9 +227,16 @@ def stage1(
 @one_run_per_folder("output_dir", "input_dir")
 def stage2(
     input_dir: str | None = None, output_dir: str | None = None, *, quiet: bool = False,
-    step: TransformerStep | None = None, components: dict[str, Any] | None = None, **settings: Any,
+    step: TransformerStep | None = None, components: dict[str, Any] | None = None,
+    preset: str | Preset | None = None, model_path: str | None = None, **settings: Any,
 ) -> torch.Tensor:
     """Denoise from the stage-1 embeddings; write stage2_latents.safetensors and extend the config.
+
+    The preset and model folder are stage 1's (its generation_config.json). A stage-1 folder written by the staged
+    scripts (their 8 tensors, no ``preset`` in its config) runs with ``preset`` and ``model_path`` given here (either
+    may be left out when the other says it: :func:`hyv_lib.models.folder.choose_preset`); both are then recorded, so
+    stage 3 reads them. A ``preset`` other than the one stage 1 recorded is refused; ``model_path`` replaces the
+    recorded folder (weights that moved).
 
     ``settings`` are the fields of :class:`Stage2Settings` (``height``, ``video_length``, ``num_inference_steps``,
     ``seed``, ``runtime``, ``mesh``, ``enable_cache``, ...); unset ones take the preset's defaults, and an unknown
@@ -217,6 +264,7 @@ def stage2(
                                          "run the whole stage in each of them into the same files: split the work "
                                          "with --runtime ulysses (or --shard_weights fsdp), or run it without torchrun")
     config = read_config(input_dir) if os.path.isdir(input_dir) else {}
+    config = _with_given_preset(config, input_dir, preset, model_path)
     # the preset says which stage-1 tensors to expect (HunyuanVideo-1.5's 8, CogVideoX's 2)
     embeds = load_stage1(input_dir, _preset_from_config(config, input_dir) if "preset" in config else None)
     spec = _preset_from_config(config, input_dir)
@@ -287,6 +335,10 @@ def _check_stage3_settings(output_video: str | None, fps: Any, vae_dtype: str, v
     budget = check_vae_settings(vae_dtype, vae_memory_gb, tiling, runtime)
     if output_video is not None:
         check_mp4_path(output_video, "--output_video")
+        if os.path.isdir(output_video):
+            raise HyvInputError("--output_video", f"{output_video!r} is a folder; give the path of an .mp4 file")
+        # an unwritable folder is refused now, not after the denoising loop (the folder is created if needed)
+        ensure_output_dir(os.path.dirname(os.path.abspath(output_video)), "--output_video")
     return fps, budget
 
 
@@ -363,8 +415,8 @@ def stage3(
 @python_names()  # called from Python: errors name parameters; from the CLI: flags
 @one_run_per_folder("output_dir")
 def generate(
-    preset: str | Preset = DEFAULT_PRESET, prompt: str = "", negative_prompt: str = "", output_dir: str | None = None,
-    model_path: str | None = None, dtype: str | None = None, output_video: str | None = None,
+    preset: str | Preset | PresetChoice | None = None, prompt: str = "", negative_prompt: str = "",
+    output_dir: str | None = None, model_path: str | None = None, dtype: str | None = None, output_video: str | None = None,
     fps: float | None = None, disable_tiling: bool = False, save_frames: bool = False, vae_dtype: str = "fp32",
     image_path: str | None = None, vae_memory_gb: float | None = None, text_device: str | torch.device | None = "auto",
     **stage2_kwargs: Any,
@@ -383,7 +435,8 @@ def generate(
                                         "(stage 1 would run in every one into the same files): run stage1 without "
                                         "torchrun, then torchrun ... stage2 --runtime ulysses and torchrun ... stage3")
     stage2_settings = {k: v for k, v in stage2_kwargs.items() if k not in ("quiet", "step", "components")}
-    spec = get_preset(preset)
+    choice = choose_preset(preset, model_path)  # a folder's configs say which preset; a contradicting one is refused
+    spec = choice.preset
     requested = Stage2Settings.from_kwargs(stage2_settings)
     check_task(spec, image_path is not None)
     if image_path is not None:
@@ -397,7 +450,7 @@ def generate(
     fps, budget = _check_stage3_settings(output_video, fps, vae_dtype, vae_memory_gb, not disable_tiling, vae_runtime)
     check_vae_model(spec, budget)
     device = resolve_text_device(text_device, settings.runtime)
-    stage1(preset=preset, prompt=prompt, negative_prompt=negative_prompt, output_dir=output_dir,
+    stage1(preset=choice, prompt=prompt, negative_prompt=negative_prompt, output_dir=output_dir,
            model_path=model_path, dtype=dtype, image_path=image_path, text_device=device)
     stage2(input_dir=output_dir, **stage2_kwargs)
     return stage3(input_dir=output_dir, output_video=output_video, fps=fps, disable_tiling=disable_tiling,

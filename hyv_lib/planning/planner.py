@@ -14,6 +14,7 @@ from ..base.presets import Preset, check_data_axis, get_preset, video_size
 from ..kernels.splash import CHIP_BLOCK_SIZES, DEFAULT_BLOCK_SIZES, PAD_HEAD_DIM
 from ..kernels.ssta import SstaConfig
 from ..models.registry import get_adapter
+from ..parallel.mesh import default_layout, mesh_text  # the runtime's, compile's and the planner's default
 from .costs import (
     FLASH_BLOCK_Q,
     GPU_RESIDENT_TILES,
@@ -229,15 +230,6 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
 RULE_SET_LAYOUTS = ("tp", "tp_replicated_out", "fsdp")
 
 
-def default_layout(devices: int, heads: int, rules: str = "tp_replicated_out", batch: int = 2) -> dict[str, int]:
-    """The mesh ``python -m hyv_lib compile`` uses when none is given: data = the CFG batch when it divides the
-    devices, the rest on tensor (on sequence for ``fsdp``, whose gathered weights leave a tensor axis nothing to
-    split but the heads); that axis must divide the heads."""
-    data = batch if devices % batch == 0 and heads % (devices // batch) == 0 else 1
-    rest = "sequence" if rules == "fsdp" else "tensor"
-    return {"data": data, "tensor": 1, "sequence": 1, rest: devices // data}
-
-
 def bounds(preset: Preset | str, height: int, width: int, video_length: int, chip: str | Chip, n_chips: int,
            rules: str = "tp_replicated_out", *, mesh_shape: str | Mapping[str, int] | None = None,
            batch: int | None = None,
@@ -285,6 +277,12 @@ def bounds(preset: Preset | str, height: int, width: int, video_length: int, chi
     rule_name = rules if isinstance(rules, str) else "custom"
     if rule_name in RULE_SET_LAYOUTS:
         mesh = as_mesh(mesh_shape) if mesh_shape else default_layout(devices, d["heads"], rule_name, batch)
+        if not mesh_shape and math.prod(mesh.values()) != devices:  # the heads do not split over every device
+            raise HyvInputError("n_chips", f"{n_chips} x {spec.name} = {devices} devices has no default layout: the "
+                                           f"largest with data dividing the {batch} sample(s) of a step and tensor x "
+                                           f"sequence the model's {d['heads']} attention heads, {mesh_text(mesh)} "
+                                           f"(what --runtime tpu runs without --mesh), uses "
+                                           f"{math.prod(mesh.values())}; pass mesh_shape")
         if math.prod(mesh.values()) != devices:
             raise HyvInputError("mesh_shape", f"{mesh} is not {devices} devices ({n_chips} x {spec.name})")
         try:

@@ -24,13 +24,12 @@ from ..kernels.splash import default_block_sizes, resolve_block_sizes
 from ..kernels.ssta import SstaConfig
 from ..models.registry import get_adapter
 from ..parallel.jax_env import quiet_libtpu
-from ..parallel.mesh import head_split, make_mesh, parse_mesh
+from ..parallel.mesh import default_layout, head_split, make_mesh, mesh_text, parse_mesh
 from ..parallel.sharding import STRATEGIES
 from ..runtimes.tpu import TpuTransformer
 from .costs import token_counts
 from .hardware import CHIPS
 from .hlo import hlo_collective_ops, hlo_collectives, xla_flops
-from .planner import default_layout
 
 #: Topology name prefixes that libtpu 0.0.42.1 knows, and the key of each chip in :data:`hyv_lib.planning.hardware.CHIPS`.
 #: A name is ``PREFIX:AxB`` or ``PREFIX:AxBxC`` in chips (e.g. ``v6e:2x4`` = a v6e-8, ``tpu7x:2x2x1`` = 4 Ironwood
@@ -177,7 +176,8 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
     for a preset that runs CFG off (``guidance_scale`` 1: the CFG-distilled and step-distilled ones), which the
     default mesh then puts wholly on ``tensor`` and a ``data`` axis is refused for (it has nothing to split).
 
-    ``mesh`` ('data=2,tensor=4' or a dict; default :func:`hyv_lib.planning.planner.default_layout`) must use all the slice's devices;
+    ``mesh`` ('data=2,tensor=4' or a dict; default :func:`hyv_lib.parallel.mesh.default_layout`, what the tpu runtime
+    runs without ``--mesh``) must use all the slice's devices;
     ``sharding`` is a strategy of :data:`hyv_lib.parallel.sharding.STRATEGIES`. ``enable_cache`` compiles DeepCache's pair
     instead: the full step that also returns the cache, and the cached step (``no_cache_blocks`` trailing blocks).
     ``num_layers`` overrides the block count (tests). ``attention``: ``splash`` (dense, exact) or ``ssta`` (the
@@ -207,8 +207,15 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
     devices = topology_devices(topology)
     heads = preset.transformer["num_attention_heads"]
     batch = preset.samples_per_step  # what pipeline.denoise runs per step: 1 with CFG off (the distilled presets)
-    axes = (parse_mesh(mesh) if isinstance(mesh, str) or mesh is None else dict(mesh)) or default_layout(
-        len(devices), heads, sharding, batch=batch)
+    axes = parse_mesh(mesh) if isinstance(mesh, str) or mesh is None else dict(mesh)
+    if not axes:  # the tpu runtime's default (which may leave devices out: compile refuses that, as for --mesh)
+        axes = default_layout(len(devices), heads, sharding, batch=batch)
+        used = axes["data"] * axes["tensor"] * axes["sequence"]
+        if used != len(devices):
+            raise HyvInputError("--mesh", f"the {len(devices)} devices of {topology} have no default layout: the "
+                                          f"largest with data dividing the {batch} sample(s) of a step and tensor x "
+                                          f"sequence the model's {heads} attention heads, {mesh_text(axes)} (what "
+                                          f"--runtime tpu runs without --mesh), uses {used}; give a --mesh of them all")
     jax_mesh = topology_mesh(axes, devices, topology, heads)
     check_data_axis(jax_mesh.shape, batch, "--mesh")
     config = dict(preset.transformer, **({} if num_layers is None else {"num_layers": num_layers}))

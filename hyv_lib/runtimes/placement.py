@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import weakref
 from typing import Iterator
 
 import torch
 
 from ..base.errors import HyvInputError
+from ..parallel.distributed import local_device
+
+logger = logging.getLogger(__name__)
 
 #: ``--offload`` values (torch runtime). ``block`` keeps the transformer's weights on the host and streams one block at
 #: a time to the device (diffusers' group offloading, block level, on a CUDA stream that overlaps the next block's copy
@@ -18,6 +22,12 @@ from ..base.errors import HyvInputError
 #: (the in-memory pipeline, ``--prompts_file``) has the card to itself: what diffusers' ``enable_model_cpu_offload``
 #: does for a pipeline's components, for the one model hyv_lib moves.
 OFFLOAD_MODES = ("block", "model")
+#: Device types ``--offload`` moves weights to. Elsewhere (the host CPU: no GPU here) there is nowhere to offload to:
+#: the request is kept in the record, warned about once, and nothing is moved or hooked (:func:`offload_applies`).
+OFFLOAD_DEVICE_TYPES = ("cuda",)
+#: Transformers :func:`place_transformer` has warned about (an ``--offload`` with no GPU): a model kept across prompts
+#: (``--prompts_file``) is warned about once.
+NOT_OFFLOADED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
 
 #: Transformers :func:`offload_blocks` has hooked, and the device each streams to.
 OFFLOADED: "weakref.WeakKeyDictionary[torch.nn.Module, torch.device]" = weakref.WeakKeyDictionary()
@@ -62,13 +72,28 @@ def offload_blocks(transformer, device: torch.device) -> None:
     OFFLOADED[transformer] = device
 
 
+def offload_applies(offload: str | None, device: torch.device | None = None) -> bool:
+    """Whether ``offload`` (a mode of :data:`OFFLOAD_MODES`, or None) does anything on ``device`` (None: this
+    process's, :func:`hyv_lib.parallel.distributed.local_device`): only on a GPU (:data:`OFFLOAD_DEVICE_TYPES`); on
+    the host CPU the weights already are where offloading would put them."""
+    device = local_device() if device is None else torch.device(device)
+    return offload is not None and device.type in OFFLOAD_DEVICE_TYPES
+
+
 def place_transformer(transformer, device: torch.device, offload: str | None = None) -> None:
     """Where ``transformer`` waits between denoising loops: on ``device`` when it is a GPU and nothing is offloaded
     (a no-op for a model already there), streamed block by block with ``offload="block"``
-    (:func:`offload_blocks`), on the host with ``offload="model"`` (:func:`while_denoising` brings it over)."""
+    (:func:`offload_blocks`), on the host with ``offload="model"`` (:func:`while_denoising` brings it over). An
+    ``offload`` with no GPU to offload to (:func:`offload_applies`) is one warning line (once per model), and the model
+    stays as it is."""
     if offload not in (None, *OFFLOAD_MODES):
         raise HyvInputError("--offload", f"must be one of {', '.join(OFFLOAD_MODES)}, got {offload!r}")
-    if offload == "block":
+    if offload is not None and not offload_applies(offload, device):
+        if transformer not in NOT_OFFLOADED:
+            logger.warning("--offload %s: no GPU here, so nothing is offloaded (the weights stay on the host CPU)",
+                           offload)
+            NOT_OFFLOADED.add(transformer)
+    elif offload == "block":
         offload_blocks(transformer, device)
     elif offload is None and device.type == "cuda":
         transformer.to(device)
@@ -76,5 +101,8 @@ def place_transformer(transformer, device: torch.device, offload: str | None = N
 
 def while_denoising(transformer, device: torch.device, offload: str | None = None):
     """The context a denoising loop runs in: with ``offload="model"`` the transformer is on ``device`` inside and back
-    on the host after (:func:`placed`); otherwise it stays where :func:`place_transformer` put it."""
-    return placed(transformer, device) if offload == "model" else contextlib.nullcontext(transformer)
+    on the host after (:func:`placed`); otherwise (and with no GPU to offload to) it stays where
+    :func:`place_transformer` put it."""
+    if offload == "model" and offload_applies(offload, device):
+        return placed(transformer, device)
+    return contextlib.nullcontext(transformer)

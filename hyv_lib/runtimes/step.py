@@ -13,12 +13,13 @@ from ..kernels.registry import BACKENDS
 from ..models.adapter import ModelAdapter
 from ..models.registry import adapter_for
 from ..parallel.distributed import init_distributed
-from ..parallel.mesh import make_mesh, parse_mesh
+from ..parallel.jax_env import jax_devices
+from ..parallel.mesh import ONE_DEVICE, make_mesh, parse_mesh
 from .compiled import check_compile, compile_blocks
 from .deepcache import DeepCacheSchedule, DeepCacheStep, TorchDeepCache
 from .fsdp import ShardedStep, sharded_step
 from .magcache import MagCacheSchedule
-from .tpu import TpuTransformer
+from .tpu import DefaultMeshTransformer, TpuTransformer
 from .ulysses import UlyssesTransformer
 
 
@@ -69,7 +70,10 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
     sizes for ``splash``, ...), given to every runtime's attention; None: the backend's defaults.
     The step reads the model's device and dtype when it runs, not when it is built. ``adapter``: the model's glue
     (:class:`hyv_lib.models.adapter.ModelAdapter`; default: the registered one for the model's class).
-    ``mesh`` ('tensor=8', 'data=2,tensor=4', ...) shards the tpu step with the rule set ``sharding``.
+    ``mesh`` ('tensor=8', 'data=2,tensor=4', ...) shards the tpu step with the rule set ``sharding``; None lays every
+    JAX device out as ``python -m hyv_lib compile`` does (:class:`hyv_lib.runtimes.tpu.DefaultMeshTransformer`: the CFG
+    pair on ``data``, the rest on ``tensor`` as far as the heads split, chosen at the first call and logged);
+    ``"1"`` runs on one device.
     ``cache`` (a :class:`hyv_lib.runtimes.deepcache.DeepCacheSchedule`, or the adaptive
     :class:`hyv_lib.runtimes.magcache.MagCacheSchedule`) wraps the torch, tpu or ulysses step in DeepCache,
     recomputing the last ``no_cache_blocks`` blocks on cached steps (:func:`cached_step`).
@@ -99,7 +103,10 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
             compile_blocks(transformer, adapter)
         return torch_step(transformer)
     if runtime == "tpu":
-        axes = parse_mesh(mesh)
+        if mesh in (None, "") and len(jax_devices()) > 1:  # every device, laid out at the first call (its batch known)
+            return DefaultMeshTransformer(transformer, sharding=sharding, attention=attention,
+                                          attention_options=options, adapter=adapter)
+        axes = None if mesh == ONE_DEVICE else parse_mesh(mesh)
         if axes is None:
             return TpuTransformer(transformer, attention=attention, attention_options=options, adapter=adapter)
         try:

@@ -10,7 +10,8 @@ import torch
 
 from ..models.adapter import ModelAdapter, RopeTables
 from ..models.registry import adapter_for
-from ..parallel.mesh import active_mesh, head_split, make_mesh, parse_mesh
+from ..parallel.jax_env import jax_devices
+from ..parallel.mesh import active_mesh, default_mesh, head_split, make_mesh, mesh_text, parse_mesh
 from ..parallel.sharding import GATHERED_RULE_SETS, gather_whole, plan
 from ..parallel.transfer import jax_to_torch, torch_to_numpy
 
@@ -363,6 +364,47 @@ class TpuTransformer:
 
             return Transformer2DModelOutput(sample=out)
         return out
+
+
+class DefaultMeshTransformer(TpuTransformer):
+    """The tpu runtime without a mesh (:func:`hyv_lib.runtimes.step.make_step` with ``mesh=None``): a
+    :class:`TpuTransformer` over every JAX device, laid out by :func:`hyv_lib.parallel.mesh.default_mesh` (the CFG pair
+    on ``data``, the rest on ``tensor`` as far as the heads split; the rule ``python -m hyv_lib compile`` defaults to)
+    at the first call, when the batch of a step is known (2 with CFG, 1 with CFG off). The weights are placed then;
+    a call with the other batch places them again for its own layout (an in-memory pipeline whose videos switch CFG on
+    and off). Logs the layout (``mesh: data=2,tensor=4 (all 8 devices; --mesh 1 for one)``) on the ``hyv_lib`` logger.
+    ``layout``: the mesh string in use (``1``: one device), None before the first call."""
+
+    def __init__(self, model, *, sharding: str | None = None, attention: str = "auto",
+                 attention_options: dict[str, Any] | None = None, adapter: ModelAdapter | None = None):
+        self.model, self.adapter = model, adapter_for(model, adapter)
+        self.adapter.check(model, "TpuTransformer")
+        self.adapter.use_attention(model, attention, **(attention_options or {}))  # a bad option fails here, now
+        self.sharding = sharding or "tp_replicated_out"
+        self.options = dict(attention=attention, attention_options=attention_options)
+        self.mesh, self.placement, self.layout, self.batch, self._earlier_traces = None, [], None, None, 0
+
+    @property
+    def compilations(self) -> int:
+        """How many times the step was traced (and so compiled) so far, over every layout it has had."""
+        return self._earlier_traces + (self.step_module.traces if self.batch is not None else 0)
+
+    def lay_out(self, batch: int) -> None:
+        """Place the weights on the default layout for steps of ``batch`` samples, unless they are already."""
+        if batch == self.batch:
+            return
+        axes, why = default_mesh(self.model.config.num_attention_heads, batch, self.sharding)
+        used = axes["data"] * axes["tensor"] * axes["sequence"]
+        mesh = None if used == 1 else make_mesh(**axes, devices=jax_devices()[:used])
+        earlier = self.compilations
+        TpuTransformer.__init__(self, self.model, mesh=mesh, sharding=None if mesh is None else self.sharding,
+                                adapter=self.adapter, **self.options)
+        self.batch, self.layout, self._earlier_traces = batch, mesh_text(axes), earlier
+        logger.info("mesh: %s (%s)", self.layout, why)
+
+    def _step_args(self, hidden_states, timestep, timestep_r=None, **conditioning) -> dict[str, Any]:
+        self.lay_out(hidden_states.shape[0])
+        return super()._step_args(hidden_states, timestep, timestep_r, **conditioning)
 
 
 def _conditioning(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import numbers
@@ -20,6 +21,9 @@ from ..pipeline.image import check_image, crop_to_bucket, load_image
 
 #: Files read as one-frame clips (as MindSpeed-MM reads images); anything else is decoded as a video by ffmpeg.
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
+#: ``--caption``: which caption of an entry whose ``cap`` is a list is encoded (:func:`caption_of`); ``first`` is the
+#: default.
+CAPTION_CHOICES = ("first", "random")
 
 
 class EntryError(ValueError):
@@ -64,14 +68,34 @@ def read_data_json(path: Any, argument: str = "--data_json") -> list[Any]:
     return data
 
 
-def caption_of(cap: Any) -> str:
-    """The caption of an entry's ``cap``: a string, or the first of a list of strings. (MindSpeed-MM picks one of a
-    list at random each time it reads the clip; features are encoded once, so the first is taken: put the caption to
-    train on first, or give each caption its own entry.)"""
+def check_caption_choice(caption: Any, caption_seed: Any = 0) -> tuple[str, int]:
+    """``--caption`` (one of :data:`CAPTION_CHOICES`) and ``--caption_seed`` (an integer >= 0) checked; a
+    HyvInputError naming the flag otherwise."""
+    if caption not in CAPTION_CHOICES:
+        raise HyvInputError("--caption", f"must be one of {', '.join(CAPTION_CHOICES)}, got {caption!r}")
+    seed = as_number("--caption_seed", caption_seed, int, low=0)
+    return caption, 0 if seed is None else seed
+
+
+def caption_index(count: int, caption: str = "first", caption_seed: int = 0, index: int = 0) -> int:
+    """Which of ``count`` captions entry ``index`` encodes: 0 with ``caption="first"``; with ``"random"`` the first 8
+    bytes of SHA-256(``f"{caption_seed}:{index}"``) (big-endian) modulo ``count``. A pure function of the seed and the
+    entry's position, so a rerun (or another machine) picks the same caption."""
+    if caption == "first" or count <= 1:
+        return 0
+    digest = hashlib.sha256(f"{caption_seed}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % count
+
+
+def caption_of(cap: Any, caption: str = "first", caption_seed: int = 0, index: int = 0) -> str:
+    """The caption of an entry's ``cap``: a string, or one of a list of strings: the first (``caption="first"``, the
+    default), or with ``"random"`` the one :func:`caption_index` picks for entry ``index`` and ``caption_seed``.
+    (MindSpeed-MM picks one of a list at random each time it reads the clip; features are encoded once, so one
+    caption per clip is kept: put the caption to train on first, or give each caption its own entry.)"""
     if isinstance(cap, str):
         return cap
     if isinstance(cap, list) and cap and all(isinstance(c, str) for c in cap):
-        return cap[0]
+        return cap[caption_index(len(cap), caption, caption_seed, index)]
     raise EntryError(f'"cap" must be a string or a non-empty list of strings, got {json.dumps(cap)[:80]}')
 
 
@@ -97,9 +121,10 @@ def _check_fields(entry: dict[str, Any]) -> None:
                 positive(f"resolution.{side}", resolution[side], True)
 
 
-def check_entry(entry: Any, index: int, base_dir: str) -> ClipEntry:
+def check_entry(entry: Any, index: int, base_dir: str, caption: str = "first", caption_seed: int = 0) -> ClipEntry:
     """A data.json entry checked (an :class:`EntryError` saying what is wrong otherwise): a JSON object with a
-    non-empty string ``path`` and a ``cap`` (:func:`caption_of`); the optional fields of :func:`_check_fields`."""
+    non-empty string ``path`` and a ``cap`` (:func:`caption_of`, with ``caption`` and ``caption_seed``); the optional
+    fields of :func:`_check_fields`."""
     if not isinstance(entry, dict):
         raise EntryError(f"must be a JSON object with \"path\" and \"cap\", got {json.dumps(entry)[:60]}")
     path = entry.get("path")
@@ -107,7 +132,7 @@ def check_entry(entry: Any, index: int, base_dir: str) -> ClipEntry:
         raise EntryError(f'"path" must be a non-empty string, got {json.dumps(path)[:60]}')
     if "cap" not in entry or entry["cap"] is None:
         raise EntryError('has no "cap" (its caption)')
-    caption = caption_of(entry["cap"])
+    caption = caption_of(entry["cap"], caption, caption_seed, index)
     _check_fields(entry)
     file = os.path.abspath(os.path.join(base_dir, os.path.expanduser(path)))
     digest = sha256_json({**entry, "path": file})[:16]

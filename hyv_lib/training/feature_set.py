@@ -13,10 +13,12 @@ text encoders' dtype; image-to-video also ``image_embeds`` [N, D] (SigLIP) and `
 frame's scaled latents), as stage 1 makes them from a first frame (:func:`hyv_lib.pipeline.image.encode_image`).
 
 ``metadata``: format, preset (a name, or every field of a custom preset), model_path, model_config_digest, task,
-latents_scaled (true), scaling_factor, num_frames, max_height, max_width, dtype, vae_dtype, frame_sampling. ``clips``:
+latents_scaled (true), scaling_factor, num_frames, max_height, max_width, dtype, vae_dtype, frame_sampling (in words),
+frames (first or random), fps (the rate clips were resampled to; null: none) and frame_seed (with random). ``clips``:
 one record per clip, in extraction order: id, path (as in data.json), file (absolute), caption, entry (its index in
-the data.json of the run that made it), num_frames, height, width (the pixels encoded), fps (the source's), and
-latent_shape. ``failed``: the last run's bad entries, {"entry", "path", "error"}.
+the data.json of the run that made it), num_frames, height, width (the pixels encoded), fps (the source's),
+latent_shape, frame_start (the window's start among the resampled frames) and source_frames (the first and last
+source frame taken). ``failed``: the last run's bad entries, {"entry", "path", "error"}.
 """
 
 from __future__ import annotations

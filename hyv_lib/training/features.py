@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
 import numpy as np
@@ -18,8 +18,9 @@ from tqdm.auto import tqdm
 from ..base.errors import HyvInputError, python_names
 from ..base.files import atomic_path, clean_partials, ensure_output_dir
 from ..base.lock import folder_lock
-from ..base.presets import PRESETS, TASKS, Preset, get_preset
+from ..base.presets import PRESETS, TASKS, Preset
 from ..models.components import IMAGE_COMPONENTS, TEXT_COMPONENTS, load_components, torch_dtype
+from ..models.folder import choose_preset
 from ..models.patches import frame_causal_vae_attention
 from ..pipeline.batch import sha256_json
 from ..pipeline.image import encode_image
@@ -28,16 +29,16 @@ from ..pipeline.text import encode_prompts
 from ..runtimes.placement import placed
 from ..runtimes.vae import exact_fp32
 from .data_json import (
-    IMAGE_EXTENSIONS,
     ClipEntry,
     EntryError,
+    check_caption_choice,
     check_entry,
     check_max_side,
     check_num_frames,
     crop_frames,
     read_data_json,
-    read_frames,
 )
+from .frames import FrameSampling, check_frame_sampling, take_frames
 from .feature_set import (
     FORMAT,
     IMAGE_NAMES,
@@ -87,6 +88,9 @@ class _Plan:
     shard_size: int
     device: torch.device
     progress: bool
+    caption: str = "first"  #: which caption of a list is encoded (data_json.CAPTION_CHOICES)
+    caption_seed: int = 0  #: ``caption="random"``: the seed of data_json.caption_index
+    sampling: FrameSampling | None = None  #: which frames are taken (None: the first num_frames, at the clip's rate)
 
     def settings(self, model_path: str | None) -> dict[str, Any]:
         """The index metadata known before any model loads (a rerun must match it)."""
@@ -96,7 +100,17 @@ class _Plan:
                 "model_path": os.path.abspath(os.path.expanduser(model_path)) if local else model_path,
                 "task": self.task, "latents_scaled": True, "num_frames": self.num_frames,
                 "max_height": self.max_height, "max_width": self.max_width, "dtype": self.dtype,
-                "vae_dtype": self.vae_dtype, "frame_sampling": FRAME_SAMPLING}
+                "vae_dtype": self.vae_dtype, **self.frame_settings(), **self.caption_settings()}
+
+    def frame_settings(self) -> dict[str, Any]:
+        """The metadata of the frame sampling: ``frame_sampling`` (in words), ``frames`` (first or random), ``fps``
+        (None: each clip's own rate) and ``frame_seed`` with ``random`` (:meth:`FrameSampling.metadata`)."""
+        return (self.sampling or FrameSampling(self.num_frames)).metadata(FRAME_SAMPLING)
+
+    def caption_settings(self) -> dict[str, Any]:
+        """The metadata of the caption choice: ``caption`` (``first`` or ``random``), and ``caption_seed`` with
+        ``random``."""
+        return {"caption": self.caption, **({"caption_seed": self.caption_seed} if self.caption == "random" else {})}
 
 
 def resolve_task(preset: Preset, task: str | None, argument: str = "--task") -> str:
@@ -160,10 +174,12 @@ def encode_frames(vae, frames: np.ndarray) -> torch.Tensor:
 
 @python_names()  # called from Python: errors name parameters; from the CLI: flags
 def extract_features(
-    data_json: str, *, preset: str | Preset, model_path: str | None = None, output_dir: str,
+    data_json: str, *, preset: str | Preset | None, model_path: str | None = None, output_dir: str,
     num_frames: int | None = None, max_height: int | None = None, max_width: int | None = None,
     progress: bool = True, task: str | None = None, device: Any = None, dtype: str | None = None,
     vae_dtype: str = "fp32", shard_size: int = 32, components: dict[str, Any] | None = None,
+    caption: str = "first", caption_seed: int = 0, fps: float | None = None, frames: str = "first",
+    frame_seed: int = 0,
 ) -> ExtractReport:
     """Encode the clips of a MindSpeed-MM ``data.json`` once, for training: VAE latents, text embeddings (and for
     image-to-video the first frame's conditions) into ``output_dir`` as sharded safetensors with an index
@@ -171,12 +187,20 @@ def extract_features(
 
     ``data_json``: a JSON list of ``{"path", "cap", "num_frames", "fps", "resolution": {"height", "width"}}``;
     ``path`` relative to the data.json's folder (or absolute), a video ffmpeg reads or an image (png, jpg: a one-frame
-    clip); ``cap`` a string or a list of strings (the first is encoded); the other fields are optional and checked
-    when given. Frames: the first ``num_frames`` (default: the preset's video length; 4n+1) at the clip's own frame
-    rate, with no resampling (MindSpeed-MM resamples to its train_fps, 24, and takes a random window: give clips at
-    the model's 24 fps); a video with fewer frames is a failed entry, not a shorter clip, so every video of a folder
-    has the same length. Each frame is resized to cover the preset's bucket for its aspect ratio and centre-cropped
-    to it, then centre-cropped to at most ``max_height`` x ``max_width`` (multiples of 16).
+    clip); ``cap`` a string or a list of strings (``caption``: ``first``, the default, encodes the first; ``random``
+    the one picked by the entry's position and ``caption_seed``, the same in every rerun:
+    :func:`hyv_lib.training.data_json.caption_index`; the choice is in the index's metadata, and each clip's record
+    has the caption encoded); the other fields are optional and checked when given. Frames
+    (:mod:`hyv_lib.training.frames`): ``num_frames`` (default: the preset's video length; 4n+1), at the clip's own
+    frame rate, or with ``fps`` (MindSpeed-MM's train_fps, 24) resampled to it first: the source frame shown at each
+    time k/fps (a 48 fps clip gives every second frame; within 0.1 fps, none is resampled); ``frames="first"`` (the
+    default) takes the first of them, ``"random"`` a window picked by ``frame_seed`` and the clip's id (the same in
+    every rerun; any window, the last too), as MindSpeed-MM takes a random window each time it reads a clip, but once
+    here. The index's metadata records ``frames``, ``fps`` and ``frame_seed``, each clip's record ``frame_start`` (the
+    window's start among the resampled frames) and ``source_frames`` (the first and last source frame taken). A video
+    with too few frames is a failed entry, not a shorter clip, so every video of a folder has the same length. Each
+    frame is resized to cover the preset's bucket for its aspect ratio and centre-cropped to it, then centre-cropped
+    to at most ``max_height`` x ``max_width`` (multiples of 16).
 
     Resumable: a rerun skips the entries already in the folder (an entry is known by its file, caption and fields)
     and extracts the others; a folder made with other settings is a HyvInputError naming --output_dir. A bad entry
@@ -190,17 +214,20 @@ def extract_features(
     image encoders' (default: the preset's); ``vae_dtype``: the VAE's, fp32 (default) or bf16. ``components``: already
     loaded ones (text encoders and tokenizers, VAE, and SigLIP for i2v) to use instead of loading them.
     """
-    spec = get_preset(preset)
+    spec = choose_preset(preset, model_path).preset  # None: the folder's (or the default); a misfit is refused
     dtype = dtype or spec.default_dtype
     torch_dtype(dtype)  # validates --dtype
     if vae_dtype not in ("fp32", "bf16"):
         raise HyvInputError("--vae_dtype", f"must be fp32 or bf16, got {vae_dtype!r}")
     if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1:
         raise HyvInputError("--shard_size", f"must be a positive integer (clips per shard), got {shard_size!r}")
+    caption, caption_seed = check_caption_choice(caption, caption_seed)
     plan = _Plan(spec=spec, task=resolve_task(spec, task), num_frames=check_num_frames(spec, num_frames),
                  max_height=check_max_side(spec, max_height, "--max_height"),
                  max_width=check_max_side(spec, max_width, "--max_width"), dtype=dtype, vae_dtype=vae_dtype,
-                 shard_size=shard_size, device=resolve_device(device), progress=progress)
+                 shard_size=shard_size, device=resolve_device(device), progress=progress, caption=caption,
+                 caption_seed=caption_seed)
+    plan = replace(plan, sampling=check_frame_sampling(plan.num_frames, fps, frames, frame_seed))
     if not isinstance(output_dir, (str, os.PathLike)) or not str(output_dir):
         raise HyvInputError("--output_dir", f"must be a folder path, got {output_dir!r}")
     output_dir = os.path.abspath(os.path.expanduser(output_dir))
@@ -276,20 +303,20 @@ def _extract_entries(entries: list[Any], base_dir: str, plan: _Plan, models: dic
     try:
         for index, item in enumerate(tqdm(entries, desc="extract_features", unit="clip", disable=not plan.progress)):
             try:
-                entry = check_entry(item, index, base_dir)
+                entry = check_entry(item, index, base_dir, plan.caption, plan.caption_seed)
                 if entry.id in done:
                     report.skipped.append(entry.id)
                     continue
-                frames, fps = read_frames(entry.file, plan.num_frames)
-                if len(frames) < plan.num_frames and not entry.file.lower().endswith(IMAGE_EXTENSIONS):
-                    raise EntryError(f"has {len(frames)} frame(s); {plan.num_frames} are asked for (num_frames): give "
-                                     "a smaller --num_frames (4n+1) or a longer clip")
+                taken = take_frames(entry.file, plan.sampling, entry.id, entry.raw.get("fps"))
+                frames, fps = taken.frames, taken.fps
                 frames = crop_frames(plan.spec, frames, plan.max_height, plan.max_width)
             except EntryError as err:
                 path = item.get("path") if isinstance(item, dict) else None
                 report.failed.append({"entry": index, "path": path, "error": str(err)})
                 continue
-            pending.append(_encode_clip(entry, frames, fps, plan, models, captions))
+            clip, features = _encode_clip(entry, frames, fps, plan, models, captions)
+            clip.update(taken.record)  # frame_start, source_frames: where the frames were taken
+            pending.append((clip, features))
             done.add(entry.id)
             report.extracted.append(entry.id)
             if len(pending) >= plan.shard_size:
@@ -335,6 +362,7 @@ class _Folder:
         if self.index is None:
             return
         old = self.index["metadata"]
+        old = {"caption": "first", **old}  # folders made before --caption encoded the first caption
         differ = [k for k in metadata if old.get(k) != metadata[k]]
         if differ:
             what = "; ".join(f"{k}: {json.dumps(old.get(k))[:60]} there, {json.dumps(metadata[k])[:60]} now"

@@ -19,12 +19,13 @@ from ..base.checks import as_number
 from ..base.errors import HyvFaultError, HyvInputError, python_names
 from ..base.files import atomic_path, clean_partials, ensure_output_dir
 from ..base.lock import folder_lock
-from ..base.presets import Preset, get_preset
+from ..base.presets import Preset
 from ..kernels.registry import BACKENDS
 from ..models.components import load_components
+from ..models.folder import choose_preset
 from ..models.flow_matching import NUM_TRAIN_TIMESTEPS, SAMPLINGS, TRAIN_TIMESTEP_SHIFT, sample_sigmas, training_inputs
-from ..models.lora import LORA_FILE, add_lora, config_digest, save_lora
-from ..models.registry import adapter_for
+from ..models.lora import DEFAULT_LORA_TARGETS, LORA_FILE, add_lora, config_digest, parse_lora_targets, save_lora
+from ..models.registry import adapter_for, get_adapter
 from ..parallel.distributed import rank as process_rank
 from ..runtimes.tpu_train import TpuTrainStep
 from .checkpoint import checkpoint_path, load_checkpoint, read_info, save_checkpoint
@@ -69,6 +70,7 @@ class RunSettings:
     sampling: str
     runtime: str
     ranks: int
+    lora_targets: str | None = None  #: the LoRA's target groups (``attn,mlp``; None for ``full``)
 
 
 @dataclass
@@ -310,7 +312,8 @@ def make_train_step(runtime: str, transformer, *, trainable: str, learning_rate:
 
 @python_names()
 @torch.random.fork_rng(devices=[])  # the run seeds torch's global RNG; the caller's is restored afterwards
-def train(features: str | Any, *, preset: str, output_dir: str, steps: int, model_path: str | None = None,
+def train(features: str | Any, *, preset: str | Preset | None, output_dir: str, steps: int,
+          model_path: str | None = None,
           lora_rank: int | None = None, lora_alpha: float | None = None, full: bool = False,
           learning_rate: float = DEFAULTS["learning_rate"], batch_size: int = DEFAULTS["batch_size"],
           task: str = "t2v", runtime: str = "torch", mesh: str | None = None, checkpoint_every: int | None = None,
@@ -318,11 +321,14 @@ def train(features: str | Any, *, preset: str, output_dir: str, steps: int, mode
           warmup_steps: int = DEFAULTS["warmup_steps"], weight_decay: float = DEFAULTS["weight_decay"],
           shift: float = DEFAULTS["shift"], sampling: str = DEFAULTS["sampling"], dtype: str | None = None,
           gradient_checkpointing: bool = True, attention: str = "auto", progress: bool = True,
-          transformer=None, attention_options: dict[str, Any] | None = None) -> TrainResult:
+          transformer=None, attention_options: dict[str, Any] | None = None,
+          lora_targets: str | None = None) -> TrainResult:
     """Fine-tune a HunyuanVideo-1.5 transformer on a feature folder (:func:`hyv_lib.training.features.extract_features`)
     with its flow-matching objective, into ``output_dir``.
 
-    A LoRA adapter of ``lora_rank`` (:func:`hyv_lib.models.lora.add_lora`, ``lora_alpha`` default = rank) ends as
+    A LoRA adapter of ``lora_rank`` (:func:`hyv_lib.models.lora.add_lora`, ``lora_alpha`` default = rank) on the
+    layers of the target groups ``lora_targets`` (``attn``, the default: the attention projections; ``attn,mlp``
+    adds the feed-forward layers; ``all`` every nn.Linear; the model adapter's ``lora_targets`` says which) ends as
     ``output_dir/pytorch_lora_weights.safetensors`` (diffusers' format); ``full`` trains every weight and ends as a
     diffusers-format ``output_dir/transformer`` folder. Each step: :func:`pick_clips` (one latent shape per batch),
     :func:`build_batch` (caption dropout, noise, logit-normal noise levels with the shift, t2v or i2v inputs), one
@@ -345,7 +351,11 @@ def train(features: str | Any, *, preset: str, output_dir: str, steps: int, mode
     if runtime == "tpu" and attention in BACKENDS and "grid" in BACKENDS[attention].options:
         raise HyvInputError("--attention", f"{attention} has no backward on --runtime tpu yet (its Pallas kernel is "
                                            "forward-only): train SSTA with --runtime torch")
-    spec = get_preset(preset)
+    spec = choose_preset(preset, model_path).preset  # None: the folder's (or the default); a misfit is refused
+    if full and lora_targets is not None:
+        raise HyvInputError("--lora_targets", "chooses a LoRA adapter's layers: it needs --lora_rank, not --full")
+    targets = None if full else parse_lora_targets(DEFAULT_LORA_TARGETS if lora_targets is None else lora_targets,
+                                                   get_adapter(spec.model).lora_targets)
     steps, batch_size = settings["steps"], settings["batch_size"]
     checkpoint_every = settings["checkpoint_every"] or steps
     if isinstance(features, (str, os.PathLike)):
@@ -360,7 +370,7 @@ def train(features: str | Any, *, preset: str, output_dir: str, steps: int, mode
         if not full:
             with torch.random.fork_rng(devices=[]):  # peft draws lora_A from the global RNG: seeded by --seed
                 torch.manual_seed(settings["seed"])
-                add_lora(transformer, settings["lora_rank"], lora_alpha)
+                add_lora(transformer, settings["lora_rank"], lora_alpha, targets=targets)
         ranks = int(os.environ.get("WORLD_SIZE", "1")) if runtime == "torch" else 1
         if batch_size % ranks:
             raise HyvInputError("--batch_size", f"{batch_size} does not split over {ranks} ranks: each rank takes an "
@@ -371,7 +381,7 @@ def train(features: str | Any, *, preset: str, output_dir: str, steps: int, mode
             lora_alpha=None if full else float(lora_alpha), learning_rate=settings["learning_rate"],
             batch_size=batch_size, task=task, seed=settings["seed"], caption_dropout=settings["caption_dropout"],
             warmup_steps=settings["warmup_steps"], weight_decay=settings["weight_decay"], shift=settings["shift"],
-            sampling=sampling, runtime=runtime, ranks=ranks)
+            sampling=sampling, runtime=runtime, ranks=ranks, lora_targets=targets)
         step = make_train_step(runtime, transformer, trainable=trainable, learning_rate=run.learning_rate,
                                warmup_steps=run.warmup_steps, weight_decay=run.weight_decay, mesh=mesh,
                                remat=gradient_checkpointing, attention=attention,
@@ -389,7 +399,9 @@ def _resume(step, run: RunSettings, output_dir: str, generator: torch.Generator,
     if int(info.get("step", 0)) > steps:
         raise HyvInputError("--steps", f"{steps}, but {output_dir!r} holds a checkpoint at step {info['step']}: give "
                                        f"--steps {info['step']} or more, or use another folder")
-    saved = info.get("settings", {})
+    saved = dict(info.get("settings", {}))
+    if saved.get("trainable") == "lora":  # a checkpoint from before --lora_targets: the attention projections
+        saved.setdefault("lora_targets", DEFAULT_LORA_TARGETS)
     differ = {k: (saved.get(k), v) for k, v in asdict(run).items() if saved.get(k) != v}
     if differ:
         what = "; ".join(f"{k} {old!r} there, {new!r} now" for k, (old, new) in sorted(differ.items()))
@@ -439,7 +451,8 @@ def _run(features, step, run: RunSettings, spec: Preset, transformer, output_dir
     if writer and module is not None:
         if run.trainable == "lora":
             output = save_lora(module, os.path.join(output_dir, LORA_FILE),
-                               metadata=dict(preset=run.preset, steps=steps, task=run.task, features=run.features))
+                               metadata=dict(preset=run.preset, steps=steps, task=run.task, features=run.features,
+                                             targets=run.lora_targets))
         else:
             output = _save_transformer(module, output_dir)
     return TrainResult(output_dir=os.path.abspath(output_dir), steps=steps, resumed_from=start, records=records,
