@@ -239,13 +239,20 @@ def test_saved_tiny_folder_loads_through_the_real_weights_path(tiny_folder, tiny
 
 def test_real_preset_runs_a_diffusers_folder_through_the_model_path(tiny_folder, tmp_path):
     """`--preset 720p_t2v --model_path DIR`: the real preset's recipe (1000 text tokens after a 108-token crop,
-    256 ByT5 tokens, 729 image tokens) with whatever weights the folder holds; widths come from the models."""
+    256 ByT5 tokens, 729 image tokens) with the weights of a folder of its layout (save_tiny's: tiny widths, which
+    come from the models); a folder of another layout (the tiny preset's) is refused before any work."""
     from hyv_lib.cli.commands import run
+    from hyv_lib.models.components import save_tiny_pipeline
 
+    args = ["--prompt", "a red ball", "--height", "64", "--width", "64", "--video_length", "5",
+            "--num_inference_steps", "2", "--quiet"]
+    refused = tmp_path / "refused"
+    assert run(["generate", "--preset", "720p_t2v", "--model_path", str(tiny_folder), "--output_dir", str(refused),
+                *args]) == 2 and not refused.exists()
+    tiny_folder = tmp_path / "720p_layout"
+    save_tiny_pipeline(str(tiny_folder), preset="720p_t2v")
     out = tmp_path / "real_layout"
-    code = run(["generate", "--preset", "720p_t2v", "--model_path", str(tiny_folder), "--prompt", "a red ball",
-                "--height", "64", "--width", "64", "--video_length", "5", "--num_inference_steps", "2",
-                "--output_dir", str(out), "--quiet"])
+    code = run(["generate", "--preset", "720p_t2v", "--model_path", str(tiny_folder), "--output_dir", str(out), *args])
     assert code == 0
     embeds = load_file(out / "stage1_embeddings.safetensors")
     assert embeds["prompt_embeds"].shape == (1, 1000, TINY.text_dim)
