@@ -160,6 +160,10 @@ def stage1(
     """Encode the prompt and negative prompt (and, with ``image_path``, the first frame of an image-to-video run);
     write stage1_embeddings.safetensors + generation_config.json.
 
+    ``preset=None``: the preset ``model_path``'s configs say (:func:`hyv_lib.models.folder.choose_preset`; printed and
+    recorded as ``preset_source``), else the default; a ``preset`` that contradicts the folder is refused before
+    anything loads.
+
     ``text_device`` (:data:`hyv_lib.pipeline.encoder_device.TEXT_DEVICES`): where the encoders run; ``auto`` (the
     default) is this process's GPU when CUDA is available, else the host CPU
     (:func:`hyv_lib.pipeline.encoder_device.resolve_text_device`). On a GPU each encoder is moved there for its own
