@@ -1,0 +1,92 @@
+"""The fine-tuning gate on hyv-tiny: clips of a colour it never saw, a LoRA trained on them, held-out captions read."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from ..base.errors import HyvInputError
+from ..pipeline.video_io import write_mp4
+from ..runtimes.vae import to_uint8_frames
+from . import data
+from .quality import read_video
+
+#: The colour hyv-tiny never saw. Cyan is not usable: the shipped VAE decodes it as blue (:mod:`hyv_lib.tiny.data`).
+NEW_COLOR = "orange"
+#: The backgrounds of the new-colour clips: the shipped VAE decodes orange on gray as a dull red (chapter 9).
+NEW_BACKGROUNDS = ("black", "purple")
+#: The reader's palette: the training colours and the new one (a known colour drifting to orange reads as a miss).
+PALETTE = {**data.COLORS, NEW_COLOR: data.UNSEEN_COLORS[NEW_COLOR]}
+#: All 24 new-colour captions (3 shapes x 4 directions x 2 backgrounds), shape-major.
+NEW = [data.Combo(NEW_COLOR, s, d, b) for s in data.SHAPES for d in data.DIRECTIONS for b in NEW_BACKGROUNDS]
+#: 8 held-out captions (every third): each shape, direction and background also occurs in training.
+HELD_OUT = NEW[0::3]
+TRAIN = [c for c in NEW if c not in HELD_OUT]  #: the other 16
+_TRAIN_KNOWN, _HELD_OUT_KNOWN = data.split_combos()
+#: 16 known-colour captions of hyv-tiny's training set: one clip each for prior preservation.
+PRIOR = _TRAIN_KNOWN[::8][:16]
+#: 8 known-colour captions hyv-tiny never trained on: does the LoRA keep their colours?
+KNOWN_PROBE = _HELD_OUT_KNOWN[::5][:8]
+#: The datasets (lists of (caption, render index)): ``issue``, issue 45's: 12 clips of the new colour, one per
+#: training caption (12 of the 16, every fourth left out), nothing else; ``chapter9``: chapter 9's 48, two renders of
+#: each of the 16 training captions and one clip of each prior caption, in the order its rates were measured with.
+DATASETS = {
+    "issue": [(c, 0) for i, c in enumerate(TRAIN) if i % 4 != 3],
+    "chapter9": [(c, 0) for c in TRAIN] + [(c, 0) for c in PRIOR] + [(c, 1) for c in TRAIN],
+}
+PROBE_SEED = 7  #: the first probe video's seed; the i-th caption gets PROBE_SEED + i
+PROBE_STEPS = 10  #: denoising steps of the probe videos (the preset's 20 read the same here, at twice the time)
+
+
+def caption(combo: data.Combo, word: str = NEW_COLOR) -> str:
+    """The combo's caption, the new colour named ``word`` (the control of issue 45: "cyan", a word hyv-tiny's
+    tokenizer has one token for, where "orange" is spelt in five pieces)."""
+    return combo.caption.replace(NEW_COLOR, word) if combo.color == NEW_COLOR else combo.caption
+
+
+def write_dataset(folder: str, dataset: str = "chapter9", fps: int = 8, word: str = NEW_COLOR) -> str:
+    """Render ``dataset``'s clips (:data:`DATASETS`; clip i seeded 1000 + i), write them as mp4 files in
+    ``folder/videos`` and a MindSpeed-MM ``data.json`` beside them (the new colour named ``word``); returns its
+    path."""
+    if dataset not in DATASETS:
+        raise HyvInputError("dataset", f"must be one of {', '.join(DATASETS)}, got {dataset!r}")
+    os.makedirs(os.path.join(folder, "videos"), exist_ok=True)
+    entries = []
+    for i, (combo, _) in enumerate(DATASETS[dataset]):
+        name = f"videos/{i:03d}.mp4"
+        write_mp4(to_uint8_frames(data.render_clip(combo, seed=1000 + i)), os.path.join(folder, name), fps=fps)
+        entries.append({"path": name, "cap": caption(combo, word), "num_frames": data.FRAMES, "fps": fps,
+                        "resolution": {"height": data.HEIGHT, "width": data.WIDTH}})
+    path = os.path.join(folder, "data.json")
+    with open(path, "w") as f:
+        json.dump(entries, f, indent=1)
+    return path
+
+
+def read_colors(videos) -> list[str | None]:
+    """Each video's foreground colour (:func:`hyv_lib.tiny.quality.read_video` with :data:`PALETTE`; None: no shape)."""
+    return [read_video(v, colors=PALETTE).color for v in videos]
+
+
+def probe(pipeline, combos: list[data.Combo] | None = None, steps: int = PROBE_STEPS,
+          word: str = NEW_COLOR) -> list[str | None]:
+    """The colours ``pipeline`` draws for ``combos`` (default :data:`HELD_OUT` then :data:`KNOWN_PROBE`), caption i
+    at seed PROBE_SEED + i, ``steps`` denoising steps (the CLI's ``generate --prompts_file ... --seed 7`` makes the
+    same videos); the new colour named ``word``."""
+    combos = HELD_OUT + KNOWN_PROBE if combos is None else combos
+    return read_colors(pipeline.generate(caption(c, word), seed=PROBE_SEED + i, num_inference_steps=steps,
+                                         progress=False).frames for i, c in enumerate(combos))
+
+
+def score(reads: list[str | None], combos: list[data.Combo] | None = None) -> dict[str, Any]:
+    """How many of the new-colour captions came out in the new colour (``new`` of ``new_total``) and how many of the
+    known-colour captions in their own colour (``known`` of ``known_total``), with the reads."""
+    combos = HELD_OUT + KNOWN_PROBE if combos is None else combos
+    if len(reads) != len(combos):
+        raise ValueError(f"{len(reads)} reads for {len(combos)} captions")
+    right = [r == c.color for r, c in zip(reads, combos)]
+    new = [ok for ok, c in zip(right, combos) if c.color == NEW_COLOR]
+    known = [ok for ok, c in zip(right, combos) if c.color != NEW_COLOR]
+    return {"new": sum(new), "new_total": len(new), "known": sum(known), "known_total": len(known),
+            "reads": list(reads)}

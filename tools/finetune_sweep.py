@@ -1,0 +1,223 @@
+"""Issue 45's sweep: LoRA recipes on hyv-tiny's new-colour data, each trained per seed and scored on held-out captions.
+
+Each run: the dataset's features (extracted once through the CLI's ``extract_features``, cached in ``--work``),
+``hyv_lib.training.loop.train`` with the recipe and seed, the LoRA merged (``load_pipeline(lora=...)``), and the
+held-out new-colour and known-colour captions generated and read (:mod:`hyv_lib.tiny.finetune_gate`). A recipe is
+``train``'s keyword arguments (``--set learning_rate=5e-3``, ``--set lora_targets=attn,mlp``; what is not set takes
+``train``'s defaults, recorded as resolved at run time) plus what only this sweep can set: ``schedule``
+(constant: the loop's own; cosine: decay to 5% after warmup; cosine0, linear0: to zero), ``ema`` (the saved LoRA
+is an exponential moving average of the trained weights with this decay; 0: none) and ``uncond_target`` (data: a caption-dropped clip is
+trained towards its data velocity, the loop's own; base: towards the frozen model's prediction, the adapter off).
+Every run is appended to ``--results`` (JSON) as it finishes, failures included.
+
+    python tools/finetune_sweep.py --name defaults --dataset issue --seeds 0 1 2 3 --set lora_rank=8 --set steps=500
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import inspect
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+
+import torch
+
+import hyv_lib
+from hyv_lib.cli.commands import run as cli
+from hyv_lib.models import lora as lora_module
+from hyv_lib.tiny import finetune_gate as gate
+from hyv_lib.training import loop
+from hyv_lib.training.torch_step import TorchTrainStep
+
+PRESET = "tiny_trained"
+
+
+class WarmupDecay(loop.LinearWarmup):
+    """Linear warmup to the peak, then a decay over the rest of ``total`` updates: ``cosine`` to 5% of the peak,
+    ``cosine0`` or ``linear0`` to zero (the sweep's ``schedule``)."""
+
+    total, shape = 1, "cosine"
+
+    def __call__(self, count):
+        if count < self.warmup_steps:
+            return self.peak * (count + 1) / self.warmup_steps
+        progress = min(1.0, (count - self.warmup_steps) / max(1, self.total - self.warmup_steps))
+        if self.shape == "linear0":
+            return self.peak * (1 - progress)
+        floor = 0.05 if self.shape == "cosine" else 0.0
+        return self.peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def features(work: str, dataset: str, word: str = gate.NEW_COLOR) -> str:
+    """The dataset's feature folder in ``work`` (the new colour named ``word``), made once through the CLI."""
+    folder = os.path.join(work, dataset if word == gate.NEW_COLOR else f"{dataset}-{word}")
+    out = os.path.join(folder, "features")
+    if not os.path.exists(os.path.join(out, "features.safetensors.index.json")):
+        data_json = gate.write_dataset(folder, dataset, word=word)
+        assert cli(["extract_features", "--data_json", data_json, "--preset", PRESET, "--output_dir", out,
+                    "--quiet"]) == 0
+    return out
+
+
+def resolved(recipe: dict) -> dict:
+    """The recipe with every ``train`` keyword it leaves out at its current default (so a later change of the
+    defaults does not change what a recorded run means)."""
+    params = inspect.signature(loop.train).parameters
+    keys = ("lora_rank", "lora_alpha", "learning_rate", "batch_size", "caption_dropout", "warmup_steps",
+            "weight_decay", "shift", "sampling", "lora_targets")
+    out = {k: params[k].default for k in keys}
+    out.update(schedule="constant", uncond_target="data", ema=0.0, gradient_checkpointing=False)
+    out.update(recipe)
+    if out["lora_alpha"] is None:
+        out["lora_alpha"] = out["lora_rank"]
+    if out["lora_targets"] is None:
+        out["lora_targets"] = lora_module.DEFAULT_LORA_TARGETS
+    return out
+
+
+@contextlib.contextmanager
+def sweep_only(recipe: dict):
+    """Patch in what ``train`` cannot be told: the cosine schedule, the base model's target for dropped captions."""
+    warmup, build_batch, step = loop.LinearWarmup, loop.build_batch, TorchTrainStep.step
+    trained = TorchTrainStep.trained_transformer
+    if recipe["ema"]:
+        decay = float(recipe["ema"])
+
+        def ema_step(self, batch):
+            loss = step(self, batch)
+            shadow = self.__dict__.setdefault("ema", [p.detach().clone() for p in self.params])
+            for e, p in zip(shadow, self.params):
+                e.mul_(decay).add_(p.detach(), alpha=1 - decay)
+            return loss
+
+        def ema_trained(self):
+            for e, p in zip(self.ema, self.params):
+                p.data.copy_(e)
+            return trained(self)
+
+        TorchTrainStep.step, TorchTrainStep.trained_transformer = ema_step, ema_trained
+    if recipe["uncond_target"] == "base":
+        def marked_batch(features, picks, *, caption_dropout, generator, **kwargs):
+            state = generator.get_state()
+            drop = torch.rand(len(picks), generator=generator) < caption_dropout
+            generator.set_state(state)  # build_batch draws the same coins first
+            batch = build_batch(features, picks, caption_dropout=caption_dropout, generator=generator, **kwargs)
+            batch["caption_dropped"] = drop
+            return batch
+
+        def base_target_step(self, batch):
+            drop = batch.pop("caption_dropped")
+            if drop.any():
+                inputs = self._local(batch)
+                inputs.pop("target")
+                self.transformer.disable_adapters()
+                try:
+                    with torch.no_grad():
+                        base = self.transformer(**inputs, return_dict=False)[0].float().cpu()
+                finally:
+                    self.transformer.enable_adapters()
+                batch = dict(batch, target=torch.where(drop.view(-1, 1, 1, 1, 1), base, batch["target"]))
+            return step(self, batch)
+
+        loop.build_batch, TorchTrainStep.step = marked_batch, base_target_step
+    elif recipe["uncond_target"] != "data":
+        raise ValueError(f"uncond_target: {recipe['uncond_target']!r}")
+    if recipe["schedule"] in ("cosine", "cosine0", "linear0"):
+        loop.LinearWarmup = type("Decay", (WarmupDecay,), {"total": recipe["steps"], "shape": recipe["schedule"]})
+    elif recipe["schedule"] != "constant":
+        raise ValueError(f"schedule: {recipe['schedule']!r}")
+    try:
+        yield
+    finally:
+        loop.LinearWarmup, loop.build_batch, TorchTrainStep.step = warmup, build_batch, step
+        TorchTrainStep.trained_transformer = trained
+
+
+def empty_prompt(pipe) -> list:
+    """The colours the unconditional model draws (the empty prompt, guidance 1, seeds 7..14): CFG's negative half."""
+    return gate.read_colors(pipe.generate("", seed=gate.PROBE_SEED + i, num_inference_steps=gate.PROBE_STEPS,
+                                          guidance_scale=1.0, progress=False).frames for i in range(8))
+
+
+def one_run(work: str, dataset: str, recipe: dict, seed: int, word: str = gate.NEW_COLOR) -> dict:
+    """Train the recipe with ``seed`` on ``dataset`` and score the held-out captions."""
+    kwargs = {k: v for k, v in recipe.items() if k not in ("schedule", "uncond_target", "ema")}
+    out = tempfile.mkdtemp(prefix="lora-", dir=work)
+    start = time.perf_counter()
+    with sweep_only(recipe):
+        result = loop.train(features(work, dataset, word), preset=PRESET, output_dir=out, seed=seed, progress=False,
+                            **kwargs)
+    seconds = time.perf_counter() - start
+    pipe = hyv_lib.load_pipeline(PRESET, lora=out, progress=False)
+    scores = gate.score(gate.probe(pipe, word=word))
+    scores["empty_prompt_reads"] = empty_prompt(pipe)
+    losses = [r["loss"] for r in result.records]
+    head, tail = losses[:max(1, len(losses) // 10)], losses[-max(1, len(losses) // 10):]
+    return {"seed": seed, **scores, "lora": out, "train_seconds": round(seconds, 1),
+            "loss_first_tenth": round(sum(head) / len(head), 4), "loss_last_tenth": round(sum(tail) / len(tail), 4)}
+
+
+def value(text: str):
+    """``--set`` values: JSON where it parses (numbers, true, null), else the string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--name", required=True, help="the configuration's name in the results file")
+    p.add_argument("--dataset", default="issue", choices=sorted(gate.DATASETS))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a recipe setting (repeatable)")
+    p.add_argument("--word", default=gate.NEW_COLOR, help="the new colour's name in the captions (default orange; "
+                                                         "cyan: a word the tokenizer has one token for)")
+    p.add_argument("--before", action="store_true", help="also probe the model without a LoRA")
+    p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "hyv_finetune_sweep"))
+    p.add_argument("--results", default="benchmarks/results/finetune_sweep_2026-11-27.json")
+    p.add_argument("--note", default="")
+    args = p.parse_args(argv)
+    recipe = resolved(dict((k, value(v)) for k, v in (s.split("=", 1) for s in args.set)))
+    if "steps" not in recipe:
+        p.error("--set steps=N is required")
+    os.makedirs(args.work, exist_ok=True)
+    torch.set_num_threads(1)  # tiny models: one thread is steadier on a shared CPU
+    results = {"format": "hyv_lib.finetune_sweep/1", "runs": []}
+    if os.path.exists(args.results):
+        with open(args.results) as f:
+            results = json.load(f)
+    results.setdefault("machine", f"{platform.machine()}, {os.cpu_count()} cores (shared), torch "
+                                  f"{torch.__version__}, 1 thread")
+    results.setdefault("probe", {"new_colour": [c.caption for c in gate.HELD_OUT],
+                                 "known": [c.caption for c in gate.KNOWN_PROBE],
+                                 "seeds": f"{gate.PROBE_SEED} + caption index", "steps": gate.PROBE_STEPS})
+    if args.before:
+        base = hyv_lib.load_pipeline(PRESET, progress=False)
+        key = "before" if args.word == gate.NEW_COLOR else f"before_{args.word}"
+        results[key] = dict(gate.score(gate.probe(base, word=args.word)), empty_prompt_reads=empty_prompt(base))
+        print(f"{key}:", results[key])
+    entry = {"name": args.name, "dataset": args.dataset, "word": args.word, "recipe": recipe, "note": args.note, "seeds": []}
+    results["runs"].append(entry)
+    for seed in args.seeds:
+        r = one_run(args.work, args.dataset, recipe, seed, args.word)
+        entry["seeds"].append(r)
+        print(f"{args.name} [{args.dataset}] seed {seed}: new {r['new']}/{r['new_total']}, known "
+              f"{r['known']}/{r['known_total']}, {r['train_seconds']} s, loss {r['loss_first_tenth']} -> "
+              f"{r['loss_last_tenth']}; {r['reads']}; empty prompt {r['empty_prompt_reads']}", flush=True)
+        entry["new_per_seed"] = [s["new"] for s in entry["seeds"]]
+        entry["known_per_seed"] = [s["known"] for s in entry["seeds"]]
+        with open(args.results + ".tmp", "w") as f:
+            json.dump(results, f, indent=1)
+        os.replace(args.results + ".tmp", args.results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
