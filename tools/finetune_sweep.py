@@ -5,7 +5,8 @@ Each run: the dataset's features (extracted once through the CLI's ``extract_fea
 held-out new-colour and known-colour captions generated and read (:mod:`hyv_lib.tiny.finetune_gate`). A recipe is
 ``train``'s keyword arguments (``--set learning_rate=5e-3``, ``--set lora_targets=attn,mlp``; what is not set takes
 ``train``'s defaults, recorded as resolved at run time) plus what only this sweep can set: ``schedule``
-(constant: the loop's own; cosine: decay to 5% after warmup; cosine0, linear0: to zero), ``ema`` (the saved LoRA
+(constant: the loop's own; cosine: decay to 5% after warmup; cosine0, linear0: to zero), ``guided_target`` (w > 0: a captioned clip's target is
+``u + (v - u) / w``, u the model's own prediction for the empty prompt, so that CFG at scale w gives v), ``ema`` (the saved LoRA
 is an exponential moving average of the trained weights with this decay; 0: none) and ``uncond_target`` (data: a caption-dropped clip is
 trained towards its data velocity, the loop's own; base: towards the frozen model's prediction, the adapter off).
 Every run is appended to ``--results`` (JSON) as it finishes, failures included.
@@ -72,7 +73,7 @@ def resolved(recipe: dict) -> dict:
     keys = ("lora_rank", "lora_alpha", "learning_rate", "batch_size", "caption_dropout", "warmup_steps",
             "weight_decay", "shift", "sampling", "lora_targets")
     out = {k: params[k].default for k in keys}
-    out.update(schedule="constant", uncond_target="data", ema=0.0, gradient_checkpointing=False)
+    out.update(schedule="constant", uncond_target="data", ema=0.0, guided_target=0.0, gradient_checkpointing=False)
     out.update(recipe)
     if out["lora_alpha"] is None:
         out["lora_alpha"] = out["lora_rank"]
@@ -86,6 +87,35 @@ def sweep_only(recipe: dict):
     """Patch in what ``train`` cannot be told: the cosine schedule, the base model's target for dropped captions."""
     warmup, build_batch, step = loop.LinearWarmup, loop.build_batch, TorchTrainStep.step
     trained = TorchTrainStep.trained_transformer
+    if recipe["guided_target"]:
+        w = float(recipe["guided_target"])
+        negative = {}
+
+        def marked(features, picks, *, caption_dropout, generator, **kwargs):
+            state = generator.get_state()
+            drop = torch.rand(len(picks), generator=generator) < caption_dropout
+            generator.set_state(state)
+            batch = build_batch(features, picks, caption_dropout=caption_dropout, generator=generator, **kwargs)
+            empty = build_batch(features, picks, caption_dropout=1.0, generator=torch.Generator(), **kwargs)
+            for k in loop.TEXT_KEYS:
+                batch["empty_" + k] = empty[k]
+            batch["caption_dropped"] = drop
+            return batch
+
+        def guided_step(self, batch):
+            drop = batch.pop("caption_dropped")
+            empty = {k: batch.pop("empty_" + k) for k in loop.TEXT_KEYS}
+            if not drop.all():
+                inputs = self._local({**batch, **empty})
+                inputs.pop("target")
+                with torch.no_grad():
+                    u = self.transformer(**inputs, return_dict=False)[0].float().cpu()
+                v = batch["target"]
+                guided = u + (v - u) / w  # the conditional output that CFG at scale w turns into v
+                batch = dict(batch, target=torch.where(drop.view(-1, 1, 1, 1, 1), v, guided))
+            return step(self, batch)
+
+        loop.build_batch, TorchTrainStep.step = marked, guided_step
     if recipe["ema"]:
         decay = float(recipe["ema"])
 
@@ -147,7 +177,7 @@ def empty_prompt(pipe) -> list:
 
 def one_run(work: str, dataset: str, recipe: dict, seed: int, word: str = gate.NEW_COLOR) -> dict:
     """Train the recipe with ``seed`` on ``dataset`` and score the held-out captions."""
-    kwargs = {k: v for k, v in recipe.items() if k not in ("schedule", "uncond_target", "ema")}
+    kwargs = {k: v for k, v in recipe.items() if k not in ("schedule", "uncond_target", "ema", "guided_target")}
     out = tempfile.mkdtemp(prefix="lora-", dir=work)
     start = time.perf_counter()
     with sweep_only(recipe):
