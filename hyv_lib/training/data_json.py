@@ -157,6 +157,14 @@ def check_max_side(preset: Preset, value: Any, argument: str) -> int | None:
     return value
 
 
+def unreadable_video(file: str, err: BaseException) -> EntryError:
+    """The EntryError for a video ffmpeg could not read: the file and the last line of ffmpeg's message (its
+    ``[component]`` prefix dropped, at most 200 characters)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    last = re.sub(r"^\[[^]]*\]\s*", "", lines[-1])[-200:] if lines else type(err).__name__
+    return EntryError(f"{file!r} is not a readable video ({last})")
+
+
 def read_frames(file: str, max_frames: int) -> tuple[np.ndarray, float | None]:
     """The first ``max_frames`` frames of a video (uint8 [F, H, W, 3], decoded by imageio-ffmpeg's ffmpeg) and its
     frame rate; an image is one frame (and no frame rate). An :class:`EntryError` for a missing or unreadable file."""
@@ -181,9 +189,7 @@ def read_frames(file: str, max_frames: int) -> tuple[np.ndarray, float | None]:
             if len(frames) == max_frames:
                 break
     except (OSError, RuntimeError, StopIteration, KeyError, ValueError) as err:
-        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-        last = re.sub(r"^\[[^]]*\]\s*", "", lines[-1])[-200:] if lines else type(err).__name__
-        raise EntryError(f"{file!r} is not a readable video ({last})") from None
+        raise unreadable_video(file, err) from None
     finally:
         if reader is not None:
             reader.close()  # stops ffmpeg after the frames we need

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +12,7 @@ import numpy as np
 
 from ..base.checks import as_number
 from ..base.errors import HyvInputError
-from .data_json import IMAGE_EXTENSIONS, EntryError, read_frames
+from .data_json import IMAGE_EXTENSIONS, EntryError, read_frames, unreadable_video
 
 #: ``--frames``: which window of a clip's (resampled) frames is taken.
 FRAME_WINDOWS = ("first", "random")
@@ -108,9 +107,7 @@ def count_frames(file: str) -> int:
     try:
         count, _ = imageio_ffmpeg.count_frames_and_secs(file)
     except (OSError, RuntimeError, ValueError) as err:
-        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-        last = re.sub(r"^\[[^]]*\]\s*", "", lines[-1])[-200:] if lines else type(err).__name__
-        raise EntryError(f"{file!r} is not a readable video ({last})") from None
+        raise unreadable_video(file, err) from None
     return int(count)
 
 
@@ -132,9 +129,7 @@ def read_indices(file: str, indices: list[int]) -> tuple[np.ndarray, float | Non
             if position > wanted[-1]:
                 break
     except (OSError, RuntimeError, StopIteration, KeyError, ValueError) as err:
-        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-        last = re.sub(r"^\[[^]]*\]\s*", "", lines[-1])[-200:] if lines else type(err).__name__
-        raise EntryError(f"{file!r} is not a readable video ({last})") from None
+        raise unreadable_video(file, err) from None
     finally:
         if reader is not None:
             reader.close()
@@ -154,9 +149,7 @@ def source_rate(file: str) -> float | None:
         reader = imageio_ffmpeg.read_frames(file, output_params=["-frames:v", "1"])
         fps = next(reader).get("fps")
     except (OSError, RuntimeError, StopIteration, KeyError, ValueError) as err:
-        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-        last = re.sub(r"^\[[^]]*\]\s*", "", lines[-1])[-200:] if lines else type(err).__name__
-        raise EntryError(f"{file!r} is not a readable video ({last})") from None
+        raise unreadable_video(file, err) from None
     finally:
         if reader is not None:
             reader.close()
