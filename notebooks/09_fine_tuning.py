@@ -401,7 +401,8 @@ if LIVE:
 # logit-normal noise levels with the shift of 3, caption dropout to the empty prompt for {term}`CFG`, AdamW, a
 # linear warmup. The settings differ from chapter 7's LoRA: that notebook's loop decays the learning rate to zero and
 # draws the noise level uniformly, while `train` keeps the official trainer's constant rate after warmup; 500 steps
-# of 8 clips at 5e-3 is what taught orange in the measurements of `tests/test_finetune_gate.py` (below).
+# of 8 clips at 5e-3, training seed 0, is what taught orange in the measurements of `tests/test_finetune_gate.py`
+# (other seeds, below, learn less).
 
 # %%
 if LIVE:
@@ -491,11 +492,118 @@ if LIVE:
 
 # %% [markdown]
 # The learned orange is a yellower one than the clips' (its green channel in the last line). How reliable is all
-# this? The same recipe, with the probe at 10 denoising steps, is the fine-tuning gate of the test
-# suite (`tests/test_finetune_gate.py`, through the same three commands). Over four training seeds it measured 8,
-# 3, 3 and 4 of the 8 held-out orange captions after the LoRA, 0 before, and every known colour kept (2-core CPU;
-# the numbers are in the test's docstring). 300 steps instead of 500 gave 2 to 4. A new concept in a few hundred
-# steps of a constant learning rate lands somewhere different for each seed; the gate asks for at least 2 of 8.
+# this? One training seed ran live above. Four seeds of it, through the same three commands with the probe at 10
+# denoising steps and 8 known-colour captions, take several minutes here, so the next cell reads what
+# `benchmarks/finetune_gate.py` measured (2-core CPU): chapter 9's recipe on these 48 clips, and issue 45's command
+# (`train --lora_rank 8 --steps 500`, every other setting at its default) on 12 orange clips alone (12 of the 16
+# training captions, one clip each). Each cell gives the held-out orange captions drawn orange, and in brackets the
+# known-colour captions drawn in their own colour.
+
+# %%
+def per_seed(seeds, key="new"):
+    return ", ".join(str(r[key]) for r in seeds)
+
+
+gate_runs = sorted(glob.glob("../benchmarks/results/finetune_gate_*.json"))
+if gate_runs:
+    measured = json.load(open(gate_runs[-1]))
+    print(f"{os.path.basename(gate_runs[-1])}: {measured['machine']}")
+    rows = []
+    for name, r in measured["recipes"].items():
+        b = r["before"]
+        row = {"recipe": {"gate": "chapter 9's (48 clips)", "issue": "issue 45's command (12 clips)"}[name],
+               "train flags": " ".join(r["train_args"]),
+               "before the LoRA": f"{b['new']}/{b['new_total']} ({b['known']}/{b['known_total']})"}
+        row.update({f"seed {x['seed']}": f"{x['new']}/{x['new_total']} ({x['known']}/{x['known_total']})"
+                    for x in r["seeds"]})
+        row["criterion met"] = "yes" if r["met"] else "no"
+        rows.append(row)
+    display(html_table(rows))
+else:
+    print("no saved gate runs: python benchmarks/finetune_gate.py --output benchmarks/results/... writes them")
+
+# %% [markdown]
+# Chapter 9's recipe drew orange for 8, 3, 3 and 4 of the 8 held-out captions with training seeds 0 to 3, and the
+# issue's command for none: a new concept that one seed learns and the next does not. Issue 45 asked for at least 6
+# of 8 for every seed. `tools/finetune_sweep.py` trains a recipe for several seeds on the issue's 12 clips (or
+# chapter 9's 48) and probes it in-process the same way; the next cell lists every configuration it ran, with what
+# it changed against the issue's command.
+
+# %%
+sweeps = sorted(glob.glob("../benchmarks/results/finetune_sweep_*.json"))
+if sweeps:
+    sweep = json.load(open(sweeps[-1]))
+    extras = {"schedule": "constant", "uncond_target": "data", "ema": 0.0, "guided_target": 0.0}
+    reference = {**extras, **next(r for r in sweep["runs"] if r["name"] == "issue-defaults")["recipe"]}
+    configs = {}
+    for r in sweep["runs"]:
+        key = (r["name"], r["dataset"], r.get("word") or "orange")
+        configs.setdefault(key, {"recipe": {**extras, **r["recipe"]}, "seeds": []})["seeds"] += r["seeds"]
+    rows = []
+    for (name, dataset, word), c in configs.items():
+        changed = {k: v for k, v in c["recipe"].items() if k in reference and v != reference[k]}
+        seeds = sorted(c["seeds"], key=lambda x: x["seed"])
+        rows.append({"configuration": name, "clips": f"{dataset}" + ("" if word == "orange" else f", word '{word}'"),
+                     "changed": ", ".join(f"{k}={v}" for k, v in changed.items()) or "(none)",
+                     "seeds": f"{seeds[0]['seed']}-{seeds[-1]['seed']}",
+                     "new colour per seed": per_seed(seeds), "known per seed": per_seed(seeds, "known"),
+                     "lowest": min(x["new"] for x in seeds)})
+    print(f"{os.path.basename(sweeps[-1])}: {len(rows)} configurations; before any LoRA "
+          f"{sweep['before']['new']}/8 orange, {sweep['before']['known']}/8 known colours right; the issue's command "
+          "trains rank 8 for 500 steps at the defaults")
+    display(html_table(rows))
+    print(f"configurations with at least 6 of 8 for every seed: {sum(r['lowest'] >= 6 for r in rows)}")
+else:
+    print("no saved sweep: python tools/finetune_sweep.py writes benchmarks/results/finetune_sweep_<date>.json")
+
+# %% [markdown]
+# Read the table from the top. At the default learning rate, 1e-4 (the official trainer's, for a DiT 2048 wide;
+# hyv-tiny's is 64), 500 single-clip steps leave every held-out caption as before: 0 of 8 for every seed, on either
+# dataset. From 1e-3 up the adapter learns something, and the spread appears: 1e-3 gave 4, 2, 3, 3; 3e-3 gave 5, 3,
+# 3, 4 for seeds 0-3 and 3, 0, 1, 3 for seeds 4-7. Nothing else in the list lifts the lowest seed to 6: a cosine or
+# linear decay, a weight average (`ema`), uniform noise levels or a shift of 1, caption dropout of 0, 0.3 or 0.5,
+# the feed-forward layers or every linear layer as targets, full rank, batches of 8, 2,000 steps. Nor is it the
+# tokenizer: captions that call the same orange clips "cyan", a word hyv-tiny's tokenizer has one token for (and the
+# DiT never saw), learned no better than "orange", which it spells in five pieces (the words after it change
+# features, the next cell shows, but that is not what decides). Neither did training the empty prompt towards the
+# frozen model (`uncond_target=base`) or training the caption's prediction for guidance 4.5 (`guided_target`). Known
+# colours mostly drop with the 12 orange clips alone (blue drifts to green, yellow to red) and hold with chapter 9's
+# prior clips.
+#
+# Where the colour gets lost is the next cell's question, from `tools/finetune_diagnostics.py`: the base model and
+# four LoRAs (3e-3, seeds 0-3, the issue's clips) denoise 6 training clips' own latents, noised to a level sigma,
+# with CFG; and the same LoRAs' held-out rate at other guidance scales.
+
+# %%
+diagnostics = sorted(glob.glob("../benchmarks/results/finetune_diagnostics_*.json"))
+if diagnostics:
+    diag = json.load(open(diagnostics[-1]))
+    display(html_table([{"model": name, **{f"from sigma {s}": f"{sum(r == 'orange' for r in reads)}/{len(reads)}"
+                                           for s, reads in by_start.items()}}
+                        for name, by_start in diag["start"]["reads_by_start_sigma"].items()]))
+    display(html_table([{"guidance scale": g, "held-out orange per seed": ", ".join(map(str, v))}
+                        for g, v in diag["guidance"]["new_colour_by_guidance"].items()]))
+    words = diag["tokens"]
+    print("'orange' is", words["pieces"]["orange"], "; cosine of the later words' features against a 'red' caption: "
+          + ", ".join(f"{w} {v['mean']}" for w, v in words["suffix_cosine_vs_red"].items()))
+if sweeps:
+    print("the empty prompt (guidance 1, seeds 7-14), before any LoRA:",
+          ", ".join(map(str, sweep["before"]["empty_prompt_reads"])))
+    for r in configs[("issue-lr3e-3", "issue", "orange")]["seeds"]:
+        if "empty_prompt_reads" in r:
+            print(f"  after the 3e-3 LoRA of seed {r['seed']}:", ", ".join(map(str, r["empty_prompt_reads"])))
+if not diagnostics:
+    print("no saved diagnostics: python tools/finetune_diagnostics.py writes them")
+
+# %% [markdown]
+# Noised to sigma 0.3, an orange clip stays orange with every LoRA (5 or 6 of 6), where the base model keeps 1 of 6:
+# the adapters did learn to draw orange. From pure noise they get it in 0 or 1 of 6 of their own training clips.
+# The colour is chosen in the first few steps, where classifier-free guidance multiplies the difference between the
+# caption's prediction and the empty prompt's, and the adapters move the empty prompt as well (three of the four
+# seeds in the last lines: mostly red and orange where it drew mostly green). Orange lies between two
+# colours hyv-tiny knows, red and yellow, so a small error in that difference, amplified 4.5 times, lands on either
+# side; no guidance scale in the second table reaches 6 of 8 for every seed either. What seed 0 of chapter 9's recipe
+# got is one landing of that lottery; none of the training settings tried here makes it a reliable one.
 
 # %%
 shutil.rmtree(workdir, ignore_errors=True)
@@ -516,7 +624,9 @@ shutil.rmtree(workdir, ignore_errors=True)
 #   matches the measured peak of the torch step, with and without remat.
 # * Live, on a 2-core CPU in a few minutes: 48 clips as mp4 files and a `data.json`, `extract_features`, 500 steps of
 #   `train --lora_rank 16`, and `generate --lora` teach hyv-tiny a colour it never saw, on held-out captions, while
-#   the known colours hold. The VAE limits what can be taught: it decodes orange on gray as red.
+#   the known colours hold, for one training seed in four: no training setting of issue 45's sweep made every seed
+#   draw it, because guidance amplifies a colour between two known ones past it. The VAE limits what can be taught
+#   too: it decodes orange on gray as red.
 #
 # ## Exercises
 #
@@ -532,9 +642,9 @@ shutil.rmtree(workdir, ignore_errors=True)
 #    planner's line above. What does Ulysses over 8 devices make of it?
 # 4. ★★ Run the live section without the prior-preservation clips (drop them from `clips`). Which row of the probe
 #    table do you expect to move, and why? Try it.
-# 5. ★★ Chapter 7's LoRA decayed its learning rate to zero with a cosine; `train` keeps it constant after warmup,
-#    as the official trainer does. Why can the end of a constant-rate run land in a different place for each seed,
-#    and what would you change to make the gate's four seeds agree more closely?
+# 5. ★★ Guidance computes $u + w(c - u)$ from the empty prompt's prediction $u$ and the caption's $c$, with $w = 4.5$
+#    for hyv-tiny. Picture it in RGB: let $u$ be the mean of hyv-tiny's five colours and $c$ a colour, and clip the
+#    result to $[0, 1]$. Where do red, yellow and orange (1.0, 0.5, 0.05) land, and what if $u$ is redder than orange?
 # 6. ★★★ Run the same LoRA with `--runtime tpu` (the JAX train step, here on the CPU backend with one device) and
 #    compare its `train_log.jsonl` with the torch run's, step by step. Which differences do you expect, and from
 #    where?
@@ -563,10 +673,13 @@ shutil.rmtree(workdir, ignore_errors=True)
 #    pushes other captions towards orange, and the adapter's low-rank change acts on every caption through the same
 #    projections. The prior clips make such a shift cost loss. (With 9 captions and one seed, a change of one is
 #    noise.)
-# 5. With a constant rate the last updates are as large as the middle ones, so the final adapter is wherever the last
-#    few hundred noisy steps left it; a decaying rate averages the end of the run. More steps at a lower rate, a
-#    larger batch, or a schedule that decays would all narrow the spread, at more compute; so would more clips per
-#    caption.
+# 5. The mean of the five colours is about (0.62, 0.62, 0.47). Red: (0.62 + 4.5 x 0.30, 0.62 - 4.5 x 0.50, ...)
+#    clips to (1, 0, 0), still red; yellow clips to (1, 1, 0), still yellow: a colour at a corner of the RGB cube
+#    stays in its corner however far guidance pushes. Orange sits on an edge: its green channel becomes
+#    0.62 - 4.5 x 0.12 = 0.08 and it lands on red, the reads of `uncond_target=base` in the sweep. If $u$ is redder
+#    than orange (the empty prompt after the adapters above), $c - u$ has a positive green part and the result
+#    overshoots to yellow or green. Only a $c - u$ of the right size lands on orange, which is why the seeds scatter.
+#    (The real computation happens on latents, step by step; RGB is a caricature of it.)
 # 6. The two runtimes see identical batches (the loop builds them on the host from the seed) and use the same AdamW
 #    and clipping, so the losses agree to float rounding at first: the JAX step computes in another order (fused,
 #    jitted), and the differences grow slowly over hundreds of updates. `tests/test_train_loop.py` and

@@ -3,12 +3,15 @@ generate --lora) on hyv-tiny clips of a colour it never saw, orange, makes it dr
 and the known colours survive. Rates are read from the generated mp4s with hyv_lib.tiny.quality.read_video, the
 reader of hyv-tiny's own gates, with orange added to its palette: a known colour that drifts to orange is a miss.
 
-The data (chapter 9 runs the same recipe, bigger): orange clips on the black and purple backgrounds only (the shipped
-VAE draws orange on gray as a dull red, which reads as red; chapter 9 measures it), 16 captions for training, 2 clips
-each, plus 16 clips of known-colour training captions (prior preservation); 8 other orange captions held out. With
-this file's settings, training seeds 0, 1, 2, 3 gave held-out orange rates of 8/8, 3/8, 3/8, 4/8 after the LoRA
-(0/8 before) and kept all 4 known-colour captions (3/4 before); 300 steps instead of 500 gave 2/8 to 4/8. The
-thresholds sit below the lowest; a LoRA that changes nothing fails the first."""
+The data, recipe and probe are chapter 9's (hyv_lib.tiny.finetune_gate: DATASETS["chapter9"], GATE_TRAIN_ARGS,
+cli_gate): orange clips on the black and purple backgrounds only (the shipped VAE draws orange on gray as a dull red),
+16 captions for training, 2 clips each, plus 16 clips of known-colour training captions (prior preservation); 8 other
+orange captions held out, and the first 4 of the 8 known-colour probe captions. This test runs training seed 0.
+benchmarks/finetune_gate.py runs the same gate for seeds 0-3 (benchmarks/results/finetune_gate_2026-11-27_cpu.json):
+8/8, 3/8, 3/8, 4/8 held-out orange after the LoRA (0/8 before). Issue 45's criterion, at least 6/8 for every seed,
+is not met by that recipe nor by any of the recipes tools/finetune_sweep.py tried
+(benchmarks/results/finetune_sweep_2026-11-27.json), so the thresholds stay below the lowest seed's; a LoRA that
+changes nothing fails the first."""
 
 import json
 
@@ -16,22 +19,9 @@ import pytest
 import torch
 
 from hyv_lib.cli.commands import run
-from hyv_lib.pipeline.video_io import read_mp4, write_mp4
-from hyv_lib.runtimes.vae import to_uint8_frames
-from hyv_lib.tiny import data, quality
+from hyv_lib.tiny import finetune_gate
 
-PRESET = "tiny_trained"
-FPS = 8  # tiny_trained's frame rate
-ORANGE = [data.Combo("orange", s, d, b) for s in data.SHAPES for d in data.DIRECTIONS for b in ("black", "purple")]
-HELD_OUT_ORANGE = ORANGE[0::3]  # 8 captions: every shape, direction and background also occurs in training
-TRAIN_ORANGE = [c for c in ORANGE if c not in HELD_OUT_ORANGE]  # 16
-TRAIN_KNOWN, HELD_OUT_KNOWN = data.split_combos()
-PRIOR = TRAIN_KNOWN[::8][:16]  # known-colour training captions, one clip each
-KNOWN_PROBE = HELD_OUT_KNOWN[::5][:4]
-PALETTE = {**data.COLORS, "orange": data.UNSEEN_COLORS["orange"]}
-TRAIN_ARGS = ["--lora_rank", "16", "--steps", "500", "--learning_rate", "5e-3", "--batch_size", "8",
-              "--warmup_steps", "20", "--no_gradient_checkpointing"]
-PROBE_STEPS = "10"  # denoising steps of the probe videos (the preset's 20 give the same reads here, at twice the time)
+KNOWN = 4  # known-colour probe captions (of finetune_gate.KNOWN_PROBE): 3 of these 4 are right before the LoRA
 SEED = 0
 pytestmark = pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # ffmpeg readers started after JAX loaded
 # Gates (see the module docstring for the measured rates).
@@ -40,53 +30,18 @@ MIN_ORANGE_AFTER = 0.25
 MIN_KNOWN_AFTER = 0.5
 
 
-def write_dataset(folder) -> str:
-    """Render the training clips, write them as mp4 files and a MindSpeed-MM data.json beside them; returns its path.
-    The second clip of each orange caption comes after the first 32 entries (the order the rates below were
-    measured with; two clips of one caption in one shard once crashed extract_features, tests/test_features.py)."""
-    clips = [(c, 0) for c in TRAIN_ORANGE] + [(c, 0) for c in PRIOR] + [(c, 1) for c in TRAIN_ORANGE]
-    entries = []
-    for i, (combo, copy) in enumerate(clips):
-        name = f"videos/{i:03d}.mp4"
-        (folder / "videos").mkdir(exist_ok=True)
-        write_mp4(to_uint8_frames(data.render_clip(combo, seed=1000 + i)), str(folder / name), fps=FPS)
-        entries.append({"path": name, "cap": combo.caption, "num_frames": data.FRAMES, "fps": FPS,
-                        "resolution": {"height": data.HEIGHT, "width": data.WIDTH}})
-    (folder / "data.json").write_text(json.dumps(entries, indent=1))
-    return str(folder / "data.json")
-
-
-def probe(folder, name: str, lora: str | None = None) -> dict[str, float]:
-    """Generate the held-out orange and known-colour captions (one prompts file, seeds 7, 8, ...) and read each
-    video's colour: the fraction right in each group."""
-    combos = HELD_OUT_ORANGE + KNOWN_PROBE
-    prompts = folder / "probe.txt"
-    prompts.write_text("".join(c.caption + "\n" for c in combos))
-    out = folder / name
-    args = ["generate", "--preset", PRESET, "--prompts_file", str(prompts), "--output_dir", str(out), "--seed", "7",
-            "--num_inference_steps", PROBE_STEPS, "--quiet"]
-    assert run(args + (["--lora", lora] if lora else [])) == 0
-    reads = [quality.read_video(read_mp4(str(out / f"{i:04d}" / "output_video.mp4"))[0], colors=PALETTE).color
-             for i in range(len(combos))]
-    right = [r == c.color for r, c in zip(reads, combos)]
-    n = len(HELD_OUT_ORANGE)
-    return {"orange": sum(right[:n]) / n, "known": sum(right[n:]) / len(KNOWN_PROBE), "reads": reads}
-
-
 def run_gate(folder, seed: int = SEED) -> dict:
-    """The whole recipe through the CLI in ``folder``: data.json -> features -> LoRA -> probes before and after."""
+    """The whole recipe through the CLI in ``folder``: data.json -> features -> LoRA -> probes before and after, as
+    fractions right (``orange`` of the held-out orange captions, ``known`` of the known-colour ones)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models: one thread is steadier on a shared 2-core CPU
     try:
-        data_json = write_dataset(folder)
-        assert run(["extract_features", "--data_json", data_json, "--preset", PRESET,
-                    "--output_dir", str(folder / "features"), "--quiet"]) == 0
-        lora = folder / "lora"
-        assert run(["train", "--features", str(folder / "features"), "--preset", PRESET, *TRAIN_ARGS,
-                    "--seed", str(seed), "--output_dir", str(lora), "--quiet"]) == 0
-        return {"before": probe(folder, "before"), "after": probe(folder, "after", str(lora)), "lora": lora}
+        result = finetune_gate.cli_gate(str(folder), run, seed=seed, known=KNOWN)
     finally:
         torch.set_num_threads(threads)
+    rates = {name: {"orange": r["new"] / r["new_total"], "known": r["known"] / r["known_total"], "reads": r["reads"]}
+             for name, r in (("before", result["before"]), ("after", result["after"]))}
+    return {**rates, "lora": folder / "lora"}
 
 
 @pytest.fixture(scope="module")
@@ -108,3 +63,27 @@ def test_the_lora_is_a_diffusers_file_the_log_records_every_step(gate):
     assert [r["step"] for r in log] == list(range(1, 501))
     config = json.loads((gate["lora"].parent / "after" / "0000" / "generation_config.json").read_text())
     assert config["lora_scale"] == 1.0 and config["lora_rank"] == 16
+
+
+def test_the_gate_data_holds_out_its_probe_captions_and_covers_every_value():
+    from hyv_lib.tiny import data
+
+    for name, clips in finetune_gate.DATASETS.items():
+        captions = {c.caption for c, _ in clips}
+        assert not captions & {c.caption for c in finetune_gate.HELD_OUT + finetune_gate.KNOWN_PROBE}, name
+        new = [c for c, _ in clips if c.color == "orange"]
+        assert {c.shape for c in new} == set(data.SHAPES) and {c.direction for c in new} == set(data.DIRECTIONS)
+        assert {c.background for c in new} == {"black", "purple"}  # the VAE draws orange on gray as red
+    assert len(finetune_gate.DATASETS["issue"]) == 12 and len(finetune_gate.DATASETS["chapter9"]) == 48
+    assert len(finetune_gate.HELD_OUT) == 8 and {c.color for c in finetune_gate.HELD_OUT} == {"orange"}
+
+
+def test_score_counts_the_new_colour_and_the_known_ones_apart():
+    combos = finetune_gate.HELD_OUT[:2] + finetune_gate.KNOWN_PROBE[:3]
+    reads = ["orange", "red", combos[2].color, "orange", None]
+    s = finetune_gate.score(reads, combos)
+    assert (s["new"], s["new_total"], s["known"], s["known_total"]) == (1, 2, 1, 3)
+    assert finetune_gate.caption(combos[0], "cyan") == combos[0].caption.replace("orange", "cyan")
+    assert finetune_gate.caption(combos[2], "cyan") == combos[2].caption
+    with pytest.raises(ValueError):
+        finetune_gate.score(reads[:2], combos)

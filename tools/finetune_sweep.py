@@ -2,13 +2,18 @@
 
 Each run: the dataset's features (extracted once through the CLI's ``extract_features``, cached in ``--work``),
 ``hyv_lib.training.loop.train`` with the recipe and seed, the LoRA merged (``load_pipeline(lora=...)``), and the
-held-out new-colour and known-colour captions generated and read (:mod:`hyv_lib.tiny.finetune_gate`). A recipe is
-``train``'s keyword arguments (``--set learning_rate=5e-3``, ``--set lora_targets=attn,mlp``; what is not set takes
-``train``'s defaults, recorded as resolved at run time) plus what only this sweep can set: ``schedule``
-(constant: the loop's own; cosine: decay to 5% after warmup; cosine0, linear0: to zero), ``guided_target`` (w > 0: a captioned clip's target is
-``u + (v - u) / w``, u the model's own prediction for the empty prompt, so that CFG at scale w gives v), ``ema`` (the saved LoRA
-is an exponential moving average of the trained weights with this decay; 0: none) and ``uncond_target`` (data: a caption-dropped clip is
-trained towards its data velocity, the loop's own; base: towards the frozen model's prediction, the adapter off).
+held-out new-colour and known-colour captions generated and read (:mod:`hyv_lib.tiny.finetune_gate`), and what the
+empty prompt draws (CFG's negative half). A recipe is ``train``'s keyword arguments (``--set learning_rate=5e-3``,
+``--set lora_targets=attn,mlp``; what is not set takes ``train``'s defaults, recorded as resolved at run time) plus
+what only this sweep can set, by patching the loop for the run:
+
+- ``schedule``: constant (the loop's own); cosine (to 5% of the peak after warmup); cosine0, linear0 (to zero).
+- ``ema``: the saved LoRA is an exponential moving average of the trained weights with this decay (0: none).
+- ``uncond_target``: data (a caption-dropped clip is trained towards its data velocity, the loop's own) or base
+  (towards the frozen model's prediction, the adapter off: the unconditional model kept).
+- ``guided_target``: w > 0 trains a captioned clip towards ``u + (v - u) / w``, u the model's own prediction for the
+  empty prompt, so that CFG at scale w gives the data velocity v.
+
 Every run is appended to ``--results`` (JSON) as it finishes, failures included.
 
     python tools/finetune_sweep.py --name defaults --dataset issue --seeds 0 1 2 3 --set lora_rank=8 --set steps=500
@@ -233,7 +238,8 @@ def main(argv=None) -> int:
         key = "before" if args.word == gate.NEW_COLOR else f"before_{args.word}"
         results[key] = dict(gate.score(gate.probe(base, word=args.word)), empty_prompt_reads=empty_prompt(base))
         print(f"{key}:", results[key])
-    entry = {"name": args.name, "dataset": args.dataset, "word": args.word, "recipe": recipe, "note": args.note, "seeds": []}
+    entry = {"name": args.name, "dataset": args.dataset, "word": args.word, "recipe": recipe, "note": args.note,
+             "seeds": []}
     results["runs"].append(entry)
     for seed in args.seeds:
         r = one_run(args.work, args.dataset, recipe, seed, args.word)

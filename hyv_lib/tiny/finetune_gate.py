@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from ..base.errors import HyvInputError
-from ..pipeline.video_io import write_mp4
+from ..pipeline.video_io import read_mp4, write_mp4
 from ..runtimes.vae import to_uint8_frames
 from . import data
 from .quality import read_video
@@ -35,6 +35,12 @@ DATASETS = {
     "issue": [(c, 0) for i, c in enumerate(TRAIN) if i % 4 != 3],
     "chapter9": [(c, 0) for c in TRAIN] + [(c, 0) for c in PRIOR] + [(c, 1) for c in TRAIN],
 }
+#: Chapter 9's recipe, the fine-tuning gate's (``train`` flags beside ``--features``, ``--preset``, ``--seed`` and
+#: ``--output_dir``): rank 16, 500 steps of 8 clips at 5e-3, 20 warmup steps.
+GATE_TRAIN_ARGS = ("--lora_rank", "16", "--steps", "500", "--learning_rate", "5e-3", "--batch_size", "8",
+                   "--warmup_steps", "20", "--no_gradient_checkpointing")
+#: Issue 45's command: ``train --lora_rank 8 --steps 500``, every other setting at its default.
+ISSUE_TRAIN_ARGS = ("--lora_rank", "8", "--steps", "500", "--no_gradient_checkpointing")
 PROBE_SEED = 7  #: the first probe video's seed; the i-th caption gets PROBE_SEED + i
 PROBE_STEPS = 10  #: denoising steps of the probe videos (the preset's 20 read the same here, at twice the time)
 
@@ -90,3 +96,37 @@ def score(reads: list[str | None], combos: list[data.Combo] | None = None) -> di
     known = [ok for ok, c in zip(right, combos) if c.color != NEW_COLOR]
     return {"new": sum(new), "new_total": len(new), "known": sum(known), "known_total": len(known),
             "reads": list(reads)}
+
+
+def cli_gate(folder: str, run, *, seed: int = 0, train_args=GATE_TRAIN_ARGS, dataset: str = "chapter9",
+             known: int = len(KNOWN_PROBE), before: bool = True, preset: str = "tiny_trained") -> dict[str, Any]:
+    """The recipe through the command line in ``folder``: ``dataset``'s clips and data.json, ``extract_features``,
+    ``train`` (``train_args`` and ``--seed seed``), then ``generate --prompts_file`` of :data:`HELD_OUT` and the first
+    ``known`` of :data:`KNOWN_PROBE` (seeds 7, 8, ..., :data:`PROBE_STEPS` steps) without (``before``) and with
+    ``--lora``, each mp4 read with :func:`read_colors`. ``run``: the command line's entry function
+    (:func:`hyv_lib.cli.commands.run`, passed in: the CLI sits above this package). Returns ``{"before": score,
+    "after": score, "lora": the LoRA folder}`` (:func:`score`; "before" None when not probed)."""
+    data_json = write_dataset(folder, dataset)
+    features = os.path.join(folder, "features")
+    if run(["extract_features", "--data_json", data_json, "--preset", preset, "--output_dir", features,
+            "--quiet"]) != 0:
+        raise RuntimeError("extract_features failed")
+    lora = os.path.join(folder, "lora")
+    if run(["train", "--features", features, "--preset", preset, *train_args, "--seed", str(seed), "--output_dir",
+            lora, "--quiet"]) != 0:
+        raise RuntimeError("train failed")
+    combos = HELD_OUT + KNOWN_PROBE[:known]
+    prompts = os.path.join(folder, "probe.txt")
+    with open(prompts, "w") as f:
+        f.writelines(c.caption + "\n" for c in combos)
+
+    def probe_cli(name: str, extra: list[str]) -> dict[str, Any]:
+        out = os.path.join(folder, name)
+        if run(["generate", "--preset", preset, "--prompts_file", prompts, "--output_dir", out, "--seed",
+                str(PROBE_SEED), "--num_inference_steps", str(PROBE_STEPS), "--quiet", *extra]) != 0:
+            raise RuntimeError(f"generate ({name}) failed")
+        videos = (read_mp4(os.path.join(out, f"{i:04d}", "output_video.mp4"))[0] for i in range(len(combos)))
+        return score(read_colors(videos), combos)
+
+    return {"before": probe_cli("before", []) if before else None, "after": probe_cli("after", ["--lora", lora]),
+            "lora": lora}
