@@ -28,7 +28,7 @@ _TRAIN_KNOWN, _HELD_OUT_KNOWN = data.split_combos()
 PRIOR = _TRAIN_KNOWN[::8][:16]
 #: 8 known-colour captions hyv-tiny never trained on: does the LoRA keep their colours?
 KNOWN_PROBE = _HELD_OUT_KNOWN[::5][:8]
-#: The datasets (lists of (caption, render index)): ``issue``, issue 45's: 12 clips of the new colour, one per
+#: The datasets (lists of (caption, render index)): ``issue``, the first-hour user's: 12 clips of the new colour, one per
 #: training caption (12 of the 16, every fourth left out), nothing else; ``chapter9``: chapter 9's 48, two renders of
 #: each of the 16 training captions and one clip of each prior caption, in the order its rates were measured with.
 DATASETS = {
@@ -39,14 +39,14 @@ DATASETS = {
 #: ``--output_dir``): rank 16, 500 steps of 8 clips at 5e-3, 20 warmup steps.
 GATE_TRAIN_ARGS = ("--lora_rank", "16", "--steps", "500", "--learning_rate", "5e-3", "--batch_size", "8",
                    "--warmup_steps", "20", "--no_gradient_checkpointing")
-#: Issue 45's command: ``train --lora_rank 8 --steps 500``, every other setting at its default.
+#: The first-hour user's command: ``train --lora_rank 8 --steps 500``, every other setting at its default.
 ISSUE_TRAIN_ARGS = ("--lora_rank", "8", "--steps", "500", "--no_gradient_checkpointing")
 PROBE_SEED = 7  #: the first probe video's seed; the i-th caption gets PROBE_SEED + i
 PROBE_STEPS = 10  #: denoising steps of the probe videos (the preset's 20 read the same here, at twice the time)
 
 
 def caption(combo: data.Combo, word: str = NEW_COLOR) -> str:
-    """The combo's caption, the new colour named ``word`` (the control of issue 45: "cyan", a word hyv-tiny's
+    """The combo's caption, the new colour named ``word`` (the control of the sweep: "cyan", a word hyv-tiny's
     tokenizer has one token for, where "orange" is spelt in five pieces)."""
     return combo.caption.replace(NEW_COLOR, word) if combo.color == NEW_COLOR else combo.caption
 
