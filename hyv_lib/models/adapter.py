@@ -64,6 +64,21 @@ class ModelAdapter:
     #: ``nn.Linear`` of the transformer, as the official trainer's peft ``"all-linear"`` adapts them).
     lora_targets: Mapping[str, str] = {}
 
+    # What the model takes beyond the common path: the pipeline, settings checks and planner read these instead of
+    # naming a model.
+    #: Its attention processors run SSTA, the sparse attention of HunyuanVideo-1.5's 720p sparse checkpoints
+    #: (``--attention ssta``, ``--sparse_attn``, the planner's ``attention="ssta"``).
+    runs_ssta: bool = False
+    #: It samples with a flow-matching scheduler, so ``--flow_shift`` means something (False: a v-prediction DDIM or
+    #: DPM scheduler, which has none).
+    takes_flow_shift: bool = True
+    #: ``generate --lora`` loads LoRA files (hyv_lib's or the official trainer's) into it.
+    takes_lora_files: bool = True
+    #: ``--vae_memory_gb``'s memory model (fitted on a GPU) was measured on its VAE.
+    vae_memory_model: bool = False
+    #: A line the planner adds to its GPU rows for this model (what no multi-GPU run has checked), or None.
+    gpu_plan_note: str | None = None
+
     def build(self, config: dict[str, Any]) -> torch.nn.Module:
         """A transformer of ``config`` (its diffusers class's keyword arguments), on the current default device:
         under ``torch.device("meta")`` the planner and the compile path get parameter names and shapes, no memory."""
@@ -142,6 +157,19 @@ class ModelAdapter:
         ``(video, context, temb, inputs, rope)`` for :meth:`run_block`: DeepCache's eager runtime replays the last
         blocks from it."""
         raise NotImplementedError
+
+    def cost_dims(self, config: Mapping[str, Any]) -> dict[str, int] | None:
+        """The sizes :func:`hyv_lib.planning.costs.step_flops` counts from the transformer ``config``: ``heads``,
+        ``head_dim``, ``hidden``, ``mlp``, ``refiner_mlp``, ``layers``, ``refiner_layers``, ``patch``, ``patch_t``,
+        ``in_channels``, ``out_channels``, ``text_dim``, ``byt5_dim``, ``image_dim``, ``time_dim`` and ``streams`` (2:
+        the context tokens have their own weights; 1: text and video share them). None (the default): no analytic
+        cost model, the planner compiles the step instead."""
+        return None
+
+    def token_grid(self, denoising_shape: tuple[int, ...]) -> tuple[int, int, int]:
+        """The (frames, height, width) of latents of ``denoising_shape``
+        (:meth:`hyv_lib.base.presets.Preset.denoising_shape`), before patching: [B, C, T, H, W] by default."""
+        return tuple(denoising_shape[2:5])
 
     def video_token_count(self, model, latent_shape: tuple[int, ...]) -> int:
         """Video tokens of one sample for latents of ``latent_shape`` (Ulysses shards them): one per latent pixel of

@@ -104,6 +104,27 @@ class CogVideoXAdapter(ModelAdapter):
     block_prefix = "transformer_blocks."
     lora_targets = LORA_TARGETS
     timestep_dtype = torch.float32  # the pipeline's integer timesteps, embedded in float32 by diffusers
+    takes_flow_shift = False  # CogVideoXDDIMScheduler / CogVideoXDPMScheduler: v-prediction
+    takes_lora_files = False  # hyv_lib's LoRA files are made for HunyuanVideo-1.5's transformer
+    gpu_plan_note = ("the GPU rows' Ulysses layout is modelled as for HunyuanVideo-1.5; hyv_lib's Ulysses runtime "
+                     "runs CogVideoX (tests/test_cogvideox_runtimes.py), but no multi-GPU CogVideoX run has checked "
+                     "this plan.")
+
+    def cost_dims(self, config: Mapping[str, Any]) -> dict[str, int]:
+        """One joint stream (``streams`` 1: T5 text and video through the same weights), CogVideoXBlock's
+        FeedForward at its default inner width 4 x dim, AdaLN-zero from a ``time_embed_dim`` embedding; no refiner,
+        ByT5 or image input."""
+        heads, head_dim = config["num_attention_heads"], config["attention_head_dim"]
+        hidden = heads * head_dim
+        return dict(heads=heads, head_dim=head_dim, hidden=hidden, mlp=4 * hidden, refiner_mlp=0,
+                    layers=config["num_layers"], refiner_layers=0, patch=config["patch_size"],
+                    patch_t=config.get("patch_size_t") or 1, in_channels=config["in_channels"],
+                    out_channels=config["out_channels"], text_dim=config["text_embed_dim"], byt5_dim=0, image_dim=0,
+                    time_dim=config["time_embed_dim"], streams=1)
+
+    def token_grid(self, denoising_shape: tuple[int, ...]) -> tuple[int, int, int]:
+        """Frames-first latents [B, F, C, H, W]."""
+        return (denoising_shape[1], denoising_shape[3], denoising_shape[4])
 
     def example_inputs(self, preset, height: int, width: int, video_length: int, batch: int = 2,
                        dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:

@@ -10,7 +10,7 @@ so it alone must track diffusers.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -100,6 +100,10 @@ LORA_TARGETS = {
 }
 
 
+#: HunyuanVideo15TokenRefiner is built with its default mlp_ratio, not the model's.
+REFINER_MLP_RATIO = 4.0
+
+
 class HunyuanVideo15Adapter(ModelAdapter):
     """``HunyuanVideo15Transformer3DModel`` piece by piece: latents [B, C, T, H, W] with a 1x1x1 patch, the joint
     context [image ; ByT5 ; text] reordered valid-first, dual-stream blocks called
@@ -115,6 +119,20 @@ class HunyuanVideo15Adapter(ModelAdapter):
     rule_sets = RULE_SETS
     block_prefix = "transformer_blocks."
     lora_targets = LORA_TARGETS
+    runs_ssta = True
+    vae_memory_model = True
+
+    def cost_dims(self, config: Mapping[str, Any]) -> dict[str, int]:
+        """Dual-stream blocks (``streams`` 2), a token refiner whose MLP is built at its default ratio 4 (not the
+        model's ``mlp_ratio``), ByT5 and image embedders; the time embedding is ``hidden`` wide."""
+        hidden = config["num_attention_heads"] * config["attention_head_dim"]
+        return dict(heads=config["num_attention_heads"], head_dim=config["attention_head_dim"], hidden=hidden,
+                    mlp=int(hidden * config["mlp_ratio"]), refiner_mlp=int(hidden * REFINER_MLP_RATIO),
+                    layers=config["num_layers"], refiner_layers=config["num_refiner_layers"],
+                    patch=config["patch_size"], patch_t=config["patch_size_t"], in_channels=config["in_channels"],
+                    out_channels=config["out_channels"], text_dim=config["text_embed_dim"],
+                    byt5_dim=config["text_embed_2_dim"], image_dim=config["image_embed_dim"], time_dim=hidden,
+                    streams=2)
 
     def example_inputs(self, preset, height: int, width: int, video_length: int, batch: int = 2,
                        dtype: torch.dtype = torch.bfloat16, text_tokens: int = 120) -> dict[str, torch.Tensor]:

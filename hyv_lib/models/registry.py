@@ -1,4 +1,4 @@
-"""The model adapters by name and by model class: HunyuanVideo-1.5 and CogVideoX built in, more by register_adapter."""
+"""The model adapters by name, by model class and by what they take (HunyuanVideo-1.5, CogVideoX, register_adapter)."""
 
 from __future__ import annotations
 
@@ -38,3 +38,10 @@ def adapter_for(model, adapter: ModelAdapter | None = None) -> ModelAdapter:
     known = ", ".join(c for a in ADAPTERS.values() for c in a.model_classes)
     raise ValueError(f"no model adapter runs {type(model).__name__} (adapters for: {known}); pass adapter=... "
                      "(a hyv_lib.models.adapter.ModelAdapter) or register one with register_adapter")
+
+
+def adapters_with(capability: str) -> list[str]:
+    """The names of the registered adapters whose attribute ``capability`` (e.g. ``runs_ssta``, ``takes_lora_files``:
+    :class:`hyv_lib.models.adapter.ModelAdapter`'s capability flags) is true, for messages that say what does take a
+    setting."""
+    return [name for name, adapter in ADAPTERS.items() if getattr(adapter, capability)]

@@ -7,12 +7,12 @@ import os
 from typing import Any
 
 from ..base.checks import as_number
-from ..base.cogvideox_presets import COGVIDEOX_MODEL
 from ..base.errors import HyvInputError
 from ..base.presets import DEFAULT_SEED, Preset, check_data_axis, samples_per_step, video_size
 from ..kernels.registry import BACKENDS
 from ..kernels.ssta import SstaConfig
 from ..models.lora import lora_file
+from ..models.registry import adapters_with, get_adapter
 from ..parallel.jax_env import init_multi_host, jax_devices
 from ..parallel.mesh import ONE_DEVICE, default_mesh, make_mesh, mesh_text, parse_mesh
 from ..parallel.sharding import STRATEGIES
@@ -167,21 +167,24 @@ class ResolvedSettings:
 
 
 def check_model_settings(preset: Preset, settings: Stage2Settings) -> None:
-    """HyvInputError naming the first flag that ``preset``'s model does not take: CogVideoX1.5 samples with
-    CogVideoXDDIMScheduler (v-prediction, no flow shift), and LoRA files are made for HunyuanVideo-1.5's transformer.
-    (A MagCache calibration is checked against the run's preset where it is read: one made for HunyuanVideo-1.5 is
-    refused for CogVideoX, one made with ``calibrate_cache --preset cogvideox...`` runs.)"""
-    if preset.model != COGVIDEOX_MODEL:
-        return
-    if settings.flow_shift is not None and settings.flow_shift != preset.flow_shift:  # its own 1.0 (none) passes
-        raise HyvInputError("--flow_shift", f"{preset.name} samples with CogVideoX's DDIM scheduler (v-prediction), "
-                                            "which has no flow shift: drop it")
-    if settings.lora is not None:
-        raise HyvInputError("--lora", f"LoRA files here are for HunyuanVideo-1.5's transformer, not {preset.name}'s")
-    if settings.sparse_attn or settings.attention in ("ssta", "ssta_reference"):
+    """HyvInputError naming the first flag that ``preset``'s model does not take, as its adapter says
+    (:class:`hyv_lib.models.adapter.ModelAdapter`'s ``takes_flow_shift``, ``takes_lora_files``, ``runs_ssta``):
+    CogVideoX1.5 samples with CogVideoXDDIMScheduler (v-prediction, no flow shift), and LoRA files are made for
+    HunyuanVideo-1.5's transformer. (A MagCache calibration is checked against the run's preset where it is read: one
+    made for HunyuanVideo-1.5 is refused for CogVideoX, one made with ``calibrate_cache --preset cogvideox...``
+    runs.)"""
+    adapter = get_adapter(preset.model)
+    # the preset's own shift (1.0 where there is none) passes
+    if not adapter.takes_flow_shift and settings.flow_shift is not None and settings.flow_shift != preset.flow_shift:
+        raise HyvInputError("--flow_shift", f"{preset.name} samples with a v-prediction scheduler, which has no "
+                                            "flow shift: drop it")
+    if not adapter.takes_lora_files and settings.lora is not None:
+        takes = ", ".join(adapters_with("takes_lora_files"))
+        raise HyvInputError("--lora", f"LoRA files here are for {takes}'s transformer, not {preset.name}'s")
+    if not adapter.runs_ssta and (settings.sparse_attn or settings.attention in ("ssta", "ssta_reference")):
         raise HyvInputError("--sparse_attn" if settings.sparse_attn else "--attention",
-                            f"SSTA is HunyuanVideo-1.5's sparse attention (its 720p sparse checkpoints), not "
-                            f"{preset.name}'s")
+                            f"SSTA is the sparse attention of {', '.join(adapters_with('runs_ssta'))} (its sparse "
+                            f"checkpoints), not {preset.name}'s")
 
 
 def takes_grid(attention: str) -> bool:
@@ -389,7 +392,9 @@ def check_vae_settings(vae_dtype: str, vae_memory_gb: Any = None, tiling: bool =
 
 
 def check_vae_model(preset: Preset, vae_memory_gb: float | None) -> None:
-    """``--vae_memory_gb`` sizes tiles with a memory model of HunyuanVideo-1.5's VAE: refused for CogVideoX's."""
-    if vae_memory_gb is not None and preset.model == COGVIDEOX_MODEL:
-        raise HyvInputError("--vae_memory_gb", f"its memory model is fitted on HunyuanVideo-1.5's VAE, not "
+    """``--vae_memory_gb`` sizes tiles with a memory model of HunyuanVideo-1.5's VAE: refused for a model whose
+    adapter says its VAE was not measured (:attr:`hyv_lib.models.adapter.ModelAdapter.vae_memory_model`)."""
+    if vae_memory_gb is not None and not get_adapter(preset.model).vae_memory_model:
+        measured = ", ".join(adapters_with("vae_memory_model"))
+        raise HyvInputError("--vae_memory_gb", f"its memory model is fitted on the VAE of {measured}, not "
                                                f"{preset.name}'s: drop it (the decode uses the VAE's own tiles)")

@@ -12,7 +12,8 @@ from ..base.presets import Preset, get_preset
 from ..kernels.ssta import SstaConfig
 from ..kernels.xla import kv_block_layout
 from ..models.layout import context_tokens
-from ..models.registry import get_adapter
+from ..models.adapter import ModelAdapter
+from ..models.registry import ADAPTERS, get_adapter
 from ..parallel import sharding
 from ..parallel.mesh import parse_mesh
 from ..parallel.sharding import plan
@@ -48,38 +49,20 @@ def dtype_bytes(dtype: str) -> int:
 #: Constants of diffusers' HunyuanVideo-1.5 classes that are not config fields.
 TIME_PROJ_DIM = 256  # Timesteps(num_channels=256) in the time embedding and the refiner's time_text_embed
 BYT5_HIDDEN = 2048  # HunyuanVideo15ByT5TextProjection(text_embed_2_dim, 2048, inner_dim): fixed width
-REFINER_MLP_RATIO = 4.0  # HunyuanVideo15TokenRefiner is built with its default mlp_ratio, not the model's
-
-
-#: The model adapters whose step this module counts analytically: HunyuanVideo-1.5 (dual-stream blocks, a token
-#: refiner, ByT5 and image embedders) and CogVideoX (one joint stream of T5 text + video tokens through the same
-#: weights, AdaLN-zero modulation per block). Another model is compiled,
-#: :func:`hyv_lib.planning.tpu_compile.compile_step`, until it has its own formulas.
-COUNTED_MODELS = ("hunyuanvideo-1.5", "cogvideox")
 
 
 def model_dims(preset: Preset) -> dict[str, int]:
-    """The sizes the cost formulas read from a preset's transformer config (HyvInputError for a model they do not
-    cover, :data:`COUNTED_MODELS`). ``streams`` is 2 for HunyuanVideo-1.5 (the context tokens have their own
-    weights) and 1 for CogVideoX (text and video share them); a model without a token refiner, ByT5 or image input
-    has 0 there."""
-    if preset.model not in COUNTED_MODELS:
+    """The sizes the cost formulas read from a preset's transformer config, as its model adapter gives them
+    (:meth:`hyv_lib.models.adapter.ModelAdapter.cost_dims`): ``streams`` is 2 where the context tokens have their own
+    weights and 1 where text and video share them; a model without a token refiner, ByT5 or image input has 0 there.
+    HyvInputError for a model whose adapter has no cost model."""
+    dims = get_adapter(preset.model).cost_dims(preset.transformer)
+    if dims is None:
+        counted = ", ".join(name for name, adapter in ADAPTERS.items()
+                            if type(adapter).cost_dims is not ModelAdapter.cost_dims)
         raise HyvInputError("preset", f"{preset.name} runs {preset.model!r}: the analytic cost model covers "
-                                      f"{', '.join(COUNTED_MODELS)}; compile it for the TPU compiler's numbers")
-    c = preset.transformer
-    heads, head_dim = c["num_attention_heads"], c["attention_head_dim"]
-    hidden = heads * head_dim
-    if preset.model == "cogvideox":
-        # CogVideoXBlock: FeedForward(dim) with its default inner_dim 4 x dim; AdaLN-zero from the time embedding
-        return dict(heads=heads, head_dim=head_dim, hidden=hidden, mlp=4 * hidden, refiner_mlp=0,
-                    layers=c["num_layers"], refiner_layers=0, patch=c["patch_size"], patch_t=c.get("patch_size_t") or 1,
-                    in_channels=c["in_channels"], out_channels=c["out_channels"], text_dim=c["text_embed_dim"],
-                    byt5_dim=0, image_dim=0, time_dim=c["time_embed_dim"], streams=1)
-    return dict(heads=heads, head_dim=head_dim, hidden=hidden, mlp=int(hidden * c["mlp_ratio"]),
-                refiner_mlp=int(hidden * REFINER_MLP_RATIO), layers=c["num_layers"],
-                refiner_layers=c["num_refiner_layers"], patch=c["patch_size"], patch_t=c["patch_size_t"],
-                in_channels=c["in_channels"], out_channels=c["out_channels"], text_dim=c["text_embed_dim"],
-                byt5_dim=c["text_embed_2_dim"], image_dim=c["image_embed_dim"], time_dim=hidden, streams=2)
+                                      f"{counted}; compile it for the TPU compiler's numbers")
+    return dims
 
 
 def token_counts(preset: Preset | str, height: int, width: int, video_length: int) -> dict[str, int]:
@@ -89,7 +72,7 @@ def token_counts(preset: Preset | str, height: int, width: int, video_length: in
     preset = as_preset(preset)
     d = model_dims(preset)
     shape = preset.denoising_shape(height, width, video_length)
-    t, h, w = (shape[1], shape[3], shape[4]) if preset.model == "cogvideox" else shape[2:]
+    t, h, w = get_adapter(preset.model).token_grid(shape)
     video = -(-t // d["patch_t"]) * (h // d["patch"]) * (w // d["patch"])
     context = context_tokens(preset)
     return dict(video=video, context=context, joint=video + context, text=preset.text_len,
@@ -149,8 +132,8 @@ def step_flops(preset: Preset | str, height: int, width: int, video_length: int,
     sparse = ssta_density(preset, height, width, video_length, attention, valid_context)
     s_attn = nv + (nc if valid_context is None else valid_context)
     per_token_block = 4 * h * h + 2 * h * f  # q, k, v, out + MLP in/out, per stream
-    if preset.model == "cogvideox":
-        parts = _cogvideox_parts(preset, d, b, nv, nc, s_attn, kv_block)
+    if d["streams"] == 1:  # one joint stream: text and video tokens through the same weights
+        parts = _joint_stream_parts(preset, d, b, nv, nc, s_attn, kv_block)
         attention = parts["blocks_attention"]
         total = sum(parts.values())
         return dict(attention=attention, linear=total - attention, total=total, attention_share=attention / total,
@@ -182,9 +165,9 @@ def step_flops(preset: Preset | str, height: int, width: int, video_length: int,
                 parts=parts, eager_extra=dead, tokens=dict(tok, batch=batch, attended=s_attn), ssta=sparse)
 
 
-def _cogvideox_parts(preset: Preset, d: dict[str, int], b: int, nv: int, nc: int, s_attn: int,
+def _joint_stream_parts(preset: Preset, d: dict[str, int], b: int, nv: int, nc: int, s_attn: int,
                      kv_block: int | None) -> dict[str, int]:
-    """:func:`step_flops`' parts for CogVideoX: one joint stream of ``nc`` T5 + ``nv`` video tokens through each
+    """:func:`step_flops`' parts for a one-stream model (CogVideoX's): one joint stream of ``nc`` T5 + ``nv`` video tokens through each
     block's to_q/k/v, to_out.0 and MLP (the same weights for both); two AdaLN-zero linears per block (time_dim ->
     6 h); the patch embedding (a Linear over C x p_t x p x p patches), text_proj, the time embedding (h sinusoids ->
     time_dim -> time_dim), ``norm_out``'s linear (time_dim -> 2 h) and ``proj_out``. Nothing is dead code: the last

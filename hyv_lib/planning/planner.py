@@ -451,12 +451,8 @@ def plan_step(preset: Preset | str, height: int | None = None, width: int | None
         bounds={k: b[k] for k in ("compute_s", "hbm_s", "interconnect_s", "step_s", "limit")},
         attention=dict(kind="ssta" if density else "dense", flops=flops["attention"], dense_flops=dense["attention"],
                        dense_total=dense["total"], **density_summary(density)),
-        notes=" ".join(n for n in (b["notes"], _GPU_COGVIDEOX if gpu and preset.model == "cogvideox" else None) if n)
+        notes=" ".join(n for n in (b["notes"], get_adapter(preset.model).gpu_plan_note if gpu else None) if n)
         or None)
-
-
-_GPU_COGVIDEOX = ("the GPU rows' Ulysses layout is modelled as for HunyuanVideo-1.5; hyv_lib's Ulysses runtime runs "
-                  "CogVideoX (tests/test_cogvideox_runtimes.py), but no multi-GPU CogVideoX run has checked this plan.")
 
 
 def format_plan(report: dict[str, Any]) -> str:

@@ -9,14 +9,13 @@ from ..base.errors import HyvInputError
 from ..base.presets import Preset
 from ..kernels.ssta import SstaConfig, TileLayout, window_mask
 from ..models.layout import context_tokens
+from ..models.registry import adapters_with, get_adapter
 
 #: The ``attention`` values the cost model takes (or a :class:`hyv_lib.SstaConfig`): ``auto`` (the preset's own,
 #: :attr:`hyv_lib.base.presets.Preset.attention`: SSTA for the ``*_sparse`` checkpoints, dense for the rest),
 #: ``dense`` or ``flash`` (every exact kernel, Splash, flash-attn, SDPA, XLA: each computes all S x S pairs, so
 #: they cost the same FLOPs) and ``ssta`` (:class:`hyv_lib.SstaConfig`'s defaults, the official ``attn_param``).
 ATTENTIONS = ("auto", "dense", "flash", "ssta")
-#: The models whose attention processors run SSTA (:func:`hyv_lib.models.processors.use_attention`).
-SSTA_MODELS = ("hunyuanvideo-1.5",)
 
 
 def ssta_config(preset: Preset, attention: str | SstaConfig | None = None) -> SstaConfig | None:
@@ -33,9 +32,9 @@ def ssta_config(preset: Preset, attention: str | SstaConfig | None = None) -> Ss
     else:
         raise HyvInputError("attention", f"must be one of {', '.join(ATTENTIONS)} or a hyv_lib.SstaConfig, got "
                                          f"{attention!r}")
-    if preset.model not in SSTA_MODELS:
+    if not get_adapter(preset.model).runs_ssta:
         raise HyvInputError("attention", f"{preset.name} runs {preset.model!r}; SSTA runs on "
-                                         f"{', '.join(SSTA_MODELS)} only")
+                                         f"{', '.join(adapters_with('runs_ssta'))} only")
     return config
 
 
