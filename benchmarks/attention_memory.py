@@ -33,7 +33,7 @@ def measure(processor: str, frames: int) -> dict:
 
     from hyv_lib.base.presets import get_preset
     from hyv_lib.models.components import build_tiny_components
-    from hyv_lib.models.processors import use_attention
+    from hyv_lib.models.hunyuan_video15.processors import use_attention
 
     torch.set_num_threads(2)
     tiny = get_preset("tiny")

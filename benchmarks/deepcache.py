@@ -42,7 +42,7 @@ def conditioning(preset):
 def run(step, latents, cond, steps=50, shift=5.0, guidance=6.0):
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    from hyv_lib.pipeline.sampling import denoise
+    from hyv_lib.models.hunyuan_video15.sampling import denoise
 
     start = time.perf_counter()
     out = denoise(step, latents, cond, FlowMatchEulerDiscreteScheduler(shift=shift), num_inference_steps=steps,
@@ -80,7 +80,7 @@ def main() -> None:
     torch.set_num_threads(os.cpu_count() or 1)
     from hyv_lib.base.presets import get_preset
     from hyv_lib.models.components import load_components
-    from hyv_lib.pipeline.sampling import prepare_conditioning
+    from hyv_lib.models.hunyuan_video15.sampling import prepare_conditioning
     from hyv_lib.pipeline.text import encode_prompts
     from hyv_lib.runtimes.deepcache import DeepCacheSchedule
     from hyv_lib.runtimes.step import make_step

@@ -87,12 +87,13 @@ from hyv_lib.kernels.dispatch import (  # noqa: E402
     sdpa_kernel,
 )
 from hyv_lib.kernels.registry import BACKENDS  # noqa: E402
-from hyv_lib.models.layout import context_tokens, video_tokens  # noqa: E402
+from hyv_lib.models.hunyuan_video15.layout import context_tokens, video_tokens  # noqa: E402
 from hyv_lib.models.registry import get_adapter  # noqa: E402
 from hyv_lib.planning.costs import step_flops  # noqa: E402
 from hyv_lib.planning.hardware import CHIPS, mfu  # noqa: E402
 from hyv_lib.runtimes.deepcache import DeepCacheSchedule, TorchDeepCache  # noqa: E402
-from hyv_lib.runtimes.placement import offload_blocks, placed  # noqa: E402
+from hyv_lib.models.devices import placed  # noqa: E402
+from hyv_lib.runtimes.placement import offload_blocks  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_cogvideox import cogvideox_section  # noqa: E402

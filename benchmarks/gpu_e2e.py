@@ -109,7 +109,7 @@ def diffusers_pipeline(preset, vae, transformer=None, text: dict[str, Any] | Non
     from diffusers import FlowMatchEulerDiscreteScheduler, HunyuanVideo15Pipeline
     from diffusers.guiders import ClassifierFreeGuidance
 
-    from hyv_lib.pipeline.text import template_crop_start
+    from hyv_lib.models.hunyuan_video15.text import template_crop_start
 
     text = text or {}
     pipe = HunyuanVideo15Pipeline(text_encoder=text.get("text_encoder"), tokenizer=text.get("tokenizer"),
@@ -196,7 +196,7 @@ def text_part(section, device, clock, budget, cfg, tiny, helpers, vae) -> tuple[
 
 def diffusers_denoise(row, pipe, kwargs, shape, size_cfg, n, device, clock, helpers) -> torch.Tensor:
     """diffusers' pipeline loop for ``n`` steps; per-step seconds from hooks around the transformer's forwards."""
-    from hyv_lib.pipeline.sampling import initial_latents
+    from hyv_lib.models.family import initial_latents
 
     height, width, frames = size_cfg
     marks: list[list[float]] = []

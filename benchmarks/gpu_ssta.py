@@ -26,7 +26,7 @@ from hyv_lib.base.presets import get_preset
 from hyv_lib.kernels.dispatch import attention, resolve_backend
 from hyv_lib.kernels.ssta import SstaConfig, density
 from hyv_lib.kernels.ssta_torch import ssta_inputs
-from hyv_lib.models.layout import context_tokens
+from hyv_lib.models.hunyuan_video15.layout import context_tokens
 from hyv_lib.models.registry import get_adapter
 
 #: The real sizes, and the tiny twins ``--tiny`` runs on the CPU (tiles scaled to the tiny grid).

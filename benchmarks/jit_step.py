@@ -135,7 +135,7 @@ def attention_breakdown(args, kwargs, tokens: int, eager: float, jitted: float) 
 
     from hyv_lib.base.presets import get_preset
     from hyv_lib.kernels.xla import xla_attention_jax
-    from hyv_lib.models.layout import context_tokens
+    from hyv_lib.models.hunyuan_video15.layout import context_tokens
 
     batch, heads, dim = 2, args.heads, 128
     seq = tokens + context_tokens(get_preset("tiny"))  # bench_inputs' context: tiny's text + ByT5 + image slots
@@ -177,7 +177,7 @@ def run_config(args, frames: int) -> tuple[int, float, float, float, dict]:
     model, kwargs = bench_model(), bench_inputs()
     tokens = LATENT[0] * LATENT[1] * LATENT[2]
     from hyv_lib.base.presets import get_preset
-    from hyv_lib.models.layout import context_tokens
+    from hyv_lib.models.hunyuan_video15.layout import context_tokens
 
     print(f"\nbench config: width {128 * args.heads}, 4 blocks, {tokens} video tokens + "
           f"{context_tokens(get_preset('tiny'))} context, batch 2, fp32")

@@ -177,7 +177,7 @@ html_table(file_rows(os.path.join(OUTPUT_DIR, "stage2_latents.safetensors")))
 # %%
 import math
 
-from hyv_lib.models.layout import video_tokens
+from hyv_lib.models.hunyuan_video15.layout import video_tokens
 
 H, W, F = 720, 1280, 121
 shape = real.latent_shape(H, W, F)
@@ -335,7 +335,7 @@ del pipe  # the real models are large: free them before anything else runs
 #
 # 4. ★ Attention runs over the video tokens plus the 1985 context tokens (729 image + 256 ByT5 + 1000 text). How many
 #    bytes would a dense boolean mask `[2, 1, S, S]` take for the CFG batch at 720p/121f? Check with
-#    `hyv_lib.models.layout.dense_mask_bytes`.
+#    `hyv_lib.models.hunyuan_video15.layout.dense_mask_bytes`.
 #
 # :::{admonition} Answer
 # :class: dropdown

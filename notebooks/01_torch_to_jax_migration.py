@@ -268,7 +268,7 @@ with env:
 # | problem | fix | why the result is unchanged |
 # |---|---|---|
 # | `if torch.all(image_embeds == 0)` | decided in Python on the concrete embeddings; the step receives `image_scale` = 0 or 1 and an image mask as *data* | the step computes `image_embedder(x) * 0` exactly as diffusers does for t2v, and `* 1` for i2v |
-# | `text[text_mask]` reorder | `hyv_lib.models.layout.valid_first_order`: a stable argsort of the masks gives gather indices; the step does `torch.gather` | same permutation as the boolean indexing (a test compares with diffusers' own reorder bit for bit) |
+# | `text[text_mask]` reorder | `hyv_lib.models.hunyuan_video15.layout.valid_first_order`: a stable argsort of the masks gives gather indices; the step does `torch.gather` | same permutation as the boolean indexing (a test compares with diffusers' own reorder bit for bit) |
 # | dense mask, NaN rows | the processors of chapter 2: a `[B, S]` key-padding mask, padded rows exactly 0 | valid tokens never read padded ones, so their values are unchanged; padded rows no longer produce NaN |
 # | {term}`RoPE` tables per call | computed once per latent shape, outside `jit`, and passed in | they depend only on the shape |
 #
@@ -277,13 +277,13 @@ with env:
 #
 # The split is written once per model, not once per runtime: a *model adapter*
 # (`hyv_lib.models.adapter.ModelAdapter`) names the prompt-only part (`prepare`), the embeddings, the blocks and how
-# one is called, the output head and the RoPE tables. `hyv_lib.models.hunyuan` is HunyuanVideo-1.5's adapter and the
+# one is called, the output head and the RoPE tables. `hyv_lib.models.hunyuan_video15.adapter` is HunyuanVideo-1.5's adapter and the
 # only place that restates diffusers' glue; the JAX runtime, Ulysses, DeepCache, the sharding rules and the compile
 # path all take an adapter (the one for the model's class by default), so a second video transformer is one more
 # adapter.
 
 # %%
-from hyv_lib.models.layout import valid_first_order
+from hyv_lib.models.hunyuan_video15.layout import valid_first_order
 
 order, reordered_mask = valid_first_order(
     torch.zeros(2, preset.image_tokens), inputs["encoder_attention_mask_2"], inputs["encoder_attention_mask"])
@@ -520,7 +520,7 @@ for row in timings:
 # After `w` warmup steps, the real loop would start at sigma index `w`. Every Euler update would then use the
 # wrong `dt`, and the loop would run past the end of the sigma table. gpu-tpu-pedia's torchax stage-2 script
 # (`generate_hunyuan_torchax_staged/stage2_transformer.py`, {doc}`../book/references`) runs its warmup steps
-# through `scheduler.step` on the scheduler that the real loop then reuses. `hyv_lib.pipeline.sampling.denoise` runs
+# through `scheduler.step` on the scheduler that the real loop then reuses. `hyv_lib.models.hunyuan_video15.sampling.denoise` runs
 # warmup calls on the first input and discards the result without calling the scheduler. A test checks that
 # `--warmup_steps 2` gives bitwise the same latents as 0, on both runtimes.
 # :::

@@ -69,10 +69,10 @@ import torch
 
 import hyv_lib
 from hyv_lib.kernels.dispatch import attention
-from hyv_lib.models import layout
-from hyv_lib.models.processors import use_attention
+from hyv_lib.models.hunyuan_video15 import layout
+from hyv_lib.models.hunyuan_video15.processors import use_attention
 from hyv_lib.notebook.display import html_table, token_layout_figure
-from hyv_lib.pipeline.sampling import prepare_conditioning
+from hyv_lib.models.hunyuan_video15.sampling import prepare_conditioning
 from hyv_lib.pipeline.stages import stage1
 
 preset = hyv_lib.get_preset(PRESET)
@@ -115,7 +115,7 @@ for name in ("prompt_embeds_mask", "prompt_embeds_mask_2",
 # Before the blocks, the model reorders each sample's context so that **valid tokens come first**
 # ({term}`valid-first`):
 # `[valid image, valid ByT5, valid text, invalid image, invalid ByT5, invalid text]`. diffusers does this with
-# boolean indexing per sample. `hyv_lib.models.layout.valid_first_order` does the same with a stable sort and a gather,
+# boolean indexing per sample. `hyv_lib.models.hunyuan_video15.layout.valid_first_order` does the same with a stable sort and a gather,
 # which has static shapes (the torch-to-JAX chapter needs that), and a test checks it against diffusers' own
 # reorder. Here is the joint sequence of the positive prompt:
 
@@ -147,7 +147,7 @@ print("valid context tokens form a prefix:", bool(reordered[0, :int(reordered.su
 # - Key-padding mask: $B \cdot S = 2 \times 113{,}585 = 227{,}170$ bytes $\approx 222$ KiB, a factor $S$ smaller.
 #   After the valid-first reorder even that is redundant: one valid length $n_b$ per sample says the same.
 #
-# `hyv_lib.models.layout` computes the same from the preset:
+# `hyv_lib.models.hunyuan_video15.layout` computes the same from the preset:
 
 # %%
 T, h, w = real.latent_shape(720, 1280, 121)[2:]  # latent frames, height, width
@@ -338,7 +338,7 @@ html_table(rows)
 #
 # ## On the model: every backend against diffusers
 #
-# `hyv_lib.models.processors.use_attention(model, backend)` installs the masked processor on every attention of a
+# `hyv_lib.models.hunyuan_video15.processors.use_attention(model, backend)` installs the masked processor on every attention of a
 # `HunyuanVideo15Transformer3DModel`: the dual-stream blocks (54 in the real model, a few here) and the token refiner. The processor
 # receives diffusers' `[B, L_context]` mask, extends it with `True` for the video tokens, and passes the
 # `[B, S]` vector to the backend. No `S x S` tensor is built. The oracle is diffusers' own eager forward:
@@ -507,7 +507,7 @@ print(f"{seg['n_chips']} x {seg['chip']}, {seg['after']} vs {seg['before']}: {se
 # would be K/V zeroing again.
 # :::
 #
-# 3. ★ Use `hyv_lib.models.layout.dense_mask_bytes` to find the longest 720p video (4n+1 frames) whose `[2, 1, S, S]`
+# 3. ★ Use `hyv_lib.models.hunyuan_video15.layout.dense_mask_bytes` to find the longest 720p video (4n+1 frames) whose `[2, 1, S, S]`
 #    mask still fits in 16 GiB.
 #
 # :::{admonition} Answer

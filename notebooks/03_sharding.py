@@ -85,7 +85,7 @@ from diffusers import HunyuanVideo15Transformer3DModel
 
 import hyv_lib
 from hyv_lib.models.components import example_forward_kwargs
-from hyv_lib.models.hunyuan import RULE_SETS
+from hyv_lib.models.hunyuan_video15.adapter import RULE_SETS
 from hyv_lib.notebook.display import html_table
 from hyv_lib.parallel.mesh import make_mesh
 from hyv_lib.planning.costs import collective_bytes, param_bytes, step_flops, token_counts
@@ -351,7 +351,7 @@ html_table(rows)
 # A mesh names the devices' axes: `data` (the CFG pair of prompts), `tensor` (heads and matrix columns) and
 # `sequence` (video tokens). A rule set maps diffusers parameter names to `PartitionSpec`s. The strategies (`tp`,
 # `tp_replicated_out`, `fsdp`) are generic, the parameter names are the model's: HunyuanVideo-1.5's adapter
-# (`hyv_lib.models.hunyuan`) builds its `RULE_SETS` from which layers are column- and which row-parallel, and
+# (`hyv_lib.models.hunyuan_video15.adapter`) builds its `RULE_SETS` from which layers are column- and which row-parallel, and
 # `TpuTransformer` asks the model's adapter for the set. Unmatched parameters are replicated, and a rule that
 # matches nothing is an error. The demo model is the tiny config with 8 heads of
 # 16, so that 8-way tensor parallelism can split the heads.
@@ -529,7 +529,7 @@ html_table(rows)
 # Split 8 ways, that is 0.63 GiB per device instead of 5.06, so `tp` would drop from 6.65 to about 2.2 GiB per
 # device. Try it with a custom rule list, such as
 # `RULE_SETS["tp"] + [Rule("tp/adaln", r"transformer_blocks\.\d+\.norm1(_context)?\.linear\.(weight|bias)", ("tensor", None))]`.
-# To confirm it, add that rule to `hyv_lib.models.hunyuan.RULE_SETS` under a new name and compile: the compiler's
+# To confirm it, add that rule to `hyv_lib.models.hunyuan_video15.adapter.RULE_SETS` under a new name and compile: the compiler's
 # `arguments` per device should fall by the same amount (and it will show whether the modulation output now needs
 # a collective).
 # :::

@@ -85,7 +85,7 @@ from IPython.display import display
 import hyv_lib
 from hyv_lib.models.components import example_forward_kwargs, load_components, quiet_loading
 from hyv_lib.notebook.display import frame_grid, html_table
-from hyv_lib.pipeline.sampling import denoise, prepare_conditioning
+from hyv_lib.models.hunyuan_video15.sampling import denoise, prepare_conditioning
 from hyv_lib.pipeline.text import encode_prompts
 from hyv_lib.planning.costs import step_flops
 from hyv_lib.runtimes.deepcache import DeepCacheSchedule, DeepCacheStep, TorchDeepCache, step_times

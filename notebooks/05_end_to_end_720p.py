@@ -456,7 +456,7 @@ for r in plan_table(presets=("720p_t2v",), chips=("v6e",), rules="tp_replicated_
 # 1. Weights (15.5 GiB in bf16 replicated, `param_bytes("720p_t2v", "bf16")`; less when sharded: chapter
 #    3's rule sets) and attention activations over 113,585 joint tokens. The mesh and rule set move the weights;
 #    Splash's blocked kernel keeps attention at O(S) memory instead of a dense mask of 24 GiB for the CFG batch
-#    (12 GiB per sample, `hyv_lib.models.layout.dense_mask_bytes`).
+#    (12 GiB per sample, `hyv_lib.models.hunyuan_video15.layout.dense_mask_bytes`).
 # 2. One of them alone is ambiguous, so `hyv_lib` asks for both (or neither, and then the bucket of
 #    `--aspect_ratio` decides). For 9:16 at 720p, diffusers' bucket list and nearest-ratio match give 1264x720
 #    (height x width): `hyv_lib.base.presets.bucket_size(hyv_lib.get_preset("720p_t2v"), "9:16")`.

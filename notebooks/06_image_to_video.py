@@ -80,11 +80,11 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 
 import hyv_lib
 from hyv_lib.base.presets import PRESETS, bucket_size
-from hyv_lib.models.hunyuan import context_layout
+from hyv_lib.models.hunyuan_video15.adapter import context_layout
 from hyv_lib.notebook.display import frame_grid, html_table, tensor_rows, token_layout_figure
 from hyv_lib.pipeline.image import crop_to_bucket, image_bucket
 from hyv_lib.models.flow_matching import condition_channels
-from hyv_lib.pipeline.sampling import sampling_schedule
+from hyv_lib.models.hunyuan_video15.sampling import sampling_schedule
 from hyv_lib.planning.costs import step_flops, token_counts
 from hyv_lib.planning.planner import device_plan
 from hyv_lib.tiny import data, quality
@@ -163,7 +163,7 @@ print(f"{len(embeds)} tensors ({len(embeds) - 8} of them the image's); shapes as
 # In stage 2 the DiT's `image_embedder` projects the SigLIP tokens to the model width and they take the image slots of
 # the {term}`context <context tokens>`, in front of the {term}`ByT5` and text tokens. Text to video fills the same
 # slots with zeros, which diffusers' forward detects (`torch.all(image_embeds == 0)`) and masks out.
-# `hyv_lib.models.hunyuan.context_layout` makes the same decision outside the {term}`jitted <jit>` step and returns
+# `hyv_lib.models.hunyuan_video15.adapter.context_layout` makes the same decision outside the {term}`jitted <jit>` step and returns
 # the {term}`valid-first` order of the context. Below, one sample's sequence for each task (the prompt's own masks;
 # pale tokens are padding):
 
@@ -436,7 +436,7 @@ print(f"valid tokens only: i2v - t2v = {(i2v_var - t2v_var) / 1e12:.1f} TFLOP pe
 # timestep $t$ of the current noise level, each call receives `timestep_r`, the timestep $r$ the step goes to. A
 # MeanFlow model (Geng et al., 2025) learns the *average* velocity over $[r, t]$ rather than the velocity at $t$, so a
 # long {term}`Euler step <flow matching>` from $t$ to $r$ stays on course.
-# `hyv_lib.pipeline.sampling.sampling_schedule` gives the loop's timesteps for the preset's {term}`shift <flow shift>`
+# `hyv_lib.models.hunyuan_video15.sampling.sampling_schedule` gives the loop's timesteps for the preset's {term}`shift <flow shift>`
 # (7) and the $r$ of each step, the next timestep and 0 after the last, as diffusers' I2V pipeline passes it:
 
 # %%

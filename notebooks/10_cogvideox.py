@@ -80,11 +80,12 @@ from safetensors import safe_open
 import hyv_lib
 import hyv_lib.runtimes as runtimes_package
 from hyv_lib.cli.commands import run
-from hyv_lib.models.cogvideox import latent_frames, rotary_tables, video_tokens
+from hyv_lib.models.cogvideox.adapter import latent_frames, rotary_tables, video_tokens
+from hyv_lib.models.cogvideox.recipe import denoise_cogvideox, encode_t5_pair, make_scheduler
 from hyv_lib.models.components import build_tiny_components
+from hyv_lib.models.families import FAMILIES
 from hyv_lib.models.registry import ADAPTERS, get_adapter
 from hyv_lib.notebook.display import frame_grid, html_table
-from hyv_lib.pipeline.cogvideox import denoise_cogvideox, encode_t5_pair, make_scheduler
 from hyv_lib.pipeline.video_io import read_mp4
 from hyv_lib.planning.costs import step_flops
 from hyv_lib.planning.hardware import CHIPS
@@ -166,12 +167,31 @@ print(f"{len(glob.glob(os.path.join(os.path.dirname(runtimes_package.__file__), 
       f"those importing a model's module: {imports or 'none'}")
 
 # %% [markdown]
-# The CogVideoX adapter (`hyv_lib/models/cogvideox.py`, about 200 lines, and its attention processor, about 100) is
+# The CogVideoX adapter (`hyv_lib/models/cogvideox/adapter.py`, about 200 lines, and its attention processor, about 100) is
 # everything CogVideoX-specific in the runtimes' path. What the runtimes needed from the structure was two small
 # generalisations, both on the adapter: how many video tokens a latent shape holds (Ulysses shards them; one per
 # latent pixel for HunyuanVideo, one per 2x2x2 patch here), and what dtype the timestep reaches the model in
 # (CogVideoX's pipeline passes integer timesteps that diffusers embeds in float32; in bf16, 999 would round to 1000).
+
+# %% [markdown]
+# ## One folder per model
 #
+# The adapter runs the transformer; the rest of what makes a model (its text encoder's recipe, its denoising loop and
+# scheduler, the layout its VAE decodes, which settings it takes) is its *family*'s, the interface
+# `hyv_lib.models.family.ModelFamily`. Each family is one folder under `hyv_lib/models/`, found by a preset's `model`
+# in one registry line (`hyv_lib.models.families.FAMILIES`); the stage functions, the in-memory pipeline, the planner
+# and the settings checks call it and never name a model (`tests/test_model_families.py` reads every module outside
+# `hyv_lib/models/` for a model's name). The next cell lists CogVideoX's folder, what adding it took.
+
+# %%
+folder = os.path.join(os.path.dirname(hyv_lib.__file__), "models", "cogvideox")
+display(html_table([{"file": f"hyv_lib/models/cogvideox/{name}",
+                     "lines": sum(1 for _ in open(os.path.join(folder, name))),
+                     "what it holds": ast.get_docstring(ast.parse(open(os.path.join(folder, name)).read())).split("\n")[0]}
+                    for name in sorted(os.listdir(folder)) if name.endswith(".py")]))
+print("registered families:", ", ".join(f"{name} ({type(family).__name__})" for name, family in FAMILIES.items()))
+
+# %% [markdown]
 # ## What had to change
 #
 # **The context.** HunyuanVideo's 1,985 context tokens are mostly padding, so chapter 2 built segment ids, a
@@ -395,7 +415,7 @@ if gpu_reports:
 # ## Summary
 #
 # * A second diffusers video transformer runs on `hyv_lib`'s runtimes, meshes, caches, compile path and planner
-#   through one more model adapter (`hyv_lib.models.cogvideox`, with its attention processor), two presets and the
+#   through one more model adapter (`hyv_lib.models.cogvideox.adapter`, with its attention processor), two presets and the
 #   model's own pipeline steps (T5 embeddings, the DDIM loop with its padded latent frame). No runtime module imports
 #   a model module; the structure needed two new questions on the adapter, how many video tokens a latent shape
 #   holds and what dtype the timestep reaches the model in.

@@ -9,7 +9,7 @@ import pytest
 import torch
 from toy_adapter import CONFIG, TOY, toy_inputs, toy_model
 
-from hyv_lib.models.hunyuan import HUNYUAN_VIDEO_15
+from hyv_lib.models.hunyuan_video15.adapter import HUNYUAN_VIDEO_15
 from hyv_lib.models.registry import ADAPTERS, adapter_for, get_adapter, register_adapter
 from hyv_lib.parallel.sharding import plan
 from hyv_lib.runtimes.deepcache import DeepCacheSchedule, DeepCacheStep, TorchDeepCache

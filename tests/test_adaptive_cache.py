@@ -11,7 +11,7 @@ from tiny_inputs import TINY, forward_kwargs
 from hyv_lib.base.errors import HyvInputError
 from hyv_lib.base.presets import get_preset
 from hyv_lib.pipeline.calibration import CalibrationStep, resolve_calibration
-from hyv_lib.pipeline.sampling import denoise
+from hyv_lib.models.hunyuan_video15.sampling import denoise
 from hyv_lib.pipeline.settings import resolve_settings
 from hyv_lib.runtimes.deepcache import DeepCacheStep, TorchDeepCache
 from hyv_lib.runtimes.magcache import (

@@ -24,7 +24,7 @@ from hyv_lib.kernels.torch_kernels import (
     varlen_inputs,
 )
 from hyv_lib.models.components import build_tiny_components
-from hyv_lib.models.processors import use_attention
+from hyv_lib.models.hunyuan_video15.processors import use_attention
 
 TINY = get_preset("tiny")
 TOL = {torch.float32: 2e-5}  # max abs error vs float64, inputs ~N(0, 1)

@@ -41,7 +41,7 @@ import copy  # noqa: E402
 import torch  # noqa: E402
 from tiny_inputs import TINY, forward_kwargs  # noqa: E402
 
-from hyv_lib.pipeline.sampling import denoise  # noqa: E402
+from hyv_lib.models.hunyuan_video15.sampling import denoise  # noqa: E402
 from hyv_lib.runtimes.deepcache import DeepCacheStep, TorchDeepCache  # noqa: E402
 from hyv_lib.runtimes.step import make_step, torch_step  # noqa: E402
 

@@ -35,7 +35,7 @@ def run_loop(step):
     """The pipeline's CFG loop on 15 video tokens (padded on 2 ranks), with real padding in the text masks."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    from hyv_lib.pipeline.sampling import denoise
+    from hyv_lib.models.hunyuan_video15.sampling import denoise
 
     kwargs = forward_kwargs(seed=1, latent=(1, 3, 5), text_lengths=(9, 30), byt5_lengths=(0, 5))
     conditioning = {k: v for k, v in kwargs.items() if k not in ("hidden_states", "timestep")}

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from hyv_lib.base.presets import COGVIDEOX_SCHEDULER, COGVIDEOX_TINY, TINY_TRAINED
 from hyv_lib.cli.commands import run
 from hyv_lib.models.components import build_tiny_components, load_components
-from hyv_lib.pipeline.cogvideox import denoise_cogvideox, encode_t5_pair, make_scheduler, rotary_tables
+from hyv_lib.models.cogvideox.recipe import denoise_cogvideox, encode_t5_pair, make_scheduler, rotary_tables
 from hyv_lib.pipeline.inference import load_pipeline
 from hyv_lib.pipeline.video_io import read_mp4
 from hyv_lib.runtimes.step import make_step

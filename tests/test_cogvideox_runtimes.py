@@ -13,7 +13,7 @@ from diffusers.models.embeddings import get_3d_rotary_pos_embed
 from diffusers.pipelines.cogvideo.pipeline_cogvideox import get_resize_crop_region_for_grid
 
 from hyv_lib.base.presets import COGVIDEOX_15_5B, COGVIDEOX_TINY
-from hyv_lib.models.cogvideox import COGVIDEOX
+from hyv_lib.models.cogvideox.adapter import COGVIDEOX
 from hyv_lib.models.registry import adapter_for, get_adapter
 from hyv_lib.parallel.sharding import plan
 from hyv_lib.runtimes.deepcache import DeepCacheStep, TorchDeepCache
@@ -175,7 +175,7 @@ def test_the_torch_runtime(model, attention):
     with diffusers' own processor kept."""
     from diffusers.models.attention_processor import CogVideoXAttnProcessor2_0
 
-    from hyv_lib.models.cogvideox_processor import CogVideoXJointAttnProcessor
+    from hyv_lib.models.cogvideox.processor import CogVideoXJointAttnProcessor
     from hyv_lib.runtimes.step import make_step
 
     copied = copy.deepcopy(model)

@@ -22,7 +22,7 @@ from hyv_lib.base.errors import HyvInputError
 from hyv_lib.base.presets import COGVIDEOX_TINY
 from hyv_lib.kernels.ssta import SstaConfig
 from hyv_lib.kernels.ssta_torch import host_compile
-from hyv_lib.models.cogvideox import COGVIDEOX
+from hyv_lib.models.cogvideox.adapter import COGVIDEOX
 from hyv_lib.models.registry import adapter_for
 from hyv_lib.parallel.distributed import run_distributed
 from hyv_lib.runtimes.compiled import compile_blocks, is_compiled, warmup_calls

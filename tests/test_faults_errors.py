@@ -276,7 +276,7 @@ def test_the_flow_shift_bound_is_where_the_schedule_stays_near_pure_noise():
     """The bound's message: at shift 1000 even the last of 50 steps starts at sigma 0.95 (diffusers' scheduler)."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    from hyv_lib.pipeline.sampling import sampling_schedule
+    from hyv_lib.models.hunyuan_video15.sampling import sampling_schedule
     from hyv_lib.pipeline.settings import MAX_FLOW_SHIFT
 
     scheduler = FlowMatchEulerDiscreteScheduler(shift=MAX_FLOW_SHIFT)

@@ -14,7 +14,8 @@ from hyv_lib.base.presets import PRESETS, TINY, get_preset
 from hyv_lib.cli.commands import run
 from hyv_lib.models.components import COMPONENTS, IMAGE_COMPONENTS, build_tiny_components
 from hyv_lib.models.flow_matching import condition_channels
-from hyv_lib.pipeline.sampling import initial_latents, sampling_schedule
+from hyv_lib.models.family import initial_latents
+from hyv_lib.models.hunyuan_video15.sampling import sampling_schedule
 from hyv_lib.pipeline.stages import generate, stage1, stage2
 
 PROMPT = "a red circle moving left on a gray background"

@@ -39,7 +39,8 @@ def compare_with_oracle(heads, group=None):
     (eager diffusers vs Ulysses as the step) and the seconds per Ulysses call."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    from hyv_lib.pipeline.sampling import denoise, initial_latents
+    from hyv_lib.models.hunyuan_video15.sampling import denoise
+    from hyv_lib.models.family import initial_latents
     from hyv_lib.runtimes.step import torch_step
 
     oracle = tiny_transformer(heads)

@@ -8,8 +8,10 @@ from safetensors.torch import load_file
 
 from hyv_lib.base.presets import get_preset
 from hyv_lib.models.components import build_tiny_components, load_components
-from hyv_lib.pipeline.sampling import denoise, initial_latents, prepare_conditioning
-from hyv_lib.pipeline.stage_io import STAGE1_NAMES, load_stage1
+from hyv_lib.models.hunyuan_video15.sampling import denoise, prepare_conditioning
+from hyv_lib.models.family import initial_latents
+from hyv_lib.models.hunyuan_video15.stage1 import STAGE1_NAMES
+from hyv_lib.pipeline.stage_io import load_stage1
 from hyv_lib.pipeline.stages import generate, stage1, stage2
 from hyv_lib.pipeline.video_io import read_mp4
 from hyv_lib.runtimes.step import torch_step

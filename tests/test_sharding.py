@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("torchax")
 
 from hyv_lib.base.errors import HyvInputError  # noqa: E402
-from hyv_lib.models.hunyuan import HUNYUAN_VIDEO_15, RULE_SETS  # noqa: E402
+from hyv_lib.models.hunyuan_video15.adapter import HUNYUAN_VIDEO_15, RULE_SETS  # noqa: E402
 from hyv_lib.parallel.sharding import Rule, plan  # noqa: E402
 
 MESHES = [{"tensor": 8}, {"data": 2, "tensor": 4}, {"sequence": 2, "tensor": 4}]

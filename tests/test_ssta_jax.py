@@ -192,7 +192,7 @@ def test_the_torchax_runtime_equals_the_torch_reference_model():
     from tiny_inputs import TINY, forward_kwargs
 
     from hyv_lib.models.components import build_tiny_components
-    from hyv_lib.models.processors import use_attention
+    from hyv_lib.models.hunyuan_video15.processors import use_attention
     from hyv_lib.runtimes.tpu import TpuTransformer
 
     oracle = build_tiny_components(TINY, names=["transformer"])["transformer"]
@@ -219,7 +219,7 @@ SHARDED_PROBE = textwrap.dedent("""
     from hyv_lib.base.presets import get_preset
     from hyv_lib.kernels.ssta import SstaConfig
     from hyv_lib.models.components import example_forward_kwargs
-    from hyv_lib.models.processors import use_attention
+    from hyv_lib.models.hunyuan_video15.processors import use_attention
     from hyv_lib.runtimes.tpu import TpuTransformer
     tiny = get_preset("tiny")
     torch.manual_seed(0)

@@ -12,12 +12,15 @@ from safetensors.torch import load_file
 from hyv_lib.base.errors import HyvInputError
 from hyv_lib.base.presets import COGVIDEOX_TINY, TINY
 from hyv_lib.cli.commands import run
-from hyv_lib.models.components import COMPONENTS, IMAGE_COMPONENTS, build_tiny_components, i2v_pipeline_class
-from hyv_lib.pipeline import encoder_device, inference, stages
+from hyv_lib.models.components import COMPONENTS, IMAGE_COMPONENTS, build_tiny_components
+from hyv_lib.models.hunyuan_video15.image import i2v_pipeline_class
+from hyv_lib.models import devices
+from hyv_lib.pipeline import inference, stages
 from hyv_lib.pipeline.encoder_device import ENCODERS, resolve_text_device
 from hyv_lib.pipeline.image import crop_to_bucket
 from hyv_lib.pipeline.inference import VideoPipeline
-from hyv_lib.pipeline.text import encode_pair, template_crop_start
+from hyv_lib.pipeline.text import encode_pair
+from hyv_lib.models.hunyuan_video15.text import template_crop_start
 
 PROMPT, NEGATIVE = 'a red circle moving left, a sign saying "GO"', "blurry"
 GPU = torch.device("cuda", 0)
@@ -76,7 +79,7 @@ def assert_bit_equal(ours, truth):
 class FakeGpu:
     """A test double for a CUDA card on a CPU-only machine: ``Module.to(cuda)`` is recorded and the module marked as
     living there, but its weights stay on the host (so it still runs); moves to cpu/meta are real, and recorded too.
-    ``hyv_lib.pipeline.encoder_device.module_device`` reports the recorded place, so placement decisions see the
+    ``hyv_lib.models.devices.module_device`` reports the recorded place, so placement decisions see the
     fake card; ``torch.cuda.empty_cache`` is recorded."""
 
     def __init__(self, monkeypatch):
@@ -94,7 +97,7 @@ class FakeGpu:
             return real_to(module, *args, **kwargs)
 
         monkeypatch.setattr(torch.nn.Module, "to", to)
-        monkeypatch.setattr(encoder_device, "module_device",
+        monkeypatch.setattr(devices, "module_device",
                             lambda module: self.where.get(module, next(module.parameters()).device))
         monkeypatch.setattr(torch.cuda, "empty_cache", lambda: self.events.append(("empty_cache", "")))
 

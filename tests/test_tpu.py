@@ -16,7 +16,8 @@ from tiny_inputs import forward_kwargs as inputs  # noqa: E402
 
 from hyv_lib.base.presets import get_preset  # noqa: E402
 from hyv_lib.models.components import build_tiny_components  # noqa: E402
-from hyv_lib.pipeline.sampling import denoise, initial_latents, prepare_conditioning  # noqa: E402
+from hyv_lib.models.hunyuan_video15.sampling import denoise, prepare_conditioning  # noqa: E402
+from hyv_lib.models.family import initial_latents  # noqa: E402
 from hyv_lib.pipeline.stage_io import load_stage1  # noqa: E402
 from hyv_lib.pipeline.stages import stage2  # noqa: E402
 from hyv_lib.runtimes.tpu import TpuTransformer  # noqa: E402

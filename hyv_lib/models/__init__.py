@@ -1,1 +1,1 @@
-"""The model layer: model adapters (each model's forward glue, rule sets), components, token layout, processors, patches."""
+"""The model layer: one folder per model family (adapter, processors, recipe), the interfaces and registries they fill."""

@@ -4,7 +4,7 @@ A diffusers video transformer's ``forward`` mixes three kinds of work: prompt-on
 conditioning (often data-dependent, so not jittable as written), per-step embeddings around a stack of blocks, and
 an output head. A :class:`ModelAdapter` names those pieces for one model class, so the torchax/JAX runtime, Ulysses,
 DeepCache, the sharding rules and the planner never name a model's submodules themselves. HunyuanVideo-1.5 is the
-first implementation (:mod:`hyv_lib.models.hunyuan`); a second model (CogVideoX) is another subclass, found by
+first implementation (:mod:`hyv_lib.models.hunyuan_video15.adapter`); a second model (CogVideoX) is another subclass, found by
 :func:`hyv_lib.models.registry.adapter_for`. A training step uses the same pieces: :meth:`ModelAdapter.forward` is
 differentiable.
 """
@@ -78,6 +78,9 @@ class ModelAdapter:
     vae_memory_model: bool = False
     #: A line the planner adds to its GPU rows for this model (what no multi-GPU run has checked), or None.
     gpu_plan_note: str | None = None
+    #: The diffusers class name of the model's VAE (built from a preset's ``vae`` config on the meta device by the
+    #: planner, the VAE compile and the training features' digest).
+    vae_class: str = ""
 
     def build(self, config: dict[str, Any]) -> torch.nn.Module:
         """A transformer of ``config`` (its diffusers class's keyword arguments), on the current default device:
@@ -165,6 +168,11 @@ class ModelAdapter:
         the context tokens have their own weights; 1: text and video share them). None (the default): no analytic
         cost model, the planner compiles the step instead."""
         return None
+
+    def context_tokens(self, preset) -> int:
+        """The context tokens of one sample that the blocks attend to besides the video tokens: the preset's
+        ``text_len`` by default."""
+        return preset.text_len
 
     def token_grid(self, denoising_shape: tuple[int, ...]) -> tuple[int, int, int]:
         """The (frames, height, width) of latents of ``denoising_shape``

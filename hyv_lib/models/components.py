@@ -17,8 +17,11 @@ from safetensors import SafetensorError, safe_open
 from ..base.cogvideox_presets import COGVIDEOX_MODEL
 from ..base.errors import HyvInputError
 from ..base.presets import Preset, get_preset, real_layout_tiny, siglip_image_size, tiny_tokenizer_captions
+from .dtypes import torch_dtype
 from .folder import LAYOUT_NOTE
-from .cogvideox_components import (
+from .hunyuan_video15.image import IMAGE_COMPONENTS, i2v_pipeline_class
+from .quiet import errors_only
+from .cogvideox.components import (
     COGVIDEOX_COMPONENTS,
     COGVIDEOX_TEXT_COMPONENTS,
     build_tiny_cogvideox,
@@ -30,8 +33,6 @@ logger = logging.getLogger(__name__)
 
 #: Component names of a diffusers ``HunyuanVideo15Pipeline`` folder (model_index.json).
 COMPONENTS = ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "transformer", "vae", "scheduler", "guider")
-#: What image-to-video adds (``HunyuanVideo15ImageToVideoPipeline``): SigLIP and its image processor.
-IMAGE_COMPONENTS = ("image_encoder", "feature_extractor")
 
 #: The two text encoders and their tokenizers (stage 1).
 TEXT_COMPONENTS = ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2")
@@ -52,23 +53,12 @@ def pipeline_components(preset: Preset) -> tuple[str, ...]:
     return PIPELINE_COMPONENTS + (IMAGE_COMPONENTS if "i2v" in preset.tasks else ())
 
 
-#: Model dtypes by their CLI spelling (``--dtype``).
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
 # The tiny MLLM tokenizer uses the ChatML layout of Qwen2.5-VL's chat template (system, user, then the
 # assistant generation prompt), so diffusers' template + crop recipe runs on it unchanged.
 TINY_CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    """'fp32' | 'bf16' | 'fp16' -> torch dtype; anything else is a HyvInputError naming --dtype."""
-    try:
-        return DTYPES[name]
-    except KeyError:
-        raise HyvInputError("--dtype", f"must be one of {', '.join(DTYPES)}, got {name!r}") from None
 
 
 @contextlib.contextmanager
@@ -137,7 +127,7 @@ def _seeded(seed: int, build):
 
 def build_tiny_components(preset: Preset, seed: int = 0, names: Iterable[str] | None = None) -> dict[str, Any]:
     """Build the requested tiny components (None: every one of the preset's model) with seeded random weights (fp32,
-    eval mode); CogVideoX's are :func:`hyv_lib.models.cogvideox_components.build_tiny_cogvideox`'s."""
+    eval mode); CogVideoX's are :func:`hyv_lib.models.cogvideox.components.build_tiny_cogvideox`'s."""
     from diffusers import AutoencoderKLHunyuanVideo15, FlowMatchEulerDiscreteScheduler, HunyuanVideo15Transformer3DModel
     from diffusers.guiders import ClassifierFreeGuidance
     from transformers import ByT5Tokenizer, Qwen2_5_VLTextModel, T5Config, T5EncoderModel
@@ -170,7 +160,7 @@ def build_tiny_components(preset: Preset, seed: int = 0, names: Iterable[str] | 
         out["scheduler"] = FlowMatchEulerDiscreteScheduler(shift=preset.flow_shift)
     if "guider" in names:  # saved so that diffusers' pipeline classes load the folder; hyv_lib runs CFG itself
         # its "experimental feature" notice says nothing to our users
-        with _errors_only("diffusers.guiders.guider_utils"):
+        with errors_only("diffusers.guiders.guider_utils"):
             out["guider"] = ClassifierFreeGuidance(guidance_scale=preset.guidance_scale)
     if names & set(IMAGE_COMPONENTS):
         from transformers import SiglipVisionConfig, SiglipVisionModel
@@ -202,28 +192,6 @@ def image_processor(size: int | None = None):
     name = "SiglipImageProcessor" if importlib.util.find_spec("torchvision") else "SiglipImageProcessorPil"
     cls = getattr(transformers, name)
     return cls if size is None else cls(size={"height": size, "width": size})
-
-
-def i2v_pipeline_class():
-    """diffusers' ``HunyuanVideo15ImageToVideoPipeline``, imported without transformers' one-time notice that
-    ``SiglipImageProcessor`` falls back to the PIL class when torchvision is missing (we use that class on purpose:
-    :func:`image_processor`)."""
-    with _errors_only("transformers.utils.import_utils"):
-        from diffusers import HunyuanVideo15ImageToVideoPipeline
-    return HunyuanVideo15ImageToVideoPipeline
-
-
-@contextlib.contextmanager
-def _errors_only(logger_name: str):
-    """The named logger (a diffusers or transformers module's) passes only errors inside the block; its level is
-    restored after."""
-    logger = logging.getLogger(logger_name)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def _loader(name: str):

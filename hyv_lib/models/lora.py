@@ -74,7 +74,7 @@ def lora_target_names(transformer: torch.nn.Module, targets: Any = DEFAULT_LORA_
     """The full names of the ``nn.Linear`` layers of ``transformer`` that the target groups ``targets`` adapt
     (:func:`parse_lora_targets`): those whose name matches one group's regex of the model adapter's
     :attr:`~hyv_lib.models.adapter.ModelAdapter.lora_targets` whole (HunyuanVideo-1.5:
-    :data:`hyv_lib.models.hunyuan.LORA_TARGETS`; CogVideoX: :data:`hyv_lib.models.cogvideox.LORA_TARGETS`)."""
+    :data:`hyv_lib.models.hunyuan_video15.adapter.LORA_TARGETS`; CogVideoX: :data:`hyv_lib.models.cogvideox.adapter.LORA_TARGETS`)."""
     adapter = adapter_for(transformer)
     groups = adapter.lora_targets
     if not groups:

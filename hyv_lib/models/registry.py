@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ..base.errors import HyvInputError
 from .adapter import ModelAdapter
-from .cogvideox import COGVIDEOX
-from .hunyuan import HUNYUAN_VIDEO_15
+from .cogvideox.adapter import COGVIDEOX
+from .hunyuan_video15.adapter import HUNYUAN_VIDEO_15
 
 #: Registered adapters by name.
 ADAPTERS: dict[str, ModelAdapter] = {HUNYUAN_VIDEO_15.name: HUNYUAN_VIDEO_15, COGVIDEOX.name: COGVIDEOX}

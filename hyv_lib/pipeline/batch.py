@@ -18,7 +18,7 @@ from ..base.errors import HyvInputError
 from ..base.files import clean_partials
 from ..base.lock import folder_lock
 from ..base.presets import DEFAULT_SEED, PRESETS, Preset
-from ..models.components import torch_dtype
+from ..models.dtypes import torch_dtype
 from ..models.folder import choose_preset
 from .calibration import cache_schedule
 from .inference import load_pipeline

@@ -9,7 +9,9 @@ import torch
 
 from ..base.errors import HyvInputError, python_names
 from ..base.presets import DEFAULT_PRESET, Preset, get_preset
-from ..models.components import IMAGE_COMPONENTS, TEXT_COMPONENTS, load_components, torch_dtype
+from ..models.components import TEXT_COMPONENTS, load_components
+from ..models.families import family_for
+from ..models.dtypes import torch_dtype
 from ..models.folder import choose_preset
 from ..parallel.distributed import local_device
 from ..runtimes.deepcache import DeepCacheSchedule
@@ -100,7 +102,7 @@ def calibrate(preset: str | Preset | None = None, model_path: str | None = None,
     settings = resolve_settings(spec, requested)
     names = [*TEXT_COMPONENTS, "transformer", "scheduler"]
     if image is not None:
-        names += [*IMAGE_COMPONENTS, "vae"]
+        names += list(family_for(spec).image_components)
     components = dict(components or {})
     missing = [n for n in names if n not in components]
     if missing:

@@ -1,16 +1,13 @@
-"""Where stage 1's encoders run: the ``--text_device`` choice, and each encoder on that device for its own call only."""
+"""Where stage 1's encoders run: the ``--text_device`` choice and the encoders the in-memory pipeline keeps there."""
 
 from __future__ import annotations
 
-import contextlib
 import re
-from typing import Iterator
 
 import torch
 
 from ..base.errors import HyvInputError
 from ..parallel.distributed import local_device
-from ..runtimes.placement import placed
 
 #: ``--text_device`` values: ``auto`` (this process's GPU when CUDA is available, else the host CPU), ``cpu``, ``cuda``
 #: (this process's GPU: ``LOCAL_RANK``'s under torchrun) or ``cuda:N``.
@@ -55,42 +52,3 @@ def resolve_text_device(text_device: str | torch.device | None = "auto", runtime
         raise HyvInputError("--text_device", f"is {value!r}, but this machine has {count} CUDA device(s): "
                                              f"cuda:0 to cuda:{count - 1}")
     return torch.device("cuda", index)
-
-
-def module_device(module: torch.nn.Module) -> torch.device:
-    """The device of ``module``'s first parameter (where it runs)."""
-    return next(module.parameters()).device
-
-
-@contextlib.contextmanager
-def on_device(module: torch.nn.Module, device: torch.device | None = None,
-              release: bool = False) -> Iterator[torch.nn.Module]:
-    """``module`` on ``device`` for one encoder call (None, or the device it is on already: left where it is).
-
-    Moved there, it leaves the device after the block, and a GPU's cache of freed blocks is emptied, so the next
-    encoder or the transformer has the card: back to where it was (:func:`hyv_lib.runtimes.placement.placed`), or
-    with ``release=True`` (an encoder loaded for this one call, as :func:`hyv_lib.pipeline.stages.stage1` does) its
-    weights are dropped instead (moved to the ``meta`` device: no copy back to the host; the module is unusable
-    after)."""
-    if device is None or module_device(module) == device:
-        yield module
-        return
-    if not release:
-        with placed(module, device):
-            yield module
-        return
-    torch.nn.Module.to(module, device=device)
-    try:
-        yield module
-    finally:
-        torch.nn.Module.to(module, device="meta")
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-
-
-def keep_on_device(modules: list[torch.nn.Module], device: torch.device) -> None:
-    """Move ``modules`` to ``device`` to stay (the in-memory pipeline's encoders when nothing is offloaded: each
-    :func:`on_device` call then finds them there and moves nothing)."""
-    for module in modules:
-        if module_device(module) != device:
-            torch.nn.Module.to(module, device=device)

@@ -1,4 +1,4 @@
-"""Image-to-video conditioning: read and check the first frame, bucket and crop it, encode it (SigLIP and VAE)."""
+"""Image-to-video conditioning: read and check the first frame, its bucket, and the family's crop and encoding of it."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import torch
 
 from ..base.errors import HyvInputError
 from ..base.presets import MAX_ASPECT_RATIO, PRESETS, Preset, beyond_buckets, bucket_for
-from ..models.components import i2v_pipeline_class
-from .encoder_device import module_device, on_device
+from ..models.families import family_for
 from .settings import Stage2Settings
 
 #: PIL modes taken as they are converted to RGB (as diffusers' processors do); 16-bit, float and CMYK images are
@@ -63,42 +62,18 @@ def image_bucket(preset: Preset, image) -> tuple[int, int]:
 
 
 def crop_to_bucket(preset: Preset, image):
-    """The image resized to cover its bucket (Lanczos) and centre-cropped to it, as diffusers' I2V pipeline does
-    (its video processor's ``resize(..., resize_mode="crop")``)."""
-    height, width = image_bucket(preset, image)
-    return _video_processor(preset).resize(image, height=height, width=width, resize_mode="crop")
+    """The image resized to cover its bucket and centre-cropped to it, as the preset's image-to-video pipeline does
+    (:meth:`hyv_lib.models.family.ModelFamily.crop_image`; HunyuanVideo-1.5:
+    :func:`hyv_lib.models.hunyuan_video15.image.crop_to_bucket`)."""
+    return family_for(preset).crop_image(preset, image)
 
 
-def _video_processor(preset: Preset):
-    from diffusers.pipelines.hunyuan_video1_5.image_processor import HunyuanVideo15ImageProcessor
-
-    # The I2V pipeline's own settings (no second resize: the image is already at the bucket).
-    return HunyuanVideo15ImageProcessor(vae_scale_factor=preset.spatial_compression, do_resize=False,
-                                        do_convert_rgb=True)
-
-
-@torch.no_grad()
 def encode_image(components: dict[str, Any], preset: Preset, image, device: torch.device | None = None,
                  release: bool = False) -> dict[str, torch.Tensor]:
-    """The stage-1 tensors of a first frame (already :func:`crop_to_bucket`-ed), on the host CPU: ``image_embeds``
-    [1, N, D] (SigLIP's last hidden state) and ``cond_latents`` [1, C, 1, h, w] (the VAE's latent mode times its
-    scaling factor).
-
-    Calls diffusers' I2V pipeline's own two encoders (static methods, diffusers 0.42 pinned) rather than a copy, so
-    the conditioning is the pipeline's by construction; tests compare the whole stage 1 + 2 with the pipeline.
-    ``device`` (None: each where it is): SigLIP, then the VAE, each moved there for its call and off it after
-    (:func:`hyv_lib.pipeline.encoder_device.on_device`; ``release``: dropped instead of moved back).
-    """
-    I2V = i2v_pipeline_class()
-    encoder, vae = components["image_encoder"], components["vae"]
-    with on_device(encoder, device, release):
-        image_embeds = I2V._get_image_embeds(encoder, components["feature_extractor"], image,
-                                             module_device(encoder)).cpu()
-    height, width = image.size[1], image.size[0]
-    with on_device(vae, device, release):
-        cond_latents = I2V._get_image_latents(vae, _video_processor(preset), image, height, width,
-                                              module_device(vae)).float().cpu()
-    return {"image_embeds": image_embeds, "cond_latents": cond_latents}
+    """The stage-1 tensors of a first frame (already :func:`crop_to_bucket`-ed), on the host CPU, by the preset's
+    family (:meth:`hyv_lib.models.family.ModelFamily.encode_image`; HunyuanVideo-1.5:
+    :func:`hyv_lib.models.hunyuan_video15.image.encode_image`)."""
+    return family_for(preset).encode_image(components, preset, image, device=device, release=release)
 
 
 # ------------------------------------------------------------------------------------------------- stage 1

@@ -16,16 +16,12 @@ from ..base.errors import HyvInputError, python_names
 from ..base.files import ensure_output_dir
 from ..base.presets import DEFAULT_SEED, Preset, get_preset
 from ..kernels.dispatch import kernel_record
-from ..models.components import (
-    DTYPES,
-    IMAGE_COMPONENTS,
-    load_components,
-    pipeline_components,
-    quiet_loading,
-    torch_dtype,
-)
+from ..models.components import IMAGE_COMPONENTS, load_components, pipeline_components, quiet_loading
+from ..models.devices import keep_on_device
+from ..models.dtypes import DTYPES, torch_dtype
 from ..models.folder import choose_preset
 from ..models.lora import ensure_merged
+from ..models.families import family_for
 from ..parallel.distributed import local_device
 from ..runtimes.fsdp import shard_weights as shard_transformer
 from ..runtimes.fsdp import sharded_step, under_torchrun
@@ -33,8 +29,7 @@ from ..runtimes.placement import place_transformer, while_denoising
 from ..runtimes.step import cached_step, make_step
 from ..runtimes.vae import decode_latents
 from ..runtimes.vae_memory import tile_for_budget
-from .cogvideox import vae_latents
-from .encoder_device import ENCODERS, keep_on_device, resolve_text_device
+from .encoder_device import ENCODERS, resolve_text_device
 from .image import check_task, first_frame
 from .sampling import sample_latents
 from .settings import Stage2Settings, check_vae_model, check_vae_settings, resolve_settings
@@ -250,7 +245,7 @@ class VideoPipeline:
         if self.vae_memory_gb is not None:
             with python_names():
                 tile_px = tile_for_budget(vae, tuple(latents.shape), self.vae_memory_gb, vae_dtype)
-        decoded = vae_latents(self.preset, latents, settings.video_length)  # CogVideoX: padding dropped, C first
+        decoded = family_for(self.preset).vae_latents(self.preset, latents, settings.video_length)  # the VAE's layout
         frames = decode_latents(vae, decoded, tiling=self.tiling, runtime=self.vae_runtime, dtype=vae_dtype,
                                 tile_px=tile_px, device=local_device() if self.vae_runtime == "torch" else None)
         config = dict(prompt=prompt, negative_prompt=negative_prompt, preset=self.preset.name, task=task,

@@ -19,9 +19,11 @@ from ..base.lock import FolderInUseError, folder_lock
 from ..base.memory import PeakMemory
 from ..base.presets import PRESETS, Preset, get_preset
 from ..kernels.dispatch import kernel_record
-from ..models.components import IMAGE_COMPONENTS, load_components, text_components, torch_dtype
+from ..models.components import load_components, text_components
+from ..models.dtypes import torch_dtype
 from ..models.folder import PresetChoice, choose_preset
 from ..models.lora import RECORD_FIELDS, check_lora_file, ensure_merged
+from ..models.families import family_for
 from ..parallel.distributed import barrier, init_distributed, launched_ranks, local_device, rank
 from ..runtimes.fsdp import shard_weights, sharded_step
 from ..runtimes.placement import place_transformer, while_denoising
@@ -29,7 +31,6 @@ from ..runtimes.step import TransformerStep, make_step
 from ..runtimes.vae import decode_latents
 from ..runtimes.vae_memory import tile_for_budget
 from .calibration import cache_schedule, resolve_calibration
-from .cogvideox import vae_latents
 from .encoder_device import resolve_text_device
 from .image import check_task, crop_to_bucket, first_frame, image_size_settings, load_image
 from .sampling import sample_latents
@@ -201,7 +202,7 @@ def stage1(
     ensure_output_dir(output_dir)
     names = list(text_components(spec))
     if image is not None:
-        names += [*IMAGE_COMPONENTS, "vae"]
+        names += list(family_for(spec).image_components)
     with PeakMemory() as memory:
         loaded = components is None  # loaded here: each encoder's weights are dropped after its call
         if loaded:
@@ -371,7 +372,7 @@ def stage3(
     latents = load_stage2(input_dir)
     spec = _preset_from_config(config, input_dir)
     check_vae_model(spec, budget)
-    latents = vae_latents(spec, latents, config.get("video_length"))  # CogVideoX: padding dropped, [1, C, T, h, w]
+    latents = family_for(spec).vae_latents(spec, latents, config.get("video_length"))  # the VAE's [1, C, T, h, w]
     fps = spec.fps if fps is None else fps
     output_video = output_video or os.path.join(input_dir, VIDEO_FILE)
     out_dir = os.path.dirname(os.path.abspath(output_video))

@@ -11,7 +11,6 @@ from ..base.errors import HyvInputError
 from ..base.presets import Preset, get_preset
 from ..kernels.ssta import SstaConfig
 from ..kernels.xla import kv_block_layout
-from ..models.layout import context_tokens
 from ..models.adapter import ModelAdapter
 from ..models.registry import ADAPTERS, get_adapter
 from ..parallel import sharding
@@ -74,7 +73,7 @@ def token_counts(preset: Preset | str, height: int, width: int, video_length: in
     shape = preset.denoising_shape(height, width, video_length)
     t, h, w = get_adapter(preset.model).token_grid(shape)
     video = -(-t // d["patch_t"]) * (h // d["patch"]) * (w // d["patch"])
-    context = context_tokens(preset)
+    context = get_adapter(preset.model).context_tokens(preset)
     return dict(video=video, context=context, joint=video + context, text=preset.text_len,
                 byt5=preset.byt5_len, image=preset.image_tokens)
 
@@ -260,7 +259,7 @@ def param_bytes(preset: Preset | str, dtype: str = "bf16", rules: str | Sequence
 
     ``rules``: ``replicated`` (the default: every weight whole on every device) or a strategy of
     :data:`hyv_lib.parallel.sharding.STRATEGIES` with the preset's model adapter's rule set for it, exactly as the TPU
-    runtime places them (HunyuanVideo-1.5's, :data:`hyv_lib.models.hunyuan.RULE_SETS`): ``tp`` (Megatron on the joint
+    runtime places them (HunyuanVideo-1.5's, :data:`hyv_lib.models.hunyuan_video15.adapter.RULE_SETS`): ``tp`` (Megatron on the joint
     blocks: to_q/k/v, add_*_proj, ff(.context).net.0.proj split by output features = column-parallel;
     to_out.0, to_add_out, ff(.context).net.2 split by input features = row-parallel; the rest, including
     the AdaLN modulation linears and the token refiner, replicated), ``tp_replicated_out`` (the

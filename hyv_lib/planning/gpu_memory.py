@@ -217,13 +217,14 @@ def step_memory(preset: Preset | str, height: int, width: int, video_length: int
 
 # ---------------------------------------------------------------------------------------------------- VAE
 @functools.lru_cache(maxsize=8)
-def _meta_vae(config_json: str):
-    """The VAE of a config on the meta device (shapes and parameter counts, no memory)."""
+def _meta_vae(vae_class: str, config_json: str):
+    """The VAE (diffusers' class ``vae_class``) of a config on the meta device (shapes and parameter counts, no
+    memory)."""
     import diffusers
     import torch
 
     with torch.device("meta"):
-        return diffusers.AutoencoderKLHunyuanVideo15(**json.loads(config_json))
+        return getattr(diffusers, vae_class)(**json.loads(config_json))
 
 
 def vae_decode_memory(preset: Preset | str, height: int, width: int, video_length: int, gpus: int = 1, *,
@@ -238,7 +239,7 @@ def vae_decode_memory(preset: Preset | str, height: int, width: int, video_lengt
     check_count("gpus", gpus)
     if vae_dtype not in ("bf16", "fp32"):
         raise HyvInputError("vae_dtype", f"must be bf16 or fp32, got {vae_dtype!r}")
-    vae = _meta_vae(json.dumps(preset.vae, sort_keys=True))
+    vae = _meta_vae(get_adapter(preset.model).vae_class, json.dumps(preset.vae, sort_keys=True))
     terms = decode_peak_bytes(vae, preset.latent_shape(height, width, video_length), vae.tile_sample_min_height,
                               torch.bfloat16 if vae_dtype == "bf16" else torch.float32, ranks=gpus)
     allocated = terms.pop("total")

@@ -8,7 +8,6 @@ from typing import Any
 from ..base.errors import HyvInputError
 from ..base.presets import Preset
 from ..kernels.ssta import SstaConfig, TileLayout, window_mask
-from ..models.layout import context_tokens
 from ..models.registry import adapters_with, get_adapter
 
 #: The ``attention`` values the cost model takes (or a :class:`hyv_lib.SstaConfig`): ``auto`` (the preset's own,
@@ -100,7 +99,7 @@ def ssta_density(preset: Preset, height: int, width: int, video_length: int,
     t, h, w = preset.denoising_shape(height, width, video_length)[2:]
     patch, patch_t = c.get("patch_size") or 1, c.get("patch_size_t") or 1
     grid = (-(-t // patch_t), h // patch, w // patch)
-    nc = context_tokens(preset)
+    nc = get_adapter(preset.model).context_tokens(preset)
     if valid_context is not None and not (isinstance(valid_context, int) and 0 <= valid_context <= nc):
         raise HyvInputError("valid_context", f"must be between 0 and {nc}, got {valid_context!r}")
     density = tile_density(grid, nc, config, valid_context)

@@ -7,8 +7,9 @@ from typing import Any
 import torch
 
 from ..base.presets import get_preset, video_size
-from ..models.components import torch_dtype
+from ..models.dtypes import torch_dtype
 from ..models.patches import loop_free_causal_masks
+from ..models.registry import get_adapter
 from ..parallel.jax_env import quiet_libtpu
 from .tpu_compile import available_hbm, topology_devices
 
@@ -26,7 +27,7 @@ def compile_decode(preset: str = "720p_t2v", topology: str = "v6e:2x4", *, heigh
     import time
 
     import jax
-    from diffusers import AutoencoderKLHunyuanVideo15
+    import diffusers
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
     from torchax.interop import JittableModule, jax_view
@@ -35,7 +36,7 @@ def compile_decode(preset: str = "720p_t2v", topology: str = "v6e:2x4", *, heigh
     height, width, video_length = video_size(spec, height, width, video_length)
     devices = topology_devices(topology)
     with torch.device("meta"):
-        vae = AutoencoderKLHunyuanVideo15(**spec.vae)
+        vae = getattr(diffusers, get_adapter(spec.model).vae_class)(**spec.vae)
     vae = torch.nn.Module.to(vae, torch_dtype(dtype)).eval().requires_grad_(False)
     vae.enable_tiling()
     _, c, t, h, w = spec.latent_shape(height, width, video_length)

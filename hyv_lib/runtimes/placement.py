@@ -5,11 +5,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
-from typing import Iterator
 
 import torch
 
 from ..base.errors import HyvInputError
+from ..models.devices import placed
 from ..parallel.distributed import local_device
 
 logger = logging.getLogger(__name__)
@@ -31,28 +31,6 @@ NOT_OFFLOADED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
 
 #: Transformers :func:`offload_blocks` has hooked, and the device each streams to.
 OFFLOADED: "weakref.WeakKeyDictionary[torch.nn.Module, torch.device]" = weakref.WeakKeyDictionary()
-
-
-@contextlib.contextmanager
-def placed(module: torch.nn.Module, device: torch.device | None = None,
-           dtype: torch.dtype | None = None) -> Iterator[torch.nn.Module]:
-    """``module`` on ``device`` in ``dtype`` (None: as it is) inside the block, back where it was and in its own dtype
-    after, so work on one device never changes a model that other work shares (a VAE that the next prompt's image
-    conditioning uses, a transformer that leaves the GPU to the decode). Leaving a GPU also empties torch's cache of
-    freed blocks, so the memory is free for other processes too."""
-    param = next(module.parameters())
-    home_device, home_dtype = param.device, param.dtype
-    target_device, target_dtype = device or home_device, dtype or home_dtype
-    moved = (target_device, target_dtype) != (home_device, home_dtype)
-    if moved:  # torch.nn.Module.to: diffusers' to() warns about fp32-pinned modules, which these models do not have
-        torch.nn.Module.to(module, device=target_device, dtype=target_dtype)
-    try:
-        yield module
-    finally:
-        if moved:
-            torch.nn.Module.to(module, device=home_device, dtype=home_dtype)
-            if torch.device(target_device).type == "cuda":
-                torch.cuda.empty_cache()
 
 
 def offload_blocks(transformer, device: torch.device) -> None:

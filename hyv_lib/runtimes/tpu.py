@@ -119,7 +119,7 @@ class TpuTransformer:
     """A diffusers video transformer on JAX via torchax, callable like the model's forward.
 
     ``adapter`` (a :class:`hyv_lib.models.adapter.ModelAdapter`; default: the registered one for the model's class,
-    :data:`hyv_lib.models.hunyuan.HUNYUAN_VIDEO_15` for HunyuanVideo-1.5) says how the model's forward splits into
+    :data:`hyv_lib.models.hunyuan_video15.adapter.HUNYUAN_VIDEO_15` for HunyuanVideo-1.5) says how the model's forward splits into
     prompt-only work, embeddings, blocks and head. Prompt-only work runs once per conditioning in eager torch
     (HunyuanVideo-1.5: t2v vs i2v decided in Python from the concrete image embeddings, the valid-first reorder as
     gather indices), RoPE tables once per latent shape. The per-step function is jitted once and reused. Returns the

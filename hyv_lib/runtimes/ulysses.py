@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from ..base.errors import HyvInputError
 from ..kernels.custom_op import CompilableAttention
 from ..models.adapter import ModelAdapter, RopeTables
-from ..models.processors import context_qkv, video_qkv
+from ..models.attention_qkv import context_qkv, video_qkv
 from ..models.registry import adapter_for
 from ..parallel.distributed import local_device
 
@@ -94,7 +94,7 @@ class UlyssesJointAttnProcessor:
     keys stay a prefix); the video output goes back to sequence shards with a second all_to_all and
     the context output is all_gathered over heads, leaving the same full context on every rank.
 
-    ``backend`` and ``options`` go to the attention call. ``grid`` (a :class:`hyv_lib.models.processors.TokenGrid`,
+    ``backend`` and ``options`` go to the attention call. ``grid`` (a :class:`hyv_lib.models.hunyuan_video15.processors.TokenGrid`,
     for a backend that tiles the video on its token grid: SSTA) gives the grid at each call; such a backend sees
     exactly ``[real video (raster order) ; context]`` (the padding rows are dropped before the call and come back as
     zero rows) and this rank's whole heads, with every token of the sequence, so its tiles are the single process's.

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ..models.patches import frame_causal_vae_attention
-from .placement import placed
+from ..models.devices import placed
 from .tile_parallel import tile_parallel_decode
 from .tpu_vae import decode_on_jax
 

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from ..base.errors import HyvInputError
 from ..kernels.ssta import SstaConfig, density, ssta_mask, window_mask
 from ..kernels.ssta_torch import ssta_inputs
-from ..models.processors import TokenGrid, context_qkv, video_qkv
+from ..models.attention_qkv import context_qkv, video_qkv
+from ..models.hunyuan_video15.processors import TokenGrid
 from ..pipeline.inference import VideoPipeline
 from . import data
 from .quality import attribute_rates, psnr, read_video
@@ -70,7 +71,7 @@ def random_qk_density(grid: tuple[int, int, int], config: SstaConfig, heads: int
 class MaskRecorder:
     """Records the SSTA tile mask of the transformer's first sparse dual-stream block at every call, as the ``ssta``
     kernel builds it (:func:`hyv_lib.kernels.ssta_torch.ssta_inputs` on the block's q, k, v and key mask): a forward
-    pre-hook on the block's attention, recomputing q and k as :class:`hyv_lib.models.processors.JointAttnProcessor`
+    pre-hook on the block's attention, recomputing q and k as :class:`hyv_lib.models.hunyuan_video15.processors.JointAttnProcessor`
     does. ``seconds``: the time spent recording (subtracted from the videos' times)."""
 
     def __init__(self, transformer, config: SstaConfig):

@@ -19,14 +19,15 @@ from ..base.errors import HyvInputError, python_names
 from ..base.files import atomic_path, clean_partials, ensure_output_dir
 from ..base.lock import folder_lock
 from ..base.presets import PRESETS, TASKS, Preset
-from ..models.components import IMAGE_COMPONENTS, TEXT_COMPONENTS, load_components, torch_dtype
+from ..models.components import IMAGE_COMPONENTS, TEXT_COMPONENTS, load_components
+from ..models.dtypes import torch_dtype
 from ..models.folder import choose_preset
 from ..models.patches import frame_causal_vae_attention
 from ..pipeline.batch import sha256_json
 from ..pipeline.image import encode_image
 from ..pipeline.stage_io import save_tensors
 from ..pipeline.text import encode_prompts
-from ..runtimes.placement import placed
+from ..models.devices import placed
 from ..runtimes.vae import exact_fp32
 from .data_json import (
     ClipEntry,
@@ -277,7 +278,7 @@ def _extract(entries: list[Any], base_dir: str, output_dir: str, plan: _Plan, mo
 @contextlib.contextmanager
 def _on_device(components: dict[str, Any], device: torch.device, vae_dtype: torch.dtype) -> Iterator[dict[str, Any]]:
     """The components with their networks on ``device`` (the VAE also in ``vae_dtype``) for the block, back where
-    they were after (:func:`hyv_lib.runtimes.placement.placed`)."""
+    they were after (:func:`hyv_lib.models.devices.placed`)."""
     with contextlib.ExitStack() as stack:
         models = dict(components)
         for name, module in components.items():

@@ -139,19 +139,20 @@ def features_digest(spec: Preset, model_path: str | None) -> str:
     """The ``model_config_digest`` features extracted with this preset and model carry
     (:func:`hyv_lib.training.features.model_config_digest`: the VAE's config and the preset's conditioning layout).
     A model folder's VAE is built on the meta device from its config (no weights read)."""
-    from diffusers import AutoencoderKLHunyuanVideo15
+    import diffusers
 
+    vae_class = getattr(diffusers, get_adapter(spec.model).vae_class)
     path = os.path.expanduser(model_path) if model_path else spec.bundled_path
     if path is None:
         vae = load_components(spec, None, ["vae"])["vae"]
     else:
         try:
             subfolder = "vae" if model_path else spec.bundled_subfolder("vae")
-            config = AutoencoderKLHunyuanVideo15.load_config(path, subfolder=subfolder)
+            config = vae_class.load_config(path, subfolder=subfolder)
         except (OSError, ValueError) as err:
             raise HyvInputError("--model_path", f"cannot read the VAE config of {path!r}: {err}") from None
         with torch.device("meta"):
-            vae = AutoencoderKLHunyuanVideo15.from_config(config)
+            vae = vae_class.from_config(config)
     return model_config_digest(vae, spec)
 
 

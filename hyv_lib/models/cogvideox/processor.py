@@ -6,10 +6,10 @@ from typing import Any
 
 import torch
 
-from ..kernels.custom_op import CompilableAttention
-from ..kernels.dispatch import check_options, resolve_backend
-from ..parallel.sharding import keep_heads_split, stream_layout
-from .processors import video_qkv
+from ...kernels.custom_op import CompilableAttention
+from ...kernels.dispatch import check_options, resolve_backend
+from ...parallel.sharding import keep_heads_split, stream_layout
+from ..attention_qkv import video_qkv
 
 
 class CogVideoXJointAttnProcessor:

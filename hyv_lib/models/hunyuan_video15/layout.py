@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..base.presets import Preset
+from ...base.presets import Preset
 
 
 def video_tokens(preset: Preset, height: int, width: int, video_length: int) -> int:

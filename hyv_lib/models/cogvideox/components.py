@@ -8,9 +8,9 @@ from typing import Any, Iterable
 
 import torch
 
-from ..base.cogvideox_presets import COGVIDEOX_SCHEDULER
-from ..base.errors import HyvInputError
-from ..base.presets import Preset
+from ...base.cogvideox_presets import COGVIDEOX_SCHEDULER
+from ...base.errors import HyvInputError
+from ...base.presets import Preset
 
 #: Component names of a diffusers ``CogVideoXPipeline`` folder (model_index.json), in the order stages use them.
 COGVIDEOX_COMPONENTS = ("tokenizer", "text_encoder", "transformer", "vae", "scheduler")

@@ -15,9 +15,9 @@ from typing import Any, Mapping, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..parallel.sharding import tensor_parallel_rule_sets
-from .adapter import ModelAdapter
-from .layout import valid_first_order
+from ...parallel.sharding import tensor_parallel_rule_sets
+from ..adapter import ModelAdapter
+from .layout import context_tokens, valid_first_order
 from .processors import TokenGrid, use_attention
 
 
@@ -121,6 +121,12 @@ class HunyuanVideo15Adapter(ModelAdapter):
     lora_targets = LORA_TARGETS
     runs_ssta = True
     vae_memory_model = True
+    vae_class = "AutoencoderKLHunyuanVideo15"
+
+    def context_tokens(self, preset) -> int:
+        """Image + ByT5 + text, after the valid-first reorder (:func:`hyv_lib.models.hunyuan_video15.layout.context_tokens`:
+        729 + 256 + 1000 = 1985 for the real model)."""
+        return context_tokens(preset)
 
     def cost_dims(self, config: Mapping[str, Any]) -> dict[str, int]:
         """Dual-stream blocks (``streams`` 2), a token refiner whose MLP is built at its default ratio 4 (not the

@@ -8,9 +8,9 @@ from typing import Any, Mapping
 import torch
 import torch.nn.functional as F
 
-from ..parallel.sharding import tensor_parallel_rule_sets
-from .adapter import ModelAdapter
-from .cogvideox_processor import SharedProjectionsView, use_attention
+from ...parallel.sharding import tensor_parallel_rule_sets
+from ..adapter import ModelAdapter
+from .processor import SharedProjectionsView, use_attention
 
 #: The spatial patch of every CogVideoX checkpoint (2b, 5b, 1.5-5b); :meth:`CogVideoXAdapter.check` refuses others,
 #: since :meth:`~CogVideoXAdapter.unpatchify` reads it from here (it is given the tokens and the latent shape only).
@@ -104,6 +104,7 @@ class CogVideoXAdapter(ModelAdapter):
     block_prefix = "transformer_blocks."
     lora_targets = LORA_TARGETS
     timestep_dtype = torch.float32  # the pipeline's integer timesteps, embedded in float32 by diffusers
+    vae_class = "AutoencoderKLCogVideoX"
     takes_flow_shift = False  # CogVideoXDDIMScheduler / CogVideoXDPMScheduler: v-prediction
     takes_lora_files = False  # hyv_lib's LoRA files are made for HunyuanVideo-1.5's transformer
     gpu_plan_note = ("the GPU rows' Ulysses layout is modelled as for HunyuanVideo-1.5; hyv_lib's Ulysses runtime "

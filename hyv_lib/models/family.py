@@ -1,0 +1,99 @@
+"""The interface of a model family: what the pipeline, training and planner call for one model beyond its transformer.
+
+A family lives in its own folder under ``hyv_lib/models/`` (``hunyuan_video15/``, ``cogvideox/``) and holds all that
+is that model's: the :class:`~hyv_lib.models.adapter.ModelAdapter` that runs its transformer piece by piece, its
+attention processors, its text and image conditioning (stage 1), its denoising recipe (stage 2) and the layout its
+VAE decodes (stage 3). :func:`hyv_lib.models.families.family_for` finds a preset's family by the preset's ``model``;
+the layers above call these methods and never name a model. Adding a model is a new folder and one registry line.
+
+The stage functions hand the family what lives in the layers above it: the denoising ``step`` (a runtime's callable)
+and how many untimed ``warmup`` calls it wants for a program (the compiled runtime's count).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from ..base.errors import HyvInputError
+from ..base.presets import Preset
+from .adapter import ModelAdapter
+
+#: The pipeline's ``warmup`` argument: the number of untimed calls before the first step for a program keyed by
+#: (latent shape, batch, dtype, device).
+Warmup = Callable[[tuple], int]
+
+
+class ModelFamily:
+    """One model's recipe around its transformer (subclass it; one instance per family, in the registry)."""
+
+    #: The preset's ``model`` value this family runs (the adapter's name).
+    name: str = ""
+    #: Whether the checkpoint can take a first frame (image-to-video): :meth:`crop_image` and :meth:`encode_image`.
+    takes_image: bool = False
+    #: The components :meth:`encode_image` needs.
+    image_components: tuple[str, ...] = ()
+
+    def __init__(self, adapter: ModelAdapter):
+        self.adapter = adapter
+        self.name = adapter.name
+
+    # ------------------------------------------------------------------------------------------ stage 1
+    def encode_texts(self, components: dict[str, Any], preset: Preset, prompts: list[str],
+                     device: torch.device | None = None, release: bool = False) -> dict[str, torch.Tensor]:
+        """The stage-1 text tensors of a batch of ``prompts`` (batch first; no ``negative_`` names), by the model's
+        own pipeline recipe. ``device`` (None: each encoder where it is, the tensors too): each encoder runs there for
+        its own call and leaves it after (:func:`hyv_lib.models.devices.on_device`; ``release`` drops the weights of
+        encoders loaded for this call); the tensors come back on the host CPU."""
+        raise NotImplementedError
+
+    def tokens_cut(self, components: dict[str, Any], preset: Preset,
+                   prompts: dict[str, str]) -> dict[str, tuple[int, int, int, str]]:
+        """For each ``prompts`` key (``prompt``, ``negative_prompt``) and each encoder that reads it:
+        ``{key}_..._tokens_dropped`` -> (tokens dropped, the text's own tokens, what the encoder reads, its name)."""
+        raise NotImplementedError
+
+    def crop_image(self, preset: Preset, image):
+        """A first frame resized and centre-cropped to its bucket, as the model's image-to-video pipeline does."""
+        raise HyvInputError("image", f"{preset.name} is text-to-video: it takes no image")
+
+    def encode_image(self, components: dict[str, Any], preset: Preset, image, device: torch.device | None = None,
+                     release: bool = False, dtype: str | None = None) -> dict[str, torch.Tensor]:
+        """The stage-1 tensors of a first frame already :meth:`crop_image`-ed, on the host CPU; ``dtype`` (None: the
+        encoder's) is the embeddings', the latents stay fp32. ``device`` and ``release`` as in :meth:`encode_texts`."""
+        raise HyvInputError("image", f"{preset.name} is text-to-video: it takes no image")
+
+    def check_stage1(self, tensors: dict[str, torch.Tensor], preset: Preset, path: str) -> None:
+        """HyvInputError naming ``--input_dir`` unless ``tensors`` (read from ``path``) are a stage-1 file of this
+        model: the names, ranks, dtypes and shapes its stage 1 writes, every value finite."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------------ stage 2
+    def sample(self, step: Callable[..., torch.Tensor], transformer, scheduler_config, preset: Preset,
+               embeds: dict[str, torch.Tensor], settings, *, warmup: Warmup | None = None, progress: bool = True,
+               device: torch.device | None = None) -> torch.Tensor:
+        """Stage 2's work without files: seeded noise denoised by ``step`` with guidance, conditioned on the stage-1
+        tensors ``embeds``, with resolved ``settings`` (:class:`hyv_lib.pipeline.settings.Stage2Settings`); fp32
+        latents on the CPU, in :meth:`hyv_lib.base.presets.Preset.denoising_shape`'s layout. ``warmup`` (None: the
+        settings' ``warmup_steps``) says how many untimed calls go first."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------------ stage 3
+    def vae_latents(self, preset: Preset, latents: torch.Tensor, video_length: Any) -> torch.Tensor:
+        """The stage-2 latents as the VAE decodes them, [1, C, T, h, w]: unchanged by default. HyvInputError naming
+        ``--input_dir`` when the latents do not fit ``video_length``."""
+        return latents
+
+
+def warmup_count(warmup: Warmup | None, settings, key: tuple) -> int:
+    """The number of untimed warmup calls for the program keyed by ``key``: ``warmup(key)``, or the settings' own
+    ``warmup_steps`` (0 when unset) without a ``warmup``."""
+    if warmup is not None:
+        return warmup(key)
+    return int(getattr(settings, "warmup_steps", None) or 0)
+
+
+def initial_latents(shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """Gaussian starting latents from a CPU generator: the same seed gives the same bits anywhere."""
+    return torch.randn(shape, generator=torch.Generator("cpu").manual_seed(seed), dtype=torch.float32)

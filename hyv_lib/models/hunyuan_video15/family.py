@@ -1,0 +1,40 @@
+"""HunyuanVideo-1.5 as a model family: Qwen2.5-VL + ByT5 text, a SigLIP + VAE first frame, the flow-matching CFG loop."""
+
+from __future__ import annotations
+
+from ..family import ModelFamily
+from . import image as first_frame
+from . import sampling, stage1, text
+from .adapter import HUNYUAN_VIDEO_15
+
+
+class HunyuanVideo15Family(ModelFamily):
+    """HunyuanVideo-1.5 (text- and image-to-video): the modules of :mod:`hyv_lib.models.hunyuan_video15` behind the
+    family interface."""
+
+    takes_image = True
+    image_components = (*first_frame.IMAGE_COMPONENTS, "vae")
+
+    def encode_texts(self, components, preset, prompts, device=None, release=False):
+        return text.encode_prompts(components, preset, prompts, device=device, release=release)
+
+    def tokens_cut(self, components, preset, prompts):
+        return text.prompt_cuts(components, preset, prompts)
+
+    def crop_image(self, preset, image):
+        return first_frame.crop_to_bucket(preset, image)
+
+    def encode_image(self, components, preset, image, device=None, release=False, dtype=None):
+        return first_frame.encode_image(components, preset, image, device=device, release=release, dtype=dtype)
+
+    def check_stage1(self, tensors, preset, path):
+        stage1.check_stage1(tensors, path)
+
+    def sample(self, step, transformer, scheduler_config, preset, embeds, settings, *, warmup=None, progress=True,
+               device=None):
+        return sampling.sample(step, transformer, scheduler_config, preset, embeds, settings, warmup=warmup,
+                               progress=progress, device=device)
+
+
+#: The registered instance (:data:`hyv_lib.models.families.FAMILIES`).
+HUNYUAN_VIDEO_15_FAMILY = HunyuanVideo15Family(HUNYUAN_VIDEO_15)
