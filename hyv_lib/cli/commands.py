@@ -23,6 +23,7 @@ from ..base.lock import FolderInUseError
 from ..base.presets import DEFAULT_PRESET, PRESETS, get_preset
 from ..models.components import quiet_loading, save_tiny_pipeline
 from ..parallel.jax_env import enable_compile_cache
+from ..parallel.sharding import DEFAULT_STRATEGY
 from ..pipeline.batch import BatchRunner, parse_shard, read_prompts_file, run_lock, run_prompts_file
 from ..pipeline.calibration import calibrate
 from ..pipeline.image import load_image
@@ -124,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--mesh", default=None, help="TPU: e.g. data=2,tensor=4 (default: data=2 for the CFG batch, "
                                                  "tensor = the rest, as far as the heads split); GPUs: Ulysses over "
                                                  "all of them")
-    pl.add_argument("--sharding", default="tp_replicated_out", help="TPU: tp | tp_replicated_out | fsdp")
+    pl.add_argument("--sharding", default=DEFAULT_STRATEGY, help="TPU: tp | tp_replicated_out | fsdp")
     pl.add_argument("--height", type=int, default=None, help="pixels (default: the preset's 16:9 bucket)")
     pl.add_argument("--width", type=int, default=None, help="pixels (default: the preset's 16:9 bucket)")
     pl.add_argument("--video_length", type=int, default=None, help="frames, 4n+1 (default: the preset's)")

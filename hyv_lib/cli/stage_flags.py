@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..base.presets import DEFAULT_PRESET, DEFAULT_SEED, PRESETS
+from ..parallel.sharding import DEFAULT_STRATEGY
 from ..runtimes.magcache import CALIBRATION_PROMPT, CALIBRATION_SEED
 from .attention_flags import add_attention_arguments
 from .official_flags import add_official_arguments, add_preset_arguments
@@ -68,7 +69,7 @@ def add_stage2_arguments(p: argparse.ArgumentParser, dirs: bool = True) -> None:
                    help="tpu runtime: device mesh, e.g. tensor=8 or data=2,tensor=4, or 1 for one device "
                         "(default: every device, as compile lays them out: data=2 for the CFG pair, tensor = the "
                         "rest, as far as the heads split; the mesh used is printed and recorded)")
-    g.add_argument("--sharding", default="tp_replicated_out",
+    g.add_argument("--sharding", default=DEFAULT_STRATEGY,
                    help="tpu runtime on more than one device (a --mesh, or the default one): tp | tp_replicated_out | "
                         "fsdp (default tp_replicated_out)")
     add_attention_arguments(p, g)
@@ -161,5 +162,5 @@ def add_calibration_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runtime", default="torch", help="torch | tpu (default torch)")
     p.add_argument("--mesh", default=None, help="tpu runtime: device mesh, e.g. tensor=8, or 1 for one device "
                                                 "(default: every device, as for stage2)")
-    p.add_argument("--sharding", default="tp_replicated_out", help="tp | tp_replicated_out | fsdp")
+    p.add_argument("--sharding", default=DEFAULT_STRATEGY, help="tp | tp_replicated_out | fsdp")
     p.add_argument("--attention", default=None, help="as for stage2 (default: the preset's)")

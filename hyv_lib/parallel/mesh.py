@@ -39,11 +39,12 @@ def mesh_text(axes: dict[str, int] | None) -> str:
     return ",".join(f"{a}={int(n)}" for a, n in (axes or {}).items() if a in AXES and int(n) > 1) or "1"
 
 
-def default_layout(devices: int, heads: int, rules: str = "tp_replicated_out", batch: int = 2) -> dict[str, int]:
+def default_layout(devices: int, heads: int, rules: str | None = None, batch: int = 2) -> dict[str, int]:
     """The mesh hyv_lib lays ``devices`` out as when none is given: the one rule of the tpu runtime
     (:func:`default_mesh`), ``python -m hyv_lib compile`` and the planner. The samples of one step (``batch``: the CFG
     pair, 2, or 1 with CFG off; :func:`hyv_lib.base.presets.samples_per_step`) go on ``data``, the rest on ``tensor``
-    (on ``sequence`` for the ``fsdp`` rules, whose gathered weights leave a tensor axis nothing to split but the heads),
+    (on ``sequence`` for the ``fsdp`` rules, whose gathered weights leave a tensor axis nothing to split but the heads;
+    ``rules`` None is the default strategy, :data:`hyv_lib.parallel.sharding.DEFAULT_STRATEGY`),
     as many ways as divide the model's ``heads`` (tensor x sequence splits them). The largest such layout, which may
     leave devices out: 2 heads on 8 devices are data=2,tensor=2 (4 devices) with CFG, tensor=2 without; 16 heads are
     data=2,tensor=4 and tensor=8. Of two layouts as large, the one with the data axis. One device: every axis 1."""
@@ -58,7 +59,7 @@ def default_layout(devices: int, heads: int, rules: str = "tp_replicated_out", b
     return {"data": data, "tensor": 1, "sequence": 1, "sequence" if rules == "fsdp" else "tensor": rest}
 
 
-def default_mesh(heads: int, batch: int = 2, rules: str = "tp_replicated_out",
+def default_mesh(heads: int, batch: int = 2, rules: str | None = None,
                  devices: int | None = None) -> tuple[dict[str, int], str]:
     """The tpu runtime's layout when no mesh is given: :func:`default_layout` of every JAX device (``devices``: their
     count, default ``len(jax.devices())``), and why, as the parenthesis of the line it logs

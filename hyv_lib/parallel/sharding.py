@@ -12,6 +12,9 @@ from .mesh import AXES, current_mesh, head_axes
 #: (:class:`hyv_lib.models.adapter.ModelAdapter`) turns them into rule sets over its own parameter names, usually
 #: with :func:`tensor_parallel_rule_sets`.
 STRATEGIES = ("tp", "tp_replicated_out", "fsdp")
+#: The strategy every runtime, the compile path and the planner use unless told: ``tp`` with the row-parallel weights
+#: kept whole on every device (the book's notation page says what the compiled program does with it).
+DEFAULT_STRATEGY = "tp_replicated_out"
 
 #: Strategies whose block weights are all-gathered whole right before each block (FSDP). Without the explicit
 #: gather, XLA's partitioner keeps the split weight and splits each matmul's output features over every device

@@ -20,6 +20,7 @@ from ..base.lock import folder_lock
 from ..base.presets import DEFAULT_SEED, PRESETS, Preset
 from ..models.dtypes import torch_dtype
 from ..models.folder import choose_preset
+from ..parallel.sharding import DEFAULT_STRATEGY
 from .calibration import cache_schedule
 from .inference import load_pipeline
 from .settings import check_vae_settings, resolve_settings
@@ -75,7 +76,7 @@ class BatchRunner:
         self.settings = settings
         # The models and the step are an in-memory VideoPipeline's; this class adds the stage files per video.
         self.video = load_pipeline(self.spec, model_path, self.dtype, runtime=runtime, mesh=settings.mesh,
-                                   sharding=self.stage2_settings.get("sharding", "tp_replicated_out"),
+                                   sharding=self.stage2_settings.get("sharding", DEFAULT_STRATEGY),
                                    attention=settings.attention, ssta=settings.ssta, vae_runtime=self.stage3_settings["runtime"],
                                    offload=settings.offload, lora=settings.lora, lora_scale=settings.lora_scale,
                                    compile=settings.compile, progress=not self.stage2_settings.get("quiet", False),

@@ -10,10 +10,11 @@ import torch
 from ..base.errors import HyvInputError, python_names
 from ..base.presets import DEFAULT_PRESET, Preset, get_preset
 from ..models.components import TEXT_COMPONENTS, load_components
-from ..models.families import family_for
 from ..models.dtypes import torch_dtype
+from ..models.families import family_for
 from ..models.folder import choose_preset
 from ..parallel.distributed import local_device
+from ..parallel.sharding import DEFAULT_STRATEGY
 from ..runtimes.deepcache import DeepCacheSchedule
 from ..runtimes.magcache import (
     CALIBRATION_PROMPT,
@@ -75,7 +76,7 @@ def calibrate(preset: str | Preset | None = None, model_path: str | None = None,
               num_inference_steps: int | None = None, flow_shift: float | None = None,
               guidance_scale: float | None = None, aspect_ratio: str = "16:9", height: int | None = None,
               width: int | None = None, video_length: int | None = None, no_cache_blocks: int = 1,
-              runtime: str = "torch", mesh: str | None = None, sharding: str = "tp_replicated_out",
+              runtime: str = "torch", mesh: str | None = None, sharding: str = DEFAULT_STRATEGY,
               attention: str | None = None, dtype: str | None = None, components: dict[str, Any] | None = None,
               progress: bool = False) -> MagCacheCalibration:
     """One uncached run of ``prompt`` (the first frame ``image_path`` for image-to-video presets) through DeepCache's

@@ -19,10 +19,11 @@ from ..kernels.dispatch import kernel_record
 from ..models.components import IMAGE_COMPONENTS, load_components, pipeline_components, quiet_loading
 from ..models.devices import keep_on_device
 from ..models.dtypes import DTYPES, torch_dtype
+from ..models.families import family_for
 from ..models.folder import choose_preset
 from ..models.lora import ensure_merged
-from ..models.families import family_for
 from ..parallel.distributed import local_device
+from ..parallel.sharding import DEFAULT_STRATEGY
 from ..runtimes.fsdp import shard_weights as shard_transformer
 from ..runtimes.fsdp import sharded_step, under_torchrun
 from ..runtimes.placement import place_transformer, while_denoising
@@ -88,12 +89,12 @@ class VideoPipeline:
 
     Calls of :meth:`generate` on one pipeline run one at a time (a lock; other threads wait): they share the models,
     and a DeepCache or MagCache step keeps its cached features on the shared transformer, an offloaded transformer
-    moves between devices, the VAE decode patches the shared VAE. Two threads used to corrupt each other's videos.
+    moves between devices, the VAE decode patches the shared VAE: two at once would corrupt each other's videos.
     For videos in parallel, load one pipeline per device or process.
     """
 
     def __init__(self, preset: str | Preset, components: dict[str, Any], *, runtime: str = "torch",
-                 mesh: str | None = None, sharding: str = "tp_replicated_out", attention: str | None = None,
+                 mesh: str | None = None, sharding: str = DEFAULT_STRATEGY, attention: str | None = None,
                  sparse_attn: bool = False, ssta: Any = None, vae_runtime: str | None = None, vae_dtype: str = "fp32", tiling: bool = True,
                  model_path: str | None = None, offload: str | None = None, vae_memory_gb: float | None = None,
                  shard_weights: str | None = None, lora: str | None = None, lora_scale: float = 1.0,
@@ -265,7 +266,7 @@ class VideoPipeline:
 
 def load_pipeline(preset: str | Preset | None = None, model_path: str | None = None, dtype: str | None = None,
                   runtime: str = "torch", mesh: str | None = None, attention: str | None = None,
-                  sparse_attn: bool = False, ssta: Any = None, sharding: str = "tp_replicated_out", vae_runtime: str | None = None, vae_dtype: str = "fp32",
+                  sparse_attn: bool = False, ssta: Any = None, sharding: str = DEFAULT_STRATEGY, vae_runtime: str | None = None, vae_dtype: str = "fp32",
                   tiling: bool = True, progress: bool = True, offload: str | None = None,
                   vae_memory_gb: float | None = None, shard_weights: str | None = None, lora: str | None = None,
                   lora_scale: float = 1.0, compile: bool = False,

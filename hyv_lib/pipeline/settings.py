@@ -15,7 +15,7 @@ from ..models.lora import lora_file
 from ..models.registry import adapters_with, get_adapter
 from ..parallel.jax_env import init_multi_host, jax_devices
 from ..parallel.mesh import ONE_DEVICE, default_mesh, make_mesh, mesh_text, parse_mesh
-from ..parallel.sharding import STRATEGIES
+from ..parallel.sharding import DEFAULT_STRATEGY, STRATEGIES
 from ..runtimes.compiled import check_compile
 from ..runtimes.fsdp import check_shard_weights
 from ..runtimes.magcache import DEFAULT_MAX_SKIP, DEFAULT_RETENTION, DEFAULT_THRESHOLD
@@ -51,7 +51,7 @@ class Stage2Settings:
     warmup_steps: int = 0  #: untimed calls before the loop (they do not touch the scheduler)
     runtime: str = "torch"  #: one of :data:`RUNTIMES`
     mesh: str | None = None  #: tpu runtime: e.g. ``data=2,tensor=4``; ``1``: one device; None: every device (default)
-    sharding: str = "tp_replicated_out"  #: a strategy of :data:`hyv_lib.parallel.sharding.STRATEGIES`
+    sharding: str = DEFAULT_STRATEGY  #: a strategy of :data:`hyv_lib.parallel.sharding.STRATEGIES`
     enable_cache: bool = False  #: DeepCache (torch, tpu and ulysses runtimes; over FSDP-sharded weights too)
     cache_method: str | None = None  #: ``deepcache`` (the default with enable_cache) or ``magcache`` (adaptive)
     cache_start_step: int = 11

@@ -21,9 +21,9 @@ from ..base.presets import PRESETS, Preset, get_preset
 from ..kernels.dispatch import kernel_record
 from ..models.components import load_components, text_components
 from ..models.dtypes import torch_dtype
+from ..models.families import family_for
 from ..models.folder import PresetChoice, choose_preset
 from ..models.lora import RECORD_FIELDS, check_lora_file, ensure_merged
-from ..models.families import family_for
 from ..parallel.distributed import barrier, init_distributed, launched_ranks, local_device, rank
 from ..runtimes.fsdp import shard_weights, sharded_step
 from ..runtimes.placement import place_transformer, while_denoising

@@ -35,8 +35,8 @@ def check_mp4_path(path: Any, argument: str = "path") -> None:
 
 def check_fps(fps: Any, argument: str = "fps") -> float | None:
     """``fps`` as a Python float in [:data:`MIN_FPS`, :data:`MAX_FPS`) (None stays None: the preset's); a
-    HyvInputError naming ``argument`` otherwise (``fps=inf`` used to be an OverflowError, ``fps=1e308`` a broken
-    pipe from ffmpeg)."""
+    HyvInputError naming ``argument`` otherwise (``fps=inf`` or ``1e308`` would reach ffmpeg as no frame rate it
+    can write)."""
     return as_number(argument, fps, low=MIN_FPS, high=MAX_FPS)
 
 

@@ -15,6 +15,7 @@ from ..kernels.splash import CHIP_BLOCK_SIZES, DEFAULT_BLOCK_SIZES, PAD_HEAD_DIM
 from ..kernels.ssta import SstaConfig
 from ..models.registry import get_adapter
 from ..parallel.mesh import default_layout, mesh_text  # the runtime's, compile's and the planner's default
+from ..parallel.sharding import DEFAULT_STRATEGY
 from .costs import (
     FLASH_BLOCK_Q,
     GPU_RESIDENT_TILES,
@@ -79,7 +80,7 @@ def compiled_report(preset: Preset | str, height: int, width: int, video_length:
 
 
 def device_plan(preset: Preset | str, height: int, width: int, video_length: int,
-                mesh_shape: int | str | Mapping[str, int] | None = None, rules: str = "tp_replicated_out", *,
+                mesh_shape: int | str | Mapping[str, int] | None = None, rules: str = DEFAULT_STRATEGY, *,
                 batch: int | None = None, dtype: str = "bf16", enable_cache: bool = False,
                 topology: str | None = None, attention: str | SstaConfig | None = None) -> dict[str, Any]:
     """What one device holds, computes and exchanges in one CFG step of :class:`hyv_lib.runtimes.tpu.TpuTransformer` on a
@@ -231,7 +232,7 @@ RULE_SET_LAYOUTS = ("tp", "tp_replicated_out", "fsdp")
 
 
 def bounds(preset: Preset | str, height: int, width: int, video_length: int, chip: str | Chip, n_chips: int,
-           rules: str = "tp_replicated_out", *, mesh_shape: str | Mapping[str, int] | None = None,
+           rules: str = DEFAULT_STRATEGY, *, mesh_shape: str | Mapping[str, int] | None = None,
            batch: int | None = None,
            dtype: str = "bf16", strategy: str | None = None, attention: str | SstaConfig | None = None,
            block_q: int | None = None) -> dict[str, Any]:
@@ -353,7 +354,7 @@ def cited_times(preset: str, chip: str, n_chips: int, mesh: Mapping[str, int] | 
 
 
 def plan_table(presets: Sequence[str] = ("480p_t2v", "720p_t2v"), chips: Sequence[str] = tuple(CHIPS),
-               n_chips: int = 8, video_length: int = 121, rules: str = "tp_replicated_out", batch: int | None = None,
+               n_chips: int = 8, video_length: int = 121, rules: str = DEFAULT_STRATEGY, batch: int | None = None,
                dtype: str = "bf16", cited_layouts: bool = True) -> list[dict[str, Any]]:
     """Rows for the book: per preset (16:9 default size), chip and layout, FLOPs, memory per device, bounds and the
     cited step time with its implied MFU where one was measured on *that* layout (:data:`CITED_STEP_TIMES`; other
@@ -409,7 +410,7 @@ PLAN_ATTENTIONS = ("auto", "dense", "ssta")
 
 def plan_step(preset: Preset | str, height: int | None = None, width: int | None = None,
               video_length: int | None = None, chip: str = "v6e", n_chips: int = 8,
-              mesh: str | Mapping[str, int] | None = None, rules: str = "tp_replicated_out",
+              mesh: str | Mapping[str, int] | None = None, rules: str = DEFAULT_STRATEGY,
               attention: str | SstaConfig | None = "auto") -> dict[str, Any]:
     """What ``python -m hyv_lib plan`` prints: one denoising step of ``preset`` (default size: its 16:9 bucket) on
     ``n_chips`` x ``chip``, per device. A TPU gets :func:`device_plan` on ``mesh`` (default :func:`default_layout`)

@@ -6,6 +6,7 @@ from typing import Any, Mapping
 
 from ..base.presets import Preset, video_size
 from ..kernels.ssta import SstaConfig
+from ..parallel.sharding import DEFAULT_STRATEGY
 from .costs import as_preset
 from .hardware import get_chip, layout_label
 from .planner import bounds
@@ -13,7 +14,7 @@ from .planner import bounds
 
 def attention_rows(preset: Preset | str = "720p_t2v", chip: str = "v6e", n_chips: int = 8, height: int | None = None,
                    width: int | None = None, video_length: int | None = None,
-                   mesh_shape: str | Mapping[str, int] | None = None, rules: str = "tp_replicated_out",
+                   mesh_shape: str | Mapping[str, int] | None = None, rules: str = DEFAULT_STRATEGY,
                    ssta: SstaConfig = SstaConfig()) -> list[dict[str, Any]]:
     """One step of ``preset`` (default size: its 16:9 bucket, e.g. 720x1280x121) on ``n_chips`` x ``chip`` planned
     twice by :func:`hyv_lib.planning.planner.bounds`: with dense attention, then with SSTA (``ssta``'s options; the

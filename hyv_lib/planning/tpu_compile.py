@@ -25,7 +25,7 @@ from ..kernels.ssta import SstaConfig
 from ..models.registry import get_adapter
 from ..parallel.jax_env import quiet_libtpu
 from ..parallel.mesh import default_layout, head_split, make_mesh, mesh_text, parse_mesh
-from ..parallel.sharding import STRATEGIES
+from ..parallel.sharding import DEFAULT_STRATEGY, STRATEGIES
 from ..runtimes.tpu import TpuTransformer
 from .costs import token_counts
 from .hardware import CHIPS
@@ -168,7 +168,7 @@ COMPILED_ATTENTION = ("splash", "ssta")
 
 
 def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *, mesh: str | dict | None = None,
-                 sharding: str = "tp_replicated_out", height: int | None = None, width: int | None = None,
+                 sharding: str = DEFAULT_STRATEGY, height: int | None = None, width: int | None = None,
                  video_length: int | None = None, enable_cache: bool = False, no_cache_blocks: int = 1,
                  attention_options: dict | None = None, num_layers: int | None = None,
                  attention: str | None = None) -> dict[str, Any]:

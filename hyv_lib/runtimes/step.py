@@ -15,6 +15,7 @@ from ..models.registry import adapter_for
 from ..parallel.distributed import init_distributed
 from ..parallel.jax_env import jax_devices
 from ..parallel.mesh import ONE_DEVICE, make_mesh, parse_mesh
+from ..parallel.sharding import DEFAULT_STRATEGY
 from .compiled import check_compile, compile_blocks
 from .deepcache import DeepCacheSchedule, DeepCacheStep, TorchDeepCache
 from .fsdp import ShardedStep, sharded_step
@@ -53,7 +54,7 @@ RUNTIMES = ("torch", "tpu", "ulysses")
 #: [B, 1, S, S] mask: the oracle, torch runtime only).
 ATTENTION_CHOICES = ("auto", "diffusers")
 def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
-              sharding: str = "tp_replicated_out", cache=None, no_cache_blocks: int = 1,
+              sharding: str = DEFAULT_STRATEGY, cache=None, no_cache_blocks: int = 1,
               attention: str = "auto", adapter: ModelAdapter | None = None,
               attention_options: dict[str, Any] | None = None, compile: bool = False) -> TransformerStep:
     """The transformer step of a runtime: ``torch`` (eager diffusers), ``tpu`` (torchax/JAX jit on

@@ -12,7 +12,7 @@ from ..models.adapter import ModelAdapter, RopeTables
 from ..models.registry import adapter_for
 from ..parallel.jax_env import jax_devices
 from ..parallel.mesh import active_mesh, default_mesh, head_split, make_mesh, mesh_text, parse_mesh
-from ..parallel.sharding import GATHERED_RULE_SETS, gather_whole, plan
+from ..parallel.sharding import DEFAULT_STRATEGY, GATHERED_RULE_SETS, gather_whole, plan
 from ..parallel.transfer import jax_to_torch, torch_to_numpy
 
 logger = logging.getLogger(__name__)
@@ -177,7 +177,7 @@ class TpuTransformer:
                 raise ValueError(f"{config.num_attention_heads} attention heads cannot be split over the mesh's "
                                  f"tensor x sequence axes of size {mesh.shape['tensor']} x {mesh.shape['sequence']}")
             shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
-            specs, self.placement = plan(shapes, adapter.rules(sharding or "tp_replicated_out"), mesh)
+            specs, self.placement = plan(shapes, adapter.rules(sharding or DEFAULT_STRATEGY), mesh)
             element = torch.empty((), dtype=self.dtype).element_size()
             for row in self.placement:
                 row["bytes_per_device"] = row.pop("per_device") * element
@@ -380,7 +380,7 @@ class DefaultMeshTransformer(TpuTransformer):
         self.model, self.adapter = model, adapter_for(model, adapter)
         self.adapter.check(model, "TpuTransformer")
         self.adapter.use_attention(model, attention, **(attention_options or {}))  # a bad option fails here, now
-        self.sharding = sharding or "tp_replicated_out"
+        self.sharding = sharding or DEFAULT_STRATEGY
         self.options = dict(attention=attention, attention_options=attention_options)
         self.mesh, self.placement, self.layout, self.batch, self._earlier_traces = None, [], None, None, 0
 
