@@ -31,7 +31,7 @@ def measure(processor: str, frames: int) -> dict:
     """Run in a child process: one forward, return sequence length and peak-RSS growth in MiB."""
     import torch
 
-    from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.families import get_preset
     from hyv_lib.models.components import build_tiny_components
     from hyv_lib.models.hunyuan_video15.processors import use_attention
 

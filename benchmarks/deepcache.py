@@ -23,7 +23,7 @@ import torch
 def bench_model(num_layers: int):
     from diffusers import HunyuanVideo15Transformer3DModel
 
-    from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.families import get_preset
 
     config = dict(get_preset("tiny").transformer, num_attention_heads=2, attention_head_dim=32, num_layers=num_layers,
                   rope_axes_dim=[8, 12, 12])
@@ -78,7 +78,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
-    from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.families import get_preset
     from hyv_lib.models.components import load_components
     from hyv_lib.models.hunyuan_video15.sampling import prepare_conditioning
     from hyv_lib.pipeline.text import encode_prompts
@@ -105,7 +105,7 @@ def main() -> None:
         seconds = min(run(step, latents, cond, args.steps)[1] for _ in range(args.repeats))
         speed[interval] = (uncached_s / seconds, schedule.block_speedup(args.layers), len(schedule.full_steps))
 
-    from hyv_lib.base.presets import TINY_TRAINED
+    from hyv_lib.models.hunyuan_video15.presets import TINY_TRAINED
 
     # Per-step costs in isolation (best of 10), far less noisy than whole loops on this machine.
     full_ms, cached_ms = step_costs(copy.deepcopy(model), args.runtime, latents, cond)

@@ -78,7 +78,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hyv_lib.base.memory import LargestTensor  # noqa: E402
-from hyv_lib.base.presets import get_preset  # noqa: E402
+from hyv_lib.models.families import get_preset  # noqa: E402
 from hyv_lib.kernels.dispatch import (  # noqa: E402
     attention,
     available_backends,

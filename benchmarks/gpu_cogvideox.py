@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from hyv_lib.base.presets import get_preset
+from hyv_lib.models.families import get_preset
 from hyv_lib.kernels.dispatch import resolve_backend
 from hyv_lib.models.registry import get_adapter
 from hyv_lib.runtimes.step import make_step

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from hyv_lib.base.presets import get_preset
+from hyv_lib.models.families import get_preset
 from hyv_lib.kernels.dispatch import kernel_record, resolve_backend
 
 #: Qwen2.5-VL-7B-Instruct's language model (``Qwen2_5_VLTextModel``): its published text config.

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from hyv_lib.base.presets import get_preset
+from hyv_lib.models.families import get_preset
 from hyv_lib.kernels.dispatch import attention, resolve_backend
 from hyv_lib.kernels.ssta import SstaConfig, density
 from hyv_lib.kernels.ssta_torch import ssta_inputs

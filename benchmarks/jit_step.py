@@ -33,7 +33,7 @@ def bench_model():
     import torch
     from diffusers import HunyuanVideo15Transformer3DModel
 
-    from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.families import get_preset
 
     config = dict(get_preset("tiny").transformer, num_attention_heads=HEADS[0], attention_head_dim=128, num_layers=4,
                   rope_axes_dim=[16, 56, 56])
@@ -44,7 +44,7 @@ def bench_model():
 def bench_inputs():
     import torch
 
-    from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.families import get_preset
 
     tiny = get_preset("tiny")
     g = torch.Generator().manual_seed(0)
@@ -133,7 +133,7 @@ def attention_breakdown(args, kwargs, tokens: int, eager: float, jitted: float) 
     import jax.numpy as jnp
     import torch
 
-    from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.families import get_preset
     from hyv_lib.kernels.xla import xla_attention_jax
     from hyv_lib.models.hunyuan_video15.layout import context_tokens
 
@@ -176,7 +176,7 @@ def run_config(args, frames: int) -> tuple[int, float, float, float, dict]:
     torch.set_num_threads(os.cpu_count() or 1)
     model, kwargs = bench_model(), bench_inputs()
     tokens = LATENT[0] * LATENT[1] * LATENT[2]
-    from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.families import get_preset
     from hyv_lib.models.hunyuan_video15.layout import context_tokens
 
     print(f"\nbench config: width {128 * args.heads}, 4 blocks, {tokens} video tokens + "

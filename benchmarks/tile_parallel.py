@@ -60,7 +60,7 @@ def main() -> None:
 
     import torch
 
-    from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.families import get_preset
     from hyv_lib.models.components import build_tiny_components
     from hyv_lib.parallel.distributed import run_distributed
 

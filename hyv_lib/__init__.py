@@ -19,7 +19,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 _PUBLIC = {
     "HyvInputError": "base.errors",
     "HyvFaultError": "base.errors",
-    "PRESETS": "base.presets", "Preset": "base.presets", "get_preset": "base.presets",
+    "PRESETS": "models.families", "Preset": "base.presets", "get_preset": "models.families",
     "PeakMemory": "base.memory",
     "make_mesh": "parallel.mesh", "parse_mesh": "parallel.mesh", "enable_compile_cache": "parallel.jax_env",
     "available_backends": "kernels.dispatch", "attention": "kernels.dispatch", "register_backend": "kernels.registry",

@@ -239,7 +239,7 @@ print(f"latent {latent[3]} x {latent[4]}: {len(row_starts)} row(s) x {len(col_st
 # \approx 14$ times less, and its mask covers only $31 \cdot 16 \cdot 16 = 7{,}936$ positions.
 #
 # The cell below checks this against diffusers' own decoder: it builds the real 720p VAE config from
-# `hyv_lib.base.presets` on PyTorch's `meta` device (shapes only, no weights, no memory), runs the decoder on a
+# `hyv_lib.models.hunyuan_video15.presets` on PyTorch's `meta` device (shapes only, no weights, no memory), runs the decoder on a
 # 720p/121f latent and on one tile, and records the largest tensor any decoder module returns.
 
 # %%

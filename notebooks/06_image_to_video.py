@@ -79,7 +79,8 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
 import hyv_lib
-from hyv_lib.base.presets import PRESETS, bucket_size
+from hyv_lib.base.presets import bucket_size
+from hyv_lib.models.families import PRESETS
 from hyv_lib.models.hunyuan_video15.adapter import context_layout
 from hyv_lib.notebook.display import frame_grid, html_table, tensor_rows, token_layout_figure
 from hyv_lib.pipeline.image import crop_to_bucket, image_bucket

@@ -14,7 +14,7 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_p
 import torch  # noqa: E402
 from diffusers import HunyuanVideo15Transformer3DModel  # noqa: E402
 
-from hyv_lib.base.presets import get_preset  # noqa: E402
+from hyv_lib.models.families import get_preset  # noqa: E402
 from hyv_lib.models.components import example_forward_kwargs  # noqa: E402
 from hyv_lib.parallel.mesh import make_mesh  # noqa: E402
 from hyv_lib.planning.hlo import hlo_collectives  # noqa: E402

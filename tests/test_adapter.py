@@ -23,7 +23,7 @@ def oracle(model, kwargs):
 
 
 def test_the_registry_finds_hunyuan_by_class_and_refuses_an_unknown_model():
-    from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.families import get_preset
     from hyv_lib.models.components import build_tiny_components
 
     hunyuan = build_tiny_components(get_preset("tiny"), names=["transformer"])["transformer"]

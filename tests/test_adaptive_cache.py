@@ -9,7 +9,7 @@ import torch
 from tiny_inputs import TINY, forward_kwargs
 
 from hyv_lib.base.errors import HyvInputError
-from hyv_lib.base.presets import get_preset
+from hyv_lib.models.families import get_preset
 from hyv_lib.pipeline.calibration import CalibrationStep, resolve_calibration
 from hyv_lib.models.hunyuan_video15.sampling import denoise
 from hyv_lib.pipeline.settings import resolve_settings

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from tiny_inputs import forward_kwargs
 
 from hyv_lib.base.memory import LargestTensor
-from hyv_lib.base.presets import get_preset
+from hyv_lib.models.families import get_preset
 from hyv_lib.kernels import dispatch
 from hyv_lib.kernels.dispatch import BACKENDS, attention, available_backends, resolve_backend
 from hyv_lib.kernels.torch_kernels import (

@@ -58,7 +58,7 @@ def test_video_save_and_write_mp4_take_numpy_and_torch_fps(tmp_path):
 
 
 def test_stage_settings_take_torch_scalars():
-    from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.families import get_preset
     from hyv_lib.pipeline.settings import resolve_settings
 
     settings = resolve_settings(get_preset("tiny"), seed=torch.tensor(7), guidance_scale=np.float32(4.5),
@@ -73,7 +73,7 @@ def test_a_custom_preset_runs_through_all_three_stages(tmp_path):
     import dataclasses
     import json
 
-    from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.families import get_preset
     from hyv_lib.pipeline.stages import stage1, stage2, stage3
 
     custom = dataclasses.replace(get_preset("tiny"), name="my_tiny", default_steps=2, default_video_length=5, fps=6)
@@ -109,7 +109,7 @@ def test_settings_resolve_to_a_frozen_typed_object_whose_config_is_the_stage2_fi
     method's own fields only when the cache is on, as the staged scripts' generation_config.json has them."""
     import dataclasses
 
-    from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.families import get_preset
     from hyv_lib.pipeline.settings import ResolvedSettings, resolve_settings
 
     tiny = get_preset("tiny")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from hyv_lib.base.presets import get_preset
+from hyv_lib.models.families import get_preset
 from hyv_lib.planning.costs import step_flops, token_counts
 from hyv_lib.planning.planner import device_plan
 

@@ -11,7 +11,8 @@ import torch
 from diffusers import CogVideoXDDIMScheduler, CogVideoXDPMScheduler, CogVideoXPipeline
 from safetensors.torch import load_file
 
-from hyv_lib.base.presets import COGVIDEOX_SCHEDULER, COGVIDEOX_TINY, TINY_TRAINED
+from hyv_lib.models.cogvideox.presets import COGVIDEOX_SCHEDULER, COGVIDEOX_TINY
+from hyv_lib.models.hunyuan_video15.presets import TINY_TRAINED
 from hyv_lib.cli.commands import run
 from hyv_lib.models.components import build_tiny_components, load_components
 from hyv_lib.models.cogvideox.recipe import denoise_cogvideox, encode_t5_pair, make_scheduler, rotary_tables

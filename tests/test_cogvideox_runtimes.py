@@ -12,7 +12,7 @@ from diffusers import CogVideoXTransformer3DModel
 from diffusers.models.embeddings import get_3d_rotary_pos_embed
 from diffusers.pipelines.cogvideo.pipeline_cogvideox import get_resize_crop_region_for_grid
 
-from hyv_lib.base.presets import COGVIDEOX_15_5B, COGVIDEOX_TINY
+from hyv_lib.models.cogvideox.presets import COGVIDEOX_15_5B, COGVIDEOX_TINY
 from hyv_lib.models.cogvideox.adapter import COGVIDEOX
 from hyv_lib.models.registry import adapter_for, get_adapter
 from hyv_lib.parallel.sharding import plan

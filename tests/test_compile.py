@@ -19,7 +19,7 @@ from tiny_inputs import forward_kwargs as hunyuan_inputs
 from torch._dynamo.utils import counters
 
 from hyv_lib.base.errors import HyvInputError
-from hyv_lib.base.presets import COGVIDEOX_TINY
+from hyv_lib.models.cogvideox.presets import COGVIDEOX_TINY
 from hyv_lib.kernels.ssta import SstaConfig
 from hyv_lib.kernels.ssta_torch import host_compile
 from hyv_lib.models.cogvideox.adapter import COGVIDEOX

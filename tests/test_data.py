@@ -96,7 +96,8 @@ def test_shapes_move_at_the_documented_speed():
 def test_the_frozen_tokenizer_words_are_the_datasets_and_build_the_shipped_tokenizer():
     """hyv-tiny's tokenizer words live in presets (the model), not in the training data module: they must still be the
     dataset's words in its order, build exactly the bundled tokenizer, and make each word one token."""
-    from hyv_lib.base.presets import get_preset, tiny_tokenizer_captions, tiny_vocabulary
+    from hyv_lib.base.presets import tiny_tokenizer_captions, tiny_vocabulary
+    from hyv_lib.models.families import get_preset
     from hyv_lib.models.components import build_tiny_tokenizer, load_components
 
     expected = [data.Combo(c, s, d, b).caption for c in [*data.COLORS, "cyan"] for s in data.SHAPES

@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from hyv_lib.base.errors import HyvInputError
-from hyv_lib.base.presets import get_preset
+from hyv_lib.models.families import get_preset
 from hyv_lib.parallel.mesh import default_layout, default_mesh, mesh_text
 from hyv_lib.pipeline.settings import resolve_settings
 

@@ -333,7 +333,7 @@ def test_the_size_check_is_a_lower_bound_of_a_measured_decode():
     """The bound never refuses what runs. Measured on the host: turning a decoded video into uint8 frames holds 10
     bytes per value at once from a bf16 video and 12 from an fp32 one (the video, its fp32 copies, the frames), at
     least the 6 + 1 counted; a whole tiny decode holds more than the bound too."""
-    from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.families import get_preset
     from hyv_lib.models.components import build_tiny_components
     from hyv_lib.pipeline.size_check import DECODE_BYTES_PER_VALUE, FRAMES_BYTES_PER_VALUE, decode_bytes
     from hyv_lib.runtimes.vae import decode_latents, to_uint8_frames
@@ -381,7 +381,7 @@ def test_video_save_expands_the_home_folder(pipe, tmp_path, monkeypatch):
 
 def test_a_model_path_under_home_is_expanded(model_folder, tmp_path, monkeypatch):
     """``load_components(..., model_path="~/...")`` from Python: the folder under $HOME (it was "does not exist")."""
-    from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.families import get_preset
     from hyv_lib.models.components import load_components
 
     monkeypatch.setenv("HOME", str(model_folder.parent))

@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from hyv_lib.base.lock import folder_lock
-from hyv_lib.base.presets import get_preset
+from hyv_lib.models.families import get_preset
 from hyv_lib.cli.commands import run
 from hyv_lib.models.components import IMAGE_COMPONENTS, TEXT_COMPONENTS, load_components
 from hyv_lib.pipeline.image import encode_image

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from tiny_inputs import forward_kwargs
 
 from hyv_lib.base.errors import HyvInputError
-from hyv_lib.base.presets import get_preset
+from hyv_lib.models.families import get_preset
 from hyv_lib.parallel.distributed import run_distributed
 from hyv_lib.runtimes.fsdp import check_shard_weights, resident_parameter_bytes, shard_weights, sharded_step
 

@@ -11,7 +11,8 @@ import torch
 from memory_probe import live_peak_bytes
 
 from hyv_lib.base.errors import HyvInputError
-from hyv_lib.base.presets import get_preset, real_layout_tiny
+from hyv_lib.models.families import get_preset
+from hyv_lib.models.hunyuan_video15.presets import real_layout_tiny
 from hyv_lib.parallel.distributed import run_distributed
 from hyv_lib.planning import gpu_memory as gm
 from hyv_lib.planning.costs import model_dims, token_counts
@@ -101,7 +102,7 @@ def test_attention_call_matches_the_h200():
 # ------------------------------------------------------------------- live bytes on the CPU at tiny widths
 def tiny_preset(heads=2, layers=2):
     """The tiny classes at the 720p preset's layout (1,985 context tokens)."""
-    preset = real_layout_tiny("720p_t2v")
+    preset = real_layout_tiny(get_preset("720p_t2v"))
     return dataclasses.replace(preset, transformer=dict(preset.transformer, num_attention_heads=heads,
                                                         num_layers=layers))
 
@@ -175,7 +176,7 @@ def test_vae_tile_copies_match_live_bytes_on_the_cpu():
     from hyv_lib.runtimes.vae import decode_latents
 
     size = (128, 128, 9)
-    preset = real_layout_tiny("720p_t2v")
+    preset = real_layout_tiny(get_preset("720p_t2v"))
     torch.manual_seed(0)
     vae = diffusers.AutoencoderKLHunyuanVideo15(**preset.vae).to(torch.bfloat16).eval().requires_grad_(False)
     _, c, t, h, w = preset.latent_shape(*size)

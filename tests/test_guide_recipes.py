@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from tiny_inputs import forward_kwargs
 
 from hyv_lib.base.errors import HyvInputError, cli_names
-from hyv_lib.base.presets import get_preset
+from hyv_lib.models.families import get_preset
 from hyv_lib.cli.commands import run
 from hyv_lib.cli.training import add_merge_lora_arguments, merge_lora_command
 from hyv_lib.models import lora

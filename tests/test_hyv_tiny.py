@@ -7,7 +7,7 @@ import os
 import numpy as np
 import torch
 
-from hyv_lib.base.presets import get_preset
+from hyv_lib.models.families import get_preset
 from hyv_lib.models.components import load_components
 from hyv_lib.pipeline.video_io import read_mp4
 from hyv_lib.tiny import data, quality, train

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from hyv_lib.base.errors import HyvInputError
-from hyv_lib.base.presets import get_preset, video_size
+from hyv_lib.base.presets import video_size
+from hyv_lib.models.families import get_preset
 from hyv_lib.models.components import load_components
 from hyv_lib.pipeline.inference import VideoPipeline
 from hyv_lib.runtimes.vae import decode_latents, to_uint8_frames

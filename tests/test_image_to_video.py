@@ -10,7 +10,8 @@ from PIL import Image, ImageDraw
 from safetensors.torch import load_file
 
 from hyv_lib.base.errors import HyvInputError
-from hyv_lib.base.presets import PRESETS, TINY, get_preset
+from hyv_lib.models.families import PRESETS, get_preset
+from hyv_lib.models.hunyuan_video15.presets import TINY
 from hyv_lib.cli.commands import run
 from hyv_lib.models.components import COMPONENTS, IMAGE_COMPONENTS, build_tiny_components
 from hyv_lib.models.flow_matching import condition_channels

@@ -2,7 +2,7 @@
 
 import torch
 
-from hyv_lib.base.presets import get_preset
+from hyv_lib.models.families import get_preset
 from hyv_lib.models.components import build_tiny_components
 from hyv_lib.models.hunyuan_video15.layout import context_tokens, dense_mask_bytes, joint_sequence_length, valid_first_order
 

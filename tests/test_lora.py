@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from tiny_inputs import forward_kwargs
 
 from hyv_lib.base.errors import HyvInputError
-from hyv_lib.base.presets import get_preset
+from hyv_lib.models.families import get_preset
 from hyv_lib.cli.commands import run
 from hyv_lib.models import lora
 from hyv_lib.models.components import build_tiny_components

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hyv_lib.base.errors import HyvInputError
-from hyv_lib.base.presets import get_preset
+from hyv_lib.models.families import get_preset
 from hyv_lib.models import families, registry
 from hyv_lib.models.family import ModelFamily
 from hyv_lib.pipeline.sampling import sample_latents
@@ -25,8 +25,6 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "hyv_lib"
 #: The modules outside hyv_lib/models/ that still name a model, and why (each leaves this list when it is moved).
 #: The test fails on any other module that does, and on a module here that no longer does.
 STILL_NAMING = {
-    "base/presets.py": "the presets are data in the lowest layer; they move into their families with the registry",
-    "base/cogvideox_presets.py": "CogVideoX's preset fields, the same",
     "base/sizes.py": "the bucket sizes come from HunyuanVideo-1.5's image processor",
     "tiny/sparse_frontier.py": "hyv-tiny's SSTA frontier runs HunyuanVideo-1.5's token grid",
 }
@@ -93,7 +91,7 @@ def test_no_module_outside_models_names_a_model():
 
 
 def test_every_preset_runs_a_registered_family():
-    from hyv_lib.base.presets import PRESETS
+    from hyv_lib.models.families import PRESETS
 
     for preset in PRESETS.values():
         family = families.family_for(preset)

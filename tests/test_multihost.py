@@ -81,7 +81,7 @@ def test_stage2_multi_host_on_two_processes_equals_one_process(tiny_run, tmp_pat
 
 def test_multi_host_needs_the_tpu_runtime():
     from hyv_lib.base.errors import HyvInputError
-    from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.families import get_preset
     from hyv_lib.pipeline.settings import resolve_settings
 
     with pytest.raises(HyvInputError) as err:

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from tiny_inputs import forward_kwargs as inputs
 
-from hyv_lib.base.presets import get_preset
+from hyv_lib.models.families import get_preset
 from hyv_lib.parallel.distributed import run_distributed
 from hyv_lib.runtimes.ulysses import UlyssesTransformer, check_heads, shard_length
 
@@ -216,7 +216,7 @@ def _tile_parallel_job(vae, z):
 
 
 def test_vae_tile_parallel_decode_equals_the_single_process_tiled_decode():
-    from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.families import get_preset
     from hyv_lib.models.components import build_tiny_components
     from hyv_lib.runtimes.tile_parallel import tile_parallel_decode
 

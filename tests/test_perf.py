@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from hyv_lib.base.presets import get_preset
+from hyv_lib.models.families import get_preset
 from hyv_lib.planning.costs import activation_bytes, collective_bytes, param_bytes, step_flops
 from hyv_lib.planning.hardware import CHIPS, CITED_STEP_TIMES, cited_pair, layout_label, mfu
 from hyv_lib.planning.hlo import xla_flops

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hyv_lib.base.presets import get_preset
+from hyv_lib.models.families import get_preset
 from hyv_lib.models.components import build_tiny_components, load_components
 from hyv_lib.models.hunyuan_video15.sampling import denoise, prepare_conditioning
 from hyv_lib.models.family import initial_latents

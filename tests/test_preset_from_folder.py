@@ -7,7 +7,7 @@ import os
 import pytest
 
 from hyv_lib.base.errors import HyvInputError
-from hyv_lib.base.presets import PRESETS
+from hyv_lib.models.families import PRESETS
 from hyv_lib.cli.commands import run
 from hyv_lib.models.components import save_tiny_pipeline
 from hyv_lib.models.folder import LAYOUT_NOTE, choose_preset, detect_preset, differences, folder_configs

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from hyv_lib import HyvInputError
-from hyv_lib.base.presets import PRESETS, bucket_size, get_preset
+from hyv_lib.base.presets import bucket_size
+from hyv_lib.models.families import PRESETS, get_preset
 
 INFO_KEYS = {"text_len", "text_dim", "byt5_len", "byt5_dim", "latent_channels", "spatial_compression",
              "temporal_compression", "default_height", "default_width", "default_video_length", "default_steps",
@@ -83,7 +84,7 @@ def test_first_blocks_copy_keeps_the_first_blocks_in_fp32_and_leaves_the_model_a
     blocks it computes what the fp32 model computes."""
     import torch
 
-    from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.families import get_preset
     from hyv_lib.models.components import build_tiny_components, example_forward_kwargs, first_blocks_copy
 
     tiny = get_preset("tiny")

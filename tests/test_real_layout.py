@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 import hyv_lib
-from hyv_lib.base.presets import get_preset
+from hyv_lib.models.families import get_preset
 from hyv_lib.cli.commands import run
 
 SMALL = ["--height", "128", "--width", "224", "--video_length", "5", "--num_inference_steps", "2"]

@@ -9,7 +9,10 @@ import pytest
 import torch
 from PIL import Image
 
-from hyv_lib.base.presets import COGVIDEOX_TINY, TINY, get_preset, tiny_vocabulary
+from hyv_lib.base.presets import tiny_vocabulary
+from hyv_lib.models.cogvideox.presets import COGVIDEOX_TINY
+from hyv_lib.models.hunyuan_video15.presets import TINY
+from hyv_lib.models.families import get_preset
 from hyv_lib.cli.commands import run
 from hyv_lib.models.components import load_components, text_components
 from hyv_lib.pipeline.settings import resolve_settings

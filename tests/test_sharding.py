@@ -82,7 +82,7 @@ def test_tp_all_reduces_in_the_hlo_are_the_ones_the_planner_predicts(probe):
     XLA drops the last block's context stream (its output is unused), and nothing else."""
     import dataclasses
 
-    from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.families import get_preset
     from hyv_lib.planning.costs import collective_bytes, token_counts
 
     tiny = get_preset("tiny")

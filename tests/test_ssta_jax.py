@@ -216,7 +216,7 @@ SHARDED_PROBE = textwrap.dedent("""
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     import torch
     from diffusers import HunyuanVideo15Transformer3DModel
-    from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.families import get_preset
     from hyv_lib.kernels.ssta import SstaConfig
     from hyv_lib.models.components import example_forward_kwargs
     from hyv_lib.models.hunyuan_video15.processors import use_attention

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hyv_lib.base.errors import HyvInputError
-from hyv_lib.base.presets import get_preset
+from hyv_lib.models.families import get_preset
 from hyv_lib.kernels.ssta import SstaConfig, density, ssta_mask
 from hyv_lib.planning.costs import attention_hbm_bytes, step_flops
 from hyv_lib.planning.planner import bounds, device_plan

@@ -14,7 +14,7 @@ pytest.importorskip("torchax")
 
 from tiny_inputs import forward_kwargs as inputs  # noqa: E402
 
-from hyv_lib.base.presets import get_preset  # noqa: E402
+from hyv_lib.models.families import get_preset  # noqa: E402
 from hyv_lib.models.components import build_tiny_components  # noqa: E402
 from hyv_lib.models.hunyuan_video15.sampling import denoise, prepare_conditioning  # noqa: E402
 from hyv_lib.models.family import initial_latents  # noqa: E402
@@ -122,7 +122,7 @@ CACHE_PROBE = textwrap.dedent("""
     from hyv_lib.parallel.jax_env import enable_compile_cache
     from hyv_lib.runtimes.tpu import TpuTransformer
     from hyv_lib.models.components import build_tiny_components
-    from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.families import get_preset
     enable_compile_cache(sys.argv[1])
     tiny = get_preset("tiny")
     model = build_tiny_components(tiny, names=["transformer"])["transformer"]

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("libtpu", reason="the TPU compiler comes with libtpu (requirements.txt, Linux only)")
 
 from hyv_lib.base.errors import HyvInputError  # noqa: E402
-from hyv_lib.base.presets import get_preset  # noqa: E402
+from hyv_lib.models.families import get_preset  # noqa: E402
 from hyv_lib.cli import commands as cli  # noqa: E402
 from hyv_lib.planning.tpu_compile import compile_step, parse_hbm_oom  # noqa: E402
 

@@ -18,7 +18,7 @@ pytest.importorskip("optax")
 from tpu_train_probe import FAST, LR, STEPS, WD, lora_model, lora_steps, train_batch  # noqa: E402
 
 from hyv_lib.base.errors import HyvInputError  # noqa: E402
-from hyv_lib.base.presets import get_preset  # noqa: E402
+from hyv_lib.models.families import get_preset  # noqa: E402
 from hyv_lib.cli import commands as cli  # noqa: E402
 from hyv_lib.models.components import build_tiny_components  # noqa: E402
 from hyv_lib.models.flow_matching import flow_matching_loss  # noqa: E402

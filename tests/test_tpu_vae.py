@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 pytest.importorskip("torchax")
 
-from hyv_lib.base.presets import get_preset  # noqa: E402
+from hyv_lib.models.families import get_preset  # noqa: E402
 from hyv_lib.cli.commands import run  # noqa: E402
 from hyv_lib.models.components import build_tiny_components  # noqa: E402
 from hyv_lib.runtimes.tpu_vae import decode_on_jax  # noqa: E402

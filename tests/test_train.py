@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from hyv_lib.base.presets import TINY_TRAINED, get_preset
+from hyv_lib.models.hunyuan_video15.presets import TINY_TRAINED
+from hyv_lib.models.families import get_preset
 from hyv_lib.tiny import data, train
 
 

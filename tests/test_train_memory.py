@@ -13,7 +13,8 @@ from memory_probe import live_peak_bytes
 from peft.utils import get_peft_model_state_dict
 
 from hyv_lib.base.errors import HyvInputError
-from hyv_lib.base.presets import get_preset, real_layout_tiny
+from hyv_lib.models.families import get_preset
+from hyv_lib.models.hunyuan_video15.presets import real_layout_tiny
 from hyv_lib.models.flow_matching import flow_matching_loss
 from hyv_lib.models.lora import add_lora
 from hyv_lib.models.registry import get_adapter
@@ -37,7 +38,7 @@ def tiny_model(kind: str, heads: int = 2, head_dim: int = 16, layers: int = 2, r
     """The tiny classes at the 720p preset's layout (1,985 context tokens), bf16, hyv_lib's SDPA attention, set up to
     train ``kind``: ``full`` (every weight), ``lora`` (bf16 factors) or ``lora_fp32`` (fp32 factors on the bf16
     weights, as hyv_lib.training.torch_step keeps them in one process)."""
-    preset = real_layout_tiny("720p_t2v")
+    preset = real_layout_tiny(get_preset("720p_t2v"))
     preset = dataclasses.replace(preset, transformer=dict(preset.transformer, num_attention_heads=heads,
                                                           attention_head_dim=head_dim, num_layers=layers))
     adapter = get_adapter(preset.model)

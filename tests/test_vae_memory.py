@@ -9,7 +9,8 @@ from diffusers import AutoencoderKLHunyuanVideo15
 from diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15 import HunyuanVideo15AttnBlock
 
 from hyv_lib.base.errors import HyvInputError
-from hyv_lib.base.presets import TINY, get_preset
+from hyv_lib.models.hunyuan_video15.presets import TINY
+from hyv_lib.models.families import get_preset
 from hyv_lib.models.patches import frame_causal_attention
 from hyv_lib.runtimes.vae import decode_latents
 from hyv_lib.runtimes.vae_memory import SMALLEST_TILE_PX, VAE_TILE_COPIES, decode_peak_bytes, tile_for_budget

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hyv_lib.base.files import atomic_path
-from hyv_lib.base.presets import get_preset
+from hyv_lib.models.families import get_preset
 from hyv_lib.models.components import build_tiny_components
 from hyv_lib.pipeline.video_io import read_mp4, write_mp4
 from hyv_lib.runtimes.vae import decode_latents, to_uint8_frames

@@ -1,6 +1,6 @@
 """Forward keyword arguments for the tiny transformer with real padding, shared by the runtime tests."""
 
-from hyv_lib.base.presets import get_preset
+from hyv_lib.models.families import get_preset
 from hyv_lib.models.components import example_forward_kwargs
 
 TINY = get_preset("tiny")

@@ -12,7 +12,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from tiny_inputs import forward_kwargs  # noqa: E402
 
-from hyv_lib.base.presets import get_preset  # noqa: E402
+from hyv_lib.models.families import get_preset  # noqa: E402
 from hyv_lib.models.components import build_tiny_components  # noqa: E402
 from hyv_lib.models.lora import add_lora  # noqa: E402
 from hyv_lib.runtimes.tpu_train import TpuTrainStep  # noqa: E402

@@ -27,7 +27,7 @@ def main() -> int:
     import numpy as np
     import torch
 
-    from hyv_lib.base.presets import TINY_TRAINED
+    from hyv_lib.models.hunyuan_video15.presets import TINY_TRAINED
     from hyv_lib.models.components import load_components
     from hyv_lib.tiny import data, quality, train
 

@@ -22,7 +22,7 @@ import torch
 
 
 def main() -> int:
-    from hyv_lib.base.presets import TINY_TRAINED
+    from hyv_lib.models.hunyuan_video15.presets import TINY_TRAINED
     from hyv_lib.tiny import data, train
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

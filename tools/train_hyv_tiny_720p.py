@@ -192,7 +192,7 @@ def train_dit(model, sets, embeds, negative, preset, steps: int, lr: float, batc
 
 
 def main() -> int:
-    from hyv_lib.base.presets import get_preset
+    from hyv_lib.models.families import get_preset
     from hyv_lib.models.components import load_components
     from hyv_lib.tiny import data, train
 

@@ -20,7 +20,7 @@ from ..base.errors import (
 )
 from ..base.files import ensure_output_dir, make_folder, new_folder, umask_modes
 from ..base.lock import FolderInUseError
-from ..base.presets import DEFAULT_PRESET, PRESETS, get_preset
+from ..models.families import DEFAULT_PRESET, PRESETS, get_preset
 from ..models.components import quiet_loading, save_tiny_pipeline
 from ..parallel.jax_env import enable_compile_cache
 from ..parallel.sharding import DEFAULT_STRATEGY

@@ -8,7 +8,8 @@ import argparse
 from typing import Any
 
 from ..base.errors import HyvInputError
-from ..base.presets import PRESETS, Preset
+from ..base.presets import Preset
+from ..models.families import PRESETS
 from ..models.folder import PresetChoice, choose_preset
 from .attention_flags import str_to_bool
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..base.presets import DEFAULT_PRESET, DEFAULT_SEED, PRESETS
+from ..base.presets import DEFAULT_SEED
+from ..models.families import DEFAULT_PRESET, PRESETS
 from ..parallel.sharding import DEFAULT_STRATEGY
 from ..runtimes.magcache import CALIBRATION_PROMPT, CALIBRATION_SEED
 from .attention_flags import add_attention_arguments

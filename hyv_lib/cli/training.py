@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from ..base.errors import EXIT_ENTRIES_FAILED, one_line
-from ..base.presets import DEFAULT_PRESET
+from ..models.families import DEFAULT_PRESET
 from ..kernels.ssta import SstaConfig
 from ..models.folder import choose_preset
 from ..pipeline.settings import resolve_attention

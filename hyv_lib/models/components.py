@@ -14,12 +14,14 @@ from typing import Any, Iterable
 import torch
 from safetensors import SafetensorError, safe_open
 
-from ..base.cogvideox_presets import COGVIDEOX_MODEL
 from ..base.errors import HyvInputError
-from ..base.presets import Preset, get_preset, real_layout_tiny, siglip_image_size, tiny_tokenizer_captions
+from ..base.presets import Preset, tiny_tokenizer_captions
+from .cogvideox.presets import MODEL as COGVIDEOX_MODEL
 from .dtypes import torch_dtype
+from .families import get_preset
 from .folder import LAYOUT_NOTE
 from .hunyuan_video15.image import IMAGE_COMPONENTS, i2v_pipeline_class
+from .hunyuan_video15.presets import real_layout_tiny, siglip_image_size
 from .quiet import errors_only
 from .cogvideox.components import (
     COGVIDEOX_COMPONENTS,
@@ -328,7 +330,7 @@ def save_pipeline(components: dict[str, Any], path: str) -> None:
 def save_tiny_pipeline(path: str, seed: int = 0, preset: Preset | str = "tiny") -> None:
     """Save tiny components as a diffusers-format folder: for ``preset="tiny"`` loadable with ``--preset tiny
     --model_path``; for a real preset (``720p_t2v``, ``480p_i2v``, ...) the real layout with tiny widths
-    (:func:`hyv_lib.base.presets.real_layout_tiny`), loadable with ``--preset 720p_t2v --model_path`` like real weights.
+    (:func:`hyv_lib.models.hunyuan_video15.presets.real_layout_tiny`), loadable with ``--preset 720p_t2v --model_path`` like real weights.
     Presets that take an image get SigLIP too (an image-to-video pipeline folder)."""
     asked = spec = get_preset(preset)
     if spec.model == COGVIDEOX_MODEL:  # the tiny twin has the real layout already

@@ -4,7 +4,8 @@ A family lives in its own folder under ``hyv_lib/models/`` (``hunyuan_video15/``
 is that model's: the :class:`~hyv_lib.models.adapter.ModelAdapter` that runs its transformer piece by piece, its
 attention processors, its text and image conditioning (stage 1), its denoising recipe (stage 2) and the layout its
 VAE decodes (stage 3). :func:`hyv_lib.models.families.family_for` finds a preset's family by the preset's ``model``;
-the layers above call these methods and never name a model. Adding a model is a new folder and one registry line.
+the layers above call these methods and never name a model. Its presets come with it. Adding a model is a new folder
+and one registry line.
 
 The stage functions hand the family what lives in the layers above it: the denoising ``step`` (a runtime's callable)
 and how many untimed ``warmup`` calls it wants for a program (the compiled runtime's count).
@@ -35,9 +36,11 @@ class ModelFamily:
     #: The components :meth:`encode_image` needs.
     image_components: tuple[str, ...] = ()
 
-    def __init__(self, adapter: ModelAdapter):
+    def __init__(self, adapter: ModelAdapter, presets: tuple[Preset, ...] = ()):
         self.adapter = adapter
         self.name = adapter.name
+        #: The family's presets (``model`` is its name): :data:`hyv_lib.models.families.PRESETS` lists them.
+        self.presets = tuple(presets)
 
     # ------------------------------------------------------------------------------------------ stage 1
     def encode_texts(self, components: dict[str, Any], preset: Preset, prompts: list[str],

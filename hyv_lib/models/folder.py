@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..base.errors import HyvInputError
-from ..base.presets import DEFAULT_PRESET, PRESETS, Preset, get_preset
+from ..base.presets import Preset
+from .families import DEFAULT_PRESET, PRESETS, get_preset
 from .registry import ADAPTERS
 
 logger = logging.getLogger(__name__)
@@ -167,7 +168,7 @@ def choose_preset(preset: "str | Preset | PresetChoice | None" = None, model_pat
     """The preset of a run: ``preset`` if given (checked against a local ``model_path`` folder: HyvInputError naming
     ``--preset`` and every differing field when they contradict), else the one a local folder's configs say
     (:func:`detect_preset`, among ``candidates`` when the official flags narrowed them), else a hub id's preset, else
-    the single candidate, else :data:`hyv_lib.base.presets.DEFAULT_PRESET`. A :class:`PresetChoice` (made by the
+    the single candidate, else :data:`hyv_lib.models.families.DEFAULT_PRESET`. A :class:`PresetChoice` (made by the
     caller, e.g. the command line's official flags) is checked against the folder and kept. Nothing is loaded: configs
     are read."""
     local = isinstance(model_path, (str, os.PathLike)) and os.path.isdir(os.path.expanduser(os.fspath(model_path)))

@@ -8,7 +8,8 @@ from typing import Any, Callable
 import torch
 
 from ..base.errors import HyvInputError, python_names
-from ..base.presets import DEFAULT_PRESET, Preset, get_preset
+from ..base.presets import Preset
+from ..models.families import DEFAULT_PRESET, get_preset
 from ..models.components import TEXT_COMPONENTS, load_components
 from ..models.dtypes import torch_dtype
 from ..models.families import family_for

@@ -9,7 +9,8 @@ from typing import Any
 import torch
 
 from ..base.errors import HyvInputError
-from ..base.presets import MAX_ASPECT_RATIO, PRESETS, Preset, beyond_buckets, bucket_for
+from ..base.presets import MAX_ASPECT_RATIO, Preset, beyond_buckets, bucket_for
+from ..models.families import PRESETS
 from ..models.families import family_for
 from .settings import Stage2Settings
 

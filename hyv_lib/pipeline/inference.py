@@ -14,7 +14,8 @@ import torch
 
 from ..base.errors import HyvInputError, python_names
 from ..base.files import ensure_output_dir
-from ..base.presets import DEFAULT_SEED, Preset, get_preset
+from ..base.presets import DEFAULT_SEED, Preset
+from ..models.families import get_preset
 from ..kernels.dispatch import kernel_record
 from ..models.components import IMAGE_COMPONENTS, load_components, pipeline_components, quiet_loading
 from ..models.devices import keep_on_device

@@ -12,7 +12,8 @@ import torch
 from ..base.errors import HyvInputError
 from ..base.files import atomic_path
 from ..base.lock import folder_lock
-from ..base.presets import DEFAULT_PRESET, Preset, get_preset
+from ..base.presets import Preset
+from ..models.families import DEFAULT_PRESET, get_preset
 from ..models.families import family_for
 from ..models.stage_tensors import FLOATS, require_finite
 

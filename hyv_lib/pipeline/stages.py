@@ -17,7 +17,8 @@ from ..base.errors import HyvInputError, python_names
 from ..base.files import clean_partials, ensure_output_dir, make_folder
 from ..base.lock import FolderInUseError, folder_lock
 from ..base.memory import PeakMemory
-from ..base.presets import PRESETS, Preset, get_preset
+from ..base.presets import Preset
+from ..models.families import PRESETS, get_preset
 from ..kernels.dispatch import kernel_record
 from ..models.components import load_components, text_components
 from ..models.dtypes import torch_dtype

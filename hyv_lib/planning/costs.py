@@ -8,7 +8,8 @@ import math
 from typing import Any, Mapping, Sequence
 
 from ..base.errors import HyvInputError
-from ..base.presets import Preset, get_preset
+from ..base.presets import Preset
+from ..models.families import get_preset
 from ..kernels.ssta import SstaConfig
 from ..kernels.xla import kv_block_layout
 from ..models.adapter import ModelAdapter

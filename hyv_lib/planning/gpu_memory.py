@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..base.errors import HyvInputError
-from ..base.presets import Preset, get_preset
+from ..base.presets import Preset
+from ..models.families import get_preset
 from ..models.registry import get_adapter
 from ..runtimes.vae_memory import decode_peak_bytes
 from .costs import as_preset, dtype_bytes, model_dims, param_bytes, parameter_shapes, step_batch, token_counts

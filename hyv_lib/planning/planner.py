@@ -10,7 +10,8 @@ import re
 from typing import Any, Mapping, Sequence
 
 from ..base.errors import HyvInputError
-from ..base.presets import Preset, check_data_axis, get_preset, video_size
+from ..base.presets import Preset, check_data_axis, video_size
+from ..models.families import get_preset
 from ..kernels.splash import CHIP_BLOCK_SIZES, DEFAULT_BLOCK_SIZES, PAD_HEAD_DIM
 from ..kernels.ssta import SstaConfig
 from ..models.registry import get_adapter

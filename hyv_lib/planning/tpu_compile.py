@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from ..base.errors import HyvInputError
-from ..base.presets import Preset, check_data_axis, get_preset, video_size
+from ..base.presets import Preset, check_data_axis, video_size
+from ..models.families import get_preset
 from ..kernels.splash import default_block_sizes, resolve_block_sizes
 from ..kernels.ssta import SstaConfig
 from ..models.registry import get_adapter

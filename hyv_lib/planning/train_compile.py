@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from ..base.errors import HyvInputError
-from ..base.presets import Preset, get_preset, video_size
+from ..base.presets import Preset, video_size
+from ..models.families import get_preset
 from ..kernels.splash import default_block_sizes, resolve_block_sizes
 from ..models.lora import add_lora
 from ..models.registry import get_adapter

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..base.errors import HyvInputError
-from ..base.presets import Preset, get_preset
+from ..base.presets import Preset
 from ..models.lora import target_names
 from ..models.registry import get_adapter
 from . import gpu_memory as gm
@@ -420,7 +420,7 @@ def train_memory_table(presets: Sequence[str] = ("480p_t2v", "720p_t2v"), video_
         get_chip(chip)
     rows = []
     for name in presets:
-        preset = get_preset(name)
+        preset = as_preset(name)
         for frames in video_lengths:
             size = dict(height=preset.default_height, width=preset.default_width, video_length=frames)
             for lay in layouts:

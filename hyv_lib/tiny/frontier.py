@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..base.errors import HyvInputError
-from ..base.presets import get_preset
+from ..models.families import get_preset
 from ..pipeline.calibration import magcache_schedule
 from ..runtimes.deepcache import DeepCacheSchedule
 from . import data

@@ -18,7 +18,8 @@ from tqdm.auto import tqdm
 from ..base.errors import HyvInputError, python_names
 from ..base.files import atomic_path, clean_partials, ensure_output_dir
 from ..base.lock import folder_lock
-from ..base.presets import PRESETS, TASKS, Preset
+from ..base.presets import TASKS, Preset
+from ..models.families import PRESETS
 from ..models.components import IMAGE_COMPONENTS, TEXT_COMPONENTS, load_components
 from ..models.dtypes import torch_dtype
 from ..models.folder import choose_preset

@@ -8,7 +8,7 @@ from typing import Any, Iterable
 
 import torch
 
-from ...base.cogvideox_presets import COGVIDEOX_SCHEDULER
+from .presets import COGVIDEOX_SCHEDULER
 from ...base.errors import HyvInputError
 from ...base.presets import Preset
 

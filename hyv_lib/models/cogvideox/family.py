@@ -8,7 +8,7 @@ import torch
 
 from ...base.presets import Preset
 from ..family import ModelFamily
-from . import recipe
+from . import presets, recipe
 from .adapter import COGVIDEOX
 
 
@@ -34,4 +34,4 @@ class CogVideoXFamily(ModelFamily):
 
 
 #: The registered instance (:data:`hyv_lib.models.families.FAMILIES`).
-COGVIDEOX_FAMILY = CogVideoXFamily(COGVIDEOX)
+COGVIDEOX_FAMILY = CogVideoXFamily(COGVIDEOX, presets.PRESETS)

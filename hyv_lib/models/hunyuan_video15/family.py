@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..family import ModelFamily
 from . import image as first_frame
-from . import sampling, stage1, text
+from . import presets, sampling, stage1, text
 from .adapter import HUNYUAN_VIDEO_15
 
 
@@ -37,4 +37,4 @@ class HunyuanVideo15Family(ModelFamily):
 
 
 #: The registered instance (:data:`hyv_lib.models.families.FAMILIES`).
-HUNYUAN_VIDEO_15_FAMILY = HunyuanVideo15Family(HUNYUAN_VIDEO_15)
+HUNYUAN_VIDEO_15_FAMILY = HunyuanVideo15Family(HUNYUAN_VIDEO_15, presets.PRESETS)

@@ -1,8 +1,12 @@
-"""CogVideoX1.5's preset fields (the diffusers conversion script's 1.5/5B configs) and its scheduler's config."""
+"""CogVideoX1.5's presets (the diffusers conversion script's 1.5/5B configs, and a tiny twin) and its scheduler's config."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
+
+from ...base.presets import Preset
+from .adapter import COGVIDEOX
 
 # CogVideoX1.5-5B (zai-org/CogVideoX1.5-5B, formerly THUDM/): the transformer config that diffusers'
 # scripts/convert_cogvideox_to_diffusers.py writes for --version 1.5 with the 5B flags (42 layers, 48 heads x 64,
@@ -13,8 +17,8 @@ from typing import Any
 # 5B), CFG 6, 50 steps, 16 fps; 1360 x 768 is the recommended size (the 16:9 bucket of target 1024 at stride 16:
 # the VAE's 8 times the patch's 2). flow_shift is not used by this scheduler (1.0: none).
 
-#: ``Preset.model`` of both CogVideoX presets: the model adapter's name (hyv_lib.models.registry).
-COGVIDEOX_MODEL = "cogvideox"
+#: ``Preset.model`` of both CogVideoX presets: the adapter's name.
+MODEL = COGVIDEOX.name
 #: CogVideoXDDIMScheduler's config for the 5B models (the conversion script's, snr_shift_scale 1.0 for 5B).
 COGVIDEOX_SCHEDULER = dict(snr_shift_scale=1.0, beta_end=0.012, beta_schedule="scaled_linear", beta_start=0.00085,
                            clip_sample=False, num_train_timesteps=1000, prediction_type="v_prediction",
@@ -42,7 +46,7 @@ COGVIDEOX_15_5B_FIELDS: dict[str, Any] = dict(
     crop_start=0,  # no chat template: the prompt is tokenized as is
     transformer=cogvideox_dit(heads=48, head_dim=64, layers=42, text_dim=4096, time_embed_dim=512),
     vae=dict(latent_channels=16, scaling_factor=0.7, invert_scale_latents=True, temporal_compression_ratio=4),
-    model=COGVIDEOX_MODEL,
+    model=MODEL, frames_first=True, text_masks=False,
 )
 #: What ``cogvideox_tiny`` changes of ``cogvideox1.5_5b``: the same classes and token layout at tiny widths.
 COGVIDEOX_TINY_CHANGES: dict[str, Any] = dict(
@@ -60,3 +64,8 @@ COGVIDEOX_TINY_CHANGES: dict[str, Any] = dict(
     text_encoder=dict(vocab_size=384, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
                       feed_forward_proj="gated-gelu"),
 )
+
+COGVIDEOX_15_5B = Preset(**COGVIDEOX_15_5B_FIELDS)
+COGVIDEOX_TINY = dataclasses.replace(COGVIDEOX_15_5B, **COGVIDEOX_TINY_CHANGES)
+#: CogVideoX1.5's presets: ``cogvideox1.5_5b`` and its tiny twin ``cogvideox_tiny``.
+PRESETS: tuple[Preset, ...] = (COGVIDEOX_15_5B, COGVIDEOX_TINY)
