@@ -20,8 +20,8 @@ from ..base.errors import (
 )
 from ..base.files import ensure_output_dir, make_folder, new_folder, umask_modes
 from ..base.lock import FolderInUseError
-from ..models.families import DEFAULT_PRESET, PRESETS, get_preset
 from ..models.components import quiet_loading, save_tiny_pipeline
+from ..models.families import DEFAULT_PRESET, PRESETS, get_preset
 from ..parallel.jax_env import enable_compile_cache
 from ..parallel.sharding import DEFAULT_STRATEGY
 from ..pipeline.batch import BatchRunner, parse_shard, read_prompts_file, run_lock, run_prompts_file

@@ -7,8 +7,8 @@ import argparse
 import sys
 
 from ..base.errors import EXIT_ENTRIES_FAILED, one_line
-from ..models.families import DEFAULT_PRESET
 from ..kernels.ssta import SstaConfig
+from ..models.families import DEFAULT_PRESET
 from ..models.folder import choose_preset
 from ..pipeline.settings import resolve_attention
 from ..training.features import extract_features

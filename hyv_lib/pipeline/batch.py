@@ -18,8 +18,8 @@ from ..base.errors import HyvInputError
 from ..base.files import clean_partials
 from ..base.lock import folder_lock
 from ..base.presets import DEFAULT_SEED, Preset
-from ..models.families import PRESETS
 from ..models.dtypes import torch_dtype
+from ..models.families import PRESETS
 from ..models.folder import choose_preset
 from ..parallel.sharding import DEFAULT_STRATEGY
 from .calibration import cache_schedule

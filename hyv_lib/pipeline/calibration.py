@@ -9,10 +9,9 @@ import torch
 
 from ..base.errors import HyvInputError, python_names
 from ..base.presets import Preset
-from ..models.families import DEFAULT_PRESET, get_preset
 from ..models.components import TEXT_COMPONENTS, load_components
 from ..models.dtypes import torch_dtype
-from ..models.families import family_for
+from ..models.families import DEFAULT_PRESET, family_for, get_preset
 from ..models.folder import choose_preset
 from ..parallel.distributed import local_device
 from ..parallel.sharding import DEFAULT_STRATEGY

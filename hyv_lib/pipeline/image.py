@@ -10,8 +10,7 @@ import torch
 
 from ..base.errors import HyvInputError
 from ..base.presets import MAX_ASPECT_RATIO, Preset, beyond_buckets, bucket_for
-from ..models.families import PRESETS
-from ..models.families import family_for
+from ..models.families import PRESETS, family_for
 from .settings import Stage2Settings
 
 #: PIL modes taken as they are converted to RGB (as diffusers' processors do); 16-bit, float and CMYK images are

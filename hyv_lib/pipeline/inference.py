@@ -15,18 +15,16 @@ import torch
 from ..base.errors import HyvInputError, python_names
 from ..base.files import ensure_output_dir
 from ..base.presets import DEFAULT_SEED, Preset
-from ..models.families import get_preset
 from ..kernels.dispatch import kernel_record
 from ..models.components import IMAGE_COMPONENTS, load_components, pipeline_components, quiet_loading
 from ..models.devices import keep_on_device
 from ..models.dtypes import DTYPES, torch_dtype
-from ..models.families import family_for
+from ..models.families import family_for, get_preset
 from ..models.folder import choose_preset
 from ..models.lora import ensure_merged
 from ..parallel.distributed import local_device
 from ..parallel.sharding import DEFAULT_STRATEGY
-from ..runtimes.fsdp import shard_weights as shard_transformer
-from ..runtimes.fsdp import sharded_step, under_torchrun
+from ..runtimes.fsdp import shard_weights as shard_transformer, sharded_step, under_torchrun
 from ..runtimes.placement import place_transformer, while_denoising
 from ..runtimes.step import cached_step, make_step
 from ..runtimes.vae import decode_latents

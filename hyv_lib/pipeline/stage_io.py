@@ -13,8 +13,7 @@ from ..base.errors import HyvInputError
 from ..base.files import atomic_path
 from ..base.lock import folder_lock
 from ..base.presets import Preset
-from ..models.families import DEFAULT_PRESET, get_preset
-from ..models.families import family_for
+from ..models.families import DEFAULT_PRESET, family_for, get_preset
 from ..models.stage_tensors import FLOATS, require_finite
 
 STAGE1_FILE = "stage1_embeddings.safetensors"

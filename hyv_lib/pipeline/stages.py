@@ -18,11 +18,10 @@ from ..base.files import clean_partials, ensure_output_dir, make_folder
 from ..base.lock import FolderInUseError, folder_lock
 from ..base.memory import PeakMemory
 from ..base.presets import Preset
-from ..models.families import PRESETS, get_preset
 from ..kernels.dispatch import kernel_record
 from ..models.components import load_components, text_components
 from ..models.dtypes import torch_dtype
-from ..models.families import family_for
+from ..models.families import PRESETS, family_for, get_preset
 from ..models.folder import PresetChoice, choose_preset
 from ..models.lora import RECORD_FIELDS, check_lora_file, ensure_merged
 from ..parallel.distributed import barrier, init_distributed, launched_ranks, local_device, rank

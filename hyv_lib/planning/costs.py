@@ -9,10 +9,10 @@ from typing import Any, Mapping, Sequence
 
 from ..base.errors import HyvInputError
 from ..base.presets import Preset
-from ..models.families import get_preset
 from ..kernels.ssta import SstaConfig
 from ..kernels.xla import kv_block_layout
 from ..models.adapter import ModelAdapter
+from ..models.families import get_preset
 from ..models.registry import ADAPTERS, get_adapter
 from ..parallel import sharding
 from ..parallel.mesh import parse_mesh

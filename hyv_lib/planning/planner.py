@@ -11,9 +11,9 @@ from typing import Any, Mapping, Sequence
 
 from ..base.errors import HyvInputError
 from ..base.presets import Preset, check_data_axis, video_size
-from ..models.families import get_preset
 from ..kernels.splash import CHIP_BLOCK_SIZES, DEFAULT_BLOCK_SIZES, PAD_HEAD_DIM
 from ..kernels.ssta import SstaConfig
+from ..models.families import get_preset
 from ..models.registry import get_adapter
 from ..parallel.mesh import default_layout, mesh_text  # the runtime's, compile's and the planner's default
 from ..parallel.sharding import DEFAULT_STRATEGY

@@ -20,9 +20,9 @@ import torch
 
 from ..base.errors import HyvInputError
 from ..base.presets import Preset, check_data_axis, video_size
-from ..models.families import get_preset
 from ..kernels.splash import default_block_sizes, resolve_block_sizes
 from ..kernels.ssta import SstaConfig
+from ..models.families import get_preset
 from ..models.registry import get_adapter
 from ..parallel.jax_env import quiet_libtpu
 from ..parallel.mesh import default_layout, head_split, make_mesh, mesh_text, parse_mesh

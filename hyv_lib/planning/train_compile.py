@@ -18,8 +18,8 @@ import torch
 
 from ..base.errors import HyvInputError
 from ..base.presets import Preset, video_size
-from ..models.families import get_preset
 from ..kernels.splash import default_block_sizes, resolve_block_sizes
+from ..models.families import get_preset
 from ..models.lora import add_lora
 from ..models.registry import get_adapter
 from ..parallel.jax_env import quiet_libtpu

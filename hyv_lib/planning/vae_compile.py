@@ -7,8 +7,8 @@ from typing import Any
 import torch
 
 from ..base.presets import video_size
-from ..models.families import get_preset
 from ..models.dtypes import torch_dtype
+from ..models.families import get_preset
 from ..models.patches import loop_free_causal_masks
 from ..models.registry import get_adapter
 from ..parallel.jax_env import quiet_libtpu

@@ -8,8 +8,8 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from ..models.patches import frame_causal_vae_attention
 from ..models.devices import placed
+from ..models.patches import frame_causal_vae_attention
 from .tile_parallel import tile_parallel_decode
 from .tpu_vae import decode_on_jax
 

@@ -19,16 +19,16 @@ from ..base.errors import HyvInputError, python_names
 from ..base.files import atomic_path, clean_partials, ensure_output_dir
 from ..base.lock import folder_lock
 from ..base.presets import TASKS, Preset
-from ..models.families import PRESETS
 from ..models.components import IMAGE_COMPONENTS, TEXT_COMPONENTS, load_components
+from ..models.devices import placed
 from ..models.dtypes import torch_dtype
+from ..models.families import PRESETS
 from ..models.folder import choose_preset
 from ..models.patches import frame_causal_vae_attention
 from ..pipeline.batch import sha256_json
 from ..pipeline.image import encode_image
 from ..pipeline.stage_io import save_tensors
 from ..pipeline.text import encode_prompts
-from ..models.devices import placed
 from ..runtimes.vae import exact_fp32
 from .data_json import (
     ClipEntry,

@@ -22,8 +22,8 @@ from ..base.lock import folder_lock
 from ..base.presets import Preset
 from ..kernels.registry import BACKENDS
 from ..models.components import load_components
-from ..models.folder import choose_preset
 from ..models.flow_matching import NUM_TRAIN_TIMESTEPS, SAMPLINGS, TRAIN_TIMESTEP_SHIFT, sample_sigmas, training_inputs
+from ..models.folder import choose_preset
 from ..models.lora import DEFAULT_LORA_TARGETS, LORA_FILE, add_lora, config_digest, parse_lora_targets, save_lora
 from ..models.registry import adapter_for, get_adapter
 from ..parallel.distributed import rank as process_rank

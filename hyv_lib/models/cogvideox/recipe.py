@@ -11,8 +11,8 @@ import torch
 
 from ...base.errors import HyvFaultError, HyvInputError
 from ...base.presets import Preset, samples_per_step
-from ..dtypes import torch_dtype
 from ..devices import on_device
+from ..dtypes import torch_dtype
 from ..family import Warmup, warmup_count
 from ..stage_tensors import FLOATS, require_finite
 from ..truncation import plain_cut

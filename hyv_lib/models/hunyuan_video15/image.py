@@ -7,8 +7,8 @@ from typing import Any
 import torch
 
 from ...base.presets import Preset, bucket_for
-from ..dtypes import torch_dtype
 from ..devices import module_device, on_device
+from ..dtypes import torch_dtype
 from ..quiet import errors_only
 
 #: What image-to-video adds (``HunyuanVideo15ImageToVideoPipeline``): SigLIP and its image processor.
