@@ -26,7 +26,6 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "hyv_lib"
 #: The test fails on any other module that does, and on a module here that no longer does.
 STILL_NAMING = {
     "base/sizes.py": "the bucket sizes come from HunyuanVideo-1.5's image processor",
-    "tiny/sparse_frontier.py": "hyv-tiny's SSTA frontier runs HunyuanVideo-1.5's token grid",
 }
 
 

@@ -179,6 +179,11 @@ class ModelAdapter:
         (:meth:`hyv_lib.base.presets.Preset.denoising_shape`), before patching: [B, C, T, H, W] by default."""
         return tuple(denoising_shape[2:5])
 
+    def video_grid(self, model, video_tokens: int) -> tuple[int, int, int]:
+        """The (frames, height, width) token grid of the video ``model`` is running on, checked against the
+        ``video_tokens`` an attention call sees (SSTA tiles it): only a model that runs SSTA records it."""
+        raise NotImplementedError(f"{self.name} does not record its video's token grid (it runs no SSTA)")
+
     def video_token_count(self, model, latent_shape: tuple[int, ...]) -> int:
         """Video tokens of one sample for latents of ``latent_shape`` (Ulysses shards them): one per latent pixel of
         [B, C, T, H, W] latents by default (a 1x1x1 patch)."""

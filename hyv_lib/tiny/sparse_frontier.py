@@ -17,7 +17,7 @@ from ..base.errors import HyvInputError
 from ..kernels.ssta import SstaConfig, density, ssta_mask, window_mask
 from ..kernels.ssta_torch import ssta_inputs
 from ..models.attention_qkv import context_qkv, video_qkv
-from ..models.hunyuan_video15.processors import TokenGrid
+from ..models.registry import adapter_for
 from ..pipeline.inference import VideoPipeline
 from . import data
 from .quality import attribute_rates, psnr, read_video
@@ -103,7 +103,7 @@ class MaskRecorder:
         kv_mask = None
         if attention_mask is not None:
             kv_mask = F.pad(attention_mask.bool(), (q.shape[1] - attention_mask.shape[1], 0), value=True)
-        grid = TokenGrid.of(self.transformer).current(hidden.shape[1])
+        grid = adapter_for(self.transformer).video_grid(self.transformer, hidden.shape[1])
         _, _, _, layout, mask = ssta_inputs(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), kv_mask, grid,
                                             self.config)
         n = layout.video_tiles

@@ -123,6 +123,11 @@ class HunyuanVideo15Adapter(ModelAdapter):
     vae_memory_model = True
     vae_class = "AutoencoderKLHunyuanVideo15"
 
+    def video_grid(self, model, video_tokens: int) -> tuple[int, int, int]:
+        """The grid :class:`hyv_lib.models.hunyuan_video15.processors.TokenGrid` recorded from the RoPE module's
+        input."""
+        return TokenGrid.of(model).current(video_tokens)
+
     def context_tokens(self, preset) -> int:
         """Image + ByT5 + text, after the valid-first reorder (:func:`hyv_lib.models.hunyuan_video15.layout.context_tokens`:
         729 + 256 + 1000 = 1985 for the real model)."""
