@@ -167,7 +167,7 @@ print(f"{len(glob.glob(os.path.join(os.path.dirname(runtimes_package.__file__), 
       f"those importing a model's module: {imports or 'none'}")
 
 # %% [markdown]
-# The CogVideoX adapter (`hyv_lib/models/cogvideox/adapter.py`, about 200 lines, and its attention processor, about 100) is
+# The CogVideoX adapter (`hyv_lib/models/cogvideox/adapter.py`, about 240 lines, and its attention processor, about 100) is
 # everything CogVideoX-specific in the runtimes' path. What the runtimes needed from the structure was two small
 # generalisations, both on the adapter: how many video tokens a latent shape holds (Ulysses shards them; one per
 # latent pixel for HunyuanVideo, one per 2x2x2 patch here), and what dtype the timestep reaches the model in
