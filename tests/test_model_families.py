@@ -24,9 +24,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "hyv_lib"
 
 #: The modules outside hyv_lib/models/ that still name a model, and why (each leaves this list when it is moved).
 #: The test fails on any other module that does, and on a module here that no longer does.
-STILL_NAMING = {
-    "base/sizes.py": "the bucket sizes come from HunyuanVideo-1.5's image processor",
-}
+STILL_NAMING: dict[str, str] = {}
 
 
 def model_words() -> set[str]:

@@ -59,6 +59,23 @@ def test_buckets_follow_diffusers():
     assert bucket_size(get_preset("480p_t2v"), "9:16") == (848, 480)
 
 
+@pytest.mark.parametrize("target_size, stride", [(720, 16), (480, 16), (64, 16), (32, 8)])
+def test_bucket_rule_picks_what_diffusers_picks(target_size, stride):
+    """hyv_lib's bucket list and nearest-ratio pick (written without a model's processor, so every family shares it)
+    against diffusers' HunyuanVideo15ImageProcessor.calculate_default_height_width, over every ratio of sides up to
+    24 and some photo sizes (ties included: 1:1, 2:1, 4:1)."""
+    from diffusers.pipelines.hunyuan_video1_5.image_processor import HunyuanVideo15ImageProcessor
+
+    from hyv_lib.base.sizes import bucket_for
+
+    processor = HunyuanVideo15ImageProcessor(vae_scale_factor=stride)
+    sides = [(w, h) for w in range(1, 25) for h in range(1, 25) if max(w, h) <= 4 * min(w, h)]
+    sides += [(4032, 3024), (3024, 4032), (1920, 1080), (1080, 1920), (2000, 500), (777, 1333)]
+    for w, h in sides:
+        expected = tuple(int(x) for x in processor.calculate_default_height_width(h, w, target_size))
+        assert bucket_for(target_size, stride, w, h) == expected, (w, h)
+
+
 @pytest.mark.parametrize("bad", ["16x9", "0:9", "-1:2", "a:b", "9:1"])
 def test_bad_aspect_ratio(bad):
     with pytest.raises(HyvInputError) as err:

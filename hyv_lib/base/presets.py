@@ -132,6 +132,12 @@ class Preset:
     def default_width(self) -> int:
         return default_size(self)[1]
 
+    def image_bucket(self, width: int, height: int) -> tuple[int, int]:
+        """(height, width) of the bucket a ``width`` x ``height`` first frame is resized and cropped to, as diffusers'
+        image-to-video pipelines pick it: the nearest ratio among the buckets in whole VAE tiles
+        (:func:`hyv_lib.base.sizes.bucket_for`)."""
+        return bucket_for(self.target_size, self.spatial_compression, width, height)
+
     def latent_shape(self, height: int, width: int, video_length: int) -> tuple[int, int, int, int, int]:
         """Shape of ``latents`` in stage2_latents.safetensors for a video of this size (HyvInputError naming the
         argument for a size the VAE cannot take: height and width positive multiples of the spatial compression,

@@ -36,11 +36,7 @@ def beyond_buckets(width: int, height: int) -> bool:
 
 
 def bucket_size(preset: Preset, aspect_ratio: str = "16:9") -> tuple[int, int]:
-    """(height, width) of the preset's resolution bucket closest to ``aspect_ratio``, as diffusers picks it.
-
-    Uses diffusers' HunyuanVideo15ImageProcessor.calculate_default_height_width, whose bucket list and
-    one-sided nearest-ratio match differ from the official repo for some ratios (e.g. 9:16 at 720p).
-    """
+    """(height, width) of the preset's resolution bucket closest to ``aspect_ratio`` (:func:`bucket_for`)."""
     w, h = parse_aspect_ratio(aspect_ratio)
     if beyond_buckets(w, h):
         raise HyvInputError("--aspect_ratio", f"ratio must be at most {MAX_ASPECT_RATIO:g} (buckets stop at "
@@ -49,12 +45,39 @@ def bucket_size(preset: Preset, aspect_ratio: str = "16:9") -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=None)
-def bucket_for(target_size: int, stride: int, w: int, h: int) -> tuple[int, int]:
-    from diffusers.pipelines.hunyuan_video1_5.image_processor import HunyuanVideo15ImageProcessor
+def buckets(target_size: int, stride: int) -> tuple[tuple[int, int], ...]:
+    """The resolution buckets of ``target_size`` (about ``target_size**2`` pixels) in whole ``stride`` tiles, as
+    (height, width), at most :data:`MAX_ASPECT_RATIO` either way round.
 
-    processor = HunyuanVideo15ImageProcessor(vae_scale_factor=stride)
-    height, width = processor.calculate_default_height_width(h, w, target_size)
-    return int(height), int(width)
+    With ``n = round((target_size / stride)**2)`` tiles, the sides in tiles are the pairs (a, b) on the staircase
+    under the hyperbola a * b = n: for each a from n down to 1, every b from ``n // (a + 1)`` (at least 1) up to
+    ``n // a``. The order is the one HunyuanVideo-1.5's data tools list them in (ties go to the earlier bucket), so
+    the pick matches diffusers' ``calculate_default_height_width`` (tests compare the two over many ratios).
+    """
+    n = round((target_size / stride) ** 2)
+    sizes = []
+    for a in range(n, 0, -1):
+        for b in range(max(1, n // (a + 1)), n // a + 1):
+            if max(a, b) <= MAX_ASPECT_RATIO * min(a, b):
+                sizes.append((a * stride, b * stride))
+    return tuple(sizes)
+
+
+@functools.lru_cache(maxsize=None)
+def bucket_for(target_size: int, stride: int, w: int, h: int) -> tuple[int, int]:
+    """(height, width) of the bucket (:func:`buckets`) whose height:width ratio (to 5 decimals) is nearest to
+    ``h / w`` without crossing it towards square: a portrait frame gets a bucket at most as tall for its width, a
+    landscape one at least as tall. That one-sided match differs from the official repo's for some ratios (e.g.
+    9:16 at 720p)."""
+    ratio = h / w
+    sizes = buckets(target_size, stride)
+    ratios = [round(bh / bw, 5) for bh, bw in sizes]
+    fits = [i for i, r in enumerate(ratios) if (r <= ratio if ratio >= 1 else r >= ratio)]
+    if not fits:
+        raise HyvInputError("--aspect_ratio", f"no bucket of size {target_size} fits a {w}:{h} frame "
+                                              f"(buckets stop at {MAX_ASPECT_RATIO:g}:1)")
+    best = min(fits, key=lambda i: (abs(ratios[i] - ratio), i))
+    return sizes[best]
 
 
 def video_size(preset: Preset, height: Any = None, width: Any = None, video_length: Any = None,

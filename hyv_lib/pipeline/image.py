@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..base.errors import HyvInputError
-from ..base.presets import MAX_ASPECT_RATIO, Preset, beyond_buckets, bucket_for
+from ..base.presets import MAX_ASPECT_RATIO, Preset, beyond_buckets
 from ..models.families import PRESETS, family_for
 from .settings import Stage2Settings
 
@@ -57,8 +57,7 @@ def check_image(image, argument: str = "image"):
 
 def image_bucket(preset: Preset, image) -> tuple[int, int]:
     """(height, width) of the preset's bucket for the image's aspect ratio, as diffusers' I2V pipeline picks it."""
-    width, height = image.size
-    return bucket_for(preset.target_size, preset.spatial_compression, width, height)
+    return preset.image_bucket(*image.size)
 
 
 def crop_to_bucket(preset: Preset, image):

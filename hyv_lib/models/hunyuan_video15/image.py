@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from ...base.presets import Preset, bucket_for
+from ...base.presets import Preset
 from ..devices import module_device, on_device
 from ..dtypes import torch_dtype
 from ..quiet import errors_only
@@ -18,8 +18,7 @@ IMAGE_COMPONENTS = ("image_encoder", "feature_extractor")
 def crop_to_bucket(preset: Preset, image):
     """The image resized to cover its bucket (Lanczos) and centre-cropped to it, as diffusers' I2V pipeline does
     (its video processor's ``resize(..., resize_mode="crop")``)."""
-    width, height = image.size
-    height, width = bucket_for(preset.target_size, preset.spatial_compression, width, height)
+    height, width = preset.image_bucket(*image.size)
     return _video_processor(preset).resize(image, height=height, width=width, resize_mode="crop")
 
 
