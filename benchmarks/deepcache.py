@@ -33,7 +33,7 @@ def bench_model(num_layers: int):
 
 def conditioning(preset):
     """The conditioning half of a CFG batch of 2 with real padding (14 and 40 valid text tokens, t2v)."""
-    from hyv_lib.models.components import example_forward_kwargs
+    from hyv_lib.models.hunyuan_video15.components import example_forward_kwargs
 
     kwargs = example_forward_kwargs(preset, byt5_lengths=(0, 0))
     return {k: v for k, v in kwargs.items() if k not in ("hidden_states", "timestep")}

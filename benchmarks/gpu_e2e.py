@@ -8,7 +8,7 @@ pipeline object reads its config):
   configs on the device (:data:`QWEN25_VL_7B_TEXT`: Qwen2.5-VL-7B's language model, 7.07B parameters;
   :data:`BYT5_GLYPH`: the ByT5-small-shaped glyph encoder, 0.22B), bf16, transformers' own random initialisation.
   The hub is out of reach, so the tokenizers are built locally as the tiny presets build them
-  (:func:`hyv_lib.models.components.build_tiny_tokenizer`'s byte-level Qwen2 tokenizer, transformers'
+  (:func:`hyv_lib.models.hunyuan_video15.components.build_tiny_tokenizer`'s byte-level Qwen2 tokenizer, transformers'
   ``ByT5Tokenizer``, which needs no files): every prompt is still padded to the real 1,000 + 108 template tokens
   and 256 ByT5 tokens, so the encoders do the real work; only which tokens are valid differs (a byte per token:
   most of the 1,000 MLLM positions are valid where a real prompt has ~100-200: ~800 more tokens beside 48,360
@@ -91,7 +91,7 @@ def text_components(preset, device: torch.device, dtype: torch.dtype) -> dict[st
     from transformers import ByT5Tokenizer, Qwen2_5_VLTextModel, T5Config, T5EncoderModel
     from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLTextConfig
 
-    from hyv_lib.models.components import build_tiny_tokenizer
+    from hyv_lib.models.hunyuan_video15.components import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
     qwen = preset.text_encoder if preset.is_tiny else QWEN25_VL_7B_TEXT
@@ -156,7 +156,7 @@ def text_part(section, device, clock, budget, cfg, tiny, helpers, vae) -> tuple[
         parameters={name: sum(p.numel() for p in text[name].parameters()) for name in ("text_encoder",
                                                                                         "text_encoder_2")},
         configs="tiny preset's" if tiny else "QWEN25_VL_7B_TEXT, BYT5_GLYPH (benchmarks/gpu_e2e.py)",
-        tokenizers="byte-level Qwen2 tokenizer (hyv_lib.models.components.build_tiny_tokenizer) and ByT5Tokenizer, "
+        tokenizers="byte-level Qwen2 tokenizer (hyv_lib.models.hunyuan_video15.components.build_tiny_tokenizer) and ByT5Tokenizer, "
                    "built locally; padded to the real lengths")
     pipe = diffusers_pipeline(preset, vae, text=text)
     dtype_name = {torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]

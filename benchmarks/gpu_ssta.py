@@ -234,7 +234,8 @@ def backward_section(section: dict[str, Any], device, clock, budget, tiny: bool,
     import copy
 
     from hyv_lib.kernels.ssta_torch import ssta_reference
-    from hyv_lib.models.components import build_tiny_components, example_forward_kwargs
+    from hyv_lib.models.components import build_tiny_components
+    from hyv_lib.models.hunyuan_video15.components import example_forward_kwargs
 
     grid, tile = (5, 16, 24), (2, 8, 8)
     config = SstaConfig(tile=tile, window=(1, 3, 3), topk=4)

@@ -383,7 +383,8 @@ html_table(rows)
 
 # %%
 from hyv_lib.base.memory import LargestTensor
-from hyv_lib.models.components import build_tiny_components, example_forward_kwargs
+from hyv_lib.models.components import build_tiny_components
+from hyv_lib.models.hunyuan_video15.components import example_forward_kwargs
 
 tiny = hyv_lib.get_preset("tiny")
 diffusers_model = build_tiny_components(tiny, names=["transformer"])["transformer"]

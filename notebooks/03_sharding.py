@@ -84,7 +84,7 @@ import torch
 from diffusers import HunyuanVideo15Transformer3DModel
 
 import hyv_lib
-from hyv_lib.models.components import example_forward_kwargs
+from hyv_lib.models.hunyuan_video15.components import example_forward_kwargs
 from hyv_lib.models.hunyuan_video15.adapter import RULE_SETS
 from hyv_lib.notebook.display import html_table
 from hyv_lib.parallel.mesh import make_mesh

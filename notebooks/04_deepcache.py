@@ -83,7 +83,8 @@ from diffusers import FlowMatchEulerDiscreteScheduler, HunyuanVideo15Transformer
 from IPython.display import display
 
 import hyv_lib
-from hyv_lib.models.components import example_forward_kwargs, load_components, quiet_loading
+from hyv_lib.models.components import load_components, quiet_loading
+from hyv_lib.models.hunyuan_video15.components import example_forward_kwargs
 from hyv_lib.notebook.display import frame_grid, html_table
 from hyv_lib.models.hunyuan_video15.sampling import denoise, prepare_conditioning
 from hyv_lib.pipeline.text import encode_prompts

@@ -733,7 +733,8 @@ print(f"GPU-seconds per 720p CFG step: measured 1 x {measured_steps[('hyv_lib', 
 
 # %%
 from hyv_lib.kernels.xla import DEFAULT_BLOCK_KV, kv_block_layout
-from hyv_lib.models.components import build_tiny_components, example_forward_kwargs
+from hyv_lib.models.components import build_tiny_components
+from hyv_lib.models.hunyuan_video15.components import example_forward_kwargs
 from hyv_lib.planning.profile import OP_KINDS, profile_transformer
 from hyv_lib.runtimes.tpu import TpuTransformer
 

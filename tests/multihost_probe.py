@@ -21,7 +21,7 @@ def main(process_id: int, port: int) -> None:
     from torchax.interop import jax_view
 
     from hyv_lib.models.families import get_preset
-    from hyv_lib.models.components import example_forward_kwargs
+    from hyv_lib.models.hunyuan_video15.components import example_forward_kwargs
     from hyv_lib.parallel.mesh import make_mesh
     from hyv_lib.runtimes.tpu import TpuTransformer
 

@@ -15,7 +15,7 @@ import torch  # noqa: E402
 from diffusers import HunyuanVideo15Transformer3DModel  # noqa: E402
 
 from hyv_lib.models.families import get_preset  # noqa: E402
-from hyv_lib.models.components import example_forward_kwargs  # noqa: E402
+from hyv_lib.models.hunyuan_video15.components import example_forward_kwargs  # noqa: E402
 from hyv_lib.parallel.mesh import make_mesh  # noqa: E402
 from hyv_lib.planning.hlo import hlo_collectives  # noqa: E402
 from hyv_lib.runtimes.tpu import TpuTransformer  # noqa: E402

@@ -98,7 +98,8 @@ def test_the_frozen_tokenizer_words_are_the_datasets_and_build_the_shipped_token
     dataset's words in its order, build exactly the bundled tokenizer, and make each word one token."""
     from hyv_lib.base.presets import tiny_tokenizer_captions, tiny_vocabulary
     from hyv_lib.models.families import get_preset
-    from hyv_lib.models.components import build_tiny_tokenizer, load_components
+    from hyv_lib.models.components import load_components
+    from hyv_lib.models.hunyuan_video15.components import build_tiny_tokenizer
 
     expected = [data.Combo(c, s, d, b).caption for c in [*data.COLORS, "cyan"] for s in data.SHAPES
                 for d in data.DIRECTIONS for b in data.BACKGROUNDS]

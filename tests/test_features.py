@@ -17,7 +17,8 @@ from PIL import Image
 from hyv_lib.base.lock import folder_lock
 from hyv_lib.models.families import get_preset
 from hyv_lib.cli.commands import run
-from hyv_lib.models.components import IMAGE_COMPONENTS, TEXT_COMPONENTS, load_components
+from hyv_lib.models.components import load_components
+from hyv_lib.models.hunyuan_video15.components import IMAGE_COMPONENTS, TEXT_COMPONENTS
 from hyv_lib.pipeline.image import encode_image
 from hyv_lib.pipeline.text import encode_prompts
 from hyv_lib.pipeline.video_io import write_mp4

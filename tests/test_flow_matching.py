@@ -85,7 +85,8 @@ def test_flow_matching_loss_in_fp32():
 def test_tiny_dit_loss_keeps_its_math():
     """The tiny trainer's dit_loss now calls this module; its loss is bit-identical to its former inline code."""
     from hyv_lib.models.families import get_preset
-    from hyv_lib.models.components import build_tiny_components, example_forward_kwargs
+    from hyv_lib.models.components import build_tiny_components
+    from hyv_lib.models.hunyuan_video15.components import example_forward_kwargs
     from hyv_lib.tiny.train import dit_loss
 
     preset = get_preset("tiny")

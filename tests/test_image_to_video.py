@@ -13,7 +13,8 @@ from hyv_lib.base.errors import HyvInputError
 from hyv_lib.models.families import PRESETS, get_preset
 from hyv_lib.models.hunyuan_video15.presets import TINY
 from hyv_lib.cli.commands import run
-from hyv_lib.models.components import COMPONENTS, IMAGE_COMPONENTS, build_tiny_components
+from hyv_lib.models.components import build_tiny_components
+from hyv_lib.models.hunyuan_video15.components import COMPONENTS, IMAGE_COMPONENTS
 from hyv_lib.models.flow_matching import condition_channels
 from hyv_lib.models.family import initial_latents
 from hyv_lib.models.hunyuan_video15.sampling import sampling_schedule

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from hyv_lib.models.hunyuan_video15.presets import TINY
-from hyv_lib.models.components import build_tiny_components, example_forward_kwargs
+from hyv_lib.models.components import build_tiny_components
+from hyv_lib.models.hunyuan_video15.components import example_forward_kwargs
 from hyv_lib.runtimes.deepcache import DeepCacheSchedule, TorchDeepCache
 from hyv_lib.runtimes.step import make_step
 

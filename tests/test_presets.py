@@ -102,7 +102,8 @@ def test_first_blocks_copy_keeps_the_first_blocks_in_fp32_and_leaves_the_model_a
     import torch
 
     from hyv_lib.models.families import get_preset
-    from hyv_lib.models.components import build_tiny_components, example_forward_kwargs, first_blocks_copy
+    from hyv_lib.models.components import build_tiny_components, first_blocks_copy
+    from hyv_lib.models.hunyuan_video15.components import example_forward_kwargs
 
     tiny = get_preset("tiny")
     model = build_tiny_components(tiny, names=["transformer"])["transformer"]

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import hyv_lib
-from hyv_lib.models.components import build_tiny_components, example_forward_kwargs
+from hyv_lib.models.components import build_tiny_components
+from hyv_lib.models.hunyuan_video15.components import example_forward_kwargs
 from hyv_lib.planning.costs import step_flops
 from hyv_lib.planning.profile import OP_KINDS, classify_hlo, profile_step, profile_transformer
 

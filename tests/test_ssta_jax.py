@@ -218,7 +218,7 @@ SHARDED_PROBE = textwrap.dedent("""
     from diffusers import HunyuanVideo15Transformer3DModel
     from hyv_lib.models.families import get_preset
     from hyv_lib.kernels.ssta import SstaConfig
-    from hyv_lib.models.components import example_forward_kwargs
+    from hyv_lib.models.hunyuan_video15.components import example_forward_kwargs
     from hyv_lib.models.hunyuan_video15.processors import use_attention
     from hyv_lib.runtimes.tpu import TpuTransformer
     tiny = get_preset("tiny")

@@ -13,7 +13,8 @@ from hyv_lib.base.errors import HyvInputError
 from hyv_lib.models.cogvideox.presets import COGVIDEOX_TINY
 from hyv_lib.models.hunyuan_video15.presets import TINY
 from hyv_lib.cli.commands import run
-from hyv_lib.models.components import COMPONENTS, IMAGE_COMPONENTS, build_tiny_components
+from hyv_lib.models.components import build_tiny_components
+from hyv_lib.models.hunyuan_video15.components import COMPONENTS, IMAGE_COMPONENTS
 from hyv_lib.models.hunyuan_video15.image import i2v_pipeline_class
 from hyv_lib.models import devices
 from hyv_lib.pipeline import inference, stages

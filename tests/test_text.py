@@ -5,7 +5,8 @@ import torch
 
 from hyv_lib.models.hunyuan_video15.presets import TINY_TRAINED
 from hyv_lib.models.families import get_preset
-from hyv_lib.models.components import build_tiny_components, build_tiny_tokenizer
+from hyv_lib.models.components import build_tiny_components
+from hyv_lib.models.hunyuan_video15.components import build_tiny_tokenizer
 from hyv_lib.pipeline.text import encode_prompts
 from hyv_lib.models.hunyuan_video15.text import system_message, template_crop_start
 

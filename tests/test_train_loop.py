@@ -13,7 +13,8 @@ import torch
 
 from hyv_lib.base.errors import HyvInputError
 from hyv_lib.models.families import get_preset
-from hyv_lib.models.components import build_tiny_components, example_forward_kwargs
+from hyv_lib.models.components import build_tiny_components
+from hyv_lib.models.hunyuan_video15.components import example_forward_kwargs
 from hyv_lib.training.loop import build_batch, pick_clips, read_log, train
 
 TINY = get_preset("tiny")

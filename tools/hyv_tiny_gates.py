@@ -43,7 +43,7 @@ def main() -> int:
     preset = TINY_TRAINED
     if args.model_path is None and not os.path.isdir(preset.bundled_path):
         parser.error(f"no bundled weights at {preset.bundled_path}: pass --model_path (e.g. RUN/pipeline)")
-    from hyv_lib.models.components import IMAGE_COMPONENTS, PIPELINE_COMPONENTS
+    from hyv_lib.models.hunyuan_video15.components import IMAGE_COMPONENTS, PIPELINE_COMPONENTS
 
     components = load_components(preset, args.model_path, PIPELINE_COMPONENTS + IMAGE_COMPONENTS)
     _, held_out = data.split_combos()

@@ -118,7 +118,8 @@ def train_dit_stage(args, preset, train_combos, log) -> None:
 
     from diffusers import AutoencoderKLHunyuanVideo15, HunyuanVideo15Transformer3DModel
 
-    from hyv_lib.models.components import COMPONENTS, build_tiny_components, save_pipeline
+    from hyv_lib.models.components import build_tiny_components
+    from hyv_lib.models.hunyuan_video15.components import COMPONENTS, save_pipeline
     from hyv_lib.tiny import data, train
 
     vae = AutoencoderKLHunyuanVideo15.from_pretrained(os.path.join(args.out, "vae")).eval().requires_grad_(False)
@@ -146,7 +147,8 @@ def train_i2v_stage(args, preset, train_combos, log) -> None:
     """Fine-tune a trained text-to-video pipeline's DiT on t2v and i2v batches; save the image-to-video folder."""
     import copy
 
-    from hyv_lib.models.components import COMPONENTS, IMAGE_COMPONENTS, load_components, save_pipeline
+    from hyv_lib.models.components import load_components
+    from hyv_lib.models.hunyuan_video15.components import COMPONENTS, IMAGE_COMPONENTS, save_pipeline
     from hyv_lib.tiny import train
 
     init = args.i2v_init or os.path.join(args.out, "pipeline")

@@ -82,7 +82,7 @@ class Preset:
     text_encoder_2: dict[str, Any] | None = None  # tiny only: T5 (ByT5) encoder config kwargs
     bundled_weights: str | None = None  # a diffusers-format folder inside hyv_lib/weights used without --model_path
     bundled_subfolders: dict[str, str] = field(default_factory=dict)  # component -> its folder there, if not its name
-    word_tokens: bool = False  # tiny only: the tokenizer has a token per caption word (models.build_tiny_tokenizer)
+    word_tokens: bool = False  # tiny only: the tokenizer has a token per caption word (models.hunyuan_video15.components.build_tiny_tokenizer)
     tasks: tuple[str, ...] = ("t2v",)  # what the checkpoint was trained for: ("t2v",), ("i2v",) or both
     image_encoder: dict[str, Any] | None = None  # tiny only: SigLIP vision config kwargs (image-to-video)
     model: str = ""  # the model family (hyv_lib.models.families) that runs it: its adapter's name

@@ -35,12 +35,44 @@ class ModelFamily:
     takes_image: bool = False
     #: The components :meth:`encode_image` needs.
     image_components: tuple[str, ...] = ()
+    #: The model's name in messages ("HunyuanVideo-1.5").
+    title: str = ""
+    #: The component names of the model's diffusers pipeline folder (model_index.json), image-to-video's aside.
+    components: tuple[str, ...] = ()
+    #: Stage 1's text encoders and tokenizers.
+    text_components: tuple[str, ...] = ()
+    #: What image-to-video adds to a folder (a first frame's encoder and processor): loaded only for presets that
+    #: take an image; a tiny folder without them gets them built in code.
+    first_frame_components: tuple[str, ...] = ()
 
     def __init__(self, adapter: ModelAdapter, presets: tuple[Preset, ...] = ()):
         self.adapter = adapter
         self.name = adapter.name
         #: The family's presets (``model`` is its name): :data:`hyv_lib.models.families.PRESETS` lists them.
         self.presets = tuple(presets)
+
+    # ------------------------------------------------------------------------------------------ components
+    def pipeline_components(self, preset: Preset) -> tuple[str, ...]:
+        """What stages 1-3 load for ``preset``: the text encoders, the DiT and its scheduler, the VAE, and the first
+        frame's encoders when the preset takes an image."""
+        return (*self.text_components, "transformer", "scheduler", "vae",
+                *(self.first_frame_components if "i2v" in preset.tasks else ()))
+
+    def build_tiny(self, preset: Preset, seed: int = 0, names: list[str] | None = None) -> dict[str, Any]:
+        """The requested components (None: every one of :attr:`components`) of the tiny ``preset``, built in code
+        with weights that depend on ``seed`` only (:func:`hyv_lib.models.components.build_tiny_components` sets eval
+        mode and checks the preset is tiny)."""
+        raise NotImplementedError
+
+    def component_class(self, name: str, model_path: str):
+        """The class whose ``from_pretrained(model_path, subfolder=name)`` loads component ``name``; HyvInputError
+        naming ``--preset`` for a name the model has none of."""
+        raise NotImplementedError
+
+    def save_tiny_pipeline(self, path: str, preset: Preset, seed: int = 0) -> None:
+        """Write a diffusers-format folder of tiny components: the tiny ``preset``'s, or for a real one its layout at
+        tiny widths (what ``--preset NAME --model_path`` loads like real weights)."""
+        raise NotImplementedError
 
     # ------------------------------------------------------------------------------------------ stage 1
     def encode_texts(self, components: dict[str, Any], preset: Preset, prompts: list[str],

@@ -9,7 +9,7 @@ import torch
 
 from ..base.errors import HyvInputError, python_names
 from ..base.presets import Preset
-from ..models.components import TEXT_COMPONENTS, load_components
+from ..models.components import load_components, text_components
 from ..models.dtypes import torch_dtype
 from ..models.families import DEFAULT_PRESET, family_for, get_preset
 from ..models.folder import choose_preset
@@ -101,7 +101,7 @@ def calibrate(preset: str | Preset | None = None, model_path: str | None = None,
     if runtime == "ulysses":
         raise HyvInputError("--runtime", "calibration runs with torch or tpu")
     settings = resolve_settings(spec, requested)
-    names = [*TEXT_COMPONENTS, "transformer", "scheduler"]
+    names = [*text_components(spec), "transformer", "scheduler"]
     if image is not None:
         names += list(family_for(spec).image_components)
     components = dict(components or {})

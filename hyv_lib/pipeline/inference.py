@@ -16,7 +16,7 @@ from ..base.errors import HyvInputError, python_names
 from ..base.files import ensure_output_dir
 from ..base.presets import DEFAULT_SEED, Preset
 from ..kernels.dispatch import kernel_record
-from ..models.components import IMAGE_COMPONENTS, load_components, pipeline_components, quiet_loading
+from ..models.components import load_components, pipeline_components, quiet_loading
 from ..models.devices import keep_on_device
 from ..models.dtypes import DTYPES, torch_dtype
 from ..models.families import family_for, get_preset
@@ -104,8 +104,9 @@ class VideoPipeline:
             self.text_device = resolve_text_device(text_device, runtime)
         if not isinstance(components, dict):
             raise HyvInputError("components", f"must be a dict of loaded components, got {type(components).__name__}")
-        needed = [name for name in pipeline_components(self.preset)  # SigLIP only where the preset needs an image
-                  if name not in IMAGE_COMPONENTS or "t2v" not in self.preset.tasks]
+        first_frame = family_for(self.preset).first_frame_components  # only where the preset needs an image
+        needed = [name for name in pipeline_components(self.preset)
+                  if name not in first_frame or "t2v" not in self.preset.tasks]
         missing = [name for name in needed if name not in components]
         if missing:
             raise HyvInputError("components", f"missing {', '.join(missing)} (hyv_lib.load_pipeline loads them all)")

@@ -19,10 +19,10 @@ from ..base.errors import HyvInputError, python_names
 from ..base.files import atomic_path, clean_partials, ensure_output_dir
 from ..base.lock import folder_lock
 from ..base.presets import TASKS, Preset
-from ..models.components import IMAGE_COMPONENTS, TEXT_COMPONENTS, load_components
+from ..models.components import load_components
 from ..models.devices import placed
 from ..models.dtypes import torch_dtype
-from ..models.families import PRESETS
+from ..models.families import PRESETS, family_for
 from ..models.folder import choose_preset
 from ..models.patches import frame_causal_vae_attention
 from ..pipeline.batch import sha256_json
@@ -256,7 +256,8 @@ def _extract(entries: list[Any], base_dir: str, output_dir: str, plan: _Plan, mo
     folder = _Folder(output_dir)
     settings = plan.settings(model_path)
     folder.check_settings(settings)  # before any model loads
-    names = [*TEXT_COMPONENTS, "vae", *(IMAGE_COMPONENTS if plan.task == "i2v" else ())]
+    family = family_for(plan.spec)
+    names = list(dict.fromkeys([*family.text_components, "vae", *(family.image_components if plan.task == "i2v" else ())]))
     if components is None:
         components = load_components(plan.spec, model_path, names, dtype=plan.dtype)
     missing = [n for n in names if n not in components]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..family import ModelFamily
+from . import components as parts
 from . import image as first_frame
 from . import presets, sampling, stage1, text
 from .adapter import HUNYUAN_VIDEO_15
@@ -14,6 +15,19 @@ class HunyuanVideo15Family(ModelFamily):
 
     takes_image = True
     image_components = (*first_frame.IMAGE_COMPONENTS, "vae")
+    title = "HunyuanVideo-1.5"
+    components = parts.COMPONENTS
+    text_components = parts.TEXT_COMPONENTS
+    first_frame_components = first_frame.IMAGE_COMPONENTS
+
+    def build_tiny(self, preset, seed=0, names=None):
+        return parts.build_tiny(preset, seed, names)
+
+    def component_class(self, name, model_path):
+        return parts.component_class(name)
+
+    def save_tiny_pipeline(self, path, preset, seed=0):
+        parts.save_tiny(path, preset, seed)
 
     def encode_texts(self, components, preset, prompts, device=None, release=False):
         return text.encode_prompts(components, preset, prompts, device=device, release=release)

@@ -59,7 +59,7 @@ def encode_image(components: dict[str, Any], preset: Preset, image, device: torc
 def i2v_pipeline_class():
     """diffusers' ``HunyuanVideo15ImageToVideoPipeline``, imported without transformers' one-time notice that
     ``SiglipImageProcessor`` falls back to the PIL class when torchvision is missing (we use that class on purpose:
-    :func:`image_processor`)."""
+    :func:`hyv_lib.models.hunyuan_video15.components.image_processor`)."""
     with errors_only("transformers.utils.import_utils"):
         from diffusers import HunyuanVideo15ImageToVideoPipeline
     return HunyuanVideo15ImageToVideoPipeline
