@@ -81,11 +81,12 @@ import hyv_lib
 import hyv_lib.runtimes as runtimes_package
 from hyv_lib.cli.commands import run
 from hyv_lib.models.cogvideox.adapter import latent_frames, rotary_tables, video_tokens
-from hyv_lib.models.cogvideox.recipe import denoise_cogvideox, encode_t5_pair, make_scheduler
+from hyv_lib.models.cogvideox.recipe import denoise_cogvideox, make_scheduler
 from hyv_lib.models.components import build_tiny_components
 from hyv_lib.models.families import FAMILIES
 from hyv_lib.models.registry import ADAPTERS, get_adapter
 from hyv_lib.notebook.display import frame_grid, html_table
+from hyv_lib.pipeline.text import encode_pair
 from hyv_lib.pipeline.video_io import read_mp4
 from hyv_lib.planning.costs import step_flops
 from hyv_lib.planning.hardware import CHIPS
@@ -271,7 +272,7 @@ display(html_table(rows))
 # %%
 pipe = CogVideoXPipeline(**components)
 pipe.set_progress_bar_config(disable=True)
-embeds = encode_t5_pair(components, tiny, "a cat playing piano", "blurry")
+embeds = encode_pair(components, tiny, "a cat playing piano", "blurry")
 start = torch.randn(tiny.denoising_shape(96, 160, 9), generator=torch.Generator().manual_seed(1))
 theirs = pipe(prompt_embeds=embeds["prompt_embeds"], negative_prompt_embeds=embeds["negative_prompt_embeds"],
               latents=start.clone(), height=96, width=160, num_frames=9, num_inference_steps=8,

@@ -15,8 +15,9 @@ from hyv_lib.models.cogvideox.presets import COGVIDEOX_SCHEDULER, COGVIDEOX_TINY
 from hyv_lib.models.hunyuan_video15.presets import TINY_TRAINED
 from hyv_lib.cli.commands import run
 from hyv_lib.models.components import build_tiny_components, load_components
-from hyv_lib.models.cogvideox.recipe import denoise_cogvideox, encode_t5_pair, make_scheduler, rotary_tables
+from hyv_lib.models.cogvideox.recipe import denoise_cogvideox, make_scheduler, rotary_tables
 from hyv_lib.pipeline.inference import load_pipeline
+from hyv_lib.pipeline.text import encode_pair
 from hyv_lib.pipeline.video_io import read_mp4
 from hyv_lib.runtimes.step import make_step
 from hyv_lib.runtimes.tpu_vae import decode_on_jax
@@ -53,7 +54,7 @@ def generated(tmp_path_factory):
 def test_loop_equals_cogvideox_pipeline(components, pipe, scheduler):
     """From the same latents and embeddings, hyv_lib's loop (its torch step with hyv_lib's attention, the adapter's
     RoPE tables) ends where CogVideoXPipeline(..., output_type="latent") does; DPM's noise from the same generator."""
-    embeds = encode_t5_pair(components, COGVIDEOX_TINY, "a cat", "blurry")
+    embeds = encode_pair(components, COGVIDEOX_TINY, "a cat", "blurry")
     positive, negative = pipe.encode_prompt("a cat", "blurry", device="cpu")
     assert embeds["prompt_embeds"].shape == (1, 226, 32)
     assert torch.equal(embeds["prompt_embeds"], positive) and torch.equal(embeds["negative_prompt_embeds"], negative)

@@ -12,7 +12,6 @@ import torch
 from ...base.errors import HyvFaultError, HyvInputError
 from ...base.presets import Preset, samples_per_step
 from ..devices import on_device
-from ..dtypes import torch_dtype
 from ..family import Warmup, warmup_count
 from ..stage_tensors import FLOATS, require_finite
 from ..truncation import plain_cut
@@ -44,16 +43,6 @@ def encode_t5(components: dict[str, Any], preset: Preset, prompts: list[str], de
         if device is not None:
             embeds = embeds.cpu()
     return {"prompt_embeds": embeds}
-
-
-def encode_t5_pair(components: dict[str, Any], preset: Preset, prompt: str, negative_prompt: str = "",
-                   dtype: str = "fp32", device: torch.device | None = None,
-                   release: bool = False) -> dict[str, torch.Tensor]:
-    """``prompt_embeds`` and ``negative_prompt_embeds`` [1, text_len, D] in ``dtype``, from one encoder batch
-    [negative, positive] (:func:`encode_t5`)."""
-    embeds = encode_t5(components, preset, [negative_prompt, prompt], device, release)["prompt_embeds"]
-    embeds = embeds.to(torch_dtype(dtype))
-    return {"prompt_embeds": embeds[1:2], "negative_prompt_embeds": embeds[0:1]}
 
 
 # ------------------------------------------------------------------------------------------------- stage 2
