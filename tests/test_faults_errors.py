@@ -192,9 +192,9 @@ def test_stage3_refuses_latents_that_are_not_finite(capsys, run_dir, value):
 
 def test_stage2_stops_at_the_first_step_that_makes_nan(capsys, run_dir, monkeypatch):
     """A step whose prediction turns NaN at its third call: stage 2 names step 3 and writes nothing."""
-    import hyv_lib.pipeline.stages as stages
+    import hyv_lib.pipeline.denoiser as denoiser
 
-    real_make_step = stages.make_step
+    real_make_step = denoiser.make_step
     calls = []
 
     def make_step(*args, **kwargs):
@@ -206,7 +206,7 @@ def test_stage2_stops_at_the_first_step_that_makes_nan(capsys, run_dir, monkeypa
             return noise * float("nan") if len(calls) == 3 else noise
         return broken
 
-    monkeypatch.setattr(stages, "make_step", make_step)
+    monkeypatch.setattr(denoiser, "make_step", make_step)
     before = (run_dir / "stage2_latents.safetensors").read_bytes()
     line = error_line(capsys, ["stage2", "--input_dir", str(run_dir), "--num_inference_steps", "5", "--quiet"],
                       EXIT_FAULT)

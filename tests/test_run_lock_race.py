@@ -136,12 +136,14 @@ def test_generate_nests_its_stages_inside_a_lock_this_thread_holds(tmp_path, mon
     """A caller holding the folder's lock (a prompts file's run) calls generate: its stages nest, nobody is refused."""
     out = str(tmp_path / "out")
     calls = []
-    for name in ("stage1", "stage2", "stage3"):
-        monkeypatch.setattr(stages, name, lambda _name=name, **kw: calls.append(_name))
+    for name in ("stage1", "_denoise_into", "stage3"):  # stage 2's work, with the settings generate resolved
+        monkeypatch.setattr(stages, name, lambda *args, _name=name, **kw: calls.append(_name))
+    monkeypatch.setattr(stages, "_read_stage1", lambda *args: calls.append("read stage 1") or ({}, {}, None))
     with folder_lock(out):
         stages.generate(preset="tiny", prompt="x", output_dir=out, quiet=True)
         assert is_held(os.path.join(out, LOCK_FILE))
-    assert calls == ["stage1", "stage2", "stage3"] and not os.path.exists(os.path.join(out, LOCK_FILE))
+    assert calls == ["stage1", "read stage 1", "_denoise_into", "stage3"]
+    assert not os.path.exists(os.path.join(out, LOCK_FILE))
 
 
 def test_prompts_file_run_refused_by_a_holder_leaves_the_folder_it_made(tmp_path, capsys):

@@ -17,7 +17,7 @@ from hyv_lib.models.components import build_tiny_components
 from hyv_lib.models.hunyuan_video15.components import COMPONENTS, IMAGE_COMPONENTS
 from hyv_lib.models.hunyuan_video15.image import i2v_pipeline_class
 from hyv_lib.models import devices
-from hyv_lib.pipeline import inference, stages
+from hyv_lib.pipeline import denoiser, inference, stages
 from hyv_lib.pipeline.encoder_device import ENCODERS, resolve_text_device
 from hyv_lib.pipeline.image import crop_to_bucket
 from hyv_lib.pipeline.inference import VideoPipeline
@@ -215,16 +215,16 @@ def test_the_pipeline_keeps_encoders_resident_only_without_offload(monkeypatch, 
     """VideoPipeline on a (fake) GPU: without offload the encoders move there once and stay (no move per video);
     with --offload model each visits the card for its call and is back on the host before the transformer denoises."""
     gpu = FakeGpu(monkeypatch)
-    monkeypatch.setattr(inference, "local_device", lambda: torch.device("cpu"))  # the transformer and VAE: host
+    monkeypatch.setattr(denoiser, "local_device", lambda: torch.device("cpu"))  # the transformer and VAE: host
     monkeypatch.setattr(inference, "resolve_text_device", lambda value, runtime=None: GPU)
     on_gpu_while_denoising = []
-    sample = inference.sample_latents
+    sample = denoiser.sample_latents
 
     def sample_latents(*args, **kwargs):
         on_gpu_while_denoising.append(gpu.on_gpu())
         return sample(*args, **kwargs)
 
-    monkeypatch.setattr(inference, "sample_latents", sample_latents)
+    monkeypatch.setattr(denoiser, "sample_latents", sample_latents)
     components = build_tiny_components(TINY, names=COMPONENTS)
     pipe = VideoPipeline(TINY, components, offload=offload, text_device="cuda:0")
     resident = [(QWEN, "cuda"), (BYT5, "cuda")] if offload is None else []

@@ -15,23 +15,17 @@ import torch
 from ..base.errors import HyvInputError, python_names
 from ..base.files import ensure_output_dir
 from ..base.presets import DEFAULT_SEED, Preset
-from ..kernels.dispatch import kernel_record
 from ..models.components import load_components, pipeline_components, quiet_loading
 from ..models.devices import keep_on_device
 from ..models.dtypes import DTYPES, torch_dtype
 from ..models.families import family_for, get_preset
 from ..models.folder import choose_preset
-from ..models.lora import ensure_merged
-from ..parallel.distributed import local_device
 from ..parallel.sharding import DEFAULT_STRATEGY
-from ..runtimes.fsdp import shard_weights as shard_transformer, sharded_step, under_torchrun
-from ..runtimes.placement import place_transformer, while_denoising
-from ..runtimes.step import cached_step, make_step
-from ..runtimes.vae import decode_latents
-from ..runtimes.vae_memory import tile_for_budget
+from ..runtimes.fsdp import under_torchrun
+from ..runtimes.step import cached_step
+from .denoiser import Denoiser, decode_video, vae_layout
 from .encoder_device import ENCODERS, resolve_text_device
 from .image import check_task, first_frame
-from .sampling import sample_latents
 from .settings import Stage2Settings, check_vae_model, check_vae_settings, resolve_settings
 from .text import encode_pair
 from .video_io import check_fps, check_mp4_path, write_mp4
@@ -111,7 +105,7 @@ class VideoPipeline:
         if missing:
             raise HyvInputError("components", f"missing {', '.join(missing)} (hyv_lib.load_pipeline loads them all)")
         with python_names():
-            lora_settings = resolve_settings(self.preset, runtime=runtime, mesh=mesh, sharding=sharding,
+            run_settings = resolve_settings(self.preset, runtime=runtime, mesh=mesh, sharding=sharding,
                                              attention=attention, sparse_attn=sparse_attn, ssta=ssta, offload=offload,
                                              shard_weights=shard_weights, lora=lora, lora_scale=lora_scale,
                                              compile=compile)
@@ -129,30 +123,18 @@ class VideoPipeline:
         self.model_path = model_path
         self.runtime, self.mesh, self.sharding = runtime, mesh, sharding
         #: the attention backend (the preset's when none was given) and SSTA's options (a dict, or None)
-        self.attention, self.ssta = lora_settings.attention, lora_settings.ssta
+        self.attention, self.ssta = run_settings.attention, run_settings.ssta
         self.offload, self.shard_weights = offload, shard_weights
         self.compile = compile
         self.vae_runtime, self.vae_dtype, self.tiling = vae_runtime, vae_dtype, tiling
-        transformer = components["transformer"]
-        with python_names():  # merged before the weights are placed, sharded or traced: no extra work per step
-            merged = ensure_merged(transformer, lora_settings.lora, lora_settings.lora_scale)
+        with python_names():  # the LoRA merged before the weights are placed, sharded or traced: no work per step
+            self.denoiser = Denoiser.prepare(components["transformer"], run_settings)
+        self.device, self.step = self.denoiser.device, self.denoiser.step
+        lora = self.denoiser.lora
         #: generation_config.json's LoRA fields (path, sha256, scale, rank); empty without a LoRA
-        self.lora_record = {} if merged is None else merged.record(lora_settings.lora_scale)
-        self.device = local_device() if runtime in ("torch", "ulysses") else torch.device("cpu")
-        if shard_weights:  # 1/N of the weights to this rank's device, cut block by block
-            with python_names():
-                shard_transformer(transformer, shard_weights)
-        else:
-            place_transformer(transformer, self.device, offload)  # the GPU, block streaming, or the host (model)
-        with python_names():
-            self.step = make_step(transformer, runtime, mesh, sharding, attention=self.attention,
-                                  attention_options=lora_settings.attention_options(), compile=compile)
-        if shard_weights:  # each step one forward of the sharded root
-            self.step = sharded_step(self.step, transformer)
+        self.lora_record = {} if lora is None else lora.record(run_settings.lora_scale)
         #: generation_config.json's ``attention_kernel``: the backend ``auto`` picked and SDPA's own kernel choice
-        self.attention_kernel = kernel_record(self.attention, self.device, next(transformer.parameters()).dtype,
-                                              getattr(transformer.config, "attention_head_dim", None)
-                                              ) if runtime in ("torch", "ulysses") else None
+        self.attention_kernel = self.denoiser.attention_kernel
         #: the encoders stay on ``text_device`` between calls (nothing offloaded or sharded), else each visits it
         self.encoders_resident = offload is None and shard_weights is None and self.text_device.type != "cpu"
         if self.encoders_resident:
@@ -236,19 +218,15 @@ class VideoPipeline:
         embeds = self.encode(prompt, negative_prompt, image)  # on the host; the encoders off the GPU unless resident
         encode_s = time.perf_counter() - encode_start
         denoise_start = time.perf_counter()
-        with while_denoising(self.components["transformer"], self.device, self.offload):  # offload model: GPU only here
-            latents = sample_latents(step, self.components["transformer"], self.components["scheduler"].config,
-                                     self.preset, embeds, settings, progress=progress, device=self.device)
+        latents = self.denoiser.denoise(self.components["scheduler"].config, self.preset, embeds, settings, step=step,
+                                        progress=progress)
         denoise_s = time.perf_counter() - denoise_start
         # torch: on this process's GPU if any, in vae_dtype, and the VAE put back after (image conditioning shares it)
-        vae, vae_dtype = self.components["vae"], torch.bfloat16 if self.vae_dtype == "bf16" else torch.float32
-        tile_px = None
-        if self.vae_memory_gb is not None:
-            with python_names():
-                tile_px = tile_for_budget(vae, tuple(latents.shape), self.vae_memory_gb, vae_dtype)
-        decoded = family_for(self.preset).vae_latents(self.preset, latents, settings.video_length)  # the VAE's layout
-        frames = decode_latents(vae, decoded, tiling=self.tiling, runtime=self.vae_runtime, dtype=vae_dtype,
-                                tile_px=tile_px, device=local_device() if self.vae_runtime == "torch" else None)
+        with python_names():
+            frames, tile_px = decode_video(self.components["vae"],
+                                           vae_layout(self.preset, latents, settings.video_length),
+                                           runtime=self.vae_runtime, vae_dtype=self.vae_dtype, tiling=self.tiling,
+                                           memory_gb=self.vae_memory_gb)
         config = dict(prompt=prompt, negative_prompt=negative_prompt, preset=self.preset.name, task=task,
                       model_path=self.model_path, dtype=self.dtype, **settings.config(), fps=self.preset.fps,
                       stage3_runtime=self.vae_runtime, vae_dtype=self.vae_dtype, vae_tiling=self.tiling,

@@ -18,23 +18,18 @@ from ..base.files import clean_partials, ensure_output_dir, make_folder
 from ..base.lock import FolderInUseError, folder_lock
 from ..base.memory import PeakMemory
 from ..base.presets import Preset
-from ..kernels.dispatch import kernel_record
 from ..models.components import load_components, text_components
 from ..models.dtypes import torch_dtype
 from ..models.families import PRESETS, family_for, get_preset
 from ..models.folder import PresetChoice, choose_preset
-from ..models.lora import RECORD_FIELDS, check_lora_file, ensure_merged
-from ..parallel.distributed import barrier, init_distributed, launched_ranks, local_device, rank
-from ..runtimes.fsdp import shard_weights, sharded_step
-from ..runtimes.placement import place_transformer, while_denoising
-from ..runtimes.step import TransformerStep, make_step
-from ..runtimes.vae import decode_latents
-from ..runtimes.vae_memory import tile_for_budget
+from ..models.lora import RECORD_FIELDS, check_lora_file
+from ..parallel.distributed import barrier, init_distributed, launched_ranks, rank
+from ..runtimes.step import TransformerStep
 from .calibration import cache_schedule, resolve_calibration
+from .denoiser import Denoiser, decode_video, vae_layout
 from .encoder_device import resolve_text_device
 from .image import check_task, crop_to_bucket, first_frame, image_size_settings, load_image
-from .sampling import sample_latents
-from .settings import Stage2Settings, check_vae_model, check_vae_settings, resolve_settings
+from .settings import ResolvedSettings, Stage2Settings, check_vae_model, check_vae_settings, resolve_settings
 from .stage_io import (
     CONFIG_FILE,
     FRAMES_FILE,
@@ -246,11 +241,11 @@ def stage2(
     ``settings`` are the fields of :class:`Stage2Settings` (``height``, ``video_length``, ``num_inference_steps``,
     ``seed``, ``runtime``, ``mesh``, ``enable_cache``, ...); unset ones take the preset's defaults, and an unknown
     name is an error. ``runtime``, ``mesh`` and ``sharding`` pick the
-    transformer step (see :func:`make_step`); ``step`` overrides it with any callable of that interface, and
+    transformer step (see :func:`hyv_lib.runtimes.step.make_step`); ``step`` overrides it with any callable of that interface, and
     ``components`` (transformer and scheduler, already loaded for this folder) skips loading them.
     ``multi_host``: this process is one host of a multi-host TPU slice (:func:`hyv_lib.parallel.jax_env.init_multi_host`); every
     host runs the same command and writes the same latents to its own ``output_dir``. ``attention``: see
-    :func:`make_step` (checked before anything is loaded or written; None: the preset's); ``sparse_attn=True`` (the
+    :func:`hyv_lib.runtimes.step.make_step` (checked before anything is loaded or written; None: the preset's); ``sparse_attn=True`` (the
     official scripts' flag) and ``ssta`` (a :class:`hyv_lib.SstaConfig` or a dict of its fields) run SSTA. ``offload`` (torch runtime): ``block`` keeps the
     weights on the host and streams each block to the GPU as it runs, ``model`` moves the transformer to the GPU for
     the denoising loop only (:data:`hyv_lib.runtimes.placement.OFFLOAD_MODES`). ``shard_weights="fsdp"`` (under
@@ -262,56 +257,58 @@ def stage2(
     start = time.perf_counter()
     _require_folder("input_dir", input_dir)
     requested = Stage2Settings.from_kwargs(settings)
-    runtime, mesh, sharding = requested.runtime, requested.mesh, requested.sharding
+    runtime = requested.runtime
     ranks = launched_ranks()
     if ranks > 1 and runtime != "ulysses" and requested.shard_weights is None:
         raise HyvInputError("--runtime", f"this process is one of {ranks} torchrun ranks, and --runtime {runtime} would "
                                          "run the whole stage in each of them into the same files: split the work "
                                          "with --runtime ulysses (or --shard_weights fsdp), or run it without torchrun")
+    config, embeds, spec = _read_stage1(input_dir, preset, model_path)
+    if "cond_latents" in embeds:  # image-to-video: the size is the first frame's
+        requested = image_size_settings(
+            requested, tuple(n * spec.spatial_compression for n in embeds["cond_latents"].shape[-2:]))
+    return _denoise_into(input_dir, output_dir, config, embeds, spec, resolve_settings(spec, requested), step=step,
+                         components=components, quiet=quiet, start=start)
+
+
+def _read_stage1(input_dir: str, preset: str | Preset | None,
+                 model_path: str | None) -> tuple[dict[str, Any], dict[str, torch.Tensor], Preset]:
+    """A stage-1 folder's config (with a given ``preset`` / ``model_path`` checked against it and recorded), its
+    tensors and its preset."""
     config = read_config(input_dir) if os.path.isdir(input_dir) else {}
     config = _with_given_preset(config, input_dir, preset, model_path)
     # the preset says which stage-1 tensors to expect (HunyuanVideo-1.5's 8, CogVideoX's 2)
     embeds = load_stage1(input_dir, _preset_from_config(config, input_dir) if "preset" in config else None)
-    spec = _preset_from_config(config, input_dir)
-    if "cond_latents" in embeds:  # image-to-video: the size is the first frame's
-        requested = image_size_settings(
-            requested, tuple(n * spec.spatial_compression for n in embeds["cond_latents"].shape[-2:]))
-    settings = resolve_settings(spec, requested)
+    return config, embeds, _preset_from_config(config, input_dir)
+
+
+def _denoise_into(input_dir: str, output_dir: str | None, config: dict[str, Any], embeds: dict[str, torch.Tensor],
+                  spec: Preset, settings: ResolvedSettings, *, step: TransformerStep | None,
+                  components: dict[str, Any] | None, quiet: bool, start: float) -> torch.Tensor:
+    """:func:`stage2`'s work once its settings are resolved (:func:`generate` resolves them once, before stage 1)."""
+    runtime = settings.runtime
     # the step cache, decided before any model loads (a MagCache run's calibration file is resolved here)
-    own_step = step is None
     schedule = None if step is not None else cache_schedule(settings, spec, config.get("model_path"))
     output_dir = ensure_output_dir(output_dir or input_dir)
     dtype = config.get("dtype", spec.default_dtype)
     if components is None:
         components = load_components(spec, config.get("model_path"), ["transformer", "scheduler"], dtype=dtype)
-    transformer = components["transformer"]
-    # the LoRA into the weights before they are placed, sharded or traced (a kept transformer: merged by its loader)
-    lora = ensure_merged(transformer, settings.lora, settings.lora_scale, can_merge=step is None)
-    device = local_device() if runtime in ("torch", "ulysses") else torch.device("cpu")  # a GPU per rank, if any
     distributed = runtime == "ulysses" or settings.shard_weights is not None  # one process per device, torchrun
     owns_group = distributed and not torch.distributed.is_initialized()  # else the caller's: left as found
-    if settings.shard_weights:  # 1/N of the weights to this rank's device, cut block by block (a kept model: once)
-        shard_weights(transformer, settings.shard_weights)
-    else:  # on the GPU (a no-op when a kept model is already there), streamed block by block, or on the host
-        place_transformer(transformer, device, settings.offload)
-    step = step or make_step(transformer, runtime, mesh, sharding, cache=schedule,
-                             no_cache_blocks=settings.no_cache_blocks, attention=settings.attention,
-                             attention_options=settings.attention_options(), compile=settings.compile)
-    if settings.shard_weights:  # each step one forward of the sharded root
-        step = sharded_step(step, transformer)
-    with PeakMemory() as memory, while_denoising(transformer, device, settings.offload):
-        latents = sample_latents(step, transformer, components["scheduler"].config, spec, embeds, settings,
-                                 progress=not quiet and rank() == 0, device=device)
+    denoiser = Denoiser.prepare(components["transformer"], settings, step=step, cache=schedule)
+    with PeakMemory() as memory:
+        latents = denoiser.denoise(components["scheduler"].config, spec, embeds, settings,
+                                   progress=not quiet and rank() == 0)
     if rank() == 0:  # every rank holds the same latents; one writes them
         save_tensors({"latents": latents}, os.path.join(output_dir, STAGE2_FILE), metadata={"preset": spec.name})
         fields = settings.config()
-        if own_step and runtime in ("torch", "ulysses"):  # the backend `auto` chose, and SDPA's own kernel choice
-            fields["attention_kernel"] = kernel_record(settings.attention, device, next(transformer.parameters()).dtype,
-                                                       getattr(transformer.config, "attention_head_dim", None))
-        if lora is not None:  # the file's path, SHA-256, scale and rank
-            fields.update(lora.record(settings.lora_scale))
+        if denoiser.attention_kernel is not None:  # the backend `auto` chose, and SDPA's own kernel choice
+            fields["attention_kernel"] = denoiser.attention_kernel
+        if denoiser.lora is not None:  # the file's path, SHA-256, scale and rank
+            fields.update(denoiser.lora.record(settings.lora_scale))
         else:  # a rerun without the LoRA (or from a folder made with one) records none
             config = {k: v for k, v in config.items() if k not in RECORD_FIELDS}
+        step = denoiser.step
         used = getattr(step, "schedule", None)  # the cache's own fields (MagCache: the calibration file it used)
         if settings.enable_cache and used is not None:
             fields.update(used.settings())
@@ -372,17 +369,13 @@ def stage3(
     latents = load_stage2(input_dir)
     spec = _preset_from_config(config, input_dir)
     check_vae_model(spec, budget)
-    latents = family_for(spec).vae_latents(spec, latents, config.get("video_length"))  # the VAE's [1, C, T, h, w]
+    latents = vae_layout(spec, latents, config.get("video_length"))  # the VAE's [1, C, T, h, w]
     fps = spec.fps if fps is None else fps
     output_video = output_video or os.path.join(input_dir, VIDEO_FILE)
     out_dir = os.path.dirname(os.path.abspath(output_video))
     ensure_output_dir(out_dir, "--output_video")
     if components is None:
         components = load_components(spec, config.get("model_path"), ["vae"], dtype=config.get("dtype", "fp32"))
-    vae = components["vae"]  # moved to this rank's device and vae_dtype for the decode only, then put back
-    if latents.shape[1] != vae.config.latent_channels:
-        raise HyvInputError("--input_dir", f"{STAGE2_FILE}: latents have {latents.shape[1]} channels but the VAE "
-                                           f"expects {vae.config.latent_channels}")
     # Under torchrun (WORLD_SIZE > 1) the VAE tiles are spread over the ranks; rank 0 writes the files.
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if distributed and runtime == "tpu":
@@ -390,12 +383,10 @@ def stage3(
     owns_group = distributed and not torch.distributed.is_initialized()  # else the caller's: left as found
     if distributed:
         init_distributed()
-    tile_px = None if budget is None else tile_for_budget(vae, tuple(latents.shape), budget, torch_dtype(vae_dtype))
-    with PeakMemory() as memory:
-        # torch: this rank's GPU if any (nccl's tile exchange needs GPU tensors), else the host
-        frames = decode_latents(vae, latents, tiling=not disable_tiling, tile_parallel=distributed, runtime=runtime,
-                                dtype=torch_dtype(vae_dtype), device=local_device() if runtime == "torch" else None,
-                                tile_px=tile_px)
+    with PeakMemory() as memory:  # the VAE moves to this rank's device and vae_dtype for the decode only
+        frames, tile_px = decode_video(components["vae"], latents, runtime=runtime, vae_dtype=vae_dtype,
+                                       tiling=not disable_tiling, memory_gb=budget, tile_parallel=distributed,
+                                       argument="--input_dir")
     if rank() == 0:
         write_mp4(frames.numpy(), output_video, fps)
         fields = {"output_video": os.path.abspath(output_video), "fps": fps, "vae_tiling": not disable_tiling,
@@ -457,6 +448,9 @@ def generate(
     device = resolve_text_device(text_device, settings.runtime)
     stage1(preset=choice, prompt=prompt, negative_prompt=negative_prompt, output_dir=output_dir,
            model_path=model_path, dtype=dtype, image_path=image_path, text_device=device)
-    stage2(input_dir=output_dir, **stage2_kwargs)
+    config, embeds, spec = _read_stage1(output_dir, None, None)
+    _denoise_into(output_dir, None, config, embeds, spec, settings, step=stage2_kwargs.get("step"),
+                  components=stage2_kwargs.get("components"), quiet=bool(stage2_kwargs.get("quiet", False)),
+                  start=time.perf_counter())
     return stage3(input_dir=output_dir, output_video=output_video, fps=fps, disable_tiling=disable_tiling,
                   save_frames=save_frames, vae_dtype=vae_dtype, runtime=vae_runtime, vae_memory_gb=vae_memory_gb)
