@@ -71,7 +71,7 @@ def step_costs(model, runtime, latents, cond, repeats=10):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runtime", default="torch", choices=["torch", "tpu"])
+    parser.add_argument("--runtime", default="torch", choices=["torch", "jax", "tpu"])
     parser.add_argument("--layers", type=int, default=54)
     parser.add_argument("--intervals", type=int, nargs="+", default=[2, 3, 4, 5, 6, 7, 8])
     parser.add_argument("--repeats", type=int, default=2, help="runs per configuration; the fastest counts")

@@ -24,7 +24,7 @@ Sections, each catching and recording its own failure so one broken backend does
 - ``distributed``: ``torchrun --nproc_per_node 1 -m hyv_lib stage2`` with Ulysses, Ulysses + ``--shard_weights fsdp``
   and torch + fsdp on the tiny model (nccl on the GPU), against the same stage 2 in one process.
 - ``train``: fine-tuning steps of the full 54-block DiT (random bf16 weights, hyv_lib's SDPA attention) through
-  :class:`hyv_lib.training.torch_step.TorchTrainStep` (flow-matching loss, backward, clipping, AdamW): one full
+  :class:`hyv_lib.runtimes.torch_train.TorchTrainStep` (flow-matching loss, backward, clipping, AdamW): one full
   fine-tune at 480p/33 frames, then a rank-16 LoRA (:func:`hyv_lib.models.lora.add_lora`) at 480p and 720p, 33 to 121
   frames, with gradient checkpointing (and once without), cheapest first: s/step, peak memory and
   :func:`hyv_lib.planning.train_memory.train_step_memory`'s model of it; an out-of-memory row says ``oom``.
@@ -839,7 +839,7 @@ def train_flops(preset, height: int, width: int, frames: int, trainable: str, re
 def train_section(section, device, clock, budget, cfg, tiny) -> None:
     from hyv_lib.models.lora import add_lora
     from hyv_lib.planning.train_memory import train_step_memory
-    from hyv_lib.training.torch_step import TorchTrainStep
+    from hyv_lib.runtimes.torch_train import TorchTrainStep
 
     live_peak_bytes = None
     if tiny:  # the CPU's measure: torch's live tensor bytes (the test suite's probe)
@@ -853,7 +853,7 @@ def train_section(section, device, clock, budget, cfg, tiny) -> None:
     model = build_transformer(preset, device)
     get_adapter(preset.model).use_attention(model, TRAIN_ATTENTION)
     section.update(build_s=round(time.perf_counter() - start, 1), attention=TRAIN_ATTENTION, lora_rank=TRAIN_LORA_RANK,
-                   recipe="hyv_lib.training.torch_step.TorchTrainStep: AdamW (torch.optim, default foreach), clip 1.0, "
+                   recipe="hyv_lib.runtimes.torch_train.TorchTrainStep: AdamW (torch.optim, default foreach), clip 1.0, "
                           "lr 1e-5; full: bf16 weights, gradients and moments; LoRA: fp32 factors on bf16 weights",
                    modelled="hyv_lib.planning.train_memory.train_step_memory(precision='torch', device='gpu'): "
                             "modelled_gib is its allocated (torch's allocator peak, CUDA context excluded)",

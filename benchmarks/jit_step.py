@@ -95,10 +95,10 @@ def in_child(args, frames: int, *probe_args: str) -> dict:
 def compile_probe(cache_dir: str) -> dict:
     """In a child process: time the first call (trace + compile, or cache load) of the jitted step."""
     from hyv_lib.parallel.jax_env import enable_compile_cache
-    from hyv_lib.runtimes.tpu import TpuTransformer
+    from hyv_lib.runtimes.jax_step import JaxTransformer
 
     enable_compile_cache(cache_dir)
-    tpu = TpuTransformer(bench_model())
+    tpu = JaxTransformer(bench_model())
     kwargs = bench_inputs()
     start = time.perf_counter()
     tpu(**kwargs)
@@ -170,7 +170,7 @@ def attention_breakdown(args, kwargs, tokens: int, eager: float, jitted: float) 
 def run_config(args, frames: int) -> tuple[int, float, float, float, dict]:
     import torch
 
-    from hyv_lib.runtimes.tpu import TpuTransformer
+    from hyv_lib.runtimes.jax_step import JaxTransformer
 
     LATENT[0] = frames
     torch.set_num_threads(os.cpu_count() or 1)
@@ -183,14 +183,14 @@ def run_config(args, frames: int) -> tuple[int, float, float, float, dict]:
           f"{context_tokens(get_preset('tiny'))} context, batch 2, fp32")
     with torch.no_grad():
         oracle = model(**kwargs).sample
-    tpu = TpuTransformer(copy.deepcopy(model))
+    tpu = JaxTransformer(copy.deepcopy(model))
     out = tpu(**kwargs)
     from hyv_lib.kernels.dispatch import available_backends
 
     # host_sdpa calls torch's CPU kernel from inside jit: it exists only where JAX runs on the CPU
     hosted_tpu = None
     if available_backends().get("host_sdpa") is None:
-        hosted_tpu = TpuTransformer(copy.deepcopy(model), attention="host_sdpa")
+        hosted_tpu = JaxTransformer(copy.deepcopy(model), attention="host_sdpa")
     hosted_out = hosted_tpu(**kwargs) if hosted_tpu is not None else None
 
     def eager_in_child() -> float:

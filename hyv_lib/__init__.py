@@ -1,6 +1,6 @@
 """hyv_lib: HunyuanVideo-1.5 on TPU and GPU — presets, staged pipeline, kernels and runtimes.
 
-The public API is this package's names (``hyv_lib.load_pipeline``, ``hyv_lib.TpuTransformer``, ...), each imported
+The public API is this package's names (``hyv_lib.load_pipeline``, ``hyv_lib.JaxTransformer``, ...), each imported
 from its layer on first use, so ``import hyv_lib`` stays light (no torch, no JAX). The layers, bottom to top:
 ``base``, ``parallel``, ``kernels``, ``models``, ``runtimes``, ``pipeline`` and ``planning`` (peers), ``tiny`` and
 ``notebook``, then ``cli``; each imports only from the layers below it (checked by ``lint-imports``).
@@ -28,7 +28,8 @@ _PUBLIC = {
     "use_attention": "models.hunyuan_video15.processors", "ModelAdapter": "models.adapter",
     "adapter_for": "models.registry", "register_adapter": "models.registry", "ModelFamily": "models.family",
     "family_for": "models.families", "register_family": "models.families",
-    "make_step": "runtimes.step", "TpuTransformer": "runtimes.tpu", "UlyssesTransformer": "runtimes.ulysses",
+    "make_step": "runtimes.step", "JaxTransformer": "runtimes.jax_step",
+    "TpuTransformer": "runtimes.jax_step", "UlyssesTransformer": "runtimes.ulysses",
     "DeepCacheSchedule": "runtimes.deepcache", "MagCacheSchedule": "runtimes.magcache",
     "Stage2Settings": "pipeline.settings", "resolve_settings": "pipeline.settings",
     "stage1": "pipeline.stages", "stage2": "pipeline.stages", "stage3": "pipeline.stages",

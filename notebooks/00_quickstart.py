@@ -230,7 +230,7 @@ fig.tight_layout()
 # %%
 t0 = time.perf_counter()
 with quiet_loading():
-    frames = stage3(input_dir=OUTPUT_DIR, runtime="tpu" if RUNTIME == "tpu" else "torch")
+    frames = stage3(input_dir=OUTPUT_DIR, runtime="jax" if RUNTIME == "jax" else "torch")
 print(f"stage 3: {time.perf_counter() - t0:.1f} s, "
       f"frames {tuple(frames.shape)} {frames.dtype}")
 fig = frame_grid(frames.numpy(), columns=5, title=f"{PRESET}: {PROMPT!r}")

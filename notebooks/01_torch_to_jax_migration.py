@@ -24,13 +24,13 @@
 # 1. torchax in five minutes;
 # 2. how much memory the weights need, and why real presets load once, in bf16;
 # 3. diffusers' forward run naively: each failure shown live and caught;
-# 4. the fixes in `hyv_lib.runtimes.tpu.TpuTransformer`, and why each one is exact;
+# 4. the fixes in `hyv_lib.runtimes.jax_step.JaxTransformer`, and why each one is exact;
 # 5. {term}`jit`, recompilation, and the persistent compile cache;
 # 6. numerics against the {term}`oracle`, and eager against jit timings measured here.
 #
 # :::{figure} ../book/figures/01_torch_to_xla.svg
 # :name: fig-01-torch-to-xla
-# The migration path. `TpuTransformer` splits diffusers' forward into prompt-only work, done once in eager
+# The migration path. `JaxTransformer` splits diffusers' forward into prompt-only work, done once in eager
 # torch, and a static-shaped per-step module; torchax turns that module's weights into a pytree of JAX arrays and
 # its torch ops into JAX ops; `jax.jit` compiles it into one XLA program per latent shape. To the denoising loop
 # both runtimes are the same *transformer step*.
@@ -261,7 +261,7 @@ with env:
 # %% [markdown]
 # ## The fixes, and why each is exact
 #
-# `hyv_lib.runtimes.tpu.TpuTransformer` splits the forward in two. Anything that depends only on the prompt or the
+# `hyv_lib.runtimes.jax_step.JaxTransformer` splits the forward in two. Anything that depends only on the prompt or the
 # latent *shape* is computed once, eagerly, on concrete data. The per-step part is traced once and has static
 # shapes.
 #
@@ -292,14 +292,14 @@ print("gather indices", tuple(order.shape), "| valid context tokens per sample:"
 # %% [markdown]
 # ## `jit` once, reuse for every step
 #
-# Now the whole loaded model, in its own dtype (bf16 for a real preset) and without a copy: `TpuTransformer`
+# Now the whole loaded model, in its own dtype (bf16 for a real preset) and without a copy: `JaxTransformer`
 # takes it as it is, installs `hyv_lib`'s attention processors on it in place, and hands its weights to JAX
 # (`attention="auto"`: {term}`Splash` on a TPU, XLA elsewhere; with `HYV_MESH`, sharded over the mesh as in chapter 3).
 
 # %%
-from hyv_lib.runtimes.tpu import TpuTransformer
+from hyv_lib.runtimes.jax_step import JaxTransformer
 
-step = TpuTransformer(model, mesh=MESH)
+step = JaxTransformer(model, mesh=MESH)
 t0 = time.perf_counter()
 out = step(**inputs)
 first = time.perf_counter() - t0
@@ -336,7 +336,7 @@ print("after one more latent frame:", step.compilations)
 #
 # A compiled XLA program can be stored on disk and loaded by the next *process*.
 # `hyv_lib.parallel.jax_env.enable_compile_cache()` turns on JAX's persistent compilation cache (default
-# `~/.cache/hyv_lib/jax`), and `stage2 --runtime tpu` enables it by itself. Below, two fresh processes share one
+# `~/.cache/hyv_lib/jax`), and `stage2 --runtime jax` enables it by itself. Below, two fresh processes share one
 # cache folder, and each times the first call of a jitted step larger than tiny (the configuration of
 # `benchmarks/jit_step.py`, printed below). The second process loads the program instead of compiling it, though
 # it still traces the Python. The child processes run JAX on the CPU when this notebook holds an accelerator: a
@@ -375,19 +375,19 @@ else:
 # %% [markdown]
 # ## Numerics against the oracle
 #
-# The probe, jitted in fp32 and in bf16, against the oracle computed above. Each `TpuTransformer` wraps its own
+# The probe, jitted in fp32 and in bf16, against the oracle computed above. Each `JaxTransformer` wraps its own
 # copy of the probe, because it installs its processors on the model it is given and the probe must stay
 # diffusers' own.
 
 # %%
-tpu32 = TpuTransformer(copy.deepcopy(probe))
+tpu32 = JaxTransformer(copy.deepcopy(probe))
 rows = []
 for name, kwargs, expected in (("t2v, real padding", inputs, oracle),
                                ("i2v (non-zero image embeddings)", i2v_inputs, oracle_i2v)):
     got = tpu32(**kwargs)
     rows.append({"input": name, "dtype": "fp32", "max |jit - oracle|": f"{(got - expected).abs().max():.1e}",
                  "relative": f"{(got - expected).abs().max() / expected.abs().max():.1e}"})
-tpu16 = TpuTransformer(copy.deepcopy(probe).to(torch.bfloat16))
+tpu16 = JaxTransformer(copy.deepcopy(probe).to(torch.bfloat16))
 relative32 = float((tpu32(**inputs) - oracle).abs().max() / oracle.abs().max())
 got = tpu16(**inputs).float()
 relative16 = float((got - oracle).abs().max() / oracle.abs().max())
@@ -442,7 +442,7 @@ def eager_vs_jit(name, fp32_model, kwargs, built=None):
     row = {"model": name, "video tokens": math.prod(kwargs["hidden_states"].shape[2:]),
            "eager torch (ms)": round(eager * 1e3, 1)}
     for backend in backends:
-        jitted = (built or {}).get(backend) or TpuTransformer(copy.deepcopy(fp32_model), attention=backend)
+        jitted = (built or {}).get(backend) or JaxTransformer(copy.deepcopy(fp32_model), attention=backend)
         seconds = best_of(lambda: jitted(**kwargs))
         row[f"jit, {backend} (ms)"] = round(seconds * 1e3, 1)
         row[f"eager / jit, {backend}"] = round(eager / seconds, 2)
@@ -479,11 +479,11 @@ for row in timings:
 #
 # hyv_lib.enable_compile_cache()                # JAX's persistent compile cache (~/.cache/hyv_lib/jax)
 #
-# step = hyv_lib.TpuTransformer(transformer)   # callable with the forward's keyword arguments
+# step = hyv_lib.JaxTransformer(transformer)   # callable with the forward's keyword arguments
 # noise = step(hidden_states=..., timestep=..., encoder_hidden_states=..., ...)   # torch tensor on CPU
 # ```
 #
-# or from the command line: `python -m hyv_lib stage2 --input_dir out --runtime tpu --warmup_steps 2`.
+# or from the command line: `python -m hyv_lib stage2 --input_dir out --runtime jax --warmup_steps 2`.
 #
 # ## Summary
 #
@@ -494,7 +494,7 @@ for row in timings:
 # - diffusers' forward fails in three ways under torchax: NaN in eager mode (fully masked softmax rows), a
 #   concretization error under `jit` (`torch.all(...)` in an `if`), and boolean indexing, whose output shape is
 #   data-dependent.
-# - `TpuTransformer` decides t2v/i2v in Python, turns the reorder into a gather, uses exact 1-D-mask
+# - `JaxTransformer` decides t2v/i2v in Python, turns the reorder into a gather, uses exact 1-D-mask
 #   attention, and precomputes RoPE. Each fix is exact, and the step matches the oracle to float32 rounding.
 # - One compilation serves every step, prompt and timestep. A new latent shape compiles again, and the
 #   persistent cache lets a second process load the program instead of compiling it.

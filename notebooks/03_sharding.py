@@ -61,7 +61,7 @@ _ = settings_not_used({
     "HYV_PRESET": "the planner sizes the real presets and the demos build a randomly initialised 8-head tiny model "
                   "(HYV_COMPILE_PRESET picks the live TPU compile)",
     "HYV_MODEL_PATH": "no weights are loaded: sharding is about shapes, and the demos use random weights",
-    "HYV_RUNTIME": "the tpu runtime is the subject", "HYV_MESH": "every layout is shown in turn",
+    "HYV_RUNTIME": "the jax runtime is the subject", "HYV_MESH": "every layout is shown in turn",
     "HYV_ATTENTION": "XLA's kernel (and Splash in interpret mode) on the emulated CPU devices, Splash in the TPU compile",
     "HYV_HEIGHT": "the planner tables use the presets' sizes", "HYV_WIDTH": "see HYV_HEIGHT",
     "HYV_VIDEO_LENGTH": "see HYV_HEIGHT", "HYV_STEPS": "single steps, no loop",
@@ -97,7 +97,7 @@ from hyv_lib.planning.planner import (
     cited_times,
     device_plan,
 )
-from hyv_lib.runtimes.tpu import TpuTransformer
+from hyv_lib.runtimes.jax_step import JaxTransformer
 
 print(jax.device_count(), "devices:", jax.devices()[0].platform)
 
@@ -210,7 +210,7 @@ print(f"  all-gathering the joint sequence's whole K and V instead: {2 * B * tok
 #
 # A planner is only as good as its model of what XLA does. The TPU compiler can answer directly, on this CPU:
 # libtpu (installed with `requirements.txt`) describes a TPU slice by name, and `python -m hyv_lib compile` lowers the
-# very jitted step that `TpuTransformer` runs on such a slice, with {term}`Splash` compiled by {term}`Mosaic`, and prints what the
+# very jitted step that `JaxTransformer` runs on such a slice, with {term}`Splash` compiled by {term}`Mosaic`, and prints what the
 # compiler reports per device. It is a memory and collective check, not a timing. A small config first, live (the
 # tiny preset, whose head dim of 16 Splash pads to the TPU's 128 lanes):
 
@@ -352,7 +352,7 @@ html_table(rows)
 # `sequence` (video tokens). A rule set maps diffusers parameter names to `PartitionSpec`s. The strategies (`tp`,
 # `tp_replicated_out`, `fsdp`) are generic, the parameter names are the model's: HunyuanVideo-1.5's adapter
 # (`hyv_lib.models.hunyuan_video15.adapter`) builds its `RULE_SETS` from which layers are column- and which row-parallel, and
-# `TpuTransformer` asks the model's adapter for the set. Unmatched parameters are replicated, and a rule that
+# `JaxTransformer` asks the model's adapter for the set. Unmatched parameters are replicated, and a rule that
 # matches nothing is an error. The demo model is the tiny config with 8 heads of
 # 16, so that 8-way tensor parallelism can split the heads.
 
@@ -370,7 +370,7 @@ for rule in RULE_SETS["tp_replicated_out"]:
     print(f"{rule.name:40s} {rule.spec}")
 
 # %% [markdown]
-# Now each layout runs on its mesh. `TpuTransformer(model, mesh=..., sharding=...)` places the weights by
+# Now each layout runs on its mesh. `JaxTransformer(model, mesh=..., sharding=...)` places the weights by
 # the rules. It also puts the CFG batch on `data` and keeps the video tokens split along `sequence` between
 # blocks, and it runs attention per shard: `shard_map` with the heads split over `tensor` × `sequence`. That last
 # part is needed because Splash is a Pallas kernel, which XLA's partitioner cannot split by itself. XLA inserts
@@ -385,7 +385,7 @@ cases = [("tp", dict(tensor=8), "xla"), ("tp_replicated_out", dict(tensor=8), "x
 rows, steps = [], {}
 for rules, axes, attention in cases:
     mesh = make_mesh(**axes)
-    step = TpuTransformer(copy.deepcopy(oracle_model), mesh=mesh, sharding=rules, attention=attention)
+    step = JaxTransformer(copy.deepcopy(oracle_model), mesh=mesh, sharding=rules, attention=attention)
     out = step(**inputs)
     weight = jax_view(step.jitted.buffers["model.transformer_blocks.0.attn.to_out.0.weight"])
     hlo = step.lower(**inputs).compile().as_text()
@@ -431,7 +431,7 @@ flops_inputs = example_forward_kwargs(long_video, seed=1, latent=(4, 16, 16), te
                                       byt5_lengths=(0, 5))  # 1,024 video tokens
 per_device = {}
 for axes in (dict(tensor=8), dict(sequence=2, tensor=4), dict(data=2, sequence=4)):
-    step = TpuTransformer(copy.deepcopy(oracle_model), mesh=make_mesh(**axes), sharding="tp", attention="xla",
+    step = JaxTransformer(copy.deepcopy(oracle_model), mesh=make_mesh(**axes), sharding="tp", attention="xla",
                           attention_options={"block_kv": None})
     cost = step.lower(**flops_inputs).compile().cost_analysis()
     per_device[",".join(f"{k}={v}" for k, v in axes.items())] = float(cost["flops"])
@@ -480,7 +480,7 @@ html_table(rows)
 #
 # ```bash
 # python -m hyv_lib compile --preset 720p_t2v --topology v6e:2x4 --mesh data=2,tensor=4 --sharding tp_replicated_out
-# python -m hyv_lib stage2 --input_dir out --runtime tpu --mesh data=2,tensor=4 --sharding tp_replicated_out
+# python -m hyv_lib stage2 --input_dir out --runtime jax --mesh data=2,tensor=4 --sharding tp_replicated_out
 # ```
 #
 # ## Summary
@@ -500,7 +500,7 @@ html_table(rows)
 # - A `sequence` axis splits the heads together with `tensor` (Ulysses inside the mesh), so
 #   `sequence=2,tensor=4` does the per-device work of `tensor=8`; FSDP gathers each block's weights whole and splits
 #   its compute by samples (`data`) and video tokens (`sequence`).
-# - `TpuTransformer(..., mesh, sharding)` matches diffusers' forward on every layout tested here, and Ulysses gives
+# - `JaxTransformer(..., mesh, sharding)` matches diffusers' forward on every layout tested here, and Ulysses gives
 #   the same output on 2 and 4 processes.
 #
 # ## Exercises
@@ -515,7 +515,7 @@ html_table(rows)
 # Attention runs per shard with whole heads on each device (Splash works on [heads, sequence, head_dim]
 # blocks), and the heads are split over both axes. No product of `tensor` and `sequence` that uses 12 chips divides
 # 16, and `data` can only take 1 or 2 (the CFG batch of 2). Use 8 of the 12 chips (`data=2,tensor=4`, or
-# `tensor=8`). `TpuTransformer`, `python -m hyv_lib compile` and `UlyssesTransformer` raise a clear error instead of
+# `tensor=8`). `JaxTransformer`, `python -m hyv_lib compile` and `UlyssesTransformer` raise a clear error instead of
 # guessing.
 # :::
 #
@@ -572,7 +572,7 @@ html_table(rows)
 #
 # :::{admonition} Where to start
 # :class: dropdown
-# On a v6e-8, time 5 steps of `python -m hyv_lib stage2 --runtime tpu --warmup_steps 2` at 720p/121f with each
+# On a v6e-8, time 5 steps of `python -m hyv_lib stage2 --runtime jax --warmup_steps 2` at 720p/121f with each
 # `--mesh`/`--sharding` pair of the compiled table, and capture one step with `jax.profiler` to see how much of each
 # collective overlaps compute. The compiled reports (`hyv_lib/compiled/tpu_compile.json`) already say each layout
 # fits; the profile answers whether its collectives are hidden.

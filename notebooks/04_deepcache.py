@@ -246,7 +246,7 @@ print(f"r = {r_720:.5f} (blocks alone: k/L = {k / L:.5f}); FLOP speed-up n / (f 
 #
 # * **torch**: a full step *is* diffusers' forward, with a pre-hook on the first uncached block that records its
 #   inputs. A schedule of only full steps therefore gives exactly the uncached latents (a test checks `torch.equal`).
-# * **tpu**: `TpuTransformer` {term}`jits <jit>` two methods of its static-shape step, `forward_and_cache` and
+# * **tpu**: `JaxTransformer` {term}`jits <jit>` two methods of its static-shape step, `forward_and_cache` and
 #   `forward_from_cache`. The cache stays on the device between steps.
 #
 # The tests count block calls: on a cached step, block 0 never runs.
@@ -590,16 +590,16 @@ print(f"record: {record['date']}, {record['machine']}; its timed generations too
 # exactly two programs for all the steps and agrees with the torch runtime's run above:
 
 # %%
-from hyv_lib.runtimes.tpu import TpuTransformer
+from hyv_lib.runtimes.jax_step import JaxTransformer
 
 plan = DeepCacheSchedule(STEPS, START, END, 4)
 if 4 in latents_by_interval:
     torch_latents = latents_by_interval[4]
 else:
     torch_latents, _ = generate(make_step(transformer, "torch", cache=plan))
-tpu = TpuTransformer(transformer)  # the last use of `transformer`: it gets the JAX attention in place
+tpu = JaxTransformer(transformer)  # the last use of `transformer`: it gets the JAX attention in place
 tpu_latents, tpu_seconds = generate(DeepCacheStep(tpu, plan))
-print(f"tpu runtime: {tpu.compilations} compilations for {STEPS} steps; "
+print(f"jax runtime: {tpu.compilations} compilations for {STEPS} steps; "
       f"max |tpu - torch| = {(tpu_latents - torch_latents).abs().max():.1e}")
 
 # %% [markdown]
@@ -610,7 +610,7 @@ print(f"tpu runtime: {tpu.compilations} compilations for {STEPS} steps; "
 
 # %%
 with quiet_loading():
-    tpu_pipe = hyv_lib.load_pipeline("tiny_trained", runtime="tpu", vae_runtime="torch", progress=False)
+    tpu_pipe = hyv_lib.load_pipeline("tiny_trained", runtime="jax", vae_runtime="torch", progress=False)
 whole_stack = plans["no_cache_blocks=0, threshold 0.5, max skip 3, retention 0.1"]
 on_tpu = tpu_pipe.generate(live_prompts[0], seed=1234, cache=whole_stack, no_cache_blocks=0, progress=False)
 on_torch = tiny_pipe.generate(live_prompts[0], seed=1234, cache=whole_stack, no_cache_blocks=0, progress=False)

@@ -37,7 +37,7 @@
 # How `python -m hyv_lib compile` (`hyv_lib.planning.tpu_compile`) checks a TPU layout on a CPU. libtpu describes the
 # devices of a named slice; the diffusers DiT on torch's meta device gives every weight's name and shape, which become
 # abstract bf16 arrays placed on a mesh of those devices by a sharding rule set; the {term}`jitted <jit>` step that
-# `TpuTransformer` runs on a TPU VM is lowered and compiled by XLA's TPU compiler, with the {term}`Splash` kernel
+# `JaxTransformer` runs on a TPU VM is lowered and compiled by XLA's TPU compiler, with the {term}`Splash` kernel
 # compiled by {term}`Mosaic`. The compiler's memory analysis, cost analysis and optimised {term}`HLO` are what the
 # chapter reads back.
 # :::
@@ -708,7 +708,7 @@ print(f"GPU-seconds per 720p CFG step: measured 1 x {measured_steps[('hyv_lib', 
 #
 # Every time so far was counted, cited or read from a file. A *profile* says where a real step's time goes, op by op,
 # and it is how one would answer the open exercise at the end of this chapter on a TPU. This section profiles one step
-# here, on the program the TPU runtime runs (`TpuTransformer`, the jitted step of chapter 1, on JAX's CPU backend,
+# here, on the program the TPU runtime runs (`JaxTransformer`, the jitted step of chapter 1, on JAX's CPU backend,
 # which the book is built with: on a TPU VM without `JAX_PLATFORMS=cpu` the same cell traces the TPU, where the way
 # `profile_step` reads the trace is untested), and walks through reading it. The model is the diffusers DiT at
 # hyv-tiny's sizes (3 blocks, 2 heads of 32, $d = 64$) with seeded random weights, which change the numbers computed
@@ -736,7 +736,7 @@ from hyv_lib.kernels.xla import DEFAULT_BLOCK_KV, kv_block_layout
 from hyv_lib.models.components import build_tiny_components
 from hyv_lib.models.hunyuan_video15.components import example_forward_kwargs
 from hyv_lib.planning.profile import OP_KINDS, profile_transformer
-from hyv_lib.runtimes.tpu import TpuTransformer
+from hyv_lib.runtimes.jax_step import JaxTransformer
 
 TINY = hyv_lib.get_preset("tiny_trained")  # hyv-tiny's sizes; random weights below, not its trained ones
 PROFILE_SIZE = (256, 384, 33)  # height, width, frames of the profiled step
@@ -745,7 +745,7 @@ profile_flops = step_flops(TINY, *PROFILE_SIZE)
 profile_model = build_tiny_components(TINY, names=["transformer"])["transformer"]  # seeded random weights
 profile_inputs = example_forward_kwargs(TINY, latent=tuple(profile_latent), text_lengths=(7, 12),
                                         byt5_lengths=(0, 5))  # a CFG pair with real padding
-profile = profile_transformer(TpuTransformer(profile_model), profile_inputs, repeats=2)
+profile = profile_transformer(JaxTransformer(profile_model), profile_inputs, repeats=2)
 S_profile = profile_flops["tokens"]["joint"]
 print(f"{len(profile_model.transformer_blocks)} blocks, d = {profile_model.config.num_attention_heads} x "
       f"{profile_model.config.attention_head_dim}; one CFG step at {PROFILE_SIZE[1]}x{PROFILE_SIZE[0]}, "
@@ -849,9 +849,9 @@ plt.show()
 #
 # ```python
 # import jax
-# from hyv_lib.runtimes.tpu import TpuTransformer
+# from hyv_lib.runtimes.jax_step import JaxTransformer
 #
-# tpu = TpuTransformer(transformer, mesh="data=2,tensor=4")  # the real 720p DiT, loaded as in chapter 5
+# tpu = JaxTransformer(transformer, mesh="data=2,tensor=4")  # the real 720p DiT, loaded as in chapter 5
 # tpu(**kwargs)                                  # warm-up: compiles
 # with jax.profiler.trace("/tmp/profile-data"):
 #     tpu(**kwargs)                              # returns the prediction on the host: the device work is inside
@@ -972,11 +972,11 @@ plt.show()
 # %%
 ICI_SEND = V6E.interconnect_bandwidth / 2  # bytes/s a chip can send: half the bidirectional figure
 layouts = [
-    ("tp", {"tensor": 8}, "--runtime tpu --mesh tensor=8 --sharding tp"),
-    ("tp", {"data": 2, "tensor": 4}, "--runtime tpu --mesh data=2,tensor=4 --sharding tp"),
-    ("tp_replicated_out", {"data": 2, "tensor": 4}, "--runtime tpu --mesh data=2,tensor=4 (the default rule set)"),
-    ("tp", {"sequence": 2, "tensor": 4}, "--runtime tpu --mesh sequence=2,tensor=4 --sharding tp"),
-    ("fsdp", {"data": 2, "sequence": 4}, "--runtime tpu --mesh data=2,sequence=4 --sharding fsdp"),
+    ("tp", {"tensor": 8}, "--runtime jax --mesh tensor=8 --sharding tp"),
+    ("tp", {"data": 2, "tensor": 4}, "--runtime jax --mesh data=2,tensor=4 --sharding tp"),
+    ("tp_replicated_out", {"data": 2, "tensor": 4}, "--runtime jax --mesh data=2,tensor=4 (the default rule set)"),
+    ("tp", {"sequence": 2, "tensor": 4}, "--runtime jax --mesh sequence=2,tensor=4 --sharding tp"),
+    ("fsdp", {"data": 2, "sequence": 4}, "--runtime jax --mesh data=2,sequence=4 --sharding fsdp"),
     ("ulysses", {"sequence": 8}, "the GPU layout: torchrun ... --runtime ulysses"),
 ]
 rows, sent_by = [], {}
@@ -1329,7 +1329,7 @@ html_table(rows)
 # %% [markdown]
 # :::{admonition} Where to start
 # :class: dropdown
-# On a v6e-8 with the real weights, run `python -m hyv_lib stage2 --runtime tpu --warmup_steps 2` for a few steps
+# On a v6e-8 with the real weights, run `python -m hyv_lib stage2 --runtime jax --warmup_steps 2` for a few steps
 # with `jax.profiler.trace` around one step, open the trace in TensorBoard's profile plugin or Perfetto, and sum the
 # device time per operation kind: the Splash custom calls, the fusions around the matmuls, and each all-reduce or
 # all-gather (and whether it runs beside compute or alone). Compare the Splash total with this chapter's
@@ -1352,7 +1352,7 @@ html_table(rows)
 # blocks runs inside one kernel: the profile shows one op per block, not its iterations.
 # :::
 #
-# 9. ★★ Profile the same step with `TpuTransformer(profile_model, attention_options={"block_kv": 256})`. Predict the
+# 9. ★★ Profile the same step with `JaxTransformer(profile_model, attention_options={"block_kv": 256})`. Predict the
 #    `runs/step` of the attention ops, how many keys the kernel computes (padding included) against 512-key blocks,
 #    and the `result` shape of the $QK^\top$ op; then measure whether the attention's time changes. What is the TPU
 #    counterpart of this knob?

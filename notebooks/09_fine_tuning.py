@@ -42,7 +42,7 @@ import os
 # (default: its 720p or 480p size, 121 frames); HYV_RUNTIME and HYV_MESH go into the printed train command.
 PRESET = os.environ.get("HYV_PRESET", "tiny_trained")
 MODEL_PATH = os.environ.get("HYV_MODEL_PATH") or None
-RUNTIME = os.environ.get("HYV_RUNTIME", "tpu")  # the printed real-size train command's runtime: tpu | torch
+RUNTIME = os.environ.get("HYV_RUNTIME", "jax")  # the printed real-size train command's runtime: tpu | torch
 MESH = os.environ.get("HYV_MESH") or None  # e.g. data=1,sequence=8 (FSDP over every device; default: one per chip)
 HEIGHT = int(os.environ.get("HYV_HEIGHT", 0)) or None
 WIDTH = int(os.environ.get("HYV_WIDTH", 0)) or None
@@ -109,7 +109,7 @@ print(f"real-size sections: {real.name} at {height}x{width}, {frames} frames; li
 # |---|---|---|---|
 # | data | `data.json`: a list of `{"path", "cap", "num_frames", "fps", "resolution": {"height", "width"}}`, paths relative to the dataset folder | your own dataloader (pixels, caption, optionally pre-encoded latents) | the same `data.json` |
 # | features, once | a feature-extraction run saves the VAE latents and text embeddings; frames past `num_frames` are sampled, frames past `max_height` x `max_width` centre-cropped | optional `latents` in the batch | `python -m hyv_lib extract_features`: sharded safetensors with an index, resumable, bad clips reported and skipped |
-# | training | tensor parallel, context parallel (Ulysses, ring attention or both), TP-SP, or layer ZeRO-3 instead of TP; selective recomputation with the attention activations offloaded to the host; FSDP2 in the 1.5 guide | FSDP2 per block, sequence parallel (`--sp_size`, default 8), gradient checkpointing per block, flow matching with logit-normal timesteps and shift 3, Muon (or AdamW) | `python -m hyv_lib train --runtime torch` (FSDP2 under `torchrun`) or `--runtime tpu` (a jitted step, FSDP over a JAX mesh, each block rematerialised); the official objective, AdamW |
+# | training | tensor parallel, context parallel (Ulysses, ring attention or both), TP-SP, or layer ZeRO-3 instead of TP; selective recomputation with the attention activations offloaded to the host; FSDP2 in the 1.5 guide | FSDP2 per block, sequence parallel (`--sp_size`, default 8), gradient checkpointing per block, flow matching with logit-normal timesteps and shift 3, Muon (or AdamW) | `python -m hyv_lib train --runtime torch` (FSDP2 under `torchrun`) or `--runtime jax` (a jitted step, FSDP over a JAX mesh, each block rematerialised); the official objective, AdamW |
 # | LoRA | an I2V LoRA script; only the LoRA weights are saved | peft LoRA, r = 8, alpha = 16, on every linear layer by default | `train --lora_rank R`: `pytorch_lora_weights.safetensors` in diffusers' format |
 # | merge, convert | `mm-convert ... merge_lora_to_base` writes merged weights | | `generate --lora FILE` (and `load_pipeline(lora=...)`) merges it before the weights are placed or sharded |
 #
@@ -124,7 +124,7 @@ print(f"real-size sections: {real.name} at {height}x{width}, {frames} frames; li
 
 # %%
 model = MODEL_PATH or f"/path/to/{real.name}"  # a diffusers-format folder (hunyuanvideo-community/...)
-mesh = MESH or ("data=1,sequence=8" if RUNTIME == "tpu" else None)  # FSDP over 8 devices, as compiled below
+mesh = MESH or ("data=1,sequence=8" if RUNTIME == "jax" else None)  # FSDP over 8 devices, as compiled below
 mesh_flag = f" --mesh {mesh}" if mesh else ""
 commands = [
     f"python -m hyv_lib extract_features --data_json dataset/data.json --preset {real.name} --model_path {model} "
@@ -645,7 +645,7 @@ shutil.rmtree(workdir, ignore_errors=True)
 # 5. ★★ Guidance computes $u + w(c - u)$ from the empty prompt's prediction $u$ and the caption's $c$, with $w = 4.5$
 #    for hyv-tiny. Picture it in RGB: let $u$ be the mean of hyv-tiny's five colours and $c$ a colour, and clip the
 #    result to $[0, 1]$. Where do red, yellow and orange (1.0, 0.5, 0.05) land, and what if $u$ is redder than orange?
-# 6. ★★★ Run the same LoRA with `--runtime tpu` (the JAX train step, here on the CPU backend with one device) and
+# 6. ★★★ Run the same LoRA with `--runtime jax` (the JAX train step, here on the CPU backend with one device) and
 #    compare its `train_log.jsonl` with the torch run's, step by step. Which differences do you expect, and from
 #    where?
 # 7. **Open.** Which layers should a LoRA adapt to teach a new word fastest? `hyv_lib`'s default adapts the

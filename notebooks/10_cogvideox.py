@@ -41,7 +41,7 @@ import os
 # HYV_WIDTH x HYV_VIDEO_LENGTH, HYV_STEPS; default 768x1360x81, 50 steps: a TPU or GPU, not this CPU).
 PRESET = os.environ.get("HYV_PRESET", "cogvideox_tiny")
 MODEL_PATH = os.environ.get("HYV_MODEL_PATH") or None
-RUNTIME = os.environ.get("HYV_RUNTIME", "tpu")
+RUNTIME = os.environ.get("HYV_RUNTIME", "jax")
 MESH = os.environ.get("HYV_MESH") or None
 HEIGHT = int(os.environ.get("HYV_HEIGHT", 0)) or None
 WIDTH = int(os.environ.get("HYV_WIDTH", 0)) or None
@@ -229,7 +229,7 @@ for h, w in ((768, 1360), (720, 1280)):
 #
 # **The VAE.** CogVideoX's VAE (`AutoencoderKLCogVideoX`, 8x spatial, 4x temporal) decodes in chunks of frames and
 # carries a *causal-convolution cache* from one chunk to the next: its decoder takes the cache as a keyword and returns
-# `(frames, cache)`. `hyv_lib`'s JAX decoder stand-in (`hyv_lib.runtimes.tpu_vae`) passes that keyword through and
+# `(frames, cache)`. `hyv_lib`'s JAX decoder stand-in (`hyv_lib.runtimes.jax_vae`) passes that keyword through and
 # keeps the cache on JAX's device between chunks: the first chunk (no cache yet) and every later chunk compile as two
 # programs, and the decode equals diffusers' eager decode to 7e-6 at tiny size (`tests/test_cogvideox_pipeline.py`).
 #
@@ -238,7 +238,7 @@ for h, w in ((768, 1360), (720, 1280)):
 # `cogvideox_tiny` is CogVideoX1.5's classes with 8 heads of 16, 2 blocks, a 2-layer T5 and a small VAE, seeded
 # random weights, and the *real* token layout: 226 text tokens, the 2x2x2 patch, the 300 x 300 RoPE grid. Its videos
 # are noise; what it checks is that every runtime computes what diffusers computes. First the transformer: diffusers'
-# eager fp32 forward (given the pipeline's own RoPE tables) against `hyv_lib.TpuTransformer` on one device and on
+# eager fp32 forward (given the pipeline's own RoPE tables) against `hyv_lib.JaxTransformer` on one device and on
 # three layouts of the 8 emulated devices.
 
 # %%
@@ -257,9 +257,9 @@ for mesh, sharding in ((None, None), ("data=2,tensor=4", "tp"), ("tensor=2,seque
                        ("data=2,sequence=4", "fsdp")):
     if mesh is not None and jax.device_count() < 8:
         continue
-    runtime = hyv_lib.TpuTransformer(copy.deepcopy(reference), mesh=mesh, sharding=sharding)
+    runtime = hyv_lib.JaxTransformer(copy.deepcopy(reference), mesh=mesh, sharding=sharding)
     got = runtime(**kwargs, image_rotary_emb=rope)
-    rows.append({"runtime": "TpuTransformer", "mesh": mesh or "1 device", "rules": sharding or "",
+    rows.append({"runtime": "JaxTransformer", "mesh": mesh or "1 device", "rules": sharding or "",
                  "max |difference| vs diffusers": f"{(got - expected).abs().max():.1e}",
                  "output up to": f"{expected.abs().max():.2f}"})
 display(html_table(rows))
@@ -420,7 +420,7 @@ if gpu_reports:
 #   model's own pipeline steps (T5 embeddings, the DDIM loop with its padded latent frame). No runtime module imports
 #   a model module; the structure needed two new questions on the adapter, how many video tokens a latent shape
 #   holds and what dtype the timestep reaches the model in.
-# * At tiny size every runtime computes what diffusers computes: `TpuTransformer` on one device and on three layouts
+# * At tiny size every runtime computes what diffusers computes: `JaxTransformer` on one device and on three layouts
 #   of 8 emulated devices within about 1e-6 of diffusers' fp32 forward, the sampling loop equal to
 #   `CogVideoXPipeline` from the same latents, the stage files through the CLI, the VAE decoded on JAX with its
 #   causal-convolution cache kept there.
@@ -471,7 +471,7 @@ if gpu_reports:
 #    `embed_video`/`unpatchify` (its 1x2x2 patch), `embed_context` (the text embedder), `run_block` (self-attention
 #    over video tokens, then cross-attention to the text: the context is not updated by the blocks, so the pair
 #    returned keeps it unchanged), `rope` (its own 3D RoPE), `output_tokens`, the rule sets (the cross-attention's
-#    to_k/to_v too), and `video_token_count`. The tests: the composed pieces, `TpuTransformer` on 1 and 8 devices,
+#    to_k/to_v too), and `video_token_count`. The tests: the composed pieces, `JaxTransformer` on 1 and 8 devices,
 #    and the torch step, each against diffusers' eager fp32 forward.
 # 6. Open. Compare the kernel's time alone (Splash at the per-device shape, both settings) before the whole step;
 #    for the collectives, the profile's all-reduce durations per block give the bandwidth directly, to set beside the

@@ -23,7 +23,7 @@ def main(process_id: int, port: int) -> None:
     from hyv_lib.models.families import get_preset
     from hyv_lib.models.hunyuan_video15.components import example_forward_kwargs
     from hyv_lib.parallel.mesh import make_mesh
-    from hyv_lib.runtimes.tpu import TpuTransformer
+    from hyv_lib.runtimes.jax_step import JaxTransformer
 
     tiny = get_preset("tiny")
     torch.manual_seed(0)  # the same weights and inputs in both processes, as a real multi-host launch loads them
@@ -35,7 +35,7 @@ def main(process_id: int, port: int) -> None:
         expected = oracle(**kwargs).sample
     cases = []
     for axes in ({"data": 2, "tensor": 4}, {"tensor": 4, "sequence": 2}):
-        step = TpuTransformer(copy.deepcopy(oracle), mesh=make_mesh(**axes), sharding="tp", attention="xla")
+        step = JaxTransformer(copy.deepcopy(oracle), mesh=make_mesh(**axes), sharding="tp", attention="xla")
         out = step(**kwargs)
         full, cache = step.run_and_cache(1, **kwargs)
         cached = step.run_from_cache(cache, 1, **kwargs)

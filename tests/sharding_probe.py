@@ -1,6 +1,6 @@
 """Run by tests/test_sharding.py in a fresh process with 8 emulated CPU devices (XLA_FLAGS set first).
 
-For each (rule set, mesh, attention backend) case: the sharded TpuTransformer's output vs diffusers'
+For each (rule set, mesh, attention backend) case: the sharded JaxTransformer's output vs diffusers'
 eager forward, the local shard shape of a few weights, and the placement report. Prints one JSON line.
 """
 
@@ -18,7 +18,7 @@ from hyv_lib.models.families import get_preset  # noqa: E402
 from hyv_lib.models.hunyuan_video15.components import example_forward_kwargs  # noqa: E402
 from hyv_lib.parallel.mesh import make_mesh  # noqa: E402
 from hyv_lib.planning.hlo import hlo_collectives  # noqa: E402
-from hyv_lib.runtimes.tpu import TpuTransformer  # noqa: E402
+from hyv_lib.runtimes.jax_step import JaxTransformer  # noqa: E402
 
 WEIGHTS = ("transformer_blocks.0.attn.to_q.weight", "transformer_blocks.0.attn.to_out.0.weight",
            "transformer_blocks.1.ff.net.2.weight", "transformer_blocks.1.ff_context.net.0.proj.weight")
@@ -37,7 +37,7 @@ def main(cases):
     results = []
     for rules, mesh_kwargs, attention in cases:
         mesh = make_mesh(**mesh_kwargs)
-        tpu = TpuTransformer(copy.deepcopy(oracle), mesh=mesh, sharding=rules, attention=attention)
+        tpu = JaxTransformer(copy.deepcopy(oracle), mesh=mesh, sharding=rules, attention=attention)
         out = tpu(**kwargs)
         params = {k.removeprefix("model."): v for k, v in {**tpu.jitted.params, **tpu.jitted.buffers}.items()}
         from torchax.interop import jax_view
@@ -49,7 +49,7 @@ def main(cases):
                         "placement": tpu.placement, "compilations": tpu.compilations,
                         "collectives": hlo_collectives(tpu.lower(**kwargs).compile().as_text())})
     try:  # the real tiny preset has 2 heads: 8-way tensor parallelism cannot split them
-        TpuTransformer(HunyuanVideo15Transformer3DModel(**tiny.transformer), mesh=make_mesh(tensor=8))
+        JaxTransformer(HunyuanVideo15Transformer3DModel(**tiny.transformer), mesh=make_mesh(tensor=8))
         head_error = None
     except ValueError as err:
         head_error = str(err)
@@ -71,7 +71,7 @@ def flops(meshes):
         expected = model(**kwargs).sample
     rows = []
     for axes in meshes:
-        step = TpuTransformer(copy.deepcopy(model), mesh=make_mesh(**axes), sharding="tp", attention="xla",
+        step = JaxTransformer(copy.deepcopy(model), mesh=make_mesh(**axes), sharding="tp", attention="xla",
                               attention_options={"block_kv": None})
         cost = step.lower(**kwargs).compile().cost_analysis()
         rows.append({"mesh": axes, "flops": float(cost["flops"]), "max_err": (step(**kwargs) - expected).abs().max().item()})

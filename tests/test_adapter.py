@@ -57,10 +57,10 @@ def test_the_adapters_composed_forward_is_the_models_own():
 
 def test_the_jax_runtime_runs_a_second_model_through_its_adapter():
     pytest.importorskip("torchax")
-    from hyv_lib.runtimes.tpu import TpuTransformer
+    from hyv_lib.runtimes.jax_step import JaxTransformer
 
     model = toy_model()
-    tpu = TpuTransformer(copy.deepcopy(model), adapter=TOY)
+    tpu = JaxTransformer(copy.deepcopy(model), adapter=TOY)
     assert tpu.adapter is TOY
     for seed in (0, 1):  # new latents, timesteps and text: data, not a new program
         kwargs = toy_inputs(seed)
@@ -79,12 +79,12 @@ def test_deepcache_runs_a_second_model_on_both_runtimes(no_cache_blocks):
     """Eager (hooks on the model's own forward) and JAX: an all-full schedule is exactly the uncached step, a cached
     step on the same input reproduces the full one, and the cached step runs only the last blocks."""
     pytest.importorskip("torchax")
-    from hyv_lib.runtimes.tpu import TpuTransformer
+    from hyv_lib.runtimes.jax_step import JaxTransformer
 
     model = toy_model()
     kwargs = toy_inputs(2)
     expected = oracle(model, kwargs)
-    for runtime in (TorchDeepCache(model, TOY), TpuTransformer(copy.deepcopy(model), adapter=TOY)):
+    for runtime in (TorchDeepCache(model, TOY), JaxTransformer(copy.deepcopy(model), adapter=TOY)):
         full, cache = runtime.run_and_cache(no_cache_blocks, **kwargs)
         assert (full - expected).abs().max() <= TOL
         torch.testing.assert_close(runtime.run_from_cache(cache, no_cache_blocks, **kwargs), full, rtol=0, atol=1e-5)
@@ -122,14 +122,14 @@ SHARDED_PROBE = textwrap.dedent("""
     import torch
     sys.path.insert(0, sys.argv[1])
     from toy_adapter import TOY, toy_inputs, toy_model
-    from hyv_lib.runtimes.tpu import TpuTransformer
+    from hyv_lib.runtimes.jax_step import JaxTransformer
     model = toy_model()
     kwargs = toy_inputs(3)
     with torch.no_grad():
         expected = model(**kwargs, return_dict=False)[0]
     results = {}
     for sharding, mesh in (("tp", "data=2,tensor=4"), ("fsdp", "data=2,sequence=4")):
-        tpu = TpuTransformer(copy.deepcopy(model), mesh=mesh, sharding=sharding, adapter=TOY)
+        tpu = JaxTransformer(copy.deepcopy(model), mesh=mesh, sharding=sharding, adapter=TOY)
         results[sharding] = dict(error=(tpu(**kwargs) - expected).abs().max().item(),
                                  rules=[r["rule"] for r in tpu.placement if r["tensors"]])
     print(json.dumps(results))
@@ -149,11 +149,11 @@ def test_the_compile_only_path_lowers_a_second_model_from_the_meta_device():
     """What ``compile_step`` does for a preset's model: build it on the meta device with its adapter, place abstract
     weights by the adapter's rules, lower the jitted step; the program takes the toy's frames-first latents."""
     pytest.importorskip("torchax")
-    from hyv_lib.runtimes.tpu import TpuTransformer
+    from hyv_lib.runtimes.jax_step import JaxTransformer
 
     with torch.device("meta"):
         model = TOY.build(dict(CONFIG))
-    step = TpuTransformer(model, mesh="tensor=1", sharding="tp", adapter=TOY)
+    step = JaxTransformer(model, mesh="tensor=1", sharding="tp", adapter=TOY)
     kwargs = toy_inputs(0)
     lowered = step.lower(**kwargs)
     assert lowered.args_info[1]["hidden_states"].shape == tuple(kwargs["hidden_states"].shape)

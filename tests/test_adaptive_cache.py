@@ -157,11 +157,11 @@ def test_a_higher_threshold_skips_the_schedules_steps_and_no_more_than_k_in_a_ro
 
 
 def test_tpu_runtime_calibrates_alike_skips_the_same_steps_and_compiles_two_programs(model, calibrated, skipping):
-    from hyv_lib.runtimes.tpu import TpuTransformer
+    from hyv_lib.runtimes.jax_step import JaxTransformer
 
     curve = calibrated[0]
     schedule, torch_cached, reference = skipping
-    tpu = TpuTransformer(copy.deepcopy(model), attention="xla")
+    tpu = JaxTransformer(copy.deepcopy(model), attention="xla")
     calibration = CalibrationStep(tpu, 1)
     run_loop(calibration)  # through the full program: the first of the two
     assert calibration.curve == pytest.approx(curve, rel=1e-4, abs=1e-6)

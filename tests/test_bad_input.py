@@ -45,15 +45,15 @@ def run_dir(tiny_run, tmp_path):
     (["--preset", "huge"], "--preset"),
     (["--dtype", "fp8"], "--dtype"),
     (["--runtime", "gpu"], "--runtime"),
-    (["--mesh", "tensor=1"], "--mesh"),  # a mesh needs the tpu runtime
-    (["--runtime", "tpu", "--mesh", "tensr=8"], "--mesh"),
-    (["--runtime", "tpu", "--mesh", "tensor=8"], "--mesh"),  # one CPU device here
-    (["--runtime", "tpu", "--sharding", "zero3"], "--sharding"),
+    (["--mesh", "tensor=1"], "--mesh"),  # a mesh needs the jax runtime
+    (["--runtime", "jax", "--mesh", "tensr=8"], "--mesh"),
+    (["--runtime", "jax", "--mesh", "tensor=8"], "--mesh"),  # one CPU device here
+    (["--runtime", "jax", "--sharding", "zero3"], "--sharding"),
     (["--attention", "fast"], "--attention"),
     (["--attention", "flash"], "--attention"),  # no GPU here: the reason is named before anything runs
-    (["--attention", "sdpa", "--runtime", "tpu"], "--attention"),  # the tpu runtime runs JAX kernels
-    (["--attention", "diffusers", "--runtime", "tpu"], "--attention"),
-    (["--multi_host"], "--multi_host"),  # needs the tpu runtime
+    (["--attention", "sdpa", "--runtime", "jax"], "--attention"),  # the jax runtime runs JAX kernels
+    (["--attention", "diffusers", "--runtime", "jax"], "--attention"),
+    (["--multi_host"], "--multi_host"),  # needs the jax runtime
 ])
 def test_generate_rejects_bad_settings_before_writing_anything(capsys, tmp_path, flags, argument):
     out = tmp_path / "out"

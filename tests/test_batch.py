@@ -38,21 +38,21 @@ def test_prompts_file_lines(tmp_path):
 
 
 def test_tpu_pipeline_compiles_once_for_every_prompt_and_matches_generate(tmp_path):
-    """Two prompts through one BatchRunner on the tpu runtime: one compilation; each folder holds what a separate
+    """Two prompts through one BatchRunner on the jax runtime: one compilation; each folder holds what a separate
     `generate` with the same prompt and seed writes."""
     pytest.importorskip("torchax")
-    pipe = BatchRunner("tiny", stage2=dict(SETTINGS, runtime="tpu"))
+    pipe = BatchRunner("tiny", stage2=dict(SETTINGS, runtime="jax"))
     prompts = write(tmp_path / "p.txt", ["a red ball", '{"prompt": "a blue cube", "seed": 3}'])
     report = run_prompts_file(str(prompts), str(tmp_path / "out"), pipe, seed=11, progress=False)
     assert [e["status"] for e in report.entries] == ["done", "done"] and report.failed == 0
     assert pipe.compilations == 1
     generate(preset="tiny", prompt="a blue cube", output_dir=str(tmp_path / "single"), seed=3,
-             runtime="tpu", **SETTINGS)
+             runtime="jax", **SETTINGS)
     single = load_file(tmp_path / "single" / "stage2_latents.safetensors")["latents"]
     batch = load_file(tmp_path / "out" / "0001" / "stage2_latents.safetensors")["latents"]
     assert torch.equal(single, batch)
     config = json.loads((tmp_path / "out" / "0000" / "generation_config.json").read_text())
-    assert config["prompt"] == "a red ball" and config["seed"] == 11 and config["stage3_runtime"] == "tpu"
+    assert config["prompt"] == "a red ball" and config["seed"] == 11 and config["stage3_runtime"] == "jax"
 
 
 def test_a_failing_prompt_loses_nothing_and_a_rerun_skips_complete_folders(tmp_path, monkeypatch):

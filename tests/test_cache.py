@@ -135,11 +135,11 @@ def test_cache_changes_the_result_only_a_little_and_warmup_changes_nothing(model
 
 
 def test_tpu_runtime_agrees_and_compiles_two_programs(model):
-    from hyv_lib.runtimes.tpu import TpuTransformer
+    from hyv_lib.runtimes.jax_step import JaxTransformer
 
     schedule = DeepCacheSchedule(8, start=2, end=8, interval=3)
     reference = run_loop(make_step(copy.deepcopy(model), "torch", cache=schedule))
-    tpu = TpuTransformer(copy.deepcopy(model), attention="xla")
+    tpu = JaxTransformer(copy.deepcopy(model), attention="xla")
     step = DeepCacheStep(tpu, schedule)
     latents = run_loop(step)
     torch.testing.assert_close(latents, reference, rtol=0, atol=1e-5)

@@ -35,11 +35,11 @@ def test_analytic_flops_equal_the_dots_xla_keeps_in_the_tiny_step():
     from hyv_lib.kernels.xla import DEFAULT_BLOCK_KV
     from hyv_lib.models.registry import get_adapter
     from hyv_lib.planning.hlo import xla_flops
-    from hyv_lib.runtimes.tpu import TpuTransformer
+    from hyv_lib.runtimes.jax_step import JaxTransformer
 
     adapter = get_adapter(TINY.model)
     torch.manual_seed(0)
-    tpu = TpuTransformer(adapter.build(TINY.transformer).eval(), attention="xla")
+    tpu = JaxTransformer(adapter.build(TINY.transformer).eval(), attention="xla")
     # 96x160x9: 120 video + 226 text = 346 tokens, one key block of the XLA kernel (its scan has one trip)
     x = xla_flops(tpu.lower(**adapter.example_inputs(TINY, 96, 160, 9, dtype=torch.float32)).compile())
     f = step_flops(TINY, 96, 160, 9, kv_block=DEFAULT_BLOCK_KV)

@@ -20,13 +20,13 @@ from hyv_lib.pipeline.inference import load_pipeline
 from hyv_lib.pipeline.text import encode_pair
 from hyv_lib.pipeline.video_io import read_mp4
 from hyv_lib.runtimes.step import make_step
-from hyv_lib.runtimes.tpu_vae import decode_on_jax
+from hyv_lib.runtimes.jax_vae import decode_on_jax
 from hyv_lib.runtimes.vae import to_uint8_frames
 
 # Measured (fp32, CPU): T5 embeddings 0; the loop vs CogVideoXPipeline from the same latents 0 (DDIM and DPM, diffusers'
 # processor or hyv_lib's attention); stage-2 latents vs the pipeline run from the seed 0; JAX decode vs diffusers'
 # decode 7e-6 (values up to ~1); the uint8 frames differ by at most 1 (x / 0.7 here, x * (1 / 0.7) in diffusers);
-# stage 2 on the tpu runtime (JAX) vs torch 7.4e-6 (latents up to ~4).
+# stage 2 on the jax runtime (JAX) vs torch 7.4e-6 (latents up to ~4).
 TOL = 1e-5
 STEPS = 2
 
@@ -97,15 +97,15 @@ def test_generate_files_equal_diffusers(generated, pipe):
 
 def test_stage_commands_round_trip(generated, tmp_path):
     """stage2 and stage3 rerun from the generate folder's files give the same latents and frames; stage 2 on the
-    tpu runtime within TOL (7e-6 measured)."""
+    jax runtime within TOL (7e-6 measured)."""
     folder = str(tmp_path / "again")
     shutil.copytree(generated, folder)
     os.remove(os.path.join(folder, "stage2_latents.safetensors"))
     assert run(["stage2", "--input_dir", folder, "--num_inference_steps", str(STEPS), "--quiet"]) == 0
     first = load_file(os.path.join(generated, "stage2_latents.safetensors"))["latents"]
     assert torch.equal(load_file(os.path.join(folder, "stage2_latents.safetensors"))["latents"], first)
-    jitted = str(tmp_path / "tpu")  # the same loop through the JAX runtime (TpuTransformer via the adapter)
-    assert run(["stage2", "--input_dir", folder, "--output_dir", jitted, "--runtime", "tpu",
+    jitted = str(tmp_path / "jax")  # the same loop through the JAX runtime (JaxTransformer via the adapter)
+    assert run(["stage2", "--input_dir", folder, "--output_dir", jitted, "--runtime", "jax",
                 "--num_inference_steps", str(STEPS), "--quiet"]) == 0
     on_jax = load_file(os.path.join(jitted, "stage2_latents.safetensors"))["latents"]
     assert (on_jax - first).abs().max() <= TOL * max(1.0, float(first.abs().max()))

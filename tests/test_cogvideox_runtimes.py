@@ -64,9 +64,9 @@ def model():
 def tpu(model):
     """One JAX runtime for the cache tests: its compiled DeepCache programs are shared between them."""
     pytest.importorskip("torchax")
-    from hyv_lib.runtimes.tpu import TpuTransformer
+    from hyv_lib.runtimes.jax_step import JaxTransformer
 
-    return TpuTransformer(copy.deepcopy(model))
+    return JaxTransformer(copy.deepcopy(model))
 
 
 @pytest.mark.parametrize("patch_size_t", [2, None])
@@ -107,20 +107,20 @@ def test_conditioning_checks(model):
     with pytest.raises(ValueError, match="timestep_cond is not supported"):
         COGVIDEOX.prepare(model, encoder_hidden_states=torch.zeros(1, 226, 32), timestep_cond=torch.ones(1, 8))
     with pytest.raises(ValueError, match="text-to-video CogVideoX only"):
-        COGVIDEOX.check(tiny_model(ofs_embed_dim=32), "TpuTransformer")
+        COGVIDEOX.check(tiny_model(ofs_embed_dim=32), "JaxTransformer")
     with pytest.raises(ValueError, match="rotary positional embeddings only"):
         COGVIDEOX.check(tiny_model(use_rotary_positional_embeddings=False, sample_height=8, sample_width=8,
-                                   sample_frames=5), "TpuTransformer")
+                                   sample_frames=5), "JaxTransformer")
 
 
 def test_the_jax_runtime_on_one_device(model):
-    """hyv_lib.TpuTransformer(model) finds the adapter by class, equals diffusers, compiles once for new data, and
+    """hyv_lib.JaxTransformer(model) finds the adapter by class, equals diffusers, compiles once for new data, and
     return_dict=True gives ``.sample`` as diffusers' forward does."""
     pytest.importorskip("torchax")
     import hyv_lib
 
     assert adapter_for(model) is COGVIDEOX and get_adapter("cogvideox") is COGVIDEOX
-    tpu = hyv_lib.TpuTransformer(copy.deepcopy(model))
+    tpu = hyv_lib.JaxTransformer(copy.deepcopy(model))
     assert tpu.adapter is COGVIDEOX
     for seed, timestep in ((2, (999, 400)), (3, (10, 10))):
         kwargs = inputs(seed, timestep=timestep)
@@ -140,14 +140,14 @@ SHARDED_PROBE = textwrap.dedent("""
     torch.set_num_threads(1)
     sys.path.insert(0, sys.argv[1])
     from test_cogvideox_runtimes import inputs, oracle, tiny_model
-    from hyv_lib.runtimes.tpu import TpuTransformer
+    from hyv_lib.runtimes.jax_step import JaxTransformer
     model = tiny_model()
     kwargs = inputs(4)
     expected = oracle(model, kwargs)
     results = {}
     for sharding, mesh in (("tp", "data=2,tensor=4"), ("tp_replicated_out", "tensor=2,sequence=4"),
                            ("fsdp", "data=2,sequence=4")):
-        tpu = TpuTransformer(copy.deepcopy(model), mesh=mesh, sharding=sharding)
+        tpu = JaxTransformer(copy.deepcopy(model), mesh=mesh, sharding=sharding)
         results[mesh] = dict(error=(tpu(**kwargs) - expected).abs().max().item(),
                              rules={r["rule"]: r["tensors"] for r in tpu.placement if r["tensors"]})
     print(json.dumps(results))
@@ -338,11 +338,11 @@ def test_the_compile_path_lowers_the_tiny_model_from_the_meta_device():
     """What planning.tpu_compile does for a preset: the meta-device model, abstract weights placed by the adapter's
     rules, the jitted step lowered for example_inputs (frames-first latents)."""
     pytest.importorskip("torchax")
-    from hyv_lib.runtimes.tpu import TpuTransformer
+    from hyv_lib.runtimes.jax_step import JaxTransformer
 
     with torch.device("meta"):
         model = COGVIDEOX.build(COGVIDEOX_TINY.transformer)
-    step = TpuTransformer(model, mesh="tensor=1", sharding="tp")
+    step = JaxTransformer(model, mesh="tensor=1", sharding="tp")
     kwargs = COGVIDEOX.example_inputs(COGVIDEOX_TINY, 64, 96, 9, dtype=torch.float32)
     lowered = step.lower(**kwargs)
     assert lowered.args_info[1]["hidden_states"].shape == (2, 4, 16, 8, 12)
@@ -353,10 +353,10 @@ def test_the_compile_path_lowers_the_tiny_model_from_the_meta_device():
 def test_a_bf16_model_gets_its_timesteps_exactly():
     """The pipeline's integer timesteps reach the bf16 model's time embedding in float32, as diffusers embeds them:
     999 and 1000 are distinct integers that bf16 rounds to one value (1000), and the runtimes must tell them apart."""
-    from hyv_lib.runtimes.tpu import TpuTransformer
+    from hyv_lib.runtimes.jax_step import JaxTransformer
 
     model = tiny_model().to(torch.bfloat16)
-    tpu = TpuTransformer(copy.deepcopy(model))
+    tpu = JaxTransformer(copy.deepcopy(model))
     kwargs = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in inputs(9).items()}
     outs = [tpu(**dict(kwargs, timestep=torch.tensor([t, t]))) for t in (999, 1000)]
     # a bf16 timestep would make the two calls one input, and so the one program's outputs bit-identical

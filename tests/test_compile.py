@@ -204,8 +204,8 @@ def test_warmup_calls():
 
 
 def test_refusals():
-    with pytest.raises(HyvInputError, match="tpu runtime is always compiled") as info:
-        make_step(hunyuan(), "tpu", compile=True)
+    with pytest.raises(HyvInputError, match="jax runtime is always compiled") as info:
+        make_step(hunyuan(), "jax", compile=True)
     assert info.value.argument == "--compile"
     model = hunyuan()
     offload_blocks(model, torch.device("cpu"))
@@ -270,7 +270,7 @@ def test_load_pipeline_compile_warms_up_once_per_size():
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--runtime", "tpu"], "error: --compile: is for --runtime torch or ulysses: the tpu runtime is always compiled"),
+    (["--runtime", "jax"], "error: --compile: is for --runtime torch or ulysses: the jax runtime is always compiled"),
     (["--offload", "block"], "error: --compile: is not combined with --offload block"),
 ])
 def test_cli_compile_refusals_are_one_line(tmp_path, flags, message):
@@ -280,7 +280,7 @@ def test_cli_compile_refusals_are_one_line(tmp_path, flags, message):
 
 
 def test_compiles_on_the_cpu_after_torchax_registered_its_jax_device():
-    """Once torchax is imported (the tpu runtime ran in this process), torch reports "jax" as its accelerator and a
+    """Once torchax is imported (the jax runtime ran in this process), torch reports "jax" as its accelerator and a
     plain torch.compile on CPU tensors fails in dynamo ("PyTorch is not linked with support for jax devices"); the
     compiled blocks run inside host_compile."""
     import torchax  # noqa: F401 - registers the device

@@ -1,4 +1,4 @@
-"""The tpu runtime without --mesh lays every device out as compile does (data = the CFG pair, tensor = what the heads
+"""The jax runtime without --mesh lays every device out as compile does (data = the CFG pair, tensor = what the heads
 take); --mesh 1 asks for one device; generation_config.json records the mesh used and where it came from."""
 
 import os
@@ -49,7 +49,7 @@ def test_fsdp_puts_the_rest_on_sequence_and_the_planner_shares_the_rule():
     assert bounds("tiny", 64, 64, 5, "v6e", 4)["mesh"] == {"data": 2, "tensor": 2, "sequence": 1}
     with pytest.raises(HyvInputError) as err:
         bounds("tiny", 64, 64, 5, "v6e", 8)
-    assert err.value.argument == "n_chips" and "data=2,tensor=2 (what --runtime tpu runs" in err.value.message
+    assert err.value.argument == "n_chips" and "data=2,tensor=2 (what --runtime jax runs" in err.value.message
     assert "uses 4" in err.value.message
 
 
@@ -60,22 +60,22 @@ def test_compile_shares_the_rule_and_asks_for_a_mesh_where_it_leaves_devices_out
     assert tpu_compile.default_layout is default_layout
     with pytest.raises(HyvInputError) as err:  # refused before anything is built or compiled
         tpu_compile.compile_step("tiny", "v6e:2x4")
-    assert err.value.argument == "--mesh" and "data=2,tensor=2 (what --runtime tpu runs" in err.value.message
+    assert err.value.argument == "--mesh" and "data=2,tensor=2 (what --runtime jax runs" in err.value.message
 
 
 def test_settings_record_the_mesh_used_and_its_source():
     """Here JAX has one CPU device: the default is that device ("1"); --mesh 1 is the same, asked for."""
     tiny = get_preset("tiny")
-    default = resolve_settings(tiny, runtime="tpu")
+    default = resolve_settings(tiny, runtime="jax")
     assert (default.mesh, default.mesh_source, default.sharding) == ("1", "default", None)
     assert default.config()["mesh"] == "1" and default.config()["mesh_source"] == "default"
-    one = resolve_settings(tiny, runtime="tpu", mesh="1")
+    one = resolve_settings(tiny, runtime="jax", mesh="1")
     assert (one.mesh, one.mesh_source, one.sharding) == ("1", "--mesh", None)
     torch_run = resolve_settings(tiny)
     assert torch_run.mesh is None and "mesh_source" not in torch_run.config()
     with pytest.raises(HyvInputError) as err:
         resolve_settings(tiny, mesh="1")
-    assert err.value.argument == "--mesh" and "needs --runtime tpu" in err.value.message
+    assert err.value.argument == "--mesh" and "needs --runtime jax" in err.value.message
 
 
 # stage2 on 8 emulated CPU devices (XLA_FLAGS before JAX starts: its own process), through the CLI as a user runs it;
@@ -92,7 +92,7 @@ PROBE = textwrap.dedent("""
         folder = os.path.join(out, name)
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
-            code = run(["stage2", "--input_dir", source, "--output_dir", folder, "--runtime", "tpu",
+            code = run(["stage2", "--input_dir", source, "--output_dir", folder, "--runtime", "jax",
                         "--video_length", "5", "--num_inference_steps", "2", "--seed", "3", *extra])
         config = json.load(open(os.path.join(folder, "generation_config.json")))
         results[name] = dict(code=code, mesh=config["mesh"], source=config.get("mesh_source"),
@@ -109,7 +109,7 @@ PROBE = textwrap.dedent("""
     sys.path.insert(0, sys.argv[3])
     from tiny_inputs import TINY, forward_kwargs
     oracle = build_tiny_components(TINY, names=["transformer"])["transformer"]
-    step = make_step(build_tiny_components(TINY, names=["transformer"])["transformer"], "tpu")
+    step = make_step(build_tiny_components(TINY, names=["transformer"])["transformer"], "jax")
     pair = forward_kwargs(0)
     one = {k: v[1:] if isinstance(v, torch.Tensor) and v.shape[:1] == (2,) else v for k, v in pair.items()}
     errors = []
@@ -140,6 +140,6 @@ def test_stage2_without_a_mesh_uses_the_devices_and_matches_one_device(run_probe
     # the sharded runs are the one-device runs (test_tpu.py's tolerance), and the CFG switch did change the result
     assert r["error"] <= 1e-4 and r["cfg_off_error"] <= 1e-4, r
     assert r["cfg_changes"] > 1e-3, r
-    # make_step(model, "tpu"): the CFG pair's layout, then one sample's, each equal to eager torch (test_tpu.py's 1e-5)
+    # make_step(model, "jax"): the CFG pair's layout, then one sample's, each equal to eager torch (test_tpu.py's 1e-5)
     assert r["layouts"] == ["data=2,tensor=2", "tensor=2"] and r["compilations"] == 2, r
     assert max(r["step_errors"]) <= 1e-5, r

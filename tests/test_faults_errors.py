@@ -245,7 +245,7 @@ def test_generate_refuses_settings_that_crashed_late(pipe, kwargs, argument):
     (["--guidance_scale", "1e308"], "--guidance_scale"),
     (["--flow_shift", "1e308"], "--flow_shift"),
     (["--seed", str(2**63)], "--seed"),
-    (["--runtime", "tpu", "--mesh", "data=4,tensor=2"], "--mesh"),  # data does not divide the CFG pair
+    (["--runtime", "jax", "--mesh", "data=4,tensor=2"], "--mesh"),  # data does not divide the CFG pair
 ])
 def test_the_cli_refuses_them_before_writing(capsys, tmp_path, flags, argument):
     out = tmp_path / "out"
@@ -259,7 +259,7 @@ def test_a_mesh_whose_data_axis_does_not_divide_the_cfg_pair_is_named():
     from hyv_lib.pipeline.inference import load_pipeline
 
     with pytest.raises(HyvInputError, match="data=4 does not divide the batch of 2") as err:
-        load_pipeline("tiny", runtime="tpu", mesh="data=4,tensor=2", progress=False)
+        load_pipeline("tiny", runtime="jax", mesh="data=4,tensor=2", progress=False)
     assert err.value.argument == "mesh"
 
 
@@ -326,7 +326,7 @@ def test_the_size_check_counts_the_gpu_when_the_decode_runs_there(monkeypatch):
     size_check.check_fits(720, 1280, 121, "torch")  # 1.9 GiB of decode: fits
     with pytest.raises(HyvInputError, match=r"at least 544\.5 GiB on the GPU, which has 74\.5 GiB"):
         size_check.check_fits(16384, 16384, 121, "torch")  # 121 x 16384^2 x 3 x 6 bytes
-    size_check.check_fits(16384, 16384, 121, "tpu")  # the TPU's memory is the compiler's to judge; 90.8 GiB of frames
+    size_check.check_fits(16384, 16384, 121, "jax")  # the TPU's memory is the compiler's to judge; 90.8 GiB of frames
 
 
 def test_the_size_check_is_a_lower_bound_of_a_measured_decode():

@@ -148,14 +148,14 @@ def test_each_rank_holds_its_shards_and_one_block_at_a_time(findings):
 
 def test_bad_combinations_name_shard_weights():
     cases = [dict(shard_weights="zero3", runtime="ulysses", distributed=True),
-             dict(shard_weights="fsdp", runtime="tpu", distributed=True),
+             dict(shard_weights="fsdp", runtime="jax", distributed=True),
              dict(shard_weights="fsdp", runtime="ulysses", offload="block", distributed=True),
              dict(shard_weights="fsdp", runtime="ulysses", distributed=False)]
     for case in cases:
         with pytest.raises(HyvInputError) as info:
             check_shard_weights(**case)
         assert info.value.argument == "--shard_weights", case
-    check_shard_weights(None, "tpu", offload="block", distributed=False)  # no sharding asked
+    check_shard_weights(None, "jax", offload="block", distributed=False)  # no sharding asked
     check_shard_weights("fsdp", "ulysses", distributed=True)
     check_shard_weights("fsdp", "torch", distributed=True)
 
@@ -268,6 +268,6 @@ def test_the_surfaces_refuse_sharding_outside_torchrun(tiny_run, tmp_path, capsy
     with pytest.raises(HyvInputError) as info:
         BatchRunner("tiny", stage2=dict(runtime="torch", shard_weights="fsdp"))
     assert info.value.argument == "--shard_weights"
-    assert cli(["stage2", "--input_dir", str(tiny_run), "--output_dir", str(tmp_path), "--runtime", "tpu",
+    assert cli(["stage2", "--input_dir", str(tiny_run), "--output_dir", str(tmp_path), "--runtime", "jax",
                 "--shard_weights", "fsdp", "--quiet"]) == 2
     assert "error: --shard_weights:" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""The in-memory pipeline: same frames as the CLI, models loaded once, bf16, the tpu runtime's compiled step reused,
+"""The in-memory pipeline: same frames as the CLI, models loaded once, bf16, the jax runtime's compiled step reused,
 errors that name the Python parameter, and library calls that leave the caller's global state alone."""
 
 import json
@@ -120,7 +120,7 @@ def test_load_pipeline_checks_its_arguments_before_loading(monkeypatch):
         monkeypatch.setattr(module, "load_components", lambda *a, **k: pytest.fail("loaded before checking"))
     for kwargs, name in ((dict(preset="nope"), "preset"), (dict(preset=["tiny"]), "preset"),
                          (dict(dtype="fp8"), "dtype"), (dict(runtime="gpu"), "runtime"),
-                         (dict(runtime="tpu", mesh="tensor=3"), "mesh"), (dict(runtime="tpu", mesh={"tensor": 1}), "mesh"),
+                         (dict(runtime="jax", mesh="tensor=3"), "mesh"), (dict(runtime="jax", mesh={"tensor": 1}), "mesh"),
                          (dict(attention="fast"), "attention")):
         with pytest.raises(HyvInputError) as err:
             hyv_lib.load_pipeline(**kwargs)
@@ -129,7 +129,7 @@ def test_load_pipeline_checks_its_arguments_before_loading(monkeypatch):
 
 def test_tpu_runtime_reuses_its_compiled_step_and_agrees_with_torch(pipe):
     tpu = hyv_lib.pipeline.inference.VideoPipeline(pipe.preset, hyv_lib.load_pipeline("tiny_trained").components,
-                                          runtime="tpu", vae_runtime="torch")
+                                          runtime="jax", vae_runtime="torch")
     settings = dict(seed=4, video_length=5, num_inference_steps=3, progress=False)
     first = tpu.generate(PROMPT, **settings)
     compiled = tpu.compilations
@@ -153,7 +153,7 @@ def test_library_calls_leave_global_state_as_found(pipe, tmp_path, monkeypatch):
     rng = torch.get_rng_state()
     cache_dir = jax.config.jax_compilation_cache_dir
     pipe.generate(PROMPT, seed=5, video_length=5, num_inference_steps=2, progress=False)
-    make_step(hyv_lib.load_pipeline("tiny", progress=False).components["transformer"], "tpu")
+    make_step(hyv_lib.load_pipeline("tiny", progress=False).components["transformer"], "jax")
     assert torch.equal(torch.get_rng_state(), rng)
     assert jax.config.jax_compilation_cache_dir == cache_dir
 

@@ -102,7 +102,7 @@ def test_our_file_is_diffusers_lora_format(base, adapted):
 
 
 def test_generate_with_lora_on_torch_and_tpu(adapted, tmp_path):
-    """generate --lora changes the latents; --lora_scale 0 reproduces the no-LoRA latents exactly; the tpu runtime
+    """generate --lora changes the latents; --lora_scale 0 reproduces the no-LoRA latents exactly; the jax runtime
     (JAX on CPU) with the LoRA equals torch with it (measured 7.4e-6, runtime tolerance 1e-4 as in test_tpu.py);
     generation_config.json records the file, its SHA-256, the scale and the rank."""
     _, path = adapted
@@ -114,17 +114,17 @@ def test_generate_with_lora_on_torch_and_tpu(adapted, tmp_path):
         sha = hashlib.sha256(f.read()).hexdigest()
     assert (config["lora"], config["lora_sha256"], config["lora_scale"], config["lora_rank"]) == (path, sha, 1.0, RANK)
     for name, flags in (("none", []), ("zero", ["--lora", path, "--lora_scale", "0"]),
-                        ("tpu", ["--lora", path, "--runtime", "tpu"])):
+                        ("jax", ["--lora", path, "--runtime", "jax"])):
         assert run(["stage2", "--input_dir", str(g), "--output_dir", str(tmp_path / name), *flags, *STEPS]) == 0
         out[name] = load_file(str(tmp_path / name / "stage2_latents.safetensors"))["latents"]
     with_lora = load_file(str(g / "stage2_latents.safetensors"))["latents"]
     assert (with_lora - out["none"]).abs().max() > 0.1
     assert torch.equal(out["zero"], out["none"])
-    assert (out["tpu"] - with_lora).abs().max() <= 1e-4
+    assert (out["jax"] - with_lora).abs().max() <= 1e-4
     rerun = json.loads((tmp_path / "none" / "generation_config.json").read_text())
     assert not any(k.startswith("lora") for k in rerun)  # made from g's folder, without a LoRA: none recorded
-    tpu = json.loads((tmp_path / "tpu" / "generation_config.json").read_text())
-    assert (tpu["runtime"], tpu["lora_sha256"]) == ("tpu", sha)
+    jax_run = json.loads((tmp_path / "jax" / "generation_config.json").read_text())
+    assert (jax_run["runtime"], jax_run["lora_sha256"]) == ("jax", sha)
 
 
 def test_load_pipeline_and_prompts_file_settings(adapted, tmp_path):

@@ -16,7 +16,7 @@ from hyv_lib.runtimes.step import make_step
 
 MEANFLOW = dataclasses.replace(TINY, transformer=dict(TINY.transformer, use_meanflow=True))
 # Max errors measured against diffusers (fp32, i2v with real padding; outputs up to |x| = 1.8): torch runtime 2.4e-7,
-# tpu runtime 8.0e-7 on one device and 9.5e-7 on data=2,tensor=4, Ulysses on 2 ranks 3.6e-7, tpu DeepCache 7.7e-7.
+# jax runtime 8.0e-7 on one device and 9.5e-7 on data=2,tensor=4, Ulysses on 2 ranks 3.6e-7, tpu DeepCache 7.7e-7.
 TOL = 5e-6
 # Moving timestep_r from 500 to 0 (or dropping it) moves the output by 0.12: 2e4 x TOL.
 EFFECT = 1e3 * TOL
@@ -62,7 +62,7 @@ def test_torch_runtime(oracle, expected):
 
 
 def test_tpu_runtime_takes_timestep_r_as_a_traced_input(oracle, expected):
-    tpu = make_step(copy.deepcopy(oracle), "tpu")
+    tpu = make_step(copy.deepcopy(oracle), "jax")
     for r in (500.0, 250.0):
         assert max_err(tpu(**kwargs(r)), expected[r]) <= TOL
     assert tpu.compilations == 1  # a new timestep_r is data, not a new program
@@ -71,10 +71,10 @@ def test_tpu_runtime_takes_timestep_r_as_a_traced_input(oracle, expected):
 def test_timestep_r_on_a_model_without_meanflow_is_a_clear_error():
     """diffusers fails deep in its time embedding (TypeError: 'NoneType' object is not callable); hyv_lib names
     the argument instead. timestep_r=None on a MeanFlow model skips the r-embedding in every runtime, as in diffusers."""
-    from hyv_lib.runtimes.tpu import TpuTransformer
+    from hyv_lib.runtimes.jax_step import JaxTransformer
 
     plain = build_tiny_components(TINY, names=["transformer"])["transformer"]
-    for runtime in (TpuTransformer(copy.deepcopy(plain)), make_step(copy.deepcopy(plain), "torch",
+    for runtime in (JaxTransformer(copy.deepcopy(plain)), make_step(copy.deepcopy(plain), "torch",
                                                                    cache=DeepCacheSchedule(2, 0, 2, 2))):
         with pytest.raises(ValueError, match="timestep_r"):
             runtime(**kwargs(500.0, TINY))
@@ -94,7 +94,7 @@ def test_deepcache_on_tpu(oracle, expected):
     """A full step then cached steps through DeepCacheStep (the pipeline's path): the full step equals diffusers'
     forward, the cached steps equal the torch DeepCache's cached computation; two programs for every timestep_r."""
     schedule = DeepCacheSchedule(3, start=0, end=3, interval=3)  # step 0 full, steps 1 and 2 cached
-    step = make_step(copy.deepcopy(oracle), "tpu", cache=schedule)
+    step = make_step(copy.deepcopy(oracle), "jax", cache=schedule)
     reference = TorchDeepCache(oracle)
     _, cache = reference.run_and_cache(1, **kwargs(500.0))
     assert max_err(step(**kwargs(500.0)), expected[500.0]) <= TOL
@@ -108,11 +108,11 @@ def test_compile_only_path_lowers_timestep_r_as_an_input():
     """``python -m hyv_lib compile`` of a MeanFlow preset: its example inputs carry timestep_r, and the step lowered
     from the meta-device model takes it as a traced [B] input."""
     from hyv_lib.planning.tpu_compile import abstract_transformer, example_inputs
-    from hyv_lib.runtimes.tpu import TpuTransformer
+    from hyv_lib.runtimes.jax_step import JaxTransformer
 
     assert "timestep_r" not in example_inputs(TINY, 128, 128, 5)
     inputs = example_inputs(MEANFLOW, 128, 128, 5, dtype=torch.float32)
-    step = TpuTransformer(abstract_transformer(MEANFLOW, torch.float32), mesh="tensor=1")
+    step = JaxTransformer(abstract_transformer(MEANFLOW, torch.float32), mesh="tensor=1")
     for method in ("forward", "forward_and_cache"):
         assert step.lower(**inputs, method=method).args_info[1]["timestep_r"].shape == (2,)
 
@@ -140,11 +140,11 @@ SHARDED_PROBE = textwrap.dedent("""
     sys.path.insert(0, sys.argv[1])
     from test_meanflow import MEANFLOW, diffusers_forward, kwargs, max_err
     from hyv_lib.models.components import build_tiny_components
-    from hyv_lib.runtimes.tpu import TpuTransformer
+    from hyv_lib.runtimes.jax_step import JaxTransformer
     # 8 heads of the tiny size (16), so data=2 x tensor=4 can split them
     preset = dataclasses.replace(MEANFLOW, transformer=dict(MEANFLOW.transformer, num_attention_heads=8))
     oracle = build_tiny_components(preset, names=["transformer"])["transformer"]
-    tpu = TpuTransformer(copy.deepcopy(oracle), mesh="data=2,tensor=4")
+    tpu = JaxTransformer(copy.deepcopy(oracle), mesh="data=2,tensor=4")
     errors = [max_err(tpu(**kwargs(r, preset)), diffusers_forward(oracle, kwargs(r, preset))) for r in (500.0, 250.0)]
     print(json.dumps(dict(errors=errors, compilations=tpu.compilations)))
 """)

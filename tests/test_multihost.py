@@ -51,10 +51,10 @@ def test_sharded_step_in_two_processes_equals_the_oracle():
 
 @pytest.mark.slow  # its own processes
 def test_stage2_multi_host_on_two_processes_equals_one_process(tiny_run, tmp_path):
-    """`stage2 --runtime tpu --mesh data=2,tensor=2 --multi_host` run by two processes (2 devices each) writes, on
+    """`stage2 --runtime jax --mesh data=2,tensor=2 --multi_host` run by two processes (2 devices each) writes, on
     each "host", the latents that one process with all 4 devices writes."""
     common = ["-m", "hyv_lib", "stage2", "--video_length", "5", "--num_inference_steps", "2", "--seed", "3",
-              "--runtime", "tpu", "--mesh", "data=2,tensor=2", "--quiet"]
+              "--runtime", "jax", "--mesh", "data=2,tensor=2", "--quiet"]
     inputs = tmp_path / "in"
     inputs.mkdir()
     for name in ("stage1_embeddings.safetensors", "generation_config.json"):

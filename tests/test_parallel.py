@@ -291,7 +291,7 @@ def test_torchrun_without_a_split_is_refused_before_any_file(tiny_run, tmp_path,
                           (["generate", "--preset", "tiny", "--prompt", "x", "--output_dir", str(fresh)],
                            "error: generate: runs in one process"),
                           (["stage2", "--input_dir", str(run)], "error: --runtime: this process is one of 2 torchrun"),
-                          (["stage2", "--input_dir", str(run), "--runtime", "tpu"], "--runtime tpu would run")):
+                          (["stage2", "--input_dir", str(run), "--runtime", "jax"], "--runtime jax would run")):
         assert cli(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith(message) or message in err, err

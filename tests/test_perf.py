@@ -65,9 +65,9 @@ def test_tiny_analytic_flops_vs_xla_cost_analysis():
     pytest.importorskip("torchax")
     from hyv_lib.kernels.xla import DEFAULT_BLOCK_KV
     from hyv_lib.models.components import build_tiny_components
-    from hyv_lib.runtimes.tpu import TpuTransformer
+    from hyv_lib.runtimes.jax_step import JaxTransformer
 
-    tpu = TpuTransformer(build_tiny_components(TINY, names=["transformer"])["transformer"], attention="xla")
+    tpu = JaxTransformer(build_tiny_components(TINY, names=["transformer"])["transformer"], attention="xla")
     # Latent 2 x 12 x 14 -> 336 video + 176 context = 512 tokens: one key block of the XLA kernel, so its
     # lax.scan has one trip and cost_analysis sees the whole attention.
     results = {}
@@ -278,7 +278,7 @@ def test_planner_arguments_are_checked_and_named(change, name):
 
 def test_device_plan_takes_the_mesh_string_and_refuses_a_data_axis_that_splits_a_sample():
     """The string form of make_step and the CLI gives the dict's plan; data=3 (or data=2 with CFG off) would split
-    a sample, which the tpu runtime and the TPU compiler refuse, so the planner does too instead of planning it."""
+    a sample, which the jax runtime and the TPU compiler refuse, so the planner does too instead of planning it."""
     from hyv_lib.base.errors import HyvInputError
 
     args = ("720p_t2v", 720, 1280, 121)

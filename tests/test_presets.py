@@ -159,7 +159,7 @@ def test_a_data_axis_is_refused_as_of_no_use_with_cfg_off():
 
     for preset, kwargs in (("480p_t2v_distilled", {}), ("720p_i2v_distilled", {}), ("720p_t2v", {"guidance_scale": 1})):
         with pytest.raises(HyvInputError) as err:
-            resolve_settings(get_preset(preset), runtime="tpu", mesh="data=2,tensor=4", **kwargs)
+            resolve_settings(get_preset(preset), runtime="jax", mesh="data=2,tensor=4", **kwargs)
         assert err.value.argument == "--mesh" and "of no use with CFG off" in err.value.message, preset
         assert "(tensor=8)" in err.value.message
     with pytest.raises(HyvInputError, match=r"of no use.*\(tensor=2,sequence=4\)"):

@@ -59,7 +59,7 @@ def test_classify_and_profile_a_hand_written_program(tmp_path):
 
 def _dit_profile(heads: int, head_dim: int, latent: tuple[int, int, int]):
     """One CFG step of a random-weight DiT of hyv-tiny's classes (3 blocks) on the TPU runtime (JAX on this CPU)."""
-    from hyv_lib.runtimes.tpu import TpuTransformer
+    from hyv_lib.runtimes.jax_step import JaxTransformer
 
     base = hyv_lib.get_preset("tiny_trained")
     quarter = head_dim // 4
@@ -70,7 +70,7 @@ def _dit_profile(heads: int, head_dim: int, latent: tuple[int, int, int]):
     kwargs = example_forward_kwargs(preset, latent=latent, text_lengths=(7, 12), byt5_lengths=(0, 5))
     frames, h, w = latent
     flops = step_flops(preset, 16 * h, 16 * w, 4 * (frames - 1) + 1)
-    return flops, profile_transformer(TpuTransformer(model), kwargs, repeats=2)
+    return flops, profile_transformer(JaxTransformer(model), kwargs, repeats=2)
 
 
 @pytest.mark.parametrize("heads, head_dim, latent", [(8, 32, (3, 4, 7)), (2, 32, (5, 12, 16))],

@@ -264,7 +264,7 @@ def test_a_stale_grid_is_an_error_not_a_wrong_tiling(tiny_transformer):
 
 def test_ssta_compiles_on_the_cpu_after_torchax_registered_its_device():
     """torchax makes "jax" torch's accelerator on a machine without CUDA, and dynamo then failed to trace any CPU
-    compile ("PyTorch is not linked with support for jax devices"): a process that ran the tpu runtime could not run
+    compile ("PyTorch is not linked with support for jax devices"): a process that ran the jax runtime could not run
     the torch one with SSTA. A shape no other test compiles, so this call compiles."""
     import torchax  # noqa: F401 - registers the device
 

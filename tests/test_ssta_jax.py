@@ -183,7 +183,7 @@ def test_the_tpu_runtime_takes_ssta():
     from hyv_lib.runtimes.step import check_attention
 
     assert BACKENDS["ssta"].jax_kernel is ssta_jax.ssta_jax_kernel
-    check_attention("ssta", "tpu")
+    check_attention("ssta", "jax")
 
 
 @pytest.mark.slow  # ~12 s: the tiny model's jitted step with the kernel in interpret mode
@@ -193,13 +193,13 @@ def test_the_torchax_runtime_equals_the_torch_reference_model():
 
     from hyv_lib.models.components import build_tiny_components
     from hyv_lib.models.hunyuan_video15.processors import use_attention
-    from hyv_lib.runtimes.tpu import TpuTransformer
+    from hyv_lib.runtimes.jax_step import JaxTransformer
 
     oracle = build_tiny_components(TINY, names=["transformer"])["transformer"]
     config = SstaConfig(tile=(2, 2, 2), window=(3, 3, 3), topk=4)
     reference = copy.deepcopy(oracle)
     use_attention(reference, "ssta_reference", ssta=config)
-    tpu = TpuTransformer(copy.deepcopy(oracle), attention="ssta", attention_options={"ssta": config})
+    tpu = JaxTransformer(copy.deepcopy(oracle), attention="ssta", attention_options={"ssta": config})
     for kwargs in (forward_kwargs(0, latent=(3, 5, 7)),
                    forward_kwargs(1, latent=(3, 5, 7), text_lengths=(128, 1), byt5_lengths=(32, 0))):
         with torch.no_grad():
@@ -220,7 +220,7 @@ SHARDED_PROBE = textwrap.dedent("""
     from hyv_lib.kernels.ssta import SstaConfig
     from hyv_lib.models.hunyuan_video15.components import example_forward_kwargs
     from hyv_lib.models.hunyuan_video15.processors import use_attention
-    from hyv_lib.runtimes.tpu import TpuTransformer
+    from hyv_lib.runtimes.jax_step import JaxTransformer
     tiny = get_preset("tiny")
     torch.manual_seed(0)
     model = HunyuanVideo15Transformer3DModel(**dict(tiny.transformer, num_attention_heads=8, attention_head_dim=16))
@@ -235,7 +235,7 @@ SHARDED_PROBE = textwrap.dedent("""
         dense = model(**kwargs).sample
     errors = {}
     for mesh in ("data=2,tensor=4", "tensor=2,sequence=4"):
-        tpu = TpuTransformer(copy.deepcopy(model), mesh=mesh, attention="ssta", attention_options={"ssta": config})
+        tpu = JaxTransformer(copy.deepcopy(model), mesh=mesh, attention="ssta", attention_options={"ssta": config})
         errors[mesh] = (tpu(**kwargs) - expected).abs().max().item()
     print(json.dumps({"errors": errors, "sparse_effect": (dense - expected).abs().max().item()}))
 """)

@@ -142,7 +142,7 @@ def test_auto_is_the_cpu_here_and_the_rank_gpu_with_cuda(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "3")
     assert resolve_text_device("auto") == resolve_text_device("cuda") == torch.device("cuda", 3)
     assert resolve_text_device("cuda:1") == resolve_text_device(torch.device("cuda", 1)) == torch.device("cuda", 1)
-    assert resolve_text_device("auto", runtime="tpu") == torch.device("cpu")  # JAX holds the accelerator
+    assert resolve_text_device("auto", runtime="jax") == torch.device("cpu")  # JAX holds the accelerator
     with pytest.raises(HyvInputError, match=r"has 4 CUDA device\(s\): cuda:0 to cuda:3") as err:
         resolve_text_device("cuda:4")
     assert err.value.argument == "--text_device"

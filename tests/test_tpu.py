@@ -20,7 +20,7 @@ from hyv_lib.models.hunyuan_video15.sampling import denoise, prepare_conditionin
 from hyv_lib.models.family import initial_latents  # noqa: E402
 from hyv_lib.pipeline.stage_io import load_stage1  # noqa: E402
 from hyv_lib.pipeline.stages import stage2  # noqa: E402
-from hyv_lib.runtimes.tpu import TpuTransformer  # noqa: E402
+from hyv_lib.runtimes.jax_step import JaxTransformer  # noqa: E402
 
 TINY = get_preset("tiny")
 
@@ -28,7 +28,7 @@ TINY = get_preset("tiny")
 @pytest.fixture(scope="module")
 def models():
     oracle = build_tiny_components(TINY, names=["transformer"])["transformer"]
-    return oracle, TpuTransformer(copy.deepcopy(oracle))
+    return oracle, JaxTransformer(copy.deepcopy(oracle))
 
 
 def test_fp32_equals_the_oracle_for_t2v_and_i2v_and_compiles_once(models):
@@ -45,7 +45,7 @@ def test_fp32_equals_the_oracle_for_t2v_and_i2v_and_compiles_once(models):
 def test_host_sdpa_attention_inside_the_jitted_step_equals_the_oracle(models):
     """torch's CPU kernel called back from the jitted step (the CPU benchmark's fast path), with real padding."""
     oracle, _ = models
-    tpu = TpuTransformer(copy.deepcopy(oracle), attention="host_sdpa")
+    tpu = JaxTransformer(copy.deepcopy(oracle), attention="host_sdpa")
     for kwargs in (inputs(0), inputs(2, text_lengths=(128, 1), byt5_lengths=(32, 0))):
         with torch.no_grad():
             expected = oracle(**kwargs).sample
@@ -55,7 +55,7 @@ def test_host_sdpa_attention_inside_the_jitted_step_equals_the_oracle(models):
 
 def test_ten_step_loop_compiles_once(models, tiny_run):
     oracle, _ = models
-    tpu = TpuTransformer(copy.deepcopy(oracle))
+    tpu = JaxTransformer(copy.deepcopy(oracle))
     embeds = load_stage1(str(tiny_run))
     scheduler = build_tiny_components(TINY, names=["scheduler"])["scheduler"]
     latents = denoise(tpu, initial_latents(TINY.latent_shape(64, 96, 9), 0),
@@ -76,7 +76,7 @@ def test_bf16_error_is_no_worse_than_diffusers_own_bf16(models, seed):
         expected = oracle(**kwargs).sample
         bf16_kwargs = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in kwargs.items()}
         diffusers_bf16 = copy.deepcopy(model16)(**bf16_kwargs).sample.float()
-    out = TpuTransformer(model16)(**kwargs).float()
+    out = JaxTransformer(model16)(**kwargs).float()
     scale = expected.abs().max()
     err = ((out - expected).abs().max() / scale).item()
     reference_err = ((diffusers_bf16 - expected).abs().max() / scale).item()
@@ -97,17 +97,20 @@ def test_works_inside_a_torchax_environment(models):
     assert (out - expected).abs().max() <= 1e-5
 
 
-def test_stage2_tpu_runtime_matches_torch_and_warmup_is_neutral(tiny_run, tmp_path, monkeypatch):
+def test_stage2_jax_runtime_matches_torch_and_warmup_is_neutral(tiny_run, tmp_path, monkeypatch):
     monkeypatch.setenv("HYV_COMPILE_CACHE_DIR", str(tmp_path / "cache"))
     common = dict(num_inference_steps=4, video_length=5, quiet=True)
     runs = {(rt, w): stage2(str(tiny_run), output_dir=str(tmp_path / f"{rt}{w}"), runtime=rt,
                                      warmup_steps=w, **common)
-            for rt in ("torch", "tpu") for w in (0, 2)}
+            for rt, w in (("torch", 0), ("torch", 2), ("jax", 0), ("jax", 2), ("tpu", 2))}
     assert torch.equal(runs["torch", 0], runs["torch", 2])
-    assert torch.equal(runs["tpu", 0], runs["tpu", 2])
-    assert (runs["tpu", 0] - runs["torch", 0]).abs().max() <= 1e-4
-    assert json.loads((tmp_path / "tpu0" / "generation_config.json").read_text())["runtime"] == "tpu"
-    meshed = stage2(str(tiny_run), output_dir=str(tmp_path / "mesh"), runtime="tpu", mesh="tensor=1",
+    assert torch.equal(runs["jax", 0], runs["jax", 2])
+    assert (runs["jax", 0] - runs["torch", 0]).abs().max() <= 1e-4
+    assert json.loads((tmp_path / "jax0" / "generation_config.json").read_text())["runtime"] == "jax"
+    # "tpu", the runtime's old name, is the same runtime, recorded under its name
+    assert torch.equal(runs["tpu", 2], runs["jax", 2])
+    assert json.loads((tmp_path / "tpu2" / "generation_config.json").read_text())["runtime"] == "jax"
+    meshed = stage2(str(tiny_run), output_dir=str(tmp_path / "mesh"), runtime="jax", mesh="tensor=1",
                     sharding="tp", **common)  # the sharded code path on this one-device mesh
     assert (meshed - runs["torch", 0]).abs().max() <= 1e-4
     cfg = json.loads((tmp_path / "mesh" / "generation_config.json").read_text())
@@ -120,14 +123,14 @@ CACHE_PROBE = textwrap.dedent("""
     hits = []
     monitoring.register_event_listener(lambda e, **kw: hits.append(e) if e.endswith("cache_hits") else None)
     from hyv_lib.parallel.jax_env import enable_compile_cache
-    from hyv_lib.runtimes.tpu import TpuTransformer
+    from hyv_lib.runtimes.jax_step import JaxTransformer
     from hyv_lib.models.components import build_tiny_components
     from hyv_lib.models.families import get_preset
     enable_compile_cache(sys.argv[1])
     tiny = get_preset("tiny")
     model = build_tiny_components(tiny, names=["transformer"])["transformer"]
     c = tiny.latent_channels
-    TpuTransformer(model)(hidden_states=torch.zeros(2, 2 * c + 1, 1, 2, 2), timestep=torch.tensor([10.0, 10.0]),
+    JaxTransformer(model)(hidden_states=torch.zeros(2, 2 * c + 1, 1, 2, 2), timestep=torch.tensor([10.0, 10.0]),
         encoder_hidden_states=torch.zeros(2, tiny.text_len, tiny.text_dim),
         encoder_attention_mask=torch.ones(2, tiny.text_len, dtype=torch.long),
         encoder_hidden_states_2=torch.zeros(2, tiny.byt5_len, tiny.byt5_dim),
@@ -154,7 +157,7 @@ def test_cli_with_the_tpu_runtime_exits_cleanly(tmp_path):
     env_cache = {"HYV_COMPILE_CACHE_DIR": str(tmp_path / "cache")}
     import os
 
-    r = subprocess.run([sys.executable, "-m", "hyv_lib", "generate", "--preset", "tiny", "--runtime", "tpu",
+    r = subprocess.run([sys.executable, "-m", "hyv_lib", "generate", "--preset", "tiny", "--runtime", "jax",
                         "--video_length", "5", "--num_inference_steps", "2", "--output_dir", str(tmp_path / "out"),
                         "--quiet"],
                        capture_output=True, text=True, timeout=300, env={**os.environ, **env_cache})
@@ -177,8 +180,8 @@ def test_construction_checks_options_and_takes_a_mesh_string_and_return_dict(mod
     given as the CLI's string; return_dict=True returns diffusers' output object, as the model's forward does."""
     oracle, tpu = models
     with pytest.raises(TypeError, match="block_kv"):
-        TpuTransformer(copy.deepcopy(oracle), attention="xla", attention_options={"blok_kv": 64})
-    string_mesh = TpuTransformer(copy.deepcopy(oracle), mesh="tensor=1")
+        JaxTransformer(copy.deepcopy(oracle), attention="xla", attention_options={"blok_kv": 64})
+    string_mesh = JaxTransformer(copy.deepcopy(oracle), mesh="tensor=1")
     assert dict(string_mesh.mesh.shape) == {"data": 1, "tensor": 1, "sequence": 1}
     kwargs = inputs(0)
     out = tpu(**kwargs, return_dict=True)

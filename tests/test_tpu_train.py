@@ -22,7 +22,7 @@ from hyv_lib.models.families import get_preset  # noqa: E402
 from hyv_lib.cli import commands as cli  # noqa: E402
 from hyv_lib.models.components import build_tiny_components  # noqa: E402
 from hyv_lib.models.flow_matching import flow_matching_loss  # noqa: E402
-from hyv_lib.runtimes.tpu_train import TpuTrainStep  # noqa: E402
+from hyv_lib.runtimes.jax_train import JaxTrainStep  # noqa: E402
 
 TINY = get_preset("tiny")
 PROBE = os.path.join(os.path.dirname(__file__), "tpu_train_probe.py")
@@ -60,7 +60,7 @@ def test_loss_and_gradients_equal_diffusers_eager_autograd(model, batch):
     oracle = copy.deepcopy(model).requires_grad_(True)
     loss = eager_loss(oracle, batch)
     loss.backward()
-    step = TpuTrainStep(copy.deepcopy(model), trainable="full", compiler_options=FAST, scan_blocks=False)
+    step = JaxTrainStep(copy.deepcopy(model), trainable="full", compiler_options=FAST, scan_blocks=False)
     jax_loss, grads = step.gradients(batch)
     assert abs(jax_loss - loss.item()) <= 1e-5 * loss.item()
     expected = {n: torch.zeros_like(p) if p.grad is None else p.grad for n, p in oracle.named_parameters()}
@@ -113,10 +113,10 @@ def test_three_lora_steps_equal_torch_adamw_update_only_lora_and_resume_exactly(
 
 def test_bad_inputs_are_named(model):
     with pytest.raises(HyvInputError, match="trainable"):
-        TpuTrainStep(copy.deepcopy(model), trainable="some")
+        JaxTrainStep(copy.deepcopy(model), trainable="some")
     plain = build_tiny_components(TINY, names=["transformer"])["transformer"]
     with pytest.raises(HyvInputError, match="add_lora"):
-        TpuTrainStep(plain, trainable="lora")
+        JaxTrainStep(plain, trainable="lora")
 
 
 def test_sharded_step_equals_one_device(lora_run):

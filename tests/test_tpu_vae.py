@@ -12,7 +12,7 @@ pytest.importorskip("torchax")
 from hyv_lib.models.families import get_preset  # noqa: E402
 from hyv_lib.cli.commands import run  # noqa: E402
 from hyv_lib.models.components import build_tiny_components  # noqa: E402
-from hyv_lib.runtimes.tpu_vae import decode_on_jax  # noqa: E402
+from hyv_lib.runtimes.jax_vae import decode_on_jax  # noqa: E402
 
 TINY = get_preset("tiny")
 
@@ -53,7 +53,7 @@ def test_bf16_decoder_is_close(vae):
 
 
 def test_stage3_tpu_runtime_writes_the_same_video(tiny_run, tmp_path):
-    """`stage3 --runtime tpu` against `--runtime torch` on the session's tiny run: the uint8 frames agree to
+    """`stage3 --runtime jax` against `--runtime torch` on the session's tiny run: the uint8 frames agree to
     one level, and the config records the runtime."""
     import shutil
 
@@ -63,11 +63,11 @@ def test_stage3_tpu_runtime_writes_the_same_video(tiny_run, tmp_path):
                 "--save_frames", "--quiet"]) == 0
     torch_frames = load_file(tmp_path / "stage3_frames.safetensors")["frames"]
     assert run(["stage3", "--input_dir", str(run_dir), "--output_video", str(tmp_path / "tpu.mp4"),
-                "--save_frames", "--runtime", "tpu", "--quiet"]) == 0
+                "--save_frames", "--runtime", "jax", "--quiet"]) == 0
     tpu_frames = load_file(tmp_path / "stage3_frames.safetensors")["frames"]
     assert (tpu_frames.int() - torch_frames.int()).abs().max() <= 1
     config = json.loads((run_dir / "generation_config.json").read_text())
-    assert config["stage3_runtime"] == "tpu" and config["vae_dtype"] == "fp32"
+    assert config["stage3_runtime"] == "jax" and config["vae_dtype"] == "fp32"
 
 
 @pytest.mark.parametrize("flags,argument", [(["--runtime", "ulysses"], "--runtime"),

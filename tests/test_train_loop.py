@@ -51,7 +51,7 @@ def test_batch_and_step_equal_the_eager_objective(features_dir):
     against diffusers' eager fp32 forward of a copy, the MSE to noise - x0, the clipped gradients and AdamW's first
     update written out (m_hat = g, v_hat = g^2)."""
     from hyv_lib.training.feature_set import FeatureSet
-    from hyv_lib.training.torch_step import TorchTrainStep
+    from hyv_lib.runtimes.torch_train import TorchTrainStep
 
     features = FeatureSet(features_dir)
     g = torch.Generator().manual_seed(5)
@@ -233,7 +233,7 @@ def cli(argv, capsys):
     (["--lora_rank", "4", "--mesh", "data=2"], "--mesh"),
     (["--full", "--lora_alpha", "8"], "--lora_alpha"),
     (["--lora_rank", "4", "--attention", "dense"], "--attention"),
-    (["--lora_rank", "4", "--runtime", "tpu", "--attention", "diffusers"], "--attention"),
+    (["--lora_rank", "4", "--runtime", "jax", "--attention", "diffusers"], "--attention"),
     (["--lora_rank", "4", "--preset", "tiny_trained"], "--features"),  # extracted for another preset
 ])
 def test_cli_errors(extra, flag, features_dir, tmp_path, capsys):

@@ -37,7 +37,7 @@ def one_thread():
 def tiny_model(kind: str, heads: int = 2, head_dim: int = 16, layers: int = 2, rank: int = 4):
     """The tiny classes at the 720p preset's layout (1,985 context tokens), bf16, hyv_lib's SDPA attention, set up to
     train ``kind``: ``full`` (every weight), ``lora`` (bf16 factors) or ``lora_fp32`` (fp32 factors on the bf16
-    weights, as hyv_lib.training.torch_step keeps them in one process)."""
+    weights, as hyv_lib.runtimes.torch_train keeps them in one process)."""
     preset = real_layout_tiny(get_preset("720p_t2v"))
     preset = dataclasses.replace(preset, transformer=dict(preset.transformer, num_attention_heads=heads,
                                                           attention_head_dim=head_dim, num_layers=layers))
@@ -251,7 +251,7 @@ def live_train_step(kind: str, remat: bool) -> tuple[object, int]:
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-4)
 
-    def step():  # hyv_lib.training.torch_step.TorchTrainStep.step's order (it holds the prediction to the end)
+    def step():  # hyv_lib.runtimes.torch_train.TorchTrainStep.step's order (it holds the prediction to the end)
         prediction = model(**kwargs, return_dict=False)[0]
         loss = flow_matching_loss(prediction, target)
         optimizer.zero_grad(set_to_none=True)
@@ -285,9 +285,9 @@ def test_train_step_peak_matches_live_bytes(kind, remat, error):
 
 
 def test_optimizer_state_matches_torch_train_step():
-    """hyv_lib.training.torch_step.TorchTrainStep after one step on the tiny model: its parameters and AdamW state
+    """hyv_lib.runtimes.torch_train.TorchTrainStep after one step on the tiny model: its parameters and AdamW state
     hold exactly the bytes of the ``torch`` recipe (fp32 LoRA factors, moments in each parameter's dtype)."""
-    torch_step = pytest.importorskip("hyv_lib.training.torch_step")
+    torch_step = pytest.importorskip("hyv_lib.runtimes.torch_train")
     for kind in ("lora", "full"):
         preset, adapter, model = tiny_model("lora" if kind == "lora" else "full")
         step = torch_step.TorchTrainStep(model, trainable=kind, remat=True)

@@ -141,6 +141,6 @@ def test_stage3_decodes_with_the_budgeted_tiles_and_records_them(tiny_run, tmp_p
     assert torch.equal(frames, decode_latents(vae, latents, tile_px=64))
     for flags, message in ((["--vae_memory_gb", "0"], "--vae_memory_gb: must be > 0"),
                            (["--vae_memory_gb", "4", "--disable_tiling"], "drop --disable_tiling"),
-                           (["--vae_memory_gb", "4", "--runtime", "tpu"], "not of --runtime tpu")):
+                           (["--vae_memory_gb", "4", "--runtime", "jax"], "not of --runtime jax")):
         assert cli(["stage3", "--input_dir", str(run), *flags]) == 2
         assert message in capsys.readouterr().err

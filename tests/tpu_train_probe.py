@@ -15,7 +15,7 @@ from tiny_inputs import forward_kwargs  # noqa: E402
 from hyv_lib.models.families import get_preset  # noqa: E402
 from hyv_lib.models.components import build_tiny_components  # noqa: E402
 from hyv_lib.models.lora import add_lora  # noqa: E402
-from hyv_lib.runtimes.tpu_train import TpuTrainStep  # noqa: E402
+from hyv_lib.runtimes.jax_train import JaxTrainStep  # noqa: E402
 
 TINY = get_preset("tiny")
 LR, WD, STEPS = 1e-3, 0.01, 3
@@ -44,9 +44,9 @@ def train_batch() -> dict[str, torch.Tensor]:
     return dict(kwargs, target=target)
 
 
-def lora_steps(model, batch, **options) -> tuple[TpuTrainStep, list[float], dict]:
+def lora_steps(model, batch, **options) -> tuple[JaxTrainStep, list[float], dict]:
     """STEPS LoRA updates: (the step, the losses, its state after the first)."""
-    step = TpuTrainStep(copy.deepcopy(model), trainable="lora", learning_rate=LR, weight_decay=WD,
+    step = JaxTrainStep(copy.deepcopy(model), trainable="lora", learning_rate=LR, weight_decay=WD,
                         compiler_options=FAST, **options)
     losses = [step.step(batch)]
     state = step.state_dict()

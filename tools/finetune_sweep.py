@@ -39,7 +39,7 @@ from hyv_lib.cli.commands import run as cli
 from hyv_lib.models import lora as lora_module
 from hyv_lib.tiny import finetune_gate as gate
 from hyv_lib.training import loop
-from hyv_lib.training.torch_step import TorchTrainStep
+from hyv_lib.runtimes.torch_train import TorchTrainStep
 
 PRESET = "tiny_trained"
 

@@ -32,6 +32,7 @@ from ..pipeline.stages import generate, stage1, stage2, stage3
 from ..planning.planner import format_plan, plan_step
 from ..planning.tpu_compile import compile_step, format_report
 from ..planning.train_compile import RECIPE_LORA_ALPHA, RECIPE_LORA_RANK, compile_train_step, format_train_report
+from ..runtimes.names import runtime_name
 from .attention_flags import ssta_overrides
 from .official_flags import official_overrides, preset_from_flags
 from .stage_flags import add_calibration_arguments, add_stage1_arguments, add_stage2_arguments, add_stage3_arguments
@@ -96,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--mesh", default=None,
                       help="e.g. data=2,tensor=4 or sequence=2,tensor=4; must use every device "
                            "(default: data=2 for the CFG batch, tensor = the rest, as far as the heads split: "
-                           "the tpu runtime's default without --mesh)")
+                           "the jax runtime's default without --mesh)")
     comp.add_argument("--sharding", default=None, help="tp | tp_replicated_out | fsdp (default tp_replicated_out; "
                                                        "--train: fsdp, the only one)")
     comp.add_argument("--height", type=int, default=None, help="pixels (default: the preset's 16:9 bucket)")
@@ -276,7 +277,7 @@ def run(argv: list[str] | None = None) -> int:
 
 def _run_command(args: argparse.Namespace) -> int:
     """One parsed command; returns the exit code."""
-    if getattr(args, "runtime", None) == "tpu":  # the CLI's policy, not a library side effect
+    if runtime_name(getattr(args, "runtime", None)) == "jax":  # the CLI's policy, not a library side effect
         enable_compile_cache(os.environ.get("HYV_COMPILE_CACHE_DIR"))
     try:
         if args.command == "info" and args.list:

@@ -33,7 +33,7 @@ def add_stage1_arguments(p: argparse.ArgumentParser, output_dir: bool = True) ->
     g.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16 (default: the preset's)")
     g.add_argument("--text_device", default="auto",
                    help="where the encoders run: auto | cpu | cuda | cuda:N. auto: this process's GPU when CUDA is "
-                        "available, else the host CPU (the host CPU with --runtime tpu). On a GPU each encoder "
+                        "available, else the host CPU (the host CPU with --runtime jax). On a GPU each encoder "
                         "(Qwen2.5-VL, ByT5, SigLIP; CogVideoX's T5) goes there for its own call, one at a time, and "
                         "leaves it before stage 2; with --prompts_file they stay there between prompts unless "
                         "--offload is set (default: auto)")
@@ -64,14 +64,14 @@ def add_stage2_arguments(p: argparse.ArgumentParser, dirs: bool = True) -> None:
     g.add_argument("--warmup_steps", type=int, default=0,
                    help="untimed transformer calls before the loop; never change the result (default 0)")
     g.add_argument("--runtime", default="torch",
-                   help="torch (eager diffusers) | tpu (torchax/JAX jit on the present JAX backend) | "
+                   help="torch (eager diffusers) | jax (torchax/JAX jit on the present JAX backend; tpu is an alias) | "
                         "ulysses (sequence parallel; launch with torchrun --nproc_per_node=N)")
     g.add_argument("--mesh", default=None,
-                   help="tpu runtime: device mesh, e.g. tensor=8 or data=2,tensor=4, or 1 for one device "
+                   help="jax runtime: device mesh, e.g. tensor=8 or data=2,tensor=4, or 1 for one device "
                         "(default: every device, as compile lays them out: data=2 for the CFG pair, tensor = the "
                         "rest, as far as the heads split; the mesh used is printed and recorded)")
     g.add_argument("--sharding", default=DEFAULT_STRATEGY,
-                   help="tpu runtime on more than one device (a --mesh, or the default one): tp | tp_replicated_out | "
+                   help="jax runtime on more than one device (a --mesh, or the default one): tp | tp_replicated_out | "
                         "fsdp (default tp_replicated_out)")
     add_attention_arguments(p, g)
     g.add_argument("--offload", default=None,
@@ -90,7 +90,7 @@ def add_stage2_arguments(p: argparse.ArgumentParser, dirs: bool = True) -> None:
                         "0); another size, frame count or batch compiles again. Not with --offload block; the tpu "
                         "runtime is always compiled (default: off)")
     g.add_argument("--multi_host", action="store_true",
-                   help="tpu runtime on a multi-host slice: join the hosts (jax.distributed.initialize) first; run "
+                   help="jax runtime on a multi-host slice: join the hosts (jax.distributed.initialize) first; run "
                         "the same command on every host (gcloud ... ssh --worker=all)")
     g.add_argument("--lora", default=None,
                    help="a LoRA in diffusers' format: the .safetensors file, or the folder holding "
@@ -99,7 +99,7 @@ def add_stage2_arguments(p: argparse.ArgumentParser, dirs: bool = True) -> None:
     g.add_argument("--lora_scale", type=float, default=1.0,
                    help="the LoRA's strength: W += scale * alpha/rank * B @ A (default 1.0; 0 leaves the model as is)")
     add_official_arguments(p)
-    c = p.add_argument_group("stage 2: DeepCache (torch, tpu and ulysses runtimes)")
+    c = p.add_argument_group("stage 2: DeepCache (torch, jax and ulysses runtimes)")
     c.add_argument("--enable_cache", action="store_true", help="reuse deep features on the schedule's cached steps")
     c.add_argument("--cache_method", default=None,
                    help="deepcache (the fixed schedule of the --cache_*_step flags) | magcache (adaptive: skips by a "
@@ -132,7 +132,7 @@ def add_stage3_arguments(p: argparse.ArgumentParser, input_dir: bool = True) -> 
         g.add_argument("--input_dir", default="stage_outputs", help="folder with stage2_latents.safetensors")
         g.add_argument("--runtime", default="torch",
                        help="torch (eager: a GPU if present, else the host CPU; tiles spread over torchrun ranks) | "
-                            "tpu (the decoder jitted through torchax on JAX's device) (default torch)")
+                            "jax (the decoder jitted through torchax on JAX's device; tpu is an alias) (default torch)")
     g.add_argument("--output_video", default=None, help="mp4 path (default: <dir>/output_video.mp4)")
     g.add_argument("--fps", type=float, default=None, help="frames per second (default: the preset's)")
     g.add_argument("--disable_tiling", action="store_true", help="decode without spatial VAE tiles")
@@ -160,8 +160,8 @@ def add_calibration_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--aspect_ratio", default="16:9", help="W:H bucket (default 16:9)")
     p.add_argument("--no_cache_blocks", type=int, default=1,
                    help="trailing blocks of the cached step, 0..num_layers (default 1)")
-    p.add_argument("--runtime", default="torch", help="torch | tpu (default torch)")
-    p.add_argument("--mesh", default=None, help="tpu runtime: device mesh, e.g. tensor=8, or 1 for one device "
+    p.add_argument("--runtime", default="torch", help="torch | jax (tpu is an alias) (default torch)")
+    p.add_argument("--mesh", default=None, help="jax runtime: device mesh, e.g. tensor=8, or 1 for one device "
                                                 "(default: every device, as for stage2)")
     p.add_argument("--sharding", default=DEFAULT_STRATEGY, help="tp | tp_replicated_out | fsdp")
     p.add_argument("--attention", default=None, help="as for stage2 (default: the preset's)")

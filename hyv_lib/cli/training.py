@@ -46,8 +46,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="probability of training a clip on the empty prompt (default "
                         f"{TRAIN_DEFAULTS['caption_dropout']})")
     p.add_argument("--output_dir", required=True, help="checkpoint, train_log.jsonl and the trained weights")
-    p.add_argument("--runtime", default="torch", help="torch (one device; FSDP2 under torchrun) | tpu (JAX)")
-    p.add_argument("--mesh", default=None, help="--runtime tpu: e.g. data=2,sequence=4 (FSDP over every device)")
+    p.add_argument("--runtime", default="torch", help="torch (one device; FSDP2 under torchrun) | jax (JAX; tpu is an alias)")
+    p.add_argument("--mesh", default=None, help="--runtime jax: e.g. data=2,sequence=4 (FSDP over every device)")
     p.add_argument("--checkpoint_every", type=int, default=None, help="steps between checkpoints (default: only at "
                                                                       "the end)")
     p.add_argument("--seed", type=int, default=TRAIN_DEFAULTS["seed"], help="batches, noise, LoRA init (default 0)")

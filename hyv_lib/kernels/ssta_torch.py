@@ -81,7 +81,7 @@ def host_compile(device: torch.device):
     """Around a torch.compile call on CPU tensors. torchax registers JAX as torch's PrivateUse1 device, and from then
     on a machine without CUDA reports ``torch.accelerator.is_available()`` (the "jax" device), so dynamo's tracer asks
     that device for its current stream and fails ("PyTorch is not linked with support for jax devices"): in a
-    process that ran the tpu runtime, every later CPU compile would. While compiling for the host, the host has no
+    process that ran the jax runtime, every later CPU compile would. While compiling for the host, the host has no
     accelerator; with a CUDA GPU (the current accelerator then) nothing changes."""
     current = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
     if device.type != "cpu" or current is None or current.type in ("cuda", "cpu"):

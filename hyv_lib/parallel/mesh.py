@@ -29,7 +29,7 @@ def parse_mesh(text: str | None) -> dict[str, int] | None:
 
 
 AXES = ("data", "tensor", "sequence")
-#: ``--mesh 1``: the tpu runtime on one device, no mesh (without ``--mesh`` it lays every device out: :func:`default_mesh`).
+#: ``--mesh 1``: the jax runtime on one device, no mesh (without ``--mesh`` it lays every device out: :func:`default_mesh`).
 ONE_DEVICE = "1"
 
 
@@ -40,7 +40,7 @@ def mesh_text(axes: dict[str, int] | None) -> str:
 
 
 def default_layout(devices: int, heads: int, rules: str | None = None, batch: int = 2) -> dict[str, int]:
-    """The mesh hyv_lib lays ``devices`` out as when none is given: the one rule of the tpu runtime
+    """The mesh hyv_lib lays ``devices`` out as when none is given: the one rule of the jax runtime
     (:func:`default_mesh`), ``python -m hyv_lib compile`` and the planner. The samples of one step (``batch``: the CFG
     pair, 2, or 1 with CFG off; :func:`hyv_lib.base.presets.samples_per_step`) go on ``data``, the rest on ``tensor``
     (on ``sequence`` for the ``fsdp`` rules, whose gathered weights leave a tensor axis nothing to split but the heads;
@@ -61,7 +61,7 @@ def default_layout(devices: int, heads: int, rules: str | None = None, batch: in
 
 def default_mesh(heads: int, batch: int = 2, rules: str | None = None,
                  devices: int | None = None) -> tuple[dict[str, int], str]:
-    """The tpu runtime's layout when no mesh is given: :func:`default_layout` of every JAX device (``devices``: their
+    """The jax runtime's layout when no mesh is given: :func:`default_layout` of every JAX device (``devices``: their
     count, default ``len(jax.devices())``), and why, as the parenthesis of the line it logs
     (``mesh: data=2,tensor=4 (all 8 devices; --mesh 1 for one)``). A layout of fewer devices than there are says how
     many and what stops it (the heads; with ``batch`` 1, CFG off, the data axis has nothing to split)."""

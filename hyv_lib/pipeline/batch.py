@@ -22,6 +22,7 @@ from ..models.dtypes import torch_dtype
 from ..models.families import PRESETS
 from ..models.folder import choose_preset
 from ..parallel.sharding import DEFAULT_STRATEGY
+from ..runtimes.names import runtime_name
 from .calibration import cache_schedule
 from .inference import load_pipeline
 from .settings import check_vae_settings, resolve_settings
@@ -67,11 +68,12 @@ class BatchRunner:
         settings = resolve_settings(self.spec, **{k: v for k, v in self.stage2_settings.items()
                                                    if k not in ("quiet",)})
         if settings.runtime == "ulysses":  # stage 2 tears the process group down after each video
-            raise HyvInputError("--runtime", "a pipeline for many prompts runs with --runtime torch or tpu")
+            raise HyvInputError("--runtime", "a pipeline for many prompts runs with --runtime torch or jax")
         if settings.shard_weights:  # as ulysses: one prompt per torchrun launch
             raise HyvInputError("--shard_weights", "a pipeline for many prompts runs without it (one process)")
         runtime = settings.runtime
-        self.stage3_settings.setdefault("runtime", "tpu" if runtime == "tpu" else "torch")
+        self.stage3_settings.setdefault("runtime", "jax" if runtime == "jax" else "torch")
+        self.stage3_settings["runtime"] = runtime_name(self.stage3_settings["runtime"])
         check_vae_settings(self.stage3_settings.get("vae_dtype", "fp32"), self.stage3_settings.get("vae_memory_gb"),
                            not self.stage3_settings.get("disable_tiling", False), self.stage3_settings["runtime"])
         self.settings = settings
@@ -87,7 +89,7 @@ class BatchRunner:
 
     @property
     def compilations(self) -> int | None:
-        """Compilations of the transformer step so far (tpu runtime), else None."""
+        """Compilations of the transformer step so far (jax runtime), else None."""
         return self.video.compilations
 
     def video_settings(self) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from ..runtimes.magcache import (
     load_calibration,
 )
 from ..runtimes.step import make_step
-from ..runtimes.tpu import to_cpu
+from ..runtimes.jax_step import to_cpu
 from .image import check_task, first_frame
 from .sampling import sample_latents
 from .settings import ResolvedSettings, Stage2Settings, resolve_settings
@@ -99,7 +99,7 @@ def calibrate(preset: str | Preset | None = None, model_path: str | None = None,
     if image_path is not None:
         requested, image = first_frame(spec, image_path, requested)
     if runtime == "ulysses":
-        raise HyvInputError("--runtime", "calibration runs with torch or tpu")
+        raise HyvInputError("--runtime", "calibration runs with torch or jax")
     settings = resolve_settings(spec, requested)
     names = [*text_components(spec), "transformer", "scheduler"]
     if image is not None:

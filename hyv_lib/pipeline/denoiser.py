@@ -62,7 +62,9 @@ class Denoiser:
             place_transformer(transformer, device, settings.offload)
         kernel = None
         if step is None:
-            step = make_step(transformer, settings.runtime, settings.mesh, settings.sharding, cache=cache,
+            # no --mesh: the step lays every device out itself at its first call (the layout the settings recorded)
+            mesh = None if settings.mesh_source == "default" else settings.mesh
+            step = make_step(transformer, settings.runtime, mesh, settings.sharding, cache=cache,
                              no_cache_blocks=settings.no_cache_blocks, attention=settings.attention,
                              attention_options=settings.attention_options(), compile=settings.compile)
             if settings.shard_weights:  # each step one forward of the sharded root
@@ -94,7 +96,7 @@ def decode_video(vae, latents: torch.Tensor, *, runtime: str = "torch", vae_dtyp
                  argument: str = "latents") -> tuple[torch.Tensor, int | None]:
     """``latents`` in the VAE's layout (:func:`vae_layout`) decoded to uint8 frames [F, H, W, 3], and the tile size
     a ``memory_gb`` budget chose (None without one): :func:`hyv_lib.runtimes.vae.decode_latents` in ``vae_dtype`` on
-    this rank's GPU if any (``runtime="torch"``) or on JAX's device (``tpu``), tiles spread over the torchrun ranks
+    this rank's GPU if any (``runtime="torch"``) or on JAX's device (``jax``), tiles spread over the torchrun ranks
     with ``tile_parallel``. Latents with other channels than the VAE's are a HyvInputError naming ``argument``."""
     if latents.shape[1] != vae.config.latent_channels:
         raise HyvInputError(argument, f"{STAGE2_FILE}: latents have {latents.shape[1]} channels but the VAE expects "

@@ -8,6 +8,7 @@ import torch
 
 from ..base.errors import HyvInputError
 from ..parallel.distributed import local_device
+from ..runtimes.names import runtime_name
 
 #: ``--text_device`` values: ``auto`` (this process's GPU when CUDA is available, else the host CPU), ``cpu``, ``cuda``
 #: (this process's GPU: ``LOCAL_RANK``'s under torchrun) or ``cuda:N``.
@@ -25,7 +26,7 @@ def resolve_text_device(text_device: str | torch.device | None = "auto", runtime
     run on, from ``text_device`` (one of :data:`TEXT_DEVICES`, or a ``torch.device``; None is ``auto``).
 
     ``auto``: :func:`hyv_lib.parallel.distributed.local_device` (the GPU of this process, ``LOCAL_RANK``'s under
-    torchrun, when CUDA is available; else the host CPU), except with ``runtime="tpu"``, where it is the host CPU
+    torchrun, when CUDA is available; else the host CPU), except with ``runtime="jax"``, where it is the host CPU
     (JAX holds the accelerator, and the encoders have no torchax path). ``cuda`` / ``cuda:N`` without CUDA, an ``N``
     past the last GPU, or any other value: a HyvInputError naming ``--text_device``."""
     value = "auto" if text_device is None else text_device
@@ -35,7 +36,7 @@ def resolve_text_device(text_device: str | torch.device | None = "auto", runtime
         raise HyvInputError("--text_device", f"must be one of {', '.join(TEXT_DEVICES)}, got {value!r}")
     name = value.strip().lower()
     if name == "auto":
-        return torch.device("cpu") if runtime == "tpu" else local_device()
+        return torch.device("cpu") if runtime_name(runtime) == "jax" else local_device()
     if name == "cpu":
         return torch.device("cpu")
     match = _CUDA.fullmatch(name)

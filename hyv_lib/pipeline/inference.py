@@ -22,6 +22,7 @@ from ..models.families import family_for, get_preset
 from ..models.folder import choose_preset
 from ..parallel.sharding import DEFAULT_STRATEGY
 from ..runtimes.fsdp import under_torchrun
+from ..runtimes.names import VAE_RUNTIMES, runtime_choices, runtime_name
 from ..runtimes.step import cached_step
 from .denoiser import Denoiser, decode_video, vae_layout
 from .encoder_device import ENCODERS, resolve_text_device
@@ -61,8 +62,8 @@ class VideoPipeline:
     :func:`hyv_lib.models.components.load_components`: tokenizer, text_encoder, tokenizer_2, text_encoder_2, transformer,
     scheduler, vae). The transformer step is built once (``runtime``, ``mesh``, ``sharding``, ``attention`` as for
     :func:`hyv_lib.runtimes.step.make_step`, which installs hyv_lib's attention on the transformer in place) and reused
-    by every call, so on the tpu runtime only the first video of each size compiles. ``vae_runtime`` (default: tpu
-    with the tpu runtime, else torch) and ``vae_dtype`` as for :func:`hyv_lib.pipeline.stages.stage3`. ``offload``
+    by every call, so on the jax runtime only the first video of each size compiles. ``vae_runtime`` (default: jax
+    with the jax runtime, else torch) and ``vae_dtype`` as for :func:`hyv_lib.pipeline.stages.stage3`. ``offload``
     (torch runtime): ``block``, the transformer's weights stay on the host and stream to the GPU block by block;
     ``model``, the transformer is on the GPU while it denoises and on the host while the VAE decodes.
     ``shard_weights="fsdp"`` (under torchrun, runtime ulysses or torch): each rank keeps 1/N of the transformer's
@@ -70,7 +71,7 @@ class VideoPipeline:
     denoises its part of the sequence. Every rank calls :meth:`generate` with the same arguments and gets the same
     video.
     ``vae_memory_gb`` (GiB): decode with the largest tiles that fit (see :func:`hyv_lib.pipeline.stages.stage3`).
-    ``text_device`` (``auto``: this process's GPU when CUDA is available, else the host CPU; the host CPU with the tpu
+    ``text_device`` (``auto``: this process's GPU when CUDA is available, else the host CPU; the host CPU with the jax
     runtime; see :func:`hyv_lib.pipeline.encoder_device.resolve_text_device`): where the encoders of stage 1 run.
     Without ``offload`` or ``shard_weights`` they move there once and stay, next to the transformer (Qwen2.5-VL-7B's
     language model: 7.07B parameters, 13.2 GiB in bf16); with either (GPU memory tight) they stay on the host and each goes to the device for its own call
@@ -110,11 +111,12 @@ class VideoPipeline:
                                              shard_weights=shard_weights, lora=lora, lora_scale=lora_scale,
                                              compile=compile)
             if runtime == "ulysses" and not under_torchrun():
-                raise HyvInputError("--runtime", "an in-memory pipeline runs with torch or tpu, or with ulysses in "
+                raise HyvInputError("--runtime", "an in-memory pipeline runs with torch or jax, or with ulysses in "
                                                  "each process of a torchrun launch (one per device)")
-        vae_runtime = vae_runtime or ("tpu" if runtime == "tpu" else "torch")
-        if vae_runtime not in ("torch", "tpu"):
-            raise HyvInputError("vae_runtime", f"must be torch or tpu, got {vae_runtime!r}")
+        runtime = runtime_name(runtime)
+        vae_runtime = runtime_name(vae_runtime) or ("jax" if runtime == "jax" else "torch")
+        if vae_runtime not in VAE_RUNTIMES:
+            raise HyvInputError("vae_runtime", f"must be {runtime_choices(VAE_RUNTIMES)}, got {vae_runtime!r}")
         with python_names():
             self.vae_memory_gb = check_vae_settings(vae_dtype, vae_memory_gb, tiling, vae_runtime)
             check_vae_model(self.preset, self.vae_memory_gb)
@@ -148,13 +150,13 @@ class VideoPipeline:
 
     @property
     def compilations(self) -> int | None:
-        """Compilations of the transformer step so far (tpu runtime), else None."""
+        """Compilations of the transformer step so far (jax runtime), else None."""
         return getattr(self.step, "compilations", None)
 
     def step_for(self, cache, no_cache_blocks: int):
         """The uncached step, or (``cache``: a :class:`hyv_lib.runtimes.deepcache.DeepCacheSchedule` or an adaptive
         :class:`hyv_lib.runtimes.magcache.MagCacheSchedule`) a DeepCache step around the same runtime that recomputes
-        ``no_cache_blocks`` blocks on cached steps (the tpu programs are shared; over sharded weights each call is
+        ``no_cache_blocks`` blocks on cached steps (the jax programs are shared; over sharded weights each call is
         still one forward of the sharded root: :func:`hyv_lib.runtimes.step.cached_step`)."""
         if cache is None:
             return self.step

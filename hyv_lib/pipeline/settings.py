@@ -20,7 +20,8 @@ from ..runtimes.compiled import check_compile
 from ..runtimes.fsdp import check_shard_weights
 from ..runtimes.magcache import DEFAULT_MAX_SKIP, DEFAULT_RETENTION, DEFAULT_THRESHOLD
 from ..runtimes.placement import OFFLOAD_MODES, offload_applies
-from ..runtimes.step import RUNTIMES, check_attention
+from ..runtimes.names import RUNTIMES, runtime_choices, runtime_name
+from ..runtimes.step import check_attention
 from .size_check import check_fits
 
 #: The step caches (``--cache_method``): DeepCache's fixed schedule, or the adaptive MagCache-style one
@@ -50,9 +51,9 @@ class Stage2Settings:
     seed: int = DEFAULT_SEED
     warmup_steps: int = 0  #: untimed calls before the loop (they do not touch the scheduler)
     runtime: str = "torch"  #: one of :data:`RUNTIMES`
-    mesh: str | None = None  #: tpu runtime: e.g. ``data=2,tensor=4``; ``1``: one device; None: every device (default)
+    mesh: str | None = None  #: jax runtime: e.g. ``data=2,tensor=4``; ``1``: one device; None: every device (default)
     sharding: str = DEFAULT_STRATEGY  #: a strategy of :data:`hyv_lib.parallel.sharding.STRATEGIES`
-    enable_cache: bool = False  #: DeepCache (torch, tpu and ulysses runtimes; over FSDP-sharded weights too)
+    enable_cache: bool = False  #: DeepCache (torch, jax and ulysses runtimes; over FSDP-sharded weights too)
     cache_method: str | None = None  #: ``deepcache`` (the default with enable_cache) or ``magcache`` (adaptive)
     cache_start_step: int = 11
     cache_end_step: int = 45
@@ -62,7 +63,7 @@ class Stage2Settings:
     cache_max_skip: int | None = None  #: magcache: at most this many cached steps in a row
     cache_retention: float | None = None  #: magcache: this fraction of the first steps always runs full
     cache_calibration: str | None = None  #: magcache: a file of ``python -m hyv_lib calibrate_cache``
-    multi_host: bool = False  #: tpu runtime on a multi-host slice
+    multi_host: bool = False  #: jax runtime on a multi-host slice
     attention: str | None = None  #: ``auto``, ``diffusers`` or a backend of :data:`hyv_lib.kernels.registry.BACKENDS`;
     #: None: the preset's (``auto``; ``ssta`` for the sparse 720p checkpoints)
     sparse_attn: bool = False  #: the official scripts' flag: ``--attention ssta``
@@ -110,7 +111,7 @@ class ResolvedSettings:
     warmup_steps: int
     runtime: str
     attention: str  #: resolved: the preset's when none was given
-    mesh: str | None  #: tpu runtime: the mesh used (``1``: one device), the default layout's without --mesh
+    mesh: str | None  #: jax runtime: the mesh used (``1``: one device), the default layout's without --mesh
     sharding: str | None  #: None without a mesh
     enable_cache: bool
     cache_method: str | None  #: ``deepcache`` or ``magcache`` with the cache on, else None
@@ -130,7 +131,7 @@ class ResolvedSettings:
     lora_scale: float = 1.0
     ssta: dict[str, Any] | None = None  #: the SSTA options (every field of SstaConfig) when attention takes a grid
     compile: bool = False  #: the transformer blocks torch.compiled (torch and ulysses runtimes)
-    mesh_source: str | None = None  #: tpu runtime: ``default`` (no --mesh: :func:`default_mesh`) or ``--mesh``
+    mesh_source: str | None = None  #: jax runtime: ``default`` (no --mesh: :func:`default_mesh`) or ``--mesh``
 
     def attention_options(self) -> dict[str, Any]:
         """The keyword options of the attention backend (:func:`hyv_lib.runtimes.step.make_step`'s
@@ -259,7 +260,8 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
     check_model_settings(preset, s)
     aspect_ratio, height, width, video_length = s.aspect_ratio, s.height, s.width, s.video_length
     num_inference_steps, guidance_scale, flow_shift = s.num_inference_steps, s.guidance_scale, s.flow_shift
-    seed, warmup_steps, runtime, mesh, sharding = s.seed, s.warmup_steps, s.runtime, s.mesh, s.sharding
+    seed, warmup_steps, mesh, sharding = s.seed, s.warmup_steps, s.mesh, s.sharding
+    runtime = runtime_name(s.runtime)  # recorded as ``jax`` when asked as ``tpu``
     enable_cache, cache_start_step, cache_end_step = s.enable_cache, s.cache_start_step, s.cache_end_step
     cache_step_interval, no_cache_blocks, cache_method = s.cache_step_interval, s.no_cache_blocks, s.cache_method
     multi_host = s.multi_host
@@ -287,18 +289,18 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
     if warmup_steps is None or warmup_steps < 0:
         raise HyvInputError("--warmup_steps", f"must be >= 0, got {warmup_steps}")
     if runtime not in RUNTIMES:
-        raise HyvInputError("--runtime", f"must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+        raise HyvInputError("--runtime", f"must be one of {runtime_choices()}, got {runtime!r}")
     check_fits(height, width, video_length, runtime)  # a size whose decoded video cannot fit in memory: refused now
     check_attention(attention, runtime)
     mesh = None if mesh == "" else mesh  # as if not given
     axes = None if mesh == ONE_DEVICE else parse_mesh(mesh)
-    if (axes or mesh == ONE_DEVICE) and runtime != "tpu":
-        raise HyvInputError("--mesh", "needs --runtime tpu")
+    if (axes or mesh == ONE_DEVICE) and runtime != "jax":
+        raise HyvInputError("--mesh", "needs --runtime jax")
     if axes:  # a data axis splits the CFG pair; with --guidance_scale 1 there is one sample per step and none
         check_data_axis(axes, samples_per_step(guidance_scale), "--mesh")
     if multi_host:
-        if runtime != "tpu":
-            raise HyvInputError("--multi_host", "needs --runtime tpu")
+        if runtime != "jax":
+            raise HyvInputError("--multi_host", "needs --runtime jax")
 
         init_multi_host()  # before the mesh check: until then a host sees only its own devices
     if axes:
@@ -306,7 +308,7 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
             make_mesh(**axes)  # the device count must match before any stage writes a file
         except ValueError as err:
             raise HyvInputError("--mesh", str(err)) from None
-    mesh_source = None if runtime != "tpu" else "--mesh" if mesh is not None else "default"
+    mesh_source = None if runtime != "jax" else "--mesh" if mesh is not None else "default"
     if mesh_source == "default":  # every device, as compile lays them out (the step picks the same at its first call)
         layout, why = default_mesh(preset.transformer["num_attention_heads"], samples_per_step(guidance_scale),
                                    sharding)

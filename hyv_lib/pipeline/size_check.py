@@ -8,6 +8,7 @@ import torch
 
 from ..base.errors import HyvInputError
 from ..parallel.distributed import local_device
+from ..runtimes.names import runtime_name
 
 #: Bytes per value of the decoded video [3, F, H, W] that the device decoding it holds at once, at least: the VAE's
 #: output in its dtype (2 bytes in bf16, 4 in fp32) and the fp32 copy that
@@ -59,11 +60,11 @@ def check_fits(height: int, width: int, video_length: int, runtime: str) -> None
     """HyvInputError naming ``--height`` when a ``height`` x ``width`` video of ``video_length`` frames cannot fit
     (:func:`decode_bytes` over the memory of the host and, with the torch and ulysses runtimes on a GPU, of this
     process's GPU), before any model loads. A lower bound: what it refuses cannot run, whatever the dtype or tiling
-    (every tile is blended into one whole video); what it lets through may still not fit. The tpu runtime's device
+    (every tile is blended into one whole video); what it lets through may still not fit. The jax runtime's device
     is left to the TPU compiler; the host still holds its frames."""
     device = local_device() if runtime in ("torch", "ulysses") else torch.device("cpu")
     on_gpu = device.type == "cuda"
-    if runtime == "tpu":  # the decode's float bytes are on the TPU: only the uint8 frames are sure to be on the host
+    if runtime_name(runtime) == "jax":  # the decode's float bytes are on the TPU: only the uint8 frames are sure to be on the host
         needed = {"host": video_length * height * width * 3 * FRAMES_BYTES_PER_VALUE}
     else:
         needed = decode_bytes(height, width, video_length, on_gpu)

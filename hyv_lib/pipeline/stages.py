@@ -24,6 +24,7 @@ from ..models.families import PRESETS, family_for, get_preset
 from ..models.folder import PresetChoice, choose_preset
 from ..models.lora import RECORD_FIELDS, check_lora_file
 from ..parallel.distributed import barrier, init_distributed, launched_ranks, rank
+from ..runtimes.names import VAE_RUNTIMES, runtime_choices, runtime_name
 from ..runtimes.step import TransformerStep
 from .calibration import cache_schedule, resolve_calibration
 from .denoiser import Denoiser, decode_video, vae_layout
@@ -354,7 +355,7 @@ def stage3(
     """Decode the stage-2 latents with the VAE and write the mp4 (and optionally the frames).
 
     ``runtime``: ``torch`` (eager, on the GPU when CUDA is available, else the host CPU; tiles spread over the
-    ranks under torchrun) or ``tpu`` (the decoder jitted through torchax on JAX's device: the TPU on a TPU VM).
+    ranks under torchrun) or ``jax`` (alias ``tpu``: the decoder jitted through torchax on JAX's device: the TPU on a TPU VM).
     ``vae_dtype``: ``fp32`` (default) or ``bf16``, what the decoder computes in. ``components`` ({"vae": ...},
     already loaded) skips loading it; the decode moves it to this rank's device and ``vae_dtype`` for the call only.
     ``vae_memory_gb`` (GiB, torch runtime): the largest square tiles whose decode fits that much device memory
@@ -362,8 +363,9 @@ def stage3(
     """
     start = time.perf_counter()
     _require_folder("input_dir", input_dir)
-    if runtime not in ("torch", "tpu"):
-        raise HyvInputError("--runtime", f"stage 3 runs on torch or tpu, got {runtime!r}")
+    runtime = runtime_name(runtime)
+    if runtime not in VAE_RUNTIMES:
+        raise HyvInputError("--runtime", f"stage 3 runs on {runtime_choices(VAE_RUNTIMES)}, got {runtime!r}")
     fps, budget = _check_stage3_settings(output_video, fps, vae_dtype, vae_memory_gb, not disable_tiling, runtime)
     config = read_config(input_dir) if os.path.isdir(input_dir) else {}
     latents = load_stage2(input_dir)
@@ -378,8 +380,8 @@ def stage3(
         components = load_components(spec, config.get("model_path"), ["vae"], dtype=config.get("dtype", "fp32"))
     # Under torchrun (WORLD_SIZE > 1) the VAE tiles are spread over the ranks; rank 0 writes the files.
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    if distributed and runtime == "tpu":
-        raise HyvInputError("--runtime", "stage 3 with --runtime tpu runs in one process, not under torchrun")
+    if distributed and runtime == "jax":
+        raise HyvInputError("--runtime", "stage 3 with --runtime jax runs in one process, not under torchrun")
     owns_group = distributed and not torch.distributed.is_initialized()  # else the caller's: left as found
     if distributed:
         init_distributed()
@@ -420,10 +422,10 @@ def generate(
     """Run stage 1, 2 and 3 into ``output_dir``; returns the uint8 frames [F,H,W,3]. ``image_path``: the first
     frame of an image-to-video run (see :func:`stage1`). ``stage2_kwargs``: the fields of :class:`Stage2Settings`,
     and ``quiet``. ``text_device``: where stage 1's encoders run (see :func:`stage1`; ``auto`` is the host CPU with
-    ``runtime="tpu"``); they leave the GPU before stage 2 loads the transformer.
+    ``runtime="jax"``); they leave the GPU before stage 2 loads the transformer.
 
     Stage-2 settings (and the image) are checked before the text encoders run, so bad input fails fast. With
-    ``runtime="tpu"`` stage 3 decodes on JAX too.
+    ``runtime="jax"`` stage 3 decodes on JAX too.
     """
     _require_folder("output_dir", output_dir)
     if launched_ranks() > 1:
@@ -442,7 +444,7 @@ def generate(
         resolve_calibration(settings, spec)
     if settings.lora:  # so does a corrupt LoRA, or one for another model or other shapes
         check_lora_file(settings.lora, spec.model, spec.transformer, model_path)
-    vae_runtime = "tpu" if settings.runtime == "tpu" else "torch"
+    vae_runtime = "jax" if settings.runtime == "jax" else "torch"
     fps, budget = _check_stage3_settings(output_video, fps, vae_dtype, vae_memory_gb, not disable_tiling, vae_runtime)
     check_vae_model(spec, budget)
     device = resolve_text_device(text_device, settings.runtime)

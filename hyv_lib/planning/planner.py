@@ -84,7 +84,7 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
                 mesh_shape: int | str | Mapping[str, int] | None = None, rules: str = DEFAULT_STRATEGY, *,
                 batch: int | None = None, dtype: str = "bf16", enable_cache: bool = False,
                 topology: str | None = None, attention: str | SstaConfig | None = None) -> dict[str, Any]:
-    """What one device holds, computes and exchanges in one CFG step of :class:`hyv_lib.runtimes.tpu.TpuTransformer` on a
+    """What one device holds, computes and exchanges in one CFG step of :class:`hyv_lib.runtimes.jax_step.JaxTransformer` on a
     mesh: the planner's side of ``python -m hyv_lib compile`` (which asks the TPU compiler instead).
 
     ``mesh_shape``: data/tensor/sequence sizes (an int n = ``tensor=n``; or 'data=2,tensor=4'), data dividing
@@ -134,7 +134,7 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
     if rules not in rule_set_names():
         raise HyvInputError("rules", f"unknown rule set {rules!r}; valid: {', '.join(rule_set_names())}")
     batch = step_batch(preset, batch)
-    check_data_axis(mesh, batch, "mesh_shape")  # the tpu runtime and the compiler refuse it too
+    check_data_axis(mesh, batch, "mesh_shape")  # the jax runtime and the compiler refuse it too
     tok = token_counts(preset, height, width, video_length)
     b = batch // d_
     nv, nc, lt = -(-tok["video"] // sq), tok["context"], preset.text_len
@@ -283,7 +283,7 @@ def bounds(preset: Preset | str, height: int, width: int, video_length: int, chi
             raise HyvInputError("n_chips", f"{n_chips} x {spec.name} = {devices} devices has no default layout: the "
                                            f"largest with data dividing the {batch} sample(s) of a step and tensor x "
                                            f"sequence the model's {d['heads']} attention heads, {mesh_text(mesh)} "
-                                           f"(what --runtime tpu runs without --mesh), uses "
+                                           f"(what --runtime jax runs without --mesh), uses "
                                            f"{math.prod(mesh.values())}; pass mesh_shape")
         if math.prod(mesh.values()) != devices:
             raise HyvInputError("mesh_shape", f"{mesh} is not {devices} devices ({n_chips} x {spec.name})")

@@ -258,7 +258,7 @@ def profile_step(call: Callable[[], Any], hlo_text: str, *, repeats: int = 1,
 
 def profile_transformer(transformer, kwargs: dict[str, Any], *, repeats: int = 1,
                         trace_dir: str | None = None) -> StepProfile:
-    """:func:`profile_step` for a :class:`hyv_lib.runtimes.tpu.TpuTransformer` on the forward's keyword
+    """:func:`profile_step` for a :class:`hyv_lib.runtimes.jax_step.JaxTransformer` on the forward's keyword
     arguments: one warm-up call (it compiles), then ``repeats`` traced steps."""
     transformer(**kwargs)
     hlo_text = transformer.lower(**kwargs).compile().as_text()  # the program just compiled (jax's cache)

@@ -3,7 +3,7 @@
 libtpu (``pip install libtpu``, which ``jax[tpu]`` also brings) describes a named TPU slice without the hardware
 (``jax.experimental.topologies``), and ``jax.jit(...).lower(...).compile()`` on a mesh of those devices runs the
 real TPU compiler, Mosaic (the Pallas Splash kernel) included. :func:`compile_step` builds the DiT on the meta device
-(no weights), makes a compile-only :class:`hyv_lib.runtimes.tpu.TpuTransformer` with bf16 parameters placed by a rule set,
+(no weights), makes a compile-only :class:`hyv_lib.runtimes.jax_step.JaxTransformer` with bf16 parameters placed by a rule set,
 and lowers the very jitted functions that a TPU VM runs. What it reports is the compiler's: a memory and collective
 check, not a timing.
 """
@@ -27,7 +27,7 @@ from ..models.registry import get_adapter
 from ..parallel.jax_env import quiet_libtpu
 from ..parallel.mesh import default_layout, head_split, make_mesh, mesh_text, parse_mesh
 from ..parallel.sharding import DEFAULT_STRATEGY, STRATEGIES
-from ..runtimes.tpu import TpuTransformer
+from ..runtimes.jax_step import JaxTransformer
 from .costs import token_counts
 from .hardware import CHIPS
 from .hlo import hlo_collective_ops, hlo_collectives, xla_flops
@@ -177,7 +177,7 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
     for a preset that runs CFG off (``guidance_scale`` 1: the CFG-distilled and step-distilled ones), which the
     default mesh then puts wholly on ``tensor`` and a ``data`` axis is refused for (it has nothing to split).
 
-    ``mesh`` ('data=2,tensor=4' or a dict; default :func:`hyv_lib.parallel.mesh.default_layout`, what the tpu runtime
+    ``mesh`` ('data=2,tensor=4' or a dict; default :func:`hyv_lib.parallel.mesh.default_layout`, what the jax runtime
     runs without ``--mesh``) must use all the slice's devices;
     ``sharding`` is a strategy of :data:`hyv_lib.parallel.sharding.STRATEGIES`. ``enable_cache`` compiles DeepCache's pair
     instead: the full step that also returns the cache, and the cached step (``no_cache_blocks`` trailing blocks).
@@ -209,21 +209,21 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
     heads = preset.transformer["num_attention_heads"]
     batch = preset.samples_per_step  # what pipeline.denoise runs per step: 1 with CFG off (the distilled presets)
     axes = parse_mesh(mesh) if isinstance(mesh, str) or mesh is None else dict(mesh)
-    if not axes:  # the tpu runtime's default (which may leave devices out: compile refuses that, as for --mesh)
+    if not axes:  # the jax runtime's default (which may leave devices out: compile refuses that, as for --mesh)
         axes = default_layout(len(devices), heads, sharding, batch=batch)
         used = axes["data"] * axes["tensor"] * axes["sequence"]
         if used != len(devices):
             raise HyvInputError("--mesh", f"the {len(devices)} devices of {topology} have no default layout: the "
                                           f"largest with data dividing the {batch} sample(s) of a step and tensor x "
                                           f"sequence the model's {heads} attention heads, {mesh_text(axes)} (what "
-                                          f"--runtime tpu runs without --mesh), uses {used}; give a --mesh of them all")
+                                          f"--runtime jax runs without --mesh), uses {used}; give a --mesh of them all")
     jax_mesh = topology_mesh(axes, devices, topology, heads)
     check_data_axis(jax_mesh.shape, batch, "--mesh")
     config = dict(preset.transformer, **({} if num_layers is None else {"num_layers": num_layers}))
     model = abstract_transformer(_with_transformer(preset, config))
     with quiet_libtpu():
         try:
-            step = TpuTransformer(model, mesh=jax_mesh, sharding=sharding, attention=attention,
+            step = JaxTransformer(model, mesh=jax_mesh, sharding=sharding, attention=attention,
                                   attention_options=attention_options, adapter=get_adapter(preset.model))
         except ValueError as err:
             raise HyvInputError("--sharding", str(err)) from None

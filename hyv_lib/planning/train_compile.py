@@ -2,7 +2,7 @@
 
 The training twin of :mod:`hyv_lib.planning.tpu_compile`: the preset's DiT on the meta device (a LoRA attached with
 :func:`hyv_lib.models.lora.add_lora` for ``train="lora"``), a compile-only
-:class:`hyv_lib.runtimes.tpu_train.TpuTrainStep` on a mesh of the slice's devices (FSDP, bf16 weights, fp32
+:class:`hyv_lib.runtimes.jax_train.JaxTrainStep` on a mesh of the slice's devices (FSDP, bf16 weights, fp32
 optimizer state and master weights for the trainable parameters, each block recomputed in the backward pass, Splash
 attention with its own backward kernels), and the very jitted update (forward + backward + AdamW) lowered and
 compiled by libtpu. What it reports is the compiler's: a memory and collective check, not a timing.
@@ -24,7 +24,7 @@ from ..models.lora import add_lora
 from ..models.registry import get_adapter
 from ..parallel.jax_env import quiet_libtpu
 from ..parallel.mesh import parse_mesh
-from ..runtimes.tpu_train import TRAINABLE, TpuTrainStep
+from ..runtimes.jax_train import TRAINABLE, JaxTrainStep
 from .costs import token_counts
 from .hardware import CHIPS
 from .hlo import xla_flops
@@ -114,7 +114,7 @@ def compile_train_step(preset: str | Preset = "720p_t2v", topology: str = "v5p:2
     tokens = token_counts(preset, height, width, video_length)
     with quiet_libtpu():
         try:
-            step = TpuTrainStep(model, mesh=jax_mesh, trainable=train, remat=remat, master_weights=master_weights,
+            step = JaxTrainStep(model, mesh=jax_mesh, trainable=train, remat=remat, master_weights=master_weights,
                                 attention="splash", attention_options=attention_options,
                                 adapter=get_adapter(preset.model), scan_blocks=scan_blocks)
         except ValueError as err:
@@ -146,7 +146,7 @@ def compile_train_step(preset: str | Preset = "720p_t2v", topology: str = "v5p:2
     return report
 
 
-def _compile(step: TpuTrainStep, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+def _compile(step: JaxTrainStep, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
     """Lower and compile the update; a program too large for HBM gives a report (total = the compiler's figure, fits
     false) instead of an error."""
     import jax

@@ -53,7 +53,7 @@ class Saved:
 # - lora (hyv_lib.models.lora's default targets, the q, k, v and output projections of both streams; factors in the
 #   activation dtype): a frozen linear keeps no input, a frozen gate no multiplicand: the modulated norm (the input
 #   of q, k, v's LoRA), q and k before RMSNorm, the norm2 residual (4 h), GELU's input (1 f), the 4 down-projections.
-# - lora_fp32 (fp32 factors on bf16 weights, as hyv_lib.training.torch_step keeps them in one process): peft casts each
+# - lora_fp32 (fp32 factors on bf16 weights, as hyv_lib.runtimes.torch_train keeps them in one process): peft casts each
 #   adapted layer's input to fp32 and the factor keeps that copy: 3 (q, k, v) + 1 (output) fp32 inputs instead of the
 #   modulated norm and the joint flattened copy; fp32 down-projections.
 BLOCK_SAVED: dict[str, dict[str, Saved]] = {
@@ -115,12 +115,12 @@ class Recipe:
 FP32_LORA = Recipe(2, 4, 4, 0, 8, lora_fp32=True, dead_have_state=False, source="fp32 LoRA factors on a bf16 model")
 #: The recipes (``precision``), by trainable (``lora`` / ``full``).
 RECIPES: dict[str, dict[str, Recipe]] = {
-    # hyv_lib.training.torch_step.TorchTrainStep in one process: torch.optim.AdamW keeps its moments in each
+    # hyv_lib.runtimes.torch_train.TorchTrainStep in one process: torch.optim.AdamW keeps its moments in each
     # parameter's dtype; the LoRA factors are fp32 (16 bytes each), full fine-tuning trains the bf16 weights as they
     # are, no master copy (8 bytes per parameter). Under FSDP2 a LoRA stays bf16 (one dtype per sharded group).
     "torch": dict(lora=FP32_LORA, full=Recipe(2, 2, 2, 0, 4, dead_have_state=False,
                                               source="bf16 weights, gradients and moments")),
-    # hyv_lib.runtimes.tpu_train.TpuTrainStep (and planning.train_compile): bf16 frozen weights; each trained parameter
+    # hyv_lib.runtimes.jax_train.JaxTrainStep (and planning.train_compile): bf16 frozen weights; each trained parameter
     # an fp32 master, its fp32 gradient and fp32 moments (16 bytes; the bf16 copy the forward uses is made in the step).
     "mixed": dict.fromkeys(TRAINABLE, Recipe(2, 0, 4, 4, 8, source="fp32 master, gradient and moments")),
     # torch.optim.AdamW on bf16 (fp32) weights

@@ -34,6 +34,7 @@ from ..base.errors import HyvInputError
 from ..kernels.ssta_torch import host_compile
 from ..models.adapter import ModelAdapter
 from ..models.registry import adapter_for
+from .names import runtime_name
 from .placement import OFFLOADED
 
 #: Models whose blocks :func:`compile_blocks` has compiled, and the step inputs they have been warmed up for
@@ -43,14 +44,14 @@ COMPILED: "weakref.WeakKeyDictionary[torch.nn.Module, set]" = weakref.WeakKeyDic
 
 def check_compile(compile: Any, runtime: str, offload: str | None = None) -> None:
     """``--compile`` against the other settings (HyvInputError naming ``--compile``): a bool, the torch or ulysses
-    runtime (the tpu runtime is always compiled, by XLA), and no ``--offload block`` (diffusers' group offloading moves
+    runtime (the jax runtime is always compiled, by XLA), and no ``--offload block`` (diffusers' group offloading moves
     each block's weights inside the forward that would be compiled)."""
     if not isinstance(compile, bool):
         raise HyvInputError("--compile", f"must be True or False, got {compile!r}")
     if not compile:
         return
-    if runtime == "tpu":
-        raise HyvInputError("--compile", "is for --runtime torch or ulysses: the tpu runtime is always compiled (XLA)")
+    if runtime_name(runtime) == "jax":
+        raise HyvInputError("--compile", "is for --runtime torch or ulysses: the jax runtime is always compiled (XLA)")
     if offload == "block":
         raise HyvInputError("--compile", "is not combined with --offload block: diffusers' group offloading moves "
                                          "each block's weights inside its forward, which the compiled block would "

@@ -1,4 +1,4 @@
-"""The transformer-step protocol and its factory: one callable per runtime (torch, tpu, ulysses), optionally cached."""
+"""The transformer-step protocol and its factory: one callable per runtime (torch, jax, ulysses), optionally cached."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from .compiled import check_compile, compile_blocks
 from .deepcache import DeepCacheSchedule, DeepCacheStep, TorchDeepCache
 from .fsdp import ShardedStep, sharded_step
 from .magcache import MagCacheSchedule
-from .tpu import DefaultMeshTransformer, TpuTransformer
+from .jax_step import DefaultMeshTransformer, JaxTransformer
+from .names import RUNTIMES, runtime_choices, runtime_name  # noqa: F401 (RUNTIMES: also importable from here)
 from .ulysses import UlyssesTransformer
 
 
@@ -47,8 +48,6 @@ def torch_step(transformer) -> TransformerStep:
     return step
 
 
-#: The transformer runtimes (``--runtime``): eager diffusers, torchax/JAX jit (TPU), Ulysses sequence parallel.
-RUNTIMES = ("torch", "tpu", "ulysses")
 #: ``--attention`` values besides hyv_lib's backends (:data:`hyv_lib.kernels.registry.BACKENDS`): ``auto`` (the best exact
 #: backend for the runtime's tensors) and ``diffusers`` (diffusers' stock processor, which builds a dense
 #: [B, 1, S, S] mask: the oracle, torch runtime only).
@@ -57,32 +56,33 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
               sharding: str = DEFAULT_STRATEGY, cache=None, no_cache_blocks: int = 1,
               attention: str = "auto", adapter: ModelAdapter | None = None,
               attention_options: dict[str, Any] | None = None, compile: bool = False) -> TransformerStep:
-    """The transformer step of a runtime: ``torch`` (eager diffusers), ``tpu`` (torchax/JAX jit on
+    """The transformer step of a runtime: ``torch`` (eager diffusers), ``jax`` (torchax/JAX jit on
     whatever JAX backend is present: the TPU on a TPU VM, the CPU here; JAX's persistent compile cache is the
     caller's choice, :func:`hyv_lib.parallel.jax_env.enable_compile_cache`, which the CLI turns on) or
     ``ulysses`` (sequence parallel over the torchrun processes: nccl on GPUs, gloo on CPU).
 
     ``attention``: every runtime installs hyv_lib's exact masked attention on ``transformer`` (in place): ``auto``
     picks the exact CUDA kernel by GPU generation (:data:`hyv_lib.kernels.dispatch.GPU_ORDERS`: SDPA first on Hopper),
-    SDPA on each sample's valid tokens on the CPU (Splash or XLA under the tpu
+    SDPA on each sample's valid tokens on the CPU (Splash or XLA under the jax
     runtime); a name of :data:`hyv_lib.kernels.registry.BACKENDS` forces one. ``diffusers`` keeps diffusers' own processor
     on the torch runtime (the oracle: it builds a dense [B, 1, S, S] mask, 24 GiB at 720p/121f for the CFG batch).
     ``attention_options``: the backend's options (``{"ssta": hyv_lib.SstaConfig(...)}`` for ``ssta``, Splash's block
     sizes for ``splash``, ...), given to every runtime's attention; None: the backend's defaults.
     The step reads the model's device and dtype when it runs, not when it is built. ``adapter``: the model's glue
     (:class:`hyv_lib.models.adapter.ModelAdapter`; default: the registered one for the model's class).
-    ``mesh`` ('tensor=8', 'data=2,tensor=4', ...) shards the tpu step with the rule set ``sharding``; None lays every
-    JAX device out as ``python -m hyv_lib compile`` does (:class:`hyv_lib.runtimes.tpu.DefaultMeshTransformer`: the CFG
+    ``mesh`` ('tensor=8', 'data=2,tensor=4', ...) shards the jax step with the rule set ``sharding``; None lays every
+    JAX device out as ``python -m hyv_lib compile`` does (:class:`hyv_lib.runtimes.jax_step.DefaultMeshTransformer`: the CFG
     pair on ``data``, the rest on ``tensor`` as far as the heads split, chosen at the first call and logged);
     ``"1"`` runs on one device.
     ``cache`` (a :class:`hyv_lib.runtimes.deepcache.DeepCacheSchedule`, or the adaptive
-    :class:`hyv_lib.runtimes.magcache.MagCacheSchedule`) wraps the torch, tpu or ulysses step in DeepCache,
+    :class:`hyv_lib.runtimes.magcache.MagCacheSchedule`) wraps the torch, jax or ulysses step in DeepCache,
     recomputing the last ``no_cache_blocks`` blocks on cached steps (:func:`cached_step`).
     ``compile`` (torch and ulysses runtimes, and both under DeepCache or over FSDP-sharded weights): compile the
     model's repeated transformer blocks in place with torch.compile (:func:`hyv_lib.runtimes.compiled.compile_blocks`;
     one program shared by identical blocks, attention as one opaque op). The first call compiles; a call with another
-    latent shape or batch compiles again. The tpu runtime is always compiled (XLA): ``compile=True`` is refused there.
+    latent shape or batch compiles again. The jax runtime is always compiled (XLA): ``compile=True`` is refused there.
     """
+    runtime = runtime_name(runtime)
     check_compile(compile, runtime)
     if attention == "diffusers" and runtime != "torch":
         raise HyvInputError("--attention", f"diffusers' own processor runs on --runtime torch only, not {runtime!r}")
@@ -103,16 +103,16 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
         if compile:
             compile_blocks(transformer, adapter)
         return torch_step(transformer)
-    if runtime == "tpu":
+    if runtime == "jax":
         if mesh in (None, "") and len(jax_devices()) > 1:  # every device, laid out at the first call (its batch known)
             return DefaultMeshTransformer(transformer, sharding=sharding, attention=attention,
                                           attention_options=options, adapter=adapter)
         axes = None if mesh == ONE_DEVICE else parse_mesh(mesh)
         if axes is None:
-            return TpuTransformer(transformer, attention=attention, attention_options=options, adapter=adapter)
+            return JaxTransformer(transformer, attention=attention, attention_options=options, adapter=adapter)
         try:
             device_mesh = make_mesh(**axes)
-            return TpuTransformer(transformer, mesh=device_mesh, sharding=sharding, attention=attention,
+            return JaxTransformer(transformer, mesh=device_mesh, sharding=sharding, attention=attention,
                                   attention_options=options, adapter=adapter)
         except ValueError as err:  # device count, head or batch splits
             raise HyvInputError("--mesh", str(err)) from None
@@ -131,13 +131,13 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
         if compile:
             compile_blocks(transformer, adapter)
         return ulysses
-    raise HyvInputError("--runtime", f"must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    raise HyvInputError("--runtime", f"must be one of {runtime_choices()}, got {runtime!r}")
 
 
 def cached_step(step: TransformerStep, transformer, cache, no_cache_blocks: int = 1,
                 adapter: ModelAdapter | None = None) -> DeepCacheStep | ShardedStep:
-    """DeepCache around an uncached step of :func:`make_step` for ``transformer``: a tpu or ulysses step is the cache's
-    runtime itself (the tpu programs are shared; under Ulysses each rank caches its own sequence shard and every rank
+    """DeepCache around an uncached step of :func:`make_step` for ``transformer``: a jax or ulysses step is the cache's
+    runtime itself (the jax programs are shared; under Ulysses each rank caches its own sequence shard and every rank
     runs rank 0's schedule, :meth:`UlyssesTransformer.agreed_schedule`), a torch step's model runs through
     :class:`TorchDeepCache`. A step over FSDP-sharded weights (:class:`hyv_lib.runtimes.fsdp.ShardedStep`) stays one:
     each cached or full call is one forward of the sharded root, whose blocks gather their weights as they run.
@@ -150,7 +150,7 @@ def cached_step(step: TransformerStep, transformer, cache, no_cache_blocks: int 
         return sharded_step(cached_step(step.step, transformer, cache, no_cache_blocks, adapter), step.model)
     if isinstance(step, UlyssesTransformer):
         cache = step.agreed_schedule(cache)
-    runtime = step if isinstance(step, (TpuTransformer, UlyssesTransformer)) else TorchDeepCache(transformer, adapter)
+    runtime = step if isinstance(step, (JaxTransformer, UlyssesTransformer)) else TorchDeepCache(transformer, adapter)
     try:
         return DeepCacheStep(runtime, cache, no_cache_blocks)
     except ValueError as err:
@@ -164,8 +164,8 @@ def check_attention(attention: str, runtime: str) -> None:
         raise HyvInputError("--attention", f"must be one of {', '.join(valid)}, got {attention!r}")
     if attention == "diffusers" and runtime != "torch":
         raise HyvInputError("--attention", f"diffusers' own processor runs on --runtime torch only, not {runtime!r}")
-    if runtime == "tpu" and attention not in ("auto", *jax_backends()):
-        raise HyvInputError("--attention", f"--runtime tpu runs JAX kernels: auto, {', '.join(jax_backends())}; "
+    if runtime == "jax" and attention not in ("auto", *jax_backends()):
+        raise HyvInputError("--attention", f"--runtime jax runs JAX kernels: auto, {', '.join(jax_backends())}; "
                                            f"got {attention!r}")
     reason = available_backends().get(attention) if attention not in ATTENTION_CHOICES else None
     if reason is not None:

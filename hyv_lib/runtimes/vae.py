@@ -11,7 +11,8 @@ import torch
 from ..models.devices import placed
 from ..models.patches import frame_causal_vae_attention
 from .tile_parallel import tile_parallel_decode
-from .tpu_vae import decode_on_jax
+from .jax_vae import decode_on_jax
+from .names import VAE_RUNTIMES, runtime_choices, runtime_name
 
 
 def to_uint8_frames(video: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -49,14 +50,15 @@ def decode_latents(vae, latents: torch.Tensor, tiling: bool = True, tile_paralle
     pixels for this call, e.g. :func:`hyv_lib.runtimes.vae_memory.tile_for_budget`'s) and bounds peak memory at
     720p; videos smaller than one tile decode identically either way. A tile spans all the video's frames. ``tile_parallel`` spreads the
     tiles over the torch.distributed ranks (:func:`hyv_lib.runtimes.tile_parallel.tile_parallel_decode`).
-    ``runtime="tpu"`` runs the decoder jitted through torchax on JAX's device (:mod:`hyv_lib.runtimes.tpu_vae`), in
+    ``runtime="jax"`` runs the decoder jitted through torchax on JAX's device (:mod:`hyv_lib.runtimes.jax_vae`), in
     ``dtype`` (default: the VAE's); the tiling and blending stay diffusers' own. On the torch runtime the decode runs on
     ``device`` in ``dtype`` (None: where the VAE is, in its dtype): the VAE is moved for this call only and put back
     after (:func:`placed`); an fp32 decode on a GPU has TF32 off (:func:`exact_fp32`); the mid-block attention runs
     frame by frame with no [S, S] mask (:func:`hyv_lib.models.patches.frame_causal_attention`).
     """
-    if runtime not in ("torch", "tpu"):
-        raise ValueError(f"runtime must be 'torch' or 'tpu', got {runtime!r}")
+    runtime = runtime_name(runtime)
+    if runtime not in VAE_RUNTIMES:
+        raise ValueError(f"runtime must be {runtime_choices(VAE_RUNTIMES)}, got {runtime!r}")
     tile_fields = ("use_tiling", "tile_sample_min_height", "tile_sample_min_width", "tile_latent_min_height",
                    "tile_latent_min_width")
     saved = {name: getattr(vae, name) for name in tile_fields}  # the caller's settings, restored below
@@ -68,7 +70,7 @@ def decode_latents(vae, latents: torch.Tensor, tiling: bool = True, tile_paralle
         vae.tile_sample_min_height = vae.tile_sample_min_width = tile_px
         vae.tile_latent_min_height = vae.tile_latent_min_width = tile_px // ratio
     try:
-        if runtime == "tpu":
+        if runtime == "jax":
             param = next(vae.parameters())
             video, _ = decode_on_jax(vae, latents.to(param.device, param.dtype) / vae.config.scaling_factor, dtype)
         else:

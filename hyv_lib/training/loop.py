@@ -27,11 +27,12 @@ from ..models.folder import choose_preset
 from ..models.lora import DEFAULT_LORA_TARGETS, LORA_FILE, add_lora, config_digest, parse_lora_targets, save_lora
 from ..models.registry import adapter_for, get_adapter
 from ..parallel.distributed import rank as process_rank
-from ..runtimes.tpu_train import TpuTrainStep
+from ..runtimes.jax_train import JaxTrainStep
+from ..runtimes.names import runtime_choices, runtime_name
 from .checkpoint import checkpoint_path, load_checkpoint, read_info, save_checkpoint
 from .feature_set import FeatureSet
 from .features import model_config_digest
-from .torch_step import LinearWarmup, TorchTrainStep
+from ..runtimes.torch_train import LinearWarmup, TorchTrainStep
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,8 @@ LOG_FILE = "train_log.jsonl"
 TRANSFORMER_DIR = "transformer"
 TMP_PREFIX = ".transformer-"  #: temporary folders of _save_transformer (a killed run's are removed by the next)
 TASKS = ("t2v", "i2v")
-RUNTIMES = ("torch", "tpu")
+#: The train steps' runtimes (``--runtime``; ``tpu`` is accepted for ``jax``).
+RUNTIMES = ("torch", "jax")
 TEXT_KEYS = {"encoder_hidden_states": "prompt_embeds", "encoder_attention_mask": "prompt_embeds_mask",
              "encoder_hidden_states_2": "prompt_embeds_2", "encoder_attention_mask_2": "prompt_embeds_mask_2"}
 #: Defaults: the official trainer's shift and logit-normal sampling (:mod:`hyv_lib.models.flow_matching`), its
@@ -104,7 +106,7 @@ def pick_clips(shapes: list[tuple], batch_size: int, generator: torch.Generator)
 
 def build_batch(features, picks: list[int], *, task: str, caption_dropout: float, shift: float, sampling: str,
                 image_tokens: int, image_dim: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """The train step's batch (:data:`hyv_lib.training.torch_step.BATCH_KEYS`) for the clips ``picks``, on the host.
+    """The train step's batch (:data:`hyv_lib.runtimes.torch_train.BATCH_KEYS`) for the clips ``picks``, on the host.
 
     Draws from ``generator``, in this order: the caption-dropout coins (``torch.rand``; a dropped caption's four text
     tensors become the empty prompt's, ``features.negative``), the noise (``torch.randn`` of the latents' shape),
@@ -201,9 +203,9 @@ def _check_settings(steps, learning_rate, batch_size, task, runtime, checkpoint_
     if task not in TASKS:
         raise HyvInputError("--task", f"must be one of {', '.join(TASKS)}, got {task!r}")
     if runtime not in RUNTIMES:
-        raise HyvInputError("--runtime", f"must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
-    if mesh is not None and runtime != "tpu":
-        raise HyvInputError("--mesh", "lays out JAX devices: it needs --runtime tpu (torch shards over torchrun ranks)")
+        raise HyvInputError("--runtime", f"must be one of {runtime_choices(RUNTIMES)}, got {runtime!r}")
+    if mesh is not None and runtime != "jax":
+        raise HyvInputError("--mesh", "lays out JAX devices: it needs --runtime jax (torch shards over torchrun ranks)")
     if sampling not in SAMPLINGS:
         raise HyvInputError("--sampling", f"must be one of {', '.join(SAMPLINGS)}, got {sampling!r}")
     return dict(
@@ -293,11 +295,11 @@ def _set_rng_state(generator: torch.Generator, state: dict[str, Any]) -> None:
 def make_train_step(runtime: str, transformer, *, trainable: str, learning_rate: float, warmup_steps: int,
                     weight_decay: float, mesh: str | None = None, remat: bool = True, attention: str = "auto",
                     attention_options: dict[str, Any] | None = None):
-    """The runtime's TrainStep: :class:`hyv_lib.training.torch_step.TorchTrainStep` (one device, or FSDP2 under
-    torchrun) or :class:`hyv_lib.runtimes.tpu_train.TpuTrainStep` (JAX, FSDP over ``mesh``), with the same
+    """The runtime's TrainStep: :class:`hyv_lib.runtimes.torch_train.TorchTrainStep` (one device, or FSDP2 under
+    torchrun) or :class:`hyv_lib.runtimes.jax_train.JaxTrainStep` (JAX, FSDP over ``mesh``), with the same
     hyper-parameters: AdamW (betas 0.9/0.999, eps 1e-8), clipping to norm 1, :class:`LinearWarmup` to
     ``learning_rate`` over ``warmup_steps`` updates. ``attention``: hyv_lib's masked attention backend (``auto``: flash
-    or SDPA on the valid tokens on CUDA, SDPA on the CPU, Splash/XLA on the tpu runtime; every one has a backward);
+    or SDPA on the valid tokens on CUDA, SDPA on the CPU, Splash/XLA on the jax runtime; every one has a backward);
     ``diffusers`` keeps diffusers' own processor on the torch runtime, whose dense [B, 1, S, S] mask alone is 12 GiB
     per sample at 720p/121f. ``attention_options``: the backend's options (``{"ssta": hyv_lib.SstaConfig(...)}`` for
     ``ssta``, whose backward on the CPU is hyv_lib's tile backward); None: its defaults."""
@@ -306,8 +308,8 @@ def make_train_step(runtime: str, transformer, *, trainable: str, learning_rate:
         adapter_for(transformer).use_attention(transformer, attention, **options)
     hyper = dict(trainable=trainable, learning_rate=LinearWarmup(learning_rate, warmup_steps),
                  weight_decay=weight_decay, betas=(0.9, 0.999), eps=1e-8, max_grad_norm=1.0, remat=remat)
-    if runtime == "tpu":
-        return TpuTrainStep(transformer, mesh=mesh, attention=attention, attention_options=options, **hyper)
+    if runtime_name(runtime) == "jax":
+        return JaxTrainStep(transformer, mesh=mesh, attention=attention, attention_options=options, **hyper)
     return TorchTrainStep(transformer, **hyper)
 
 
@@ -342,6 +344,7 @@ def train(features: str | Any, *, preset: str | Preset | None, output_dir: str, 
     (``model_path``); ``dtype``: fp32 or bf16 (default: the preset's); ``attention``, ``attention_options``: see
     :func:`make_train_step`.
     """
+    runtime = runtime_name(runtime)
     settings = _check_settings(steps, learning_rate, batch_size, task, runtime, checkpoint_every, seed,
                                caption_dropout, warmup_steps, weight_decay, shift, sampling, lora_rank, lora_alpha,
                                full, mesh)
@@ -349,8 +352,8 @@ def train(features: str | Any, *, preset: str | Preset | None, output_dir: str, 
         raise HyvInputError("--attention", f"must be auto, diffusers or one of {', '.join(BACKENDS)}; got {attention!r}")
     if attention == "diffusers" and runtime != "torch":
         raise HyvInputError("--attention", f"diffusers' own processor runs on --runtime torch only, not {runtime!r}")
-    if runtime == "tpu" and attention in BACKENDS and "grid" in BACKENDS[attention].options:
-        raise HyvInputError("--attention", f"{attention} has no backward on --runtime tpu yet (its Pallas kernel is "
+    if runtime == "jax" and attention in BACKENDS and "grid" in BACKENDS[attention].options:
+        raise HyvInputError("--attention", f"{attention} has no backward on --runtime jax yet (its Pallas kernel is "
                                            "forward-only): train SSTA with --runtime torch")
     spec = choose_preset(preset, model_path).preset  # None: the folder's (or the default); a misfit is refused
     if full and lora_targets is not None:

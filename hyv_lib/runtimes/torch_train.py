@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from ..models.flow_matching import flow_matching_loss
 from ..parallel.distributed import local_device
-from ..runtimes.fsdp import mesh_device, shard_weights, under_torchrun
+from .fsdp import mesh_device, shard_weights, under_torchrun
 
 #: The batch keys a train step takes (the loop builds them on the host; :mod:`hyv_lib.training.loop`).
 BATCH_KEYS = ("hidden_states", "timestep", "target", "encoder_hidden_states", "encoder_attention_mask",
@@ -71,7 +71,7 @@ class TorchTrainStep:
     Precision: the forward runs in the model's dtype (inputs cast to it, as the sampling loop does); the loss is fp32.
     In one process a LoRA adapter is kept in fp32 on a bf16 model (peft casts around it); under FSDP2 (one dtype per
     sharded group) it stays in the model's dtype, and ``full`` trains the weights in their own dtype (no fp32 master
-    copy, unlike :class:`hyv_lib.runtimes.tpu_train.TpuTrainStep`): fine-tune bf16 weights fully with care.
+    copy, unlike :class:`hyv_lib.runtimes.jax_train.JaxTrainStep`): fine-tune bf16 weights fully with care.
     """
 
     def __init__(self, transformer: torch.nn.Module, *, trainable: str = "lora",

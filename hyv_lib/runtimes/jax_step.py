@@ -115,7 +115,7 @@ class _Step(torch.nn.Module):
         return self._head(video, temb, hidden_states.shape)
 
 
-class TpuTransformer:
+class JaxTransformer:
     """A diffusers video transformer on JAX via torchax, callable like the model's forward.
 
     ``adapter`` (a :class:`hyv_lib.models.adapter.ModelAdapter`; default: the registered one for the model's class,
@@ -156,7 +156,7 @@ class TpuTransformer:
             mesh = make_mesh(**parse_mesh(mesh))
         config = model.config
         self.adapter = adapter = adapter_for(model, adapter)
-        adapter.check(model, "TpuTransformer")
+        adapter.check(model, "JaxTransformer")
         self.model = model
         self.mesh = mesh
         self.abstract = any(p.device.type == "meta" for p in model.parameters())
@@ -289,13 +289,13 @@ class TpuTransformer:
         from torchax.interop import jax_view, torch_view
 
         if self.abstract:
-            raise RuntimeError("this TpuTransformer was built from a meta-device model (compile only): use lower()")
+            raise RuntimeError("this JaxTransformer was built from a meta-device model (compile only): use lower()")
         traces, start = self.compilations, time.perf_counter()
         with self.env, torch.no_grad(), active_mesh(self.mesh):
             out = self._jit(name, no_cache_blocks)(jax_view(self.jitted.params), jax_view(self.jitted.buffers),
                                                     *jax_view(args), **jax_view(kwargs))
             if self.compilations > traces:  # this call traced (and compiled) a new program
-                logger.info("tpu runtime: compiled the %s program (%d so far) in %.1f s", name, self.compilations,
+                logger.info("jax runtime: compiled the %s program (%d so far) in %.1f s", name, self.compilations,
                             time.perf_counter() - start)
             return torch_view(out)
 
@@ -366,9 +366,13 @@ class TpuTransformer:
         return out
 
 
-class DefaultMeshTransformer(TpuTransformer):
-    """The tpu runtime without a mesh (:func:`hyv_lib.runtimes.step.make_step` with ``mesh=None``): a
-    :class:`TpuTransformer` over every JAX device, laid out by :func:`hyv_lib.parallel.mesh.default_mesh` (the CFG pair
+#: The name this class had while the runtime was called ``tpu`` (it runs on any JAX backend); kept for old code.
+TpuTransformer = JaxTransformer
+
+
+class DefaultMeshTransformer(JaxTransformer):
+    """The jax runtime without a mesh (:func:`hyv_lib.runtimes.step.make_step` with ``mesh=None``): a
+    :class:`JaxTransformer` over every JAX device, laid out by :func:`hyv_lib.parallel.mesh.default_mesh` (the CFG pair
     on ``data``, the rest on ``tensor`` as far as the heads split; the rule ``python -m hyv_lib compile`` defaults to)
     at the first call, when the batch of a step is known (2 with CFG, 1 with CFG off). The weights are placed then;
     a call with the other batch places them again for its own layout (an in-memory pipeline whose videos switch CFG on
@@ -378,7 +382,7 @@ class DefaultMeshTransformer(TpuTransformer):
     def __init__(self, model, *, sharding: str | None = None, attention: str = "auto",
                  attention_options: dict[str, Any] | None = None, adapter: ModelAdapter | None = None):
         self.model, self.adapter = model, adapter_for(model, adapter)
-        self.adapter.check(model, "TpuTransformer")
+        self.adapter.check(model, "JaxTransformer")
         self.adapter.use_attention(model, attention, **(attention_options or {}))  # a bad option fails here, now
         self.sharding = sharding or DEFAULT_STRATEGY
         self.options = dict(attention=attention, attention_options=attention_options)
@@ -397,7 +401,7 @@ class DefaultMeshTransformer(TpuTransformer):
         used = axes["data"] * axes["tensor"] * axes["sequence"]
         mesh = None if used == 1 else make_mesh(**axes, devices=jax_devices()[:used])
         earlier = self.compilations
-        TpuTransformer.__init__(self, self.model, mesh=mesh, sharding=None if mesh is None else self.sharding,
+        JaxTransformer.__init__(self, self.model, mesh=mesh, sharding=None if mesh is None else self.sharding,
                                 adapter=self.adapter, **self.options)
         self.batch, self.layout, self._earlier_traces = batch, mesh_text(axes), earlier
         logger.info("mesh: %s (%s)", self.layout, why)
@@ -408,7 +412,7 @@ class DefaultMeshTransformer(TpuTransformer):
 
 
 def _conditioning(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The forward's conditioning keyword arguments (``timestep_r`` included), minus the ones TpuTransformer
+    """The forward's conditioning keyword arguments (``timestep_r`` included), minus the ones JaxTransformer
     ignores."""
     kwargs.pop("attention_kwargs", None)
     kwargs.pop("return_dict", None)

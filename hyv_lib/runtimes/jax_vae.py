@@ -7,7 +7,7 @@ import warnings
 import torch
 
 from ..models.patches import loop_free_causal_masks
-from .tpu import to_cpu
+from .jax_step import to_cpu
 
 
 class JaxDecoder(torch.nn.Module):

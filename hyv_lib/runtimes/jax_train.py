@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 #: What ``trainable`` may be: the LoRA factors only (an adapter attached with :func:`hyv_lib.models.lora.add_lora`),
 #: or every parameter.
 TRAINABLE = ("lora", "full")
-#: The batch keys :meth:`TpuTrainStep.step` reads besides the adapter's conditioning keywords.
+#: The batch keys :meth:`JaxTrainStep.step` reads besides the adapter's conditioning keywords.
 BATCH_KEYS = ("hidden_states", "timestep", "target")
 #: The name of a block weight stacked over the blocks (``scan_blocks``): ``transformer_blocks.*.attn.to_q.weight``.
 STACKED = "*"
@@ -156,7 +156,7 @@ class _Objective(torch.nn.Module):
         return flow_matching_loss(prediction, target)
 
 
-class TpuTrainStep:
+class JaxTrainStep:
     """One optimizer update of a diffusers video transformer on JAX (through torchax): the flow-matching loss, its
     gradients (``jax.value_and_grad`` over the trainable parameters only), ``optax.clip_by_global_norm`` then
     ``optax.adamw``, all in one jitted function whose parameters and optimizer state are donated.
@@ -168,7 +168,7 @@ class TpuTrainStep:
     Hyper-parameters as ``torch.optim.AdamW`` takes them (``learning_rate``, ``betas``, ``eps``, ``weight_decay``)
     and the gradient norm clipped to ``max_grad_norm`` first, as ``torch.nn.utils.clip_grad_norm_`` does:
     the same steps as a torch loop. ``learning_rate`` may also be a schedule, ``count -> rate`` on the update count
-    from 0 (an optax schedule, e.g. :class:`hyv_lib.training.torch_step.LinearWarmup`).
+    from 0 (an optax schedule, e.g. :class:`hyv_lib.runtimes.torch_train.LinearWarmup`).
 
     ``param_dtype`` (default: the module's dtype) is what the forward and backward compute in. The optimizer state is
     fp32; with bf16 parameters the trainable ones are also kept as fp32 master weights (``master_weights``; bf16
@@ -181,7 +181,7 @@ class TpuTrainStep:
     before it runs; samples go on ``data``, video tokens on ``sequence`` and attention heads on ``tensor`` x
     ``sequence``. ``placement`` holds the per-rule report.
 
-    ``attention``: as :class:`hyv_lib.runtimes.tpu.TpuTransformer` takes it (``auto``: Splash on a TPU, whose
+    ``attention``: as :class:`hyv_lib.runtimes.jax_step.JaxTransformer` takes it (``auto``: Splash on a TPU, whose
     kernel has its own backward; the XLA kernel elsewhere). ``scan_blocks`` (when every block holds the same weights)
     runs the block stack as one ``jax.lax.scan`` over weights stacked per name (``transformer_blocks.*.<name>``,
     [num_blocks, ...]): one block for the compiler to compile instead of 54, the same numbers. ``compiler_options``:
@@ -205,7 +205,7 @@ class TpuTrainStep:
         if isinstance(mesh, str):
             mesh = make_mesh(**parse_mesh(mesh))
         self.adapter = adapter = adapter_for(transformer, adapter)
-        adapter.check(transformer, "TpuTrainStep")
+        adapter.check(transformer, "JaxTrainStep")
         self.model, self.mesh, self.trainable = transformer, mesh, trainable
         self.abstract = any(p.device.type == "meta" for p in transformer.parameters())
         if self.abstract and mesh is None:
@@ -382,13 +382,13 @@ class TpuTrainStep:
         """One optimizer update on ``batch`` (``hidden_states``, ``timestep``, ``target`` and the conditioning
         keywords, host tensors as :mod:`hyv_lib.models.flow_matching` builds them); returns the loss before it."""
         if self.abstract:
-            raise RuntimeError("this TpuTrainStep was built from a meta-device model (compile only): use lower()")
+            raise RuntimeError("this JaxTrainStep was built from a meta-device model (compile only): use lower()")
         inputs = self._batch(batch)
         traces, start = self.compilations, time.perf_counter()
         self.params, self.opt_state, loss = self._update(self.params, self.opt_state, self.frozen, inputs)
         loss = float(loss)
         if self.compilations > traces:
-            logger.info("tpu train step: compiled in %.1f s", time.perf_counter() - start)
+            logger.info("jax train step: compiled in %.1f s", time.perf_counter() - start)
         self.step_count += 1
         return loss
 
@@ -452,7 +452,7 @@ class TpuTrainStep:
 
     def _check_concrete(self) -> None:
         if self.abstract:
-            raise RuntimeError("this TpuTrainStep was built from a meta-device model (compile only)")
+            raise RuntimeError("this JaxTrainStep was built from a meta-device model (compile only)")
 
     def trained_transformer(self) -> torch.nn.Module:
         """The host module with the trained weights copied in (in its own dtype; a LoRA adapter stays attached)
@@ -467,3 +467,6 @@ class TpuTrainStep:
         self._restored = True
         return self.model
 
+
+#: The name this class had while the runtime was called ``tpu`` (it runs on any JAX backend); kept for old code.
+TpuTrainStep = JaxTrainStep
