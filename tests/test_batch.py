@@ -187,7 +187,7 @@ def test_settings_digest_follows_what_changes_the_video():
     """Equal for the same settings however given (fps left to the preset or set to its value, a warm-up call), other
     for a setting that changes the video (steps, fps, the VAE's dtype)."""
     base = BatchRunner("tiny", stage2=SETTINGS)
-    same = BatchRunner("tiny", stage2=dict(SETTINGS, warmup_steps=1), stage3=dict(fps=base.spec.fps))
+    same = BatchRunner("tiny", stage2=dict(SETTINGS, warmup_steps=1), stage3=dict(fps=base.preset.fps))
     assert same.settings_sha256 == base.settings_sha256
     for stage2, stage3 in ((dict(SETTINGS, num_inference_steps=3), {}), (SETTINGS, dict(fps=12)),
                            (SETTINGS, dict(vae_dtype="bf16"))):

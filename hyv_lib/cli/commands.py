@@ -182,7 +182,7 @@ def _save_tiny(args: argparse.Namespace) -> None:
     its files and folders with the modes the umask gives (0644 and 0755 under umask 022)."""
     import shutil
 
-    spec = get_preset(args.preset)
+    preset = get_preset(args.preset)
     target = os.path.abspath(args.output_dir)
     if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
         raise HyvInputError("--output_dir", f"{args.output_dir!r} exists and is not an empty folder")
@@ -193,7 +193,7 @@ def _save_tiny(args: argparse.Namespace) -> None:
     except OSError as err:
         raise HyvInputError("--output_dir", f"cannot write in {parent!r}: {err.strerror}") from None
     try:
-        save_tiny_pipeline(tmp, seed=args.seed, preset=spec)
+        save_tiny_pipeline(tmp, seed=args.seed, preset=preset)
         umask_modes(tmp)  # safetensors writes 0600 files
         if os.path.isdir(target):
             os.rmdir(target)
@@ -201,7 +201,7 @@ def _save_tiny(args: argparse.Namespace) -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if not args.quiet:
-        print(f"save_tiny: done, {spec.name} layout in {target}", file=sys.stderr)
+        print(f"save_tiny: done, {preset.name} layout in {target}", file=sys.stderr)
 
 
 def _generate_many(args: argparse.Namespace) -> int:

@@ -57,15 +57,15 @@ class BatchRunner:
                  stage2: dict[str, Any] | None = None, stage3: dict[str, Any] | None = None,
                  text_device: str | torch.device | None = "auto"):
         self.choice = choose_preset(preset, model_path)  # None: what the folder says (or the default)
-        self.spec = self.choice.preset
-        self.model_path, self.dtype = model_path, dtype or self.spec.default_dtype
+        self.preset = self.choice.preset
+        self.model_path, self.dtype = model_path, dtype or self.preset.default_dtype
         torch_dtype(self.dtype)  # validates --dtype
         self.stage2_settings = dict(stage2 or {})
         self.stage3_settings = dict(stage3 or {})
         unknown = set(self.stage2_settings) & {"seed", "input_dir", "output_dir", "step", "components"}
         if unknown:
             raise HyvInputError(sorted(unknown)[0], "is set per video, not for the pipeline")
-        settings = resolve_settings(self.spec, **{k: v for k, v in self.stage2_settings.items()
+        settings = resolve_settings(self.preset, **{k: v for k, v in self.stage2_settings.items()
                                                    if k not in ("quiet",)})
         if settings.runtime == "ulysses":  # stage 2 tears the process group down after each video
             raise HyvInputError("--runtime", "a pipeline for many prompts runs with --runtime torch or jax")
@@ -78,13 +78,13 @@ class BatchRunner:
                            not self.stage3_settings.get("disable_tiling", False), self.stage3_settings["runtime"])
         self.settings = settings
         # The models and the step are an in-memory VideoPipeline's; this class adds the stage files per video.
-        self.video = load_pipeline(self.spec, model_path, self.dtype, runtime=runtime, mesh=settings.mesh,
+        self.video = load_pipeline(self.preset, model_path, self.dtype, runtime=runtime, mesh=settings.mesh,
                                    sharding=self.stage2_settings.get("sharding", DEFAULT_STRATEGY),
                                    attention=settings.attention, ssta=settings.ssta, vae_runtime=self.stage3_settings["runtime"],
                                    offload=settings.offload, lora=settings.lora, lora_scale=settings.lora_scale,
                                    compile=settings.compile, progress=not self.stage2_settings.get("quiet", False),
                                    text_device=text_device)
-        self.step = self.video.step_for(cache_schedule(settings, self.spec, model_path),
+        self.step = self.video.step_for(cache_schedule(settings, self.preset, model_path),
                                         settings.no_cache_blocks)
 
     @property
@@ -103,10 +103,10 @@ class BatchRunner:
         fps = s3.get("fps")
         model = self.model_path
         return dict(
-            preset=self.spec.name if PRESETS.get(self.spec.name) == self.spec else self.spec.to_dict(),
+            preset=self.preset.name if PRESETS.get(self.preset.name) == self.preset else self.preset.to_dict(),
             model_path=os.path.abspath(model) if model and os.path.isdir(model) else model, dtype=self.dtype,
             stage2=stage2_fields,
-            stage3=dict(fps=float(self.spec.fps if fps is None else fps), runtime=s3["runtime"],
+            stage3=dict(fps=float(self.preset.fps if fps is None else fps), runtime=s3["runtime"],
                         disable_tiling=bool(s3.get("disable_tiling", False)),
                         save_frames=bool(s3.get("save_frames", False)), vae_dtype=s3.get("vae_dtype", "fp32"),
                         vae_memory_gb=s3.get("vae_memory_gb")))

@@ -84,12 +84,12 @@ def calibrate(preset: str | Preset | None = None, model_path: str | None = None,
     :func:`hyv_lib.pipeline.stages.stage2` (None: the preset's); ``components`` already loaded are reused, the missing
     ones (text encoders, transformer, scheduler) are loaded. The curve is rounded to 6 decimals. ``preset=None``:
     the one ``model_path``'s configs say (:func:`hyv_lib.models.folder.choose_preset`), else the default."""
-    spec = choose_preset(preset, model_path).preset
-    dtype = dtype or spec.default_dtype
+    preset = choose_preset(preset, model_path).preset
+    dtype = dtype or preset.default_dtype
     torch_dtype(dtype)
     if not isinstance(prompt, str) or not isinstance(negative_prompt, str):
         raise HyvInputError("--prompt", "prompt and negative prompt must be strings")
-    check_task(spec, image_path is not None)
+    check_task(preset, image_path is not None)
     requested = Stage2Settings(
         aspect_ratio=aspect_ratio, height=height, width=width, video_length=video_length,
         num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift, seed=seed,
@@ -97,32 +97,32 @@ def calibrate(preset: str | Preset | None = None, model_path: str | None = None,
         no_cache_blocks=no_cache_blocks)
     image = None
     if image_path is not None:
-        requested, image = first_frame(spec, image_path, requested)
+        requested, image = first_frame(preset, image_path, requested)
     if runtime == "ulysses":
         raise HyvInputError("--runtime", "calibration runs with torch or jax")
-    settings = resolve_settings(spec, requested)
-    names = [*text_components(spec), "transformer", "scheduler"]
+    settings = resolve_settings(preset, requested)
+    names = [*text_components(preset), "transformer", "scheduler"]
     if image is not None:
-        names += list(family_for(spec).image_components)
+        names += list(family_for(preset).image_components)
     components = dict(components or {})
     missing = [n for n in names if n not in components]
     if missing:
-        components.update(load_components(spec, model_path, missing, dtype=dtype))
+        components.update(load_components(preset, model_path, missing, dtype=dtype))
     transformer = components["transformer"]
     device = local_device() if runtime == "torch" else torch.device("cpu")
     if device.type == "cuda":  # untested here: no GPU
         transformer.to(device)
     with torch.no_grad():
-        embeds = encode_pair(components, spec, prompt, negative_prompt, dtype, image)
+        embeds = encode_pair(components, preset, prompt, negative_prompt, dtype, image)
     steps = settings.num_inference_steps
     probe = make_step(transformer, runtime, mesh, sharding, cache=DeepCacheSchedule(steps, 0, steps, 1),
                       no_cache_blocks=no_cache_blocks, attention=settings.attention,
                       attention_options=settings.attention_options())
     step = CalibrationStep(probe.runtime, probe.no_cache_blocks)
-    sample_latents(step, transformer, components["scheduler"].config, spec, embeds, settings,
+    sample_latents(step, transformer, components["scheduler"].config, preset, embeds, settings,
                    progress=progress, device=device)
     return MagCacheCalibration(
-        preset=spec.name, num_inference_steps=steps, flow_shift=float(settings.flow_shift),
+        preset=preset.name, num_inference_steps=steps, flow_shift=float(settings.flow_shift),
         no_cache_blocks=no_cache_blocks, curve=tuple(round(c, 6) for c in step.curve),
         guidance_scale=float(settings.guidance_scale), height=settings.height, width=settings.width,
         video_length=settings.video_length, prompt=prompt, seed=seed, runtime=runtime)
@@ -171,12 +171,12 @@ def magcache_schedule(preset: str = DEFAULT_PRESET, num_inference_steps: int | N
         video = pipe.generate(prompt, cache=magcache_schedule("tiny_trained", cache_threshold=0.1))
     """
     with python_names():
-        spec = get_preset(preset)
-        settings = resolve_settings(spec, num_inference_steps=num_inference_steps, flow_shift=flow_shift,
+        preset = get_preset(preset)
+        settings = resolve_settings(preset, num_inference_steps=num_inference_steps, flow_shift=flow_shift,
                                     enable_cache=True, cache_method="magcache", cache_threshold=cache_threshold,
                                     cache_max_skip=cache_max_skip, cache_retention=cache_retention,
                                     cache_calibration=cache_calibration, no_cache_blocks=no_cache_blocks)
-        return schedule_for(settings, spec, model_path)
+        return schedule_for(settings, preset, model_path)
 
 
 def cache_schedule(settings: ResolvedSettings, preset: Preset, model_path: str | None = None):

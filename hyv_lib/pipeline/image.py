@@ -100,9 +100,9 @@ def image_size_settings(settings: Stage2Settings, size: tuple[int, int]) -> Stag
     return dataclasses.replace(settings, height=size[0], width=size[1])
 
 
-def first_frame(spec, image, settings: Stage2Settings, argument: str = "--image_path") -> tuple[Stage2Settings, Any]:
+def first_frame(preset, image, settings: Stage2Settings, argument: str = "--image_path") -> tuple[Stage2Settings, Any]:
     """Image-to-video's first frame: ``image`` (a path, or a PIL image) loaded and checked (HyvInputError naming
     ``argument``), ``settings`` with the size of its bucket (:func:`image_size_settings`), and the frame cropped to
     that bucket (what stage 1 encodes)."""
     image = load_image(image, argument) if isinstance(image, (str, os.PathLike)) else check_image(image, argument)
-    return image_size_settings(settings, image_bucket(spec, image)), crop_to_bucket(spec, image)
+    return image_size_settings(settings, image_bucket(preset, image)), crop_to_bucket(preset, image)

@@ -272,18 +272,18 @@ def load_pipeline(preset: str | Preset | None = None, model_path: str | None = N
         video.save("circle.mp4")
     """
     with python_names():
-        spec = choose_preset(preset, model_path).preset  # None: the folder's configs say which (or the default)
-        dtype = dtype or spec.default_dtype
+        preset = choose_preset(preset, model_path).preset  # None: the folder's configs say which (or the default)
+        dtype = dtype or preset.default_dtype
         torch_dtype(dtype)
 
-        resolve_settings(spec, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention,
+        resolve_settings(preset, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention,
                          sparse_attn=sparse_attn, ssta=ssta, offload=offload, shard_weights=shard_weights, lora=lora, lora_scale=lora_scale,
                          compile=compile)  # before any model loads
         resolve_text_device(text_device, runtime)
         context = contextlib.nullcontext() if progress else quiet_loading()
         with context:
-            components = load_components(spec, model_path, pipeline_components(spec), dtype=dtype)
-    return VideoPipeline(spec, components, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention,
+            components = load_components(preset, model_path, pipeline_components(preset), dtype=dtype)
+    return VideoPipeline(preset, components, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention,
                          sparse_attn=sparse_attn, ssta=ssta,
                          vae_runtime=vae_runtime, vae_dtype=vae_dtype, tiling=tiling, model_path=model_path,
                          vae_memory_gb=vae_memory_gb,

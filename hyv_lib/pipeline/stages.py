@@ -183,36 +183,36 @@ def stage1(
                                       "would all write the same files): run stage 1 without torchrun, then "
                                       "torchrun ... stage2 --runtime ulysses and torchrun ... stage3")
     choice = choose_preset(preset, model_path)  # a folder's configs say which preset; a contradicting one is refused
-    spec = choice.preset
-    dtype = dtype or spec.default_dtype
+    preset = choice.preset
+    dtype = dtype or preset.default_dtype
     torch_dtype(dtype)  # validates --dtype
     if not isinstance(prompt, str) or not isinstance(negative_prompt, str):
         raise HyvInputError("--prompt", "prompt and negative prompt must be strings")
-    task = check_task(spec, image_path is not None)
+    task = check_task(preset, image_path is not None)
     device = resolve_text_device(text_device)
     image = None
     if image_path is not None:
-        image = crop_to_bucket(spec, load_image(image_path))
-    if model_path is None and not spec.is_tiny:
-        load_components(spec, None, [])  # raises the "needs --model_path" error before any work
+        image = crop_to_bucket(preset, load_image(image_path))
+    if model_path is None and not preset.is_tiny:
+        load_components(preset, None, [])  # raises the "needs --model_path" error before any work
     ensure_output_dir(output_dir)
-    names = list(text_components(spec))
+    names = list(text_components(preset))
     if image is not None:
-        names += list(family_for(spec).image_components)
+        names += list(family_for(preset).image_components)
     with PeakMemory() as memory:
         loaded = components is None  # loaded here: each encoder's weights are dropped after its call
         if loaded:
-            components = load_components(spec, model_path, names, dtype=dtype)
-        dropped = tokens_dropped(components, spec, prompt, negative_prompt)  # encode_pair warns when one was cut
+            components = load_components(preset, model_path, names, dtype=dtype)
+        dropped = tokens_dropped(components, preset, prompt, negative_prompt)  # encode_pair warns when one was cut
         encode_start = time.perf_counter()
-        tensors = encode_pair(components, spec, prompt, negative_prompt, dtype, image, device=device, release=loaded)
+        tensors = encode_pair(components, preset, prompt, negative_prompt, dtype, image, device=device, release=loaded)
         encode_s = time.perf_counter() - encode_start
-    save_tensors(tensors, os.path.join(output_dir, STAGE1_FILE), metadata={"preset": spec.name})
+    save_tensors(tensors, os.path.join(output_dir, STAGE1_FILE), metadata={"preset": preset.name})
     image_fields = {} if image is None else dict(image_path=os.path.abspath(image_path), image_height=image.size[1],
                                                  image_width=image.size[0])
-    custom = {} if PRESETS.get(spec.name) == spec else {"preset_fields": spec.to_dict()}  # stages 2-3 rebuild it
+    custom = {} if PRESETS.get(preset.name) == preset else {"preset_fields": preset.to_dict()}  # stages 2-3 rebuild it
     update_config(
-        output_dir, base={}, prompt=prompt, negative_prompt=negative_prompt, preset=spec.name, **choice.record(),
+        output_dir, base={}, prompt=prompt, negative_prompt=negative_prompt, preset=preset.name, **choice.record(),
         task=task, **custom,
         **image_fields, model_path=model_path, dtype=dtype, hyv_lib_version=__version__,
         stage1_time_s=round(time.perf_counter() - start, 3), stage1_encode_time_s=round(encode_s, 3),
@@ -264,11 +264,11 @@ def stage2(
         raise HyvInputError("--runtime", f"this process is one of {ranks} torchrun ranks, and --runtime {runtime} would "
                                          "run the whole stage in each of them into the same files: split the work "
                                          "with --runtime ulysses (or --shard_weights fsdp), or run it without torchrun")
-    config, embeds, spec = _read_stage1(input_dir, preset, model_path)
+    config, embeds, preset = _read_stage1(input_dir, preset, model_path)
     if "cond_latents" in embeds:  # image-to-video: the size is the first frame's
         requested = image_size_settings(
-            requested, tuple(n * spec.spatial_compression for n in embeds["cond_latents"].shape[-2:]))
-    return _denoise_into(input_dir, output_dir, config, embeds, spec, resolve_settings(spec, requested), step=step,
+            requested, tuple(n * preset.spatial_compression for n in embeds["cond_latents"].shape[-2:]))
+    return _denoise_into(input_dir, output_dir, config, embeds, preset, resolve_settings(preset, requested), step=step,
                          components=components, quiet=quiet, start=start)
 
 
@@ -284,24 +284,24 @@ def _read_stage1(input_dir: str, preset: str | Preset | None,
 
 
 def _denoise_into(input_dir: str, output_dir: str | None, config: dict[str, Any], embeds: dict[str, torch.Tensor],
-                  spec: Preset, settings: ResolvedSettings, *, step: TransformerStep | None,
+                  preset: Preset, settings: ResolvedSettings, *, step: TransformerStep | None,
                   components: dict[str, Any] | None, quiet: bool, start: float) -> torch.Tensor:
     """:func:`stage2`'s work once its settings are resolved (:func:`generate` resolves them once, before stage 1)."""
     runtime = settings.runtime
     # the step cache, decided before any model loads (a MagCache run's calibration file is resolved here)
-    schedule = None if step is not None else cache_schedule(settings, spec, config.get("model_path"))
+    schedule = None if step is not None else cache_schedule(settings, preset, config.get("model_path"))
     output_dir = ensure_output_dir(output_dir or input_dir)
-    dtype = config.get("dtype", spec.default_dtype)
+    dtype = config.get("dtype", preset.default_dtype)
     if components is None:
-        components = load_components(spec, config.get("model_path"), ["transformer", "scheduler"], dtype=dtype)
+        components = load_components(preset, config.get("model_path"), ["transformer", "scheduler"], dtype=dtype)
     distributed = runtime == "ulysses" or settings.shard_weights is not None  # one process per device, torchrun
     owns_group = distributed and not torch.distributed.is_initialized()  # else the caller's: left as found
     denoiser = Denoiser.prepare(components["transformer"], settings, step=step, cache=schedule)
     with PeakMemory() as memory:
-        latents = denoiser.denoise(components["scheduler"].config, spec, embeds, settings,
+        latents = denoiser.denoise(components["scheduler"].config, preset, embeds, settings,
                                    progress=not quiet and rank() == 0)
     if rank() == 0:  # every rank holds the same latents; one writes them
-        save_tensors({"latents": latents}, os.path.join(output_dir, STAGE2_FILE), metadata={"preset": spec.name})
+        save_tensors({"latents": latents}, os.path.join(output_dir, STAGE2_FILE), metadata={"preset": preset.name})
         fields = settings.config()
         if denoiser.attention_kernel is not None:  # the backend `auto` chose, and SDPA's own kernel choice
             fields["attention_kernel"] = denoiser.attention_kernel
@@ -369,15 +369,15 @@ def stage3(
     fps, budget = _check_stage3_settings(output_video, fps, vae_dtype, vae_memory_gb, not disable_tiling, runtime)
     config = read_config(input_dir) if os.path.isdir(input_dir) else {}
     latents = load_stage2(input_dir)
-    spec = _preset_from_config(config, input_dir)
-    check_vae_model(spec, budget)
-    latents = vae_layout(spec, latents, config.get("video_length"))  # the VAE's [1, C, T, h, w]
-    fps = spec.fps if fps is None else fps
+    preset = _preset_from_config(config, input_dir)
+    check_vae_model(preset, budget)
+    latents = vae_layout(preset, latents, config.get("video_length"))  # the VAE's [1, C, T, h, w]
+    fps = preset.fps if fps is None else fps
     output_video = output_video or os.path.join(input_dir, VIDEO_FILE)
     out_dir = os.path.dirname(os.path.abspath(output_video))
     ensure_output_dir(out_dir, "--output_video")
     if components is None:
-        components = load_components(spec, config.get("model_path"), ["vae"], dtype=config.get("dtype", "fp32"))
+        components = load_components(preset, config.get("model_path"), ["vae"], dtype=config.get("dtype", "fp32"))
     # Under torchrun (WORLD_SIZE > 1) the VAE tiles are spread over the ranks; rank 0 writes the files.
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if distributed and runtime == "jax":
@@ -434,24 +434,24 @@ def generate(
                                         "torchrun, then torchrun ... stage2 --runtime ulysses and torchrun ... stage3")
     stage2_settings = {k: v for k, v in stage2_kwargs.items() if k not in ("quiet", "step", "components")}
     choice = choose_preset(preset, model_path)  # a folder's configs say which preset; a contradicting one is refused
-    spec = choice.preset
+    preset = choice.preset
     requested = Stage2Settings.from_kwargs(stage2_settings)
-    check_task(spec, image_path is not None)
+    check_task(preset, image_path is not None)
     if image_path is not None:
-        requested = first_frame(spec, image_path, requested)[0]
-    settings = resolve_settings(spec, requested)
+        requested = first_frame(preset, image_path, requested)[0]
+    settings = resolve_settings(preset, requested)
     if settings.cache_method == "magcache":  # a missing or unfitting calibration file fails before stage 1 writes
-        resolve_calibration(settings, spec)
+        resolve_calibration(settings, preset)
     if settings.lora:  # so does a corrupt LoRA, or one for another model or other shapes
-        check_lora_file(settings.lora, spec.model, spec.transformer, model_path)
+        check_lora_file(settings.lora, preset.model, preset.transformer, model_path)
     vae_runtime = "jax" if settings.runtime == "jax" else "torch"
     fps, budget = _check_stage3_settings(output_video, fps, vae_dtype, vae_memory_gb, not disable_tiling, vae_runtime)
-    check_vae_model(spec, budget)
+    check_vae_model(preset, budget)
     device = resolve_text_device(text_device, settings.runtime)
     stage1(preset=choice, prompt=prompt, negative_prompt=negative_prompt, output_dir=output_dir,
            model_path=model_path, dtype=dtype, image_path=image_path, text_device=device)
-    config, embeds, spec = _read_stage1(output_dir, None, None)
-    _denoise_into(output_dir, None, config, embeds, spec, settings, step=stage2_kwargs.get("step"),
+    config, embeds, preset = _read_stage1(output_dir, None, None)
+    _denoise_into(output_dir, None, config, embeds, preset, settings, step=stage2_kwargs.get("step"),
                   components=stage2_kwargs.get("components"), quiet=bool(stage2_kwargs.get("quiet", False)),
                   start=time.perf_counter())
     return stage3(input_dir=output_dir, output_video=output_video, fps=fps, disable_tiling=disable_tiling,

@@ -33,14 +33,14 @@ def compile_decode(preset: str = "720p_t2v", topology: str = "v6e:2x4", *, heigh
     from jax.sharding import PartitionSpec as P
     from torchax.interop import JittableModule, jax_view
 
-    spec = get_preset(preset) if isinstance(preset, str) else preset
-    height, width, video_length = video_size(spec, height, width, video_length)
+    preset = get_preset(preset) if isinstance(preset, str) else preset
+    height, width, video_length = video_size(preset, height, width, video_length)
     devices = topology_devices(topology)
     with torch.device("meta"):
-        vae = getattr(diffusers, get_adapter(spec.model).vae_class)(**spec.vae)
+        vae = getattr(diffusers, get_adapter(preset.model).vae_class)(**preset.vae)
     vae = torch.nn.Module.to(vae, torch_dtype(dtype)).eval().requires_grad_(False)
     vae.enable_tiling()
-    _, c, t, h, w = spec.latent_shape(height, width, video_length)
+    _, c, t, h, w = preset.latent_shape(height, width, video_length)
     tile = (1, c, t, min(h, vae.tile_latent_min_height), min(w, vae.tile_latent_min_width))
     mesh = Mesh(devices[:1], ("x",))
     replicated = NamedSharding(mesh, P())
@@ -67,8 +67,8 @@ def compile_decode(preset: str = "720p_t2v", topology: str = "v6e:2x4", *, heigh
              "code": mem.generated_code_size_in_bytes}
     total = sum(parts.values())
     available = available_hbm(devices[0])
-    return dict(topology=topology, device_kind=devices[0].device_kind, preset=spec.name, dtype=dtype,
+    return dict(topology=topology, device_kind=devices[0].device_kind, preset=preset.name, dtype=dtype,
                 size=dict(height=height, width=width, video_length=video_length), tile_latents=list(tile),
-                tile_pixels=[tile[3] * spec.spatial_compression, tile[4] * spec.spatial_compression],
+                tile_pixels=[tile[3] * preset.spatial_compression, tile[4] * preset.spatial_compression],
                 per_device_bytes=dict(parts, total=total), hbm_available_per_device=available,
                 fits=total <= available, compile_seconds=round(seconds, 1))

@@ -80,7 +80,7 @@ class ExtractReport:
 class _Plan:
     """The checked settings of one extraction."""
 
-    spec: Preset
+    preset: Preset
     task: str
     num_frames: int
     max_height: int | None
@@ -96,9 +96,9 @@ class _Plan:
 
     def settings(self, model_path: str | None) -> dict[str, Any]:
         """The index metadata known before any model loads (a rerun must match it)."""
-        spec = self.spec
+        preset = self.preset
         local = model_path and os.path.isdir(os.path.expanduser(model_path))
-        return {"format": FORMAT, "preset": spec.name if PRESETS.get(spec.name) == spec else spec.to_dict(),
+        return {"format": FORMAT, "preset": preset.name if PRESETS.get(preset.name) == preset else preset.to_dict(),
                 "model_path": os.path.abspath(os.path.expanduser(model_path)) if local else model_path,
                 "task": self.task, "latents_scaled": True, "num_frames": self.num_frames,
                 "max_height": self.max_height, "max_width": self.max_width, "dtype": self.dtype,
@@ -216,17 +216,17 @@ def extract_features(
     image encoders' (default: the preset's); ``vae_dtype``: the VAE's, fp32 (default) or bf16. ``components``: already
     loaded ones (text encoders and tokenizers, VAE, and SigLIP for i2v) to use instead of loading them.
     """
-    spec = choose_preset(preset, model_path).preset  # None: the folder's (or the default); a misfit is refused
-    dtype = dtype or spec.default_dtype
+    preset = choose_preset(preset, model_path).preset  # None: the folder's (or the default); a misfit is refused
+    dtype = dtype or preset.default_dtype
     torch_dtype(dtype)  # validates --dtype
     if vae_dtype not in ("fp32", "bf16"):
         raise HyvInputError("--vae_dtype", f"must be fp32 or bf16, got {vae_dtype!r}")
     if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1:
         raise HyvInputError("--shard_size", f"must be a positive integer (clips per shard), got {shard_size!r}")
     caption, caption_seed = check_caption_choice(caption, caption_seed)
-    plan = _Plan(spec=spec, task=resolve_task(spec, task), num_frames=check_num_frames(spec, num_frames),
-                 max_height=check_max_side(spec, max_height, "--max_height"),
-                 max_width=check_max_side(spec, max_width, "--max_width"), dtype=dtype, vae_dtype=vae_dtype,
+    plan = _Plan(preset=preset, task=resolve_task(preset, task), num_frames=check_num_frames(preset, num_frames),
+                 max_height=check_max_side(preset, max_height, "--max_height"),
+                 max_width=check_max_side(preset, max_width, "--max_width"), dtype=dtype, vae_dtype=vae_dtype,
                  shard_size=shard_size, device=resolve_device(device), progress=progress, caption=caption,
                  caption_seed=caption_seed)
     plan = replace(plan, sampling=check_frame_sampling(plan.num_frames, fps, frames, frame_seed))
@@ -235,8 +235,8 @@ def extract_features(
     output_dir = os.path.abspath(os.path.expanduser(output_dir))
     entries = read_data_json(data_json)
     base_dir = os.path.dirname(os.path.abspath(os.path.expanduser(data_json)))
-    if model_path is None and not spec.is_tiny:
-        load_components(spec, None, [])  # the "needs --model_path" error, before any work
+    if model_path is None and not preset.is_tiny:
+        load_components(preset, None, [])  # the "needs --model_path" error, before any work
     created = not os.path.isdir(output_dir)
     ensure_output_dir(output_dir)
     try:
@@ -256,22 +256,22 @@ def _extract(entries: list[Any], base_dir: str, output_dir: str, plan: _Plan, mo
     folder = _Folder(output_dir)
     settings = plan.settings(model_path)
     folder.check_settings(settings)  # before any model loads
-    family = family_for(plan.spec)
+    family = family_for(plan.preset)
     names = list(dict.fromkeys([*family.text_components, "vae", *(family.image_components if plan.task == "i2v" else ())]))
     if components is None:
-        components = load_components(plan.spec, model_path, names, dtype=plan.dtype)
+        components = load_components(plan.preset, model_path, names, dtype=plan.dtype)
     missing = [n for n in names if n not in components]
     if missing:
         raise HyvInputError("components", f"missing {', '.join(missing)} (needed for {plan.task})")
     report = ExtractReport(output_dir=output_dir)
     with _on_device({n: components[n] for n in names}, plan.device, torch_dtype(plan.vae_dtype)) as models:
         vae = models["vae"]
-        metadata = {**settings, "model_config_digest": model_config_digest(vae, plan.spec),
+        metadata = {**settings, "model_config_digest": model_config_digest(vae, plan.preset),
                     "scaling_factor": float(vae.config.scaling_factor)}
         folder.check_settings(metadata)
         folder.start(metadata)
         if NEGATIVE_FILE not in folder.index["weight_map"].values():
-            negative = _first(encode_prompts(models, plan.spec, [""]))
+            negative = _first(encode_prompts(models, plan.preset, [""]))
             folder.add_file(NEGATIVE_FILE, {f"negative.{k}": v for k, v in negative.items()}, [], [])
         _extract_entries(entries, base_dir, plan, models, folder, report)
     return report
@@ -312,7 +312,7 @@ def _extract_entries(entries: list[Any], base_dir: str, plan: _Plan, models: dic
                     continue
                 taken = take_frames(entry.file, plan.sampling, entry.id, entry.raw.get("fps"))
                 frames, fps = taken.frames, taken.fps
-                frames = crop_frames(plan.spec, frames, plan.max_height, plan.max_width)
+                frames = crop_frames(plan.preset, frames, plan.max_height, plan.max_width)
             except EntryError as err:
                 path = item.get("path") if isinstance(item, dict) else None
                 report.failed.append({"entry": index, "path": path, "error": str(err)})
@@ -341,11 +341,11 @@ def _encode_clip(entry: ClipEntry, frames: np.ndarray, fps: float | None, plan: 
 
     latents = encode_frames(models["vae"], frames)
     if entry.caption not in captions:
-        captions[entry.caption] = _first(encode_prompts(models, plan.spec, [entry.caption]))
+        captions[entry.caption] = _first(encode_prompts(models, plan.preset, [entry.caption]))
     # copies: safetensors refuses to write one tensor under two clips' keys ("Some tensors share memory")
     features = {"latents": latents, **{k: v.clone() for k, v in captions[entry.caption].items()}}
     if plan.task == "i2v":  # the first frame as encoded, so its latents sit where the video's first latent frame is
-        features.update(_first(encode_image(models, plan.spec, Image.fromarray(frames[0]))))
+        features.update(_first(encode_image(models, plan.preset, Image.fromarray(frames[0]))))
     clip = {"id": entry.id, "path": entry.path, "file": entry.file, "caption": entry.caption, "entry": entry.index,
             "num_frames": int(frames.shape[0]), "height": int(frames.shape[1]), "width": int(frames.shape[2]),
             "fps": fps, "latent_shape": list(latents.shape)}

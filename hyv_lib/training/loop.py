@@ -137,25 +137,25 @@ def build_batch(features, picks: list[int], *, task: str, caption_dropout: float
 
 
 # ------------------------------------------------------------------------------------------------ checks
-def features_digest(spec: Preset, model_path: str | None) -> str:
+def features_digest(preset: Preset, model_path: str | None) -> str:
     """The ``model_config_digest`` features extracted with this preset and model carry
     (:func:`hyv_lib.training.features.model_config_digest`: the VAE's config and the preset's conditioning layout).
     A model folder's VAE is built on the meta device from its config (no weights read)."""
     import diffusers
 
-    vae_class = getattr(diffusers, get_adapter(spec.model).vae_class)
-    path = os.path.expanduser(model_path) if model_path else spec.bundled_path
+    vae_class = getattr(diffusers, get_adapter(preset.model).vae_class)
+    path = os.path.expanduser(model_path) if model_path else preset.bundled_path
     if path is None:
-        vae = load_components(spec, None, ["vae"])["vae"]
+        vae = load_components(preset, None, ["vae"])["vae"]
     else:
         try:
-            subfolder = "vae" if model_path else spec.bundled_subfolder("vae")
+            subfolder = "vae" if model_path else preset.bundled_subfolder("vae")
             config = vae_class.load_config(path, subfolder=subfolder)
         except (OSError, ValueError) as err:
             raise HyvInputError("--model_path", f"cannot read the VAE config of {path!r}: {err}") from None
         with torch.device("meta"):
             vae = vae_class.from_config(config)
-    return model_config_digest(vae, spec)
+    return model_config_digest(vae, preset)
 
 
 def check_features(features, preset: Preset, transformer, task: str, digest: str | None = None) -> None:
@@ -355,11 +355,11 @@ def train(features: str | Any, *, preset: str | Preset | None, output_dir: str, 
     if runtime == "jax" and attention in BACKENDS and "grid" in BACKENDS[attention].options:
         raise HyvInputError("--attention", f"{attention} has no backward on --runtime jax yet (its Pallas kernel is "
                                            "forward-only): train SSTA with --runtime torch")
-    spec = choose_preset(preset, model_path).preset  # None: the folder's (or the default); a misfit is refused
+    preset = choose_preset(preset, model_path).preset  # None: the folder's (or the default); a misfit is refused
     if full and lora_targets is not None:
         raise HyvInputError("--lora_targets", "chooses a LoRA adapter's layers: it needs --lora_rank, not --full")
     targets = None if full else parse_lora_targets(DEFAULT_LORA_TARGETS if lora_targets is None else lora_targets,
-                                                   get_adapter(spec.model).lora_targets)
+                                                   get_adapter(preset.model).lora_targets)
     steps, batch_size = settings["steps"], settings["batch_size"]
     checkpoint_every = settings["checkpoint_every"] or steps
     if isinstance(features, (str, os.PathLike)):
@@ -367,8 +367,9 @@ def train(features: str | Any, *, preset: str | Preset | None, output_dir: str, 
     ensure_output_dir(output_dir)
     with run_lock(output_dir):
         if transformer is None:
-            transformer = load_components(spec, model_path, ["transformer"], dtype or spec.default_dtype)["transformer"]
-        check_features(features, spec, transformer, task, features_digest(spec, model_path))
+            transformer = load_components(preset, model_path, ["transformer"],
+                                          dtype or preset.default_dtype)["transformer"]
+        check_features(features, preset, transformer, task, features_digest(preset, model_path))
         trainable = "full" if full else "lora"
         lora_alpha = settings["lora_alpha"] if settings["lora_alpha"] is not None else settings["lora_rank"]
         if not full:
@@ -380,7 +381,7 @@ def train(features: str | Any, *, preset: str | Preset | None, output_dir: str, 
             raise HyvInputError("--batch_size", f"{batch_size} does not split over {ranks} ranks: each rank takes an "
                                                 "equal slice of every batch")
         run = RunSettings(
-            features=os.path.abspath(getattr(features, "path", "")), preset=spec.name,
+            features=os.path.abspath(getattr(features, "path", "")), preset=preset.name,
             model_digest=config_digest(transformer), trainable=trainable, lora_rank=settings["lora_rank"],
             lora_alpha=None if full else float(lora_alpha), learning_rate=settings["learning_rate"],
             batch_size=batch_size, task=task, seed=settings["seed"], caption_dropout=settings["caption_dropout"],
@@ -390,7 +391,7 @@ def train(features: str | Any, *, preset: str | Preset | None, output_dir: str, 
                                warmup_steps=run.warmup_steps, weight_decay=run.weight_decay, mesh=mesh,
                                remat=gradient_checkpointing, attention=attention,
                                attention_options=attention_options)
-        return _run(features, step, run, spec, transformer, output_dir, steps, checkpoint_every, progress)
+        return _run(features, step, run, preset, transformer, output_dir, steps, checkpoint_every, progress)
 
 
 def _resume(step, run: RunSettings, output_dir: str, generator: torch.Generator, steps: int) -> int:
@@ -417,7 +418,7 @@ def _resume(step, run: RunSettings, output_dir: str, generator: torch.Generator,
     return int(info["step"])
 
 
-def _run(features, step, run: RunSettings, spec: Preset, transformer, output_dir: str, steps: int,
+def _run(features, step, run: RunSettings, preset: Preset, transformer, output_dir: str, steps: int,
          checkpoint_every: int, progress: bool) -> TrainResult:
     writer = process_rank() == 0
     generator = torch.Generator().manual_seed(run.seed)
@@ -434,7 +435,7 @@ def _run(features, step, run: RunSettings, spec: Preset, transformer, output_dir
     for index in bar:
         picks = pick_clips(shapes, run.batch_size, generator)
         batch = build_batch(features, picks, task=run.task, caption_dropout=run.caption_dropout, shift=run.shift,
-                            sampling=run.sampling, image_tokens=spec.image_tokens, image_dim=image_dim,
+                            sampling=run.sampling, image_tokens=preset.image_tokens, image_dim=image_dim,
                             generator=generator)
         loss = step.step(batch)
         if loss != loss or loss in (float("inf"), float("-inf")):

@@ -58,7 +58,7 @@ def check_output_dir(output_dir: Any, argument: str = "--output_dir") -> str:
     return path
 
 
-def _source(spec: Preset, model_path: str | None) -> tuple[str | None, dict[str, str]]:
+def _source(preset: Preset, model_path: str | None) -> tuple[str | None, dict[str, str]]:
     """Where the model's components are (a local folder, or the preset's bundled weights; None: the tiny preset's
     weights built in code) and each component's subfolder there (by model_index.json), checked."""
     if model_path is not None:
@@ -68,12 +68,12 @@ def _source(spec: Preset, model_path: str | None) -> tuple[str | None, dict[str,
                                                 "other components, so download it first (huggingface-cli download "
                                                 "ID --local-dir DIR) and give DIR")
         rename = {}
-    elif spec.bundled_weights is not None:
-        folder, rename = spec.bundled_path, dict(spec.bundled_subfolders)
-    elif spec.is_tiny:
+    elif preset.bundled_weights is not None:
+        folder, rename = preset.bundled_path, dict(preset.bundled_subfolders)
+    elif preset.is_tiny:
         return None, {}
     else:
-        load_components(spec, None, [])  # the "needs --model_path" error
+        load_components(preset, None, [])  # the "needs --model_path" error
         raise AssertionError("unreachable")
     try:
         with open(os.path.join(folder, "model_index.json")) as f:
@@ -141,18 +141,18 @@ def write_merged_model(lora: str, output_dir: str, *, preset: str | Preset | Non
     killed merge leaves no ``output_dir``)."""
     scale = as_number("--lora_scale", lora_scale)
     out = check_output_dir(output_dir)
-    spec = choose_preset(preset, model_path).preset
-    source, subfolders = _source(spec, model_path)
-    weights = check_lora_file(lora, spec.model, spec.transformer, model_path)
+    preset = choose_preset(preset, model_path).preset
+    source, subfolders = _source(preset, model_path)
+    weights = check_lora_file(lora, preset.model, preset.transformer, model_path)
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
     tmp = new_folder(parent, f".{os.path.basename(out)}.merge-")
-    result = MergedModel(output_dir=out, preset=spec.name, source=source)
+    result = MergedModel(output_dir=out, preset=preset.name, source=source)
     try:
         if source is None:  # a tiny preset's built weights: saved whole, then the transformer replaced
-            save_tiny_pipeline(tmp, preset=spec)
+            save_tiny_pipeline(tmp, preset=preset)
             shutil.rmtree(os.path.join(tmp, "transformer"))
-            transformer = load_components(spec, None, ["transformer"], "fp32")["transformer"]
+            transformer = load_components(preset, None, ["transformer"], "fp32")["transformer"]
         else:
             for name, sub in subfolders.items():
                 if name != "transformer":
@@ -160,13 +160,13 @@ def write_merged_model(lora: str, output_dir: str, *, preset: str | Preset | Non
                     result.linked, result.copied = result.linked + linked, result.copied + copied
             shutil.copyfile(os.path.join(source, "model_index.json"), os.path.join(tmp, "model_index.json"))
             dtype = stored_dtype(os.path.join(source, subfolders["transformer"]))
-            transformer = load_components(spec, model_path, ["transformer"], dtype)["transformer"]
+            transformer = load_components(preset, model_path, ["transformer"], dtype)["transformer"]
         merge_lora(transformer, weights, scale)
         transformer.save_pretrained(os.path.join(tmp, "transformer"), safe_serialization=True)
         # safetensors writes 0600 files: the umask's modes, on what this merge wrote only (never on the hardlinks)
         umask_modes(tmp if source is None else os.path.join(tmp, "transformer"))
-        note_layout(tmp, spec.name)
-        result.record = {"format": "hyv_lib.merged_lora/1", "preset": spec.name, "model": source or "built",
+        note_layout(tmp, preset.name)
+        result.record = {"format": "hyv_lib.merged_lora/1", "preset": preset.name, "model": source or "built",
                          **weights.record(scale), "targets": weights.metadata.get("targets"),
                          "lora_alpha": weights.metadata.get("alpha")}
         with atomic_path(os.path.join(tmp, MERGE_RECORD)) as path:
