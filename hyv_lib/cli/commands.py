@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import sys
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ..base.errors import (
     EXIT_BAD_INPUT,
@@ -275,73 +275,95 @@ def run(argv: list[str] | None = None) -> int:
         return _run_command(args)
 
 
+def _info(args: argparse.Namespace) -> None:
+    """``info``: one preset (``--preset``), or every preset (``--list``), as text or JSON."""
+    if args.list:
+        print(json.dumps({name: p.to_json() for name, p in PRESETS.items()}, indent=2) if args.json else
+              "\n".join(f"{name}  [{p.model}]  {p.description}" for name, p in PRESETS.items()))
+        return
+    preset = get_preset(args.preset)
+    data = preset.to_json()
+    print(json.dumps(data, indent=2) if args.json else
+          "\n".join(f"{k}: {v}" for k, v in data.items() if not isinstance(v, dict)))
+    if not args.json:  # every preset by name and model, after the one printed (info --list: descriptions)
+        print("presets: " + ", ".join(f"{name} [{p.model}]" for name, p in PRESETS.items()))
+
+
+def _compile(args: argparse.Namespace) -> None:
+    """``compile``: the denoising step (or with ``--train`` the train step) for a TPU topology, without a TPU."""
+    if args.train is not None:
+        if args.sharding not in (None, "fsdp") or args.enable_cache:
+            raise HyvInputError("--sharding" if args.sharding not in (None, "fsdp") else "--enable_cache",
+                                "a train step (--train) is FSDP over the mesh, without DeepCache")
+        if args.attention not in (None, "splash"):
+            raise HyvInputError("--attention", "a train step (--train) compiles with splash: SSTA's TPU kernel has "
+                                               "no backward yet (train SSTA on --runtime torch)")
+        report = compile_train_step(args.preset, args.topology, train=args.train, lora_rank=args.lora_rank,
+                                    lora_alpha=args.lora_alpha, height=args.height, width=args.width,
+                                    video_length=args.video_length, batch_size=args.batch_size, mesh=args.mesh)
+        print(json.dumps(report, indent=2) if args.json else format_train_report(report))
+        return
+    report = compile_step(args.preset, args.topology, mesh=args.mesh, sharding=args.sharding or DEFAULT_STRATEGY,
+                          height=args.height, width=args.width, video_length=args.video_length,
+                          enable_cache=args.enable_cache, no_cache_blocks=args.no_cache_blocks,
+                          attention=args.attention)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+
+
+def _plan(args: argparse.Namespace) -> None:
+    """``plan``: the analytic per-device plan of one step."""
+    report = plan_step(args.preset, args.height, args.width, args.video_length, chip=args.chip,
+                       n_chips=args.n_chips, mesh=args.mesh, rules=args.sharding, attention=args.attention)
+    print(json.dumps(report, indent=2) if args.json else format_plan(report))
+
+
+def _stage1(args: argparse.Namespace) -> None:
+    stage1(preset=preset_from_flags(args), prompt=args.prompt, negative_prompt=args.negative_prompt,
+           output_dir=args.output_dir, model_path=args.model_path, dtype=args.dtype,
+           image_path=args.image_path, text_device=args.text_device)
+
+
+def _stage2(args: argparse.Namespace) -> None:
+    stage2(input_dir=args.input_dir, output_dir=args.output_dir, preset=args.preset,
+           model_path=args.model_path, **_stage2_kwargs(args))
+
+
+def _stage3(args: argparse.Namespace) -> None:
+    stage3(input_dir=args.input_dir, output_video=args.output_video, fps=args.fps,
+           disable_tiling=args.disable_tiling, save_frames=args.save_frames, runtime=args.runtime,
+           vae_dtype=args.vae_dtype, vae_memory_gb=args.vae_memory_gb)
+
+
+def _generate(args: argparse.Namespace) -> int | None:
+    """``generate``: one video (``--prompt``), or one per line of a ``--prompts_file``."""
+    if args.prompts_file:
+        return _generate_many(args)
+    if args.shard is not None:
+        raise HyvInputError("--shard", "splits a --prompts_file; one --prompt is one video")
+    generate(preset=preset_from_flags(args), prompt=args.prompt, negative_prompt=args.negative_prompt,
+             output_dir=args.output_dir, model_path=args.model_path, dtype=args.dtype,
+             output_video=args.output_video, fps=args.fps, disable_tiling=args.disable_tiling,
+             save_frames=args.save_frames, vae_dtype=args.vae_dtype, image_path=args.image_path,
+             vae_memory_gb=args.vae_memory_gb, text_device=args.text_device, **_stage2_kwargs(args))
+    return None
+
+
+#: Each command's handler: it runs the parsed arguments and returns its exit code (None: 0).
+COMMANDS: dict[str, Callable[[argparse.Namespace], int | None]] = {
+    "info": _info, "compile": _compile, "plan": _plan, "save_tiny": _save_tiny, "calibrate_cache": _calibrate_cache,
+    "stage1": _stage1, "stage2": _stage2, "stage3": _stage3, "generate": _generate, "train": train_command,
+    "extract_features": extract_features_command, "merge_lora": merge_lora_command,
+}
+#: The commands that print no "done, files in ..." line (they write no stage folder, or say where themselves).
+QUIET_COMMANDS = ("info", "compile", "plan", "save_tiny", "calibrate_cache")
+
+
 def _run_command(args: argparse.Namespace) -> int:
-    """One parsed command; returns the exit code."""
+    """One parsed command through :data:`COMMANDS`; returns the exit code."""
     if runtime_name(getattr(args, "runtime", None)) == "jax":  # the CLI's policy, not a library side effect
         enable_compile_cache(os.environ.get("HYV_COMPILE_CACHE_DIR"))
     try:
-        if args.command == "info" and args.list:
-            print(json.dumps({name: p.to_json() for name, p in PRESETS.items()}, indent=2) if args.json else
-                  "\n".join(f"{name}  [{p.model}]  {p.description}" for name, p in PRESETS.items()))
-        elif args.command == "info":
-            preset = get_preset(args.preset)
-            data = preset.to_json()
-            print(json.dumps(data, indent=2) if args.json else
-                  "\n".join(f"{k}: {v}" for k, v in data.items() if not isinstance(v, dict)))
-            if not args.json:  # every preset by name and model, after the one printed (info --list: descriptions)
-                print("presets: " + ", ".join(f"{name} [{p.model}]" for name, p in PRESETS.items()))
-        elif args.command == "compile" and args.train is not None:
-            if args.sharding not in (None, "fsdp") or args.enable_cache:
-                raise HyvInputError("--sharding" if args.sharding not in (None, "fsdp") else "--enable_cache",
-                                    "a train step (--train) is FSDP over the mesh, without DeepCache")
-            if args.attention not in (None, "splash"):
-                raise HyvInputError("--attention", "a train step (--train) compiles with splash: SSTA's TPU kernel has "
-                                                   "no backward yet (train SSTA on --runtime torch)")
-            report = compile_train_step(args.preset, args.topology, train=args.train, lora_rank=args.lora_rank,
-                                        lora_alpha=args.lora_alpha, height=args.height, width=args.width,
-                                        video_length=args.video_length, batch_size=args.batch_size, mesh=args.mesh)
-            print(json.dumps(report, indent=2) if args.json else format_train_report(report))
-        elif args.command == "compile":
-            report = compile_step(args.preset, args.topology, mesh=args.mesh, sharding=args.sharding or
-                                  "tp_replicated_out", height=args.height, width=args.width,
-                                  video_length=args.video_length, enable_cache=args.enable_cache,
-                                  no_cache_blocks=args.no_cache_blocks, attention=args.attention)
-            print(json.dumps(report, indent=2) if args.json else format_report(report))
-        elif args.command == "plan":
-            report = plan_step(args.preset, args.height, args.width, args.video_length, chip=args.chip,
-                               n_chips=args.n_chips, mesh=args.mesh, rules=args.sharding, attention=args.attention)
-            print(json.dumps(report, indent=2) if args.json else format_plan(report))
-        elif args.command == "save_tiny":
-            _save_tiny(args)
-        elif args.command == "calibrate_cache":
-            _calibrate_cache(args)
-        elif args.command == "stage1":
-            stage1(preset=preset_from_flags(args), prompt=args.prompt, negative_prompt=args.negative_prompt,
-                   output_dir=args.output_dir, model_path=args.model_path, dtype=args.dtype,
-                   image_path=args.image_path, text_device=args.text_device)
-        elif args.command == "stage2":
-            stage2(input_dir=args.input_dir, output_dir=args.output_dir, preset=args.preset,
-                   model_path=args.model_path, **_stage2_kwargs(args))
-        elif args.command == "stage3":
-            stage3(input_dir=args.input_dir, output_video=args.output_video, fps=args.fps,
-                   disable_tiling=args.disable_tiling, save_frames=args.save_frames, runtime=args.runtime,
-                   vae_dtype=args.vae_dtype, vae_memory_gb=args.vae_memory_gb)
-        elif args.command == "train":
-            train_command(args)
-        elif args.command == "extract_features":
-            return extract_features_command(args)
-        elif args.command == "merge_lora":
-            return merge_lora_command(args)
-        elif args.command == "generate" and args.prompts_file:
-            return _generate_many(args)
-        elif args.command == "generate":
-            if args.shard is not None:
-                raise HyvInputError("--shard", "splits a --prompts_file; one --prompt is one video")
-            generate(preset=preset_from_flags(args), prompt=args.prompt, negative_prompt=args.negative_prompt,
-                     output_dir=args.output_dir, model_path=args.model_path, dtype=args.dtype,
-                     output_video=args.output_video, fps=args.fps, disable_tiling=args.disable_tiling,
-                     save_frames=args.save_frames, vae_dtype=args.vae_dtype, image_path=args.image_path,
-                     vae_memory_gb=args.vae_memory_gb, text_device=args.text_device, **_stage2_kwargs(args))
+        code = COMMANDS[args.command](args)
     except HyvInputError as err:
         print(f"error: {err.argument}: {err.message}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -352,8 +374,9 @@ def _run_command(args: argparse.Namespace) -> int:
         where = f"{err.filename}: " if err.filename is not None else ""
         print(f"error: {where}{one_line(err.strerror or str(err))}", file=sys.stderr)
         return EXIT_FAULT
-    quiet_commands = ("info", "compile", "plan", "save_tiny", "calibrate_cache")
-    if args.command not in quiet_commands and not getattr(args, "quiet", False):
+    if code is not None:  # a command that reports its own outcome (a prompts file's or a data.json's entries)
+        return code
+    if args.command not in QUIET_COMMANDS and not getattr(args, "quiet", False):
         out = getattr(args, "output_dir", None) or getattr(args, "input_dir", None)
         print(f"{args.command}: done, files in {os.path.abspath(out)}", file=sys.stderr)
     return 0
