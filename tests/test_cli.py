@@ -108,3 +108,34 @@ def test_generate_at_720p_writes_a_1280x720_mp4(tmp_path):
     cfg = json.loads((out / "generation_config.json").read_text())
     assert (cfg["height"], cfg["width"], cfg["vae_tiling"]) == (720, 1280, True)
     assert cfg["stage3_peak_rss_mib"] > 0
+
+
+@pytest.mark.parametrize("command", ["stage2", "generate"])
+def test_every_stage2_setting_is_one_flag_of_its_name(command):
+    """The stage-2 flags are built from Stage2Settings: each field is exactly one option of the same name (SSTA's
+    options one ``--ssta_<field>`` per SstaConfig field), parsed to the field's type, its default the field's."""
+    import argparse
+    import dataclasses
+
+    from hyv_lib.cli.commands import build_parser
+    from hyv_lib.kernels.ssta import SstaConfig
+    from hyv_lib.pipeline.settings import Stage2Settings
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    dests = [a.dest for a in sub._actions]
+    for field in dataclasses.fields(Stage2Settings):
+        if field.name == "ssta":
+            assert sorted(d for d in dests if d.startswith("ssta_")) == sorted(
+                f"ssta_{f.name}" for f in dataclasses.fields(SstaConfig))
+            continue
+        assert dests.count(field.name) == 1, field.name
+        assert f"--{field.name}" in sub._option_string_actions, field.name
+    args = sub.parse_args(["--height", "64", "--guidance_scale", "2.5", "--compile", "--sparse_attn",
+                           "--ssta_topk", "3", "--runtime", "jax"])
+    assert (args.height, args.guidance_scale, args.compile, args.sparse_attn, args.ssta_topk, args.runtime) == (
+        64, 2.5, True, True, 3, "jax")
+    defaults = sub.parse_args([])
+    for field in dataclasses.fields(Stage2Settings):
+        if field.name != "ssta":
+            assert getattr(defaults, field.name) == field.default, field.name

@@ -1,5 +1,5 @@
-"""The attention flags of the commands that run the transformer: ``--attention``, the official scripts' ``--sparse_attn``
-and SSTA's options (``--ssta_<field>`` of :class:`hyv_lib.SstaConfig`), and the settings they make."""
+"""SSTA's options as flags (``--ssta_<field>`` of :class:`hyv_lib.SstaConfig`) and the setting they make, and the
+official scripts' true/false switches."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import dataclasses
 from typing import Any
 
 from ..kernels.ssta import SstaConfig
+from ..pipeline.settings import Stage2Settings
 
 #: SSTA's options as flags: ``--ssta_<field>`` (``lambda_`` is ``--ssta_lambda``), each with its parser and help.
 SSTA_FLAGS = {
@@ -34,19 +35,11 @@ def str_to_bool(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
 
 
-def add_attention_arguments(parser: argparse.ArgumentParser, group=None) -> None:
-    """``--attention``, ``--sparse_attn`` and the ``--ssta_*`` options on ``parser`` (in its argument ``group``, if
-    given); ``args.ssta`` is None, the setting :func:`ssta_overrides` fills from the ``--ssta_*`` flags."""
+def add_ssta_arguments(parser: argparse.ArgumentParser, group=None) -> None:
+    """The ``--ssta_*`` options on ``parser`` (in its argument ``group``, if given); ``args.ssta`` is None, the
+    setting :func:`ssta_overrides` fills from the ``--ssta_*`` flags."""
     parser.set_defaults(ssta=None)
     group = group or parser
-    group.add_argument("--attention", default=None,
-                       help="auto (exact; on CUDA by GPU generation: SDPA (cuDNN) first on Hopper and newer, flash-attn "
-                            "first before; Splash/XLA for tpu) | sdpa | "
-                            "flash | flash3 | sage (lossy) | splash | xla | ssta (SSTA sparse attention, what the "
-                            "720p sparse checkpoints were trained with) | ... | diffusers (stock dense-mask processor, "
-                            "torch runtime only) (default: the preset's: ssta for *_distilled_sparse, else auto)")
-    group.add_argument("--sparse_attn", type=str_to_bool, nargs="?", const=True, default=False,
-                       help="the official scripts' switch: --attention ssta (--sparse_attn or --sparse_attn true)")
     defaults = SstaConfig()
     for name, (kind, text) in SSTA_FLAGS.items():
         flag = f"--ssta_{name.rstrip('_')}"
@@ -58,6 +51,17 @@ def add_attention_arguments(parser: argparse.ArgumentParser, group=None) -> None
         else:
             group.add_argument(flag, dest=f"ssta_{name}", type=kind, default=None,
                                help=f"SSTA: {text} (default {shown})")
+
+
+def add_attention_arguments(parser: argparse.ArgumentParser, group=None) -> None:
+    """``--attention``, ``--sparse_attn`` and the ``--ssta_*`` options for a command outside stage 2 (``train``), with
+    the help of the stage-2 settings of the same names (:class:`hyv_lib.pipeline.settings.Stage2Settings`)."""
+    group = group or parser
+    helps = {f.name: f.metadata["help"].replace("%", "%%") for f in dataclasses.fields(Stage2Settings)}
+    group.add_argument("--attention", default=None, help=helps["attention"])
+    group.add_argument("--sparse_attn", type=str_to_bool, nargs="?", const=True, default=False,
+                       help=helps["sparse_attn"])
+    add_ssta_arguments(parser, group)
 
 
 def ssta_overrides(args: argparse.Namespace) -> dict[str, Any] | None:

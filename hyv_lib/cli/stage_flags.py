@@ -4,12 +4,15 @@ scripts' names, grouped by stage."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import typing
+from typing import Any
 
-from ..base.presets import DEFAULT_SEED
 from ..models.families import DEFAULT_PRESET, PRESETS
 from ..parallel.sharding import DEFAULT_STRATEGY
+from ..pipeline.settings import SETTING_GROUPS, Stage2Settings
 from ..runtimes.magcache import CALIBRATION_PROMPT, CALIBRATION_SEED
-from .attention_flags import add_attention_arguments
+from .attention_flags import add_ssta_arguments, str_to_bool
 from .official_flags import add_official_arguments, add_preset_arguments
 
 
@@ -52,76 +55,33 @@ def add_stage2_arguments(p: argparse.ArgumentParser, dirs: bool = True) -> None:
         g.add_argument("--model_path", default=None,
                        help="the model folder (default: the one stage 1 recorded; for a staged scripts' folder: the "
                             "preset is read from its configs when --preset is not given)")
-    g.add_argument("--aspect_ratio", default="16:9", help="W:H, picks the preset's resolution bucket (default 16:9)")
-    g.add_argument("--height", type=int, default=None, help="pixels, multiple of 16 (overrides --aspect_ratio)")
-    g.add_argument("--width", type=int, default=None, help="pixels, multiple of 16 (overrides --aspect_ratio)")
-    g.add_argument("--video_length", type=int, default=None, help="frames, 4n+1 (default: the preset's)")
-    g.add_argument("--num_inference_steps", type=int, default=None, help="denoising steps (default: the preset's)")
-    g.add_argument("--guidance_scale", type=float, default=None, help="CFG scale >= 1 (default: the preset's)")
-    g.add_argument("--flow_shift", type=float, default=None,
-                   help="sigma shift (default: the preset's; HunyuanVideo-1.5 only, CogVideoX's scheduler has none)")
-    g.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"seed of the initial noise (default {DEFAULT_SEED})")
-    g.add_argument("--warmup_steps", type=int, default=0,
-                   help="untimed transformer calls before the loop; never change the result (default 0)")
-    g.add_argument("--runtime", default="torch",
-                   help="torch (eager diffusers) | jax (torchax/JAX jit on the present JAX backend; tpu is an alias) | "
-                        "ulysses (sequence parallel; launch with torchrun --nproc_per_node=N)")
-    g.add_argument("--mesh", default=None,
-                   help="jax runtime: device mesh, e.g. tensor=8 or data=2,tensor=4, or 1 for one device "
-                        "(default: every device, as compile lays them out: data=2 for the CFG pair, tensor = the "
-                        "rest, as far as the heads split; the mesh used is printed and recorded)")
-    g.add_argument("--sharding", default=DEFAULT_STRATEGY,
-                   help="jax runtime on more than one device (a --mesh, or the default one): tp | tp_replicated_out | "
-                        "fsdp (default tp_replicated_out)")
-    add_attention_arguments(p, g)
-    g.add_argument("--offload", default=None,
-                   help="torch runtime: block (the transformer's weights stay on the host, one block at a time is "
-                        "streamed to the GPU: about a quarter of the GPU memory at 480p on an H200, 3.5%% slower) | "
-                        "model (the transformer is on the GPU for the denoising loop only, so the VAE decode after it "
-                        "has the card) (default: off)")
-    g.add_argument("--shard_weights", default=None,
-                   help="fsdp: split the transformer's weights over the torchrun ranks (PyTorch FSDP2; each rank "
-                        "holds 1/N of them and gathers one block at a time) with --runtime ulysses (or torch: every "
-                        "rank computes the whole step) (default: off, every rank holds all of them)")
-    g.add_argument("--compile", action="store_true",
-                   help="torch and ulysses runtimes: torch.compile the transformer blocks (one compiled program shared "
-                        "by all of them; inductor fuses the norms, modulation, RoPE and copies around the matmuls and "
-                        "the attention). The first step compiles (an extra untimed warm-up call when --warmup_steps is "
-                        "0); another size, frame count or batch compiles again. Not with --offload block; the tpu "
-                        "runtime is always compiled (default: off)")
-    g.add_argument("--multi_host", action="store_true",
-                   help="jax runtime on a multi-host slice: join the hosts (jax.distributed.initialize) first; run "
-                        "the same command on every host (gcloud ... ssh --worker=all)")
-    g.add_argument("--lora", default=None,
-                   help="a LoRA in diffusers' format: the .safetensors file, or the folder holding "
-                        "pytorch_lora_weights.safetensors (what `train` writes); merged into the transformer's weights "
-                        "before the step is built, on every runtime (default: none)")
-    g.add_argument("--lora_scale", type=float, default=1.0,
-                   help="the LoRA's strength: W += scale * alpha/rank * B @ A (default 1.0; 0 leaves the model as is)")
+    add_settings_arguments(p, {"denoising": g})
     add_official_arguments(p)
-    c = p.add_argument_group("stage 2: DeepCache (torch, jax and ulysses runtimes)")
-    c.add_argument("--enable_cache", action="store_true", help="reuse deep features on the schedule's cached steps")
-    c.add_argument("--cache_method", default=None,
-                   help="deepcache (the fixed schedule of the --cache_*_step flags) | magcache (adaptive: skips by a "
-                        "calibrated per-step curve) (default deepcache)")
-    c.add_argument("--cache_start_step", type=int, default=11, help="first step of the cached range (default 11)")
-    c.add_argument("--cache_end_step", type=int, default=45, help="steps from here on are full again (default 45)")
-    c.add_argument("--cache_step_interval", type=int, default=4,
-                   help="in the range, every N-th step is full (default 4)")
-    c.add_argument("--no_cache_blocks", type=int, default=1,
-                   help="trailing blocks recomputed on cached steps; 0: a cached step runs only the output layer "
-                        "(default 1)")
-    c.add_argument("--cache_threshold", type=float, default=None,
-                   help="magcache: reuse the cache while the accumulated estimated error stays under this; 0 runs "
-                        "every step full (default 0.1)")
-    c.add_argument("--cache_max_skip", type=int, default=None,
-                   help="magcache: at most this many cached steps in a row (default 3)")
-    c.add_argument("--cache_retention", type=float, default=None,
-                   help="magcache: this fraction of the first steps always runs full (default 0.2)")
-    c.add_argument("--cache_calibration", default=None,
-                   help="magcache: calibration JSON of `calibrate_cache` (default: the one shipped with "
-                        "tiny_trained, or, for a tiny preset, one uncached calibration run first; required for real "
-                        "presets)")
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser, groups: dict[str, Any] | None = None) -> None:
+    """One flag per :class:`hyv_lib.pipeline.settings.Stage2Settings` field, built from the field
+    (:func:`hyv_lib.pipeline.settings.setting`): ``--<name>`` with its default, its type (a switch for a bool) and
+    its help, in the argument group of its ``group`` (``groups`` holds those made already; the others are made
+    here, titled by :data:`hyv_lib.pipeline.settings.SETTING_GROUPS`)."""
+    groups = dict(groups or {})
+    hints = typing.get_type_hints(Stage2Settings)
+    for field in dataclasses.fields(Stage2Settings):
+        meta = field.metadata
+        group_name = meta["group"]
+        if group_name not in groups:
+            groups[group_name] = parser.add_argument_group(SETTING_GROUPS[group_name])
+        group, flag, text = groups[group_name], f"--{field.name}", meta["help"].replace("%", "%%")
+        kind = meta["kind"]
+        if kind == "ssta_fields":
+            add_ssta_arguments(parser, group)
+        elif kind == "true_false":
+            group.add_argument(flag, type=str_to_bool, nargs="?", const=True, default=field.default, help=text)
+        elif hints[field.name] is bool:
+            group.add_argument(flag, action="store_true", help=text)
+        else:
+            kinds = [t for t in typing.get_args(hints[field.name]) if t is not type(None)] or [hints[field.name]]
+            group.add_argument(flag, type=None if kinds[0] is str else kinds[0], default=field.default, help=text)
 
 
 def add_stage3_arguments(p: argparse.ArgumentParser, input_dir: bool = True) -> None:

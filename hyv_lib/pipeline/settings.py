@@ -34,51 +34,107 @@ MAX_GUIDANCE_SCALE = 100.0
 MAX_FLOW_SHIFT = 1000.0
 
 
+#: The ``--help`` groups of the stage-2 flags, by a field's ``group``.
+SETTING_GROUPS = {"denoising": "stage 2: denoising", "cache": "stage 2: DeepCache (torch, jax and ulysses runtimes)"}
+
+
+def setting(default: Any, help: str, *, group: str = "denoising", kind: Any = None) -> Any:
+    """A :class:`Stage2Settings` field and its flag ``--<name>``, described once: ``help`` (its ``--help`` text, and
+    its line in the class's documentation), the ``group`` of :data:`SETTING_GROUPS` it is listed in, and ``kind``, how
+    the flag parses (None: the annotation's type, a switch for a bool; ``"true_false"``: ``--flag`` or ``--flag
+    true|false``, as the official scripts take ``--sparse_attn``; ``"ssta_fields"``: one ``--ssta_<field>`` flag per
+    field of :class:`hyv_lib.SstaConfig`)."""
+    return dataclasses.field(default=default, metadata={"help": help, "group": group, "kind": kind})
+
+
 # ----------------------------------------------------------------------------------------------- validation
 @dataclasses.dataclass(frozen=True)
 class Stage2Settings:
     """Every stage-2 setting, with its default: the one list that :func:`stage2`, :func:`generate`,
-    :class:`hyv_lib.pipeline.batch.BatchRunner` and the CLI's stage-2 flags (same names) share. None takes the preset's value;
+    :class:`hyv_lib.pipeline.batch.BatchRunner`, :class:`hyv_lib.VideoPipeline` and the CLI share; each field is
+    one flag of the same name (``python -m hyv_lib stage2 --help``). None takes the preset's value;
     :func:`resolve_settings` checks types and ranges."""
 
-    aspect_ratio: str = "16:9"  #: W:H bucket used when height and width are not given
-    height: int | None = None
-    width: int | None = None
-    video_length: int | None = None  #: frames, 4n+1
-    num_inference_steps: int | None = None
-    guidance_scale: float | None = None
-    flow_shift: float | None = None
-    seed: int = DEFAULT_SEED
-    warmup_steps: int = 0  #: untimed calls before the loop (they do not touch the scheduler)
-    runtime: str = "torch"  #: one of :data:`RUNTIMES`
-    mesh: str | None = None  #: jax runtime: e.g. ``data=2,tensor=4``; ``1``: one device; None: every device (default)
-    sharding: str = DEFAULT_STRATEGY  #: a strategy of :data:`hyv_lib.parallel.sharding.STRATEGIES`
-    enable_cache: bool = False  #: DeepCache (torch, jax and ulysses runtimes; over FSDP-sharded weights too)
-    cache_method: str | None = None  #: ``deepcache`` (the default with enable_cache) or ``magcache`` (adaptive)
-    cache_start_step: int = 11
-    cache_end_step: int = 45
-    cache_step_interval: int = 4
-    no_cache_blocks: int = 1  #: trailing blocks recomputed on cached steps
-    cache_threshold: float | None = None  #: magcache: skip while the accumulated error stays under this
-    cache_max_skip: int | None = None  #: magcache: at most this many cached steps in a row
-    cache_retention: float | None = None  #: magcache: this fraction of the first steps always runs full
-    cache_calibration: str | None = None  #: magcache: a file of ``python -m hyv_lib calibrate_cache``
-    multi_host: bool = False  #: jax runtime on a multi-host slice
-    attention: str | None = None  #: ``auto``, ``diffusers`` or a backend of :data:`hyv_lib.kernels.registry.BACKENDS`;
-    #: None: the preset's (``auto``; ``ssta`` for the sparse 720p checkpoints)
-    sparse_attn: bool = False  #: the official scripts' flag: ``--attention ssta``
-    ssta: Any = None  #: SSTA's options: a :class:`hyv_lib.SstaConfig`, or a dict of its fields (``--ssta_<field>``)
-    offload: str | None = None  #: torch runtime: ``block`` streams one transformer block at a time to the GPU; ``model``
-    #: keeps the transformer on the GPU during the denoising loop only; with no GPU here neither does anything (one
-    #: warning line; generation_config.json: ``offload`` null, ``offload_requested``, ``offload_applied`` false)
-    shard_weights: str | None = None  #: ``fsdp``: the transformer's weights split over the torchrun ranks (FSDP2),
-    #: with ``runtime`` ulysses or torch (:data:`hyv_lib.runtimes.fsdp.SHARD_WEIGHTS`)
-    lora: str | None = None  #: a LoRA file in diffusers' format (or its folder), merged into the transformer's weights
-    #: before the step is built (:func:`hyv_lib.models.lora.merge_lora`)
-    lora_scale: float = 1.0  #: the LoRA's strength: ``W += lora_scale * alpha / rank * B @ A``
-    compile: bool = False  #: torch and ulysses runtimes: torch.compile the repeated transformer blocks
-    #: (:func:`hyv_lib.runtimes.compiled.compile_blocks`); the first step compiles (an untimed warm-up call when
-    #: ``warmup_steps`` is 0), another size or batch compiles again
+    aspect_ratio: str = setting("16:9", "W:H, picks the preset's resolution bucket (default 16:9)")
+    height: int | None = setting(None, "pixels, multiple of 16 (overrides --aspect_ratio)")
+    width: int | None = setting(None, "pixels, multiple of 16 (overrides --aspect_ratio)")
+    video_length: int | None = setting(None, "frames, 4n+1 (default: the preset's)")
+    num_inference_steps: int | None = setting(None, "denoising steps (default: the preset's)")
+    guidance_scale: float | None = setting(None, "CFG scale >= 1 (default: the preset's)")
+    flow_shift: float | None = setting(
+        None, "sigma shift (default: the preset's; HunyuanVideo-1.5 only, CogVideoX's scheduler has none)")
+    seed: int = setting(DEFAULT_SEED, f"seed of the initial noise (default {DEFAULT_SEED})")
+    warmup_steps: int = setting(
+        0, "untimed transformer calls before the loop; they never touch the scheduler or change the result "
+           "(default 0)")
+    runtime: str = setting(
+        "torch", "torch (eager diffusers) | jax (torchax/JAX jit on the present JAX backend; tpu is an alias) | "
+                 "ulysses (sequence parallel; launch with torchrun --nproc_per_node=N)")
+    mesh: str | None = setting(
+        None, "jax runtime: device mesh, e.g. tensor=8 or data=2,tensor=4, or 1 for one device (default: every "
+              "device, as compile lays them out: data=2 for the CFG pair, tensor = the rest, as far as the heads "
+              "split; the mesh used is printed and recorded)")
+    sharding: str = setting(
+        DEFAULT_STRATEGY, "jax runtime on more than one device (a --mesh, or the default one): "
+                          f"{' | '.join(STRATEGIES)} (default {DEFAULT_STRATEGY})")
+    enable_cache: bool = setting(False, "reuse deep features on the schedule's cached steps", group="cache")
+    cache_method: str | None = setting(
+        None, "deepcache (the fixed schedule of the --cache_*_step flags) | magcache (adaptive: skips by a "
+              "calibrated per-step curve) (default deepcache)", group="cache")
+    cache_start_step: int = setting(11, "first step of the cached range (default 11)", group="cache")
+    cache_end_step: int = setting(45, "steps from here on are full again (default 45)", group="cache")
+    cache_step_interval: int = setting(4, "in the range, every N-th step is full (default 4)", group="cache")
+    no_cache_blocks: int = setting(
+        1, "trailing blocks recomputed on cached steps; 0: a cached step runs only the output layer (default 1)",
+        group="cache")
+    cache_threshold: float | None = setting(
+        None, "magcache: reuse the cache while the accumulated estimated error stays under this; 0 runs every step "
+              f"full (default {DEFAULT_THRESHOLD})", group="cache")
+    cache_max_skip: int | None = setting(
+        None, f"magcache: at most this many cached steps in a row (default {DEFAULT_MAX_SKIP})", group="cache")
+    cache_retention: float | None = setting(
+        None, f"magcache: this fraction of the first steps always runs full (default {DEFAULT_RETENTION})",
+        group="cache")
+    cache_calibration: str | None = setting(
+        None, "magcache: calibration JSON of `calibrate_cache` (default: the one shipped with tiny_trained, or, "
+              "for a tiny preset, one uncached calibration run first; required for real presets)", group="cache")
+    multi_host: bool = setting(
+        False, "jax runtime on a multi-host slice: join the hosts (jax.distributed.initialize) first; run the same "
+               "command on every host (gcloud ... ssh --worker=all)")
+    attention: str | None = setting(
+        None, "auto (exact; on CUDA by GPU generation: SDPA (cuDNN) first on Hopper and newer, flash-attn first "
+              "before; Splash/XLA for jax) | sdpa | flash | flash3 | sage (lossy) | splash | xla | ssta (SSTA "
+              "sparse attention, what the 720p sparse checkpoints were trained with) | ... | diffusers (stock "
+              "dense-mask processor, torch runtime only) (default: the preset's: ssta for the sparse 720p "
+              "checkpoints, else auto)")
+    sparse_attn: bool = setting(
+        False, "the official scripts' switch: --attention ssta (--sparse_attn or --sparse_attn true)",
+        kind="true_false")
+    ssta: Any = setting(
+        None, "SSTA's options: a hyv_lib.SstaConfig, or a dict of its fields (flags: --ssta_<field>)",
+        kind="ssta_fields")
+    offload: str | None = setting(
+        None, "torch runtime: block (the transformer's weights stay on the host, one block at a time is streamed "
+              "to the GPU: about a quarter of the GPU memory at 480p on an H200, 3.5% slower) | model (the "
+              "transformer is on the GPU for the denoising loop only, so the VAE decode after it has the card); "
+              "without a GPU neither does anything (one warning line; recorded as offload_requested and "
+              "offload_applied) (default: off)")
+    shard_weights: str | None = setting(
+        None, "fsdp: split the transformer's weights over the torchrun ranks (PyTorch FSDP2; each rank holds 1/N "
+              "of them and gathers one block at a time) with --runtime ulysses (or torch: every rank computes the "
+              "whole step) (default: off, every rank holds all of them)")
+    lora: str | None = setting(
+        None, "a LoRA in diffusers' format: the .safetensors file, or the folder holding "
+              "pytorch_lora_weights.safetensors (what `train` writes); merged into the transformer's weights "
+              "before the step is built, on every runtime (default: none)")
+    lora_scale: float = setting(
+        1.0, "the LoRA's strength: W += scale x alpha/rank x B @ A (default 1.0; 0 leaves the model as is)")
+    compile: bool = setting(
+        False, "torch and ulysses runtimes: torch.compile the transformer blocks (one compiled program shared by "
+               "all of them; inductor fuses the norms, modulation, RoPE and copies around the matmuls and the "
+               "attention). The first step compiles (an extra untimed warm-up call when --warmup_steps is 0); "
+               "another size, frame count or batch compiles again. Not with --offload block; the jax runtime is "
+               "always compiled (default: off)")
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> "Stage2Settings":
@@ -91,6 +147,18 @@ class Stage2Settings:
 
 
 STAGE2_SETTINGS = tuple(f.name for f in dataclasses.fields(Stage2Settings))
+
+
+def _field_lines() -> str:
+    """The fields' documentation, one list item each, from their ``help`` (RST markup characters escaped)."""
+    def text(help_text: str) -> str:
+        return "".join("\\" + c if c in "*|`_" else c for c in help_text)
+
+    return "\n".join(f"    - ``{f.name}``: {text(f.metadata['help'])}"
+                     for f in dataclasses.fields(Stage2Settings))
+
+
+Stage2Settings.__doc__ += "\n\n    Fields:\n\n" + _field_lines() + "\n"
 
 
 @dataclasses.dataclass(frozen=True)
