@@ -61,7 +61,7 @@ VIDEO_LENGTH = int(os.environ.get("HYV_VIDEO_LENGTH", 0)) or None
 STEPS = int(os.environ.get("HYV_STEPS", 0)) or None
 ATTENTION = os.environ.get("HYV_ATTENTION", "auto")  # exact masked attention; "diffusers" = the stock dense mask
 RUNTIME = os.environ.get("HYV_RUNTIME", "torch")     # torch | tpu (the DiT jitted by JAX: the TPU on a TPU VM)
-MESH = os.environ.get("HYV_MESH") or None            # with RUNTIME=tpu, e.g. data=2,tensor=4 on a v6e-8
+MESH = os.environ.get("HYV_MESH") or None            # with RUNTIME=jax, e.g. data=2,tensor=4 on a v6e-8
 
 # %% [markdown]
 # ## The preset

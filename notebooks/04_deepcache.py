@@ -66,7 +66,7 @@ VIDEO_LENGTH = int(os.environ.get("HYV_VIDEO_LENGTH", 0)) or None
 from hyv_lib.notebook.display import settings_not_used  # noqa: E402
 
 _ = settings_not_used({
-    "HYV_RUNTIME": "both DeepCache runtimes (torch and tpu) are run and compared",
+    "HYV_RUNTIME": "both DeepCache runtimes (torch and jax) are run and compared",
     "HYV_MESH": "one device", "HYV_ATTENTION": "the default exact attention",
 })
 
@@ -246,7 +246,7 @@ print(f"r = {r_720:.5f} (blocks alone: k/L = {k / L:.5f}); FLOP speed-up n / (f 
 #
 # * **torch**: a full step *is* diffusers' forward, with a pre-hook on the first uncached block that records its
 #   inputs. A schedule of only full steps therefore gives exactly the uncached latents (a test checks `torch.equal`).
-# * **tpu**: `JaxTransformer` {term}`jits <jit>` two methods of its static-shape step, `forward_and_cache` and
+# * **jax**: `JaxTransformer` {term}`jits <jit>` two methods of its static-shape step, `forward_and_cache` and
 #   `forward_from_cache`. The cache stays on the device between steps.
 #
 # The tests count block calls: on a cached step, block 0 never runs.

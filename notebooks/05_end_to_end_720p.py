@@ -51,8 +51,8 @@ HEIGHT = int(os.environ.get("HYV_HEIGHT", "720"))
 WIDTH = int(os.environ.get("HYV_WIDTH", "1280"))
 VIDEO_LENGTH = int(os.environ.get("HYV_VIDEO_LENGTH", "9"))  # the real model's default is 121
 STEPS = int(os.environ.get("HYV_STEPS", "0")) or None        # None: the preset's default (50 for real presets)
-RUNTIME = os.environ.get("HYV_RUNTIME", "torch")              # torch | tpu (| ulysses under torchrun)
-MESH = os.environ.get("HYV_MESH") or None                     # e.g. data=2,tensor=4 on a v6e-8, with RUNTIME=tpu
+RUNTIME = os.environ.get("HYV_RUNTIME", "torch")              # torch | jax (| ulysses under torchrun)
+MESH = os.environ.get("HYV_MESH") or None                     # e.g. data=2,tensor=4 on a v6e-8, with RUNTIME=jax
 ATTENTION = os.environ.get("HYV_ATTENTION", "auto")            # exact by default; flash on a GPU, splash on a TPU
 ENABLE_CACHE = os.environ.get("HYV_ENABLE_CACHE", "0") == "1"
 # Decode once more without tiles, for comparison: on by default for the tiny presets only. With real weights at

@@ -63,8 +63,8 @@ HEIGHT = int(os.environ.get("HYV_HEIGHT", 0)) or None
 WIDTH = int(os.environ.get("HYV_WIDTH", 0)) or None
 VIDEO_LENGTH = int(os.environ.get("HYV_VIDEO_LENGTH", 0)) or None  # None: the preset's default
 STEPS = int(os.environ.get("HYV_STEPS", 0)) or None
-RUNTIME = os.environ.get("HYV_RUNTIME", "torch")  # torch | tpu
-MESH = os.environ.get("HYV_MESH") or None  # with RUNTIME=tpu, e.g. tensor=8 (data=2 needs CFG on)
+RUNTIME = os.environ.get("HYV_RUNTIME", "torch")  # torch | jax
+MESH = os.environ.get("HYV_MESH") or None  # with RUNTIME=jax, e.g. tensor=8 (data=2 needs CFG on)
 ATTENTION = os.environ.get("HYV_ATTENTION", "auto")
 
 # %%

@@ -42,7 +42,7 @@ import os
 # (default: its 720p or 480p size, 121 frames); HYV_RUNTIME and HYV_MESH go into the printed train command.
 PRESET = os.environ.get("HYV_PRESET", "tiny_trained")
 MODEL_PATH = os.environ.get("HYV_MODEL_PATH") or None
-RUNTIME = os.environ.get("HYV_RUNTIME", "jax")  # the printed real-size train command's runtime: tpu | torch
+RUNTIME = os.environ.get("HYV_RUNTIME", "jax")  # the printed real-size train command's runtime: jax | torch
 MESH = os.environ.get("HYV_MESH") or None  # e.g. data=1,sequence=8 (FSDP over every device; default: one per chip)
 HEIGHT = int(os.environ.get("HYV_HEIGHT", 0)) or None
 WIDTH = int(os.environ.get("HYV_WIDTH", 0)) or None

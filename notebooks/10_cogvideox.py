@@ -37,7 +37,7 @@
 import os
 
 # The live part runs cogvideox_tiny (random weights); with HYV_PRESET=cogvideox1.5_5b and HYV_MODEL_PATH=<a diffusers
-# CogVideoX1.5-5B folder> it generates with the real model instead (HYV_RUNTIME tpu or torch, HYV_MESH, HYV_HEIGHT x
+# CogVideoX1.5-5B folder> it generates with the real model instead (HYV_RUNTIME jax or torch, HYV_MESH, HYV_HEIGHT x
 # HYV_WIDTH x HYV_VIDEO_LENGTH, HYV_STEPS; default 768x1360x81, 50 steps: a TPU or GPU, not this CPU).
 PRESET = os.environ.get("HYV_PRESET", "cogvideox_tiny")
 MODEL_PATH = os.environ.get("HYV_MODEL_PATH") or None
@@ -177,8 +177,9 @@ print(f"{len(glob.glob(os.path.join(os.path.dirname(runtimes_package.__file__), 
 # %% [markdown]
 # ## One folder per model
 #
-# The adapter runs the transformer; the rest of what makes a model (its text encoder's recipe, its denoising loop and
-# scheduler, the layout its VAE decodes, which settings it takes) is its *family*'s, the interface
+# The adapter runs the transformer; the rest of what makes a model (its components and how each is built, loaded and
+# saved, its text encoder's recipe, its denoising loop and scheduler, the layout its VAE decodes, which settings it
+# takes) is its *family*'s, the interface
 # `hyv_lib.models.family.ModelFamily`. Each family is one folder under `hyv_lib/models/`, found by a preset's `model`
 # in one registry line (`hyv_lib.models.families.FAMILIES`); the stage functions, the in-memory pipeline, the planner
 # and the settings checks call it and never name a model (`tests/test_model_families.py` reads every module outside

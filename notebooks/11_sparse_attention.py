@@ -215,7 +215,7 @@ display(html_table(rows))
 #   the jitted step (`hyv_lib.kernels.ssta_jax`).
 #
 # Both equal a float32 softmax over exactly the tokens of the attended tiles (`tests/test_ssta.py`,
-# `tests/test_ssta_jax.py`), and the runtimes (torch, tpu, ulysses, DeepCache, MagCache, LoRA and the train step)
+# `tests/test_ssta_jax.py`), and the runtimes (torch, jax, ulysses, DeepCache, MagCache, LoRA and the train step)
 # equal the same model with the reference kernel (`tests/test_ssta_runtimes.py`).
 #
 # ## Measured on one GPU
