@@ -24,8 +24,8 @@ from ..runtimes.magcache import (
     calibration_path,
     load_calibration,
 )
-from ..runtimes.step import make_step
 from ..runtimes.jax_step import to_cpu
+from ..runtimes.step import make_step
 from .image import check_task, first_frame
 from .sampling import sample_latents
 from .settings import ResolvedSettings, Stage2Settings, resolve_settings
@@ -109,6 +109,7 @@ def calibrate(preset: str | Preset | None = None, model_path: str | None = None,
     if missing:
         components.update(load_components(preset, model_path, missing, dtype=dtype))
     transformer = components["transformer"]
+    runtime = settings.runtime  # "tpu" given: recorded as "jax"
     device = local_device() if runtime == "torch" else torch.device("cpu")
     if device.type == "cuda":  # untested here: no GPU
         transformer.to(device)

@@ -19,8 +19,8 @@ from ..parallel.sharding import DEFAULT_STRATEGY, STRATEGIES
 from ..runtimes.compiled import check_compile
 from ..runtimes.fsdp import check_shard_weights
 from ..runtimes.magcache import DEFAULT_MAX_SKIP, DEFAULT_RETENTION, DEFAULT_THRESHOLD
-from ..runtimes.placement import OFFLOAD_MODES, offload_applies
 from ..runtimes.names import RUNTIMES, runtime_choices, runtime_name
+from ..runtimes.placement import OFFLOAD_MODES, offload_applies
 from ..runtimes.step import check_attention
 from .size_check import check_fits
 

@@ -19,9 +19,9 @@ from ..parallel.sharding import DEFAULT_STRATEGY
 from .compiled import check_compile, compile_blocks
 from .deepcache import DeepCacheSchedule, DeepCacheStep, TorchDeepCache
 from .fsdp import ShardedStep, sharded_step
-from .magcache import MagCacheSchedule
 from .jax_step import DefaultMeshTransformer, JaxTransformer
-from .names import RUNTIMES, runtime_choices, runtime_name  # noqa: F401 (RUNTIMES: also importable from here)
+from .magcache import MagCacheSchedule
+from .names import runtime_choices, runtime_name
 from .ulysses import UlyssesTransformer
 
 

@@ -10,9 +10,9 @@ import torch
 
 from ..models.devices import placed
 from ..models.patches import frame_causal_vae_attention
-from .tile_parallel import tile_parallel_decode
 from .jax_vae import decode_on_jax
 from .names import VAE_RUNTIMES, runtime_choices, runtime_name
+from .tile_parallel import tile_parallel_decode
 
 
 def to_uint8_frames(video: torch.Tensor | np.ndarray) -> torch.Tensor:

@@ -29,10 +29,10 @@ from ..models.registry import adapter_for, get_adapter
 from ..parallel.distributed import rank as process_rank
 from ..runtimes.jax_train import JaxTrainStep
 from ..runtimes.names import runtime_choices, runtime_name
+from ..runtimes.torch_train import LinearWarmup, TorchTrainStep
 from .checkpoint import checkpoint_path, load_checkpoint, read_info, save_checkpoint
 from .feature_set import FeatureSet
 from .features import model_config_digest
-from ..runtimes.torch_train import LinearWarmup, TorchTrainStep
 
 logger = logging.getLogger(__name__)
 
