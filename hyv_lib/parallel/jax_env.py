@@ -212,6 +212,13 @@ def enable_compile_cache(path: str | None = None) -> str:
     return path
 
 
+def multi_host_joined() -> bool:
+    """Whether this process has joined a multi-host JAX run (:func:`init_multi_host`)."""
+    import jax
+
+    return jax.distributed.is_initialized()
+
+
 def init_multi_host() -> int:
     """Join this process to a multi-host JAX run: ``jax.distributed.initialize()``, once; returns the process count.
 

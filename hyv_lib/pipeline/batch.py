@@ -25,7 +25,7 @@ from ..parallel.sharding import DEFAULT_STRATEGY
 from ..runtimes.names import runtime_name
 from .calibration import cache_schedule
 from .inference import load_pipeline
-from .settings import check_vae_settings, resolve_settings
+from .settings import Stage2Settings, check_vae_settings, prepare_runtime, resolve_settings
 from .stage_io import CONFIG_FILE, FRAMES_FILE, VIDEO_FILE, read_config, update_config
 from .stages import stage1, stage2, stage3
 
@@ -65,8 +65,9 @@ class BatchRunner:
         unknown = set(self.stage2_settings) & {"seed", "input_dir", "output_dir", "step", "components"}
         if unknown:
             raise HyvInputError(sorted(unknown)[0], "is set per video, not for the pipeline")
-        settings = resolve_settings(self.preset, **{k: v for k, v in self.stage2_settings.items()
-                                                   if k not in ("quiet",)})
+        requested = Stage2Settings.from_kwargs({k: v for k, v in self.stage2_settings.items() if k != "quiet"})
+        prepare_runtime(requested)  # a multi-host run's hosts join before the mesh is checked
+        settings = resolve_settings(self.preset, requested)
         if settings.runtime == "ulysses":  # stage 2 tears the process group down after each video
             raise HyvInputError("--runtime", "a pipeline for many prompts runs with --runtime torch or jax")
         if settings.shard_weights:  # as ulysses: one prompt per torchrun launch

@@ -13,7 +13,7 @@ from ..kernels.registry import BACKENDS
 from ..kernels.ssta import SstaConfig
 from ..models.lora import lora_file
 from ..models.registry import adapters_with, get_adapter
-from ..parallel.jax_env import init_multi_host, jax_devices
+from ..parallel.jax_env import init_multi_host, jax_devices, multi_host_joined
 from ..parallel.mesh import ONE_DEVICE, default_mesh, make_mesh, mesh_text, parse_mesh
 from ..parallel.sharding import DEFAULT_STRATEGY, STRATEGIES
 from ..runtimes.compiled import check_compile
@@ -314,12 +314,21 @@ def resolve_attention(preset: Preset, attention: str | None, sparse_attn: Any, s
     return attention, ssta_options(SstaConfig() if ssta is None else ssta)
 
 
+def prepare_runtime(settings: Stage2Settings) -> None:
+    """The process-wide side effect a run's ``settings`` ask for, done once before they are resolved
+    (:func:`resolve_settings` has none): a multi-host run (``multi_host`` on the jax runtime) joins the hosts of its
+    slice (:func:`hyv_lib.parallel.jax_env.init_multi_host`), after which JAX sees every host's devices and the mesh
+    can be checked. Anything else: nothing."""
+    if settings.multi_host and runtime_name(settings.runtime) == "jax":
+        init_multi_host()
+
+
 def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **kwargs: Any) -> ResolvedSettings:
     """Fill unset stage-2 settings (a :class:`Stage2Settings`, or its fields as keyword arguments) from the preset,
     validate them, and resolve (height, width): a frozen :class:`ResolvedSettings`.
 
     Bad values raise HyvInputError naming the flag. Height and width come from the ``aspect_ratio``
-    bucket unless both are given.
+    bucket unless both are given. A multi-host run's hosts join in :func:`prepare_runtime`, before this.
     """
     if settings is not None and kwargs:
         raise HyvInputError("settings", "give a Stage2Settings or keyword arguments, not both")
@@ -369,8 +378,9 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
     if multi_host:
         if runtime != "jax":
             raise HyvInputError("--multi_host", "needs --runtime jax")
-
-        init_multi_host()  # before the mesh check: until then a host sees only its own devices
+        if not multi_host_joined():  # until then a host sees only its own devices: the mesh check would be wrong
+            raise HyvInputError("--multi_host", "the hosts have not joined yet: call "
+                                                "hyv_lib.pipeline.settings.prepare_runtime(settings) first")
     if axes:
         try:
             make_mesh(**axes)  # the device count must match before any stage writes a file

@@ -30,7 +30,14 @@ from .calibration import cache_schedule, resolve_calibration
 from .denoiser import Denoiser, decode_video, vae_layout
 from .encoder_device import resolve_text_device
 from .image import check_task, crop_to_bucket, first_frame, image_size_settings, load_image
-from .settings import ResolvedSettings, Stage2Settings, check_vae_model, check_vae_settings, resolve_settings
+from .settings import (
+    ResolvedSettings,
+    Stage2Settings,
+    check_vae_model,
+    check_vae_settings,
+    prepare_runtime,
+    resolve_settings,
+)
 from .stage_io import (
     CONFIG_FILE,
     FRAMES_FILE,
@@ -265,6 +272,7 @@ def stage2(
                                          "run the whole stage in each of them into the same files: split the work "
                                          "with --runtime ulysses (or --shard_weights fsdp), or run it without torchrun")
     config, embeds, preset = _read_stage1(input_dir, preset, model_path)
+    prepare_runtime(requested)  # a multi-host run's hosts join: the settings then see every device
     if "cond_latents" in embeds:  # image-to-video: the size is the first frame's
         requested = image_size_settings(
             requested, tuple(n * preset.spatial_compression for n in embeds["cond_latents"].shape[-2:]))
@@ -439,6 +447,7 @@ def generate(
     check_task(preset, image_path is not None)
     if image_path is not None:
         requested = first_frame(preset, image_path, requested)[0]
+    prepare_runtime(requested)
     settings = resolve_settings(preset, requested)
     if settings.cache_method == "magcache":  # a missing or unfitting calibration file fails before stage 1 writes
         resolve_calibration(settings, preset)
