@@ -21,7 +21,7 @@
 # latent frame) and the real {term}`VAE` tiling, with fewer frames ($F$ = 9 instead of 121) and a tiny model that
 # was taught to draw at this size, hyv-tiny-720p (preset `tiny_trained_720p`; what it is and how well it draws:
 # below; symbols: {doc}`../book/notation`). On a TPU VM or a GPU box, the same notebook runs the 8.3B model: set
-# `HYV_PRESET=720p_t2v`, `HYV_MODEL_PATH` and, for the TPU mesh, `HYV_RUNTIME=tpu HYV_MESH=data=2,tensor=4` (see
+# `HYV_PRESET=720p_t2v`, `HYV_MODEL_PATH` and, for the TPU mesh, `HYV_RUNTIME=jax HYV_MESH=data=2,tensor=4` (see
 # {doc}`../book/runbook`).
 #
 # We measure, per stage, the wall time and the peak memory. Stage 3, the VAE decode, gets a closer look: at
@@ -385,7 +385,7 @@ html_table([{"file": name, "MiB": round(os.path.getsize(os.path.join(OUTPUT_DIR,
 # %% [markdown]
 # ## At real size: the v6e-8 plan
 #
-# With the real 720p model, the same notebook's stage 2 runs on the TPU {term}`mesh` (`HYV_RUNTIME=tpu
+# With the real 720p model, the same notebook's stage 2 runs on the TPU {term}`mesh` (`HYV_RUNTIME=jax
 # HYV_MESH=data=2,tensor=4`). The planner (`hyv_lib.planning`, chapter 3) gives what one {term}`CFG` step needs per
 # chip at 121 frames, on two layouts with the same rule set ({term}`tp_replicated_out`): `hyv_lib`'s default mesh,
 # `data=2,tensor=4`, and `tensor=8`, the only mesh the published TPU runs used (gpu-tpu-pedia's script builds `(tp, dp, sp) = (8, 1,
