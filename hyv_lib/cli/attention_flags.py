@@ -8,7 +8,6 @@ import dataclasses
 from typing import Any
 
 from ..kernels.ssta import SstaConfig
-from ..pipeline.settings import Stage2Settings
 
 #: SSTA's options as flags: ``--ssta_<field>`` (``lambda_`` is ``--ssta_lambda``), each with its parser and help.
 SSTA_FLAGS = {
@@ -51,17 +50,6 @@ def add_ssta_arguments(parser: argparse.ArgumentParser, group=None) -> None:
         else:
             group.add_argument(flag, dest=f"ssta_{name}", type=kind, default=None,
                                help=f"SSTA: {text} (default {shown})")
-
-
-def add_attention_arguments(parser: argparse.ArgumentParser, group=None) -> None:
-    """``--attention``, ``--sparse_attn`` and the ``--ssta_*`` options for a command outside stage 2 (``train``), with
-    the help of the stage-2 settings of the same names (:class:`hyv_lib.pipeline.settings.Stage2Settings`)."""
-    group = group or parser
-    helps = {f.name: f.metadata["help"].replace("%", "%%") for f in dataclasses.fields(Stage2Settings)}
-    group.add_argument("--attention", default=None, help=helps["attention"])
-    group.add_argument("--sparse_attn", type=str_to_bool, nargs="?", const=True, default=False,
-                       help=helps["sparse_attn"])
-    add_ssta_arguments(parser, group)
 
 
 def ssta_overrides(args: argparse.Namespace) -> dict[str, Any] | None:

@@ -59,14 +59,17 @@ def add_stage2_arguments(p: argparse.ArgumentParser, dirs: bool = True) -> None:
     add_official_arguments(p)
 
 
-def add_settings_arguments(parser: argparse.ArgumentParser, groups: dict[str, Any] | None = None) -> None:
-    """One flag per :class:`hyv_lib.pipeline.settings.Stage2Settings` field, built from the field
-    (:func:`hyv_lib.pipeline.settings.setting`): ``--<name>`` with its default, its type (a switch for a bool) and
-    its help, in the argument group of its ``group`` (``groups`` holds those made already; the others are made
-    here, titled by :data:`hyv_lib.pipeline.settings.SETTING_GROUPS`)."""
+def add_settings_arguments(parser: argparse.ArgumentParser, groups: dict[str, Any] | None = None,
+                           only: tuple[str, ...] | None = None) -> None:
+    """One flag per :class:`hyv_lib.pipeline.settings.Stage2Settings` field (``only``: those fields), built from the
+    field (:func:`hyv_lib.pipeline.settings.setting`): ``--<name>`` with its default, its type (a switch for a bool)
+    and its help, in the argument group of its ``group`` (``groups`` holds those made already, or the parser itself;
+    the others are made here, titled by :data:`hyv_lib.pipeline.settings.SETTING_GROUPS`)."""
     groups = dict(groups or {})
     hints = typing.get_type_hints(Stage2Settings)
     for field in dataclasses.fields(Stage2Settings):
+        if only is not None and field.name not in only:
+            continue
         meta = field.metadata
         group_name = meta["group"]
         if group_name not in groups:

@@ -15,7 +15,8 @@ from ..training.features import extract_features
 from ..training.loop import DEFAULTS as TRAIN_DEFAULTS
 from ..training.loop import train
 from ..training.merge import write_merged_model
-from .attention_flags import add_attention_arguments, ssta_overrides
+from .attention_flags import ssta_overrides
+from .stage_flags import add_settings_arguments
 
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
@@ -54,7 +55,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="fp32 | bf16: the transformer's (default: the preset's)")
     p.add_argument("--no_gradient_checkpointing", action="store_true",
                    help="keep every block's activations instead of recomputing them in the backward pass")
-    add_attention_arguments(p)  # --attention (default: the preset's: ssta for the sparse checkpoints), --sparse_attn
+    # --attention (default: the preset's: ssta for the sparse checkpoints), --sparse_attn, --ssta_*: stage 2's flags
+    add_settings_arguments(p, {"denoising": p}, only=("attention", "sparse_attn", "ssta"))
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary line")
 
 

@@ -12,10 +12,10 @@ from ..base.errors import HyvInputError
 from ..base.presets import Preset
 from ..kernels.dispatch import kernel_record
 from ..models.dtypes import torch_dtype
-from ..models.families import family_for
 from ..models.lora import LoraWeights, ensure_merged
 from ..parallel.distributed import local_device
 from ..runtimes.fsdp import shard_weights, sharded_step
+from ..runtimes.names import TORCH_RUNTIMES
 from ..runtimes.placement import place_transformer, while_denoising
 from ..runtimes.step import TransformerStep, make_step
 from ..runtimes.vae import decode_latents
@@ -23,11 +23,6 @@ from ..runtimes.vae_memory import tile_for_budget
 from .sampling import sample_latents
 from .settings import ResolvedSettings
 from .stage_io import STAGE2_FILE
-
-#: The runtimes whose transformer runs in this process's torch device (the GPU when there is one); the JAX runtime
-#: keeps the torch module on the host and runs its own copy.
-TORCH_RUNTIMES = ("torch", "ulysses")
-
 
 @dataclass
 class Denoiser:
@@ -84,17 +79,10 @@ class Denoiser:
                                   progress=progress, device=self.device)
 
 
-def vae_layout(preset: Preset, latents: torch.Tensor, video_length: Any) -> torch.Tensor:
-    """Stage-2 ``latents`` as the preset's VAE decodes them, [1, C, T, h, w]
-    (:meth:`hyv_lib.models.family.ModelFamily.vae_latents`; a HyvInputError naming ``--input_dir`` when they do not
-    fit ``video_length``)."""
-    return family_for(preset).vae_latents(preset, latents, video_length)
-
-
 def decode_video(vae, latents: torch.Tensor, *, runtime: str = "torch", vae_dtype: str = "fp32", tiling: bool = True,
                  memory_gb: float | None = None, tile_parallel: bool = False,
                  argument: str = "latents") -> tuple[torch.Tensor, int | None]:
-    """``latents`` in the VAE's layout (:func:`vae_layout`) decoded to uint8 frames [F, H, W, 3], and the tile size
+    """``latents`` in the VAE's layout (:meth:`hyv_lib.models.family.ModelFamily.vae_latents`) decoded to uint8 frames [F, H, W, 3], and the tile size
     a ``memory_gb`` budget chose (None without one): :func:`hyv_lib.runtimes.vae.decode_latents` in ``vae_dtype`` on
     this rank's GPU if any (``runtime="torch"``) or on JAX's device (``jax``), tiles spread over the torchrun ranks
     with ``tile_parallel``. Latents with other channels than the VAE's are a HyvInputError naming ``argument``."""

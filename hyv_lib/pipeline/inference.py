@@ -24,7 +24,7 @@ from ..parallel.sharding import DEFAULT_STRATEGY
 from ..runtimes.fsdp import under_torchrun
 from ..runtimes.names import VAE_RUNTIMES, runtime_choices, runtime_name
 from ..runtimes.step import cached_step
-from .denoiser import Denoiser, decode_video, vae_layout
+from .denoiser import Denoiser, decode_video
 from .encoder_device import ENCODERS, resolve_text_device
 from .image import check_task, first_frame
 from .settings import Stage2Settings, check_vae_model, check_vae_settings, resolve_settings
@@ -225,10 +225,9 @@ class VideoPipeline:
         denoise_s = time.perf_counter() - denoise_start
         # torch: on this process's GPU if any, in vae_dtype, and the VAE put back after (image conditioning shares it)
         with python_names():
-            frames, tile_px = decode_video(self.components["vae"],
-                                           vae_layout(self.preset, latents, settings.video_length),
-                                           runtime=self.vae_runtime, vae_dtype=self.vae_dtype, tiling=self.tiling,
-                                           memory_gb=self.vae_memory_gb)
+            decoded = family_for(self.preset).vae_latents(self.preset, latents, settings.video_length)  # VAE layout
+            frames, tile_px = decode_video(self.components["vae"], decoded, runtime=self.vae_runtime,
+                                           vae_dtype=self.vae_dtype, tiling=self.tiling, memory_gb=self.vae_memory_gb)
         config = dict(prompt=prompt, negative_prompt=negative_prompt, preset=self.preset.name, task=task,
                       model_path=self.model_path, dtype=self.dtype, **settings.config(), fps=self.preset.fps,
                       stage3_runtime=self.vae_runtime, vae_dtype=self.vae_dtype, vae_tiling=self.tiling,

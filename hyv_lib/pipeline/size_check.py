@@ -8,7 +8,7 @@ import torch
 
 from ..base.errors import HyvInputError
 from ..parallel.distributed import local_device
-from ..runtimes.names import runtime_name
+from ..runtimes.names import TORCH_RUNTIMES, runtime_name
 
 #: Bytes per value of the decoded video [3, F, H, W] that the device decoding it holds at once, at least: the VAE's
 #: output in its dtype (2 bytes in bf16, 4 in fp32) and the fp32 copy that
@@ -62,7 +62,7 @@ def check_fits(height: int, width: int, video_length: int, runtime: str) -> None
     process's GPU), before any model loads. A lower bound: what it refuses cannot run, whatever the dtype or tiling
     (every tile is blended into one whole video); what it lets through may still not fit. The jax runtime's device
     is left to the TPU compiler; the host still holds its frames."""
-    device = local_device() if runtime in ("torch", "ulysses") else torch.device("cpu")
+    device = local_device() if runtime in TORCH_RUNTIMES else torch.device("cpu")
     on_gpu = device.type == "cuda"
     if runtime_name(runtime) == "jax":  # the decode's float bytes are on the TPU: only the uint8 frames are sure to be on the host
         needed = {"host": video_length * height * width * 3 * FRAMES_BYTES_PER_VALUE}

@@ -27,7 +27,7 @@ from ..parallel.distributed import barrier, init_distributed, launched_ranks, ra
 from ..runtimes.names import VAE_RUNTIMES, runtime_choices, runtime_name
 from ..runtimes.step import TransformerStep
 from .calibration import cache_schedule, resolve_calibration
-from .denoiser import Denoiser, decode_video, vae_layout
+from .denoiser import Denoiser, decode_video
 from .encoder_device import resolve_text_device
 from .image import check_task, crop_to_bucket, first_frame, image_size_settings, load_image
 from .settings import (
@@ -379,7 +379,7 @@ def stage3(
     latents = load_stage2(input_dir)
     preset = _preset_from_config(config, input_dir)
     check_vae_model(preset, budget)
-    latents = vae_layout(preset, latents, config.get("video_length"))  # the VAE's [1, C, T, h, w]
+    latents = family_for(preset).vae_latents(preset, latents, config.get("video_length"))  # the VAE's [1, C, T, h, w]
     fps = preset.fps if fps is None else fps
     output_video = output_video or os.path.join(input_dir, VIDEO_FILE)
     out_dir = os.path.dirname(os.path.abspath(output_video))

@@ -7,6 +7,9 @@ from typing import Any
 #: The transformer runtimes (``--runtime``): eager diffusers (``torch``), torchax/JAX jit on the present JAX backend
 #: (``jax``: the TPU on a TPU VM, the CPU in the tests), Ulysses sequence parallel over torchrun ranks (``ulysses``).
 RUNTIMES = ("torch", "jax", "ulysses")
+#: The runtimes whose transformer runs on this process's torch device (the GPU when there is one); the JAX runtime
+#: keeps the torch module on the host and runs its own copy.
+TORCH_RUNTIMES = ("torch", "ulysses")
 #: Where stage 3's VAE decodes: eager diffusers, or its decoder jitted through torchax on JAX's device.
 VAE_RUNTIMES = ("torch", "jax")
 #: Names still accepted for a runtime: ``tpu`` was the JAX runtime's name (it runs on any JAX backend), and old
