@@ -81,6 +81,7 @@ import hyv_lib
 from hyv_lib.models.components import quiet_loading  # no weight-loading progress bars in the output
 from hyv_lib.notebook.display import file_rows, frame_grid, html_table, tensor_rows, video_html
 from hyv_lib.pipeline.stages import stage1, stage2, stage3
+from hyv_lib.runtimes.names import vae_runtime_for
 
 preset = hyv_lib.get_preset(PRESET)
 real = hyv_lib.get_preset("720p_t2v")
@@ -230,7 +231,7 @@ fig.tight_layout()
 # %%
 t0 = time.perf_counter()
 with quiet_loading():
-    frames = stage3(input_dir=OUTPUT_DIR, runtime="jax" if RUNTIME == "jax" else "torch")
+    frames = stage3(input_dir=OUTPUT_DIR, runtime=vae_runtime_for(RUNTIME))  # JAX's device after the jax runtime
 print(f"stage 3: {time.perf_counter() - t0:.1f} s, "
       f"frames {tuple(frames.shape)} {frames.dtype}")
 fig = frame_grid(frames.numpy(), columns=5, title=f"{PRESET}: {PROMPT!r}")

@@ -22,7 +22,7 @@ from ..models.dtypes import torch_dtype
 from ..models.families import PRESETS
 from ..models.folder import choose_preset
 from ..parallel.sharding import DEFAULT_STRATEGY
-from ..runtimes.names import runtime_name
+from ..runtimes.names import runtime_name, vae_runtime_for
 from .calibration import cache_schedule
 from .inference import load_pipeline
 from .settings import Stage2Settings, check_vae_settings, prepare_runtime, resolve_settings
@@ -73,8 +73,7 @@ class BatchRunner:
         if settings.shard_weights:  # as ulysses: one prompt per torchrun launch
             raise HyvInputError("--shard_weights", "a pipeline for many prompts runs without it (one process)")
         runtime = settings.runtime
-        self.stage3_settings.setdefault("runtime", "jax" if runtime == "jax" else "torch")
-        self.stage3_settings["runtime"] = runtime_name(self.stage3_settings["runtime"])
+        self.stage3_settings["runtime"] = runtime_name(self.stage3_settings.get("runtime", vae_runtime_for(runtime)))
         check_vae_settings(self.stage3_settings.get("vae_dtype", "fp32"), self.stage3_settings.get("vae_memory_gb"),
                            not self.stage3_settings.get("disable_tiling", False), self.stage3_settings["runtime"])
         self.settings = settings

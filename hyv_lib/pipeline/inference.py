@@ -22,7 +22,7 @@ from ..models.families import family_for, get_preset
 from ..models.folder import choose_preset
 from ..parallel.sharding import DEFAULT_STRATEGY
 from ..runtimes.fsdp import under_torchrun
-from ..runtimes.names import VAE_RUNTIMES, runtime_choices, runtime_name
+from ..runtimes.names import VAE_RUNTIMES, runtime_choices, runtime_name, vae_runtime_for
 from ..runtimes.step import cached_step
 from .denoiser import Denoiser, decode_video
 from .encoder_device import ENCODERS, resolve_text_device
@@ -114,7 +114,7 @@ class VideoPipeline:
                 raise HyvInputError("--runtime", "an in-memory pipeline runs with torch or jax, or with ulysses in "
                                                  "each process of a torchrun launch (one per device)")
         runtime = runtime_name(runtime)
-        vae_runtime = runtime_name(vae_runtime) or ("jax" if runtime == "jax" else "torch")
+        vae_runtime = runtime_name(vae_runtime) or vae_runtime_for(runtime)
         if vae_runtime not in VAE_RUNTIMES:
             raise HyvInputError("vae_runtime", f"must be {runtime_choices(VAE_RUNTIMES)}, got {vae_runtime!r}")
         with python_names():

@@ -24,7 +24,7 @@ from ..models.families import PRESETS, family_for, get_preset
 from ..models.folder import PresetChoice, choose_preset
 from ..models.lora import RECORD_FIELDS, check_lora_file
 from ..parallel.distributed import barrier, init_distributed, launched_ranks, rank
-from ..runtimes.names import VAE_RUNTIMES, runtime_choices, runtime_name
+from ..runtimes.names import VAE_RUNTIMES, runtime_choices, runtime_name, vae_runtime_for
 from ..runtimes.step import TransformerStep
 from .calibration import cache_schedule, resolve_calibration
 from .denoiser import Denoiser, decode_video
@@ -453,7 +453,7 @@ def generate(
         resolve_calibration(settings, preset)
     if settings.lora:  # so does a corrupt LoRA, or one for another model or other shapes
         check_lora_file(settings.lora, preset.model, preset.transformer, model_path)
-    vae_runtime = "jax" if settings.runtime == "jax" else "torch"
+    vae_runtime = vae_runtime_for(settings.runtime)
     fps, budget = _check_stage3_settings(output_video, fps, vae_dtype, vae_memory_gb, not disable_tiling, vae_runtime)
     check_vae_model(preset, budget)
     device = resolve_text_device(text_device, settings.runtime)

@@ -22,6 +22,12 @@ def runtime_name(runtime: Any) -> Any:
     return RUNTIME_ALIASES.get(runtime, runtime) if isinstance(runtime, str) else runtime
 
 
+def vae_runtime_for(runtime: str) -> str:
+    """Where stage 3 decodes by default after stage 2 ran on ``runtime``: on JAX after the jax runtime (its device
+    holds the accelerator), else eager torch."""
+    return "jax" if runtime_name(runtime) == "jax" else "torch"
+
+
 def runtime_choices(names: tuple[str, ...] = RUNTIMES) -> str:
     """``names`` for an error message, with the aliases: ``torch, jax (alias tpu), ulysses``."""
     aliases = {new: old for old, new in RUNTIME_ALIASES.items()}
