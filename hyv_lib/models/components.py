@@ -57,11 +57,7 @@ def build_tiny_components(preset: Preset, seed: int = 0, names: Iterable[str] | 
     random weights (fp32, eval mode), by its family (:meth:`hyv_lib.models.family.ModelFamily.build_tiny`)."""
     if not preset.is_tiny:
         raise HyvInputError("--preset", f"{preset.name} is a real preset: its weights load from --model_path")
-    components = family_for(preset).build_tiny(preset, seed, None if names is None else list(names))
-    for module in components.values():
-        if isinstance(module, torch.nn.Module):
-            module.eval().requires_grad_(False)
-    return components
+    return family_for(preset).build_tiny(preset, seed, None if names is None else list(names))
 
 
 def check_weight_files(model_path: str, names: Iterable[str]) -> None:

@@ -60,8 +60,8 @@ class ModelFamily:
 
     def build_tiny(self, preset: Preset, seed: int = 0, names: list[str] | None = None) -> dict[str, Any]:
         """The requested components (None: every one of :attr:`components`) of the tiny ``preset``, built in code
-        with weights that depend on ``seed`` only (:func:`hyv_lib.models.components.build_tiny_components` sets eval
-        mode and checks the preset is tiny)."""
+        with weights that depend on ``seed`` only, networks in eval mode without gradients
+        (:func:`hyv_lib.models.components.build_tiny_components` checks the preset is tiny first)."""
         raise NotImplementedError
 
     def component_class(self, name: str, model_path: str):
