@@ -191,7 +191,7 @@ def test_a_calibration_file_round_trips_and_a_mismatched_one_is_refused(tmp_path
     loaded.check("tiny", 4, 5.0, 1)
     with pytest.raises(HyvInputError, match="num_inference_steps 4 but this run has 8") as err:
         loaded.check("tiny", 8, 5.0, 1)
-    assert err.value.argument == "--cache_calibration" and "calibrate_cache" in err.value.message
+    assert err.value.argument == "cache_calibration" and "calibrate_cache" in err.value.message
     mismatched = resolve_settings(TINY, num_inference_steps=8, enable_cache=True, cache_method="magcache",
                                   cache_calibration=path)  # settings take the file; it is resolved with the schedule
     with pytest.raises(HyvInputError, match="cache_calibration"):

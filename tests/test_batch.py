@@ -140,7 +140,7 @@ def test_shard_values(tmp_path, capsys):
     --shard."""
     assert parse_shard("1/4") == (1, 4) and parse_shard(None) is None and parse_shard((0, 1)) == (0, 1)
     for bad in ("4/4", "-1/2", "1/0", "1", "a/b", "1/2/3", "0.5/2", (1, 1), ("0", "2")):
-        with pytest.raises(HyvInputError, match="--shard"):
+        with pytest.raises(HyvInputError, match="^shard: "):
             parse_shard(bad)
     prompts = write(tmp_path / "p.txt", ["a red ball"])
     assert run(["generate", "--prompts_file", str(prompts), "--shard", "2/2", "--quiet"]) == 2

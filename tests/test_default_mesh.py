@@ -49,7 +49,7 @@ def test_fsdp_puts_the_rest_on_sequence_and_the_planner_shares_the_rule():
     assert bounds("tiny", 64, 64, 5, "v6e", 4)["mesh"] == {"data": 2, "tensor": 2, "sequence": 1}
     with pytest.raises(HyvInputError) as err:
         bounds("tiny", 64, 64, 5, "v6e", 8)
-    assert err.value.argument == "n_chips" and "data=2,tensor=2 (what --runtime jax runs" in err.value.message
+    assert err.value.argument == "n_chips" and "data=2,tensor=2 (what `runtime` jax runs" in err.value.message
     assert "uses 4" in err.value.message
 
 
@@ -60,7 +60,7 @@ def test_compile_shares_the_rule_and_asks_for_a_mesh_where_it_leaves_devices_out
     assert tpu_compile.default_layout is default_layout
     with pytest.raises(HyvInputError) as err:  # refused before anything is built or compiled
         tpu_compile.compile_step("tiny", "v6e:2x4")
-    assert err.value.argument == "--mesh" and "data=2,tensor=2 (what --runtime jax runs" in err.value.message
+    assert err.value.argument == "mesh" and "data=2,tensor=2 (what `runtime` jax runs" in err.value.message
 
 
 def test_settings_record_the_mesh_used_and_its_source():
@@ -75,7 +75,7 @@ def test_settings_record_the_mesh_used_and_its_source():
     assert torch_run.mesh is None and "mesh_source" not in torch_run.config()
     with pytest.raises(HyvInputError) as err:
         resolve_settings(tiny, mesh="1")
-    assert err.value.argument == "--mesh" and "needs --runtime jax" in err.value.message
+    assert err.value.argument == "mesh" and "needs `runtime` jax" in err.value.message
 
 
 # stage2 on 8 emulated CPU devices (XLA_FLAGS before JAX starts: its own process), through the CLI as a user runs it;

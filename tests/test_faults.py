@@ -147,11 +147,11 @@ def test_shards_share_a_folder_but_a_shard_or_the_whole_file_runs_once(tmp_path)
         with pytest.raises(FolderInUseError, match=r"shard 0/2") as same_shard:
             with run_lock(out, (0, 2)):
                 pass
-        assert same_shard.value.argument == "--shard" and same_shard.value.holders[0]["pid"] == os.getpid()
+        assert same_shard.value.argument == "shard" and same_shard.value.holders[0]["pid"] == os.getpid()
         with pytest.raises(FolderInUseError, match=r"in use by another run \(pid \d+ on host .*shard 0/2") as whole:
             with run_lock(out, None):
                 pass
-        assert whole.value.argument == "--output_dir"
+        assert whole.value.argument == "output_dir"
     finally:
         release.set()
         thread.join()

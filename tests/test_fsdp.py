@@ -154,7 +154,7 @@ def test_bad_combinations_name_shard_weights():
     for case in cases:
         with pytest.raises(HyvInputError) as info:
             check_shard_weights(**case)
-        assert info.value.argument == "--shard_weights", case
+        assert info.value.argument == "shard_weights", case
     check_shard_weights(None, "jax", offload="block", distributed=False)  # no sharding asked
     check_shard_weights("fsdp", "ulysses", distributed=True)
     check_shard_weights("fsdp", "torch", distributed=True)
@@ -166,7 +166,7 @@ def test_outside_torchrun_is_a_clear_error(monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     with pytest.raises(HyvInputError, match="torchrun --nproc_per_node") as info:
         shard_weights(torch.nn.Linear(2, 2))
-    assert info.value.argument == "--shard_weights"
+    assert info.value.argument == "shard_weights"
 
 
 def test_per_rank_bytes_of_the_real_model():
@@ -267,7 +267,7 @@ def test_the_surfaces_refuse_sharding_outside_torchrun(tiny_run, tmp_path, capsy
     monkeypatch.setenv("RANK", "0")  # under torchrun: a pipeline for many prompts still refuses it
     with pytest.raises(HyvInputError) as info:
         BatchRunner("tiny", stage2=dict(runtime="torch", shard_weights="fsdp"))
-    assert info.value.argument == "--shard_weights"
+    assert info.value.argument == "shard_weights"
     assert cli(["stage2", "--input_dir", str(tiny_run), "--output_dir", str(tmp_path), "--runtime", "jax",
                 "--shard_weights", "fsdp", "--quiet"]) == 2
     assert "error: --shard_weights:" in capsys.readouterr().err

@@ -45,14 +45,14 @@ def test_its_size_is_720x1280_and_other_sizes_are_refused_naming_the_flag():
     assert PRESET.latent_shape(720, 1280, 9) == (1, 16, 3, 45, 80)  # 9 x 16 tokens per latent frame, 5 x 5 latents each
     with pytest.raises(HyvInputError) as err:
         video_size(PRESET, 480, 848, 9)
-    assert err.value.argument == "--width" and "multiple of 80" in err.value.message
+    assert err.value.argument == "width" and "multiple of 80" in err.value.message
 
 
 def test_a_missing_bundled_subfolder_is_one_error_naming_the_preset_and_the_folder():
     broken = dataclasses.replace(PRESET, bundled_subfolders={"transformer": "no_such_transformer"})
     with pytest.raises(HyvInputError, match="no_such_transformer") as err:
         load_components(broken, None, ["transformer"])
-    assert err.value.argument == "--preset"
+    assert err.value.argument == "preset"
 
 
 def test_recorded_gates_describe_these_weights(components):

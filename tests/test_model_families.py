@@ -156,9 +156,9 @@ def test_what_a_model_takes_is_its_adapters_to_say(toy):
     each, with the models that do take them named."""
     family, preset = toy
     family.adapter.takes_flow_shift = family.adapter.takes_lora_files = False
-    with pytest.raises(HyvInputError, match="--attention: SSTA is the sparse attention of hunyuanvideo-1.5 "):
+    with pytest.raises(HyvInputError, match="attention: SSTA is the sparse attention of hunyuanvideo-1.5 "):
         resolve_settings(preset, attention="ssta")
-    with pytest.raises(HyvInputError, match="--flow_shift: toy_tiny samples with a v-prediction scheduler"):
+    with pytest.raises(HyvInputError, match="flow_shift: toy_tiny samples with a v-prediction scheduler"):
         resolve_settings(preset, flow_shift=3.0)
-    with pytest.raises(HyvInputError, match="--lora: LoRA files here are for hunyuanvideo-1.5's transformer"):
+    with pytest.raises(HyvInputError, match="lora: LoRA files here are for hunyuanvideo-1.5's transformer"):
         resolve_settings(preset, lora="x.safetensors")

@@ -86,4 +86,4 @@ def test_multi_host_needs_the_tpu_runtime():
 
     with pytest.raises(HyvInputError) as err:
         resolve_settings(get_preset("tiny"), runtime="torch", multi_host=True)
-    assert err.value.argument == "--multi_host"
+    assert err.value.argument == "multi_host"

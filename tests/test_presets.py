@@ -80,13 +80,13 @@ def test_bucket_rule_picks_what_diffusers_picks(target_size, stride):
 def test_bad_aspect_ratio(bad):
     with pytest.raises(HyvInputError) as err:
         bucket_size(get_preset("tiny"), bad)
-    assert err.value.argument == "--aspect_ratio"
+    assert err.value.argument == "aspect_ratio"
 
 
 def test_unknown_preset_lists_valid_names():
     with pytest.raises(HyvInputError) as err:
         get_preset("1080p")
-    assert err.value.argument == "--preset" and all(n in err.value.message for n in PRESETS)
+    assert err.value.argument == "preset" and all(n in err.value.message for n in PRESETS)
 
 
 def test_tiny_stage1_shapes_follow_the_real_layout():
@@ -160,7 +160,7 @@ def test_a_data_axis_is_refused_as_of_no_use_with_cfg_off():
     for preset, kwargs in (("480p_t2v_distilled", {}), ("720p_i2v_distilled", {}), ("720p_t2v", {"guidance_scale": 1})):
         with pytest.raises(HyvInputError) as err:
             resolve_settings(get_preset(preset), runtime="jax", mesh="data=2,tensor=4", **kwargs)
-        assert err.value.argument == "--mesh" and "of no use with CFG off" in err.value.message, preset
+        assert err.value.argument == "mesh" and "of no use with CFG off" in err.value.message, preset
         assert "(tensor=8)" in err.value.message
     with pytest.raises(HyvInputError, match=r"of no use.*\(tensor=2,sequence=4\)"):
         check_data_axis({"data": 2, "tensor": 1, "sequence": 4}, 1)

@@ -66,7 +66,7 @@ class FakeMesh:
 
 def test_plan_rejects_unknown_sets_unmatched_rules_and_bad_splits():
     shapes = {"transformer_blocks.0.attn.to_q.weight": (8, 8), "proj_out.weight": (4, 8)}
-    with pytest.raises(HyvInputError, match="--sharding: must be one of tp, tp_replicated_out, fsdp for "
+    with pytest.raises(HyvInputError, match="sharding: must be one of tp, tp_replicated_out, fsdp for "
                                             "hunyuanvideo-1.5, got 'zero3'"):
         HUNYUAN_VIDEO_15.rules("zero3")  # the strategy names are checked where the model's rules are looked up
     with pytest.raises(ValueError, match="matched no parameter"):

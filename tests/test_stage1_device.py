@@ -145,7 +145,7 @@ def test_auto_is_the_cpu_here_and_the_rank_gpu_with_cuda(monkeypatch):
     assert resolve_text_device("auto", runtime="jax") == torch.device("cpu")  # JAX holds the accelerator
     with pytest.raises(HyvInputError, match=r"has 4 CUDA device\(s\): cuda:0 to cuda:3") as err:
         resolve_text_device("cuda:4")
-    assert err.value.argument == "--text_device"
+    assert err.value.argument == "text_device"
 
 
 @pytest.mark.parametrize("value", ["gpu", "cuda:x", "tpu", "", 0])
@@ -168,7 +168,7 @@ def test_cuda_without_cuda_is_a_clear_error(monkeypatch, tmp_path):
     for value in ("cuda", "cuda:0", torch.device("cuda", 1)):
         with pytest.raises(HyvInputError, match="CUDA is not available here .*: use auto or cpu") as err:
             resolve_text_device(value)
-        assert err.value.argument == "--text_device"
+        assert err.value.argument == "text_device"
     with pytest.raises(HyvInputError, match="^.*CUDA is not available") as err:
         stages.generate(preset="tiny", prompt="x", output_dir=str(tmp_path / "g"), text_device="cuda")
     assert err.value.argument == "text_device" and not (tmp_path / "g").exists()

@@ -194,7 +194,7 @@ def test_cfg_off_meanflow_step_compiles_one_sample_on_the_tensor_axis():
     assert report["batch"] == 1 and report["mesh"] == {"data": 1, "tensor": 8, "sequence": 1} and report["fits"]
     with pytest.raises(HyvInputError) as err:
         compile_step(preset, "v6e:2x4", mesh="data=2,tensor=4", height=256, width=256, video_length=13)
-    assert err.value.argument == "--mesh" and "of no use with CFG off" in err.value.message
+    assert err.value.argument == "mesh" and "of no use with CFG off" in err.value.message
     assert "(tensor=8)" in err.value.message  # where the devices should go instead
 
 
@@ -204,7 +204,7 @@ def test_cfg_distilled_presets_compile_as_one_sample_and_refuse_a_data_axis(name
     refused before anything is built, with the message that says it is of no use."""
     with pytest.raises(HyvInputError) as err:
         compile_step(name, "v6e:2x4", mesh="data=2,tensor=4")
-    assert err.value.argument == "--mesh" and "of no use with CFG off" in err.value.message
+    assert err.value.argument == "mesh" and "of no use with CFG off" in err.value.message
 
 
 @pytest.mark.slow  # the real width (2048): about half a minute on 2 cores

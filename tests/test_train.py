@@ -128,7 +128,7 @@ def test_missing_bundled_weights_name_the_preset():
     broken = dataclasses.replace(TINY_TRAINED, bundled_weights="no-such-folder")
     with pytest.raises(HyvInputError, match="bundled weights are missing") as err:
         load_components(broken, None, ["vae"])
-    assert err.value.argument == "--preset"
+    assert err.value.argument == "preset"
 
 
 def test_zero_init_starts_the_vae_as_its_shortcut_path_and_the_latent_penalty_counts():

@@ -17,7 +17,7 @@ from .errors import HyvInputError
 PARTIAL_FILE = re.compile(r"^\..+\.[0-9a-f]{12}\.partial(\.[^./]+)?$|^\.hyv-write-test-")
 
 
-def ensure_output_dir(path: str, argument: str = "--output_dir") -> str:
+def ensure_output_dir(path: str, argument: str = "output_dir") -> str:
     """Create ``path`` if needed and check it is writable; a HyvInputError names ``argument`` otherwise."""
     for attempt in range(3):
         try:

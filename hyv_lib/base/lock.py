@@ -110,7 +110,7 @@ def _release(path: str, fd: int, shared: bool) -> None:
 
 
 @contextlib.contextmanager
-def folder_lock(folder: str, argument: str = "--output_dir", name: str = LOCK_FILE, shared: bool = False,
+def folder_lock(folder: str, argument: str = "output_dir", name: str = LOCK_FILE, shared: bool = False,
                 wait: bool = False, part: str | None = None) -> Iterator[str]:
     """Hold the lock file ``folder/name`` (created with the folder if absent) for the block; yields its path.
 

@@ -21,15 +21,16 @@ from .sizes import (  # noqa: F401 (also importable from here)
 TASKS = ("t2v", "i2v")
 
 
-def samples_per_step(guidance_scale: float) -> int:
+def samples_per_step(guidance_scale: float, embedded: bool = False) -> int:
     """Samples the DiT runs per denoising step: classifier-free guidance's pair (negative and positive prompt) as one
     batch of 2, or one sample when ``guidance_scale`` is 1 (CFG off, as diffusers' guider skips the negative pass: the
-    CFG-distilled and step-distilled checkpoints). The one rule the sampling loop, the planner and the TPU compile
-    path share."""
-    return 1 if guidance_scale == 1.0 else 2
+    CFG-distilled and step-distilled checkpoints) or the guidance is ``embedded`` (an input of a guidance-distilled
+    DiT, :attr:`Preset.guidance_embedded`). The one rule the sampling loop, the planner and the TPU compile path
+    share."""
+    return 1 if embedded or guidance_scale == 1.0 else 2
 
 
-def check_data_axis(mesh: Any, batch: int, argument: str = "--mesh") -> None:
+def check_data_axis(mesh: Any, batch: int, argument: str = "mesh") -> None:
     """HyvInputError naming ``argument`` unless the ``data`` axis of ``mesh`` (a dict of data/tensor/sequence sizes)
     divides the ``batch`` of one step (:func:`samples_per_step`): a data axis splits whole samples. With CFG off
     (batch 1) any data axis has nothing to split, so the message says it is of no use and where to put its devices."""
@@ -89,6 +90,7 @@ class Preset:
     attention: str = "auto"  # the default --attention: "ssta" for the sparse checkpoints (trained with SSTA)
     frames_first: bool = False  # the denoising latents are [1, T', C, h, w], T' padded to the temporal patch
     text_masks: bool = True  # stage 1 writes masks beside the embeddings (False: every text token is attended)
+    guidance_embedded: bool = False  # guidance-distilled: the scale is an input of the DiT, one sample per step
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, JSON-ready: stage 1 records a custom preset this way so that stages 2 and 3 rebuild it."""
@@ -102,8 +104,8 @@ class Preset:
     @property
     def samples_per_step(self) -> int:
         """The DiT's batch per denoising step at the preset's own guidance (:func:`samples_per_step`): 2 with CFG, 1
-        for the CFG-distilled and step-distilled checkpoints (guidance 1.0)."""
-        return samples_per_step(self.guidance_scale)
+        for the CFG-distilled and step-distilled checkpoints (guidance 1.0) and a guidance-distilled DiT."""
+        return samples_per_step(self.guidance_scale, self.guidance_embedded)
 
     @property
     def use_meanflow(self) -> bool:
@@ -185,7 +187,7 @@ class Preset:
         ``negative_prompt_embeds`` [1, text_len, text_dim] only (no masks: every token is attended; no image)."""
         if not self.text_masks:
             if image_size is not None:
-                raise HyvInputError("--image_path", f"{self.name} is text-to-video: it takes no image")
+                raise HyvInputError("image_path", f"{self.name} is text-to-video: it takes no image")
             return {name: (1, self.text_len, self.text_dim) for name in ("prompt_embeds", "negative_prompt_embeds")}
         shapes = {
             "prompt_embeds": (1, self.text_len, self.text_dim),

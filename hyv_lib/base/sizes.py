@@ -20,7 +20,7 @@ def parse_aspect_ratio(aspect_ratio: str) -> tuple[int, int]:
             raise ValueError
     except ValueError:
         raise HyvInputError(
-            "--aspect_ratio", f"must be W:H with positive integers (e.g. 16:9, 9:16, 4:3, 1:1), got {aspect_ratio!r}"
+            "aspect_ratio", f"must be W:H with positive integers (e.g. 16:9, 9:16, 4:3, 1:1), got {aspect_ratio!r}"
         ) from None
     return w, h
 
@@ -39,8 +39,8 @@ def bucket_size(preset: Preset, aspect_ratio: str = "16:9") -> tuple[int, int]:
     """(height, width) of the preset's resolution bucket closest to ``aspect_ratio`` (:func:`bucket_for`)."""
     w, h = parse_aspect_ratio(aspect_ratio)
     if beyond_buckets(w, h):
-        raise HyvInputError("--aspect_ratio", f"ratio must be at most {MAX_ASPECT_RATIO:g} (buckets stop at "
-                                              f"{MAX_ASPECT_RATIO:g}:1), got {aspect_ratio!r}")
+        raise HyvInputError("aspect_ratio", f"ratio must be at most {MAX_ASPECT_RATIO:g} (buckets stop at "
+                                            f"{MAX_ASPECT_RATIO:g}:1), got {aspect_ratio!r}")
     return bucket_for(preset.target_size, preset.pixel_stride, w, h)
 
 
@@ -74,28 +74,28 @@ def bucket_for(target_size: int, stride: int, w: int, h: int) -> tuple[int, int]
     ratios = [round(bh / bw, 5) for bh, bw in sizes]
     fits = [i for i, r in enumerate(ratios) if (r <= ratio if ratio >= 1 else r >= ratio)]
     if not fits:
-        raise HyvInputError("--aspect_ratio", f"no bucket of size {target_size} fits a {w}:{h} frame "
-                                              f"(buckets stop at {MAX_ASPECT_RATIO:g}:1)")
+        raise HyvInputError("aspect_ratio", f"no bucket of size {target_size} fits a {w}:{h} frame "
+                                            f"(buckets stop at {MAX_ASPECT_RATIO:g}:1)")
     best = min(fits, key=lambda i: (abs(ratios[i] - ratio), i))
     return sizes[best]
 
 
 def video_size(preset: Preset, height: Any = None, width: Any = None, video_length: Any = None,
                aspect_ratio: str = "16:9") -> tuple[int, int, int]:
-    """(height, width, video_length) checked against ``preset`` (a HyvInputError naming the flag otherwise): both
+    """(height, width, video_length) checked against ``preset`` (a HyvInputError naming the parameter otherwise): both
     sides or neither (then the ``aspect_ratio`` bucket, which is checked either way), positive multiples of the VAE's
     spatial compression, 4n+1 frames; unset ones take the preset's. The one size check of the stages and of the
     compile-for-TPU path."""
     height, width, video_length = (as_number(name, value, int) for name, value in (
-        ("--height", height), ("--width", width), ("--video_length", video_length)))
+        ("height", height), ("width", width), ("video_length", video_length)))
     video_length = preset.default_video_length if video_length is None else video_length
     if video_length < 1 or (video_length - 1) % preset.temporal_compression:
-        raise HyvInputError("--video_length", f"must be 4n+1 (e.g. 9, 33, 61, 121), got {video_length}")
+        raise HyvInputError("video_length", f"must be 4n+1 (e.g. 9, 33, 61, 121), got {video_length}")
     if (height is None) != (width is None):
-        raise HyvInputError("--height" if height is None else "--width",
-                            "give both --height and --width, or neither (then --aspect_ratio picks a bucket)")
+        raise HyvInputError("height" if height is None else "width",
+                            "give both `height` and `width`, or neither (then `aspect_ratio` picks a bucket)")
     stride = preset.pixel_stride  # the VAE's compression times the patch: whole latent patches
-    for name, value in (("--height", height), ("--width", width)):
+    for name, value in (("height", height), ("width", width)):
         if value is not None and (value <= 0 or value % stride):
             raise HyvInputError(name, f"must be a positive multiple of {stride} for preset {preset.name}, "
                                       f"got {value}")

@@ -15,7 +15,6 @@ from ..base.errors import (
     EXIT_FAULT,
     HyvFaultError,
     HyvInputError,
-    cli_names,
     one_line,
 )
 from ..base.files import ensure_output_dir, make_folder, new_folder, umask_modes
@@ -34,6 +33,7 @@ from ..planning.tpu_compile import compile_step, format_report
 from ..planning.train_compile import RECIPE_LORA_ALPHA, RECIPE_LORA_RANK, compile_train_step, format_train_report
 from ..runtimes.names import runtime_name
 from .attention_flags import ssta_overrides
+from .error_lines import error_line, flag_text
 from .official_flags import official_overrides, preset_from_flags
 from .stage_flags import add_calibration_arguments, add_stage1_arguments, add_stage2_arguments, add_stage3_arguments
 from .training import (
@@ -231,10 +231,10 @@ def _generate_many(args: argparse.Namespace) -> int:
                 os.rmdir(args.output_dir)
         raise
     for bad in report.bad_lines:
-        print(f"error: --prompts_file: line {bad['line']}: {bad['error']} (skipped)", file=sys.stderr)
+        print(f"error: --prompts_file: line {bad['line']}: {flag_text(bad['error'], args)} (skipped)", file=sys.stderr)
     for entry in report.entries:
         if entry["status"] == "failed":
-            print(f"error: --prompts_file: line {entry['line']} ({entry['folder']}): {entry['error']}",
+            print(f"error: --prompts_file: line {entry['line']} ({entry['folder']}): {flag_text(entry['error'], args)}",
                   file=sys.stderr)
     counts = {status: sum(e["status"] == status for e in report.entries) for status in ("done", "skipped", "failed")}
     if not args.quiet:
@@ -268,7 +268,6 @@ def run(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     quiet = getattr(args, "quiet", False)
     with contextlib.ExitStack() as stack:
-        stack.enter_context(cli_names())  # errors name this command's flags, not Python parameters
         stack.enter_context(library_messages(quiet))
         if quiet:  # --quiet: no weight-loading or shard-writing bars either
             stack.enter_context(quiet_loading())
@@ -313,7 +312,7 @@ def _compile(args: argparse.Namespace) -> None:
 def _plan(args: argparse.Namespace) -> None:
     """``plan``: the analytic per-device plan of one step."""
     report = plan_step(args.preset, args.height, args.width, args.video_length, chip=args.chip,
-                       n_chips=args.n_chips, mesh=args.mesh, rules=args.sharding, attention=args.attention)
+                       n_chips=args.n_chips, mesh=args.mesh, sharding=args.sharding, attention=args.attention)
     print(json.dumps(report, indent=2) if args.json else format_plan(report))
 
 
@@ -365,10 +364,10 @@ def _run_command(args: argparse.Namespace) -> int:
     try:
         code = COMMANDS[args.command](args)
     except HyvInputError as err:
-        print(f"error: {err.argument}: {err.message}", file=sys.stderr)
+        print(error_line(err.argument, err.message, args), file=sys.stderr)  # the library names parameters
         return EXIT_BAD_INPUT
     except HyvFaultError as err:  # a fault while running (NaN latents, ffmpeg): what failed and why
-        print(f"error: {err.subject}: {one_line(err.message)}", file=sys.stderr)
+        print(error_line(err.subject, err.message, args), file=sys.stderr)
         return EXIT_FAULT
     except OSError as err:  # a write the OS refused (disk full, read-only, permissions, I/O error): the path and why
         where = f"{err.filename}: " if err.filename is not None else ""

@@ -147,4 +147,4 @@ def preset_from_flags(args: argparse.Namespace) -> "str | PresetChoice | None":
             raise HyvInputError(flag, f"{asked} names {' or '.join(names)}, not --preset {args.preset}: give one of "
                                       "them")
         return args.preset
-    return choose_preset(None, args.model_path, candidates=names, selected_by=flag)
+    return choose_preset(None, args.model_path, candidates=names, selected_by=flag.removeprefix("--"))

@@ -16,6 +16,7 @@ from ..training.loop import DEFAULTS as TRAIN_DEFAULTS
 from ..training.loop import train
 from ..training.merge import write_merged_model
 from .attention_flags import ssta_overrides
+from .error_lines import flag_text
 from .stage_flags import add_settings_arguments
 
 
@@ -116,7 +117,8 @@ def extract_features_command(args: argparse.Namespace) -> int:
                               frames=args.frames, frame_seed=args.frame_seed)
     for bad in report.failed:
         where = f" ({bad['path']})" if bad["path"] is not None else ""
-        print(f"error: --data_json: entry {bad['entry']}{where}: {one_line(bad['error'])} (skipped)", file=sys.stderr)
+        print(f"error: --data_json: entry {bad['entry']}{where}: {one_line(flag_text(bad['error'], args))} (skipped)",
+              file=sys.stderr)
     if not args.quiet:
         print(f"extract_features: {len(report.extracted)} extracted, {len(report.skipped)} already there, "
               f"{len(report.failed)} failed; features in {report.output_dir}", file=sys.stderr)

@@ -56,12 +56,12 @@ def build_tiny_components(preset: Preset, seed: int = 0, names: Iterable[str] | 
     """Build the requested tiny components of ``preset`` (None: every one of its model's pipeline folder) with seeded
     random weights (fp32, eval mode), by its family (:meth:`hyv_lib.models.family.ModelFamily.build_tiny`)."""
     if not preset.is_tiny:
-        raise HyvInputError("--preset", f"{preset.name} is a real preset: its weights load from --model_path")
+        raise HyvInputError("preset", f"{preset.name} is a real preset: its weights load from `model_path`")
     return family_for(preset).build_tiny(preset, seed, None if names is None else list(names))
 
 
 def check_weight_files(model_path: str, names: Iterable[str]) -> None:
-    """HyvInputError naming --model_path and the file when a safetensors file of a component subfolder is truncated
+    """HyvInputError naming ``model_path`` and the file when a safetensors file of a component subfolder is truncated
     or corrupt (its header unreadable, or its tensors not covering the file exactly): safetensors' own check, reading
     each header only. ``names``: every component subfolder the model has, not only the ones loaded now, so a cut-off
     transformer is found before stage 1 writes its files, not after."""
@@ -75,12 +75,12 @@ def check_weight_files(model_path: str, names: Iterable[str]) -> None:
                 with safe_open(path, "pt"):
                     pass
             except Exception as err:  # SafetensorError (a truncated or garbled file) or an OSError reading it
-                raise HyvInputError("--model_path", f"{path!r} is not a complete safetensors file ({err}); "
-                                                    "copy or download it again") from None
+                raise HyvInputError("model_path", f"{path!r} is not a complete safetensors file ({err}); "
+                                                  "copy or download it again") from None
 
 
 def check_model_path(model_path: str, names: Iterable[str], preset: Preset) -> None:
-    """Fail early, naming --model_path, when a local folder lacks a component subfolder ``preset``'s model needs
+    """Fail early, naming ``model_path``, when a local folder lacks a component subfolder ``preset``'s model needs
     (``names``) or holds a truncated or corrupt weight file (:func:`check_weight_files`).
 
     A string that is not an existing path is treated as a hub id and left to ``from_pretrained``.
@@ -88,14 +88,14 @@ def check_model_path(model_path: str, names: Iterable[str], preset: Preset) -> N
     if not os.path.exists(model_path):
         if re.fullmatch(r"[\w.-]+/[\w.-]+", model_path):
             return  # a hub id (owner/name): from_pretrained resolves it
-        raise HyvInputError("--model_path", f"{model_path!r} does not exist and is not a hub id (owner/name)")
+        raise HyvInputError("model_path", f"{model_path!r} does not exist and is not a hub id (owner/name)")
     if not os.path.isdir(model_path):
-        raise HyvInputError("--model_path", f"{model_path!r} is not a folder")
+        raise HyvInputError("model_path", f"{model_path!r} is not a folder")
     family = family_for(preset)
     missing = [n for n in names if not os.path.isdir(os.path.join(model_path, n))]
     if missing:
         raise HyvInputError(
-            "--model_path",
+            "model_path",
             f"{model_path!r} is not a diffusers-format {family.title} folder: missing {', '.join(missing)} "
             "(expected model_index.json plus one subfolder per component)",
         )
@@ -122,13 +122,13 @@ def load_components(
         missing = [n for n in names if n not in family.first_frame_components
                    and not os.path.isdir(os.path.join(model_path, subfolders[n]))]
         if not os.path.isdir(model_path) or missing:
-            raise HyvInputError("--preset", f"{preset.name}'s bundled weights are missing at {model_path!r}"
+            raise HyvInputError("preset", f"{preset.name}'s bundled weights are missing at {model_path!r}"
                                             + (f" ({', '.join(subfolders[n] for n in missing)})" if missing else "")
                                             + "; reinstall hyv_lib or run tools/train_hyv_tiny.py")
     if model_path is None:
         if not preset.is_tiny:
             raise HyvInputError(
-                "--model_path",
+                "model_path",
                 f"preset {preset.name} needs real weights: pass a diffusers-format folder or hub id "
                 f"(e.g. {preset.hub_id})",
             )
@@ -153,7 +153,7 @@ def load_components(
                 components[name] = cls.from_pretrained(model_path, **kwargs)
             except (OSError, ValueError, SafetensorError) as err:  # missing files, no network, corrupt weights
                 first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                raise HyvInputError("--model_path", f"cannot load {name} from {model_path!r}: {first_line}") from err
+                raise HyvInputError("model_path", f"cannot load {name} from {model_path!r}: {first_line}") from err
     for name, module in components.items():
         if isinstance(module, torch.nn.Module):
             module.eval().requires_grad_(False)

@@ -11,8 +11,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    """'fp32' | 'bf16' | 'fp16' -> torch dtype; anything else is a HyvInputError naming --dtype."""
+    """'fp32' | 'bf16' | 'fp16' -> torch dtype; anything else is a HyvInputError naming ``dtype``."""
     try:
         return DTYPES[name]
     except KeyError:
-        raise HyvInputError("--dtype", f"must be one of {', '.join(DTYPES)}, got {name!r}") from None
+        raise HyvInputError("dtype", f"must be one of {', '.join(DTYPES)}, got {name!r}") from None

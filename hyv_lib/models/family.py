@@ -66,7 +66,7 @@ class ModelFamily:
 
     def component_class(self, name: str, model_path: str):
         """The class whose ``from_pretrained(model_path, subfolder=name)`` loads component ``name``; HyvInputError
-        naming ``--preset`` for a name the model has none of."""
+        naming ``preset`` for a name the model has none of."""
         raise NotImplementedError
 
     def save_tiny_pipeline(self, path: str, preset: Preset, seed: int = 0) -> None:
@@ -100,7 +100,7 @@ class ModelFamily:
         raise HyvInputError("image", f"{preset.name} is text-to-video: it takes no image")
 
     def check_stage1(self, tensors: dict[str, torch.Tensor], preset: Preset, path: str) -> None:
-        """HyvInputError naming ``--input_dir`` unless ``tensors`` (read from ``path``) are a stage-1 file of this
+        """HyvInputError naming ``input_dir`` unless ``tensors`` (read from ``path``) are a stage-1 file of this
         model: the names, ranks, dtypes and shapes its stage 1 writes, every value finite."""
         raise NotImplementedError
 

@@ -26,8 +26,9 @@ OFFICIAL_ATTN_KEY, OFFICIAL_SPARSE = "attn_mode", "flex-block-attn"
 
 @dataclass(frozen=True)
 class PresetChoice:
-    """The preset a run uses and why: ``source`` is ``--preset`` (given), ``--model_path`` (read from the folder's
-    configs), ``--resolution`` (the official flags' naming) or ``default``; ``detail`` says what decided it."""
+    """The preset a run uses and why: ``source`` (recorded as ``preset_source``) is ``--preset`` (given),
+    ``--model_path`` (read from the folder's configs), ``--resolution`` or ``--task`` (the official flags' naming) or
+    ``default``; ``detail`` says what decided it."""
 
     preset: Preset
     source: str
@@ -123,26 +124,26 @@ def _path_hint(names: list[str], model_path: str) -> list[str]:
 
 
 def detect_preset(model_path: str, candidates: list[str] | None = None,
-                  argument: str = "--model_path") -> tuple[Preset, str]:
+                  argument: str = "model_path") -> tuple[Preset, str]:
     """The preset whose layout a local diffusers-format folder holds, and a line saying what decided it.
 
     Every preset (or those named in ``candidates``) without :func:`differences` from the folder's configs is a
     candidate; ties (a sparse checkpoint's configs equal its dense twin's; a tiny twin's layout equals its real
     model's) go to, in order: the preset ``save_tiny`` noted in model_index.json, the name the folder's path spells,
-    the preset whose transformer widths equal the folder's too, the dense one. HyvInputError naming ``--model_path``
+    the preset whose transformer widths equal the folder's too, the dense one. HyvInputError naming ``model_path``
     (or ``argument``: the flags that named ``candidates``) when no preset fits (with the closest one's differences)
     or when the tie stays."""
     configs = folder_configs(model_path)
     if "transformer" not in configs:
-        raise HyvInputError("--model_path", f"{model_path!r} has no transformer/config.json, so it does not say which "
-                                            f"model it is; give --preset ({', '.join(PRESETS)})")
+        raise HyvInputError("model_path", f"{model_path!r} has no transformer/config.json, so it does not say which "
+                                          f"model it is; give `preset` ({', '.join(PRESETS)})")
     names = list(candidates) if candidates is not None else list(PRESETS)
     fits = [n for n in names if not differences(PRESETS[n], configs)]
     if not fits:
         near = min(names, key=lambda n: len(differences(PRESETS[n], configs)))
         raise HyvInputError(argument, f"{model_path!r} matches no preset{' of those asked for' if candidates else ''}"
                                             f" (closest: {near}, which differs in "
-                                            f"{'; '.join(differences(PRESETS[near], configs))}); give --preset")
+                                            f"{'; '.join(differences(PRESETS[near], configs))}); give `preset`")
     why = "its configs fit only this preset"
     if len(fits) > 1:
         note = configs.get("model_index", {}).get(LAYOUT_NOTE)
@@ -157,14 +158,14 @@ def detect_preset(model_path: str, candidates: list[str] | None = None,
             fits, why = exact, "the transformer's widths are this preset's too"
         elif dense and len(dense) < len(fits):
             others = [n for n in fits if n not in dense]
-            fits, why = dense, f"dense attention; the configs fit {', '.join(others)} too (give --preset for it)"
+            fits, why = dense, f"dense attention; the configs fit {', '.join(others)} too (give `preset` for it)"
     if len(fits) > 1:
-        raise HyvInputError("--model_path", f"{model_path!r} fits several presets ({', '.join(fits)}); give --preset")
+        raise HyvInputError("model_path", f"{model_path!r} fits several presets ({', '.join(fits)}); give `preset`")
     return PRESETS[fits[0]], why
 
 
 def choose_preset(preset: "str | Preset | PresetChoice | None" = None, model_path: str | None = None,
-                  candidates: list[str] | None = None, selected_by: str = "--resolution") -> PresetChoice:
+                  candidates: list[str] | None = None, selected_by: str = "resolution") -> PresetChoice:
     """The preset of a run: ``preset`` if given (checked against a local ``model_path`` folder: HyvInputError naming
     ``--preset`` and every differing field when they contradict), else the one a local folder's configs say
     (:func:`detect_preset`, among ``candidates`` when the official flags narrowed them), else a hub id's preset, else
@@ -182,24 +183,24 @@ def choose_preset(preset: "str | Preset | PresetChoice | None" = None, model_pat
                     fits = detect_preset(folder)[0].name
                 except HyvInputError:
                     fits = None
-                hint = f"; the folder is {fits}: drop --preset or give --preset {fits}" if fits else ""
-                raise HyvInputError("--preset", f"{spec.name} does not fit {folder!r}: {'; '.join(diffs)}{hint}")
+                hint = f"; the folder is {fits}: drop `preset` or give `preset` {fits}" if fits else ""
+                raise HyvInputError("preset", f"{spec.name} does not fit {folder!r}: {'; '.join(diffs)}{hint}")
         return preset if isinstance(preset, PresetChoice) else PresetChoice(spec, "--preset")
     if folder is not None:
-        spec, why = detect_preset(folder, candidates, "--model_path" if candidates is None else selected_by)
+        spec, why = detect_preset(folder, candidates, "model_path" if candidates is None else selected_by)
         logger.info("preset: %s, read from --model_path %s (%s)", spec.name, folder, why)
         return PresetChoice(spec, "--model_path", why)
     if isinstance(model_path, str) and model_path:
         if not re.fullmatch(r"[\w.-]+/[\w.-]+", model_path):
-            raise HyvInputError("--model_path", f"{model_path!r} does not exist and is not a hub id (owner/name)")
+            raise HyvInputError("model_path", f"{model_path!r} does not exist and is not a hub id (owner/name)")
         by_hub = [p for p in PRESETS.values() if p.hub_id == model_path]
         if by_hub:
             return PresetChoice(by_hub[0], "--model_path", f"the hub id is {by_hub[0].name}'s")
         if candidates is None:
-            raise HyvInputError("--preset", f"is required with the hub id {model_path!r} (it is none of the presets' "
-                                            "hub ids, and hyv_lib reads the configs of local folders only)")
+            raise HyvInputError("preset", f"is required with the hub id {model_path!r} (it is none of the presets' "
+                                          "hub ids, and hyv_lib reads the configs of local folders only)")
     if candidates is not None:
         if len(candidates) != 1:
-            raise HyvInputError(selected_by, f"the flags fit several presets ({', '.join(candidates)}); give --preset")
-        return PresetChoice(PRESETS[candidates[0]], selected_by, "the official scripts' checkpoint naming")
+            raise HyvInputError(selected_by, f"the flags fit several presets ({', '.join(candidates)}); give `preset`")
+        return PresetChoice(PRESETS[candidates[0]], f"--{selected_by}", "the official scripts' checkpoint naming")
     return PresetChoice(get_preset(DEFAULT_PRESET), "default")

@@ -49,7 +49,7 @@ def config_digest(transformer: torch.nn.Module) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def parse_lora_targets(targets: Any, groups: Any, argument: str = "--lora_targets") -> str:
+def parse_lora_targets(targets: Any, groups: Any, argument: str = "lora_targets") -> str:
     """``targets`` (``"attn,mlp"``, or a list of group names) checked against a model's ``groups`` (its adapter's
     :attr:`~hyv_lib.models.adapter.ModelAdapter.lora_targets`) and written canonically: each group once, in the
     adapter's order, comma-separated (``"mlp, attn"`` -> ``"attn,mlp"``); ``all`` stands alone."""
@@ -70,7 +70,7 @@ def parse_lora_targets(targets: Any, groups: Any, argument: str = "--lora_target
 
 
 def lora_target_names(transformer: torch.nn.Module, targets: Any = DEFAULT_LORA_TARGETS,
-                      argument: str = "--lora_targets") -> list[str]:
+                      argument: str = "lora_targets") -> list[str]:
     """The full names of the ``nn.Linear`` layers of ``transformer`` that the target groups ``targets`` adapt
     (:func:`parse_lora_targets`): those whose name matches one group's regex of the model adapter's
     :attr:`~hyv_lib.models.adapter.ModelAdapter.lora_targets` whole (HunyuanVideo-1.5:
@@ -211,7 +211,7 @@ class LoraWeights:
         return dict(zip(RECORD_FIELDS, (self.path, self.sha256, scale, self.rank)))
 
 
-def lora_file(path: str, argument: str = "--lora") -> str:
+def lora_file(path: str, argument: str = "lora") -> str:
     """The LoRA file ``path`` names (``~`` expanded; a folder: its ``pytorch_lora_weights.safetensors``), absolute; a
     HyvInputError naming ``argument`` when there is none."""
     if not isinstance(path, (str, os.PathLike)) or not str(path):
@@ -244,7 +244,7 @@ def _pattern_value(patterns: dict[str, Any], name: str, default: Any) -> Any:
     return default
 
 
-def read_lora(path: str, argument: str = "--lora") -> LoraWeights:
+def read_lora(path: str, argument: str = "lora") -> LoraWeights:
     """Read a LoRA file in diffusers' layout (``transformer.<module>.lora_A.weight`` / ``lora_B.weight``, or the same
     keys without the prefix as ``save_lora_adapter`` writes them). Alpha comes from hyv_lib's record, else diffusers'
     ``lora_adapter_metadata``, else it equals the rank (diffusers' rule without metadata). A missing, corrupt or
@@ -293,7 +293,7 @@ def read_lora(path: str, argument: str = "--lora") -> LoraWeights:
     return LoraWeights(layers=layers, path=path, sha256=hashlib.sha256(data).hexdigest(), metadata=record)
 
 
-def check_lora_fits(transformer, weights: LoraWeights, argument: str = "--lora") -> None:
+def check_lora_fits(transformer, weights: LoraWeights, argument: str = "lora") -> None:
     """A HyvInputError naming ``argument`` when ``weights`` were made for another model class or other shapes: the
     first module it adapts that this transformer lacks (or that is not a Linear), or whose shape differs."""
     where = weights.path or "the LoRA"
@@ -322,7 +322,7 @@ def check_lora_fits(transformer, weights: LoraWeights, argument: str = "--lora")
 
 
 def check_lora_file(path: str, model: str, config: dict[str, Any], model_path: str | None = None,
-                    argument: str = "--lora") -> LoraWeights:
+                    argument: str = "lora") -> LoraWeights:
     """Read the LoRA ``path`` and check it fits the transformer of ``config`` (a preset's; a local ``model_path``
     folder's transformer/config.json when it has one) of the model adapter ``model``, built on the meta device (no
     memory, no weights loaded): a corrupt file or a LoRA for another model fails before any work."""
@@ -339,12 +339,12 @@ def check_lora_file(path: str, model: str, config: dict[str, Any], model_path: s
 
 @torch.no_grad()
 def merge_lora(transformer, path_or_weights: str | LoraWeights, scale: float = 1.0, *,
-               argument: str = "--lora") -> LoraWeights:
+               argument: str = "lora") -> LoraWeights:
     """Merge a LoRA into ``transformer``'s weights in place: ``W += scale * alpha/rank * B @ A`` for each adapted
     Linear, computed in fp32 and rounded once to the weight's dtype. Run it before the transformer is placed or sharded:
     the step then costs what it costs without a LoRA. The whole LoRA is checked (:func:`check_lora_fits`) before any
     weight changes. Returns the :class:`LoraWeights` merged (:meth:`LoraWeights.record` for a config file)."""
-    scale = as_number("--lora_scale" if argument == "--lora" else "lora_scale", scale)
+    scale = as_number("lora_scale", scale)
     weights = path_or_weights if isinstance(path_or_weights, LoraWeights) else read_lora(path_or_weights, argument)
     check_lora_fits(transformer, weights, argument)
     modules = dict(transformer.named_modules())
@@ -363,7 +363,7 @@ def merge_lora(transformer, path_or_weights: str | LoraWeights, scale: float = 1
 
 
 def ensure_merged(transformer, path: str | None, scale: float = 1.0, *, can_merge: bool = True,
-                  argument: str = "--lora") -> LoraWeights | None:
+                  argument: str = "lora") -> LoraWeights | None:
     """Make ``transformer`` hold the LoRA ``path`` merged at ``scale`` (None: no LoRA) and return its weights: a no-op
     for a kept transformer that already holds exactly that merge (same file contents, same scale); a merge when it
     holds none (``can_merge=False``: its step is already built, so a merge would come too late: an error); an error
@@ -375,7 +375,7 @@ def ensure_merged(transformer, path: str | None, scale: float = 1.0, *, can_merg
                                           "weights: load the model again for a run without it")
         return None
     weights = read_lora(path, argument)
-    scale = as_number("--lora_scale" if argument == "--lora" else "lora_scale", scale)
+    scale = as_number("lora_scale", scale)
     if len(merged) == 1 and (merged[0]["sha256"], merged[0]["scale"]) == (weights.sha256, scale):
         return weights
     if merged:

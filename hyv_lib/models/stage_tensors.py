@@ -13,9 +13,9 @@ INTS = (torch.int64, torch.int32, torch.bool)
 
 
 def require_finite(path: str, name: str, tensor: torch.Tensor, remedy: str) -> None:
-    """HyvInputError naming ``--input_dir`` and the file unless every value of the float ``tensor`` is finite (one
+    """HyvInputError naming ``input_dir`` and the file unless every value of the float ``tensor`` is finite (one
     reduction); ``remedy`` says what to rerun."""
     if tensor.dtype in FLOATS and not bool(torch.isfinite(tensor).all()):
         bad = int((~torch.isfinite(tensor)).sum())
-        raise HyvInputError("--input_dir", f"{path!r}: {name} holds {bad} NaN or infinite value(s) of "
-                                           f"{tensor.numel()}; {remedy}")
+        raise HyvInputError("input_dir", f"{path!r}: {name} holds {bad} NaN or infinite value(s) of "
+                                         f"{tensor.numel()}; {remedy}")

@@ -16,14 +16,14 @@ def parse_mesh(text: str | None) -> dict[str, int] | None:
     if text is None or text == "":
         return None
     if not isinstance(text, str):
-        raise HyvInputError("--mesh", f"must be a string such as 'tensor=8' or 'data=2,tensor=4', got "
-                                      f"{type(text).__name__} {text!r}")
+        raise HyvInputError("mesh", f"must be a string such as 'tensor=8' or 'data=2,tensor=4', got "
+                                    f"{type(text).__name__} {text!r}")
     axes = {}
     for part in text.split(","):
         name, _, value = part.partition("=")
         if name.strip() not in AXES or not value.strip().isdigit() or int(value) < 1:
-            raise HyvInputError("--mesh", f"must be comma-separated AXIS=SIZE with AXIS in {', '.join(AXES)} "
-                                          f"(e.g. tensor=8 or data=2,tensor=4), got {text!r}")
+            raise HyvInputError("mesh", f"must be comma-separated AXIS=SIZE with AXIS in {', '.join(AXES)} "
+                                        f"(e.g. tensor=8 or data=2,tensor=4), got {text!r}")
         axes[name.strip()] = int(value)
     return axes
 

@@ -69,9 +69,9 @@ class BatchRunner:
         prepare_runtime(requested)  # a multi-host run's hosts join before the mesh is checked
         settings = resolve_settings(self.preset, requested)
         if settings.runtime == "ulysses":  # stage 2 tears the process group down after each video
-            raise HyvInputError("--runtime", "a pipeline for many prompts runs with --runtime torch or jax")
+            raise HyvInputError("runtime", "a pipeline for many prompts runs with `runtime` torch or jax")
         if settings.shard_weights:  # as ulysses: one prompt per torchrun launch
-            raise HyvInputError("--shard_weights", "a pipeline for many prompts runs without it (one process)")
+            raise HyvInputError("shard_weights", "a pipeline for many prompts runs without it (one process)")
         runtime = settings.runtime
         self.stage3_settings["runtime"] = runtime_name(self.stage3_settings.get("runtime", vae_runtime_for(runtime)))
         check_vae_settings(self.stage3_settings.get("vae_dtype", "fp32"), self.stage3_settings.get("vae_memory_gb"),
@@ -83,7 +83,7 @@ class BatchRunner:
                                    attention=settings.attention, ssta=settings.ssta, vae_runtime=self.stage3_settings["runtime"],
                                    offload=settings.offload, lora=settings.lora, lora_scale=settings.lora_scale,
                                    compile=settings.compile, progress=not self.stage2_settings.get("quiet", False),
-                                   text_device=text_device)
+                                   text_device=text_device, settings=settings)
         self.step = self.video.step_for(cache_schedule(settings, self.preset, model_path),
                                         settings.no_cache_blocks)
 
@@ -163,16 +163,16 @@ def _decode(path: str, data: bytes) -> str:
     """The file's text; HyvInputError naming the file and line for a binary (NUL bytes) or non-UTF-8 file."""
     if b"\0" in data:
         line = data.count(b"\n", 0, data.index(b"\0")) + 1
-        raise HyvInputError("--prompts_file", f"{path}: line {line}: a NUL byte; a prompts file is UTF-8 text, and "
-                                              "this looks like a binary file")
+        raise HyvInputError("prompts_file", f"{path}: line {line}: a NUL byte; a prompts file is UTF-8 text, and "
+                                            "this looks like a binary file")
     data = data.removeprefix(codecs.BOM_UTF8)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
         column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
-        raise HyvInputError("--prompts_file", f"{path}: line {line}, byte {column}: not UTF-8 "
-                                              f"({data[err.start:err.start + 1]!r}); save the file as UTF-8") from None
+        raise HyvInputError("prompts_file", f"{path}: line {line}, byte {column}: not UTF-8 "
+                                            f"({data[err.start:err.start + 1]!r}); save the file as UTF-8") from None
 
 
 def _parse_line(text: str, folder: str) -> tuple[str, str, int | None, str | None]:
@@ -205,12 +205,12 @@ def read_prompts_file(path: str, seed: int | None = None) -> tuple[list[PromptEn
     and the bad lines (line, number and why), which do not stop the others. With ``seed``, an entry without one gets ``seed`` + its number, and one whose seed falls outside
     [0, 2**63) is a bad line. A missing, binary or non-UTF-8 file is a HyvInputError naming the file (and line)."""
     if not os.path.isfile(path):
-        raise HyvInputError("--prompts_file", f"no such file: {path}")
+        raise HyvInputError("prompts_file", f"no such file: {path}")
     try:
         with open(path, "rb") as f:
             text = _decode(path, f.read())
     except OSError as err:
-        raise HyvInputError("--prompts_file", f"cannot read {path}: {err.strerror or err}") from None
+        raise HyvInputError("prompts_file", f"cannot read {path}: {err.strerror or err}") from None
     folder = os.path.dirname(os.path.abspath(path))
     entries, bad = [], []
     number = 0
@@ -227,19 +227,19 @@ def read_prompts_file(path: str, seed: int | None = None) -> tuple[list[PromptEn
                 entry.seed = seed + number
                 if not 0 <= entry.seed < 2**63:
                     raise ValueError(f"its seed, the run's seed {seed} + entry number {number} = {entry.seed}, is "
-                                     "outside [0, 2**63); give the line a 'seed' or the run a smaller --seed")
+                                     "outside [0, 2**63); give the line a 'seed' or the run a smaller `seed`")
             entries.append(entry)
         except ValueError as err:
             bad.append(dict(line=line, number=number, error=str(err)))
         number += 1
     if number == 0:  # nothing to run: refused before any model loads, not a run of "0 done"
-        raise HyvInputError("--prompts_file", f"{path} holds no prompt (only blank lines and # comments)"
+        raise HyvInputError("prompts_file", f"{path} holds no prompt (only blank lines and # comments)"
                             if text.strip() else f"{path} holds no prompt (the file is empty)")
     return entries, bad
 
 
 def parse_shard(shard: str | tuple[int, int] | None) -> tuple[int, int] | None:
-    """``"I/N"`` (or a pair) -> (I, N) with 0 <= I < N; None stays None. HyvInputError naming --shard otherwise."""
+    """``"I/N"`` (or a pair) -> (I, N) with 0 <= I < N; None stays None. HyvInputError naming ``shard`` otherwise."""
     if shard is None:
         return None
     try:
@@ -247,10 +247,10 @@ def parse_shard(shard: str | tuple[int, int] | None) -> tuple[int, int] | None:
         if isinstance(index, bool) or isinstance(count, bool) or index != int(index) or count != int(count):
             raise ValueError
     except (ValueError, TypeError):
-        raise HyvInputError("--shard", f"must be I/N with whole numbers 0 <= I < N (worker I of N), got {shard!r}") \
+        raise HyvInputError("shard", f"must be I/N with whole numbers 0 <= I < N (worker I of N), got {shard!r}") \
             from None
     if not (count >= 1 and 0 <= index < count):
-        raise HyvInputError("--shard", f"must be I/N with 0 <= I < N (worker I of N), got {shard!r}")
+        raise HyvInputError("shard", f"must be I/N with 0 <= I < N (worker I of N), got {shard!r}")
     return int(index), int(count)
 
 
@@ -316,11 +316,11 @@ def run_lock(output_dir: str, shard: tuple[int, int] | None = None) -> Iterator[
     holder, while shards 0/N ... N-1/N run side by side (each entry folder has its own lock as well)."""
     index, count = shard or (0, 1)
     if count == 1:
-        with folder_lock(output_dir, "--output_dir", part="the whole prompts file"):
+        with folder_lock(output_dir, "output_dir", part="the whole prompts file"):
             yield
         return
-    with folder_lock(output_dir, "--output_dir", shared=True), \
-            folder_lock(output_dir, "--shard", name=f".hyv-shard-{index}-of-{count}.lock",
+    with folder_lock(output_dir, "output_dir", shared=True), \
+            folder_lock(output_dir, "shard", name=f".hyv-shard-{index}-of-{count}.lock",
                         part=f"shard {index}/{count}"):
         yield
 

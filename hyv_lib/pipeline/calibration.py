@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..base.errors import HyvInputError, python_names
+from ..base.errors import HyvInputError
 from ..base.presets import Preset
 from ..models.components import load_components, text_components
 from ..models.dtypes import torch_dtype
@@ -88,7 +88,7 @@ def calibrate(preset: str | Preset | None = None, model_path: str | None = None,
     dtype = dtype or preset.default_dtype
     torch_dtype(dtype)
     if not isinstance(prompt, str) or not isinstance(negative_prompt, str):
-        raise HyvInputError("--prompt", "prompt and negative prompt must be strings")
+        raise HyvInputError("prompt", "prompt and negative prompt must be strings")
     check_task(preset, image_path is not None)
     requested = Stage2Settings(
         aspect_ratio=aspect_ratio, height=height, width=width, video_length=video_length,
@@ -99,7 +99,7 @@ def calibrate(preset: str | Preset | None = None, model_path: str | None = None,
     if image_path is not None:
         requested, image = first_frame(preset, image_path, requested)
     if runtime == "ulysses":
-        raise HyvInputError("--runtime", "calibration runs with torch or jax")
+        raise HyvInputError("runtime", "calibration runs with torch or jax")
     settings = resolve_settings(preset, requested)
     names = [*text_components(preset), "transformer", "scheduler"]
     if image is not None:
@@ -171,13 +171,12 @@ def magcache_schedule(preset: str = DEFAULT_PRESET, num_inference_steps: int | N
         pipe = hyv_lib.load_pipeline("tiny_trained")
         video = pipe.generate(prompt, cache=magcache_schedule("tiny_trained", cache_threshold=0.1))
     """
-    with python_names():
-        preset = get_preset(preset)
-        settings = resolve_settings(preset, num_inference_steps=num_inference_steps, flow_shift=flow_shift,
-                                    enable_cache=True, cache_method="magcache", cache_threshold=cache_threshold,
-                                    cache_max_skip=cache_max_skip, cache_retention=cache_retention,
-                                    cache_calibration=cache_calibration, no_cache_blocks=no_cache_blocks)
-        return schedule_for(settings, preset, model_path)
+    preset = get_preset(preset)
+    settings = resolve_settings(preset, num_inference_steps=num_inference_steps, flow_shift=flow_shift,
+                                enable_cache=True, cache_method="magcache", cache_threshold=cache_threshold,
+                                cache_max_skip=cache_max_skip, cache_retention=cache_retention,
+                                cache_calibration=cache_calibration, no_cache_blocks=no_cache_blocks)
+    return schedule_for(settings, preset, model_path)
 
 
 def cache_schedule(settings: ResolvedSettings, preset: Preset, model_path: str | None = None):

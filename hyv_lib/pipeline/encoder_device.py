@@ -28,12 +28,12 @@ def resolve_text_device(text_device: str | torch.device | None = "auto", runtime
     ``auto``: :func:`hyv_lib.parallel.distributed.local_device` (the GPU of this process, ``LOCAL_RANK``'s under
     torchrun, when CUDA is available; else the host CPU), except with ``runtime="jax"``, where it is the host CPU
     (JAX holds the accelerator, and the encoders have no torchax path). ``cuda`` / ``cuda:N`` without CUDA, an ``N``
-    past the last GPU, or any other value: a HyvInputError naming ``--text_device``."""
+    past the last GPU, or any other value: a HyvInputError naming ``text_device``."""
     value = "auto" if text_device is None else text_device
     if isinstance(value, torch.device):
         value = str(value)
     if not isinstance(value, str):
-        raise HyvInputError("--text_device", f"must be one of {', '.join(TEXT_DEVICES)}, got {value!r}")
+        raise HyvInputError("text_device", f"must be one of {', '.join(TEXT_DEVICES)}, got {value!r}")
     name = value.strip().lower()
     if name == "auto":
         return torch.device("cpu") if runtime_name(runtime) == "jax" else local_device()
@@ -41,15 +41,15 @@ def resolve_text_device(text_device: str | torch.device | None = "auto", runtime
         return torch.device("cpu")
     match = _CUDA.fullmatch(name)
     if match is None:
-        raise HyvInputError("--text_device", f"must be one of {', '.join(TEXT_DEVICES)} (N: a GPU index), "
-                                             f"got {value!r}")
+        raise HyvInputError("text_device", f"must be one of {', '.join(TEXT_DEVICES)} (N: a GPU index), "
+                                           f"got {value!r}")
     if not torch.cuda.is_available():
-        raise HyvInputError("--text_device", f"is {value!r}, but CUDA is not available here (torch "
-                                             f"{torch.__version__}): use auto or cpu")
+        raise HyvInputError("text_device", f"is {value!r}, but CUDA is not available here (torch "
+                                           f"{torch.__version__}): use auto or cpu")
     if match.group(1) is None:
         return local_device()
     index, count = int(match.group(1)), torch.cuda.device_count()
     if index >= count:
-        raise HyvInputError("--text_device", f"is {value!r}, but this machine has {count} CUDA device(s): "
-                                             f"cuda:0 to cuda:{count - 1}")
+        raise HyvInputError("text_device", f"is {value!r}, but this machine has {count} CUDA device(s): "
+                                           f"cuda:0 to cuda:{count - 1}")
     return torch.device("cuda", index)

@@ -18,7 +18,7 @@ from .settings import Stage2Settings
 IMAGE_MODES = ("RGB", "RGBA", "L", "LA", "P")
 
 
-def load_image(path: Any, argument: str = "--image_path"):
+def load_image(path: Any, argument: str = "image_path"):
     """The RGB PIL image at ``path``; a HyvInputError naming ``argument`` when it is missing, unreadable, in a mode
     outside :data:`IMAGE_MODES`, or of a size no bucket takes (a side under 16 px or a ratio beyond 4:1)."""
     from PIL import Image, UnidentifiedImageError
@@ -76,7 +76,7 @@ def encode_image(components: dict[str, Any], preset: Preset, image, device: torc
 
 
 # ------------------------------------------------------------------------------------------------- stage 1
-def check_task(preset: Preset, has_image: bool, argument: str = "--image_path") -> str:
+def check_task(preset: Preset, has_image: bool, argument: str = "image_path") -> str:
     """"i2v" with a first frame, else "t2v"; a HyvInputError naming ``argument`` when the preset's checkpoint was not
     trained for that task (an image for a text-to-video checkpoint, or none for an image-to-video one)."""
     task = "i2v" if has_image else "t2v"
@@ -93,14 +93,14 @@ def check_task(preset: Preset, has_image: bool, argument: str = "--image_path") 
 def image_size_settings(settings: Stage2Settings, size: tuple[int, int]) -> Stage2Settings:
     """Image-to-video: the first frame's bucket (height, width) is the video's size; a different --height/--width is
     a HyvInputError (the condition latents could not be placed)."""
-    for name, given, fixed in (("--height", settings.height, size[0]), ("--width", settings.width, size[1])):
+    for name, given, fixed in (("height", settings.height, size[0]), ("width", settings.width, size[1])):
         if given is not None and given != fixed:
             raise HyvInputError(name, f"is {given}, but the first frame was bucketed to {size[0]}x{size[1]} in stage "
-                                      "1 and decides the video's size; leave --height and --width unset")
+                                      "1 and decides the video's size; leave `height` and `width` unset")
     return dataclasses.replace(settings, height=size[0], width=size[1])
 
 
-def first_frame(preset, image, settings: Stage2Settings, argument: str = "--image_path") -> tuple[Stage2Settings, Any]:
+def first_frame(preset, image, settings: Stage2Settings, argument: str = "image_path") -> tuple[Stage2Settings, Any]:
     """Image-to-video's first frame: ``image`` (a path, or a PIL image) loaded and checked (HyvInputError naming
     ``argument``), ``settings`` with the size of its bucket (:func:`image_size_settings`), and the frame cropped to
     that bucket (what stage 1 encodes)."""

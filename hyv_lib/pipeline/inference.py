@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..base.errors import HyvInputError, python_names
+from ..base.errors import HyvInputError
 from ..base.files import ensure_output_dir
 from ..base.presets import DEFAULT_SEED, Preset
 from ..models.components import load_components, pipeline_components, quiet_loading
@@ -27,7 +27,7 @@ from ..runtimes.step import cached_step
 from .denoiser import Denoiser, decode_video
 from .encoder_device import ENCODERS, resolve_text_device
 from .image import check_task, first_frame
-from .settings import Stage2Settings, check_vae_model, check_vae_settings, resolve_settings
+from .settings import ResolvedSettings, Stage2Settings, check_vae_model, check_vae_settings, resolve_settings
 from .text import encode_pair
 from .video_io import check_fps, check_mp4_path, write_mp4
 
@@ -85,6 +85,9 @@ class VideoPipeline:
     and a DeepCache or MagCache step keeps its cached features on the shared transformer, an offloaded transformer
     moves between devices, the VAE decode patches the shared VAE: two at once would corrupt each other's videos.
     For videos in parallel, load one pipeline per device or process.
+
+    ``settings``: these arguments already resolved (:func:`hyv_lib.pipeline.settings.resolve_settings`), as
+    :func:`load_pipeline` hands them over, so they are not resolved a second time.
     """
 
     def __init__(self, preset: str | Preset, components: dict[str, Any], *, runtime: str = "torch",
@@ -92,11 +95,11 @@ class VideoPipeline:
                  sparse_attn: bool = False, ssta: Any = None, vae_runtime: str | None = None, vae_dtype: str = "fp32", tiling: bool = True,
                  model_path: str | None = None, offload: str | None = None, vae_memory_gb: float | None = None,
                  shard_weights: str | None = None, lora: str | None = None, lora_scale: float = 1.0,
-                 compile: bool = False, text_device: str | torch.device | None = "auto"):
-        with python_names():
-            self.preset = get_preset(preset)
-            #: where stage 1's encoders run (:func:`hyv_lib.pipeline.encoder_device.resolve_text_device`)
-            self.text_device = resolve_text_device(text_device, runtime)
+                 compile: bool = False, text_device: str | torch.device | None = "auto",
+                 settings: ResolvedSettings | None = None):
+        self.preset = get_preset(preset)
+        #: where stage 1's encoders run (:func:`hyv_lib.pipeline.encoder_device.resolve_text_device`)
+        self.text_device = resolve_text_device(text_device, runtime)
         if not isinstance(components, dict):
             raise HyvInputError("components", f"must be a dict of loaded components, got {type(components).__name__}")
         first_frame = family_for(self.preset).first_frame_components  # only where the preset needs an image
@@ -105,21 +108,19 @@ class VideoPipeline:
         missing = [name for name in needed if name not in components]
         if missing:
             raise HyvInputError("components", f"missing {', '.join(missing)} (hyv_lib.load_pipeline loads them all)")
-        with python_names():
-            run_settings = resolve_settings(self.preset, runtime=runtime, mesh=mesh, sharding=sharding,
-                                             attention=attention, sparse_attn=sparse_attn, ssta=ssta, offload=offload,
-                                             shard_weights=shard_weights, lora=lora, lora_scale=lora_scale,
-                                             compile=compile)
-            if runtime == "ulysses" and not under_torchrun():
-                raise HyvInputError("--runtime", "an in-memory pipeline runs with torch or jax, or with ulysses in "
-                                                 "each process of a torchrun launch (one per device)")
+        run_settings = settings or resolve_settings(self.preset, runtime=runtime, mesh=mesh, sharding=sharding,
+                                                    attention=attention, sparse_attn=sparse_attn, ssta=ssta,
+                                                    offload=offload, shard_weights=shard_weights, lora=lora,
+                                                    lora_scale=lora_scale, compile=compile)
+        if runtime == "ulysses" and not under_torchrun():
+            raise HyvInputError("runtime", "an in-memory pipeline runs with torch or jax, or with ulysses in "
+                                           "each process of a torchrun launch (one per device)")
         runtime = runtime_name(runtime)
         vae_runtime = runtime_name(vae_runtime) or vae_runtime_for(runtime)
         if vae_runtime not in VAE_RUNTIMES:
             raise HyvInputError("vae_runtime", f"must be {runtime_choices(VAE_RUNTIMES)}, got {vae_runtime!r}")
-        with python_names():
-            self.vae_memory_gb = check_vae_settings(vae_dtype, vae_memory_gb, tiling, vae_runtime)
-            check_vae_model(self.preset, self.vae_memory_gb)
+        self.vae_memory_gb = check_vae_settings(vae_dtype, vae_memory_gb, tiling, vae_runtime)
+        check_vae_model(self.preset, self.vae_memory_gb)
         self.components = components
         self.lock = threading.Lock()  # held by each generate call (see the class docstring)
         self.model_path = model_path
@@ -129,8 +130,8 @@ class VideoPipeline:
         self.offload, self.shard_weights = offload, shard_weights
         self.compile = compile
         self.vae_runtime, self.vae_dtype, self.tiling = vae_runtime, vae_dtype, tiling
-        with python_names():  # the LoRA merged before the weights are placed, sharded or traced: no work per step
-            self.denoiser = Denoiser.prepare(components["transformer"], run_settings)
+        # the LoRA merged before the weights are placed, sharded or traced: no work per step
+        self.denoiser = Denoiser.prepare(components["transformer"], run_settings)
         self.device, self.step = self.denoiser.device, self.denoiser.step
         lora = self.denoiser.lora
         #: generation_config.json's LoRA fields (path, sha256, scale, rank); empty without a LoRA
@@ -160,8 +161,7 @@ class VideoPipeline:
         still one forward of the sharded root: :func:`hyv_lib.runtimes.step.cached_step`)."""
         if cache is None:
             return self.step
-        with python_names():
-            return cached_step(self.step, self.components["transformer"], cache, no_cache_blocks)
+        return cached_step(self.step, self.components["transformer"], cache, no_cache_blocks)
 
     def encode(self, prompt: str, negative_prompt: str = "", image=None) -> dict[str, torch.Tensor]:
         """Stage 1 in memory: the stage-1 tensors of ``prompt`` and ``negative_prompt`` (and of ``image``, a first
@@ -196,16 +196,15 @@ class VideoPipeline:
                   guidance_scale, flow_shift, seed, cache, no_cache_blocks, progress, image) -> Video:
         """:meth:`generate`'s work, under the pipeline's lock."""
         start = time.perf_counter()
-        with python_names():
-            task = check_task(self.preset, image is not None, argument="image")
-            if image is not None:
-                fixed, image = first_frame(self.preset, image, Stage2Settings(height=height, width=width), "image")
-                height, width = fixed.height, fixed.width
-            settings = resolve_settings(
-                self.preset, aspect_ratio=aspect_ratio, height=height, width=width, video_length=video_length,
-                num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
-                seed=seed, runtime=self.runtime, mesh=self.mesh, sharding=self.sharding, attention=self.attention,
-                ssta=self.ssta, offload=self.offload, shard_weights=self.shard_weights, compile=self.compile)
+        task = check_task(self.preset, image is not None, argument="image")
+        if image is not None:
+            fixed, image = first_frame(self.preset, image, Stage2Settings(height=height, width=width), "image")
+            height, width = fixed.height, fixed.width
+        settings = resolve_settings(
+            self.preset, aspect_ratio=aspect_ratio, height=height, width=width, video_length=video_length,
+            num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift,
+            seed=seed, runtime=self.runtime, mesh=self.mesh, sharding=self.sharding, attention=self.attention,
+            ssta=self.ssta, offload=self.offload, shard_weights=self.shard_weights, compile=self.compile)
         step = self.step_for(cache, no_cache_blocks)
         if cache is not None and cache.num_steps != settings.num_inference_steps:
             raise HyvInputError("cache", f"the schedule has {cache.num_steps} steps but num_inference_steps is "
@@ -224,10 +223,9 @@ class VideoPipeline:
                                         progress=progress)
         denoise_s = time.perf_counter() - denoise_start
         # torch: on this process's GPU if any, in vae_dtype, and the VAE put back after (image conditioning shares it)
-        with python_names():
-            decoded = family_for(self.preset).vae_latents(self.preset, latents, settings.video_length)  # VAE layout
-            frames, tile_px = decode_video(self.components["vae"], decoded, runtime=self.vae_runtime,
-                                           vae_dtype=self.vae_dtype, tiling=self.tiling, memory_gb=self.vae_memory_gb)
+        decoded = family_for(self.preset).vae_latents(self.preset, latents, settings.video_length)  # VAE layout
+        frames, tile_px = decode_video(self.components["vae"], decoded, runtime=self.vae_runtime,
+                                       vae_dtype=self.vae_dtype, tiling=self.tiling, memory_gb=self.vae_memory_gb)
         config = dict(prompt=prompt, negative_prompt=negative_prompt, preset=self.preset.name, task=task,
                       model_path=self.model_path, dtype=self.dtype, **settings.config(), fps=self.preset.fps,
                       stage3_runtime=self.vae_runtime, vae_dtype=self.vae_dtype, vae_tiling=self.tiling,
@@ -249,7 +247,8 @@ def load_pipeline(preset: str | Preset | None = None, model_path: str | None = N
                   tiling: bool = True, progress: bool = True, offload: str | None = None,
                   vae_memory_gb: float | None = None, shard_weights: str | None = None, lora: str | None = None,
                   lora_scale: float = 1.0, compile: bool = False,
-                  text_device: str | torch.device | None = "auto") -> VideoPipeline:
+                  text_device: str | torch.device | None = "auto",
+                  settings: ResolvedSettings | None = None) -> VideoPipeline:
     """Load every component of ``preset`` once (``model_path``: a diffusers-format folder; None: the preset's
     bundled or in-code tiny weights; ``preset=None`` with a folder: the preset its configs say, see
     :func:`hyv_lib.models.folder.choose_preset`, and a preset that contradicts the folder is refused) in ``dtype``
@@ -264,27 +263,28 @@ def load_pipeline(preset: str | Preset | None = None, model_path: str | None = N
     :class:`hyv_lib.SstaConfig`) as for :func:`hyv_lib.pipeline.stages.stage2`. ``compile=True``: torch.compile the
     transformer's blocks (torch or ulysses runtime; see :class:`VideoPipeline`). ``text_device``: where the encoders
     run (``auto``: the GPU when CUDA is available; resident there unless ``offload`` or ``shard_weights``; see
-    :class:`VideoPipeline`). Example::
+    :class:`VideoPipeline`). ``settings``: these arguments already resolved by the caller
+    (:class:`hyv_lib.pipeline.batch.BatchRunner`), checked once only. Example::
 
         pipe = hyv_lib.load_pipeline("tiny_trained")
         video = pipe.generate("a red circle moving left on a gray background", seed=1)
         video.save("circle.mp4")
     """
-    with python_names():
-        preset = choose_preset(preset, model_path).preset  # None: the folder's configs say which (or the default)
-        dtype = dtype or preset.default_dtype
-        torch_dtype(dtype)
+    preset = choose_preset(preset, model_path).preset  # None: the folder's configs say which (or the default)
+    dtype = dtype or preset.default_dtype
+    torch_dtype(dtype)
 
-        resolve_settings(preset, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention,
-                         sparse_attn=sparse_attn, ssta=ssta, offload=offload, shard_weights=shard_weights, lora=lora, lora_scale=lora_scale,
-                         compile=compile)  # before any model loads
-        resolve_text_device(text_device, runtime)
-        context = contextlib.nullcontext() if progress else quiet_loading()
-        with context:
-            components = load_components(preset, model_path, pipeline_components(preset), dtype=dtype)
+    settings = settings or resolve_settings(preset, runtime=runtime, mesh=mesh, sharding=sharding,
+                                            attention=attention, sparse_attn=sparse_attn, ssta=ssta, offload=offload,
+                                            shard_weights=shard_weights, lora=lora, lora_scale=lora_scale,
+                                            compile=compile)  # before any model loads
+    resolve_text_device(text_device, runtime)
+    context = contextlib.nullcontext() if progress else quiet_loading()
+    with context:
+        components = load_components(preset, model_path, pipeline_components(preset), dtype=dtype)
     return VideoPipeline(preset, components, runtime=runtime, mesh=mesh, sharding=sharding, attention=attention,
                          sparse_attn=sparse_attn, ssta=ssta,
                          vae_runtime=vae_runtime, vae_dtype=vae_dtype, tiling=tiling, model_path=model_path,
                          vae_memory_gb=vae_memory_gb,
-                         offload=offload, shard_weights=shard_weights, lora=lora, lora_scale=lora_scale, compile=compile,
-                         text_device=text_device)
+                         offload=offload, shard_weights=shard_weights, lora=lora, lora_scale=lora_scale,
+                         compile=compile, text_device=text_device, settings=settings)

@@ -142,7 +142,7 @@ class Stage2Settings:
         names = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(kwargs) - set(names))
         if unknown:
-            raise HyvInputError(f"--{unknown[0]}", f"is not a stage-2 setting; valid: {', '.join(names)}")
+            raise HyvInputError(f"{unknown[0]}", f"is not a stage-2 setting; valid: {', '.join(names)}")
         return cls(**kwargs)
 
 
@@ -199,7 +199,7 @@ class ResolvedSettings:
     lora_scale: float = 1.0
     ssta: dict[str, Any] | None = None  #: the SSTA options (every field of SstaConfig) when attention takes a grid
     compile: bool = False  #: the transformer blocks torch.compiled (torch and ulysses runtimes)
-    mesh_source: str | None = None  #: jax runtime: ``default`` (no --mesh: :func:`default_mesh`) or ``--mesh``
+    mesh_source: str | None = None  #: jax runtime: ``default`` (no mesh given: :func:`default_mesh`) or ``--mesh``
 
     def attention_options(self) -> dict[str, Any]:
         """The keyword options of the attention backend (:func:`hyv_lib.runtimes.step.make_step`'s
@@ -245,13 +245,13 @@ def check_model_settings(preset: Preset, settings: Stage2Settings) -> None:
     adapter = get_adapter(preset.model)
     # the preset's own shift (1.0 where there is none) passes
     if not adapter.takes_flow_shift and settings.flow_shift is not None and settings.flow_shift != preset.flow_shift:
-        raise HyvInputError("--flow_shift", f"{preset.name} samples with a v-prediction scheduler, which has no "
-                                            "flow shift: drop it")
+        raise HyvInputError("flow_shift", f"{preset.name} samples with a v-prediction scheduler, which has no "
+                                          "flow shift: drop it")
     if not adapter.takes_lora_files and settings.lora is not None:
         takes = ", ".join(adapters_with("takes_lora_files"))
-        raise HyvInputError("--lora", f"LoRA files here are for {takes}'s transformer, not {preset.name}'s")
+        raise HyvInputError("lora", f"LoRA files here are for {takes}'s transformer, not {preset.name}'s")
     if not adapter.runs_ssta and (settings.sparse_attn or settings.attention in ("ssta", "ssta_reference")):
-        raise HyvInputError("--sparse_attn" if settings.sparse_attn else "--attention",
+        raise HyvInputError("sparse_attn" if settings.sparse_attn else "attention",
                             f"SSTA is the sparse attention of {', '.join(adapters_with('runs_ssta'))} (its sparse "
                             f"checkpoints), not {preset.name}'s")
 
@@ -272,12 +272,12 @@ def ssta_options(ssta: Any) -> dict[str, Any]:
     fields = {f.name: f for f in dataclasses.fields(SstaConfig)}
     values = {}
     for name, value in ssta.items():
-        flag = f"--ssta_{name.rstrip('_')}"
+        flag = f"ssta_{name.rstrip('_')}"
         if name.rstrip("_") == "lambda":
             name = "lambda_"
         if name not in fields:
-            raise HyvInputError(flag, f"is not an SSTA option; valid: "
-                                      f"{', '.join('--ssta_' + n.rstrip('_') for n in fields)}")
+            valid = ", ".join("`ssta_" + n.rstrip("_") + "`" for n in fields)
+            raise HyvInputError(flag, f"is not an SSTA option; valid: {valid}")
         if name in ("tile", "window") and isinstance(value, str):
             try:
                 value = tuple(int(x) for x in value.split(","))
@@ -291,7 +291,7 @@ def ssta_options(ssta: Any) -> dict[str, Any]:
     except (ValueError, TypeError) as err:
         message = str(err)
         name = message.split(" ")[0].removeprefix("SstaConfig.") if message.startswith("SstaConfig.") else "ssta"
-        raise HyvInputError(f"--ssta_{name.rstrip('_')}" if name != "ssta" else "ssta",
+        raise HyvInputError(f"ssta_{name.rstrip('_')}" if name != "ssta" else "ssta",
                             message.removeprefix(f"SstaConfig.{name} ")) from None
 
 
@@ -299,17 +299,17 @@ def resolve_attention(preset: Preset, attention: str | None, sparse_attn: Any, s
     """``--attention`` (None: the preset's), ``--sparse_attn`` (the official scripts' switch to SSTA) and SSTA's
     options: the backend's name and, for SSTA, its options as a dict (what generation_config.json records)."""
     if sparse_attn not in (True, False, None):
-        raise HyvInputError("--sparse_attn", f"must be true or false, got {sparse_attn!r}")
+        raise HyvInputError("sparse_attn", f"must be true or false, got {sparse_attn!r}")
     if sparse_attn:
         if attention is not None and not takes_grid(attention):
-            raise HyvInputError("--sparse_attn", f"runs --attention ssta; drop --attention {attention}")
+            raise HyvInputError("sparse_attn", f"runs `attention` ssta; drop `attention` {attention}")
         attention = attention or "ssta"
     attention = preset.attention if attention is None else attention
     if not takes_grid(attention):
         if ssta is not None:
             given = sorted(ssta) if isinstance(ssta, dict) else ["tile"]
-            raise HyvInputError(f"--ssta_{given[0].rstrip('_')}" if given else "ssta",
-                                f"applies to --attention ssta (or --sparse_attn), not {attention!r}")
+            raise HyvInputError(f"ssta_{given[0].rstrip('_')}" if given else "ssta",
+                                f"applies to `attention` ssta (or `sparse_attn`), not {attention!r}")
         return attention, None
     return attention, ssta_options(SstaConfig() if ssta is None else ssta)
 
@@ -327,7 +327,7 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
     """Fill unset stage-2 settings (a :class:`Stage2Settings`, or its fields as keyword arguments) from the preset,
     validate them, and resolve (height, width): a frozen :class:`ResolvedSettings`.
 
-    Bad values raise HyvInputError naming the flag. Height and width come from the ``aspect_ratio``
+    Bad values raise HyvInputError naming the parameter. Height and width come from the ``aspect_ratio``
     bucket unless both are given. A multi-host run's hosts join in :func:`prepare_runtime`, before this.
     """
     if settings is not None and kwargs:
@@ -346,101 +346,101 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
     # numpy and torch scalars are taken; from here on they are Python numbers (torch's manual_seed takes no np.int64)
     height, width, video_length = video_size(preset, height, width, video_length, aspect_ratio)
     num_inference_steps, seed, warmup_steps = (as_number(name, value, int) for name, value in (
-        ("--num_inference_steps", num_inference_steps), ("--seed", seed), ("--warmup_steps", warmup_steps)))
-    guidance_scale, flow_shift = (as_number(name, value) for name, value in (("--guidance_scale", guidance_scale),
-                                                                              ("--flow_shift", flow_shift)))
+        ("num_inference_steps", num_inference_steps), ("seed", seed), ("warmup_steps", warmup_steps)))
+    guidance_scale, flow_shift = (as_number(name, value) for name, value in (("guidance_scale", guidance_scale),
+                                                                              ("flow_shift", flow_shift)))
     num_inference_steps = preset.default_steps if num_inference_steps is None else num_inference_steps
     guidance_scale = preset.guidance_scale if guidance_scale is None else guidance_scale
     flow_shift = preset.flow_shift if flow_shift is None else flow_shift
     if num_inference_steps < 1:
-        raise HyvInputError("--num_inference_steps", f"must be >= 1, got {num_inference_steps}")
+        raise HyvInputError("num_inference_steps", f"must be >= 1, got {num_inference_steps}")
     if not 1.0 <= guidance_scale <= MAX_GUIDANCE_SCALE:
-        raise HyvInputError("--guidance_scale", f"must be >= 1 (1 disables CFG's effect) and <= {MAX_GUIDANCE_SCALE:g} "
-                                                f"(the presets use 1 to 6), got {guidance_scale}")
+        raise HyvInputError("guidance_scale", f"must be >= 1 (1 disables CFG's effect) and <= {MAX_GUIDANCE_SCALE:g} "
+                                              f"(the presets use 1 to 6), got {guidance_scale}")
     if not 0 < flow_shift <= MAX_FLOW_SHIFT:
-        raise HyvInputError("--flow_shift", f"must be > 0 and <= {MAX_FLOW_SHIFT:g} (the presets use 3 to 9; at "
-                                            f"{MAX_FLOW_SHIFT:g} even the last of 50 steps starts at sigma 0.95), got "
-                                            f"{flow_shift}")
+        raise HyvInputError("flow_shift", f"must be > 0 and <= {MAX_FLOW_SHIFT:g} (the presets use 3 to 9; at "
+                                          f"{MAX_FLOW_SHIFT:g} even the last of 50 steps starts at sigma 0.95), got "
+                                          f"{flow_shift}")
     if seed is None or not 0 <= seed < 2**63:
-        raise HyvInputError("--seed", f"must be an integer in [0, 2**63), got {seed}")
+        raise HyvInputError("seed", f"must be an integer in [0, 2**63), got {seed}")
     if warmup_steps is None or warmup_steps < 0:
-        raise HyvInputError("--warmup_steps", f"must be >= 0, got {warmup_steps}")
+        raise HyvInputError("warmup_steps", f"must be >= 0, got {warmup_steps}")
     if runtime not in RUNTIMES:
-        raise HyvInputError("--runtime", f"must be one of {runtime_choices()}, got {runtime!r}")
+        raise HyvInputError("runtime", f"must be one of {runtime_choices()}, got {runtime!r}")
     check_fits(height, width, video_length, runtime)  # a size whose decoded video cannot fit in memory: refused now
     check_attention(attention, runtime)
     mesh = None if mesh == "" else mesh  # as if not given
     axes = None if mesh == ONE_DEVICE else parse_mesh(mesh)
     if (axes or mesh == ONE_DEVICE) and runtime != "jax":
-        raise HyvInputError("--mesh", "needs --runtime jax")
+        raise HyvInputError("mesh", "needs `runtime` jax")
     if axes:  # a data axis splits the CFG pair; with --guidance_scale 1 there is one sample per step and none
-        check_data_axis(axes, samples_per_step(guidance_scale), "--mesh")
+        check_data_axis(axes, samples_per_step(guidance_scale, preset.guidance_embedded), "mesh")
     if multi_host:
         if runtime != "jax":
-            raise HyvInputError("--multi_host", "needs --runtime jax")
+            raise HyvInputError("multi_host", "needs `runtime` jax")
         if not multi_host_joined():  # until then a host sees only its own devices: the mesh check would be wrong
-            raise HyvInputError("--multi_host", "the hosts have not joined yet: call "
-                                                "hyv_lib.pipeline.settings.prepare_runtime(settings) first")
+            raise HyvInputError("multi_host", "the hosts have not joined yet: call "
+                                              "hyv_lib.pipeline.settings.prepare_runtime(settings) first")
     if axes:
         try:
             make_mesh(**axes)  # the device count must match before any stage writes a file
         except ValueError as err:
-            raise HyvInputError("--mesh", str(err)) from None
+            raise HyvInputError("mesh", str(err)) from None
     mesh_source = None if runtime != "jax" else "--mesh" if mesh is not None else "default"
     if mesh_source == "default":  # every device, as compile lays them out (the step picks the same at its first call)
-        layout, why = default_mesh(preset.transformer["num_attention_heads"], samples_per_step(guidance_scale),
-                                   sharding)
+        batch = samples_per_step(guidance_scale, preset.guidance_embedded)
+        layout, why = default_mesh(preset.transformer["num_attention_heads"], batch, sharding)
         mesh = mesh_text(layout)
         if multi_host and layout["data"] * layout["tensor"] * layout["sequence"] < len(jax_devices()):
-            raise HyvInputError("--mesh", f"the default layout is {mesh} ({why}), and a multi-host run needs "
-                                          "every device: give a --mesh that uses them all")
+            raise HyvInputError("mesh", f"the default layout is {mesh} ({why}), and a multi-host run needs "
+                                        "every device: give a `mesh` that uses them all")
     if s.offload is not None:
         if s.offload not in OFFLOAD_MODES:
-            raise HyvInputError("--offload", f"must be one of {', '.join(OFFLOAD_MODES)}, got {s.offload!r}")
+            raise HyvInputError("offload", f"must be one of {', '.join(OFFLOAD_MODES)}, got {s.offload!r}")
         if runtime != "torch":
-            raise HyvInputError("--offload", f"moves weights to one GPU on --runtime torch, not {runtime!r}")
+            raise HyvInputError("offload", f"moves weights to one GPU on `runtime` torch, not {runtime!r}")
         if enable_cache and s.offload == "block":
-            raise HyvInputError("--offload", "block is not combined with --enable_cache (the cached step's block hooks and "
-                                             "the offload hooks are untested together): choose one")
+            raise HyvInputError("offload", "block is not combined with `enable_cache` (the cached step's block hooks "
+                                           "and the offload hooks are untested together): choose one")
     check_shard_weights(s.shard_weights, runtime, s.offload)  # under torchrun, ulysses or torch
     check_compile(s.compile, runtime, s.offload)
-    lora_scale = 1.0 if s.lora_scale is None else as_number("--lora_scale", s.lora_scale)
-    lora = None if s.lora is None else lora_file(s.lora, "--lora")  # ~ expanded; a missing file refused now
+    lora_scale = 1.0 if s.lora_scale is None else as_number("lora_scale", s.lora_scale)
+    lora = None if s.lora is None else lora_file(s.lora, "lora")  # ~ expanded; a missing file refused now
     if lora is None and lora_scale != 1.0:
-        raise HyvInputError("--lora_scale", "needs --lora")
+        raise HyvInputError("lora_scale", "needs `lora`")
     if sharding not in STRATEGIES:
-        raise HyvInputError("--sharding", f"must be one of {', '.join(STRATEGIES)}, got {sharding!r}")
-    magcache_flags = {"--cache_threshold": s.cache_threshold, "--cache_max_skip": s.cache_max_skip,
-                      "--cache_retention": s.cache_retention, "--cache_calibration": s.cache_calibration}
+        raise HyvInputError("sharding", f"must be one of {', '.join(STRATEGIES)}, got {sharding!r}")
+    magcache_flags = {"cache_threshold": s.cache_threshold, "cache_max_skip": s.cache_max_skip,
+                      "cache_retention": s.cache_retention, "cache_calibration": s.cache_calibration}
     if cache_method is not None and cache_method not in CACHE_METHODS:
-        raise HyvInputError("--cache_method", f"must be one of {', '.join(CACHE_METHODS)}, got {cache_method!r}")
+        raise HyvInputError("cache_method", f"must be one of {', '.join(CACHE_METHODS)}, got {cache_method!r}")
     if cache_method is not None and not enable_cache:
-        raise HyvInputError("--cache_method", "needs --enable_cache")
+        raise HyvInputError("cache_method", "needs `enable_cache`")
     given = [flag for flag, value in magcache_flags.items() if value is not None]
     if given and cache_method != "magcache":
-        raise HyvInputError(given[0], "applies to --enable_cache --cache_method magcache only")
+        raise HyvInputError(given[0], "applies to `enable_cache` `cache_method` magcache only")
     if enable_cache:  # every runtime (ulysses: each rank caches its sequence shard)
         cache_start_step, cache_end_step, cache_step_interval, no_cache_blocks = (
             as_number(name, value, int, low=low) for name, value, low in (
-                ("--cache_start_step", cache_start_step, 0), ("--cache_end_step", cache_end_step, 0),
-                ("--cache_step_interval", cache_step_interval, 1), ("--no_cache_blocks", no_cache_blocks, 0)))
+                ("cache_start_step", cache_start_step, 0), ("cache_end_step", cache_end_step, 0),
+                ("cache_step_interval", cache_step_interval, 1), ("no_cache_blocks", no_cache_blocks, 0)))
         if cache_end_step < cache_start_step:
-            raise HyvInputError("--cache_end_step", f"must be >= --cache_start_step ({cache_start_step}), "
-                                                    f"got {cache_end_step}")
+            raise HyvInputError("cache_end_step", f"must be >= `cache_start_step` ({cache_start_step}), "
+                                                  f"got {cache_end_step}")
         num_layers = preset.transformer.get("num_layers")
         if num_layers is not None and no_cache_blocks > num_layers:
-            raise HyvInputError("--no_cache_blocks", f"must be at most the model's {num_layers} blocks, "
-                                                     f"got {no_cache_blocks}")
+            raise HyvInputError("no_cache_blocks", f"must be at most the model's {num_layers} blocks, "
+                                                   f"got {no_cache_blocks}")
     threshold = max_skip = retention = None
     if enable_cache and cache_method == "magcache":
-        threshold = as_number("--cache_threshold", DEFAULT_THRESHOLD if s.cache_threshold is None
+        threshold = as_number("cache_threshold", DEFAULT_THRESHOLD if s.cache_threshold is None
                               else s.cache_threshold, low=0)
-        max_skip = as_number("--cache_max_skip", DEFAULT_MAX_SKIP if s.cache_max_skip is None else s.cache_max_skip,
+        max_skip = as_number("cache_max_skip", DEFAULT_MAX_SKIP if s.cache_max_skip is None else s.cache_max_skip,
                              int, low=1)
-        retention = as_number("--cache_retention", DEFAULT_RETENTION if s.cache_retention is None
+        retention = as_number("cache_retention", DEFAULT_RETENTION if s.cache_retention is None
                               else s.cache_retention, low=0, high=1)
         if s.cache_calibration is not None and not isinstance(s.cache_calibration, (str, os.PathLike)):
-            raise HyvInputError("--cache_calibration", f"must be a file path, got {s.cache_calibration!r}")
+            raise HyvInputError("cache_calibration", f"must be a file path, got {s.cache_calibration!r}")
     return ResolvedSettings(
         aspect_ratio=aspect_ratio, height=height, width=width, video_length=video_length,
         num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, flow_shift=flow_shift, seed=seed,
@@ -457,17 +457,17 @@ def resolve_settings(preset: Preset, settings: Stage2Settings | None = None, **k
 
 def check_vae_settings(vae_dtype: str, vae_memory_gb: Any = None, tiling: bool = True,
                        runtime: str = "torch") -> float | None:
-    """``--vae_dtype`` and ``--vae_memory_gb`` (HyvInputError naming the flag); returns the budget as a float."""
+    """``--vae_dtype`` and ``--vae_memory_gb`` (HyvInputError naming the parameter); returns the budget as a float."""
     if vae_dtype not in ("fp32", "bf16"):
-        raise HyvInputError("--vae_dtype", f"must be fp32 or bf16, got {vae_dtype!r}")
+        raise HyvInputError("vae_dtype", f"must be fp32 or bf16, got {vae_dtype!r}")
     if vae_memory_gb is None:
         return None
-    budget = as_number("--vae_memory_gb", vae_memory_gb, low=0, low_open=True)
+    budget = as_number("vae_memory_gb", vae_memory_gb, low=0, low_open=True)
     if not tiling:
-        raise HyvInputError("--vae_memory_gb", "picks the tile size of a tiled decode: drop --disable_tiling")
+        raise HyvInputError("vae_memory_gb", "picks the tile size of a tiled decode: drop `disable_tiling`")
     if runtime != "torch":
-        raise HyvInputError("--vae_memory_gb", f"sizes the tiles of the torch decode (its memory model is fitted on "
-                                               f"a GPU), not of --runtime {runtime}")
+        raise HyvInputError("vae_memory_gb", f"sizes the tiles of the torch decode (its memory model is fitted on "
+                                             f"a GPU), not of `runtime` {runtime}")
     return budget
 
 
@@ -476,5 +476,5 @@ def check_vae_model(preset: Preset, vae_memory_gb: float | None) -> None:
     adapter says its VAE was not measured (:attr:`hyv_lib.models.adapter.ModelAdapter.vae_memory_model`)."""
     if vae_memory_gb is not None and not get_adapter(preset.model).vae_memory_model:
         measured = ", ".join(adapters_with("vae_memory_model"))
-        raise HyvInputError("--vae_memory_gb", f"its memory model is fitted on the VAE of {measured}, not "
-                                               f"{preset.name}'s: drop it (the decode uses the VAE's own tiles)")
+        raise HyvInputError("vae_memory_gb", f"its memory model is fitted on the VAE of {measured}, not "
+                                             f"{preset.name}'s: drop it (the decode uses the VAE's own tiles)")

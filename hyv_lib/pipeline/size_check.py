@@ -57,7 +57,7 @@ def decode_bytes(height: int, width: int, video_length: int, on_gpu: bool) -> di
 
 
 def check_fits(height: int, width: int, video_length: int, runtime: str) -> None:
-    """HyvInputError naming ``--height`` when a ``height`` x ``width`` video of ``video_length`` frames cannot fit
+    """HyvInputError naming ``height`` when a ``height`` x ``width`` video of ``video_length`` frames cannot fit
     (:func:`decode_bytes` over the memory of the host and, with the torch and ulysses runtimes on a GPU, of this
     process's GPU), before any model loads. A lower bound: what it refuses cannot run, whatever the dtype or tiling
     (every tile is blended into one whole video); what it lets through may still not fit. The jax runtime's device
@@ -73,7 +73,7 @@ def check_fits(height: int, width: int, video_length: int, runtime: str) -> None
         have = available[where]
         if have is not None and need > have:
             what = "GPU" if where == "gpu" else "host"
-            raise HyvInputError("--height", f"a {width}x{height} video of {video_length} frames cannot fit: its "
-                                            f"decode alone holds at least {need / _GIB:.1f} GiB on the {what}, which "
-                                            f"has {have / _GIB:.1f} GiB; make --height/--width or --video_length "
-                                            "smaller")
+            raise HyvInputError("height", f"a {width}x{height} video of {video_length} frames cannot fit: its "
+                                          f"decode alone holds at least {need / _GIB:.1f} GiB on the {what}, which "
+                                          f"has {have / _GIB:.1f} GiB; make `height`/`width` or `video_length` "
+                                          "smaller")

@@ -50,7 +50,7 @@ def _load_tensors(path: str, argument: str) -> dict[str, torch.Tensor]:
 
 def _require_input_dir(input_dir: str) -> None:
     if not os.path.isdir(input_dir):
-        raise HyvInputError("--input_dir", f"folder {input_dir!r} does not exist")
+        raise HyvInputError("input_dir", f"folder {input_dir!r} does not exist")
 
 
 def load_stage1(input_dir: str, preset: Preset | None = None) -> dict[str, torch.Tensor]:
@@ -60,7 +60,7 @@ def load_stage1(input_dir: str, preset: Preset | None = None) -> dict[str, torch
     CogVideoX's two T5 embeddings (:func:`hyv_lib.models.cogvideox.recipe.check_t5_stage1`); every value finite."""
     _require_input_dir(input_dir)
     path = os.path.join(input_dir, STAGE1_FILE)
-    tensors = _load_tensors(path, "--input_dir")
+    tensors = _load_tensors(path, "input_dir")
     preset = preset or get_preset(DEFAULT_PRESET)
     family_for(preset).check_stage1(tensors, preset, path)
     return tensors
@@ -71,14 +71,14 @@ def load_stage2(input_dir: str) -> torch.Tensor:
     finite."""
     _require_input_dir(input_dir)
     path = os.path.join(input_dir, STAGE2_FILE)
-    tensors = _load_tensors(path, "--input_dir")
+    tensors = _load_tensors(path, "input_dir")
     if set(tensors) != {"latents"}:
-        raise HyvInputError("--input_dir", f"{STAGE2_FILE} must hold exactly one tensor 'latents', "
-                                           f"got {sorted(tensors)}")
+        raise HyvInputError("input_dir", f"{STAGE2_FILE} must hold exactly one tensor 'latents', "
+                                         f"got {sorted(tensors)}")
     latents = tensors["latents"]
     if latents.ndim != 5 or latents.shape[0] != 1 or latents.dtype not in FLOATS:
-        raise HyvInputError("--input_dir", f"{STAGE2_FILE}: latents must be a float tensor [1, C, T, H, W], "
-                                           f"got {latents.dtype} {list(latents.shape)}")
+        raise HyvInputError("input_dir", f"{STAGE2_FILE}: latents must be a float tensor [1, C, T, H, W], "
+                                         f"got {latents.dtype} {list(latents.shape)}")
     require_finite(path, "latents", latents, "stage 3 would write them as a black or garbled video: rerun stage2")
     return latents
 
@@ -92,9 +92,9 @@ def read_config(directory: str) -> dict[str, Any]:
         with open(path) as f:
             data = json.load(f)
     except (OSError, json.JSONDecodeError) as err:
-        raise HyvInputError("--input_dir", f"{path!r} is not valid JSON ({err})") from None
+        raise HyvInputError("input_dir", f"{path!r} is not valid JSON ({err})") from None
     if not isinstance(data, dict):
-        raise HyvInputError("--input_dir", f"{path!r} must hold a JSON object")
+        raise HyvInputError("input_dir", f"{path!r} must hold a JSON object")
     return data
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from .. import __version__
-from ..base.errors import HyvInputError, python_names
+from ..base.errors import HyvInputError
 from ..base.files import clean_partials, ensure_output_dir, make_folder
 from ..base.lock import FolderInUseError, folder_lock
 from ..base.memory import PeakMemory
@@ -74,15 +74,15 @@ def _require_folder(name: str, value: Any) -> None:
     """The stage functions write or read files: the folder is the caller's choice, never an invented default (the
     CLI's default is ``stage_outputs``)."""
     if not isinstance(value, (str, os.PathLike)) or not str(value):
-        raise HyvInputError(f"--{name}", f"a folder is required, got {value!r}")
+        raise HyvInputError(f"{name}", f"a folder is required, got {value!r}")
 
 
 def _preset_from_config(config: dict[str, Any], input_dir: str) -> Preset:
     """The preset stage 1 ran with: a named one, or a custom :class:`Preset` that stage 1 recorded whole."""
     if "preset" not in config:
-        raise HyvInputError("--input_dir", f"{os.path.join(input_dir, CONFIG_FILE)!r} is missing or has no "
-                                           "'preset'; run stage1 into this folder first (a stage-1 folder of the "
-                                           "staged scripts: give --preset and --model_path)")
+        raise HyvInputError("input_dir", f"{os.path.join(input_dir, CONFIG_FILE)!r} is missing or has no "
+                                         "'preset'; run stage1 into this folder first (a stage-1 folder of the "
+                                         "staged scripts: give `preset` and `model_path`)")
     if "preset_fields" in config:
         return Preset.from_dict(config["preset_fields"])
     return get_preset(config["preset"])
@@ -99,8 +99,8 @@ def _with_given_preset(config: dict[str, Any], input_dir: str, preset: Any, mode
             os.path.expanduser(model_path)) else model_path
     if "preset" in config:
         if preset is not None and get_preset(preset).name != config["preset"]:
-            raise HyvInputError("--preset", f"{get_preset(preset).name} is not the preset stage 1 ran with in "
-                                            f"{input_dir!r} ({config['preset']}); leave --preset out")
+            raise HyvInputError("preset", f"{get_preset(preset).name} is not the preset stage 1 ran with in "
+                                          f"{input_dir!r} ({config['preset']}); leave `preset` out")
         return config
     choice = choose_preset(preset, config.get("model_path"))
     return {**config, "preset": choice.preset.name, **choice.record()}
@@ -154,7 +154,6 @@ def one_run_per_folder(*names: str):
     return wrap
 
 
-@python_names()  # called from Python: errors name parameters; from the CLI: flags
 @one_run_per_folder("output_dir")
 def stage1(
     preset: str | Preset | PresetChoice | None = None, prompt: str = "", negative_prompt: str = "",
@@ -188,13 +187,13 @@ def stage1(
     if launched_ranks() > 1:
         raise HyvInputError("stage1", f"runs in one process, not in each of {launched_ranks()} torchrun ranks (they "
                                       "would all write the same files): run stage 1 without torchrun, then "
-                                      "torchrun ... stage2 --runtime ulysses and torchrun ... stage3")
+                                      "torchrun ... stage2 `runtime` ulysses and torchrun ... stage3")
     choice = choose_preset(preset, model_path)  # a folder's configs say which preset; a contradicting one is refused
     preset = choice.preset
     dtype = dtype or preset.default_dtype
     torch_dtype(dtype)  # validates --dtype
     if not isinstance(prompt, str) or not isinstance(negative_prompt, str):
-        raise HyvInputError("--prompt", "prompt and negative prompt must be strings")
+        raise HyvInputError("prompt", "prompt and negative prompt must be strings")
     task = check_task(preset, image_path is not None)
     device = resolve_text_device(text_device)
     image = None
@@ -231,7 +230,6 @@ def stage1(
     return tensors
 
 
-@python_names()  # called from Python: errors name parameters; from the CLI: flags
 @one_run_per_folder("output_dir", "input_dir")
 def stage2(
     input_dir: str | None = None, output_dir: str | None = None, *, quiet: bool = False,
@@ -268,9 +266,9 @@ def stage2(
     runtime = requested.runtime
     ranks = launched_ranks()
     if ranks > 1 and runtime != "ulysses" and requested.shard_weights is None:
-        raise HyvInputError("--runtime", f"this process is one of {ranks} torchrun ranks, and --runtime {runtime} would "
-                                         "run the whole stage in each of them into the same files: split the work "
-                                         "with --runtime ulysses (or --shard_weights fsdp), or run it without torchrun")
+        raise HyvInputError("runtime", f"this process is one of {ranks} torchrun ranks, and `runtime` {runtime} would "
+                                       "run the whole stage in each of them into the same files: split the work "
+                                       "with `runtime` ulysses (or `shard_weights` fsdp), or run it without torchrun")
     config, embeds, preset = _read_stage1(input_dir, preset, model_path)
     prepare_runtime(requested)  # a multi-host run's hosts join: the settings then see every device
     if "cond_latents" in embeds:  # image-to-video: the size is the first frame's
@@ -339,21 +337,20 @@ def _denoise_into(input_dir: str, output_dir: str | None, config: dict[str, Any]
 # ------------------------------------------------------------------------------------------------- stage 3
 def _check_stage3_settings(output_video: str | None, fps: Any, vae_dtype: str, vae_memory_gb: Any = None,
                            tiling: bool = True, runtime: str = "torch") -> tuple[float | None, float | None]:
-    """Stage 3's own settings (HyvInputError naming the flag): checked by :func:`stage3` before it loads anything
+    """Stage 3's own settings (HyvInputError naming the parameter): checked by :func:`stage3` before it loads anything
     and by :func:`generate` before stage 1 writes anything. Returns ``fps`` and ``vae_memory_gb`` as Python floats
     (or None)."""
-    fps = check_fps(fps, "--fps")  # the frame rates an mp4 holds, before any work
+    fps = check_fps(fps, "fps")  # the frame rates an mp4 holds, before any work
     budget = check_vae_settings(vae_dtype, vae_memory_gb, tiling, runtime)
     if output_video is not None:
-        check_mp4_path(output_video, "--output_video")
+        check_mp4_path(output_video, "output_video")
         if os.path.isdir(output_video):
-            raise HyvInputError("--output_video", f"{output_video!r} is a folder; give the path of an .mp4 file")
+            raise HyvInputError("output_video", f"{output_video!r} is a folder; give the path of an .mp4 file")
         # an unwritable folder is refused now, not after the denoising loop (the folder is created if needed)
-        ensure_output_dir(os.path.dirname(os.path.abspath(output_video)), "--output_video")
+        ensure_output_dir(os.path.dirname(os.path.abspath(output_video)), "output_video")
     return fps, budget
 
 
-@python_names()  # called from Python: errors name parameters; from the CLI: flags
 @one_run_per_folder("input_dir")
 def stage3(
     input_dir: str | None = None, output_video: str | None = None, fps: float | None = None,
@@ -373,7 +370,7 @@ def stage3(
     _require_folder("input_dir", input_dir)
     runtime = runtime_name(runtime)
     if runtime not in VAE_RUNTIMES:
-        raise HyvInputError("--runtime", f"stage 3 runs on {runtime_choices(VAE_RUNTIMES)}, got {runtime!r}")
+        raise HyvInputError("runtime", f"stage 3 runs on {runtime_choices(VAE_RUNTIMES)}, got {runtime!r}")
     fps, budget = _check_stage3_settings(output_video, fps, vae_dtype, vae_memory_gb, not disable_tiling, runtime)
     config = read_config(input_dir) if os.path.isdir(input_dir) else {}
     latents = load_stage2(input_dir)
@@ -383,20 +380,20 @@ def stage3(
     fps = preset.fps if fps is None else fps
     output_video = output_video or os.path.join(input_dir, VIDEO_FILE)
     out_dir = os.path.dirname(os.path.abspath(output_video))
-    ensure_output_dir(out_dir, "--output_video")
+    ensure_output_dir(out_dir, "output_video")
     if components is None:
         components = load_components(preset, config.get("model_path"), ["vae"], dtype=config.get("dtype", "fp32"))
     # Under torchrun (WORLD_SIZE > 1) the VAE tiles are spread over the ranks; rank 0 writes the files.
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if distributed and runtime == "jax":
-        raise HyvInputError("--runtime", "stage 3 with --runtime jax runs in one process, not under torchrun")
+        raise HyvInputError("runtime", "stage 3 with `runtime` jax runs in one process, not under torchrun")
     owns_group = distributed and not torch.distributed.is_initialized()  # else the caller's: left as found
     if distributed:
         init_distributed()
     with PeakMemory() as memory:  # the VAE moves to this rank's device and vae_dtype for the decode only
         frames, tile_px = decode_video(components["vae"], latents, runtime=runtime, vae_dtype=vae_dtype,
                                        tiling=not disable_tiling, memory_gb=budget, tile_parallel=distributed,
-                                       argument="--input_dir")
+                                       argument="input_dir")
     if rank() == 0:
         write_mp4(frames.numpy(), output_video, fps)
         fields = {"output_video": os.path.abspath(output_video), "fps": fps, "vae_tiling": not disable_tiling,
@@ -418,7 +415,6 @@ def stage3(
     return frames
 
 
-@python_names()  # called from Python: errors name parameters; from the CLI: flags
 @one_run_per_folder("output_dir")
 def generate(
     preset: str | Preset | PresetChoice | None = None, prompt: str = "", negative_prompt: str = "",
@@ -439,7 +435,7 @@ def generate(
     if launched_ranks() > 1:
         raise HyvInputError("generate", f"runs in one process, not in each of {launched_ranks()} torchrun ranks "
                                         "(stage 1 would run in every one into the same files): run stage1 without "
-                                        "torchrun, then torchrun ... stage2 --runtime ulysses and torchrun ... stage3")
+                                        "torchrun, then torchrun ... stage2 `runtime` ulysses and torchrun ... stage3")
     stage2_settings = {k: v for k, v in stage2_kwargs.items() if k not in ("quiet", "step", "components")}
     choice = choose_preset(preset, model_path)  # a folder's configs say which preset; a contradicting one is refused
     preset = choice.preset

@@ -46,7 +46,7 @@ def encode_prompts(components: dict, preset: Preset, prompts: list[str], device:
 
 
 def encode_pair(components: dict[str, Any], preset: Preset, prompt: str, negative_prompt: str = "",
-                dtype: str = "fp32", image=None, argument: str = "--image_path", device: torch.device | None = None,
+                dtype: str = "fp32", image=None, argument: str = "image_path", device: torch.device | None = None,
                 release: bool = False) -> dict[str, torch.Tensor]:
     """The stage-1 tensors of a prompt and its negative prompt (one text-encoder batch [negative, positive],
     :func:`encode_prompts`), each text tensor twice: as named and with a ``negative_`` prefix, batch 1 each, floats in

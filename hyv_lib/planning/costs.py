@@ -232,7 +232,7 @@ def as_mesh(mesh_shape: int | str | Mapping[str, int] | None, axis: str = "tenso
     if isinstance(mesh_shape, str):
         try:
             mesh_shape = parse_mesh(mesh_shape) or 1
-        except HyvInputError as err:  # it names the CLI's --mesh
+        except HyvInputError as err:  # it names the mesh of a stage-2 run
             raise HyvInputError("mesh_shape", err.message) from None
     mesh = {axis: mesh_shape} if isinstance(mesh_shape, int) else dict(mesh_shape)
     if any(k not in MESH_AXES or not isinstance(v, int) or v < 1 for k, v in mesh.items()):

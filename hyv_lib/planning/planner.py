@@ -283,7 +283,7 @@ def bounds(preset: Preset | str, height: int, width: int, video_length: int, chi
             raise HyvInputError("n_chips", f"{n_chips} x {spec.name} = {devices} devices has no default layout: the "
                                            f"largest with data dividing the {batch} sample(s) of a step and tensor x "
                                            f"sequence the model's {d['heads']} attention heads, {mesh_text(mesh)} "
-                                           f"(what --runtime jax runs without --mesh), uses "
+                                           f"(what `runtime` jax runs without `mesh`), uses "
                                            f"{math.prod(mesh.values())}; pass mesh_shape")
         if math.prod(mesh.values()) != devices:
             raise HyvInputError("mesh_shape", f"{mesh} is not {devices} devices ({n_chips} x {spec.name})")
@@ -399,10 +399,8 @@ def plan_table(presets: Sequence[str] = ("480p_t2v", "720p_t2v"), chips: Sequenc
     return rows
 
 
-#: The planner's argument names -> the ``plan`` command's flags (errors name the flag the user typed).
-_PLAN_FLAGS = {"mesh_shape": "--mesh", "n_chips": "--n_chips", "chip": "--chip", "rules": "--sharding",
-               "height": "--height", "width": "--width", "video_length": "--video_length", "preset": "--preset",
-               "attention": "--attention"}
+#: The names :func:`bounds` raises with -> :func:`plan_step`'s parameters (errors name what its caller gave).
+_PLAN_PARAMETERS = {"mesh_shape": "mesh", "rules": "sharding"}
 
 
 #: The ``plan`` command's ``--attention`` values: the preset's own, dense or SSTA (:func:`plan_step`).
@@ -411,22 +409,22 @@ PLAN_ATTENTIONS = ("auto", "dense", "ssta")
 
 def plan_step(preset: Preset | str, height: int | None = None, width: int | None = None,
               video_length: int | None = None, chip: str = "v6e", n_chips: int = 8,
-              mesh: str | Mapping[str, int] | None = None, rules: str = DEFAULT_STRATEGY,
+              mesh: str | Mapping[str, int] | None = None, sharding: str = DEFAULT_STRATEGY,
               attention: str | SstaConfig | None = "auto") -> dict[str, Any]:
     """What ``python -m hyv_lib plan`` prints: one denoising step of ``preset`` (default size: its 16:9 bucket) on
     ``n_chips`` x ``chip``, per device. A TPU gets :func:`device_plan` on ``mesh`` (default :func:`default_layout`)
-    with the rule set ``rules``; a GPU the Ulysses layout with whole weights (``rules`` is then ``replicated``).
+    with the rule set ``sharding``; a GPU the Ulysses layout with whole weights (then ``replicated``).
     ``attention``: ``auto`` (the preset's own: SSTA for the ``*_sparse`` presets), ``dense`` or ``ssta`` (or a
     :class:`hyv_lib.SstaConfig`). Returns the FLOPs (total and per device), per-device memory and whether it fits,
     collective bytes, the :func:`bounds` lower bounds and ``attention``: its kind and FLOPs beside the dense ones,
     with SSTA its tile density (the upper bound, :func:`hyv_lib.planning.sparse.tile_density`, with the exact window
-    + text part and the uniform-top-k expectation). Errors name the CLI flag."""
+    + text part and the uniform-top-k expectation). Errors name its parameters."""
     try:
         preset = as_preset(preset)
         height, width, video_length = video_size(preset, height, width, video_length)
         spec = get_chip(chip)
         gpu = spec.device_kind is None
-        rules = "replicated" if gpu else rules
+        rules = "replicated" if gpu else sharding
         if not isinstance(attention, SstaConfig) and attention not in PLAN_ATTENTIONS:
             raise HyvInputError("attention", f"must be one of {', '.join(PLAN_ATTENTIONS)}, got {attention!r}")
         sparse = ssta_config(preset, attention)
@@ -435,8 +433,7 @@ def plan_step(preset: Preset | str, height: int | None = None, width: int | None
         plan = None if gpu else device_plan(preset, height, width, video_length, b["mesh"], rules,
                                             attention=sparse or "dense")
     except HyvInputError as err:
-        flag = _PLAN_FLAGS.get(err.argument.lstrip("-"), err.argument)
-        raise HyvInputError(flag, err.message) from None
+        raise HyvInputError(_PLAN_PARAMETERS.get(err.argument, err.argument), err.message) from None
     flops = step_flops(preset, height, width, video_length, attention=sparse or "dense")
     dense = step_flops(preset, height, width, video_length, attention="dense")
     density = flops["ssta"]

@@ -42,13 +42,13 @@ _TOPOLOGY = re.compile(r"^(%s):\d+x\d+(x\d+)?$" % "|".join(TOPOLOGY_CHIPS))
 def topology_devices(topology: str) -> list:
     """The JAX devices of a named TPU slice (e.g. ``v6e:2x4``), described by libtpu; no TPU needed."""
     if not isinstance(topology, str) or not _TOPOLOGY.match(topology):
-        raise HyvInputError("--topology", f"unknown topology {topology!r}; valid: " + ", ".join(
+        raise HyvInputError("topology", f"unknown topology {topology!r}; valid: " + ", ".join(
             f"{p}:AxB[xC]" for p in TOPOLOGY_CHIPS) + " in chips (e.g. v6e:2x4, v5p:2x2x1, tpu7x:2x2x1, v6e:4x4)")
     import importlib.util
 
     if importlib.util.find_spec("libtpu") is None:
-        raise HyvInputError("--topology", "compiling for a TPU needs libtpu: pip install libtpu==0.0.42.1 "
-                                          "(it comes with requirements.txt)")
+        raise HyvInputError("topology", "compiling for a TPU needs libtpu: pip install libtpu==0.0.42.1 "
+                                        "(it comes with requirements.txt)")
     import jax
     from jax.experimental import topologies
 
@@ -62,7 +62,7 @@ def topology_devices(topology: str) -> list:
         try:
             return list(topologies.get_topology_desc(topology_name=topology, platform="tpu", **hosts).devices)
         except jax.errors.JaxRuntimeError as err:
-            raise HyvInputError("--topology", f"libtpu cannot build {topology!r}: {str(err).splitlines()[0]}") from None
+            raise HyvInputError("topology", f"libtpu cannot build {topology!r}: {str(err).splitlines()[0]}") from None
 
 
 _UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -71,15 +71,15 @@ _OOM = (re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT])\) exceeds a
 
 
 def topology_mesh(axes: dict[str, int], devices: list, topology: str, heads: int):
-    """The mesh of ``axes`` (data/tensor/sequence sizes) over a topology's ``devices``; HyvInputError naming --mesh
+    """The mesh of ``axes`` (data/tensor/sequence sizes) over a topology's ``devices``; HyvInputError naming ``mesh``
     when the axes do not fit the devices or the ``heads`` cannot be split over tensor x sequence."""
     try:
         jax_mesh = make_mesh(**axes, devices=devices)
     except (ValueError, TypeError) as err:
-        raise HyvInputError("--mesh", f"{err} (topology {topology})") from None
+        raise HyvInputError("mesh", f"{err} (topology {topology})") from None
     if heads % head_split(jax_mesh):
-        raise HyvInputError("--mesh", f"the {heads} attention heads cannot be split over tensor x sequence = "
-                                      f"{jax_mesh.shape['tensor']} x {jax_mesh.shape['sequence']}")
+        raise HyvInputError("mesh", f"the {heads} attention heads cannot be split over tensor x sequence = "
+                                    f"{jax_mesh.shape['tensor']} x {jax_mesh.shape['sequence']}")
     return jax_mesh
 
 
@@ -184,7 +184,7 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
     ``num_layers`` overrides the block count (tests). ``attention``: ``splash`` (dense, exact) or ``ssta`` (the
     block-sparse Pallas kernel of :mod:`hyv_lib.kernels.ssta_jax`, ``attention_options={"ssta": SstaConfig(...)}``,
     the official options by default); None: the preset's (``ssta`` for the sparse 720p checkpoints, else ``splash``).
-    Bad input raises :class:`HyvInputError` naming the flag.
+    Bad input raises :class:`HyvInputError` naming the parameter.
 
     Returns the report that ``python -m hyv_lib compile --json`` prints: per-device bytes from the compiler's memory
     analysis (arguments = weights + inputs, temporaries, outputs, code), the chip's HBM per device and ``fits``,
@@ -195,14 +195,14 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
     """
     preset = get_preset(preset) if isinstance(preset, str) else preset
     if sharding not in STRATEGIES:
-        raise HyvInputError("--sharding", f"must be one of {', '.join(STRATEGIES)}, got {sharding!r}")
+        raise HyvInputError("sharding", f"must be one of {', '.join(STRATEGIES)}, got {sharding!r}")
     height, width, video_length = video_size(preset, height, width, video_length)
     if not isinstance(no_cache_blocks, int) or not 0 <= no_cache_blocks <= preset.transformer["num_layers"]:
-        raise HyvInputError("--no_cache_blocks", f"must be an integer in 0..{preset.transformer['num_layers']}, "
-                                                 f"got {no_cache_blocks!r}")
+        raise HyvInputError("no_cache_blocks", f"must be an integer in 0..{preset.transformer['num_layers']}, "
+                                               f"got {no_cache_blocks!r}")
     attention = attention or ("ssta" if preset.attention == "ssta" else "splash")
     if attention not in COMPILED_ATTENTION:
-        raise HyvInputError("--attention", f"the TPU step compiles {' or '.join(COMPILED_ATTENTION)}, got {attention!r}")
+        raise HyvInputError("attention", f"the TPU step compiles {' or '.join(COMPILED_ATTENTION)}, got {attention!r}")
     if attention == "ssta":
         attention_options = {"ssta": SstaConfig(), **(attention_options or {})}
     devices = topology_devices(topology)
@@ -213,12 +213,12 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
         axes = default_layout(len(devices), heads, sharding, batch=batch)
         used = axes["data"] * axes["tensor"] * axes["sequence"]
         if used != len(devices):
-            raise HyvInputError("--mesh", f"the {len(devices)} devices of {topology} have no default layout: the "
-                                          f"largest with data dividing the {batch} sample(s) of a step and tensor x "
-                                          f"sequence the model's {heads} attention heads, {mesh_text(axes)} (what "
-                                          f"--runtime jax runs without --mesh), uses {used}; give a --mesh of them all")
+            raise HyvInputError("mesh", f"the {len(devices)} devices of {topology} have no default layout: the "
+                                        f"largest with data dividing the {batch} sample(s) of a step and tensor x "
+                                        f"sequence the model's {heads} attention heads, {mesh_text(axes)} (what "
+                                        f"`runtime` jax runs without `mesh`), uses {used}; give a `mesh` of them all")
     jax_mesh = topology_mesh(axes, devices, topology, heads)
-    check_data_axis(jax_mesh.shape, batch, "--mesh")
+    check_data_axis(jax_mesh.shape, batch, "mesh")
     config = dict(preset.transformer, **({} if num_layers is None else {"num_layers": num_layers}))
     model = abstract_transformer(_with_transformer(preset, config))
     with quiet_libtpu():
@@ -226,7 +226,7 @@ def compile_step(preset: str | Preset = "720p_t2v", topology: str = "v6e:2x4", *
             step = JaxTransformer(model, mesh=jax_mesh, sharding=sharding, attention=attention,
                                   attention_options=attention_options, adapter=get_adapter(preset.model))
         except ValueError as err:
-            raise HyvInputError("--sharding", str(err)) from None
+            raise HyvInputError("sharding", str(err)) from None
         inputs = example_inputs(preset, height, width, video_length, batch=batch)
         programs = {}
         if not enable_cache:

@@ -79,7 +79,7 @@ def compile_train_step(preset: str | Preset = "720p_t2v", topology: str = "v5p:2
     bf16; trainable parameters with fp32 master weights (``master_weights``) and fp32 AdamW moments; ``remat``
     recomputes each block in the backward pass; ``scan_blocks`` runs the blocks as one loop (one block to compile;
     off: unrolled). ``num_layers`` overrides the block count (tests). Bad input raises
-    :class:`HyvInputError` naming the flag.
+    :class:`HyvInputError` naming the parameter.
 
     Returns what ``python -m hyv_lib compile --train ... --json`` prints: per-device bytes from the compiler's memory
     analysis (arguments = weights + optimizer state + batch; outputs = what is not donated back), the chip's HBM,
@@ -91,9 +91,9 @@ def compile_train_step(preset: str | Preset = "720p_t2v", topology: str = "v5p:2
     """
     preset = get_preset(preset) if isinstance(preset, str) else preset
     if train not in TRAINABLE:
-        raise HyvInputError("--train", f"must be one of {', '.join(TRAINABLE)}, got {train!r}")
+        raise HyvInputError("train", f"must be one of {', '.join(TRAINABLE)}, got {train!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise HyvInputError("--batch_size", f"must be an integer >= 1, got {batch_size!r}")
+        raise HyvInputError("batch_size", f"must be an integer >= 1, got {batch_size!r}")
     height, width, video_length = video_size(preset, height, width, video_length)
     devices = topology_devices(topology)
     heads = preset.transformer["num_attention_heads"]
@@ -101,7 +101,7 @@ def compile_train_step(preset: str | Preset = "720p_t2v", topology: str = "v5p:2
         len(devices), heads, batch_size)
     jax_mesh = topology_mesh(axes, devices, topology, heads)
     if batch_size % jax_mesh.shape["data"]:
-        raise HyvInputError("--mesh", f"data={jax_mesh.shape['data']} does not divide --batch_size {batch_size}")
+        raise HyvInputError("mesh", f"data={jax_mesh.shape['data']} does not divide `batch_size` {batch_size}")
     config = dict(preset.transformer, **({} if num_layers is None else {"num_layers": num_layers}))
     preset = preset if config == preset.transformer else dataclasses.replace(preset, transformer=config)
     model = abstract_transformer(preset)
@@ -118,7 +118,7 @@ def compile_train_step(preset: str | Preset = "720p_t2v", topology: str = "v5p:2
                                 attention="splash", attention_options=attention_options,
                                 adapter=get_adapter(preset.model), scan_blocks=scan_blocks)
         except ValueError as err:
-            raise HyvInputError("--mesh", str(err)) from None
+            raise HyvInputError("mesh", str(err)) from None
         program = _compile(step, train_batch(preset, height, width, video_length, batch_size))
     chip = CHIPS[TOPOLOGY_CHIPS[topology.split(":")[0]]]
     chips = len({(d.process_index, tuple(d.coords)) for d in devices})

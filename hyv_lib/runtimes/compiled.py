@@ -43,19 +43,19 @@ COMPILED: "weakref.WeakKeyDictionary[torch.nn.Module, set]" = weakref.WeakKeyDic
 
 
 def check_compile(compile: Any, runtime: str, offload: str | None = None) -> None:
-    """``--compile`` against the other settings (HyvInputError naming ``--compile``): a bool, the torch or ulysses
+    """``--compile`` against the other settings (HyvInputError naming ``compile``): a bool, the torch or ulysses
     runtime (the jax runtime is always compiled, by XLA), and no ``--offload block`` (diffusers' group offloading moves
     each block's weights inside the forward that would be compiled)."""
     if not isinstance(compile, bool):
-        raise HyvInputError("--compile", f"must be True or False, got {compile!r}")
+        raise HyvInputError("compile", f"must be True or False, got {compile!r}")
     if not compile:
         return
     if runtime_name(runtime) == "jax":
-        raise HyvInputError("--compile", "is for --runtime torch or ulysses: the jax runtime is always compiled (XLA)")
+        raise HyvInputError("compile", "is for `runtime` torch or ulysses: the jax runtime is always compiled (XLA)")
     if offload == "block":
-        raise HyvInputError("--compile", "is not combined with --offload block: diffusers' group offloading moves "
-                                         "each block's weights inside its forward, which the compiled block would "
-                                         "trace; use --offload model or no offload")
+        raise HyvInputError("compile", "is not combined with `offload` block: diffusers' group offloading moves "
+                                       "each block's weights inside its forward, which the compiled block would "
+                                       "trace; use `offload` model or no offload")
 
 
 def compile_blocks(model: torch.nn.Module, adapter: ModelAdapter | None = None) -> int:
@@ -66,7 +66,7 @@ def compile_blocks(model: torch.nn.Module, adapter: ModelAdapter | None = None) 
     call; see the module docstring for when a call recompiles.
 
     A model whose blocks stream from the host (``offload="block"``: diffusers' group offloading wraps each block's
-    forward to move its weights) is refused with a HyvInputError naming ``--compile``."""
+    forward to move its weights) is refused with a HyvInputError naming ``compile``."""
     blocks = adapter_for(model, adapter).blocks(model)
     if model in COMPILED:
         return len(blocks)

@@ -46,7 +46,7 @@ def under_torchrun() -> bool:
 
 def check_shard_weights(shard_weights: str | None, runtime: str, offload: str | None = None,
                         distributed: bool | None = None) -> None:
-    """``--shard_weights`` against the other settings (HyvInputError naming ``--shard_weights``): a mode of
+    """``--shard_weights`` against the other settings (HyvInputError naming ``shard_weights``): a mode of
     :data:`SHARD_WEIGHTS`, a runtime of :data:`SHARD_RUNTIMES`, no ``--offload`` (both decide where the weights live),
     and ranks to split over (``distributed``, default: :func:`under_torchrun`). None (no sharding) always passes.
     The step cache (``--enable_cache``) combines with it: a cached step's last blocks gather their weights through
@@ -54,15 +54,15 @@ def check_shard_weights(shard_weights: str | None, runtime: str, offload: str | 
     if shard_weights is None:
         return
     if shard_weights not in SHARD_WEIGHTS:
-        raise HyvInputError("--shard_weights", f"must be one of {', '.join(SHARD_WEIGHTS)}, got {shard_weights!r}")
+        raise HyvInputError("shard_weights", f"must be one of {', '.join(SHARD_WEIGHTS)}, got {shard_weights!r}")
     if runtime not in SHARD_RUNTIMES:
-        raise HyvInputError("--shard_weights", f"splits torch weights over torchrun ranks: --runtime "
-                                               f"{' or '.join(SHARD_RUNTIMES)}, not {runtime!r}")
+        raise HyvInputError("shard_weights", f"splits torch weights over torchrun ranks: `runtime` "
+                                             f"{' or '.join(SHARD_RUNTIMES)}, not {runtime!r}")
     if offload is not None:
-        raise HyvInputError("--shard_weights", f"is not combined with --offload {offload} (both decide where the "
-                                               "weights live): choose one")
+        raise HyvInputError("shard_weights", f"is not combined with `offload` {offload} (both decide where the "
+                                             "weights live): choose one")
     if not (under_torchrun() if distributed is None else distributed):
-        raise HyvInputError("--shard_weights", f"splits the weights over one process per device: {_LAUNCH}")
+        raise HyvInputError("shard_weights", f"splits the weights over one process per device: {_LAUNCH}")
 
 
 def mesh_device() -> torch.device:
@@ -76,7 +76,7 @@ def shard_weights(model: torch.nn.Module, mode: str = "fsdp", adapter: ModelAdap
     ``adapter.blocks(model)`` (default: the registered adapter of the model's class), then on the root, with
     ``reshard_after_forward=True``, over a 1-D DeviceMesh of the world on :func:`mesh_device`. Starts the process
     group from torchrun's environment if it is not up. Idempotent for the same mode and world size; any other
-    sharding of a sharded model (or one sharded by FSDP elsewhere) is a HyvInputError naming ``--shard_weights``.
+    sharding of a sharded model (or one sharded by FSDP elsewhere) is a HyvInputError naming ``shard_weights``.
 
     The model's own forward then gathers each block as it reaches it. A step that runs the model piece by piece
     (:class:`hyv_lib.runtimes.ulysses.UlyssesTransformer`) is wrapped with :func:`sharded_step`, which runs it as
@@ -92,11 +92,11 @@ def shard_weights(model: torch.nn.Module, mode: str = "fsdp", adapter: ModelAdap
     if model in SHARDED:
         if SHARDED[model] == (mode, world):
             return model
-        raise HyvInputError("--shard_weights", f"this transformer is already sharded ({SHARDED[model][0]} over "
-                                               f"{SHARDED[model][1]} ranks), not {mode} over {world}: load it again")
+        raise HyvInputError("shard_weights", f"this transformer is already sharded ({SHARDED[model][0]} over "
+                                             f"{SHARDED[model][1]} ranks), not {mode} over {world}: load it again")
     if isinstance(model, FSDPModule):
-        raise HyvInputError("--shard_weights", "this transformer was already sharded by FSDP outside hyv_lib: "
-                                               "load it again")
+        raise HyvInputError("shard_weights", "this transformer was already sharded by FSDP outside hyv_lib: "
+                                             "load it again")
     device = mesh_device()
     mesh = init_device_mesh(device.type, (world,))
     for block in adapter_for(model, adapter).blocks(model):
@@ -121,7 +121,7 @@ class ShardedStep:
 
     def __init__(self, step, model: torch.nn.Module):
         if model not in SHARDED:
-            raise HyvInputError("--shard_weights", "the step's model is not sharded: call shard_weights(model) first")
+            raise HyvInputError("shard_weights", "the step's model is not sharded: call shard_weights(model) first")
         self.step, self.model = step, model
 
     @torch.no_grad()

@@ -178,7 +178,7 @@ class MagCacheCalibration:
 
     def save(self, path: str) -> str:
         """Write the calibration as JSON, atomically; returns ``path``."""
-        ensure_output_dir(os.path.dirname(os.path.abspath(path)), "--output")
+        ensure_output_dir(os.path.dirname(os.path.abspath(path)), "output")
         data = {k: v for k, v in self.to_json().items() if k != "path"}
         with atomic_path(path) as tmp:
             with open(tmp, "w") as f:
@@ -187,7 +187,7 @@ class MagCacheCalibration:
         return path
 
     def check(self, preset: str, num_inference_steps: int, flow_shift: float, no_cache_blocks: int,
-              argument: str = "--cache_calibration") -> None:
+              argument: str = "cache_calibration") -> None:
         """HyvInputError naming ``argument`` unless this calibration was measured for these settings."""
         where = self.path or "the calibration"
         for name, mine, theirs in (("preset", self.preset, preset),
@@ -202,7 +202,7 @@ class MagCacheCalibration:
                                               "--output PATH.json")
 
 
-def load_calibration(path: str, argument: str = "--cache_calibration") -> MagCacheCalibration:
+def load_calibration(path: str, argument: str = "cache_calibration") -> MagCacheCalibration:
     """Read a calibration file written by :meth:`MagCacheCalibration.save` (HyvInputError naming ``argument`` if it
     is missing or malformed)."""
     if not isinstance(path, (str, os.PathLike)) or not os.path.isfile(path):
@@ -259,9 +259,9 @@ def calibration_path(preset, num_inference_steps: int, flow_shift: float, no_cac
                     (num_inference_steps, flow_shift, no_cache_blocks):
                 path = None
         if path is None and not preset.is_tiny:
-            raise HyvInputError("--cache_calibration", f"--cache_method magcache on {preset.name} needs a calibration "
-                                                       "file: write one once with python -m hyv_lib calibrate_cache "
-                                                       f"--preset {preset.name} --model_path ... --num_inference_steps "
-                                                       f"{num_inference_steps} --output PATH.json, then pass "
-                                                       "--cache_calibration PATH.json")
+            raise HyvInputError("cache_calibration", f"`cache_method` magcache on {preset.name} needs a calibration "
+                                                     "file: write one once with python -m hyv_lib calibrate_cache "
+                                                     f"--preset {preset.name} --model_path ... --num_inference_steps "
+                                                     f"{num_inference_steps} --output PATH.json, then pass "
+                                                     "--cache_calibration PATH.json")
     return path

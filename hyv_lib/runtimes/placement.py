@@ -41,8 +41,8 @@ def offload_blocks(transformer, device: torch.device) -> None:
     if OFFLOADED.get(transformer) == device:
         return
     if transformer in OFFLOADED:
-        raise HyvInputError("--offload", f"this transformer already streams its blocks to {OFFLOADED[transformer]}, "
-                                         f"not {device}: load it again for another device")
+        raise HyvInputError("offload", f"this transformer already streams its blocks to {OFFLOADED[transformer]}, "
+                                       f"not {device}: load it again for another device")
     torch.nn.Module.to(transformer, "cpu")
     transformer.enable_group_offload(onload_device=device, offload_device=torch.device("cpu"),
                                      offload_type="block_level", num_blocks_per_group=1,
@@ -65,7 +65,7 @@ def place_transformer(transformer, device: torch.device, offload: str | None = N
     ``offload`` with no GPU to offload to (:func:`offload_applies`) is one warning line (once per model), and the model
     stays as it is."""
     if offload not in (None, *OFFLOAD_MODES):
-        raise HyvInputError("--offload", f"must be one of {', '.join(OFFLOAD_MODES)}, got {offload!r}")
+        raise HyvInputError("offload", f"must be one of {', '.join(OFFLOAD_MODES)}, got {offload!r}")
     if offload is not None and not offload_applies(offload, device):
         if transformer not in NOT_OFFLOADED:
             logger.warning("--offload %s: no GPU here, so nothing is offloaded (the weights stay on the host CPU)",

@@ -85,12 +85,12 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
     runtime = runtime_name(runtime)
     check_compile(compile, runtime)
     if attention == "diffusers" and runtime != "torch":
-        raise HyvInputError("--attention", f"diffusers' own processor runs on --runtime torch only, not {runtime!r}")
+        raise HyvInputError("attention", f"diffusers' own processor runs on `runtime` torch only, not {runtime!r}")
     if attention_options is not None and not isinstance(attention_options, dict):
         raise HyvInputError("attention_options", f"must be None or a dict of the backend's options, got "
                                                  f"{type(attention_options).__name__}")
     if attention == "diffusers" and attention_options:
-        raise HyvInputError("attention_options", "diffusers' own processor (--attention diffusers) takes no options, "
+        raise HyvInputError("attention_options", "diffusers' own processor (`attention` diffusers) takes no options, "
                                                  f"got {', '.join(attention_options)}")
     options = dict(attention_options or {})
     if cache is not None:
@@ -115,11 +115,11 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
             return JaxTransformer(transformer, mesh=device_mesh, sharding=sharding, attention=attention,
                                   attention_options=options, adapter=adapter)
         except ValueError as err:  # device count, head or batch splits
-            raise HyvInputError("--mesh", str(err)) from None
+            raise HyvInputError("mesh", str(err)) from None
     if runtime == "ulysses":
         if "RANK" not in os.environ and not torch.distributed.is_initialized():
-            raise HyvInputError("--runtime", "ulysses runs one process per device under torchrun: "
-                                             "torchrun --nproc_per_node=N -m hyv_lib stage2 --runtime ulysses ...")
+            raise HyvInputError("runtime", "ulysses runs one process per device under torchrun: "
+                                           "torchrun --nproc_per_node=N -m hyv_lib stage2 --runtime ulysses ...")
         init_distributed()
         try:
             ulysses = UlyssesTransformer(transformer, attention_backend=attention, adapter=adapter,
@@ -127,11 +127,11 @@ def make_step(transformer, runtime: str = "torch", mesh: str | None = None,
         except HyvInputError:  # names its own argument
             raise
         except ValueError as err:  # heads that do not split over the ranks
-            raise HyvInputError("--nproc_per_node", str(err)) from None
+            raise HyvInputError("nproc_per_node", str(err)) from None
         if compile:
             compile_blocks(transformer, adapter)
         return ulysses
-    raise HyvInputError("--runtime", f"must be one of {runtime_choices()}, got {runtime!r}")
+    raise HyvInputError("runtime", f"must be one of {runtime_choices()}, got {runtime!r}")
 
 
 def cached_step(step: TransformerStep, transformer, cache, no_cache_blocks: int = 1,
@@ -154,19 +154,19 @@ def cached_step(step: TransformerStep, transformer, cache, no_cache_blocks: int 
     try:
         return DeepCacheStep(runtime, cache, no_cache_blocks)
     except ValueError as err:
-        raise HyvInputError("--no_cache_blocks", str(err)) from None
+        raise HyvInputError("no_cache_blocks", str(err)) from None
 
 
 def check_attention(attention: str, runtime: str) -> None:
-    """``--attention`` against what this machine can run, for ``runtime`` (HyvInputError naming the flag)."""
+    """``--attention`` against what this machine can run, for ``runtime`` (HyvInputError naming the parameter)."""
     valid = (*ATTENTION_CHOICES, *BACKENDS)
     if attention not in valid:
-        raise HyvInputError("--attention", f"must be one of {', '.join(valid)}, got {attention!r}")
+        raise HyvInputError("attention", f"must be one of {', '.join(valid)}, got {attention!r}")
     if attention == "diffusers" and runtime != "torch":
-        raise HyvInputError("--attention", f"diffusers' own processor runs on --runtime torch only, not {runtime!r}")
+        raise HyvInputError("attention", f"diffusers' own processor runs on `runtime` torch only, not {runtime!r}")
     if runtime == "jax" and attention not in ("auto", *jax_backends()):
-        raise HyvInputError("--attention", f"--runtime jax runs JAX kernels: auto, {', '.join(jax_backends())}; "
-                                           f"got {attention!r}")
+        raise HyvInputError("attention", f"`runtime` jax runs JAX kernels: auto, {', '.join(jax_backends())}; "
+                                         f"got {attention!r}")
     reason = available_backends().get(attention) if attention not in ATTENTION_CHOICES else None
     if reason is not None:
-        raise HyvInputError("--attention", f"{attention!r} cannot run here: {reason}")
+        raise HyvInputError("attention", f"{attention!r} cannot run here: {reason}")

@@ -66,11 +66,11 @@ def decode_peak_bytes(vae, latent_shape: tuple[int, ...], tile_px: int | None, d
 
 def tile_for_budget(vae, latent_shape: tuple[int, ...], budget_gib: float, dtype: torch.dtype) -> int:
     """The largest square tile (pixels, a multiple of :data:`TILE_STEP_PX`; or the whole frame when it fits in one
-    piece) whose :func:`decode_peak_bytes` stays within ``budget_gib`` GiB; HyvInputError naming ``--vae_memory_gb``
+    piece) whose :func:`decode_peak_bytes` stays within ``budget_gib`` GiB; HyvInputError naming ``vae_memory_gb``
     with the smallest tile's need when none does."""
     if not isinstance(budget_gib, (int, float)) or isinstance(budget_gib, bool) or not budget_gib > 0 \
             or not math.isfinite(budget_gib):
-        raise HyvInputError("--vae_memory_gb", f"must be a positive number of GiB, got {budget_gib!r}")
+        raise HyvInputError("vae_memory_gb", f"must be a positive number of GiB, got {budget_gib!r}")
     budget = budget_gib * 2**30
     ratio = vae.config.spatial_compression_ratio
     side = max(latent_shape[-2:]) * ratio
@@ -78,7 +78,7 @@ def tile_for_budget(vae, latent_shape: tuple[int, ...], budget_gib: float, dtype
     fitting = [t for t in candidates if decode_peak_bytes(vae, latent_shape, t, dtype)["total"] <= budget]
     if not fitting:
         need = decode_peak_bytes(vae, latent_shape, SMALLEST_TILE_PX, dtype)["total"] / 2**30
-        raise HyvInputError("--vae_memory_gb", f"{budget_gib:g} GiB is too little: the smallest tile "
-                                               f"({SMALLEST_TILE_PX} px, all {latent_shape[2]} latent frames) needs "
-                                               f"about {need:.3g} GiB at this size")
+        raise HyvInputError("vae_memory_gb", f"{budget_gib:g} GiB is too little: the smallest tile "
+                                             f"({SMALLEST_TILE_PX} px, all {latent_shape[2]} latent frames) needs "
+                                             f"about {need:.3g} GiB at this size")
     return max(fitting)

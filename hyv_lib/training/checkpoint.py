@@ -71,7 +71,7 @@ def save_checkpoint(path: str, state: dict[str, Any], info: dict[str, Any] | Non
     return path
 
 
-def read_info(path: str, argument: str = "--output_dir") -> dict[str, Any]:
+def read_info(path: str, argument: str = "output_dir") -> dict[str, Any]:
     """The ``info`` of the checkpoint at ``path`` without reading its tensors (a HyvInputError naming ``argument`` for
     a file that is not a hyv_lib training checkpoint)."""
     try:
@@ -85,7 +85,7 @@ def read_info(path: str, argument: str = "--output_dir") -> dict[str, Any]:
                                       "the run again, or use another folder") from None
 
 
-def load_checkpoint(path: str, argument: str = "--output_dir") -> tuple[dict[str, Any], dict[str, Any]]:
+def load_checkpoint(path: str, argument: str = "output_dir") -> tuple[dict[str, Any], dict[str, Any]]:
     """(state, info) of the checkpoint at ``path``, as :func:`save_checkpoint` was given them."""
     from safetensors.torch import load
 

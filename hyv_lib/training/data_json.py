@@ -46,7 +46,7 @@ class ClipEntry:
     id: str = ""
 
 
-def read_data_json(path: Any, argument: str = "--data_json") -> list[Any]:
+def read_data_json(path: Any, argument: str = "data_json") -> list[Any]:
     """The list a data.json holds; a HyvInputError naming ``argument`` when the file is missing, not UTF-8 JSON, or
     not a list (MindSpeed-MM's format: ``[{"path", "cap", "num_frames", "fps", "resolution": {"height", "width"}},
     ...]``)."""
@@ -70,10 +70,10 @@ def read_data_json(path: Any, argument: str = "--data_json") -> list[Any]:
 
 def check_caption_choice(caption: Any, caption_seed: Any = 0) -> tuple[str, int]:
     """``--caption`` (one of :data:`CAPTION_CHOICES`) and ``--caption_seed`` (an integer >= 0) checked; a
-    HyvInputError naming the flag otherwise."""
+    HyvInputError naming the parameter otherwise."""
     if caption not in CAPTION_CHOICES:
-        raise HyvInputError("--caption", f"must be one of {', '.join(CAPTION_CHOICES)}, got {caption!r}")
-    seed = as_number("--caption_seed", caption_seed, int, low=0)
+        raise HyvInputError("caption", f"must be one of {', '.join(CAPTION_CHOICES)}, got {caption!r}")
+    seed = as_number("caption_seed", caption_seed, int, low=0)
     return caption, 0 if seed is None else seed
 
 
@@ -139,7 +139,7 @@ def check_entry(entry: Any, index: int, base_dir: str, caption: str = "first", c
     return ClipEntry(index=index, path=path, file=file, caption=caption, raw=entry, id=digest)
 
 
-def check_num_frames(preset: Preset, num_frames: Any, argument: str = "--num_frames") -> int:
+def check_num_frames(preset: Preset, num_frames: Any, argument: str = "num_frames") -> int:
     """``num_frames`` (None: the preset's video length) as a positive ``4n+1`` integer (the VAE's temporal
     compression); a HyvInputError naming ``argument`` otherwise."""
     value = as_number(argument, num_frames, int, low=1)

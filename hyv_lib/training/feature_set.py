@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from ..base.errors import HyvInputError, python_names
+from ..base.errors import HyvInputError
 
 FORMAT = "hyv_lib.features/1"
 INDEX_FILE = "features.safetensors.index.json"
@@ -50,7 +50,7 @@ def shard_name(number: int) -> str:
     return f"features-{number:05d}.safetensors"
 
 
-def read_index(path: str, argument: str = "--features") -> dict[str, Any]:
+def read_index(path: str, argument: str = "features") -> dict[str, Any]:
     """The index of the features folder ``path``, checked (format, fields); a HyvInputError naming ``argument``."""
     index_path = os.path.join(path, INDEX_FILE)
     if not os.path.isfile(index_path):
@@ -77,10 +77,9 @@ class FeatureSet:
     records), ``.failed`` and ``.shapes()``. Shards are memory-mapped (safetensors' ``safe_open``) and read tensor by
     tensor; a FeatureSet pickles (DataLoader workers reopen the shards)."""
 
-    @python_names()
     def __init__(self, path: str):
         path = os.path.expanduser(os.fspath(path))
-        index = read_index(path, "--features")
+        index = read_index(path, "features")
         self.path = path
         self.metadata: dict[str, Any] = index["metadata"]
         self.clips: list[dict[str, Any]] = index["clips"]
@@ -88,8 +87,8 @@ class FeatureSet:
         self.weight_map: dict[str, str] = index["weight_map"]
         for name in sorted(set(self.weight_map.values())):
             if not os.path.isfile(os.path.join(path, name)):
-                raise HyvInputError("--features", f"{path!r}: shard {name} of its index is missing; extract the "
-                                                  "features again (a rerun redoes only what is missing)")
+                raise HyvInputError("features", f"{path!r}: shard {name} of its index is missing; extract the "
+                                                "features again (a rerun redoes only what is missing)")
         self._handles: dict[str, Any] = {}
 
     @property
@@ -117,7 +116,7 @@ class FeatureSet:
 
     def _tensor(self, key: str) -> torch.Tensor:
         if key not in self.weight_map:
-            raise HyvInputError("--features", f"{self.path!r}: its index names no tensor {key!r}")
+            raise HyvInputError("features", f"{self.path!r}: its index names no tensor {key!r}")
         name = self.weight_map[key]
         if name not in self._handles:
             self._handles[name] = safe_open(os.path.join(self.path, name), "pt")

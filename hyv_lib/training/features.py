@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..base.errors import HyvInputError, python_names
+from ..base.errors import HyvInputError
 from ..base.files import atomic_path, clean_partials, ensure_output_dir
 from ..base.lock import folder_lock
 from ..base.presets import TASKS, Preset
@@ -115,7 +115,7 @@ class _Plan:
         return {"caption": self.caption, **({"caption_seed": self.caption_seed} if self.caption == "random" else {})}
 
 
-def resolve_task(preset: Preset, task: str | None, argument: str = "--task") -> str:
+def resolve_task(preset: Preset, task: str | None, argument: str = "task") -> str:
     """``task`` (None: "i2v" for an image-to-video-only preset, else "t2v") checked against what the preset's
     checkpoint was trained for."""
     if task is None:
@@ -136,10 +136,10 @@ def resolve_device(device: Any) -> torch.device:
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError) as err:
-        raise HyvInputError("--device", f"must be a torch device such as cpu, cuda or cuda:1, got {device!r} "
-                                        f"({err})") from None
+        raise HyvInputError("device", f"must be a torch device such as cpu, cuda or cuda:1, got {device!r} "
+                                      f"({err})") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise HyvInputError("--device", f"{device} asked for, but torch sees no GPU here; use --device cpu")
+        raise HyvInputError("device", f"{device} asked for, but torch sees no GPU here; use `device` cpu")
     return device
 
 
@@ -174,7 +174,6 @@ def encode_frames(vae, frames: np.ndarray) -> torch.Tensor:
     return (latents[0].float() * vae.config.scaling_factor).cpu()
 
 
-@python_names()  # called from Python: errors name parameters; from the CLI: flags
 def extract_features(
     data_json: str, *, preset: str | Preset | None, model_path: str | None = None, output_dir: str,
     num_frames: int | None = None, max_height: int | None = None, max_width: int | None = None,
@@ -205,7 +204,7 @@ def extract_features(
     to at most ``max_height`` x ``max_width`` (multiples of 16).
 
     Resumable: a rerun skips the entries already in the folder (an entry is known by its file, caption and fields)
-    and extracts the others; a folder made with other settings is a HyvInputError naming --output_dir. A bad entry
+    and extracts the others; a folder made with other settings is a HyvInputError naming ``output_dir``. A bad entry
     (a bad field, a missing or unreadable file, too few frames) is reported in ``failed`` (and the index's
     ``failed``) and skipped. Every ``shard_size`` clips a shard is written atomically and the index after it, so a
     killed run keeps its finished shards and leaves no partial file; the folder's run lock
@@ -220,18 +219,18 @@ def extract_features(
     dtype = dtype or preset.default_dtype
     torch_dtype(dtype)  # validates --dtype
     if vae_dtype not in ("fp32", "bf16"):
-        raise HyvInputError("--vae_dtype", f"must be fp32 or bf16, got {vae_dtype!r}")
+        raise HyvInputError("vae_dtype", f"must be fp32 or bf16, got {vae_dtype!r}")
     if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1:
-        raise HyvInputError("--shard_size", f"must be a positive integer (clips per shard), got {shard_size!r}")
+        raise HyvInputError("shard_size", f"must be a positive integer (clips per shard), got {shard_size!r}")
     caption, caption_seed = check_caption_choice(caption, caption_seed)
     plan = _Plan(preset=preset, task=resolve_task(preset, task), num_frames=check_num_frames(preset, num_frames),
-                 max_height=check_max_side(preset, max_height, "--max_height"),
-                 max_width=check_max_side(preset, max_width, "--max_width"), dtype=dtype, vae_dtype=vae_dtype,
+                 max_height=check_max_side(preset, max_height, "max_height"),
+                 max_width=check_max_side(preset, max_width, "max_width"), dtype=dtype, vae_dtype=vae_dtype,
                  shard_size=shard_size, device=resolve_device(device), progress=progress, caption=caption,
                  caption_seed=caption_seed)
     plan = replace(plan, sampling=check_frame_sampling(plan.num_frames, fps, frames, frame_seed))
     if not isinstance(output_dir, (str, os.PathLike)) or not str(output_dir):
-        raise HyvInputError("--output_dir", f"must be a folder path, got {output_dir!r}")
+        raise HyvInputError("output_dir", f"must be a folder path, got {output_dir!r}")
     output_dir = os.path.abspath(os.path.expanduser(output_dir))
     entries = read_data_json(data_json)
     base_dir = os.path.dirname(os.path.abspath(os.path.expanduser(data_json)))
@@ -240,7 +239,7 @@ def extract_features(
     created = not os.path.isdir(output_dir)
     ensure_output_dir(output_dir)
     try:
-        with folder_lock(output_dir, "--output_dir"):
+        with folder_lock(output_dir, "output_dir"):
             clean_partials(output_dir)
             return _extract(entries, base_dir, output_dir, plan, model_path, components)
     except HyvInputError:  # refused before any features were written: leave no new empty folder
@@ -358,10 +357,10 @@ class _Folder:
     def __init__(self, output_dir: str):
         self.dir = output_dir
         self.index_path = os.path.join(output_dir, INDEX_FILE)
-        self.index = read_index(output_dir, "--output_dir") if os.path.exists(self.index_path) else None
+        self.index = read_index(output_dir, "output_dir") if os.path.exists(self.index_path) else None
 
     def check_settings(self, metadata: dict[str, Any]) -> None:
-        """HyvInputError naming --output_dir when the folder holds features made with other settings."""
+        """HyvInputError naming ``output_dir`` when the folder holds features made with other settings."""
         if self.index is None:
             return
         old = self.index["metadata"]
@@ -370,8 +369,8 @@ class _Folder:
         if differ:
             what = "; ".join(f"{k}: {json.dumps(old.get(k))[:60]} there, {json.dumps(metadata[k])[:60]} now"
                              for k in differ)
-            raise HyvInputError("--output_dir", f"{self.dir!r} holds features made with other settings ({what}); "
-                                                "rerun with the same settings to add clips, or give another folder")
+            raise HyvInputError("output_dir", f"{self.dir!r} holds features made with other settings ({what}); "
+                                              "rerun with the same settings to add clips, or give another folder")
 
     def start(self, metadata: dict[str, Any]) -> None:
         """A new index, or the old one; shard files the index does not name (a run killed between a shard and its

@@ -81,11 +81,11 @@ class FrameSampling:
 
 def check_frame_sampling(num_frames: int, fps: Any = None, frames: Any = "first", frame_seed: Any = 0) -> FrameSampling:
     """``--fps`` (None, or a positive frame rate), ``--frames`` (:data:`FRAME_WINDOWS`) and ``--frame_seed`` (an
-    integer >= 0) checked; a HyvInputError naming the flag otherwise."""
+    integer >= 0) checked; a HyvInputError naming the parameter otherwise."""
     if frames not in FRAME_WINDOWS:
-        raise HyvInputError("--frames", f"must be one of {', '.join(FRAME_WINDOWS)}, got {frames!r}")
-    fps = as_number("--fps", fps, low=0, low_open=True)
-    seed = as_number("--frame_seed", frame_seed, int, low=0)
+        raise HyvInputError("frames", f"must be one of {', '.join(FRAME_WINDOWS)}, got {frames!r}")
+    fps = as_number("fps", fps, low=0, low_open=True)
+    seed = as_number("frame_seed", frame_seed, int, low=0)
     return FrameSampling(num_frames=num_frames, fps=fps, window=frames, seed=0 if seed is None else seed)
 
 
@@ -168,7 +168,7 @@ def take_frames(file: str, sampling: FrameSampling, clip_id: str = "",
         frames, fps = read_frames(file, n)
         if len(frames) < n and not file.lower().endswith(IMAGE_EXTENSIONS):
             raise EntryError(f"has {len(frames)} frame(s); {n} are asked for (num_frames): give a smaller "
-                             "--num_frames (4n+1) or a longer clip")
+                             "`num_frames` (4n+1) or a longer clip")
         return TakenFrames(frames, fps, {"frame_start": 0, "source_frames": [0, len(frames) - 1]})
     fps = source_rate(file) or declared_fps
     if sampling.fps is not None and fps is None:
@@ -184,7 +184,7 @@ def take_frames(file: str, sampling: FrameSampling, clip_id: str = "",
     if len(chosen) < n:
         rate = f" at {sampling.fps:g} fps" if sampling.fps is not None else ""
         raise EntryError(f"has {len(indices)} frame(s){rate}; {n} are asked for (num_frames): give a smaller "
-                         "--num_frames (4n+1) or a longer clip")
+                         "`num_frames` (4n+1) or a longer clip")
     try:
         frames, _ = read_indices(file, chosen)
     except EntryError as err:

@@ -16,7 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..base.checks import as_number
-from ..base.errors import HyvFaultError, HyvInputError, python_names
+from ..base.errors import HyvFaultError, HyvInputError
 from ..base.files import atomic_path, clean_partials, ensure_output_dir
 from ..base.lock import folder_lock
 from ..base.presets import Preset
@@ -152,74 +152,74 @@ def features_digest(preset: Preset, model_path: str | None) -> str:
             subfolder = "vae" if model_path else preset.bundled_subfolder("vae")
             config = vae_class.load_config(path, subfolder=subfolder)
         except (OSError, ValueError) as err:
-            raise HyvInputError("--model_path", f"cannot read the VAE config of {path!r}: {err}") from None
+            raise HyvInputError("model_path", f"cannot read the VAE config of {path!r}: {err}") from None
         with torch.device("meta"):
             vae = vae_class.from_config(config)
     return model_config_digest(vae, preset)
 
 
 def check_features(features, preset: Preset, transformer, task: str, digest: str | None = None) -> None:
-    """One HyvInputError naming ``--features`` when the feature folder was made for another preset or model (its
+    """One HyvInputError naming ``features`` when the feature folder was made for another preset or model (its
     ``preset`` and ``model_config_digest`` metadata against ``preset`` and ``digest``, :func:`features_digest`),
-    holds no clips, or lacks the first-frame conditions ``--task i2v`` needs (naming ``--task``); the latent channels
+    holds no clips, or lacks the first-frame conditions ``--task i2v`` needs (naming ``task``); the latent channels
     and text widths are checked against the transformer too."""
     meta = features.metadata
     where = getattr(features, "path", "the feature folder")
     made_for = meta.get("preset")
     if made_for is not None and made_for not in (preset.name, json.loads(json.dumps(preset.to_dict()))):
         name = made_for if isinstance(made_for, str) else made_for.get("name", "another preset")
-        raise HyvInputError("--features", f"{where!r} was extracted for preset {name}, not {preset.name}: train "
-                                          f"with --preset {name}, or extract features with --preset {preset.name}")
+        raise HyvInputError("features", f"{where!r} was extracted for preset {name}, not {preset.name}: train "
+                                        f"with `preset` {name}, or extract features with `preset` {preset.name}")
     if digest is not None and meta.get("model_config_digest") not in (None, digest):
-        raise HyvInputError("--features", f"{where!r} was extracted with another model (config digest "
-                                          f"{str(meta['model_config_digest'])[:12]}; this --preset and --model_path "
-                                          f"give {digest[:12]}): extract features with this model")
+        raise HyvInputError("features", f"{where!r} was extracted with another model (config digest "
+                                        f"{str(meta['model_config_digest'])[:12]}; this `preset` and `model_path` "
+                                        f"give {digest[:12]}): extract features with this model")
     if len(features) == 0:
-        raise HyvInputError("--features", f"{where!r} holds no clips (every entry failed or none was given)")
+        raise HyvInputError("features", f"{where!r} holds no clips (every entry failed or none was given)")
     first = features[0]
     config = transformer.config
     channels = _squeeze_to(first["latents"], 4).shape[0]
     if 2 * channels + 1 != config.in_channels:
-        raise HyvInputError("--features", f"{where!r}: latents have {channels} channels, the transformer takes "
-                                          f"{(config.in_channels - 1) // 2}: features of another model")
+        raise HyvInputError("features", f"{where!r}: latents have {channels} channels, the transformer takes "
+                                        f"{(config.in_channels - 1) // 2}: features of another model")
     for name, width in (("prompt_embeds", config.text_embed_dim), ("prompt_embeds_2", config.text_embed_2_dim)):
         if first[name].shape[-1] != width:
-            raise HyvInputError("--features", f"{where!r}: {name} has width {first[name].shape[-1]}, the transformer "
-                                              f"expects {width}: features of another model")
+            raise HyvInputError("features", f"{where!r}: {name} has width {first[name].shape[-1]}, the transformer "
+                                            f"expects {width}: features of another model")
     if task == "i2v" and not all(k in first for k in ("cond_latents", "image_embeds")):
-        raise HyvInputError("--task", f"i2v needs first-frame conditions, and {where!r} was extracted without them "
-                                      "(extract features for an i2v preset or task)")
+        raise HyvInputError("task", f"i2v needs first-frame conditions, and {where!r} was extracted without them "
+                                    "(extract features for an i2v preset or task)")
 
 
 def _check_settings(steps, learning_rate, batch_size, task, runtime, checkpoint_every, seed, caption_dropout,
                     warmup_steps, weight_decay, shift, sampling, lora_rank, lora_alpha, full, mesh) -> dict[str, Any]:
-    """The numbers and choices, checked (one HyvInputError naming the flag); returns them as Python numbers."""
+    """The numbers and choices, checked (one HyvInputError naming the parameter); returns them as Python numbers."""
     if full and lora_rank is not None:
-        raise HyvInputError("--full", "trains every weight; --lora_rank trains a LoRA adapter: give one of them")
+        raise HyvInputError("full", "trains every weight; `lora_rank` trains a LoRA adapter: give one of them")
     if not full and lora_rank is None:
-        raise HyvInputError("--lora_rank", "give --lora_rank R (a LoRA adapter of rank R) or --full (every weight)")
+        raise HyvInputError("lora_rank", "give `lora_rank` R (a LoRA adapter of rank R) or `full` (every weight)")
     if full and lora_alpha is not None:
-        raise HyvInputError("--lora_alpha", "scales a LoRA adapter: it needs --lora_rank, not --full")
+        raise HyvInputError("lora_alpha", "scales a LoRA adapter: it needs `lora_rank`, not `full`")
     if task not in TASKS:
-        raise HyvInputError("--task", f"must be one of {', '.join(TASKS)}, got {task!r}")
+        raise HyvInputError("task", f"must be one of {', '.join(TASKS)}, got {task!r}")
     if runtime not in RUNTIMES:
-        raise HyvInputError("--runtime", f"must be one of {runtime_choices(RUNTIMES)}, got {runtime!r}")
+        raise HyvInputError("runtime", f"must be one of {runtime_choices(RUNTIMES)}, got {runtime!r}")
     if mesh is not None and runtime != "jax":
-        raise HyvInputError("--mesh", "lays out JAX devices: it needs --runtime jax (torch shards over torchrun ranks)")
+        raise HyvInputError("mesh", "lays out JAX devices: it needs `runtime` jax (torch shards over torchrun ranks)")
     if sampling not in SAMPLINGS:
-        raise HyvInputError("--sampling", f"must be one of {', '.join(SAMPLINGS)}, got {sampling!r}")
+        raise HyvInputError("sampling", f"must be one of {', '.join(SAMPLINGS)}, got {sampling!r}")
     return dict(
-        steps=as_number("--steps", steps, int, low=1),
-        learning_rate=as_number("--learning_rate", learning_rate, low=0, low_open=True),
-        batch_size=as_number("--batch_size", batch_size, int, low=1),
-        checkpoint_every=as_number("--checkpoint_every", checkpoint_every, int, low=1),
-        seed=as_number("--seed", seed, int, low=0),
-        caption_dropout=as_number("--caption_dropout", caption_dropout, low=0, high=1),
-        warmup_steps=as_number("--warmup_steps", warmup_steps, int, low=0),
-        weight_decay=as_number("--weight_decay", weight_decay, low=0),
-        shift=as_number("--shift", shift, low=0, low_open=True),
-        lora_rank=as_number("--lora_rank", lora_rank, int, low=1),
-        lora_alpha=as_number("--lora_alpha", lora_alpha, low=0, low_open=True),
+        steps=as_number("steps", steps, int, low=1),
+        learning_rate=as_number("learning_rate", learning_rate, low=0, low_open=True),
+        batch_size=as_number("batch_size", batch_size, int, low=1),
+        checkpoint_every=as_number("checkpoint_every", checkpoint_every, int, low=1),
+        seed=as_number("seed", seed, int, low=0),
+        caption_dropout=as_number("caption_dropout", caption_dropout, low=0, high=1),
+        warmup_steps=as_number("warmup_steps", warmup_steps, int, low=0),
+        weight_decay=as_number("weight_decay", weight_decay, low=0),
+        shift=as_number("shift", shift, low=0, low_open=True),
+        lora_rank=as_number("lora_rank", lora_rank, int, low=1),
+        lora_alpha=as_number("lora_alpha", lora_alpha, low=0, low_open=True),
     )
 
 
@@ -231,7 +231,7 @@ def run_lock(output_dir: str) -> Iterator[None]:
     if process_rank() != 0 or os.environ.get("RANK", "0") != "0":
         yield
         return
-    with folder_lock(output_dir, "--output_dir", part="train"):
+    with folder_lock(output_dir, "output_dir", part="train"):
         clean_partials(output_dir)
         for name in os.listdir(output_dir):  # a transformer folder a killed run was writing (_save_transformer)
             if name.startswith(TMP_PREFIX) and os.path.isdir(os.path.join(output_dir, name)):
@@ -313,7 +313,6 @@ def make_train_step(runtime: str, transformer, *, trainable: str, learning_rate:
     return TorchTrainStep(transformer, **hyper)
 
 
-@python_names()
 @torch.random.fork_rng(devices=[])  # the run seeds torch's global RNG; the caller's is restored afterwards
 def train(features: str | Any, *, preset: str | Preset | None, output_dir: str, steps: int,
           model_path: str | None = None,
@@ -349,15 +348,15 @@ def train(features: str | Any, *, preset: str | Preset | None, output_dir: str, 
                                caption_dropout, warmup_steps, weight_decay, shift, sampling, lora_rank, lora_alpha,
                                full, mesh)
     if attention not in ("auto", "diffusers", *BACKENDS):
-        raise HyvInputError("--attention", f"must be auto, diffusers or one of {', '.join(BACKENDS)}; got {attention!r}")
+        raise HyvInputError("attention", f"must be auto, diffusers or one of {', '.join(BACKENDS)}; got {attention!r}")
     if attention == "diffusers" and runtime != "torch":
-        raise HyvInputError("--attention", f"diffusers' own processor runs on --runtime torch only, not {runtime!r}")
+        raise HyvInputError("attention", f"diffusers' own processor runs on `runtime` torch only, not {runtime!r}")
     if runtime == "jax" and attention in BACKENDS and "grid" in BACKENDS[attention].options:
-        raise HyvInputError("--attention", f"{attention} has no backward on --runtime jax yet (its Pallas kernel is "
-                                           "forward-only): train SSTA with --runtime torch")
+        raise HyvInputError("attention", f"{attention} has no backward on `runtime` jax yet (its Pallas kernel is "
+                                         "forward-only): train SSTA with `runtime` torch")
     preset = choose_preset(preset, model_path).preset  # None: the folder's (or the default); a misfit is refused
     if full and lora_targets is not None:
-        raise HyvInputError("--lora_targets", "chooses a LoRA adapter's layers: it needs --lora_rank, not --full")
+        raise HyvInputError("lora_targets", "chooses a LoRA adapter's layers: it needs `lora_rank`, not `full`")
     targets = None if full else parse_lora_targets(DEFAULT_LORA_TARGETS if lora_targets is None else lora_targets,
                                                    get_adapter(preset.model).lora_targets)
     steps, batch_size = settings["steps"], settings["batch_size"]
@@ -378,8 +377,8 @@ def train(features: str | Any, *, preset: str | Preset | None, output_dir: str, 
                 add_lora(transformer, settings["lora_rank"], lora_alpha, targets=targets)
         ranks = int(os.environ.get("WORLD_SIZE", "1")) if runtime == "torch" else 1
         if batch_size % ranks:
-            raise HyvInputError("--batch_size", f"{batch_size} does not split over {ranks} ranks: each rank takes an "
-                                                "equal slice of every batch")
+            raise HyvInputError("batch_size", f"{batch_size} does not split over {ranks} ranks: each rank takes an "
+                                              "equal slice of every batch")
         run = RunSettings(
             features=os.path.abspath(getattr(features, "path", "")), preset=preset.name,
             model_digest=config_digest(transformer), trainable=trainable, lora_rank=settings["lora_rank"],
@@ -402,16 +401,16 @@ def _resume(step, run: RunSettings, output_dir: str, generator: torch.Generator,
         return 0
     info = read_info(path)
     if int(info.get("step", 0)) > steps:
-        raise HyvInputError("--steps", f"{steps}, but {output_dir!r} holds a checkpoint at step {info['step']}: give "
-                                       f"--steps {info['step']} or more, or use another folder")
+        raise HyvInputError("steps", f"{steps}, but {output_dir!r} holds a checkpoint at step {info['step']}: give "
+                                     f"`steps` {info['step']} or more, or use another folder")
     saved = dict(info.get("settings", {}))
     if saved.get("trainable") == "lora":  # a checkpoint from before --lora_targets: the attention projections
         saved.setdefault("lora_targets", DEFAULT_LORA_TARGETS)
     differ = {k: (saved.get(k), v) for k, v in asdict(run).items() if saved.get(k) != v}
     if differ:
         what = "; ".join(f"{k} {old!r} there, {new!r} now" for k, (old, new) in sorted(differ.items()))
-        raise HyvInputError("--output_dir", f"{output_dir!r} holds the checkpoint of a run with other settings "
-                                            f"({what}): rerun with its settings to resume, or use another folder")
+        raise HyvInputError("output_dir", f"{output_dir!r} holds the checkpoint of a run with other settings "
+                                          f"({what}): rerun with its settings to resume, or use another folder")
     state, info = load_checkpoint(path)
     step.load_state_dict(state["step"])
     _set_rng_state(generator, state["rng"])
@@ -439,7 +438,7 @@ def _run(features, step, run: RunSettings, preset: Preset, transformer, output_d
                             generator=generator)
         loss = step.step(batch)
         if loss != loss or loss in (float("inf"), float("-inf")):
-            raise HyvFaultError(f"train step {index + 1}", f"the loss is {loss}; lower --learning_rate")
+            raise HyvFaultError(f"train step {index + 1}", f"the loss is {loss}; lower `learning_rate`")
         record = {"step": index + 1, "loss": loss, "lr": float(step_lr(run, index)),
                   "shape": list(shapes[picks[0]]), "seconds": round(time.perf_counter() - clock, 3)}
         records.append(record)

@@ -16,7 +16,7 @@ from typing import Any
 from safetensors import safe_open
 
 from ..base.checks import as_number
-from ..base.errors import HyvInputError, python_names
+from ..base.errors import HyvInputError
 from ..base.files import atomic_path, fsync_dir, new_folder, umask_modes
 from ..base.presets import Preset
 from ..models.components import load_components, note_layout, save_tiny_pipeline
@@ -47,7 +47,7 @@ class MergedModel:
     copied: int = 0
 
 
-def check_output_dir(output_dir: Any, argument: str = "--output_dir") -> str:
+def check_output_dir(output_dir: Any, argument: str = "output_dir") -> str:
     """``output_dir`` as an absolute path that is free: absent, or an empty folder; a HyvInputError otherwise."""
     if not isinstance(output_dir, (str, os.PathLike)) or not str(output_dir):
         raise HyvInputError(argument, f"must be a folder path, got {output_dir!r}")
@@ -64,9 +64,9 @@ def _source(preset: Preset, model_path: str | None) -> tuple[str | None, dict[st
     if model_path is not None:
         folder = os.path.abspath(os.path.expanduser(os.fspath(model_path)))
         if not os.path.isdir(folder):
-            raise HyvInputError("--model_path", f"{model_path!r} is not a local folder: merge_lora copies the model's "
-                                                "other components, so download it first (huggingface-cli download "
-                                                "ID --local-dir DIR) and give DIR")
+            raise HyvInputError("model_path", f"{model_path!r} is not a local folder: merge_lora copies the model's "
+                                              "other components, so download it first (huggingface-cli download "
+                                              "ID --local-dir DIR) and give DIR")
         rename = {}
     elif preset.bundled_weights is not None:
         folder, rename = preset.bundled_path, dict(preset.bundled_subfolders)
@@ -79,14 +79,14 @@ def _source(preset: Preset, model_path: str | None) -> tuple[str | None, dict[st
         with open(os.path.join(folder, "model_index.json")) as f:
             index = json.load(f)
     except (OSError, ValueError) as err:
-        raise HyvInputError("--model_path", f"{folder!r} is not a diffusers-format model folder: its "
-                                            f"model_index.json cannot be read ({err})") from None
+        raise HyvInputError("model_path", f"{folder!r} is not a diffusers-format model folder: its "
+                                          f"model_index.json cannot be read ({err})") from None
     names = [k for k, v in index.items() if not k.startswith("_") and isinstance(v, list) and v and v[0]]
     subfolders = {name: rename.get(name, name) for name in names}
     missing = [sub for sub in subfolders.values() if not os.path.isdir(os.path.join(folder, sub))]
     if "transformer" not in subfolders or missing:
-        raise HyvInputError("--model_path", f"{folder!r} lacks {', '.join(missing) or 'a transformer'}: not a whole "
-                                            "diffusers-format model folder")
+        raise HyvInputError("model_path", f"{folder!r} lacks {', '.join(missing) or 'a transformer'}: not a whole "
+                                          "diffusers-format model folder")
     return folder, subfolders
 
 
@@ -121,7 +121,6 @@ def link_or_copy_tree(source: str, target: str) -> tuple[int, int]:
     return linked, copied
 
 
-@python_names()  # called from Python: errors name parameters; from the CLI: flags
 def write_merged_model(lora: str, output_dir: str, *, preset: str | Preset | None = None,
                        model_path: str | None = None, lora_scale: float = 1.0) -> MergedModel:
     """Merge the LoRA ``lora`` (a file, or the folder holding ``pytorch_lora_weights.safetensors``) at ``lora_scale``
@@ -139,7 +138,7 @@ def write_merged_model(lora: str, output_dir: str, *, preset: str | Preset | Non
     (:func:`hyv_lib.models.lora.check_lora_file`), a bad scale, a hub id or a folder that is not a whole model.
     Written atomically: a hidden temporary folder beside ``output_dir`` renamed into place at the end (a failed or
     killed merge leaves no ``output_dir``)."""
-    scale = as_number("--lora_scale", lora_scale)
+    scale = as_number("lora_scale", lora_scale)
     out = check_output_dir(output_dir)
     preset = choose_preset(preset, model_path).preset
     source, subfolders = _source(preset, model_path)
@@ -177,7 +176,7 @@ def write_merged_model(lora: str, output_dir: str, *, preset: str | Preset | Non
         try:
             os.replace(tmp, out)  # onto nothing or an empty folder: atomic
         except OSError as err:
-            raise HyvInputError("--output_dir", f"cannot move the merged model into {out!r}: {err.strerror}") from None
+            raise HyvInputError("output_dir", f"cannot move the merged model into {out!r}: {err.strerror}") from None
         fsync_dir(parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

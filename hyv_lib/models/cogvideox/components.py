@@ -50,7 +50,7 @@ def build_tiny_cogvideox(preset: Preset, seed: int = 0, names: Iterable[str] = C
 
 def scheduler_class(model_path: str):
     """The scheduler class of a CogVideoX folder: its scheduler_config.json's ``_class_name``, one of
-    :data:`SCHEDULER_CLASSES` (a HyvInputError naming --model_path for another); a hub id or an unreadable config
+    :data:`SCHEDULER_CLASSES` (a HyvInputError naming ``model_path`` for another); a hub id or an unreadable config
     gets CogVideoXDDIMScheduler (what the CogVideoX1.5 checkpoints ship)."""
     import diffusers
 
@@ -63,8 +63,8 @@ def scheduler_class(model_path: str):
         except (OSError, ValueError):
             pass  # from_pretrained names the broken file
     if name not in SCHEDULER_CLASSES:
-        raise HyvInputError("--model_path", f"{path!r} names scheduler {name!r}; CogVideoX runs "
-                                            f"{' or '.join(SCHEDULER_CLASSES)}")
+        raise HyvInputError("model_path", f"{path!r} names scheduler {name!r}; CogVideoX runs "
+                                          f"{' or '.join(SCHEDULER_CLASSES)}")
     return getattr(diffusers, name)
 
 
@@ -79,8 +79,8 @@ def cogvideox_loader(name: str, model_path: str):
     classes = {"tokenizer": AutoTokenizer, "text_encoder": T5EncoderModel, "transformer": CogVideoXTransformer3DModel,
                "vae": AutoencoderKLCogVideoX}
     if name not in classes:
-        raise HyvInputError("--preset", f"CogVideoX has no component {name!r}; its components are "
-                                        f"{', '.join(COGVIDEOX_COMPONENTS)}")
+        raise HyvInputError("preset", f"CogVideoX has no component {name!r}; its components are "
+                                      f"{', '.join(COGVIDEOX_COMPONENTS)}")
     return classes[name]
 
 

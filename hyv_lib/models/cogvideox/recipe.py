@@ -53,7 +53,7 @@ def make_scheduler(scheduler_config: Any):
 
     name = dict(scheduler_config).get("_class_name") or SCHEDULER_CLASSES[0]
     if name not in SCHEDULER_CLASSES:
-        raise HyvInputError("--model_path", f"the scheduler is {name}; CogVideoX runs {' or '.join(SCHEDULER_CLASSES)}")
+        raise HyvInputError("model_path", f"the scheduler is {name}; CogVideoX runs {' or '.join(SCHEDULER_CLASSES)}")
     return getattr(diffusers, name).from_config(scheduler_config)
 
 
@@ -135,9 +135,9 @@ def sample_cogvideox(step: Callable[..., torch.Tensor], transformer, scheduler_c
     fp32 latents on the CPU. ``warmup``: :meth:`hyv_lib.models.family.ModelFamily.sample`'s."""
     config = transformer.config
     if embeds["prompt_embeds"].shape[-1] != config.text_embed_dim:
-        raise HyvInputError("--input_dir", f"stage 1's prompt_embeds has width {embeds['prompt_embeds'].shape[-1]} "
-                                           f"but the transformer expects {config.text_embed_dim}; stage1 used a "
-                                           "different model")
+        raise HyvInputError("input_dir", f"stage 1's prompt_embeds has width {embeds['prompt_embeds'].shape[-1]} "
+                                         f"but the transformer expects {config.text_embed_dim}; stage1 used a "
+                                         "different model")
     device = device or torch.device("cpu")
     shape = preset.denoising_shape(settings.height, settings.width, settings.video_length)
     shape = (shape[0], shape[1], config.in_channels, *shape[3:])  # the model decides the channels
@@ -158,17 +158,17 @@ def sample_cogvideox(step: Callable[..., torch.Tensor], transformer, scheduler_c
 def vae_latents(preset: Preset, latents: torch.Tensor, video_length: Any) -> torch.Tensor:
     """The stage-2 latents as CogVideoX's VAE decodes them, [1, C, T, h, w]: the padded frames dropped from the
     front, as CogVideoXPipeline drops them (``latents[:, T' - T:]``, T the latent frames of ``video_length``), and
-    channels put before frames. HyvInputError naming --input_dir when the latents do not fit ``video_length``."""
+    channels put before frames. HyvInputError naming ``input_dir`` when the latents do not fit ``video_length``."""
     if video_length is None:
-        raise HyvInputError("--input_dir", "the folder's config has no video_length: stage 3 needs it to drop the "
-                                           "padded latent frames; rerun stage2 into this folder")
+        raise HyvInputError("input_dir", "the folder's config has no video_length: stage 3 needs it to drop the "
+                                         "padded latent frames; rerun stage2 into this folder")
     frames = (int(video_length) - 1) // preset.temporal_compression + 1
     patch_t = int(preset.transformer.get("patch_size_t") or 1)
     padded = -(-frames // patch_t) * patch_t
     if latents.ndim != 5 or latents.shape[2] != preset.latent_channels or latents.shape[1] != padded:
-        raise HyvInputError("--input_dir", f"{preset.name} latents of {video_length} frames are "
-                                           f"[1, {padded}, {preset.latent_channels}, h, w] ({frames} latent frames "
-                                           f"padded to the temporal patch {patch_t}); got {list(latents.shape)}")
+        raise HyvInputError("input_dir", f"{preset.name} latents of {video_length} frames are "
+                                         f"[1, {padded}, {preset.latent_channels}, h, w] ({frames} latent frames "
+                                         f"padded to the temporal patch {patch_t}); got {list(latents.shape)}")
     return latents[:, latents.shape[1] - frames:].permute(0, 2, 1, 3, 4)
 
 
@@ -177,14 +177,14 @@ def check_t5_stage1(tensors: dict[str, torch.Tensor], preset: Preset, path: str)
     """CogVideoX's stage-1 file: exactly :data:`T5_STAGE1_NAMES`, each a float [1, text_len, D], both one shape,
     every value finite."""
     if set(tensors) != set(T5_STAGE1_NAMES):
-        raise HyvInputError("--input_dir", f"{os.path.basename(path)} of {preset.name} must hold exactly "
-                                           f"{', '.join(T5_STAGE1_NAMES)}; got {', '.join(sorted(tensors))}")
+        raise HyvInputError("input_dir", f"{os.path.basename(path)} of {preset.name} must hold exactly "
+                                         f"{', '.join(T5_STAGE1_NAMES)}; got {', '.join(sorted(tensors))}")
     for name, value in tensors.items():
         if value.ndim != 3 or value.shape[:2] != (1, preset.text_len) or value.dtype not in FLOATS:
-            raise HyvInputError("--input_dir", f"{path!r}: {name} must be a float tensor [1, {preset.text_len}, D], "
-                                               f"got {value.dtype} {list(value.shape)}")
+            raise HyvInputError("input_dir", f"{path!r}: {name} must be a float tensor [1, {preset.text_len}, D], "
+                                             f"got {value.dtype} {list(value.shape)}")
     if tensors["prompt_embeds"].shape != tensors["negative_prompt_embeds"].shape:
-        raise HyvInputError("--input_dir", f"{path!r}: negative_prompt_embeds and prompt_embeds differ in shape")
+        raise HyvInputError("input_dir", f"{path!r}: negative_prompt_embeds and prompt_embeds differ in shape")
     for name, value in tensors.items():
         require_finite(path, name, value, "rerun stage1")
 

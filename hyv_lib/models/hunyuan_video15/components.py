@@ -144,7 +144,7 @@ def image_processor(size: int | None = None):
 
 def component_class(name: str):
     """The class whose ``from_pretrained(model_path, subfolder=name)`` loads component ``name`` of a HunyuanVideo-1.5
-    folder (HyvInputError naming --preset for a name the model has none of)."""
+    folder (HyvInputError naming ``preset`` for a name the model has none of)."""
     from diffusers import AutoencoderKLHunyuanVideo15, FlowMatchEulerDiscreteScheduler, HunyuanVideo15Transformer3DModel
     from diffusers.guiders import ClassifierFreeGuidance
     from transformers import ByT5Tokenizer, Qwen2_5_VLTextModel, Qwen2Tokenizer, SiglipVisionModel, T5EncoderModel
@@ -157,8 +157,8 @@ def component_class(name: str):
         "feature_extractor": image_processor(),
     }
     if name not in classes:
-        raise HyvInputError("--preset", f"HunyuanVideo-1.5 has no component {name!r}; its components are "
-                                        f"{', '.join(classes)}")
+        raise HyvInputError("preset", f"HunyuanVideo-1.5 has no component {name!r}; its components are "
+                                      f"{', '.join(classes)}")
     return classes[name]
 
 

@@ -106,7 +106,7 @@ def real_layout_tiny(real: Preset) -> Preset:
     ``--preset 720p_t2v --model_path`` exactly as the real weights do: every shape that the real preset fixes is
     real, only the widths (and so the cost) are tiny. Its videos are noise."""
     if real.is_tiny:
-        raise HyvInputError("--preset", f"{real.name} is already tiny; give a real preset")
+        raise HyvInputError("preset", f"{real.name} is already tiny; give a real preset")
     channels = real.latent_channels
     return dataclasses.replace(
         TINY, name=real.name, description=f"{real.name}'s layout with tiny widths and random weights (tests, CI)",

@@ -26,8 +26,8 @@ def sample(step: Callable[..., torch.Tensor], transformer, scheduler_config, pre
     config = transformer.config
     for key, dim in (("prompt_embeds", config.text_embed_dim), ("prompt_embeds_2", config.text_embed_2_dim)):
         if embeds[key].shape[-1] != dim:
-            raise HyvInputError("--input_dir", f"stage 1's {key} has width {embeds[key].shape[-1]} but the "
-                                               f"transformer expects {dim}; stage1 used a different model")
+            raise HyvInputError("input_dir", f"stage 1's {key} has width {embeds[key].shape[-1]} but the "
+                                             f"transformer expects {dim}; stage1 used a different model")
     model_dtype = next(transformer.parameters()).dtype
     device = device or torch.device("cpu")
     scheduler = FlowMatchEulerDiscreteScheduler.from_config(scheduler_config, shift=settings.flow_shift)
@@ -35,8 +35,8 @@ def sample(step: Callable[..., torch.Tensor], transformer, scheduler_config, pre
     shape = (shape[0], config.out_channels, *shape[2:])  # the model decides the channels
     cond_latents = embeds.get("cond_latents")
     if cond_latents is not None and tuple(cond_latents.shape[-2:]) != shape[-2:]:
-        raise HyvInputError("--height", f"the first frame's latents are {list(cond_latents.shape[-2:])} but the "
-                                        f"video's are {list(shape[-2:])}: the image decides the size")
+        raise HyvInputError("height", f"the first frame's latents are {list(cond_latents.shape[-2:])} but the "
+                                      f"video's are {list(shape[-2:])}: the image decides the size")
     conditioning = {k: v.to(device) for k, v in prepare_conditioning(
         embeds, preset, model_dtype, image_dim=config.image_embed_dim).items()}
     return denoise(step, initial_latents(shape, settings.seed).to(device), conditioning, scheduler,
