@@ -36,7 +36,7 @@ def test_the_registry_finds_hunyuan_by_class_and_refuses_an_unknown_model():
         assert adapter_for(toy_model()) is TOY and get_adapter("toy") is TOY
     finally:
         del ADAPTERS["toy"]
-    with pytest.raises(ValueError, match="model: must be one of hunyuanvideo-1.5, cogvideox, got 'toy'"):
+    with pytest.raises(ValueError, match="model: must be one of hunyuanvideo-1.5, cogvideox, hunyuanvideo, got 'toy'"):
         get_adapter("toy")
 
 

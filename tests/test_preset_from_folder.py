@@ -14,7 +14,8 @@ from hyv_lib.models.folder import LAYOUT_NOTE, choose_preset, detect_preset, dif
 
 REAL = [name for name, p in PRESETS.items() if not p.is_tiny]
 # the checkpoints whose diffusers configs equal another's: the SSTA-trained one and its dense twin
-TWINS = {"720p_i2v_distilled_sparse": "720p_i2v_distilled", "cogvideox1.5_5b": "cogvideox_tiny"}
+TWINS = {"720p_i2v_distilled_sparse": "720p_i2v_distilled", "cogvideox1.5_5b": "cogvideox_tiny",
+         "hunyuanvideo_t2v": "hunyuanvideo_tiny"}
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +67,7 @@ def test_a_wrong_preset_names_the_differing_fields(real_folders, name):
         assert diffs, (name, other)
         with pytest.raises(HyvInputError) as err:
             choose_preset(other, plain)
-        assert err.value.argument == "--preset" and diffs[0] in err.value.message
+        assert err.value.argument == "preset" and diffs[0] in err.value.message
 
 
 def test_the_differences_are_the_configs_own_values(real_folders):
@@ -86,7 +87,7 @@ def test_the_bundled_folder_and_a_hub_id(tmp_path):
     assert detect_preset(bundled)[0].name == "tiny_trained"
     assert choose_preset(None, PRESETS["720p_t2v"].hub_id).preset.name == "720p_t2v"
     assert choose_preset(None, None).preset.name == "tiny_trained"  # no folder: the bundled default stays
-    with pytest.raises(HyvInputError, match="--preset"):
+    with pytest.raises(HyvInputError, match="^preset: is required"):
         choose_preset(None, "someone/some-model")
     (tmp_path / "empty").mkdir()
     with pytest.raises(HyvInputError, match="transformer/config.json"):
@@ -154,7 +155,7 @@ def test_official_checkpoint_flags_choose_a_preset(real_folders, tmp_path, capsy
     with pytest.raises(HyvInputError, match="--resolution"):
         pick(resolution="480p", preset="720p_t2v")
     assert pick(task="t2v", model_path=real_folders["720p_t2v"][1]) == "720p_t2v"  # the folder settles 480p/720p
-    with pytest.raises(HyvInputError, match="--resolution"):
+    with pytest.raises(HyvInputError, match="^resolution: "):
         pick(resolution="480p", model_path=real_folders["720p_t2v"][1])
 
 

@@ -26,10 +26,10 @@ class ModelAdapter:
     The runtimes call, per denoising step::
 
         prepared = adapter.prepare(model, **conditioning)        # once per conditioning, eager, concrete tensors
-        temb = adapter.time_embedding(model, timestep, timestep_r)
+        inputs = adapter.block_inputs(prepared)                     # what every block needs besides the tokens
+        temb = adapter.condition_embedding(model, adapter.time_embedding(model, timestep, timestep_r), inputs)
         video = adapter.embed_video(model, latents)                 # [B, N, C] video tokens
         context = adapter.embed_context(model, timestep, prepared)  # [B, L, C] context tokens (or None)
-        inputs = adapter.block_inputs(prepared)                     # what every block needs besides the tokens
         for block in adapter.blocks(model):
             video, context = adapter.run_block(block, video, context, temb, inputs, rope)
         out = adapter.unpatchify(adapter.output_tokens(model, video, temb), latents.shape)
@@ -108,7 +108,7 @@ class ModelAdapter:
         """The rule set of ``strategy`` (a ``--sharding`` value) for this model."""
         if strategy not in self.rule_sets:
             valid = ", ".join(s for s in STRATEGIES if s in self.rule_sets)
-            raise HyvInputError("--sharding", f"must be one of {valid} for {self.name}, got {strategy!r}")
+            raise HyvInputError("sharding", f"must be one of {valid} for {self.name}, got {strategy!r}")
         return self.rule_sets[strategy]
 
     # ------------------------------------------------------------------------------------------ pieces
@@ -137,6 +137,19 @@ class ModelAdapter:
     def time_embedding(self, model, timestep: torch.Tensor, timestep_r: torch.Tensor | None = None) -> torch.Tensor:
         """The per-sample timestep embedding the blocks and the head are modulated by."""
         raise NotImplementedError
+
+    def condition_embedding(self, model, temb: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The whole modulation vector from the timestep's ``temb`` and the block inputs (:meth:`block_inputs`):
+        ``temb`` itself by default; a model whose prompt or guidance also modulates the blocks (HunyuanVideo's pooled
+        text and embedded guidance) adds them here. Every runtime calls it after :meth:`time_embedding`, DeepCache's
+        cached steps with the cached inputs (the torch one adds :meth:`condition_inputs` of its step)."""
+        return temb
+
+    def condition_inputs(self, model, **forward_kwargs) -> dict[str, torch.Tensor]:
+        """What :meth:`condition_embedding` reads, from a forward's keyword arguments, for a runtime that runs
+        diffusers' own forward and records only what enters a block (the torch DeepCache's cached step): none by
+        default."""
+        return {}
 
     def embed_video(self, model, latents: torch.Tensor, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """Video tokens [B, N, C] of the latents; ``start``/``stop`` embed only those tokens (Ulysses' shard; tokens
@@ -204,10 +217,10 @@ class ModelAdapter:
     # ------------------------------------------------------------------------------------------ composed
     def forward(self, model, latents, timestep, prepared, rope, timestep_r=None) -> torch.Tensor:
         """The whole step from prepared inputs: what the runtimes jit, and a training step differentiates."""
-        temb = self.time_embedding(model, timestep, timestep_r)
+        inputs = self.block_inputs(prepared)
+        temb = self.condition_embedding(model, self.time_embedding(model, timestep, timestep_r), inputs)
         video = self.embed_video(model, latents)
         context = self.embed_context(model, timestep, prepared)
-        inputs = self.block_inputs(prepared)
         for block in self.blocks(model):
             video, context = self.run_block(block, video, context, temb, inputs, rope)
         return self.unpatchify(self.output_tokens(model, video, temb), latents.shape)

@@ -6,11 +6,13 @@ from ..base.errors import HyvInputError
 from ..base.presets import Preset
 from .cogvideox.family import COGVIDEOX_FAMILY
 from .family import ModelFamily
+from .hunyuan_video.family import HUNYUAN_VIDEO_FAMILY
 from .hunyuan_video15.family import HUNYUAN_VIDEO_15_FAMILY
 from .registry import register_adapter
 
 #: Registered families by name (a preset's ``model``).
-FAMILIES: dict[str, ModelFamily] = {family.name: family for family in (HUNYUAN_VIDEO_15_FAMILY, COGVIDEOX_FAMILY)}
+FAMILIES: dict[str, ModelFamily] = {family.name: family for family in (HUNYUAN_VIDEO_15_FAMILY, COGVIDEOX_FAMILY,
+                                                                        HUNYUAN_VIDEO_FAMILY)}
 
 #: Every preset by name, each family's in turn: HunyuanVideo-1.5's (the tiny ones, ``tiny`` with random weights and
 #: ``tiny_trained``, the bundled hyv-tiny; the real 480p/720p text- and image-to-video checkpoints, step-distilled,
@@ -51,9 +53,9 @@ def get_preset(name: str | Preset) -> Preset:
     if isinstance(name, Preset):
         return name
     if not isinstance(name, str):
-        raise HyvInputError("--preset", f"must be a preset name ({', '.join(PRESETS)}) or a Preset, "
-                                        f"got {type(name).__name__}")
+        raise HyvInputError("preset", f"must be a preset name ({', '.join(PRESETS)}) or a Preset, "
+                                      f"got {type(name).__name__}")
     try:
         return PRESETS[name]
     except KeyError:
-        raise HyvInputError("--preset", f"unknown preset {name!r}; valid: {', '.join(PRESETS)}") from None
+        raise HyvInputError("preset", f"unknown preset {name!r}; valid: {', '.join(PRESETS)}") from None

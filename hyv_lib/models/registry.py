@@ -1,14 +1,15 @@
-"""The model adapters by name, by model class and by what they take (HunyuanVideo-1.5, CogVideoX, register_adapter)."""
+"""The model adapters by name, by model class and by what they take (the three families', register_adapter)."""
 
 from __future__ import annotations
 
 from ..base.errors import HyvInputError
 from .adapter import ModelAdapter
 from .cogvideox.adapter import COGVIDEOX
+from .hunyuan_video.adapter import HUNYUAN_VIDEO
 from .hunyuan_video15.adapter import HUNYUAN_VIDEO_15
 
 #: Registered adapters by name.
-ADAPTERS: dict[str, ModelAdapter] = {HUNYUAN_VIDEO_15.name: HUNYUAN_VIDEO_15, COGVIDEOX.name: COGVIDEOX}
+ADAPTERS: dict[str, ModelAdapter] = {a.name: a for a in (HUNYUAN_VIDEO_15, COGVIDEOX, HUNYUAN_VIDEO)}
 
 
 def register_adapter(adapter: ModelAdapter) -> ModelAdapter:

@@ -123,12 +123,13 @@ class TorchDeepCache:
 
     @torch.no_grad()
     def run_from_cache(self, cache: Any, no_cache_blocks: int, hidden_states, timestep, timestep_r=None,
-                       **_) -> torch.Tensor:
+                       **conditioning) -> torch.Tensor:
         a = self.adapter
         a.check_timestep_r(self.model, timestep_r)
         video, context, inputs, rope = cache
         a.note_latent_shape(self.model, tuple(hidden_states.shape))  # this step's token grid (SSTA's tiles)
         temb = a.time_embedding(self.model, timestep, timestep_r)  # as the model's forward computes it
+        temb = a.condition_embedding(self.model, temb, {**inputs, **a.condition_inputs(self.model, **conditioning)})
         for block in self._tail(no_cache_blocks):
             video, context = a.run_block(block, video, context, temb, inputs, rope)
         return a.unpatchify(a.output_tokens(self.model, video, temb), hidden_states.shape)

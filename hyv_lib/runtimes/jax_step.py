@@ -59,10 +59,10 @@ class _Step(torch.nn.Module):
         return call_jax(jax.lax.with_sharding_constraint, tokens, spec)
 
     def _embed(self, hidden_states, timestep, prepared, timestep_r):
-        """Timestep embedding (plus MeanFlow's ``timestep_r`` one), video tokens and the context tokens before the
-        first block."""
+        """The modulation vector (timestep, MeanFlow's ``timestep_r``, the model's other conditioning), video tokens
+        and the context tokens before the first block."""
         a, m = self.adapter, self.model
-        temb = a.time_embedding(m, timestep, timestep_r)
+        temb = a.condition_embedding(m, a.time_embedding(m, timestep, timestep_r), a.block_inputs(prepared))
         video = self._shard_sequence(a.embed_video(m, hidden_states))
         return temb, video, a.embed_context(m, timestep, prepared)
 
@@ -110,7 +110,8 @@ class _Step(torch.nn.Module):
         cached tokens (``inputs``: the adapter's block inputs), and the output layer (``hidden_states`` only gives
         the output shape)."""
         self.traces += 1
-        temb = self.adapter.time_embedding(self.model, timestep, timestep_r)
+        a = self.adapter
+        temb = a.condition_embedding(self.model, a.time_embedding(self.model, timestep, timestep_r), inputs)
         video, _ = self._blocks(self._split(no_cache_blocks)[1], video, context, temb, inputs, rope)
         return self._head(video, temb, hidden_states.shape)
 

@@ -143,10 +143,10 @@ class _Objective(torch.nn.Module):
     def forward(self, hidden_states, timestep, prepared, rope, target, stacked=None):
         self.traces += 1
         a, m = self.adapter, self.model
-        temb = a.time_embedding(m, timestep)
+        inputs = a.block_inputs(prepared)
+        temb = a.condition_embedding(m, a.time_embedding(m, timestep), inputs)
         video = shard_tokens(a.embed_video(m, hidden_states))
         context = a.embed_context(m, timestep, prepared)
-        inputs = a.block_inputs(prepared)
         if stacked is not None:
             video, context = self._scan_blocks(stacked, video, context, temb, inputs, rope)
         else:

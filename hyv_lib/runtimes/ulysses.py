@@ -259,6 +259,7 @@ class UlyssesTransformer:
         prepared = a.prepare(m, **{name: put(t) for name, t in conditioning.items()})
         context = a.embed_context(m, timestep, prepared)
         inputs = a.block_inputs(prepared)
+        temb = a.condition_embedding(m, temb, inputs)
         # only this rank's tokens are embedded; padding tokens past the end are zeros
         video = a.embed_video(m, latents, rank * shard, (rank + 1) * shard)  # [B, shard, C]
         cos, sin = self._rope(tuple(latents.shape), device)
@@ -316,6 +317,7 @@ class UlyssesTransformer:
         video, context, inputs, rope = cache
         self.adapter.note_latent_shape(self.model, tuple(hidden_states.shape))  # this step's token grid (SSTA)
         _, temb = self._timesteps(hidden_states.shape[0], timestep, timestep_r)
+        temb = self.adapter.condition_embedding(self.model, temb, inputs)
         video, _ = self._blocks(self._split(no_cache_blocks)[1], video, context, temb, inputs, rope)
         return self._finish(video, temb, hidden_states, rope.tokens)
 

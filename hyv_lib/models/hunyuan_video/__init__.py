@@ -1,0 +1,1 @@
+"""HunyuanVideo's family (13B, Dec 2024): adapter, attention processor, components, HunyuanVideoPipeline's recipe."""
