@@ -160,5 +160,6 @@ def test_what_a_model_takes_is_its_adapters_to_say(toy):
         resolve_settings(preset, attention="ssta")
     with pytest.raises(HyvInputError, match="flow_shift: toy_tiny samples with a v-prediction scheduler"):
         resolve_settings(preset, flow_shift=3.0)
-    with pytest.raises(HyvInputError, match="lora: LoRA files here are for hunyuanvideo-1.5's transformer"):
+    with pytest.raises(HyvInputError, match="lora: LoRA files here are for the transformers of hunyuanvideo-1.5 and "
+                                            "hunyuanvideo, not toy_tiny"):
         resolve_settings(preset, lora="x.safetensors")

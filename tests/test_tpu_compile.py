@@ -120,7 +120,7 @@ def test_a_rule_that_does_not_divide_a_dimension_names_the_sharding():
     odd = small(heads=8, head_dim=8, mlp_ratio=1.0625, rope_axes_dim=[2, 2, 4])  # MLP width 68: not a multiple of 8
     with pytest.raises(Exception) as err:
         compile_step(odd, "v6e:2x4", mesh="tensor=8", sharding="tp", height=256, width=256, video_length=13)
-    assert getattr(err.value, "argument", None) == "--sharding" and "cannot be split" in str(err.value)
+    assert getattr(err.value, "argument", None) == "sharding" and "cannot be split" in str(err.value)
 
 
 def test_out_of_hbm_messages_are_parsed():

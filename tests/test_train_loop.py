@@ -58,8 +58,8 @@ def test_batch_and_step_equal_the_eager_objective(features_dir):
     picks = pick_clips(features.shapes(), 2, g)
     assert len({features.shapes()[i] for i in picks}) == 1  # one latent shape per batch
     state = g.get_state()
-    batch = build_batch(features, picks, task="i2v", caption_dropout=0.5, shift=3.0, sampling="logit_normal",
-                        image_tokens=TINY.image_tokens, image_dim=TINY.image_dim, generator=g)
+    batch = build_batch(features, picks, preset=TINY, model_config=TINY.transformer, task="i2v", caption_dropout=0.5,
+                        shift=3.0, sampling="logit_normal", generator=g)
 
     # the same batch by hand: coins, noise, z in this order; i2v condition channels; empty prompt where dropped
     g.set_state(state)

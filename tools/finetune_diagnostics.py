@@ -26,6 +26,7 @@ import finetune_sweep as sweep  # noqa: E402
 
 import hyv_lib  # noqa: E402
 from hyv_lib.models.flow_matching import condition_channels, shift_sigmas  # noqa: E402
+from hyv_lib.models.hunyuan_video15.training import TEXT_KEYS  # noqa: E402
 from hyv_lib.pipeline.text import encode_prompts  # noqa: E402
 from hyv_lib.runtimes.vae import decode_latents  # noqa: E402
 from hyv_lib.tiny import finetune_gate as gate  # noqa: E402
@@ -73,7 +74,7 @@ def start_from(pipe, fs: FeatureSet, start: float, clips: int = 6) -> list:
 
     def text(i, negative):
         out = {}
-        for key, name in loop.TEXT_KEYS.items():
+        for key, name in TEXT_KEYS.items():
             t = (fs.negative[name] if negative else fs[i][name])
             t = t.reshape(-1) if "mask" in name else t.reshape(-1, t.shape[-1])
             out[key] = t[None].long() if "mask" in name else t[None].to(dtype)

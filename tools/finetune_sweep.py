@@ -37,6 +37,7 @@ import torch
 import hyv_lib
 from hyv_lib.cli.commands import run as cli
 from hyv_lib.models import lora as lora_module
+from hyv_lib.models.hunyuan_video15.training import TEXT_KEYS
 from hyv_lib.tiny import finetune_gate as gate
 from hyv_lib.training import loop
 from hyv_lib.runtimes.torch_train import TorchTrainStep
@@ -102,14 +103,14 @@ def sweep_only(recipe: dict):
             generator.set_state(state)
             batch = build_batch(features, picks, caption_dropout=caption_dropout, generator=generator, **kwargs)
             empty = build_batch(features, picks, caption_dropout=1.0, generator=torch.Generator(), **kwargs)
-            for k in loop.TEXT_KEYS:
+            for k in TEXT_KEYS:
                 batch["empty_" + k] = empty[k]
             batch["caption_dropped"] = drop
             return batch
 
         def guided_step(self, batch):
             drop = batch.pop("caption_dropped")
-            empty = {k: batch.pop("empty_" + k) for k in loop.TEXT_KEYS}
+            empty = {k: batch.pop("empty_" + k) for k in TEXT_KEYS}
             if not drop.all():
                 inputs = self._local({**batch, **empty})
                 inputs.pop("target")

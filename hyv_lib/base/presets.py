@@ -136,9 +136,9 @@ class Preset:
 
     def image_bucket(self, width: int, height: int) -> tuple[int, int]:
         """(height, width) of the bucket a ``width`` x ``height`` first frame is resized and cropped to, as diffusers'
-        image-to-video pipelines pick it: the nearest ratio among the buckets in whole VAE tiles
-        (:func:`hyv_lib.base.sizes.bucket_for`)."""
-        return bucket_for(self.target_size, self.spatial_compression, width, height)
+        image-to-video pipelines pick it: the nearest ratio among the buckets in whole latent patches
+        (:attr:`pixel_stride`, :func:`hyv_lib.base.sizes.bucket_for`)."""
+        return bucket_for(self.target_size, self.pixel_stride, width, height)
 
     def latent_shape(self, height: int, width: int, video_length: int) -> tuple[int, int, int, int, int]:
         """Shape of ``latents`` in stage2_latents.safetensors for a video of this size (HyvInputError naming the

@@ -41,20 +41,20 @@ def add_ssta_arguments(parser: argparse.ArgumentParser, group=None) -> None:
     group = group or parser
     defaults = SstaConfig()
     for name, (kind, text) in SSTA_FLAGS.items():
-        flag = f"--ssta_{name.rstrip('_')}"
+        flag = f"--ssta_{name.rstrip('_')}"  # its dest is the flag's name: errors naming ssta_lambda find it
         default = getattr(defaults, name)
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
         if kind is None:
-            group.add_argument(flag, dest=f"ssta_{name}", type=str_to_bool, nargs="?", const=True, default=None,
+            group.add_argument(flag, dest=flag[2:], type=str_to_bool, nargs="?", const=True, default=None,
                                help=f"SSTA: {text} (default {shown})")
         else:
-            group.add_argument(flag, dest=f"ssta_{name}", type=kind, default=None,
+            group.add_argument(flag, dest=flag[2:], type=kind, default=None,
                                help=f"SSTA: {text} (default {shown})")
 
 
 def ssta_overrides(args: argparse.Namespace) -> dict[str, Any] | None:
     """The ``--ssta_*`` flags given, as a dict of SstaConfig fields (None if none was given): the ``ssta`` setting
     (:func:`hyv_lib.pipeline.settings.ssta_options` checks it and names the flag of a bad value)."""
-    given = {f.name: getattr(args, f"ssta_{f.name}", None) for f in dataclasses.fields(SstaConfig)}
+    given = {f.name: getattr(args, f"ssta_{f.name.rstrip('_')}", None) for f in dataclasses.fields(SstaConfig)}
     given = {name: value for name, value in given.items() if value is not None}
     return given or None

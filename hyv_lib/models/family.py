@@ -44,6 +44,12 @@ class ModelFamily:
     #: What image-to-video adds to a folder (a first frame's encoder and processor): loaded only for presets that
     #: take an image; a tiny folder without them gets them built in code.
     first_frame_components: tuple[str, ...] = ()
+    #: The stage-1 text tensors a feature folder keeps for each clip and for the empty prompt (training's text).
+    text_names: tuple[str, ...] = ()
+    #: What image-to-video adds to a clip's features (its first frame's conditions).
+    image_names: tuple[str, ...] = ()
+    #: Text tensors whose last axis must equal a transformer config value: name -> config key (training's check).
+    text_widths: dict[str, str] = {}
 
     def __init__(self, adapter: ModelAdapter, presets: tuple[Preset, ...] = ()):
         self.adapter = adapter
@@ -89,6 +95,16 @@ class ModelFamily:
         ``{key}_..._tokens_dropped`` -> (tokens dropped, the text's own tokens, what the encoder reads, its name)."""
         raise NotImplementedError
 
+    def crop_frame(self, preset: Preset, image):
+        """A training clip's frame (a PIL image) resized to cover its bucket (:meth:`Preset.image_bucket`) and
+        centre-cropped to it, for every family (text-to-video ones too): diffusers' ``VideoProcessor.resize`` with
+        ``resize_mode="crop"``, as the image-to-video pipelines crop a first frame."""
+        from diffusers.video_processor import VideoProcessor
+
+        height, width = preset.image_bucket(*image.size)
+        processor = VideoProcessor(vae_scale_factor=preset.spatial_compression, do_resize=False)
+        return processor.resize(image.convert("RGB"), height=height, width=width, resize_mode="crop")
+
     def crop_image(self, preset: Preset, image):
         """A first frame resized and centre-cropped to its bucket, as the model's image-to-video pipeline does."""
         raise HyvInputError("image", f"{preset.name} is text-to-video: it takes no image")
@@ -113,6 +129,18 @@ class ModelFamily:
         latents on the CPU, in :meth:`hyv_lib.base.presets.Preset.denoising_shape`'s layout. ``warmup`` (None: the
         settings' ``warmup_steps``) says how many untimed calls go first."""
         raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------------ training
+    def training_inputs(self, preset: Preset, model_config, x0: torch.Tensor, noise: torch.Tensor,
+                        sigma: torch.Tensor, texts: dict[str, torch.Tensor],
+                        images: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """A train step's batch: the transformer's keyword arguments (``hidden_states``, ``timestep`` and the
+        conditioning) and ``target``, the flow-matching velocity ``noise - x0``, for clean latents ``x0``
+        [B, C, T, h, w], ``noise`` and the noise levels ``sigma`` [B], with the stacked :attr:`text_names` tensors
+        ``texts`` and, for image-to-video, the :attr:`image_names` ones ``images``. ``model_config``: the
+        transformer's config. HyvInputError naming ``preset`` for a model hyv_lib does not fine-tune."""
+        raise HyvInputError("preset", f"{preset.name}: hyv_lib does not fine-tune {self.title or self.name} (no "
+                                      "training recipe in its model family)")
 
     # ------------------------------------------------------------------------------------------ stage 3
     def vae_latents(self, preset: Preset, latents: torch.Tensor, video_length: Any) -> torch.Tensor:

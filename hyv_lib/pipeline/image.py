@@ -67,6 +67,12 @@ def crop_to_bucket(preset: Preset, image):
     return family_for(preset).crop_image(preset, image)
 
 
+def crop_frame(preset: Preset, image):
+    """A training clip's frame cropped to its bucket as the preset's family crops frames, text-to-video models too
+    (:meth:`hyv_lib.models.family.ModelFamily.crop_frame`)."""
+    return family_for(preset).crop_frame(preset, image)
+
+
 def encode_image(components: dict[str, Any], preset: Preset, image, device: torch.device | None = None,
                  release: bool = False) -> dict[str, torch.Tensor]:
     """The stage-1 tensors of a first frame (already :func:`crop_to_bucket`-ed), on the host CPU, by the preset's

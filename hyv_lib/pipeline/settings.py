@@ -248,8 +248,8 @@ def check_model_settings(preset: Preset, settings: Stage2Settings) -> None:
         raise HyvInputError("flow_shift", f"{preset.name} samples with a v-prediction scheduler, which has no "
                                           "flow shift: drop it")
     if not adapter.takes_lora_files and settings.lora is not None:
-        takes = ", ".join(adapters_with("takes_lora_files"))
-        raise HyvInputError("lora", f"LoRA files here are for {takes}'s transformer, not {preset.name}'s")
+        takes = " and ".join(adapters_with("takes_lora_files"))
+        raise HyvInputError("lora", f"LoRA files here are for the transformers of {takes}, not {preset.name}'s")
     if not adapter.runs_ssta and (settings.sparse_attn or settings.attention in ("ssta", "ssta_reference")):
         raise HyvInputError("sparse_attn" if settings.sparse_attn else "attention",
                             f"SSTA is the sparse attention of {', '.join(adapters_with('runs_ssta'))} (its sparse "

@@ -134,7 +134,7 @@ def one_run_per_folder(*names: str):
                 with contextlib.ExitStack() as held:
                     try:
                         created = make_folder(folder)
-                        held.enter_context(folder_lock(folder, argument=f"--{name}"))
+                        held.enter_context(folder_lock(folder, argument=name))
                     except FolderInUseError:  # another run holds it (and may have just made it): left as it is
                         created = False
                         raise

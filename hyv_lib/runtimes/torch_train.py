@@ -12,12 +12,9 @@ from ..models.flow_matching import flow_matching_loss
 from ..parallel.distributed import local_device
 from .fsdp import mesh_device, shard_weights, under_torchrun
 
-#: The batch keys a train step takes (the loop builds them on the host; :mod:`hyv_lib.training.loop`).
-BATCH_KEYS = ("hidden_states", "timestep", "target", "encoder_hidden_states", "encoder_attention_mask",
-              "encoder_hidden_states_2", "encoder_attention_mask_2", "image_embeds")
-_MASKS = ("encoder_attention_mask", "encoder_attention_mask_2")
-#: Cast to the model's dtype, as the sampling loop passes them (the timestep too).
-_FLOATS = ("hidden_states", "timestep", "encoder_hidden_states", "encoder_hidden_states_2", "image_embeds")
+#: The batch keys every train step takes; the rest are the transformer's conditioning keywords (the model family's
+#: :meth:`~hyv_lib.models.family.ModelFamily.training_inputs`, built on the host by :mod:`hyv_lib.training.loop`).
+BATCH_KEYS = ("hidden_states", "timestep", "target")
 TRAINABLE = ("lora", "full")
 
 
@@ -105,20 +102,25 @@ class TorchTrainStep:
         self.dtype = next(p.dtype for n, p in transformer.named_parameters() if "lora_" not in n)
 
     def _local(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """This rank's slice of the batch on the step's device, floats in the model's dtype, masks as int64."""
+        """This rank's slice of the batch on the step's device: the target in fp32, the other floating tensors in the
+        model's dtype (as the sampling loop passes them, the timestep too), integer and bool ones (masks) as int64."""
+        missing = [key for key in BATCH_KEYS if key not in batch]
+        if missing:
+            raise ValueError(f"a train batch needs {', '.join(BATCH_KEYS)} and the conditioning; missing "
+                             f"{', '.join(missing)}")
         size = len(batch["hidden_states"])
         if size % self.world:
             raise ValueError(f"batch size {size} does not divide over {self.world} ranks")
         part = size // self.world
         out = {}
-        for key in BATCH_KEYS:
-            tensor = batch[key][self.rank * part:(self.rank + 1) * part]
-            if key in _MASKS:
-                tensor = tensor.to(torch.int64)
-            elif key in _FLOATS:
+        for key, tensor in batch.items():
+            tensor = tensor[self.rank * part:(self.rank + 1) * part]
+            if key == "target":
+                tensor = tensor.float()
+            elif tensor.is_floating_point():
                 tensor = tensor.to(self.dtype)
             else:
-                tensor = tensor.float()
+                tensor = tensor.to(torch.int64)
             out[key] = tensor.to(self.device)
         return out
 

@@ -59,8 +59,10 @@ def decode_latents(vae, latents: torch.Tensor, tiling: bool = True, tile_paralle
     runtime = runtime_name(runtime)
     if runtime not in VAE_RUNTIMES:
         raise ValueError(f"runtime must be {runtime_choices(VAE_RUNTIMES)}, got {runtime!r}")
-    tile_fields = ("use_tiling", "tile_sample_min_height", "tile_sample_min_width", "tile_latent_min_height",
-                   "tile_latent_min_width")
+    # the tile sizes the VAE class has (some keep latent-side minimums, some sample-side strides instead)
+    tile_fields = [name for name in ("use_tiling", "tile_sample_min_height", "tile_sample_min_width",
+                                     "tile_latent_min_height", "tile_latent_min_width", "tile_sample_stride_height",
+                                     "tile_sample_stride_width") if hasattr(vae, name)]
     saved = {name: getattr(vae, name) for name in tile_fields}  # the caller's settings, restored below
     vae.use_tiling = bool(tiling)  # what enable_tiling()/disable_tiling() set
     if tile_px is not None:
@@ -68,7 +70,12 @@ def decode_latents(vae, latents: torch.Tensor, tiling: bool = True, tile_paralle
         if tile_px % ratio or tile_px <= 0:
             raise ValueError(f"tile_px must be a positive multiple of {ratio}, got {tile_px}")
         vae.tile_sample_min_height = vae.tile_sample_min_width = tile_px
-        vae.tile_latent_min_height = vae.tile_latent_min_width = tile_px // ratio
+        if "tile_latent_min_height" in saved:
+            vae.tile_latent_min_height = vae.tile_latent_min_width = tile_px // ratio
+        for side in ("height", "width"):  # strides keep the VAE's own overlap fraction
+            if f"tile_sample_stride_{side}" in saved:
+                stride = tile_px * saved[f"tile_sample_stride_{side}"] // saved[f"tile_sample_min_{side}"]
+                setattr(vae, f"tile_sample_stride_{side}", max(ratio, stride // ratio * ratio))
     try:
         if runtime == "jax":
             param = next(vae.parameters())

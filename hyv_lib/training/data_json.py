@@ -17,7 +17,7 @@ from ..base.checks import as_number
 from ..base.errors import HyvInputError
 from ..base.presets import Preset
 from ..pipeline.batch import sha256_json
-from ..pipeline.image import check_image, crop_to_bucket, load_image
+from ..pipeline.image import check_image, crop_frame, load_image
 
 #: Files read as one-frame clips (as MindSpeed-MM reads images); anything else is decoded as a video by ffmpeg.
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
@@ -202,7 +202,7 @@ def read_frames(file: str, max_frames: int) -> tuple[np.ndarray, float | None]:
 def crop_frames(preset: Preset, frames: np.ndarray, max_height: int | None = None,
                 max_width: int | None = None) -> np.ndarray:
     """uint8 frames [F, H, W, 3] resized to cover the preset's bucket for their aspect ratio and centre-cropped to it
-    (:func:`hyv_lib.pipeline.image.crop_to_bucket`, frame by frame: what image-to-video does to a first frame), then
+    (:func:`hyv_lib.pipeline.image.crop_frame`, frame by frame: what image-to-video does to a first frame), then
     centre-cropped to at most ``max_height`` x ``max_width``. An :class:`EntryError` for frames no bucket takes (a
     side under 16 pixels, a ratio beyond 4:1)."""
     from PIL import Image
@@ -210,7 +210,7 @@ def crop_frames(preset: Preset, frames: np.ndarray, max_height: int | None = Non
     out = []
     for frame in frames:
         try:
-            image = crop_to_bucket(preset, check_image(Image.fromarray(frame), "path"))
+            image = crop_frame(preset, check_image(Image.fromarray(frame), "path"))
         except HyvInputError as err:
             raise EntryError(err.message) from None
         width, height = image.size

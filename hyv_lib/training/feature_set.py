@@ -7,10 +7,11 @@ The folder :func:`hyv_lib.training.features.extract_features` writes. Layout (fo
     features-00000.safetensors        up to shard_size clips each: "{id}.latents", "{id}.prompt_embeds", ...
 
 Per clip (no batch axis): ``latents`` [C, T, h, w] fp32, the VAE posterior's mode times ``vae.config.scaling_factor``
-(what the DiT is trained on); ``prompt_embeds`` [L, D], ``prompt_embeds_mask`` [L] (int64), ``prompt_embeds_2``
-[L2, D2], ``prompt_embeds_mask_2`` [L2]: stage 1's tensors (:func:`hyv_lib.pipeline.text.encode_prompts`) in the
-text encoders' dtype; image-to-video also ``image_embeds`` [N, D] (SigLIP) and ``cond_latents`` [C, 1, h, w] (the first
-frame's scaled latents), as stage 1 makes them from a first frame (:func:`hyv_lib.pipeline.image.encode_image`).
+(what the DiT is trained on); stage 1's text tensors (:func:`hyv_lib.pipeline.text.encode_prompts`, the model family's
+``text_names``) in the text encoders' dtype, e.g. HunyuanVideo-1.5's ``prompt_embeds`` [L, D], ``prompt_embeds_mask``
+[L] (int64), ``prompt_embeds_2`` [L2, D2], ``prompt_embeds_mask_2`` [L2]; image-to-video also the first frame's
+conditions as stage 1 makes them (:func:`hyv_lib.pipeline.image.encode_image`; HunyuanVideo-1.5's ``image_embeds``
+[N, D] from SigLIP and ``cond_latents`` [C, 1, h, w], the first frame's scaled latents).
 
 ``metadata``: format, preset (a name, or every field of a custom preset), model_path, model_config_digest, task,
 latents_scaled (true), scaling_factor, num_frames, max_height, max_width, dtype, vae_dtype, frame_sampling (in words),
@@ -39,10 +40,6 @@ INDEX_FILE = "features.safetensors.index.json"
 NEGATIVE_FILE = "features-negative.safetensors"
 #: Clip shards: ``features-00000.safetensors``, ``features-00001.safetensors``, ...
 SHARD_PATTERN = re.compile(r"^features-(\d{5})\.safetensors$")
-#: The text tensors of a clip (and of the negative prompt), as stage 1 names them.
-TEXT_NAMES = ("prompt_embeds", "prompt_embeds_mask", "prompt_embeds_2", "prompt_embeds_mask_2")
-#: What image-to-video adds per clip: the first frame's SigLIP tokens and scaled VAE latents.
-IMAGE_NAMES = ("image_embeds", "cond_latents")
 
 
 def shard_name(number: int) -> str:
@@ -90,11 +87,12 @@ class FeatureSet:
                 raise HyvInputError("features", f"{path!r}: shard {name} of its index is missing; extract the "
                                                 "features again (a rerun redoes only what is missing)")
         self._handles: dict[str, Any] = {}
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """The tensors of each clip."""
-        return ("latents", *TEXT_NAMES, *(IMAGE_NAMES if self.metadata.get("task") == "i2v" else ()))
+        #: The text tensors of each clip and of the empty prompt: what the negative file holds (the model family's
+        #: stage-1 text, :attr:`hyv_lib.models.family.ModelFamily.text_names`).
+        self.text_names = tuple(k.split(".", 1)[1] for k in self.weight_map if k.startswith("negative."))
+        first = f"{self.clips[0]['id']}." if self.clips else None
+        #: The tensors of each clip: ``latents``, the text ones and, for image-to-video, the first frame's.
+        self.names = tuple(k[len(first):] for k in self.weight_map if first and k.startswith(first))
 
     def __len__(self) -> int:
         return len(self.clips)
@@ -108,7 +106,7 @@ class FeatureSet:
     @property
     def negative(self) -> dict[str, torch.Tensor]:
         """The empty prompt's text tensors (what caption dropout trains on)."""
-        return {name: self._tensor(f"negative.{name}") for name in TEXT_NAMES}
+        return {name: self._tensor(f"negative.{name}") for name in self.text_names}
 
     def shapes(self) -> list[tuple[int, ...]]:
         """The latent shape (C, T, h, w) of each clip, in order (clips of one shape can share a batch)."""

@@ -43,18 +43,16 @@ from .data_json import (
 from .frames import FrameSampling, check_frame_sampling, take_frames
 from .feature_set import (
     FORMAT,
-    IMAGE_NAMES,
     INDEX_FILE,
     NEGATIVE_FILE,
     SHARD_PATTERN,
-    TEXT_NAMES,
     FeatureSet,
     read_index,
     shard_name,
 )
 
-__all__ = ["ExtractReport", "FeatureSet", "extract_features", "FORMAT", "INDEX_FILE", "NEGATIVE_FILE", "TEXT_NAMES",
-           "IMAGE_NAMES", "encode_frames", "model_config_digest"]
+__all__ = ["ExtractReport", "FeatureSet", "extract_features", "FORMAT", "INDEX_FILE", "NEGATIVE_FILE",
+           "encode_frames", "model_config_digest"]
 
 #: How frames are taken (recorded in the metadata): no resampling, no random window.
 FRAME_SAMPLING = "the first num_frames frames at the clip's own frame rate; an image is 1 frame"

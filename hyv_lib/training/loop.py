@@ -22,7 +22,8 @@ from ..base.lock import folder_lock
 from ..base.presets import Preset
 from ..kernels.registry import BACKENDS
 from ..models.components import load_components
-from ..models.flow_matching import NUM_TRAIN_TIMESTEPS, SAMPLINGS, TRAIN_TIMESTEP_SHIFT, sample_sigmas, training_inputs
+from ..models.families import family_for
+from ..models.flow_matching import SAMPLINGS, TRAIN_TIMESTEP_SHIFT, sample_sigmas
 from ..models.folder import choose_preset
 from ..models.lora import DEFAULT_LORA_TARGETS, LORA_FILE, add_lora, config_digest, parse_lora_targets, save_lora
 from ..models.registry import adapter_for, get_adapter
@@ -42,8 +43,6 @@ TMP_PREFIX = ".transformer-"  #: temporary folders of _save_transformer (a kille
 TASKS = ("t2v", "i2v")
 #: The train steps' runtimes (``--runtime``; ``tpu`` is accepted for ``jax``).
 RUNTIMES = ("torch", "jax")
-TEXT_KEYS = {"encoder_hidden_states": "prompt_embeds", "encoder_attention_mask": "prompt_embeds_mask",
-             "encoder_hidden_states_2": "prompt_embeds_2", "encoder_attention_mask_2": "prompt_embeds_mask_2"}
 #: Defaults: the official trainer's shift and logit-normal sampling (:mod:`hyv_lib.models.flow_matching`), its
 #: weight decay, betas and eps; caption dropout 0.1 (the empty prompt's embeddings, what CFG's negative half sees).
 DEFAULTS = dict(learning_rate=1e-4, batch_size=1, caption_dropout=0.1, warmup_steps=50, weight_decay=0.01,
@@ -104,36 +103,31 @@ def pick_clips(shapes: list[tuple], batch_size: int, generator: torch.Generator)
     return [anchor] + [group[j] for j in more]
 
 
-def build_batch(features, picks: list[int], *, task: str, caption_dropout: float, shift: float, sampling: str,
-                image_tokens: int, image_dim: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """The train step's batch (:data:`hyv_lib.runtimes.torch_train.BATCH_KEYS`) for the clips ``picks``, on the host.
+def build_batch(features, picks: list[int], *, preset: Preset, model_config, task: str, caption_dropout: float,
+                shift: float, sampling: str, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """The train step's batch for the clips ``picks``, on the host: the transformer's keyword arguments and
+    ``target``, as ``preset``'s family makes them (:meth:`hyv_lib.models.family.ModelFamily.training_inputs`;
+    ``model_config``: the transformer's config).
 
-    Draws from ``generator``, in this order: the caption-dropout coins (``torch.rand``; a dropped caption's four text
-    tensors become the empty prompt's, ``features.negative``), the noise (``torch.randn`` of the latents' shape),
-    the noise levels (:func:`hyv_lib.models.flow_matching.sample_sigmas`). Then
-    :func:`~hyv_lib.models.flow_matching.training_inputs`: t2v with zero image embeddings (the model masks them out),
-    i2v with each clip's first-frame latents and SigLIP tokens (never dropped, as at sampling time)."""
+    Draws from ``generator``, in this order: the caption-dropout coins (``torch.rand``; a dropped caption's text
+    tensors, the family's ``text_names``, become the empty prompt's, ``features.negative``), the noise
+    (``torch.randn`` of the latents' shape), the noise levels (:func:`hyv_lib.models.flow_matching.sample_sigmas`).
+    Each tensor is stacked as the folder stores it (stage 1's without its batch axis); i2v adds each clip's
+    first-frame conditions (the family's ``image_names``, never dropped, as at sampling time)."""
+    family = family_for(preset)
     clips = [features[i] for i in picks]
     x0 = torch.stack([_squeeze_to(c["latents"], 4).float() for c in clips])
     size = len(picks)
     drop = torch.rand(size, generator=generator) < caption_dropout
-    batch = {}
-    for key, name in TEXT_KEYS.items():
-        rank = 1 if "mask" in name else 2
-        negative = _squeeze_to(features.negative[name], rank)
-        rows = [negative if d else _squeeze_to(c[name], rank) for c, d in zip(clips, drop.tolist())]
-        batch[key] = torch.stack(rows)
+    negative = features.negative
+    texts = {name: torch.stack([negative[name] if d else c[name] for c, d in zip(clips, drop.tolist())])
+             for name in family.text_names}
     noise = torch.randn(x0.shape, generator=generator)
     sigma = sample_sigmas(size, shift=shift, sampling=sampling, generator=generator)
-    cond_latents = None
+    images = None
     if task == "i2v":
-        cond_latents = torch.stack([_squeeze_to(c["cond_latents"], 4).float() for c in clips])
-        batch["image_embeds"] = torch.stack([_squeeze_to(c["image_embeds"], 2).float() for c in clips])
-    else:
-        batch["image_embeds"] = torch.zeros(size, image_tokens, image_dim)
-    batch["hidden_states"], batch["target"] = training_inputs(x0, noise, sigma, cond_latents)
-    batch["timestep"] = sigma * NUM_TRAIN_TIMESTEPS
-    return batch
+        images = {name: torch.stack([c[name].float() for c in clips]) for name in family.image_names}
+    return family.training_inputs(preset, model_config, x0, noise, sigma, texts, images)
 
 
 # ------------------------------------------------------------------------------------------------ checks
@@ -176,19 +170,31 @@ def check_features(features, preset: Preset, transformer, task: str, digest: str
                                         f"give {digest[:12]}): extract features with this model")
     if len(features) == 0:
         raise HyvInputError("features", f"{where!r} holds no clips (every entry failed or none was given)")
+    family = family_for(preset)
     first = features[0]
     config = transformer.config
-    channels = _squeeze_to(first["latents"], 4).shape[0]
-    if 2 * channels + 1 != config.in_channels:
-        raise HyvInputError("features", f"{where!r}: latents have {channels} channels, the transformer takes "
-                                        f"{(config.in_channels - 1) // 2}: features of another model")
-    for name, width in (("prompt_embeds", config.text_embed_dim), ("prompt_embeds_2", config.text_embed_2_dim)):
-        if first[name].shape[-1] != width:
+    missing = [name for name in family.text_names if name not in first]
+    if missing:
+        raise HyvInputError("features", f"{where!r} holds no {', '.join(missing)}: features of another model")
+    for name, key in family.text_widths.items():
+        if first[name].shape[-1] != config[key]:
             raise HyvInputError("features", f"{where!r}: {name} has width {first[name].shape[-1]}, the transformer "
-                                            f"expects {width}: features of another model")
-    if task == "i2v" and not all(k in first for k in ("cond_latents", "image_embeds")):
+                                            f"expects {config[key]}: features of another model")
+    if task == "i2v" and not all(k in first for k in family.image_names):
         raise HyvInputError("task", f"i2v needs first-frame conditions, and {where!r} was extracted without them "
                                     "(extract features for an i2v preset or task)")
+    x0 = _squeeze_to(first["latents"], 4)[None].float()
+    texts = {name: first[name][None] for name in family.text_names}
+    images = {name: first[name][None] for name in family.image_names} if task == "i2v" else None
+    try:  # the batch the family builds from this clip must be what the transformer takes
+        channels = family.training_inputs(preset, config, x0, torch.zeros_like(x0), torch.ones(1), texts,
+                                          images)["hidden_states"].shape[1]
+    except ValueError as err:
+        raise HyvInputError("task" if task == "i2v" else "features", str(err)) from None
+    if channels != config.in_channels:
+        raise HyvInputError("features", f"{where!r}: latents of {x0.shape[1]} channels make {channels} input "
+                                        f"channels, the transformer takes {config.in_channels}: features of another "
+                                        "model")
 
 
 def _check_settings(steps, learning_rate, batch_size, task, runtime, checkpoint_every, seed, caption_dropout,
@@ -427,14 +433,13 @@ def _run(features, step, run: RunSettings, preset: Preset, transformer, output_d
     if writer:
         _rewrite_log(log_path, [r for r in read_log(log_path) if r.get("step", 0) <= start])
     shapes = [tuple(s) for s in features.shapes()]
-    image_dim = transformer.config.image_embed_dim
     records: list[dict[str, Any]] = []
     clock = time.perf_counter()
     bar = tqdm(range(start, steps), desc="train", initial=start, total=steps, disable=not (progress and writer))
     for index in bar:
         picks = pick_clips(shapes, run.batch_size, generator)
-        batch = build_batch(features, picks, task=run.task, caption_dropout=run.caption_dropout, shift=run.shift,
-                            sampling=run.sampling, image_tokens=preset.image_tokens, image_dim=image_dim,
+        batch = build_batch(features, picks, preset=preset, model_config=transformer.config, task=run.task,
+                            caption_dropout=run.caption_dropout, shift=run.shift, sampling=run.sampling,
                             generator=generator)
         loss = step.step(batch)
         if loss != loss or loss in (float("inf"), float("-inf")):

@@ -81,7 +81,7 @@ class HunyuanVideoAdapter(ModelAdapter):
     lora_targets = LORA_TARGETS
     timestep_dtype = torch.float32  # HunyuanVideoPipeline passes float32 timesteps (the latents' dtype)
     vae_class = "AutoencoderKLHunyuanVideo"
-    takes_lora_files = False  # hyv_lib's LoRA files are made for HunyuanVideo-1.5's transformer
+    takes_lora_files = True  # LoRA files in diffusers' format (hyv_lib's train writes them for this model too)
     gpu_plan_note = ("the GPU rows are modelled as for HunyuanVideo-1.5's dual-stream blocks; no multi-GPU "
                      "HunyuanVideo run has checked this plan.")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..family import ModelFamily
 from . import components as parts
-from . import presets, recipe, text
+from . import presets, recipe, text, training
 from .adapter import HUNYUAN_VIDEO
 
 
@@ -16,6 +16,8 @@ class HunyuanVideoFamily(ModelFamily):
     title = "HunyuanVideo"
     components = parts.COMPONENTS
     text_components = parts.TEXT_COMPONENTS
+    text_names = recipe.TEXT_NAMES
+    text_widths = {"prompt_embeds": "text_embed_dim", "pooled_prompt_embeds": "pooled_projection_dim"}
 
     def build_tiny(self, preset, seed=0, names=None):
         return parts.build_tiny(preset, seed, names)
@@ -34,6 +36,9 @@ class HunyuanVideoFamily(ModelFamily):
 
     def check_stage1(self, tensors, preset, path):
         recipe.check_stage1(tensors, preset, path)
+
+    def training_inputs(self, preset, model_config, x0, noise, sigma, texts, images=None):
+        return training.batch_inputs(preset, model_config, x0, noise, sigma, texts, images)
 
     def sample(self, step, transformer, scheduler_config, preset, embeds, settings, *, warmup=None, progress=True,
                device=None):

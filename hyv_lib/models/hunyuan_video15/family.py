@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..family import ModelFamily
 from . import components as parts
 from . import image as first_frame
-from . import presets, sampling, stage1, text
+from . import presets, sampling, stage1, text, training
 from .adapter import HUNYUAN_VIDEO_15
 
 
@@ -19,6 +19,9 @@ class HunyuanVideo15Family(ModelFamily):
     components = parts.COMPONENTS
     text_components = parts.TEXT_COMPONENTS
     first_frame_components = first_frame.IMAGE_COMPONENTS
+    text_names = training.TEXT_NAMES
+    image_names = training.IMAGE_NAMES
+    text_widths = {"prompt_embeds": "text_embed_dim", "prompt_embeds_2": "text_embed_2_dim"}
 
     def build_tiny(self, preset, seed=0, names=None):
         return parts.build_tiny(preset, seed, names)
@@ -35,7 +38,13 @@ class HunyuanVideo15Family(ModelFamily):
     def tokens_cut(self, components, preset, prompts):
         return text.prompt_cuts(components, preset, prompts)
 
+    def training_inputs(self, preset, model_config, x0, noise, sigma, texts, images=None):
+        return training.batch_inputs(preset, model_config, x0, noise, sigma, texts, images)
+
     def crop_image(self, preset, image):
+        return first_frame.crop_to_bucket(preset, image)
+
+    def crop_frame(self, preset, image):
         return first_frame.crop_to_bucket(preset, image)
 
     def encode_image(self, components, preset, image, device=None, release=False, dtype=None):
