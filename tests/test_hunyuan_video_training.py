@@ -116,3 +116,22 @@ def test_a_lora_from_data_json_to_generate(features_dir, tmp_path, capsys):
     assert run(["generate", *common, "--lora", str(out), "--output_dir", str(tmp_path / "tuned")]) == 0
     base, tuned = (load_file(str(tmp_path / d / "stage2_latents.safetensors"))["latents"] for d in ("base", "tuned"))
     assert (base - tuned).abs().max() > 1e-4
+
+
+def test_the_jax_train_step_is_the_objective(features_dir):
+    """JaxTrainStep (torchax, one device) on a HunyuanVideo batch: its loss equals diffusers' eager fp32 forward's,
+    the guidance and pooled text in every block's modulation (ModelAdapter.condition_embedding)."""
+    pytest.importorskip("optax")
+    from hyv_lib.runtimes.jax_train import JaxTrainStep
+
+    features = FeatureSet(features_dir)
+    g = torch.Generator().manual_seed(7)
+    batch = build_batch(features, pick_clips(features.shapes(), 2, g), preset=PRESET, model_config=PRESET.transformer,
+                        task="t2v", caption_dropout=0.0, shift=3.0, sampling="logit_normal", generator=g)
+    model = build_tiny(PRESET, seed=2, names=["transformer"])["transformer"]
+    with torch.no_grad():
+        inputs = {k: v for k, v in batch.items() if k != "target"}
+        expected = (model(**inputs).sample - batch["target"]).pow(2).mean().item()
+    loss = JaxTrainStep(copy.deepcopy(model), trainable="full").step(batch)
+    print(f"JAX train step loss {loss:.6f} vs eager {expected:.6f}")
+    assert loss == pytest.approx(expected, rel=1e-5)

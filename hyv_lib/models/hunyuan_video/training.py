@@ -1,5 +1,4 @@
-"""HunyuanVideo's train-step batch: the noisy latents alone (16 channels), Llama's states and mask, CLIP's pooled vector,
-the embedded guidance."""
+"""HunyuanVideo's train-step batch: the noisy latents alone, Llama's states and mask, CLIP's pooled vector, guidance."""
 
 from __future__ import annotations
 
