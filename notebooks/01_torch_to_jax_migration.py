@@ -135,25 +135,35 @@ with env:
 # $$
 #
 # A TPU v5e chip has 16 GiB of {term}`HBM` and a v6e chip 32 GiB, as JAX reports them (Google's documentation says
-# 16 GB and 32 GB; the figures and their sources are in `hyv_lib.planning.hardware.CHIPS`). In fp32 the weights alone overflow a v5e chip and leave a v6e chip 1.0 GiB for
-# the activations, the compiled program and everything else. In bf16 they leave 16.5 GiB on a v6e chip, and they
-# still fill all but 0.5 GiB of a v5e chip, which is why a v5e needs the weights sharded over its chips
-# (chapter 3; set `HYV_MESH`, a device {term}`mesh`). The real presets therefore load in bf16, their `default_dtype`; the tiny ones in
-# fp32. The table computes the same numbers:
+# 16 GB and 32 GB; the figures and their sources are in `hyv_lib.planning.hardware.CHIPS`). Not all of it is a
+# program's: the TPU compiler lets one program use 15.75 GiB of a v5e chip and 31.25 GiB of a v6e chip (read from
+# the compiler's own limit, in the compile reports chapter 3 saves). In fp32 the weights alone overflow a v5e chip
+# and leave a v6e chip 0.98 GiB of its HBM, 0.23 GiB of what the compiler allows, for the activations, the compiled
+# program and everything else. In bf16 they leave 15.74 GiB of a v6e chip's allowance, and of a v5e chip's they
+# leave 0.24 GiB, which is why a v5e needs the weights sharded over its chips (chapter 3; set `HYV_MESH`, a device
+# {term}`mesh`). The real presets therefore load in bf16, their `default_dtype`; the tiny ones in fp32. The table
+# computes the same numbers:
 
 # %%
+import json
+
 from hyv_lib.planning.costs import dtype_bytes, param_bytes
 from hyv_lib.planning.hardware import CHIPS
 
 n_720p = param_bytes("720p_t2v", "bf16")["params"]
 print(f"720p transformer: {n_720p:,} parameters")
+# What the TPU compiler lets one program use per device kind, as the saved compile reports recorded it
+with open(os.path.join(os.path.dirname(hyv_lib.__file__), "compiled", "tpu_compile.json")) as f:
+    allowed = {r["device_kind"]: r["hbm_available_per_device"] for r in json.load(f).values()
+               if isinstance(r, dict) and "hbm_available_per_device" in r}
 rows = []
 for dtype in ("bf16", "fp32"):
     weights = n_720p * dtype_bytes(dtype) / 2**30
     row = {"dtype": dtype, "weights (GiB)": round(weights, 2)}
     for chip in ("v5e", "v6e"):
-        hbm = CHIPS[chip].hbm_bytes / 2**30
-        row[f"GiB left on one {chip} chip ({hbm:.0f} GiB HBM)"] = round(hbm - weights, 2)
+        hbm, usable = CHIPS[chip].hbm_bytes / 2**30, allowed[CHIPS[chip].device_kind] / 2**30
+        row[f"{chip}: left of {hbm:.0f} GiB HBM"] = round(hbm - weights, 2)
+        row[f"{chip}: left of {usable:.2f} GiB allowed"] = round(usable - weights, 2)
     rows.append(row)
 html_table(rows)
 

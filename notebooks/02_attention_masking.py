@@ -543,7 +543,8 @@ print(f"{seg['n_chips']} x {seg['chip']}, {seg['after']} vs {seg['before']}: {se
 # :class: dropdown
 # On a TPU VM, time `hyv_lib.kernels.splash` on the real 720p shape (2 samples, 16 heads of 128, $S$ = 113,585)
 # with segment ids against the same call with every id 1 (K/V zeroing's cost without its zeroing), under
-# `jax.profiler`, at Splash's default blocks and at larger ones. If the segment-id version is slower, the mask
+# `jax.profiler`, at `hyv_lib`'s Splash blocks (`hyv_lib.kernels.splash.DEFAULT_BLOCK_SIZES`) and at larger
+# ones. If the segment-id version is slower, the mask
 # blocks Splash builds from the ids (partial rather than full blocks) are the first suspect. A mask that marks the
 # all-padding key blocks as empty lets Splash skip them; the count of attended tokens in chapter 8's padding
 # table bounds what that can save.

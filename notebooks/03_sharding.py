@@ -17,7 +17,9 @@
 # # 3. Sharding the DiT across devices
 #
 # One HunyuanVideo-1.5 step at 720p and 121 frames does about 12.65 PFLOP and needs 15.5 GiB of bf16 weights plus
-# gigabytes of activations, so it has to be spread over several chips. There are three ways to split it, and a
+# gigabytes of activations, so on TPU chips of 16 or 32 GiB it has to be spread over several chips, and spreading it
+# divides the work wherever it runs. (One GPU with more memory can hold it whole: one uncached 720p/121f step peaked
+# at 26.0 GiB on an H200, {ref}`runbook-gpu-measured`.) There are three ways to split it, and a
 # device {term}`mesh` can combine them: split the {term}`CFG` pair of samples (`data`), split the heads and the
 # matrices inside each block (`tensor`, Megatron style: {term}`tp`), or split the video tokens and swap to a split by
 # heads around attention (`sequence`, {term}`Ulysses`). Symbols and units are those of the {doc}`../book/notation`

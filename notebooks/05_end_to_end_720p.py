@@ -20,9 +20,11 @@
 # through all three stages. On this CPU that means the real latent layout ($h \times w$ = 45 × 80 latents per
 # latent frame) and the real {term}`VAE` tiling, with fewer frames ($F$ = 9 instead of 121) and a tiny model that
 # was taught to draw at this size, hyv-tiny-720p (preset `tiny_trained_720p`; what it is and how well it draws:
-# below; symbols: {doc}`../book/notation`). On a TPU VM or a GPU box, the same notebook runs the 8.3B model: set
-# `HYV_PRESET=720p_t2v`, `HYV_MODEL_PATH` and, for the TPU mesh, `HYV_RUNTIME=jax HYV_MESH=data=2,tensor=4` (see
-# {doc}`../book/runbook`).
+# below; symbols: {doc}`../book/notation`). The latents and the VAE's work are the real size's; the {term}`DiT`'s
+# are not: it groups 5 × 5 latents into one token, so it attends over 25 times fewer video tokens than the 8.3B
+# model would at the same size (printed below), and its cost per step says nothing about the real model's. On a
+# TPU VM or a GPU box, the same notebook runs the 8.3B model: set `HYV_PRESET=720p_t2v`, `HYV_MODEL_PATH` and, for
+# the TPU mesh, `HYV_RUNTIME=jax HYV_MESH=data=2,tensor=4` (see {doc}`../book/runbook`).
 #
 # We measure, per stage, the wall time and the peak memory. Stage 3, the VAE decode, gets a closer look: at
 # 720p and 121 frames the decoder cannot run on the whole video at once, so diffusers decodes it in overlapping
@@ -70,6 +72,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from diffusers import AutoencoderKLHunyuanVideo15
+from IPython.display import display
 
 import hyv_lib
 from hyv_lib.base.memory import PeakMemory
@@ -89,6 +92,9 @@ patch = preset.transformer.get("patch_size", 1)  # latents per token side: 1 in 
 tokens = latent[2] * (latent[3] // patch) * (latent[4] // patch)
 print(f"{PRESET}: {WIDTH}x{HEIGHT}, {VIDEO_LENGTH} frames -> latents {latent}; {patch} x {patch} latents per token: "
       f"{tokens:,} video tokens per sample ({latent[3] // patch} x {latent[4] // patch} per latent frame)")
+if patch > 1:
+    print(f"with 1 x 1 latent per token, as in every HunyuanVideo-1.5 checkpoint: {latent[2] * latent[3] * latent[4]:,} "
+          f"video tokens per sample, {patch * patch}x as many")
 
 # %% [markdown]
 # ## The three stages
@@ -125,7 +131,7 @@ if PRESET == "tiny":  # random weights: noise, which H.264 cannot compress; the 
     print(f"{mp4}: {os.path.getsize(mp4) / 2**20:.1f} MiB of H.264 noise, not embedded (the frames are above)")
 else:
     print(f"{mp4}: {os.path.getsize(mp4) / 2**10:.0f} KiB")
-    video_html(mp4, width=640, media_dir="../_static/videos")  # linked
+    display(video_html(mp4, width=640, media_dir="../_static/videos"))  # linked: the page refers to a copy of the file
 
 # %% [markdown]
 # ## The model: hyv-tiny-720p
@@ -230,9 +236,9 @@ print(f"latent {latent[3]} x {latent[4]}: {len(row_starts)} row(s) x {len(col_st
 #
 # (26.6 GiB in bf16). One resnet block holds several tensors of that size at once: its input for the residual,
 # the padded copy its causal convolution makes, and the convolution's output. A TPU v6e chip has 32 GiB of
-# {term}`HBM` and an H100 79.6 GiB (its "80 GB" in NVIDIA's decimal units). There is a second large item: the mid
-# block's self-attention runs over all $T h w = 31 \cdot 45 \cdot 80 = 111{,}600$ latent positions, and diffusers'
-# decoder builds a dense causal mask for it of $111{,}600^2 \cdot 4\,\text{B} \approx 46.4$ GiB (`hyv_lib`'s torch
+# {term}`HBM` and an H100 79.6 GiB (what the card reports, 81,559 MiB, of its 80 GiB of HBM3). There is a second
+# large item: the mid block's self-attention runs over all $T h w = 31 \cdot 45 \cdot 80 = 111{,}600$ latent
+# positions, and diffusers' decoder builds a dense causal mask for it of $111{,}600^2 \cdot 4\,\text{B} \approx 46.4$ GiB (`hyv_lib`'s torch
 # decode runs that attention frame by frame instead, with no such mask:
 # `hyv_lib.models.patches.frame_causal_attention`). One 256 × 256 tile still spans all 121 frames,
 # so its largest tensor is $128 \cdot 121 \cdot 256 \cdot 256 \cdot 4\,\text{B} \approx 3.8$ GiB, $720 \cdot 1280 / 256^2
@@ -323,9 +329,10 @@ print(f"the temporaries are {b['temporaries'] / (tile_n * bf16):.1f}x the tile's
 # ## Tiles against one piece
 #
 # At the tiny model's widths a one-piece decode fits easily, so we can compare. Stage 3 above decoded in tiles
-# (its memory is in `generation_config.json`); below, the same latents are decoded once more in one piece
-# (`HYV_COMPARE_UNTILED`, on by default for the tiny presets only), and we compare memory and pixels. The time of
-# stage 3 also covers loading the VAE and writing the mp4; the one-piece time is the decode alone.
+# (its memory is in `generation_config.json`); below, the same latents are decoded once more in tiles and once in
+# one piece, each timed alone (`HYV_COMPARE_UNTILED`, on by default for the tiny presets only), and we compare time,
+# memory and pixels. The time of stage 3 also covers loading the VAE and writing the mp4; the two rows below it are
+# the decode alone.
 
 # %%
 from safetensors.torch import load_file
@@ -333,17 +340,30 @@ from safetensors.torch import load_file
 latents = load_file(os.path.join(OUTPUT_DIR, "stage2_latents.safetensors"))["latents"]
 rows = [{"decode": "tiled (stage 3)", "time, s": config["stage3_time_s"],
          "RSS growth, MiB": config["stage3_rss_growth_mib"], "peak RSS, MiB": config["stage3_peak_rss_mib"]}]
+seconds = {}
 if COMPARE_UNTILED:
-    with PeakMemory() as memory:
-        t0 = time.perf_counter()
-        one_piece = decode_latents(vae, latents, tiling=False).numpy()
-        seconds = time.perf_counter() - t0
-    rows.append({"decode": "one piece (decode only)", "time, s": round(seconds, 1),
-                 "RSS growth, MiB": round(memory.growth_bytes / 2**20, 1),
-                 "peak RSS, MiB": round(memory.peak_bytes / 2**20, 1)})
+    for name, tiling in (("tiled", True), ("one piece", False)):
+        with PeakMemory() as memory:
+            t0 = time.perf_counter()
+            decoded = decode_latents(vae, latents, tiling=tiling).numpy()
+            seconds[name] = time.perf_counter() - t0
+        rows.append({"decode": f"{name} (decode only)", "time, s": round(seconds[name], 1),
+                     "RSS growth, MiB": round(memory.growth_bytes / 2**20, 1),
+                     "peak RSS, MiB": round(memory.peak_bytes / 2**20, 1)})
+    one_piece = decoded
 else:
     print("HYV_COMPARE_UNTILED=0: no one-piece decode (the default for real presets)")
-html_table(rows)
+display(html_table(rows))
+# The pixels the tiles decode per frame: every tile is up to 256 px, cut short by the frame's edge (exercise 4)
+tile_px, stride_px = vae.tile_sample_min_height, stride * (vae.tile_sample_min_height // tile)
+decoded_px = (sum(min(tile_px, HEIGHT - r) for r in range(0, HEIGHT, stride_px))
+              * sum(min(tile_px, WIDTH - c) for c in range(0, WIDTH, stride_px)))
+print(f"the tiles decode {decoded_px:,} pixels per frame for the {HEIGHT * WIDTH:,} kept: "
+      f"{decoded_px / (HEIGHT * WIDTH):.2f}x")
+if seconds:
+    ratio = seconds["tiled"] / seconds["one piece"]
+    print(f"decode time, tiled / one piece: {seconds['tiled']:.1f} s / {seconds['one piece']:.1f} s = {ratio:.2f}x, "
+          f"{'more' if ratio > decoded_px / (HEIGHT * WIDTH) else 'less'} than the ratio of pixels")
 
 # %%
 if COMPARE_UNTILED:
@@ -363,16 +383,26 @@ if COMPARE_UNTILED:
     fig, ax = plt.subplots(figsize=(8.8, 4.5))
     image = ax.imshow(difference[len(difference) // 2].max(axis=-1), cmap="magma")
     fig.colorbar(image, ax=ax, fraction=0.03, pad=0.02, label="|difference|, largest of R, G, B (of 255)")
-    ax.set(title="|tiled - one piece|, middle frame: the blended tile seams", xticks=[], yticks=[])
+    for start in range(keep, HEIGHT, keep):  # where each blend band begins: the tile seams
+        ax.axhline(start - 0.5, color="w", lw=0.5, ls=":")
+    for start in range(keep, WIDTH, keep):
+        ax.axvline(start - 0.5, color="w", lw=0.5, ls=":")
+    ax.set(title="|tiled - one piece|, middle frame (dotted: where the tile seams' blend bands begin)",
+           xticks=[], yticks=[])
     plt.show()
 
 # %% [markdown]
 # On the tiny model the two decodes differ by a level or two of 255 on average, a little more in the blend bands
-# than elsewhere (the printed means). They differ away from the seams too, because each tile's decoder (its mid
-# block's attention, its convolutions' borders) sees only that tile. Tiling trades this small difference, and time
-# (every overlap is decoded more than once: exercise 4), for bounded memory: the one-piece decode's memory grows with
-# the whole frame, the tiled decode's with one tile (plus the decoded tiles it keeps until it blends them, and the
-# output).
+# than elsewhere (the printed means). The map shows where: the largest differences sit on and around the shape,
+# not along the seams, because each tile's decoder (its mid block's attention, its convolutions' borders) sees only
+# that tile, and the shape is where the decoded values change most. Tiling trades this small difference, and time,
+# for bounded memory: the one-piece decode's memory grows with the whole frame, the tiled decode's with one tile
+# (plus the decoded tiles it keeps until it blends them, and the output). How much time, the two lines under the
+# table say: the tiles decode 1.65 times the pixels they keep (their overlaps more than once: exercise 4), and the
+# tiled decode took the printed multiple of the one-piece decode's time, which the line compares with the pixel
+# ratio. The two need not agree: the time per pixel of a 256 px tile is not that of the whole frame. Where the time
+# ratio is the larger, our guess, not measured here, is that the decoder's layers use this CPU's cores less well on
+# 28 small tensors than on one large one.
 #
 # ## The files
 #
@@ -428,8 +458,9 @@ for r in plan_table(presets=("720p_t2v",), chips=("v6e",), rules="tp_replicated_
 #
 # * The whole pipeline runs at 1280×720 on this CPU, and hyv-tiny-720p draws there what it is asked for, roughly:
 #   on 15 held-out captions the colour is right 87% of the time, the background always, the direction 47%. Its
-#   latent layout (45 × 80 per frame) and the VAE tiling of stage 3 are the real ones; its DiT groups 5 × 5
-#   latents per token (the 8.3B model: 1 × 1), and the frames are fewer, the widths and depths small.
+#   latent layout (45 × 80 per frame) and the VAE tiling of stage 3 are the real ones; its DiT is not: it groups
+#   5 × 5 latents per token (the 8.3B model: 1 × 1), so it attends over 432 video tokens per sample instead of
+#   10,800, and the frames are fewer, the widths and depths small. Its stage 2 time is no guide to the real model's.
 # * `generation_config.json` records every stage's time and peak memory, so a run documents its own cost.
 # * At 720p and 121 frames a one-piece decode needs a 53.2 GiB tensor in fp32 (and, in diffusers' decoder, a 46.4 GiB
 #   mask in the mid block). A 256 px tile spans all 121 frames: its largest tensor is 3.8 GiB in fp32, and its whole
@@ -465,8 +496,10 @@ for r in plan_table(presets=("720p_t2v",), chips=("v6e",), rules="tp_replicated_
 # 4. Rows start every 12 latents over 45 (0, 12, 24, 36) and columns over 80 (0, 12, ..., 72): 4 × 7 = 28 tiles.
 #    The tiles are 16 latents (256 px) high, except the last row (45 − 36 = 9 latents, 144 px), and 16 wide, except
 #    the last column (80 − 72 = 8 latents, 128 px). So the decoder produces (3 · 256 + 144) × (6 · 256 + 128) =
-#    912 × 1664 pixels per frame, 1.65 times the 720 × 1280 it keeps: the overlaps are decoded twice (four times
-#    where four tiles meet).
+#    912 × 1664 pixels per frame, 1.65 times the 720 × 1280 it keeps (the ratio printed beside the timings): the
+#    overlaps are decoded twice (four times where four tiles meet). That is the extra work in pixels, not the extra
+#    time: the timings above give a different ratio, since the time per pixel is not the same for a small tile as for
+#    the whole frame.
 # 5. 128 · 121 · 480 · 848 · 4 B ≈ 2.52 × 10¹⁰ B ≈ 23.5 GiB in fp32, 11.7 GiB in bf16. The latent is 30 × 53:
 #    rows at 0, 12, 24 and columns at 0, 12, 24, 36, 48 give 3 × 5 = 15 tiles.
 # :::

@@ -18,7 +18,7 @@
 #
 # With random weights the tiny preset can only show noise. This chapter trains the *same* diffusers classes at a
 # tiny size on a procedural dataset, on a 2-core CPU. The result is **hyv-tiny**, which ships with `hyv_lib`
-# (`hyv_lib/weights/hyv-tiny`, under 30 MB, small enough to ship in the package: the first printout measures it) and
+# (`hyv_lib/weights/hyv-tiny`, small enough to ship in the package: the first printout measures it) and
 # which most other chapters load as their CPU default. With it, a prompt such as "a red circle moving left on a gray
 # background" gives a video you can check, from the caption alone or from the caption and a first frame.
 #
@@ -98,10 +98,15 @@ params = {name: sum(p.numel() for p in m.parameters()) for name, m in components
 files = [os.path.join(d, f) for d, _, names in os.walk(weights) for f in names]
 on_disk = sum(os.path.getsize(f) for f in files)
 tensors = sum(os.path.getsize(f) for f in files if f.endswith(".safetensors"))
+# The bundled folder also holds hyv-tiny-720p's DiT and VAE (chapter 5), in subfolders named *_720p
+extra = sum(os.path.getsize(f) for f in files
+            if f.endswith(".safetensors") and os.path.relpath(f, weights).split(os.sep)[0].endswith("_720p"))
 print(f"preset {preset.name}, weights from {shown}")
 print("parameters: " + ", ".join(f"{k} {v:,}" for k, v in params.items()) + f"; total {sum(params.values()):,}")
 print(f"{sum(params.values()):,} parameters x 2 bytes (fp16 on disk) = {2 * sum(params.values()) / 1e6:.1f} MB; "
-      f"safetensors files {tensors / 1e6:.1f} MB; whole folder with the training log {on_disk / 1e6:.1f} MB")
+      f"safetensors files {(tensors - extra) / 1e6:.1f} MB"
+      + (f" (+ {extra / 1e6:.1f} MB of hyv-tiny-720p's DiT and VAE in the same folder)" if extra else "")
+      + f"; whole folder with the training log {on_disk / 1e6:.1f} MB")
 
 # %% [markdown]
 # ## The dataset
@@ -454,8 +459,10 @@ html_table(rows)
 
 # %% [markdown]
 # Cyan comes back blue: the decoder has no output for a color it never learned, so it draws the nearest
-# one it knows. No fine-tuning of the DiT can change that; one would have to train the decoder too. Orange comes
-# back close to orange, so orange is the color we teach.
+# one it knows. No fine-tuning of the DiT can change that; one would have to train the decoder too. Orange on
+# black comes back close to orange, so orange is the color we teach. Black is the only background this check
+# tries: {doc}`chapter 9 <09_fine_tuning>` runs it on every background and finds orange staying orange on black and
+# purple but coming back a dull red on gray.
 #
 # LoRA (Hu et al., 2021) trains low-rank updates to a few weight matrices. Here they are rank 16 on the attention
 # projections of both streams (video: `to_q/k/v/out`, text: `add_q/k/v_proj`, `to_add_out`; the token refiner's
@@ -647,8 +654,8 @@ if i2v_log:  # the fine-tune's steps are the same size (its first-frame tokens a
 #    features as useful as loud ones?
 # 5. ★★ Run the LoRA cell without the prior-preservation clips (pass only the orange dataset to `train_dit`). Which
 #    row of the probe table do you expect to change, and why? Try it.
-# 6. ★ hyv-tiny's folder stores its weights in fp16 (the chapter's first printout). How many MB would the weights
-#    take in fp32, and would the folder then stay under 30 MB?
+# 6. ★ hyv-tiny's folder stores its weights in fp16 (the chapter's first printout). How many MB would hyv-tiny's
+#    weights take in fp32, and how large would the whole folder be if every file in it were stored that way?
 # 7. ★★ The LoRA cell prints its trainable parameters. Derive that number from the rank and the matrices it
 #    adapts, then compute it for the same `target_modules` on the real 8.3 B DiT. How many MB is that adapter in
 #    bf16?
@@ -684,8 +691,9 @@ if i2v_log:  # the fine-tune's steps are the same size (its first-frame tokens a
 #    seed and 12 captions, small changes are noise.)
 # 6. The four networks the chapter loads hold 48,256 + 20,952 + 4,948,400 + 3,972,799 = 8,990,407 parameters
 #    (text encoder, ByT5, DiT, VAE; the tiny SigLIP for image to video adds 7,616 more). At 2 bytes that is
-#    18.0 MB, what the first printout shows for the safetensors files; at 4 bytes it would be 36.0 MB, over 30 MB
-#    before the 1.8 MB training log is added. Of the DiT's 4.95 M parameters, 4.38 M are ByT5's projection
+#    18.0 MB, what the first printout shows for hyv-tiny's safetensors files; at 4 bytes it would be 36.0 MB. The
+#    folder's other safetensors files, hyv-tiny-720p's DiT and VAE (the printout's figure in parentheses), would
+#    double as well; the training log (`train_log.jsonl`) would not. Of the DiT's 4.95 M parameters, 4.38 M are ByT5's projection
 #    (`context_embedder_2`), whose hidden width diffusers fixes at 2048 whatever the model's size.
 # 7. A rank-$r$ adapter on a matrix of $d_\text{in} \times d_\text{out}$ adds $r(d_\text{in} + d_\text{out})$
 #    parameters. hyv-tiny has 8 matching matrices in each of its 3 blocks plus 4 in its token refiner (`to_q`,

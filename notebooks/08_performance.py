@@ -255,10 +255,13 @@ plt.show()
 # - **HBM**: the bytes each chip moves through HBM (its share of the weights under the rule set, plus what the
 #   attention kernel moves) over the HBM bandwidth. A flash-style kernel reads $q$ once and writes its output once,
 #   but $k$ and $v$ do not fit in on-chip memory, so it streams them again for every *query block*
-#   ({term}`block_q`): with Splash's
-#   2,048-row blocks the 720p joint sequence (113,585 tokens, padded to 56 blocks) reads $k$ and $v$ 56 times per
-#   block (`attention_hbm_bytes`; the tiles are each chip's Splash defaults, 1,024 query rows on v4/v5e/v5p where
-#   2,048 does not fit in {term}`VMEM`). On a GPU, flash-attn's 128-row query tiles of one head run side by side on the
+#   ({term}`block_q`): with 2,048-row blocks (`hyv_lib`'s Splash setting on v6e, taken from gpu-tpu-pedia's
+#   2048/2048/1024 runs; JAX's own `BlockSizes.get_default()` is 128 rows) the 720p joint sequence (113,585 tokens,
+#   padded to 56 blocks) reads $k$ and $v$ 56 times per block (`attention_hbm_bytes`; the tiles are `hyv_lib`'s per
+#   chip, `hyv_lib.kernels.splash`: 1,024 query rows on v4/v5e/v5p, where 2,048-row tiles need 21.6 MiB of scoped
+#   {term}`VMEM`, over the compiler's 16 MiB default limit for it; a compiler flag,
+#   `--xla_tpu_scoped_vmem_limit_kib`, raises that limit, not tried here). On a GPU, flash-attn's 128-row query
+#   tiles of one head run side by side on the
 #   132 SMs and share each $k$/$v$ read through L2, so the planner counts one read per 132 tiles: an estimate, with
 #   no GPU profile behind it;
 # - **interconnect**: the bytes each chip sends in the layout's collectives over half its published bidirectional
@@ -348,7 +351,8 @@ html_table(lever)
 # With 512-row blocks the kernel would fall left of the v6e ridge (memory-bound); at 2,048 it is a few times right
 # of it, and each doubling halves the $k$/$v$ traffic again. This is one part of what gpu-tpu-pedia's exp2 change
 # bought (block_q 2,048 → 3,072 in the same commit; see the kernel section below), and why v4, v5e and v5p, where
-# only 1,024-row tiles fit in VMEM at this length, stream twice the bytes per FLOP. What the compiler reports does
+# `hyv_lib` uses 1,024-row tiles at this length (2,048 exceed the compiler's default 16 MiB scoped-VMEM limit
+# there), stream twice the bytes per FLOP. What the compiler reports does
 # not show this traffic: XLA prices a Pallas call by its operands only, once.
 #
 # ## Will it fit? Compiled, not estimated

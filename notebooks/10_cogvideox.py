@@ -390,8 +390,9 @@ if t8 and d2:
 # matmuls (at the full bandwidth the same bytes predict 1.24x, not 1.58x); XLA's cost model gives no time for these
 # v6e programs, and no TPU here can measure the collectives, so that part stays a hypothesis that a profile on a
 # v6e-8 would settle.
-# (The 720x1280 figure is an end-to-end time, T5, VAE and the first compilation included, not 50 steps: divided by
-# 50 it would make the smaller video slower per step than the larger one.)
+# (gpu-tpu-pedia's time at 720x1280, 106.47 s on data=2 x tensor=4 ({ref}`references-cogvideox`), is not in the
+# table's cited column: it is an end-to-end time, T5, VAE and the first compilation included, not 50 steps. Divided
+# by 50 it would make the smaller video slower per step than the larger one, 2.13 against 1.13 s.)
 #
 # For scale, one GPU on the same step: `benchmarks/gpu_check.py --sections cogvideox` ran CogVideoX1.5-5B's CFG step
 # with random bf16 weights on an H200 (`benchmarks/results/gpu_check_2026-11-27_H200_run6_cogvideox.json`).

@@ -109,3 +109,39 @@ def test_no_source_the_book_renders_uses_internal_wording():
         text = " ".join(line.strip().lstrip("#:").strip() for line in path.read_text().splitlines())
         found += [f"{path.relative_to(ROOT)}: {m.group(0)!r}" for m in check_book.INTERNAL_TEXT.finditer(text)]
     assert found == []
+
+
+def cell(code, outputs=""):
+    """A notebook cell as myst-nb renders it: the code's input box, then its outputs."""
+    return (f'<div class="cell docutils container"><div class="cell_input docutils container">'
+            f'<div class="highlight-ipython3 notranslate"><div class="highlight"><pre><span></span>{code}\n</pre></div>'
+            f'</div></div><div class="cell_output docutils container">{outputs}</div></div>')
+
+
+def test_a_chapter_that_copies_a_video_must_show_it(tmp_path):
+    """Chapter 5's find: video_html(..., media_dir=...) in an else branch copied the mp4 into the book, and its HTML,
+    neither the cell's last value nor displayed, never reached the page."""
+    (tmp_path / "_static" / "videos").mkdir(parents=True)
+    (tmp_path / "_static" / "videos" / "ab12.mp4").write_bytes(b"mp4")
+    call = ('<span class="n">video_html</span><span class="p">(</span><span class="n">os</span><span class="o">.'
+            '</span><span class="n">path</span><span class="o">.</span><span class="n">join</span><span class="p">('
+            '</span><span class="n">d</span><span class="p">,</span> <span class="s2">&quot;out.mp4&quot;</span>'
+            '<span class="p">),</span> <span class="n">media_dir</span><span class="o">=</span>'
+            '<span class="s2">&quot;../_static/videos&quot;</span><span class="p">)</span>')
+    video = '<div class="output text_html"><video width="640" controls src="../_static/videos/ab12.mp4"></video></div>'
+
+    def check(page, path="notebooks/05_end_to_end_720p.html"):
+        return check_book.video_embed_problems(f"<html><body>{page}</body></html>", path, tmp_path)
+
+    missing = ["the code copies 1 mp4 file(s) into _static/videos (video_html(media_dir=...)) but the page shows "
+               "0 <video> of them (display() the HTML video_html returns)"]
+    assert check(cell(f"else:\n    {call}  # linked")) == missing
+    assert check(cell(f"display({call})", video)) == []
+    assert check(cell(call, video.replace("ab12", "cd34"))) == [
+        "video links _static/videos/cd34.mp4, which is not in the build"] + [missing[0]]
+    assert check(cell(call, video.replace(' src="../_static/videos/ab12.mp4">',
+                                          '><source src="../_static/videos/ab12.mp4" type="video/mp4">'))) == []
+    # No call that copies a file: nothing to show (a data-URI video, a prose example, a page that is not a chapter)
+    assert check(cell('video_html(path)')) == []
+    assert check('<pre>video_html(p, media_dir="x")</pre>') == []
+    assert check(cell(f"else:\n    {call}"), "book/runbook.html") == []

@@ -22,7 +22,10 @@ DevTools Protocol, waits for MathJax to finish typesetting, and fails the page o
 * an absolute path of the build machine (the project folder, the home folder, or a temporary folder in a cell's
   output), more than one progress-bar line in one output, a stderr box (empty, or holding anything but a progress
   bar; reported with a snippet), a video embedded as base64 instead of linked, or an internal verdict left in the
-  text (see :func:`static_problems`).
+  text (see :func:`static_problems`);
+* a chapter whose code copies an mp4 into the book (``video_html(..., media_dir=...)``) but whose page shows no
+  ``<video>`` of a file in the build's ``_static/videos`` for each such call: the mp4 ships, and no reader sees it
+  (:func:`video_embed_problems`).
 
 It prints one line per page and a summary line. Exit status: 0 all pages clean, 1 problems found,
 2 the checker could not run (no Chromium, no websocket-client, bad folder).
@@ -644,6 +647,58 @@ def static_problems(page_html: str, paths: list[str], temp_dir: str = tempfile.g
     return problems
 
 
+#: A code cell's source as myst-nb renders it: the input box of a notebook cell (markdown code blocks are not cells).
+CELL_SOURCE = re.compile(r'<div class="cell_input[^"]*">\s*<div class="highlight-[^"]*"><div class="highlight">'
+                         r'<pre>(.*?)</pre>', re.S)
+#: Where a chapter's videos go in the built book: display.video_html(media_dir="../_static/videos") copies them there.
+VIDEO_DIR = "_static/videos"
+#: The URL of each <video>'s file: its src, or the src of a <source> inside it.
+VIDEO_SOURCES = re.compile(r'<video\b[^>]*?\ssrc="([^"]*)"|<video\b[^>]*>\s*(?:<source\b[^>]*?\ssrc="([^"]*)")?', re.S)
+
+
+def _media_calls(code: str) -> int:
+    """How many ``video_html(...)`` calls in ``code`` pass ``media_dir`` (each copies an mp4 into the book)."""
+    calls = 0
+    for match in re.finditer(r"\bvideo_html\s*\(", code):
+        depth, end = 1, match.end()
+        while end < len(code) and depth:  # the call's arguments, nested parentheses included
+            depth += {"(": 1, ")": -1}.get(code[end], 0)
+            end += 1
+        arguments = code[match.end():end]
+        calls += bool(re.search(r"\bmedia_dir\s*=", arguments)) and not re.search(r"\bdef\s+$", code[:match.start()])
+    return calls
+
+
+def video_embed_problems(page_html: str, page: str, root: Path | None = None) -> list[str]:
+    """A chapter page (``page``: its path relative to the build folder) whose code cells call
+    ``video_html(..., media_dir=...)``, copying an mp4 into the book, and that does not show as many ``<video>``
+    elements whose file is in the build's ``_static/videos`` (and exists there, with ``root``, the build folder).
+    The call's HTML is only shown when it is a cell's last value or passed to ``display``: one that is neither
+    ships the file to no reader."""
+    if chapter_of(page) is None:
+        return []
+    code = "\n".join(_visible_text(block) for block in CELL_SOURCE.findall(page_html))
+    calls = _media_calls(code)
+    if not calls:
+        return []
+    shown, problems = 0, []
+    for match in VIDEO_SOURCES.finditer(page_html):
+        src = match.group(1) or match.group(2)
+        if not src or urlsplit(src).scheme or urlsplit(src).netloc:
+            continue  # no file, a data URI (static_problems reports it) or another site
+        target = posixpath.normpath(posixpath.join(posixpath.dirname(page), unquote(urlsplit(src).path)))
+        if posixpath.dirname(target) != VIDEO_DIR:
+            continue
+        if root is not None and not (root / target).is_file():
+            problems.append(f"video links {target}, which is not in the build")
+            continue
+        shown += 1
+    if shown < calls:
+        problems.append(f"the code copies {calls} mp4 file(s) into {VIDEO_DIR} (video_html(media_dir=...)) but the "
+                        f"page shows {shown} <video> of them (display() the HTML video_html returns)")
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("html_dir", nargs="?", default="_build/html", help="built HTML folder (default: _build/html)")
@@ -709,6 +764,7 @@ def main(argv: list[str] | None = None) -> int:
                     page_html = page.read_text(encoding="utf-8", errors="replace")
                     problems += static_problems(page_html, paths)
                     problems += chapter_link_problems(page_html, rel)
+                    problems += video_embed_problems(page_html, rel, root)
                     status = "FAIL" if problems else "ok  "
                     print(f"{status} {rel}  ({time.monotonic() - t0:.1f} s){'  ' + note if note else ''}", flush=True)
                     for problem in problems:
