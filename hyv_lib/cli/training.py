@@ -32,9 +32,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     what.add_argument("--full", action="store_true", help="train every weight (writes OUTPUT_DIR/transformer)")
     p.add_argument("--lora_alpha", type=float, default=None, help="LoRA alpha (default: the rank, a scale of 1)")
     p.add_argument("--lora_targets", default=None,
-                   help="the layers the LoRA adapts: attn (the attention projections, default) | attn,mlp (and the "
-                        "feed-forward layers: MindSpeed-MM's I2V recipe) | all (every nn.Linear, as the official "
-                        "train.py)")
+                   help="the layers the LoRA adapts, groups joined by commas: attn (the attention projections, "
+                        "default) | mlp (the feed-forward layers; attn,mlp is MindSpeed-MM's I2V recipe) | all (every "
+                        "nn.Linear, as the official train.py) | the model's own groups (HunyuanVideo: single, its "
+                        "single-stream blocks' linear layers)")
     p.add_argument("--steps", type=int, required=True, help="optimizer updates in all (a rerun resumes; more steps "
                                                             "train a finished run further)")
     p.add_argument("--learning_rate", type=float, default=TRAIN_DEFAULTS["learning_rate"],

@@ -1,4 +1,4 @@
-"""The model families and their presets by name: HunyuanVideo-1.5 and CogVideoX built in, more by register_family."""
+"""Model families and their presets by name: HunyuanVideo-1.5, CogVideoX, HunyuanVideo; more by register_family."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ FAMILIES: dict[str, ModelFamily] = {family.name: family for family in (HUNYUAN_V
 
 #: Every preset by name, each family's in turn: HunyuanVideo-1.5's (the tiny ones, ``tiny`` with random weights and
 #: ``tiny_trained``, the bundled hyv-tiny; the real 480p/720p text- and image-to-video checkpoints, step-distilled,
-#: CFG-distilled and sparse), then CogVideoX1.5's (``cogvideox1.5_5b`` and its tiny twin ``cogvideox_tiny``).
+#: CFG-distilled and sparse), then CogVideoX1.5's (``cogvideox1.5_5b`` and its tiny twin ``cogvideox_tiny``), then
+#: HunyuanVideo's (``hunyuanvideo_t2v``, ``hunyuanvideo_i2v`` and ``hunyuanvideo_tiny``).
 #: ``python -m hyv_lib info --preset NAME --json`` prints one.
 PRESETS: dict[str, Preset] = {preset.name: preset for family in FAMILIES.values() for preset in family.presets}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ...base.errors import HyvInputError
 from ..family import ModelFamily
 from . import components as parts
 from . import presets, recipe, text, training
@@ -39,6 +40,12 @@ class HunyuanVideoFamily(ModelFamily):
 
     def training_inputs(self, preset, model_config, x0, noise, sigma, texts, images=None):
         return training.batch_inputs(preset, model_config, x0, noise, sigma, texts, images)
+
+    def crop_image(self, preset, image):
+        if "i2v" in preset.tasks:  # the latent-concat checkpoint: its loop is here, its first-frame encoders not yet
+            raise HyvInputError("image_path", f"{preset.name}'s first-frame stage 1 (LLaVA's image tokens and the "
+                                              "first frame's latents) is not built in hyv_lib yet")
+        return super().crop_image(preset, image)
 
     def sample(self, step, transformer, scheduler_config, preset, embeds, settings, *, warmup=None, progress=True,
                device=None):
