@@ -6,11 +6,10 @@ import json
 import os
 from typing import Any, Iterable
 
-import torch
-
-from .presets import COGVIDEOX_SCHEDULER
 from ...base.errors import HyvInputError
 from ...base.presets import Preset
+from ..tiny_weights import save_pipeline_folder, seeded
+from .presets import COGVIDEOX_SCHEDULER
 
 #: Component names of a diffusers ``CogVideoXPipeline`` folder (model_index.json), in the order stages use them.
 COGVIDEOX_COMPONENTS = ("tokenizer", "text_encoder", "transformer", "vae", "scheduler")
@@ -28,21 +27,16 @@ def build_tiny_cogvideox(preset: Preset, seed: int = 0, names: Iterable[str] = C
     from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler, CogVideoXTransformer3DModel
     from transformers import ByT5Tokenizer, T5Config, T5EncoderModel
 
-    def seeded(offset: int, build):
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed + offset)
-            return build().eval().requires_grad_(False)
-
     names = set(names)
     out: dict[str, Any] = {}
     if "tokenizer" in names:
         out["tokenizer"] = ByT5Tokenizer()
     if "text_encoder" in names:
-        out["text_encoder"] = seeded(1, lambda: T5EncoderModel(T5Config(**preset.text_encoder)))
+        out["text_encoder"] = seeded(seed + 1, lambda: T5EncoderModel(T5Config(**preset.text_encoder)))
     if "transformer" in names:
-        out["transformer"] = seeded(3, lambda: CogVideoXTransformer3DModel(**preset.transformer))
+        out["transformer"] = seeded(seed + 3, lambda: CogVideoXTransformer3DModel(**preset.transformer))
     if "vae" in names:
-        out["vae"] = seeded(4, lambda: AutoencoderKLCogVideoX(**preset.vae))
+        out["vae"] = seeded(seed + 4, lambda: AutoencoderKLCogVideoX(**preset.vae))
     if "scheduler" in names:
         out["scheduler"] = CogVideoXDDIMScheduler(**COGVIDEOX_SCHEDULER)
     return out
@@ -88,7 +82,4 @@ def save_cogvideox_pipeline(components: dict[str, Any], path: str) -> None:
     """Write a diffusers-format CogVideoXPipeline folder (model_index.json + one subfolder per component)."""
     from diffusers import CogVideoXPipeline
 
-    missing = [n for n in COGVIDEOX_COMPONENTS if n not in components]
-    if missing:
-        raise ValueError(f"save_cogvideox_pipeline needs every component; missing {missing}")
-    CogVideoXPipeline(**{n: components[n] for n in COGVIDEOX_COMPONENTS}).save_pretrained(path, safe_serialization=True)
+    save_pipeline_folder(CogVideoXPipeline, components, COGVIDEOX_COMPONENTS, path)

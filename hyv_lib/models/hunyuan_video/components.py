@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-import torch
-
 from ...base.errors import HyvInputError
 from ...base.presets import Preset
+from ..tiny_weights import save_pipeline_folder, seeded
 from .presets import CLIP_TOKENS, real_layout_tiny
 
 #: Component names of a diffusers ``HunyuanVideoPipeline`` folder (model_index.json).
@@ -54,13 +53,6 @@ def build_tiny_tokenizers():
     return llama, clip
 
 
-def _seeded(seed: int, build):
-    # fork_rng keeps the caller's global RNG untouched while making the weights depend on `seed` only.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return build()
-
-
 def build_tiny(preset: Preset, seed: int = 0, names: Iterable[str] | None = None) -> dict[str, Any]:
     """The requested tiny HunyuanVideo components (None: every one of :data:`COMPONENTS`) with seeded random weights
     (fp32, eval mode, no gradients): a LlamaModel of ``preset.text_encoder`` 's widths as wide as the transformer's
@@ -86,23 +78,20 @@ def build_tiny(preset: Preset, seed: int = 0, names: Iterable[str] | None = None
         if config.hidden_size != preset.transformer["text_embed_dim"]:
             raise ValueError(f"{preset.name}: the Llama width {config.hidden_size} is not the transformer's "
                              f"text_embed_dim {preset.transformer['text_embed_dim']}")
-        out["text_encoder"] = _seeded(seed + 1, lambda: LlamaModel(config))
+        out["text_encoder"] = seeded(seed + 1, lambda: LlamaModel(config))
     if "text_encoder_2" in names:
         config = CLIPTextConfig(vocab_size=len(clip), bos_token_id=clip.bos_token_id, eos_token_id=clip.eos_token_id,
                                 pad_token_id=clip.pad_token_id, **preset.text_encoder_2)
         if config.hidden_size != preset.transformer["pooled_projection_dim"]:
             raise ValueError(f"{preset.name}: the CLIP width {config.hidden_size} is not the transformer's "
                              f"pooled_projection_dim {preset.transformer['pooled_projection_dim']}")
-        out["text_encoder_2"] = _seeded(seed + 2, lambda: CLIPTextModel(config))
+        out["text_encoder_2"] = seeded(seed + 2, lambda: CLIPTextModel(config))
     if "transformer" in names:
-        out["transformer"] = _seeded(seed + 3, lambda: HunyuanVideoTransformer3DModel(**preset.transformer))
+        out["transformer"] = seeded(seed + 3, lambda: HunyuanVideoTransformer3DModel(**preset.transformer))
     if "vae" in names:
-        out["vae"] = _seeded(seed + 4, lambda: AutoencoderKLHunyuanVideo(**preset.vae))
+        out["vae"] = seeded(seed + 4, lambda: AutoencoderKLHunyuanVideo(**preset.vae))
     if "scheduler" in names:
         out["scheduler"] = FlowMatchEulerDiscreteScheduler(shift=preset.flow_shift)
-    for module in out.values():
-        if isinstance(module, torch.nn.Module):
-            module.eval().requires_grad_(False)
     return out
 
 
@@ -126,10 +115,7 @@ def save_pipeline(components: dict[str, Any], path: str) -> None:
     """Write a diffusers-format ``HunyuanVideoPipeline`` folder (model_index.json + one subfolder per component)."""
     from diffusers import HunyuanVideoPipeline
 
-    missing = [n for n in COMPONENTS if n not in components]
-    if missing:
-        raise ValueError(f"save_pipeline needs every component; missing {missing}")
-    HunyuanVideoPipeline(**{n: components[n] for n in COMPONENTS}).save_pretrained(path, safe_serialization=True)
+    save_pipeline_folder(HunyuanVideoPipeline, components, COMPONENTS, path)
 
 
 def save_tiny(path: str, preset: Preset, seed: int = 0) -> None:

@@ -10,6 +10,7 @@ import torch
 from ...base.errors import HyvInputError
 from ...base.presets import Preset, tiny_tokenizer_captions
 from ..quiet import errors_only
+from ..tiny_weights import save_pipeline_folder, seeded
 from .image import IMAGE_COMPONENTS, i2v_pipeline_class
 from .presets import real_layout_tiny, siglip_image_size
 
@@ -69,13 +70,6 @@ def build_tiny_tokenizer(word_tokens: bool = False):
     return tokenizer
 
 
-def _seeded(seed: int, build):
-    # fork_rng keeps the caller's global RNG untouched while making the weights depend on `seed` only.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return build()
-
-
 def build_tiny(preset: Preset, seed: int = 0, names: Iterable[str] | None = None) -> dict[str, Any]:
     """The requested tiny HunyuanVideo-1.5 components (None: every one of a pipeline folder) with seeded random
     weights (fp32, eval mode): each network's weights depend on ``seed`` only, the caller's global RNG is left as
@@ -95,15 +89,15 @@ def build_tiny(preset: Preset, seed: int = 0, names: Iterable[str] | None = None
             vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
             eos_token_id=tokenizer.eos_token_id, **preset.text_encoder,
         )
-        out["text_encoder"] = _seeded(seed + 1, lambda: Qwen2_5_VLTextModel(config))
+        out["text_encoder"] = seeded(seed + 1, lambda: Qwen2_5_VLTextModel(config))
     if "tokenizer_2" in names:
         out["tokenizer_2"] = ByT5Tokenizer()
     if "text_encoder_2" in names:
-        out["text_encoder_2"] = _seeded(seed + 2, lambda: T5EncoderModel(T5Config(**preset.text_encoder_2)))
+        out["text_encoder_2"] = seeded(seed + 2, lambda: T5EncoderModel(T5Config(**preset.text_encoder_2)))
     if "transformer" in names:
-        out["transformer"] = _seeded(seed + 3, lambda: HunyuanVideo15Transformer3DModel(**preset.transformer))
+        out["transformer"] = seeded(seed + 3, lambda: HunyuanVideo15Transformer3DModel(**preset.transformer))
     if "vae" in names:
-        out["vae"] = _seeded(seed + 4, lambda: AutoencoderKLHunyuanVideo15(**preset.vae))
+        out["vae"] = seeded(seed + 4, lambda: AutoencoderKLHunyuanVideo15(**preset.vae))
     if "scheduler" in names:
         out["scheduler"] = FlowMatchEulerDiscreteScheduler(shift=preset.flow_shift)
     if "guider" in names:  # saved so that diffusers' pipeline classes load the folder; hyv_lib runs CFG itself
@@ -119,12 +113,9 @@ def build_tiny(preset: Preset, seed: int = 0, names: Iterable[str] | None = None
             if config.hidden_size != preset.transformer["image_embed_dim"]:
                 raise ValueError(f"{preset.name}: SigLIP width {config.hidden_size} != the transformer's "
                                  f"image_embed_dim {preset.transformer['image_embed_dim']}")
-            out["image_encoder"] = _seeded(seed + 5, lambda: SiglipVisionModel(config))
+            out["image_encoder"] = seeded(seed + 5, lambda: SiglipVisionModel(config))
         if "feature_extractor" in names:
             out["feature_extractor"] = image_processor(size)
-    for module in out.values():
-        if isinstance(module, torch.nn.Module):
-            module.eval().requires_grad_(False)
     return out
 
 
@@ -170,11 +161,7 @@ def save_pipeline(components: dict[str, Any], path: str) -> None:
 
     image = any(n in components for n in IMAGE_COMPONENTS)
     names = COMPONENTS + IMAGE_COMPONENTS if image else COMPONENTS
-    missing = [n for n in names if n not in components]
-    if missing:
-        raise ValueError(f"save_pipeline needs every component; missing {missing}")
-    cls = i2v_pipeline_class() if image else HunyuanVideo15Pipeline
-    cls(**{n: components[n] for n in names}).save_pretrained(path, safe_serialization=True)
+    save_pipeline_folder(i2v_pipeline_class() if image else HunyuanVideo15Pipeline, components, names, path)
 
 
 def save_tiny(path: str, preset: Preset, seed: int = 0) -> None:
