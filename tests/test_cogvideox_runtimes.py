@@ -1,6 +1,6 @@
 """CogVideoX1.5 through hyv_lib's runtimes via its model adapter: tiny fp32 model vs diffusers' eager forward given the
 pipeline's RoPE tables (the composed pieces, the JAX runtime on 1 and 8 emulated devices, the torch runtime with
-hyv_lib's attention, DeepCache and MagCache, FSDP2 on gloo); the real model's rules and shapes from the meta device."""
+hyv_lib's attention, DeepCache and MagCache, FSDP2 on gloo); the real model's rules and shapes from the meta device; stage 3's tile-parallel decode on gloo."""
 
 import copy
 import os
@@ -361,3 +361,31 @@ def test_a_bf16_model_gets_its_timesteps_exactly():
     outs = [tpu(**dict(kwargs, timestep=torch.tensor([t, t]))) for t in (999, 1000)]
     # a bf16 timestep would make the two calls one input, and so the one program's outputs bit-identical
     assert not torch.equal(outs[0], outs[1])
+
+
+def tile_parallel_job(vae, z):
+    """Every rank's tile-parallel decode of AutoencoderKLCogVideoX, with the tiles each rank decoded."""
+    from hyv_lib.runtimes.tile_parallel import tile_parallel_decode
+
+    torch.set_num_threads(1)
+    timeline = []
+    return tile_parallel_decode(vae, z, timeline=timeline), timeline
+
+
+def test_tile_parallel_decode_of_a_vae_whose_tiles_carry_a_cache():
+    """CogVideoX's VAE passes a convolution cache from one frame batch's decoder call to the next, so its tiles are
+    not independent: under 2 gloo ranks (stage 3 under torchrun) every rank decodes the whole video, equal to one
+    process's tiled decode, instead of failing on the decoder's extra arguments."""
+    from hyv_lib.models.components import build_tiny_components
+    from hyv_lib.models.families import get_preset
+    from hyv_lib.parallel.distributed import run_distributed
+
+    preset = get_preset("cogvideox_tiny")
+    vae = build_tiny_components(preset, names=["vae"])["vae"]
+    vae.enable_tiling(tile_sample_min_height=32, tile_sample_min_width=32)  # 4-latent tiles: 8 x 8 is several
+    z = torch.randn(1, preset.latent_channels, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    video, timeline = run_distributed(tile_parallel_job, 2, vae, z, timeout=240)
+    torch.set_num_threads(1)
+    with torch.no_grad():
+        expected = vae.decode(z).sample
+    assert torch.equal(video, expected) and timeline == []  # decoded whole, not spread

@@ -404,6 +404,41 @@ def test_the_torch_decode_with_tiles_of_a_given_size(components):
     assert not torch.equal(decode_latents(vae, z, tiling=False), got)  # the tiles were used
 
 
+def tile_parallel_job(vae, z):
+    """Every rank's tile-parallel decode of AutoencoderKLHunyuanVideo, with the tiles each rank decoded."""
+    import torch.distributed as dist
+
+    from hyv_lib.runtimes.tile_parallel import tile_parallel_decode
+
+    torch.set_num_threads(1)
+    timeline = []
+    video = tile_parallel_decode(vae, z, timeline=timeline)
+    timelines = [None] * dist.get_world_size()
+    dist.all_gather_object(timelines, timeline)
+    return video, timelines
+
+
+def test_tile_parallel_decode_over_spatial_tiles_and_temporal_chunks(components):
+    """AutoencoderKLHunyuanVideo has no latent-side tile minimums and decodes long videos in temporal chunks:
+    tile_parallel_decode spreads the tiles of both over 2 gloo ranks and equals the VAE's own tiled decode."""
+    from hyv_lib.parallel.distributed import run_distributed
+    from hyv_lib.runtimes.vae import latent_tile
+
+    vae = copy.deepcopy(components["vae"])
+    vae.enable_tiling(tile_sample_min_height=32, tile_sample_min_width=32, tile_sample_stride_height=24,
+                      tile_sample_stride_width=24, tile_sample_min_num_frames=4, tile_sample_stride_num_frames=4)
+    assert latent_tile(vae) == (4, 4)  # what the VAE's _decode computes: 32 px / 8
+    z = torch.randn(1, 16, 3, 6, 6, generator=torch.Generator().manual_seed(5))  # 3 latent frames
+    (video, timelines) = run_distributed(tile_parallel_job, 2, vae, z, timeout=240)
+    torch.set_num_threads(1)
+    with torch.no_grad():
+        expected = vae.decode(z).sample
+    assert video.shape == expected.shape == (1, 3, 9, 48, 48)
+    assert torch.equal(video, expected)
+    # 1-latent-frame chunks with their causal frame of overlap (3 chunks) x 2 x 2 spatial tiles, round robin
+    assert [[i for i, _, _ in t] for t in timelines] == [[0, 2, 4, 6, 8, 10], [1, 3, 5, 7, 9, 11]]
+
+
 def test_load_pipeline_generates_a_video(generated):
     """hyv_lib.load_pipeline("hunyuanvideo_tiny").generate gives the same latents as the CLI's generate."""
     import hyv_lib

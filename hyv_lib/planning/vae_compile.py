@@ -12,6 +12,7 @@ from ..models.families import get_preset
 from ..models.patches import loop_free_causal_masks
 from ..models.registry import get_adapter
 from ..parallel.jax_env import quiet_libtpu
+from ..runtimes.vae import latent_tile
 from .tpu_compile import available_hbm, topology_devices
 
 
@@ -41,7 +42,8 @@ def compile_decode(preset: str = "720p_t2v", topology: str = "v6e:2x4", *, heigh
     vae = torch.nn.Module.to(vae, torch_dtype(dtype)).eval().requires_grad_(False)
     vae.enable_tiling()
     _, c, t, h, w = preset.latent_shape(height, width, video_length)
-    tile = (1, c, t, min(h, vae.tile_latent_min_height), min(w, vae.tile_latent_min_width))
+    tile_h, tile_w = latent_tile(vae)
+    tile = (1, c, t, min(h, tile_h), min(w, tile_w))
     mesh = Mesh(devices[:1], ("x",))
     replicated = NamedSharding(mesh, P())
     import torchax

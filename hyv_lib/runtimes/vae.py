@@ -40,6 +40,16 @@ def exact_fp32(device: torch.device, dtype: torch.dtype) -> Iterator[None]:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
+def latent_tile(vae) -> tuple[int, int]:
+    """The (height, width) in latents of one spatial tile of diffusers' tiled decode: the VAE class's latent-side
+    minimums where it keeps them (HunyuanVideo-1.5's, CogVideoX's), else its sample-side sizes over the spatial
+    compression (HunyuanVideo's VAE computes them so in ``_decode``)."""
+    if hasattr(vae, "tile_latent_min_height"):
+        return vae.tile_latent_min_height, vae.tile_latent_min_width
+    ratio = vae.config.spatial_compression_ratio
+    return vae.tile_sample_min_height // ratio, vae.tile_sample_min_width // ratio
+
+
 @torch.no_grad()
 def decode_latents(vae, latents: torch.Tensor, tiling: bool = True, tile_parallel: bool = False,
                    runtime: str = "torch", dtype: torch.dtype | None = None,
