@@ -514,73 +514,48 @@ for row in timings:
 # Marked ★ (easy) to ★★★ (hard), and *open* where no one has the answer yet ({ref}`notation-exercises`).
 #
 # 1. ★ Why is `image_scale` passed as a tensor rather than as a Python bool argument marked static?
-#
-# :::{admonition} Answer
-# :class: dropdown
-# A static bool would compile two programs, one for t2v and one for i2v. As data, one program serves both
-# cases, because multiplying by 0.0 or 1.0 costs nothing. Static arguments are for values that change the
-# *structure* of the computation, such as shapes. A value that only changes the numbers can be data.
-# :::
-#
 # 2. ★★ The scheduler's `step` advances an internal step index. What goes wrong if warmup calls run through the
 #    scheduler, and how does `hyv_lib` avoid it?
-#
-# :::{admonition} Answer
-# :class: dropdown
-# After `w` warmup steps, the real loop would start at sigma index `w`. Every Euler update would then use the
-# wrong `dt`, and the loop would run past the end of the sigma table. gpu-tpu-pedia's torchax stage-2 script
-# (`generate_hunyuan_torchax_staged/stage2_transformer.py`, {doc}`../book/references`) runs its warmup steps
-# through `scheduler.step` on the scheduler that the real loop then reuses. `hyv_lib.models.hunyuan_video15.sampling.denoise` runs
-# warmup calls on the first input and discards the result without calling the scheduler. A test checks that
-# `--warmup_steps 2` gives bitwise the same latents as 0, on both runtimes.
-# :::
-#
 # 3. ★ Predict the number of compilations for a 50-step run at 720p after a 2-step warmup, then for a second run
 #    at 480p in the same process, and a third at 720p in a new process with the compile cache enabled.
-#
-# :::{admonition} Answer
-# :class: dropdown
-# One for the first run: the warmup pays for it, and the steps reuse it. One more for 480p, a new shape. In a
-# new process the step is *traced* again, because the in-memory cache is per process, but XLA loads the
-# executable from the persistent cache instead of compiling it.
-# :::
-#
 # 4. ★★ On 8 chips (`tensor=8`), how many GiB of bf16 weights does each chip hold at 720p with the
 #    {term}`rule sets <rule set>` `tp_replicated_out`, `tp` and `fsdp` of chapter 3? Which of them leave at least half of a 16 GiB v5e chip
 #    free? Use `hyv_lib.planning.costs.param_bytes("720p_t2v", "bf16", rules, 8)["bytes_per_device"]`.
-#
-# :::{admonition} Answer
-# :class: dropdown
-# 10.34 GiB with `tp_replicated_out` (the row-parallel linears stay whole on every chip), 6.65 GiB with `tp` and
-# 2.22 GiB with `fsdp`, against 15.51 GiB replicated. `tp` and `fsdp` leave more than 8 GiB of a v5e chip free;
-# `tp_replicated_out`, the faster rule set on v6e in the gpu-tpu-pedia numbers cited in chapter 3, leaves
-# 5.66 GiB.
-# :::
-#
 # 5. ★★ The probe of a real preset keeps the embedders, the token refiner, the output head and the first two of the
 #    54 blocks. From `hyv_lib.planning.costs.parameter_shapes("720p_t2v")`, count the parameters outside
 #    `transformer_blocks` and those of one block; how many GiB is the probe in fp32, and what fraction of the
 #    whole model is it?
-#
-# :::{admonition} Answer
-# :class: dropdown
-# 169,535,776 parameters outside the blocks and 151,056,896 per block, so the probe has
-# $169{,}535{,}776 + 2 \cdot 151{,}056{,}896 = 471{,}649{,}568$ parameters: 1.76 GiB in fp32, 5.7% of the
-# model's 8,326,608,160. The 54 blocks hold $54 \cdot 151{,}056{,}896 = 8{,}157{,}072{,}384$ parameters, 98% of
-# the model.
-# :::
-#
 # 6. ★★★ *Open.* torchax traces the 54 blocks one after another, so the program XLA compiles repeats the block's
 #    operations 54 times, and the TPU compiler took minutes per layout on this project's CPU (chapter 3's `compile s`
 #    column). Would a loop over the blocks (`jax.lax.scan` over stacked block weights) compile much faster and give a
 #    smaller program, at what cost in step time, and does it still shard the same way? No one has tried it for this
 #    model.
 #
-# :::{admonition} Where to start
+# :::{admonition} Answers
 # :class: dropdown
-# `hyv_lib.models.adapter.ModelAdapter` already names the blocks and how one is called, which is what a scan needs:
-# stack the blocks' weights along a new leading axis and call one block inside `jax.lax.scan`. Compare compile
-# time and the compiled code size (`compile_step(...)`'s `code` bytes, as in chapter 3) at a small latent first,
-# then for `720p_t2v` on a v6e slice with `python -m hyv_lib compile`; the outputs must still match the oracle.
-# XLA may unroll or pipeline differently inside a loop, so the step time needs a TPU.
+# 1. A static bool would compile two programs, one for t2v and one for i2v. As data, one program serves both
+#    cases, because multiplying by 0.0 or 1.0 costs nothing. Static arguments are for values that change the
+#    *structure* of the computation, such as shapes. A value that only changes the numbers can be data.
+# 2. After `w` warmup steps, the real loop would start at sigma index `w`. Every Euler update would then use the
+#    wrong `dt`, and the loop would run past the end of the sigma table. gpu-tpu-pedia's torchax stage-2 script
+#    (`generate_hunyuan_torchax_staged/stage2_transformer.py`, {doc}`../book/references`) runs its warmup steps
+#    through `scheduler.step` on the scheduler that the real loop then reuses. `hyv_lib.models.hunyuan_video15.sampling.denoise` runs
+#    warmup calls on the first input and discards the result without calling the scheduler. A test checks that
+#    `--warmup_steps 2` gives bitwise the same latents as 0, on both runtimes.
+# 3. One for the first run: the warmup pays for it, and the steps reuse it. One more for 480p, a new shape. In a
+#    new process the step is *traced* again, because the in-memory cache is per process, but XLA loads the
+#    executable from the persistent cache instead of compiling it.
+# 4. 10.34 GiB with `tp_replicated_out` (the row-parallel linears stay whole on every chip), 6.65 GiB with `tp` and
+#    2.22 GiB with `fsdp`, against 15.51 GiB replicated. `tp` and `fsdp` leave more than 8 GiB of a v5e chip free;
+#    `tp_replicated_out`, the faster rule set on v6e in the gpu-tpu-pedia numbers cited in chapter 3, leaves
+#    5.66 GiB.
+# 5. 169,535,776 parameters outside the blocks and 151,056,896 per block, so the probe has
+#    $169{,}535{,}776 + 2 \cdot 151{,}056{,}896 = 471{,}649{,}568$ parameters: 1.76 GiB in fp32, 5.7% of the
+#    model's 8,326,608,160. The 54 blocks hold $54 \cdot 151{,}056{,}896 = 8{,}157{,}072{,}384$ parameters, 98% of
+#    the model.
+# 6. *Where to start.* `hyv_lib.models.adapter.ModelAdapter` already names the blocks and how one is called, which is what a scan needs:
+#    stack the blocks' weights along a new leading axis and call one block inside `jax.lax.scan`. Compare compile
+#    time and the compiled code size (`compile_step(...)`'s `code` bytes, as in chapter 3) at a small latent first,
+#    then for `720p_t2v` on a v6e slice with `python -m hyv_lib compile`; the outputs must still match the oracle.
+#    XLA may unroll or pipeline differently inside a loop, so the step time needs a TPU.
 # :::

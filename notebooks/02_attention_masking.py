@@ -418,23 +418,68 @@ html_table(rows)
 # process per run, at longer sequences.
 
 # %% [markdown]
-# ## GPU kernels, and what is known about their speed
+# ## GPU kernels: what was measured, what is cited
 #
-# On GPUs the same semantics map onto these kernels (`hyv_lib.kernels.dispatch.available_backends()` says which ones can
-# run on a machine, and why not):
+# On GPUs the same semantics map onto the kernels below (`hyv_lib.kernels.dispatch.available_backends()` says which
+# ones can run on a machine, and why not). One NVIDIA H200 timed those that were installed on the real 720p/121f
+# attention call (the CFG pair, 16 heads of 128, 113,585 tokens per sample) with `benchmarks/gpu_check.py`; the files
+# are committed in `benchmarks/results/`, and the cell below reads them, with `auto`'s order from
+# `hyv_lib.kernels.dispatch.GPU_ORDERS`.
+
+# %%
+import json
+from pathlib import Path
+
+from hyv_lib.kernels.dispatch import GPU_ORDERS
+
+RESULTS = Path("../benchmarks/results")  # this notebook runs in notebooks/; the files benchmarks/gpu_check.py wrote
+gpu_runs = {n: json.loads((RESULTS / f"gpu_check_2026-11-26_H200_run{n}.json").read_text()) for n in (2, 4)}
+env = gpu_runs[2]["sections"]["environment"]
+shape = gpu_runs[2]["sections"]["attention"]["shape"]
+print(f"one {env['gpu']}, torch {env['torch']}: one attention call of {shape['batch']} x {shape['heads']} heads x "
+      f"{shape['tokens']:,} tokens ({shape['dtype']}, head dim {shape['head_dim']})")
+display(html_table([
+    {"file": f"gpu_check_2026-11-26_H200_run{n}.json", "backend": r["name"], "ms": r.get("ms", ""),
+     "useful TFLOP/s": r.get("tflops", ""), "max error vs fp32": f"{r['max_error']:.1e}" if "max_error" in r else "",
+     "peak GiB": r.get("peak_allocated_gib", ""), "not run because": r.get("reason", "").split(" (")[0]}
+    for n, run in gpu_runs.items() for r in run["sections"]["attention"]["rows"]]))
+for order, newer in zip(GPU_ORDERS, (None, *GPU_ORDERS)):
+    where = (f"of compute capability {order.min_capability[0]}.{order.min_capability[1]} and newer" if newer is None
+             else f"below compute capability {newer.min_capability[0]}.{newer.min_capability[1]}")
+    print(f"auto on CUDA GPUs {where}: {' > '.join(order.backends)}")
+
+# %% [markdown]
+# | backend | kernel | exact? | how the mask is used | speed on Hopper (H100/H200, head dim 128) | `auto` tries it |
+# |---|---|---|---|---|---|
+# | `sdpa` | torch's `scaled_dot_product_attention`, which picks its kernel: cuDNN's fused attention (`SDPBackend.CUDNN_ATTENTION`) on Hopper with torch ≥ 2.11, torch's own FlashAttention-2 before Hopper, a CPU kernel here | yes | each sample's valid prefix, no mask argument | **measured**, one H200: 366.5 ms, 557.7 TFLOP/s (`gpu_check_2026-11-26_H200_run2.json`; 367.4 ms in run 4) | 1st on Hopper, 2nd before |
+# | `torch_varlen` | torch's own varlen FlashAttention-2 (`torch.nn.attention.varlen.varlen_attn`, torch ≥ 2.10) | yes | packed valid tokens + `cu_seqlens` | **measured**, one H200: 586.2 ms, 348.7 TFLOP/s (run 2) | last |
+# | `flash` | flash-attn's FlashAttention-2 `flash_attn_varlen_func` | yes | packed valid tokens + `cu_seqlens` | **cited**: about 370 TFLOP/s forward on an H100 SXM5 at 8k–16k tokens (flash-attention's chart `assets/flash3_fp16_fwd.png`); not installed in the H200 runs | 3rd on Hopper, 1st before |
+# | `flash3` | FlashAttention-3 varlen (Hopper only) | yes | same | **cited**: 646–648 TFLOP/s against cuDNN's 595–600 in the same chart (the cuDNN of 2024); 632 against 631 for cuDNN 9.1 at 24 heads x 4,608 tokens in PyTorch's Tritonbench (pytorch/pytorch issue #142132); not installed in the H200 runs | 2nd on Hopper |
+# | `sage` | SageAttention 1 (`sageattention==1.0.6`), INT8 $QK^T$ | no (lossy) | each sample's valid tokens | **measured**, one H200: 449.7 ms, max error 3.2e-4 (run 4) | never (lossy) |
+# | `splash` | JAX Pallas Splash (TPU) | yes | segment ids | not a GPU kernel | on TPU |
 #
-# | backend | kernel | exact? | how the mask is used |
-# |---|---|---|---|
-# | `flash` | FlashAttention-2 `flash_attn_varlen_func` | yes | packed valid tokens + `cu_seqlens` |
-# | `flash3` | FlashAttention-3 (Hopper) varlen | yes | same |
-# | `sage` | SageAttention 1 (`sageattention==1.0.6`), INT8 $QK^T$ | no (lossy) | run on each sample's valid tokens |
-# | `sdpa` | torch SDPA (flash/efficient/math) | yes | each sample's valid prefix, no mask argument |
-# | `splash` | JAX Pallas Splash (TPU) | yes | segment ids |
+# **Which kernel `sdpa` runs.** PyTorch's dispatcher puts cuDNN's attention first on compute capability 9.0 and 10.0
+# (H100, H200, B200) when its bundled cuDNN is newer than 9.15 (`check_prefer_cudnn_attention` in PyTorch's
+# `aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`). PyTorch 2.5 first made cuDNN the default on H100 ("up to
+# 75% speed-up over FlashAttentionV2", the PyTorch 2.5 release blog, <https://pytorch.org/blog/pytorch2-5/>), then
+# made it opt-in after bugs (pytorch/pytorch PR #138522) and preferred it again on sm90/sm100 behind that version check
+# (PR #162073); torch 2.11 is the first release whose bundled cuDNN passes it (a transformers maintainer's reading of
+# the same code, huggingface/transformers PR #48163). The H200 files above come from torch 2.11 and did not record the
+# kernel SDPA chose (`gpu_check` records it now, as `sdpa_kernel_bf16_d128`), but their ratio matches: torch's
+# FlashAttention-2 took 1.6x as long as SDPA, as FlashAttention-2 does against cuDNN in the flash-attention chart
+# (370 against 595–600 TFLOP/s). A probe outside this repository on one H200 (torch 2.11) forced each kernel on
+# one 720p sample: cuDNN's 178 ms (about 575 TFLOP/s) against 281 ms (about 364) for torch's FlashAttention-2 path.
 #
-# Published numbers, with their hardware (nothing here was measured on a GPU):
+# **What flash-attn and FlashAttention-3 add on Hopper.** For speed, FlashAttention-2 adds nothing there: it is the
+# kernel `torch_varlen` already runs, measured 1.6x slower than SDPA's cuDNN. What it does add is one varlen launch
+# for the whole batch and a fast path before Hopper (A100, L40S) or with the torch releases before 2.11 (2.5.0 aside),
+# where SDPA does not pick cuDNN; that is why `auto` tries it first on GPUs older than Hopper (not measured by this project).
+# FlashAttention-3 was not measured here; the published numbers put it from level with cuDNN (Tritonbench) to 8–9% above it
+# (its own chart) on an H100. `auto` on Hopper tries SDPA first, and SDPA runs wherever CUDA does, so `auto` resolves to `sdpa`
+# there; `--attention flash3` forces FlashAttention-3 where it is built.
 #
-# - **Kernel throughput**, H100 SXM5, head dim 128, non-causal, from the flash-attention repository's benchmark
-#   charts: FlashAttention-2 about 370 TFLOPS forward; FlashAttention-3 FP16 about 646–648 TFLOPS.
+# Other published numbers, with their hardware:
+#
 # - **SageAttention 1**, the release `requirements-gpu.txt` pins (`sageattention==1.0.6`: INT8 $QK^T$, FP16 $PV$).
 #   Its paper reports about 2.1× the throughput of FlashAttention-2 (Zhang et al., arXiv:2410.02367; its README
 #   says the kernel was tuned for RTX 4090 and 3090). On an H100 at head dim 128, the SageAttention repository's
@@ -483,6 +528,9 @@ print(f"{seg['n_chips']} x {seg['chip']}, {seg['after']} vs {seg['before']}: {se
 #   $Z/(Z+P)$, and so does treating block padding as valid.
 # - `use_attention(model, backend)` makes diffusers' model use any of them. The exact ones match the oracle to
 #   float32 rounding, and the largest tensor of a forward grows as O(S), not O(S²).
+# - On one H200, SDPA on each sample's valid tokens (cuDNN's kernel on Hopper) ran the 720p/121f attention at
+#   557.7 TFLOP/s, 1.6x faster than FlashAttention-2 inside torch; `auto` picks it on Hopper, and building
+#   flash-attn there buys no speed.
 #
 # ## Exercises
 #
@@ -490,62 +538,42 @@ print(f"{seg['n_chips']} x {seg['chip']}, {seg['after']} vs {seg['before']}: {se
 #
 # 1. ★ Show that K/V zeroing with *no* padding at all (`P = 0`) is exact, and find the padding at which the
 #    relative error of a token reaches 1% when its $Z_i = 500$.
-#
-# :::{admonition} Answer
-# :class: dropdown
-# With $P = 0$ the factor $Z/(Z+P)$ is 1. The relative error is $P/(Z+P)$, and $P/(500+P) = 0.01$ gives
-# $P \approx 5.05$, so about 5 padded keys. A real text-to-video prompt of about 100 tokens leaves over 1,800
-# padded context tokens, so the bias is far from small unless $Z$ is huge.
-# :::
-#
 # 2. ★ Why does the Splash backend give padded tokens segment id 0 instead of a fresh id per padded token?
-#
-# :::{admonition} Answer
-# :class: dropdown
-# Segment ids only have to separate valid tokens from padding. With one shared padding id, each padded query
-# sees at least one key (itself and the other padding), so its softmax is finite. Its output is zeroed
-# afterwards anyway. A fresh id per token would also work, but it adds nothing. Giving padding the *valid* id
-# would be K/V zeroing again.
-# :::
-#
 # 3. ★ Use `hyv_lib.models.hunyuan_video15.layout.dense_mask_bytes` to find the longest 720p video (4n+1 frames) whose `[2, 1, S, S]`
 #    mask still fits in 16 GiB.
-#
-# :::{admonition} Answer
-# :class: dropdown
-# `max(f for f in range(1, 122, 4) if layout.dense_mask_bytes(real, 720, 1280, f) <= 16 * 2**30)` gives 97
-# frames (25 latent frames, S = 91,985, about 15.8 GiB). At 101 frames it is already 17.0 GiB. The dense mask
-# alone would fill a 16 GiB v5e chip before the model stored a single activation.
-# :::
-#
 # 4. ★★ A text-to-video prompt at 720p/121f has 120 valid text tokens and no quoted text. How many of the $S$ keys
 #    are padding? Suppose a query's scores were all near 0, so that every key adds about $e^0 = 1$ to the
 #    denominator. By what factor would K/V zeroing shrink its output, and by what factor if the 2048-key block
 #    padding were also treated as valid zero keys?
-#
-# :::{admonition} Answer
-# :class: dropdown
-# The valid keys are the 111,600 video tokens and the 120 text tokens, $n = 111{,}720$; the padding is
-# $P = 1985 - 120 = 1{,}865$ context tokens. With $Z_i \approx n$, the factor is
-# $Z/(Z + P) = 111{,}720 / 113{,}585 \approx 0.984$: every output shrinks by about 1.6%. Block padding brings the
-# key length to 114,688 (the 1,103 extra keys printed above), so $111{,}720 / 114{,}688 \approx 0.974$, a 2.6%
-# shrink. Check: `n = layout.video_tokens(real, 720, 1280, 121) + 120; n / s720, n / padded`. Real scores are
-# not all 0, so real $Z_i$ vary from token to token, and so does the bias.
-# :::
-#
 # 5. ★★★ *Open.* gpu-tpu-pedia found Splash with segment ids 24% slower than K/V zeroing on its TPU runs (printed
 #    above), yet both compute the same blocks: every key block is attended. Where does the time go, and can an
 #    exact mask be as fast as the biased one? With the valid-first order, the padding is one contiguous tail of each
 #    sample, so a kernel could also *skip* the key blocks that hold only padding instead of computing them. No one
 #    has timed either on a TPU for this model.
 #
-# :::{admonition} Where to start
+# :::{admonition} Answers
 # :class: dropdown
-# On a TPU VM, time `hyv_lib.kernels.splash` on the real 720p shape (2 samples, 16 heads of 128, $S$ = 113,585)
-# with segment ids against the same call with every id 1 (K/V zeroing's cost without its zeroing), under
-# `jax.profiler`, at `hyv_lib`'s Splash blocks (`hyv_lib.kernels.splash.DEFAULT_BLOCK_SIZES`) and at larger
-# ones. If the segment-id version is slower, the mask
-# blocks Splash builds from the ids (partial rather than full blocks) are the first suspect. A mask that marks the
-# all-padding key blocks as empty lets Splash skip them; the count of attended tokens in chapter 8's padding
-# table bounds what that can save.
+# 1. With $P = 0$ the factor $Z/(Z+P)$ is 1. The relative error is $P/(Z+P)$, and $P/(500+P) = 0.01$ gives
+#    $P \approx 5.05$, so about 5 padded keys. A real text-to-video prompt of about 100 tokens leaves over 1,800
+#    padded context tokens, so the bias is far from small unless $Z$ is huge.
+# 2. Segment ids only have to separate valid tokens from padding. With one shared padding id, each padded query
+#    sees at least one key (itself and the other padding), so its softmax is finite. Its output is zeroed
+#    afterwards anyway. A fresh id per token would also work, but it adds nothing. Giving padding the *valid* id
+#    would be K/V zeroing again.
+# 3. `max(f for f in range(1, 122, 4) if layout.dense_mask_bytes(real, 720, 1280, f) <= 16 * 2**30)` gives 97
+#    frames (25 latent frames, S = 91,985, about 15.8 GiB). At 101 frames it is already 17.0 GiB. The dense mask
+#    alone would fill a 16 GiB v5e chip before the model stored a single activation.
+# 4. The valid keys are the 111,600 video tokens and the 120 text tokens, $n = 111{,}720$; the padding is
+#    $P = 1985 - 120 = 1{,}865$ context tokens. With $Z_i \approx n$, the factor is
+#    $Z/(Z + P) = 111{,}720 / 113{,}585 \approx 0.984$: every output shrinks by about 1.6%. Block padding brings the
+#    key length to 114,688 (the 1,103 extra keys printed above), so $111{,}720 / 114{,}688 \approx 0.974$, a 2.6%
+#    shrink. Check: `n = layout.video_tokens(real, 720, 1280, 121) + 120; n / s720, n / padded`. Real scores are
+#    not all 0, so real $Z_i$ vary from token to token, and so does the bias.
+# 5. *Where to start.* On a TPU VM, time `hyv_lib.kernels.splash` on the real 720p shape (2 samples, 16 heads of 128, $S$ = 113,585)
+#    with segment ids against the same call with every id 1 (K/V zeroing's cost without its zeroing), under
+#    `jax.profiler`, at `hyv_lib`'s Splash blocks (`hyv_lib.kernels.splash.DEFAULT_BLOCK_SIZES`) and at larger
+#    ones. If the segment-id version is slower, the mask
+#    blocks Splash builds from the ids (partial rather than full blocks) are the first suspect. A mask that marks the
+#    all-padding key blocks as empty lets Splash skip them; the count of attended tokens in chapter 8's padding
+#    table bounds what that can save.
 # :::

@@ -511,71 +511,51 @@ html_table(rows)
 #
 # 1. ★ Why must the number of heads be divisible by `tensor` × `sequence`, and what would you do for 16 heads on
 #    a 12-chip system?
-#
-# :::{admonition} Answer
-# :class: dropdown
-# Attention runs per shard with whole heads on each device (Splash works on [heads, sequence, head_dim]
-# blocks), and the heads are split over both axes. No product of `tensor` and `sequence` that uses 12 chips divides
-# 16, and `data` can only take 1 or 2 (the CFG batch of 2). Use 8 of the 12 chips (`data=2,tensor=4`, or
-# `tensor=8`). `JaxTransformer`, `python -m hyv_lib compile` and `UlyssesTransformer` raise a clear error instead of
-# guessing.
-# :::
-#
 # 2. ★★ Using `param_bytes`, how much memory per device would splitting the AdaLN modulation linears
 #    (`norm1.linear`, `norm1_context.linear`) save under `tp` on 8 devices? How would you confirm it with the
 #    compiler?
-#
-# :::{admonition} Answer
-# :class: dropdown
-# Each is 12288×2048 (+bias) per block and stream: 2 × 54 × 25.18 M ≈ 2.72 B parameters ≈ 5.06 GiB in bf16.
-# Split 8 ways, that is 0.63 GiB per device instead of 5.06, so `tp` would drop from 6.65 to about 2.2 GiB per
-# device. Try it with a custom rule list, such as
-# `RULE_SETS["tp"] + [Rule("tp/adaln", r"transformer_blocks\.\d+\.norm1(_context)?\.linear\.(weight|bias)", ("tensor", None))]`.
-# To confirm it, add that rule to `hyv_lib.models.hunyuan_video15.adapter.RULE_SETS` under a new name and compile: the compiler's
-# `arguments` per device should fall by the same amount (and it will show whether the modulation output now needs
-# a collective).
-# :::
-#
 # 3. ★ Ulysses moves the video q, k, v and output through all-to-alls. Why is it attractive on GPUs, where TP
 #    is the usual choice for large language models?
-#
-# :::{admonition} Answer
-# :class: dropdown
-# Here the sequence is long (about 114k tokens) while the model is modest (8.3B), so activations dominate and the
-# weights fit on one GPU. Ulysses keeps the weights whole, which means no all-reduce after every matmul. Per
-# block it moves only the attention inputs and outputs, and each all-to-all sends 1/N of them to each peer.
-# At 720p on 8 devices that is about 20 GiB per device per step against about 164 GiB for plain TP on `tensor=8`
-# (the derivation above). The price is memory: each GPU holds all 15.5 GiB of weights.
-# :::
-#
 # 4. ★★★ On the compiled mesh `data=2,tensor=4` with plain `tp`, derive by hand the all-reduce bytes per device per
 #    step that the compiler reports (the 46.8 GiB in the layout table), and the bytes each device sends.
-#
-# :::{admonition} Answer
-# :class: dropdown
-# With `data=2` each device holds one sample, $B = 1$. Each block all-reduces two $[1, N, 2048]$ bf16 tensors per
-# stream, $2048 \cdot 2 = 4096$ bytes per token, and the context stream counts in 53 blocks:
-#
-# $$
-# 2 \cdot 4096 \cdot (54 \cdot 111{,}600 + 53 \cdot 1{,}985) = 49{,}368{,}268{,}800 + 861{,}839{,}360
-# = 50{,}230{,}108{,}160 \text{ bytes} = 46.78 \text{ GiB},
-# $$
-#
-# the compiler's figure to the byte
-# (`device_plan(real, 720, 1280, 121, {"data": 2, "tensor": 4}, "tp")["collectives"]["all-reduce"]`). A ring
-# all-reduce over $n = 4$ sends $2 \cdot 3/4$ of it: $70.2$ GiB per device, the table's "GiB sent".
-# :::
-#
 # 5. ★★★ *Open.* gpu-tpu-pedia measured `tp_replicated_out` 10% faster than `tp` on `tensor=8` (8.12 → 7.29 s/step),
 #    yet the bytes it saves on the wire would take a fraction of that 0.83 s even at the ICI's peak (chapter 8 works
 #    it out). Which default layout is fastest on a real v6e-8: `tp_replicated_out` on `data=2,tensor=4` (this
 #    book's default), the same rules on `tensor=8`, or `fsdp` on `data=2,sequence=4`, which sends the least and holds
 #    the least? The planner ranks them by bounds only; no one has timed them.
 #
-# :::{admonition} Where to start
+# :::{admonition} Answers
 # :class: dropdown
-# On a v6e-8, time 5 steps of `python -m hyv_lib stage2 --runtime jax --warmup_steps 2` at 720p/121f with each
-# `--mesh`/`--sharding` pair of the compiled table, and capture one step with `jax.profiler` to see how much of each
-# collective overlaps compute. The compiled reports (`hyv_lib/compiled/tpu_compile.json`) already say each layout
-# fits; the profile answers whether its collectives are hidden.
+# 1. Attention runs per shard with whole heads on each device (Splash works on [heads, sequence, head_dim]
+#    blocks), and the heads are split over both axes. No product of `tensor` and `sequence` that uses 12 chips divides
+#    16, and `data` can only take 1 or 2 (the CFG batch of 2). Use 8 of the 12 chips (`data=2,tensor=4`, or
+#    `tensor=8`). `JaxTransformer`, `python -m hyv_lib compile` and `UlyssesTransformer` raise a clear error instead of
+#    guessing.
+# 2. Each is 12288×2048 (+bias) per block and stream: 2 × 54 × 25.18 M ≈ 2.72 B parameters ≈ 5.06 GiB in bf16.
+#    Split 8 ways, that is 0.63 GiB per device instead of 5.06, so `tp` would drop from 6.65 to about 2.2 GiB per
+#    device. Try it with a custom rule list, such as
+#    `RULE_SETS["tp"] + [Rule("tp/adaln", r"transformer_blocks\.\d+\.norm1(_context)?\.linear\.(weight|bias)", ("tensor", None))]`.
+#    To confirm it, add that rule to `hyv_lib.models.hunyuan_video15.adapter.RULE_SETS` under a new name and compile: the compiler's
+#    `arguments` per device should fall by the same amount (and it will show whether the modulation output now needs
+#    a collective).
+# 3. Here the sequence is long (about 114k tokens) while the model is modest (8.3B), so activations dominate and the
+#    weights fit on one GPU. Ulysses keeps the weights whole, which means no all-reduce after every matmul. Per
+#    block it moves only the attention inputs and outputs, and each all-to-all sends 1/N of them to each peer.
+#    At 720p on 8 devices that is about 20 GiB per device per step against about 164 GiB for plain TP on `tensor=8`
+#    (the derivation above). The price is memory: each GPU holds all 15.5 GiB of weights.
+# 4. With `data=2` each device holds one sample, $B = 1$. Each block all-reduces two $[1, N, 2048]$ bf16 tensors per
+#    stream, $2048 \cdot 2 = 4096$ bytes per token, and the context stream counts in 53 blocks:
+#
+#    $$
+#    2 \cdot 4096 \cdot (54 \cdot 111{,}600 + 53 \cdot 1{,}985) = 49{,}368{,}268{,}800 + 861{,}839{,}360
+#    = 50{,}230{,}108{,}160 \text{ bytes} = 46.78 \text{ GiB},
+#    $$
+#
+#    the compiler's figure to the byte
+#    (`device_plan(real, 720, 1280, 121, {"data": 2, "tensor": 4}, "tp")["collectives"]["all-reduce"]`). A ring
+#    all-reduce over $n = 4$ sends $2 \cdot 3/4$ of it: $70.2$ GiB per device, the table's "GiB sent".
+# 5. *Where to start.* On a v6e-8, time 5 steps of `python -m hyv_lib stage2 --runtime jax --warmup_steps 2` at 720p/121f with each
+#    `--mesh`/`--sharding` pair of the compiled table, and capture one step with `jax.profiler` to see how much of each
+#    collective overlaps compute. The compiled reports (`hyv_lib/compiled/tpu_compile.json`) already say each layout
+#    fits; the profile answers whether its collectives are hidden.
 # :::

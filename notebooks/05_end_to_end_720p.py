@@ -481,6 +481,12 @@ for r in plan_table(presets=("720p_t2v",), chips=("v6e",), rules="tp_replicated_
 #    compared with the 1280 × 720 it outputs?
 # 5. ★ At 480p (848 × 480, 121 frames), how large is the decoder's largest tensor in fp32 and in bf16, and how many
 #    tiles does the tiled decode use?
+# 6. ★★★ *Open.* Diffusers tiles the decode in space only, so a 720p/121f tile needs 25.2 GiB in bf16 and does not
+#    fit a 16 GiB v5e chip. Can the decoder run over chunks of latent frames instead, carrying what its causal
+#    convolutions and the mid block's causal attention need from earlier frames, so that memory stops growing with
+#    the video's length, and are the frames then identical to the spatially tiled decode?
+# 7. ★ Why does `tiny_trained_720p` refuse `--height 480 --width 848`, and which sizes near 480p would it take?
+#    Would it draw well at them?
 #
 # :::{admonition} Answers
 # :class: dropdown
@@ -502,29 +508,13 @@ for r in plan_table(presets=("720p_t2v",), chips=("v6e",), rules="tp_replicated_
 #    the whole frame.
 # 5. 128 · 121 · 480 · 848 · 4 B ≈ 2.52 × 10¹⁰ B ≈ 23.5 GiB in fp32, 11.7 GiB in bf16. The latent is 30 × 53:
 #    rows at 0, 12, 24 and columns at 0, 12, 24, 36, 48 give 3 × 5 = 15 tiles.
-# :::
-#
-# 6. ★★★ *Open.* Diffusers tiles the decode in space only, so a 720p/121f tile needs 25.2 GiB in bf16 and does not
-#    fit a 16 GiB v5e chip. Can the decoder run over chunks of latent frames instead, carrying what its causal
-#    convolutions and the mid block's causal attention need from earlier frames, so that memory stops growing with
-#    the video's length, and are the frames then identical to the spatially tiled decode?
-#
-# :::{admonition} Where to start
-# :class: dropdown
-# The convolutions are causal in time, so a chunk needs only the last few frames of the previous chunk's inputs
-# (a cache per convolution, as other causal video VAEs keep); the mid block's attention is block-causal over latent
-# frames, so a chunk needs the keys and values of every earlier frame, or an approximation. Check exactness first on
-# the tiny preset against `decode_latents(vae, latents, tiling=True)`, then measure the peak with
-# `hyv_lib.planning.vae_compile.compile_decode` at a few frame counts.
-# :::
-#
-# 7. ★ Why does `tiny_trained_720p` refuse `--height 480 --width 848`, and which sizes near 480p would it take?
-#    Would it draw well at them?
-#
-# :::{admonition} Answer
-# :class: dropdown
-# Its DiT takes 5 × 5 latents per token and the VAE compresses 16×, so height and width must be multiples of
-# 16 · 5 = 80 pixels (`preset.pixel_stride`); 848 is not. 480 × 800 or 480 × 880 would run, but it was fine-tuned
-# at 720 × 1280 only (a 9 × 16 token grid), so nothing says it draws well at a 6 × 10 grid: measure it with
-# `hyv_lib.tiny.quality.read_video` on a few held-out captions before trusting it.
+# 6. *Where to start.* The convolutions are causal in time, so a chunk needs only the last few frames of the previous chunk's inputs
+#    (a cache per convolution, as other causal video VAEs keep); the mid block's attention is block-causal over latent
+#    frames, so a chunk needs the keys and values of every earlier frame, or an approximation. Check exactness first on
+#    the tiny preset against `decode_latents(vae, latents, tiling=True)`, then measure the peak with
+#    `hyv_lib.planning.vae_compile.compile_decode` at a few frame counts.
+# 7. Its DiT takes 5 × 5 latents per token and the VAE compresses 16×, so height and width must be multiples of
+#    16 · 5 = 80 pixels (`preset.pixel_stride`); 848 is not. 480 × 800 or 480 × 880 would run, but it was fine-tuned
+#    at 720 × 1280 only (a 9 × 16 token grid), so nothing says it draws well at a 6 × 10 grid: measure it with
+#    `hyv_lib.tiny.quality.read_video` on a few held-out captions before trusting it.
 # :::

@@ -488,8 +488,7 @@ print(f"DiT work per 480p video, 121 frames: 480p_i2v 50 steps x CFG pair = {ful
 #
 # ## Exercises
 #
-# Difficulty: ★ a few lines of reasoning or arithmetic, ★★ a derivation or a short run, ★★★ a design or a longer
-# experiment; **open**: a question this project has not answered, with a place to start.
+# Marked ★ (easy) to ★★★ (hard), and *open* where no one has the answer yet ({ref}`notation-exercises`).
 #
 # 1. ★ A 1920 × 1080 photo and a 1280 × 720 one go to `720p_i2v`. What size is each video, and why can `--height`
 #    not be given with `--image_path`?
@@ -502,11 +501,7 @@ print(f"DiT work per 480p video, 121 frames: 480p_i2v 50 steps x CFG pair = {ful
 #    `timestep_r`?
 # 6. **Open.** Can the same checkpoint continue a video, given its first *several* frames instead of one? The
 #    condition channels have room for every latent frame and the mask channel says which are given, but diffusers'
-#    pipeline and `hyv_lib` fill only latent frame 0, and nobody here has tried more. A start: build the condition
-#    with more latent frames given (`hyv_lib.models.flow_matching.condition_channels` shows the layout) and the mask 1
-#    on them, generate with hyv-tiny from the first 5 frames of a held-out clip, and measure with
-#    `quality.centroid_track` whether the motion continues at the clip's speed. (Whether SigLIP's tokens of one
-#    frame still suffice is a second question.)
+#    pipeline and `hyv_lib` fill only latent frame 0, and nobody here has tried more.
 #
 # :::{admonition} Answers
 # :class: dropdown
@@ -531,4 +526,8 @@ print(f"DiT work per 480p video, 121 frames: 480p_i2v 50 steps x CFG pair = {ful
 # 5. `sampling_schedule(FlowMatchEulerDiscreteScheduler(shift=7.0), 12)`: sigmas 1, 11/12, 10/12, ...
 #    shifted by $7\sigma / (1 + 6\sigma)$ give 1000, 987.18 and 972.22 for the first three; the last timestep is
 #    $1000 \cdot (7/12) / (1 + 6/12) = 388.89$, and its `timestep_r` is 0: that step lands on clean latents.
+# 6. A start: build the condition with more latent frames given (`hyv_lib.models.flow_matching.condition_channels`
+#    shows the layout) and the mask 1 on them, generate with hyv-tiny from the first 5 frames of a held-out clip,
+#    and measure with `quality.centroid_track` whether the motion continues at the clip's speed. (Whether SigLIP's
+#    tokens of one frame still suffice is a second question.)
 # :::

@@ -642,8 +642,7 @@ if i2v_log:  # the fine-tune's steps are the same size (its first-frame tokens a
 #
 # ## Exercises
 #
-# Difficulty: ★ a few lines of reasoning or arithmetic, ★★ a derivation or a short run, ★★★ a design or a longer
-# experiment; **open**: a question this project has not answered, with a place to start.
+# Marked ★ (easy) to ★★★ (hard), and *open* where no one has the answer yet ({ref}`notation-exercises`).
 #
 # 1. ★ Why does the dataset split hold out *combinations* rather than, say, all yellow clips?
 # 2. ★★ The VAE's scaling factor is set so the training latents have unit variance. What would go wrong in
@@ -660,11 +659,7 @@ if i2v_log:  # the fine-tune's steps are the same size (its first-frame tokens a
 #    adapts, then compute it for the same `target_modules` on the real 8.3 B DiT. How many MB is that adapter in
 #    bf16?
 # 8. **Open.** Can hyv-tiny learn cyan, the color its VAE decodes as blue? The LoRA section stops at "one would
-#    have to train the decoder too"; nobody here has tried. A start: fine-tune the decoder alone
-#    (`train.train_vae(..., decoder_only=True)`, which keeps the latents and so the DiT valid) on clips of cyan
-#    mixed with the five known colors, check with `quality.foreground_rgb` that cyan comes back cyan and the
-#    others do not move, then run the LoRA cell for cyan. Whether the frozen encoder's latents separate cyan
-#    from blue at all is the first thing to measure.
+#    have to train the decoder too"; nobody here has tried.
 #
 # :::{admonition} Answers
 # :class: dropdown
@@ -702,4 +697,8 @@ if i2v_log:  # the fine-tune's steps are the same size (its first-frame tokens a
 #    $440 \times 16 \times 4096 = 28{,}835{,}840$ parameters, 57.7 MB in bf16 and 0.35% of the 8.33 B. Check with
 #    `hyv_lib.planning.costs.parameter_shapes(hyv_lib.get_preset("720p_t2v"))`, counting the shapes whose names end
 #    in one of the target modules plus `.weight`.
+# 8. A start: fine-tune the decoder alone (`train.train_vae(..., decoder_only=True)`, which keeps the latents and
+#    so the DiT valid) on clips of cyan mixed with the five known colors, check with `quality.foreground_rgb` that
+#    cyan comes back cyan and the others do not move, then run the LoRA cell for cyan. Whether the frozen
+#    encoder's latents separate cyan from blue at all is the first thing to measure.
 # :::

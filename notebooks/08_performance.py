@@ -691,8 +691,10 @@ print(f"GPU-seconds per 720p CFG step: measured 1 x {measured_steps[('hyv_lib', 
 # to a relative L2 of 0.012 in bf16. The attention call alone shows where the difference is: SDPA per sample does
 # the useful work at 557.7 TFLOP/s, 56.4% of the peak, `torch_varlen` (PyTorch's varlen kernel, which torch 2.11
 # feeds packed keys) takes 1.6x as long, and the dense mask 4.0x as long with 100.49 GiB at its peak. That is why
-# `--attention auto` on CUDA now tries SDPA before `torch_varlen`. Which kernel SDPA dispatched to inside PyTorch is not
-# recorded. All paths agree with the fp32 reference within 7.4e-5.
+# `--attention auto` on Hopper tries SDPA first. This run did not record which kernel SDPA dispatched to inside
+# PyTorch (`gpu_check` records it now); torch 2.11 on an H200 prefers cuDNN's fused attention, and chapter 2's kernel
+# table gives the sources and what flash-attn and FlashAttention-3 add there. All paths agree with the fp32 reference
+# within 7.4e-5.
 #
 # A DeepCache cached step cost 0.0192 of a full one, about its FLOP share of one block in 54 (0.0185), where
 # gpu-tpu-pedia's runs imply 5 to 9 times that share (the DeepCache section below). Streaming the blocks from host
@@ -703,8 +705,9 @@ print(f"GPU-seconds per 720p CFG step: measured 1 x {measured_steps[('hyv_lib', 
 # run (5.2 s/step), and spends 24.725 GPU-seconds on a step that cost that run 41.6. The comparison is not like for
 # like: one GPU has
 # no all-to-all to hide, the H200's HBM is faster (4.80 against 3.35 TB/s), and the cited runs are another code base
-# with FlashAttention-2. It does show that one Hopper GPU runs this step above 50% MFU with PyTorch's own attention,
-# so the 8-GPU runs' 31% leaves a gap that communication and their kernel must account for. `hyv_lib`'s Ulysses
+# with FlashAttention-2. It does show that one Hopper GPU runs this step above 50% MFU with PyTorch's SDPA
+# (cuDNN's kernel, 1.6x FlashAttention-2's speed in the attention table above), so the 8-GPU runs' 31% leaves a
+# gap that communication and their kernel must account for. `hyv_lib`'s Ulysses
 # runtime has not been measured on GPUs, and nothing here was measured on an H100.
 
 # %% [markdown]
@@ -936,7 +939,9 @@ html_table(rows)
 # | Splash attention (stock) | ≈36% (a 15.97 ms roofline over 43.93 ms; the guide says about 37%) | v6e, Wan 720p, 5 heads per chip | gpu-tpu-pedia `tpu/Wan2.2/docs/wan_tpu_optimization_guide.md` (unverified) |
 # | FlashAttention-2, forward | ≈37% (370 TFLOP/s) | H100 SXM5, head dim 128, non-causal | flash-attention `assets/flash3_fp16_fwd.png` |
 # | FlashAttention-3, fp16 forward | ≈65% (646–648 TFLOP/s) | same | same |
-# | PyTorch SDPA on each sample's valid tokens (measured here) | 56.4% (557.7 TFLOP/s) | one H200, this model's 720p/121f attention, head dim 128 | `benchmarks/results/gpu_check_2026-11-26_H200_run2.json` (printed in the measured section above) |
+# | cuDNN fused attention, forward | ≈60% (595–600 TFLOP/s) | same | same |
+# | PyTorch SDPA on each sample's valid tokens, cuDNN's kernel on Hopper (measured here) | 56.4% (557.7 TFLOP/s) | one H200, this model's 720p/121f attention, head dim 128 | `benchmarks/results/gpu_check_2026-11-26_H200_run2.json` (printed in the measured section above) |
+# | torch's varlen FlashAttention-2 (`torch_varlen`, measured here) | 35.3% (348.7 TFLOP/s) | same | same |
 # | maxdiffusion fixed-max ring hop | "91% of the K=128 MXU roofline" (roofline not defined) | v7x | maxdiffusion commit `8dd63054` (unverified) |
 #
 # The same optimisation guide attributes about a third of the Splash kernel's time on v6e to the softmax on the vector
@@ -1247,129 +1252,79 @@ html_table(rows)
 #
 # 1. ★ Attention equals the linear layers in FLOPs when $S = 6d$. How many latent frames of 720p video is that, and
 #    what video length in frames?
-
-# %% [markdown]
-# :::{admonition} Answer
-# :class: dropdown
-# $6d = 12{,}288$ tokens. The context adds 1985, so the video needs $12{,}288 - 1985 = 10{,}303$ tokens; one 720p
-# latent frame is $45 \times 80 = 3600$ tokens, so about 2.9 latent frames. Video length $F$ gives $(F-1)/4+1$
-# latent frames: 5 frames (2 latent) stay below the crossover, 9 frames (3 latent) are just above it. Every useful
-# 720p clip is attention-dominated. Check with `step_flops(P720, 720, 1280, 5)["attention_share"]` and
-# `(..., 9)`.
-# :::
-#
 # 2. ★ What real MFU corresponds to DeepCache's 2.84 s/step on 8×H100? Why does it fall below the 5.2 s/step run's?
-
-# %% [markdown]
-# :::{admonition} Answer
-# :class: dropdown
-# Effective MFU is `mfu(F720["total"], 2.84, "H100", 8)`, about 56%; divided by the schedule's FLOP ratio
-# (`DeepCacheSchedule(50).block_speedup(54)`, 1.96), the real MFU is about 29%, below the uncached run's 31%. The
-# speed-up (1.83x) is smaller than the FLOP ratio (1.96x), because each cached step costs about 0.09 of a full step
-# instead of 1/54: the cached blocks' outputs travel through host memory, and the step has fixed costs that do not
-# shrink with the work.
-# :::
-#
 # 3. ★★ If HunyuanVideo-1.5 ran on a v7x-8 (4 chips) at the 54% MFU that maxdiffusion reached for Wan2.2, what would
 #    one 720p, 121-frame CFG step take? What does the planner say about its memory?
-
-# %% [markdown]
-# :::{admonition} Answer
-# :class: dropdown
-# `F720["total"] / (0.54 * 4 * CHIPS["v7x"].peak_bf16_flops)` is about 2.5 s per step, about 127 s for 50
-# steps. With 192 GiB per chip, even fully replicated weights (15.5 GiB) fit: `bounds(P720, 720, 1280, 121,
-# "v7x", 4, "replicated")["fits"]`. The interconnect bound is empty, because the planner has no sourced TPU7x ICI
-# bandwidth. Note that the 4 chips show up as 8 JAX devices, so a mesh would have 8 devices.
-# :::
-#
 # 4. ★★ The planner counts the 729 image tokens of text-to-video in the attention. A kernel that skips them (and the
 #    padded text slots) saves what fraction of a step? Compare it with the 1.69x needed from 5.81 s/step.
-
-# %% [markdown]
-# :::{admonition} Answer
-# :class: dropdown
-# `step_flops(P720, 720, 1280, 121, valid_context=120)` counts 3.3% less attention, which is 2.9% of the
-# step since attention is 90% of it. That is worth a kernel feature (with valid-first ordering the padding is one
-# contiguous tail that a block-sparse kernel can skip), but a 1.69x speed-up must remove $1 - 1/1.69 = 41\%$ of
-# the step's time, about fourteen times more.
-# :::
-#
 # 5. ★★★ On the v6e-8 mesh `data=2,tensor=4`, how many more bytes of weights does each device hold under
 #    `tp_replicated_out` than under `tp`? Derive it from the replicated matrices, then compare with the compiler's
 #    arguments in the saved reports.
-
-# %% [markdown]
-# :::{admonition} Answer
-# :class: dropdown
-# The replicated matrices are, per block, `to_out.0` and `to_add_out` ($d \times d$ each) and the two MLPs' second
-# linears ($d \times 4d$ each): $2d^2 + 8d^2 = 10d^2 \approx 41.9$ M parameters, or $54 \times 41.9\,\text{M}
-# \approx 2.26$ billion, 4.22 GiB in bf16. Under `tp` a device holds a quarter of them (tensor = 4), under
-# `tp_replicated_out` all of them: $\tfrac34 \times 4.22 \approx 3.16$ GiB more per device.
-# `param_bytes(P720, "bf16", "tp_replicated_out", {"data": 2, "tensor": 4})["bytes_per_device"]` minus the
-# same for `"tp"` gives 3.16 GiB. The compiler's arguments (weights plus inputs) differ by 3.13 GiB
-# (`COMPILED["v6e-8/tp_replicated_out/720p/uncached"]["per_device_bytes"]["arguments"]` minus the `tp` one): the
-# 30 MiB less is the last block's `to_add_out` and `ff_context.net.2`, whose output nothing reads, so `jax.jit`
-# drops them.
-# :::
-#
 # 6. ★★ Double the video to 241 frames at 720p. How many tokens and PFLOP is one CFG step, by what factor does the
 #    attention grow, and how long would the step take on a v6e-8 at the 29.6% MFU of the exp2 run?
-
-# %% [markdown]
-# :::{admonition} Answer
-# :class: dropdown
-# $(241-1)/4+1 = 61$ latent frames, $61 \times 3600 = 219{,}600$ video tokens, $S = 221{,}585$. Attention grows by
-# $(221{,}585 / 113{,}585)^2 \approx 3.81$ (to 43.4 PFLOP), the linear layers only by $221{,}585/113{,}585 \approx
-# 1.95$; `step_flops(P720, 720, 1280, 241)` gives 45.85 PFLOP in total, 94.7% of it attention. At 29.6% of
-# 8 x 918 TFLOP/s (2.18 PFLOP/s) that is about 21.1 s per step, 3.6 times the 5.81 s of 121 frames for twice the
-# frames: attention's quadratic cost makes long videos disproportionately expensive.
-# :::
-#
 # 7. ★★★ *Open.* Where do the 7.29 s of the stock-Splash step on a v6e-8 go? The model above can only say what
 #    attention efficiency would explain the time if nothing else were exposed; a profile of one real step would
 #    split it into the Splash kernel, the linear layers, collectives that do not overlap compute, and host time.
 #    No such profile of this model has been published, and `hyv_lib` has not run on a TPU.
-
-# %% [markdown]
-# :::{admonition} Where to start
-# :class: dropdown
-# On a v6e-8 with the real weights, run `python -m hyv_lib stage2 --runtime jax --warmup_steps 2` for a few steps
-# with `jax.profiler.trace` around one step, open the trace in TensorBoard's profile plugin or Perfetto, and sum the
-# device time per operation kind: the Splash custom calls, the fusions around the matmuls, and each all-reduce or
-# all-gather (and whether it runs beside compute or alone). Compare the Splash total with this chapter's
-# `attention_efficiency` line, and the exposed collectives with the interconnect bounds of the communication table;
-# then repeat on `data=2,tensor=4` to see what the default layout changes.
-# :::
-
-# %% [markdown]
 # 8. ★ In the profile's top-ops table every attention op ran the same number of times per step. Which number, and
 #    where does it come from? How many times would each of them run per step at 720p, 121 frames, with the same
 #    kernel?
-
-# %% [markdown]
-# :::{admonition} Answer
-# :class: dropdown
-# 7, the number of key blocks printed under the table: `kv_block_layout(3500, 512)` cuts the 3,500 keys into 7
-# blocks of 504, and the XLA kernel's `lax.scan` over those blocks compiles to a `while` loop whose body holds the
-# attention's ops (their `JAX op` column starts with `while/body`). At 720p, `kv_block_layout(113585, 512)` gives 222
-# blocks of 512 keys, so each would run 222 times per step. On a TPU the step would use Splash instead, whose loop over
-# blocks runs inside one kernel: the profile shows one op per block, not its iterations.
-# :::
-#
 # 9. ★★ Profile the same step with `JaxTransformer(profile_model, attention_options={"block_kv": 256})`. Predict the
 #    `runs/step` of the attention ops, how many keys the kernel computes (padding included) against 512-key blocks,
 #    and the `result` shape of the $QK^\top$ op; then measure whether the attention's time changes. What is the TPU
 #    counterpart of this knob?
-
-# %% [markdown]
-# :::{admonition} Answer
+#
+# :::{admonition} Answers
 # :class: dropdown
-# `kv_block_layout(3500, 256)` gives 14 blocks of 256 keys: 14 runs per step, $14 \cdot 256 = 3{,}584$ keys computed
-# against $7 \cdot 504 = 3{,}528$ (84 padded keys instead of 28, 1.6% more attention work), and a score tile of
-# `f32[2,2,3500,256]` instead of `f32[2,2,3500,504]`. The time is for the measurement to say: each run does half the
-# work, and the softmax's elementwise passes go over a tile half the size, which may fit the CPU's caches better.
-# `hyv_lib/kernels/xla.py` records 512 as the fastest of 256 to 2,048 at head dimension 128 and $S \approx 4$k on a
-# 2-core CPU; at this model's head dimension of 32 the best block can differ, which is why such a default is
-# measured, not derived. On a TPU the counterpart is Splash's block sizes: the key block, and the query block
-# ({term}`block_q`) whose size sets how often $k$ and $v$ are read again from HBM (the roofline section).
+# 1. $6d = 12{,}288$ tokens. The context adds 1985, so the video needs $12{,}288 - 1985 = 10{,}303$ tokens; one 720p
+#    latent frame is $45 \times 80 = 3600$ tokens, so about 2.9 latent frames. Video length $F$ gives $(F-1)/4+1$
+#    latent frames: 5 frames (2 latent) stay below the crossover, 9 frames (3 latent) are just above it. Every useful
+#    720p clip is attention-dominated. Check with `step_flops(P720, 720, 1280, 5)["attention_share"]` and
+#    `(..., 9)`.
+# 2. Effective MFU is `mfu(F720["total"], 2.84, "H100", 8)`, about 56%; divided by the schedule's FLOP ratio
+#    (`DeepCacheSchedule(50).block_speedup(54)`, 1.96), the real MFU is about 29%, below the uncached run's 31%. The
+#    speed-up (1.83x) is smaller than the FLOP ratio (1.96x), because each cached step costs about 0.09 of a full step
+#    instead of 1/54: the cached blocks' outputs travel through host memory, and the step has fixed costs that do not
+#    shrink with the work.
+# 3. `F720["total"] / (0.54 * 4 * CHIPS["v7x"].peak_bf16_flops)` is about 2.5 s per step, about 127 s for 50
+#    steps. With 192 GiB per chip, even fully replicated weights (15.5 GiB) fit: `bounds(P720, 720, 1280, 121,
+#    "v7x", 4, "replicated")["fits"]`. The interconnect bound is empty, because the planner has no sourced TPU7x ICI
+#    bandwidth. Note that the 4 chips show up as 8 JAX devices, so a mesh would have 8 devices.
+# 4. `step_flops(P720, 720, 1280, 121, valid_context=120)` counts 3.3% less attention, which is 2.9% of the
+#    step since attention is 90% of it. That is worth a kernel feature (with valid-first ordering the padding is one
+#    contiguous tail that a block-sparse kernel can skip), but a 1.69x speed-up must remove $1 - 1/1.69 = 41\%$ of
+#    the step's time, about fourteen times more.
+# 5. The replicated matrices are, per block, `to_out.0` and `to_add_out` ($d \times d$ each) and the two MLPs' second
+#    linears ($d \times 4d$ each): $2d^2 + 8d^2 = 10d^2 \approx 41.9$ M parameters, or $54 \times 41.9\,\text{M}
+#    \approx 2.26$ billion, 4.22 GiB in bf16. Under `tp` a device holds a quarter of them (tensor = 4), under
+#    `tp_replicated_out` all of them: $\tfrac34 \times 4.22 \approx 3.16$ GiB more per device.
+#    `param_bytes(P720, "bf16", "tp_replicated_out", {"data": 2, "tensor": 4})["bytes_per_device"]` minus the
+#    same for `"tp"` gives 3.16 GiB. The compiler's arguments (weights plus inputs) differ by 3.13 GiB
+#    (`COMPILED["v6e-8/tp_replicated_out/720p/uncached"]["per_device_bytes"]["arguments"]` minus the `tp` one): the
+#    30 MiB less is the last block's `to_add_out` and `ff_context.net.2`, whose output nothing reads, so `jax.jit`
+#    drops them.
+# 6. $(241-1)/4+1 = 61$ latent frames, $61 \times 3600 = 219{,}600$ video tokens, $S = 221{,}585$. Attention grows by
+#    $(221{,}585 / 113{,}585)^2 \approx 3.81$ (to 43.4 PFLOP), the linear layers only by $221{,}585/113{,}585 \approx
+#    1.95$; `step_flops(P720, 720, 1280, 241)` gives 45.85 PFLOP in total, 94.7% of it attention. At 29.6% of
+#    8 x 918 TFLOP/s (2.18 PFLOP/s) that is about 21.1 s per step, 3.6 times the 5.81 s of 121 frames for twice the
+#    frames: attention's quadratic cost makes long videos disproportionately expensive.
+# 7. *Where to start.* On a v6e-8 with the real weights, run `python -m hyv_lib stage2 --runtime jax --warmup_steps 2` for a few steps
+#    with `jax.profiler.trace` around one step, open the trace in TensorBoard's profile plugin or Perfetto, and sum the
+#    device time per operation kind: the Splash custom calls, the fusions around the matmuls, and each all-reduce or
+#    all-gather (and whether it runs beside compute or alone). Compare the Splash total with this chapter's
+#    `attention_efficiency` line, and the exposed collectives with the interconnect bounds of the communication table;
+#    then repeat on `data=2,tensor=4` to see what the default layout changes.
+# 8. 7, the number of key blocks printed under the table: `kv_block_layout(3500, 512)` cuts the 3,500 keys into 7
+#    blocks of 504, and the XLA kernel's `lax.scan` over those blocks compiles to a `while` loop whose body holds the
+#    attention's ops (their `JAX op` column starts with `while/body`). At 720p, `kv_block_layout(113585, 512)` gives 222
+#    blocks of 512 keys, so each would run 222 times per step. On a TPU the step would use Splash instead, whose loop over
+#    blocks runs inside one kernel: the profile shows one op per block, not its iterations.
+# 9. `kv_block_layout(3500, 256)` gives 14 blocks of 256 keys: 14 runs per step, $14 \cdot 256 = 3{,}584$ keys computed
+#    against $7 \cdot 504 = 3{,}528$ (84 padded keys instead of 28, 1.6% more attention work), and a score tile of
+#    `f32[2,2,3500,256]` instead of `f32[2,2,3500,504]`. The time is for the measurement to say: each run does half the
+#    work, and the softmax's elementwise passes go over a tile half the size, which may fit the CPU's caches better.
+#    `hyv_lib/kernels/xla.py` records 512 as the fastest of 256 to 2,048 at head dimension 128 and $S \approx 4$k on a
+#    2-core CPU; at this model's head dimension of 32 the best block can differ, which is why such a default is
+#    measured, not derived. On a TPU the counterpart is Splash's block sizes: the key block, and the query block
+#    ({term}`block_q`) whose size sets how often $k$ and $v$ are read again from HBM (the roofline section).
 # :::

@@ -20,7 +20,20 @@
 # FLOPs. The model's 720p *sparse* checkpoints (`720p_t2v_distilled_sparse`, `720p_i2v_distilled_sparse`) were
 # trained with {term}`SSTA`, *selective and sliding tile attention*: each group of 384 tokens attends only some other
 # groups. Tencent's own code runs it through a CUDA package that refuses any GPU whose name does not start with
-# "NVIDIA H" (Tencent-Hunyuan/HunyuanVideo-1.5 issue #22), and no TPU version of it existed. This chapter:
+# "NVIDIA H" (Tencent-Hunyuan/HunyuanVideo-1.5 issue #22), and no TPU version of it existed.
+#
+# :::{figure} ../book/figures/11_ssta_tiles.svg
+# :name: fig-11-ssta-tiles
+#
+# SSTA for one head. Left: the video's latent grid in tiles of 6 x 8 x 8 cells; a query tile (red border) attends
+# its 3 x 3 x 3 window of spatial and temporal neighbours (blue), the top-$k$ tiles its importance score selects
+# anywhere in the video (orange) and the live text tile (green); the zero tokens that pad the last tiles (hatched)
+# count as keys whenever their tile is attended. Right: the same rule as a tile mask of a small grid, one boolean per
+# (query tile, key tile); a kernel skips every white block. At 720p/121f the mask has 366 tiles a side and about 16%
+# of its pairs attended (measured below).
+# :::
+#
+# This chapter:
 #
 # 1. **The tile layout**: how the video is cut into tiles and which tiles attend which.
 # 2. **One real block mask** at 720p/121f, and the arithmetic of density, padding and FLOPs.
@@ -423,8 +436,7 @@ for record in frontier["runs"]:
 # 5. ★★★ SSTA's text cut keeps, in the last live text tile, the padded text tokens after the valid ones as keys.
 #    Write down the attention of one video query over that tile and show how the padding changes the output. Why is
 #    this not a bug for the sparse checkpoints?
-# 6. **Open.** Is the TPU kernel faster with several key tiles per grid step? A start: the kernel's grid in
-#    `hyv_lib.kernels.ssta_jax`, a v6e, and the planner's HBM bound as the target.
+# 6. **Open.** Is the TPU kernel faster with several key tiles per grid step?
 #
 # :::{admonition} Answers
 # :class: dropdown
@@ -445,4 +457,5 @@ for record in frontier["runs"]:
 #    sums with their own $k_p$ and $v_p$ (the blocks update them like any token). The sparse checkpoints were trained
 #    with exactly this, so it is part of the model; a dense model was not, which is one reason tiling alone moves the
 #    tiny models' videos.
+# 6. A start: the kernel's grid in `hyv_lib.kernels.ssta_jax`, a v6e, and the planner's HBM bound as the target.
 # :::

@@ -23,6 +23,18 @@
 # blocks come in two kinds, its guidance is an input of the network rather than a second sample, and its text comes
 # from a Llama and a CLIP.
 #
+# :::{figure} ../book/figures/12_hunyuanvideo_13b.svg
+# :name: fig-12-hunyuanvideo-13b
+#
+# HunyuanVideo's DiT. The video latents (patch 1 x 2 x 2) and the Llama's hidden states (through the token refiner)
+# enter 20 dual-stream blocks, where each stream has its own weights and one attention runs over both; then 40
+# single-stream blocks run one set of weights over the concatenated tokens, and the final layer reads the video
+# tokens back. The timestep, the guidance scale and CLIP's pooled text vector are embedded and summed into one
+# vector per sample, which modulates every block.
+# :::
+#
+# This chapter:
+#
 # 1. **Three models side by side**: the real configs built on the `meta` device, the embedded guidance, the text.
 # 2. **What the family needed**: one folder, two registry entries, and two new questions on the model adapter.
 # 3. **The tiny model against diffusers**: the adapter's pieces, the torch runtime and the JAX runtime (on one and

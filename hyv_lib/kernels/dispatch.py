@@ -42,8 +42,8 @@ GPU_ORDERS = (
              "Hopper and newer: torch's SDPA runs cuDNN's fused attention, measured fastest on one H200 (torch 2.11, "
              "the real 720p/121f joint attention: SDPA 366.5 ms, 557.7 TFLOP/s, against torch_varlen's FlashAttention-2 "
              "586.2 ms, 348.7 TFLOP/s; benchmarks/results/gpu_check_2026-11-26_H200_run2.json; a probe outside the "
-             "repository timed flash-attn's FA2 at 281 ms against SDPA's 178 ms for one 720p sample). FlashAttention-3 "
-             "has not been measured here, so it comes after SDPA: force it with --attention flash3"),
+             "repository timed torch's FlashAttention-2 path at 281 ms against SDPA's 178 ms for one 720p sample). "
+             "FlashAttention-3 has not been measured here, so it comes after SDPA: force it with --attention flash3"),
     GpuOrder((0, 0), ("flash", "sdpa", "torch_varlen"),
              "before Hopper (Ampere, Ada): not measured by this project. SDPA has no cuDNN kernel to pick there and "
              "runs FlashAttention-2 itself, so flash-attn's varlen call (one launch for the batch) comes first when "
