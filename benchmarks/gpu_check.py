@@ -37,6 +37,10 @@ Sections, each catching and recording its own failure so one broken backend does
   GPU against diffusers' fp32 forward on the CPU, then one CFG step of CogVideoX1.5-5B (random bf16 weights) at
   768x1360 and 720x1280, 81 frames: diffusers' stock forward against hyv_lib's attention, eager and with its blocks
   compiled (``make_step(..., compile=True)``; target >= 1.15x diffusers).
+- ``hunyuanvideo``: the third model (``benchmarks/gpu_hunyuanvideo.py``, the same rows by ``benchmarks/gpu_model_step.py``):
+  the tiny HunyuanVideo against diffusers' fp32 forward, then one step of the 13B DiT (guidance embedded: one sample,
+  no CFG pair; random bf16 weights) at 544x960 and 720x1280, 129 frames: diffusers' stock forward against hyv_lib's
+  attention, eager and compiled.
 - ``compiled``: the step of the ``step`` section with hyv_lib's blocks compiled (``make_step(model, "torch",
   attention="auto", compile=True)``: regional torch.compile, attention as one custom op) on a model rebuilt with the
   same seeded weights: the first call (compile + run) apart from the steady s/step, the ratios to the step section's
@@ -98,6 +102,7 @@ from hyv_lib.runtimes.placement import offload_blocks  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_cogvideox import cogvideox_section  # noqa: E402
 from gpu_e2e import compiled_graphs, e2e_section  # noqa: E402
+from gpu_hunyuanvideo import hunyuanvideo_section  # noqa: E402
 from gpu_ssta import backward_section, ssta_section  # noqa: E402
 
 GIB = 2**30
@@ -983,7 +988,7 @@ def markdown(data: dict[str, Any]) -> str:
 
 # ------------------------------------------------------------------------------------------ main
 SECTIONS = ("attention", "step", "cache", "offload", "compiled", "e2e", "vae", "distributed", "train", "cogvideox",
-            "ssta", "ssta_backward")
+            "hunyuanvideo", "ssta", "ssta_backward")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1061,6 +1066,11 @@ def main(argv: list[str] | None = None) -> int:
         helpers = dict(init_weights=init_weights, gpu_memory=gpu_memory, chip_key=chip_key, mfu=mfu,
                        row_failure=row_failure, free_memory=free_memory)
         run_section(report, "cogvideox", lambda s: cogvideox_section(s, device, clock, budget, args.tiny, helpers))
+    if "hunyuanvideo" in wanted:
+        helpers = dict(init_weights=init_weights, gpu_memory=gpu_memory, chip_key=chip_key, mfu=mfu,
+                       row_failure=row_failure, free_memory=free_memory)
+        run_section(report, "hunyuanvideo",
+                    lambda s: hunyuanvideo_section(s, device, clock, budget, args.tiny, helpers))
     if "ssta" in wanted:
         helpers = dict(gpu_memory=gpu_memory, chip_key=chip_key, mfu=mfu, row_failure=row_failure,
                        free_memory=free_memory, joint_mask=joint_mask, build_transformer=build_transformer,

@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = {"environment", "attention", "model", "step", "cache", "offload", "compiled", "e2e", "vae", "distributed",
-            "train", "cogvideox", "ssta", "ssta_backward"}
+            "train", "cogvideox", "hunyuanvideo", "ssta", "ssta_backward"}
 
 
 @pytest.fixture(scope="module")
@@ -109,13 +109,16 @@ def test_train_rows_run_the_torch_train_step_beside_the_memory_model(report):
     assert no_remat["live_peak_mib"] > lora["live_peak_mib"]  # what remat saves
 
 
-def test_cogvideox_section_compares_with_diffusers(report):
-    """The second model's section: the tiny CogVideoX with hyv_lib's attention against diffusers' fp32 forward, and the
-    step rows (diffusers' stock forward vs hyv_lib's attention on the same weights) with their output difference."""
-    section = report[0]["sections"]["cogvideox"]
+@pytest.mark.parametrize("model", ["cogvideox", "hunyuanvideo"])
+def test_model_sections_compare_with_diffusers(report, model):
+    """The second and third models' sections: the tiny model with hyv_lib's attention against diffusers' fp32
+    forward, and the step rows (diffusers' stock forward vs hyv_lib's attention on the same weights) with their
+    output difference. HunyuanVideo's rows run one sample per step (embedded guidance), with padded text."""
+    section = report[0]["sections"][model]
     assert section["tiny"]["max_abs_diff"] <= 1e-5 * max(1.0, section["tiny"]["max_abs_output"])
     assert section["parameters"] > 0 and {r["status"] for r in section["rows"]} == {"ok"}
-    assert [r["name"] for r in section["rows"]][-1] == "cogvideox hyv_lib compiled small"
+    assert [r["name"] for r in section["rows"]][-1] == f"{model} hyv_lib compiled small"
+    assert {r["batch"] for r in section["rows"] if "batch" in r} == {2 if model == "cogvideox" else 1}
     for size, compare in section["compare"].items():
         if size.startswith("compiled "):  # fp32: the compiled blocks within float rounding of the eager ones
             # (measured: relative L2 1.7e-7, max 1.2e-6 of outputs up to 4.7), with both ratios recorded
