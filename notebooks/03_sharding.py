@@ -446,7 +446,7 @@ html_table([{"mesh (8 devices, tp rules)": k, "XLA FLOPs per device": f"{v:.3g}"
 # `data=2,sequence=4` does less again: there the parts no rule splits (embedders, modulation, token refiner) run on
 # one sample per device instead of both. The all-to-alls that move the shards are in the collectives table above:
 # four per block (q, k and v to head shards, the output back), as in the TPU compiler's 720p program, where each is
-# $[b, N_v/s, h/t]$ as the planner counts them.
+# $[b, N_v/s, d/t]$ as the planner counts them.
 #
 #
 

@@ -190,9 +190,9 @@ print(f"valid context tokens: t2v {valid['t2v']}, i2v {valid['i2v']} (+{valid['i
 # %% [markdown]
 # ### Into the input channels
 #
-# The second copy of the frame goes in beside the noise. The DiT's `in_channels` is $2C + 1$ (65 for $C = 32$):
-# the $C$ noisy latent channels, $C$ condition channels and one mask channel, concatenated on the channel axis at
-# every step. `hyv_lib.models.flow_matching.condition_channels` builds the last $C + 1$ as diffusers' I2V pipeline does: the
+# The second copy of the frame goes in beside the noise. The DiT's `in_channels` is $2c + 1$ (65 for $c = 32$):
+# the $c$ noisy latent channels, $c$ condition channels and one mask channel, concatenated on the channel axis at
+# every step. `hyv_lib.models.flow_matching.condition_channels` builds the last $c + 1$ as diffusers' I2V pipeline does: the
 # frame's latents in latent frame 0, zeros after it, and a mask that is 1 on frame 0 only. Text to video passes the
 # same channels, all zero. Here they are for this video (the condition's first channel, and the mask):
 

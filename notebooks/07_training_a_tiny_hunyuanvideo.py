@@ -550,8 +550,8 @@ frame_grid(after_videos[0], columns=5, title=f"after LoRA: {probe[0].caption}", 
 # 4 \times 7$, so $3 \cdot 4 \cdot 7 = 84$ video tokens; `tiny_trained`'s context adds $24 + 16 + 4 = 44$ (text,
 # ByT5 and image slots), so the DiT sees $S = 128$ tokens per clip. A 720p clip of 121 frames has
 # $31 \cdot 45 \cdot 80 = 111{,}600$ video tokens and 1985 context tokens, $S = 113{,}585$: about 887 times as
-# many. Attention costs $4LS^2h$ per sample, so per block and per unit of width it grows by $887^2 \approx
-# 787{,}000$; with the real width and depth ($h = 2048$ against 64, $L = 54$ against 3),
+# many. Attention costs $4LS^2d$ per sample, so per block and per unit of width it grows by $887^2 \approx
+# 787{,}000$; with the real width and depth ($d = 2048$ against 64, $L = 54$ against 3),
 #
 # $$
 # \frac{F_\text{attn}^\text{720p}}{F_\text{attn}^\text{tiny}} = \frac{4 \cdot 54 \cdot 113{,}585^2 \cdot 2048}

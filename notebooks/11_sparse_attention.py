@@ -96,7 +96,7 @@ print("official options:", SstaConfig())
 # %% [markdown]
 # ## The tile layout
 #
-# The video's latent grid is $t \times h \times w$ cells (one token each: HunyuanVideo-1.5's patch is 1 x 1 x 1). SSTA
+# The video's latent grid is $T \times h \times w$ cells (one token each: HunyuanVideo-1.5's patch is 1 x 1 x 1). SSTA
 # cuts it into *tiles* of $6 \times 8 \times 8$ cells, 384 tokens, padding the grid with zero tokens up to whole tiles,
 # and lays the sequence out tile by tile: the tiles in $(t, h, w)$ raster order, the tokens inside each tile in raster
 # order too. The text ("context") tokens follow, cut into tiles of 384 as well (the last one filled with copies of
