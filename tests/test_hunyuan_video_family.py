@@ -271,19 +271,24 @@ def test_stage1_file_checks():
 
 @pytest.mark.parametrize("name", ["hunyuanvideo_tiny", "hunyuanvideo_i2v"])
 def test_a_saved_folder_loads_in_diffusers(tmp_path, name):
-    """save_tiny_pipeline writes a HunyuanVideoPipeline folder (the real image-to-video layout at tiny widths too),
-    which diffusers loads, hyv_lib loads by the family's classes, and whose configs say which preset it is."""
+    """save_tiny_pipeline writes a HunyuanVideoPipeline folder (the real image-to-video layout at tiny widths: a
+    HunyuanVideoImageToVideoPipeline one, with LLaVA), which diffusers loads, hyv_lib loads by the family's classes,
+    and whose configs say which preset it is."""
+    from diffusers import HunyuanVideoImageToVideoPipeline
+
     from hyv_lib.models.components import load_components, save_tiny_pipeline
     from hyv_lib.models.folder import detect_preset
+    from hyv_lib.models.hunyuan_video.presets import real_layout_tiny
 
     preset = families.get_preset(name)
     save_tiny_pipeline(str(tmp_path), preset=name)
-    pipe = HunyuanVideoPipeline.from_pretrained(str(tmp_path))
+    pipeline = HunyuanVideoImageToVideoPipeline if "i2v" in preset.tasks else HunyuanVideoPipeline
+    pipe = pipeline.from_pretrained(str(tmp_path))
     assert pipe.transformer.config.in_channels == preset.transformer["in_channels"]
     assert pipe.scheduler.config.shift == preset.flow_shift
     assert detect_preset(str(tmp_path))[0].name == name
     loaded = load_components(preset, str(tmp_path), families.family_for(preset).text_components)
-    built = build_tiny(HUNYUANVIDEO_TINY, seed=0, names=["text_encoder"])["text_encoder"]
+    built = build_tiny(real_layout_tiny(preset), seed=0, names=["text_encoder"])["text_encoder"]
     assert torch.equal(next(loaded["text_encoder"].parameters()), next(built.parameters()))
 
 

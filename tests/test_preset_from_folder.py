@@ -15,7 +15,7 @@ from hyv_lib.models.folder import LAYOUT_NOTE, choose_preset, detect_preset, dif
 REAL = [name for name, p in PRESETS.items() if not p.is_tiny]
 # the checkpoints whose diffusers configs equal another's: the SSTA-trained one and its dense twin
 TWINS = {"720p_i2v_distilled_sparse": "720p_i2v_distilled", "cogvideox1.5_5b": "cogvideox_tiny",
-         "hunyuanvideo_t2v": "hunyuanvideo_tiny"}
+         "hunyuanvideo_t2v": "hunyuanvideo_tiny", "hunyuanvideo_i2v": "hunyuanvideo_i2v_tiny"}
 
 
 @pytest.fixture(scope="module")

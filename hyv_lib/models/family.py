@@ -35,6 +35,9 @@ class ModelFamily:
     takes_image: bool = False
     #: The components :meth:`encode_image` needs.
     image_components: tuple[str, ...] = ()
+    #: Whether the prompt's text encoder reads the first frame too (an image-text model's image tokens in the
+    #: prompt): :meth:`encode_texts` is then handed ``images``, one per prompt, for an image-to-video run.
+    texts_read_image: bool = False
     #: The model's name in messages ("HunyuanVideo-1.5").
     title: str = ""
     #: The component names of the model's diffusers pipeline folder (model_index.json), image-to-video's aside.
@@ -86,7 +89,9 @@ class ModelFamily:
         """The stage-1 text tensors of a batch of ``prompts`` (batch first; no ``negative_`` names), by the model's
         own pipeline recipe. ``device`` (None: each encoder where it is, the tensors too): each encoder runs there for
         its own call and leaves it after (:func:`hyv_lib.models.devices.on_device`; ``release`` drops the weights of
-        encoders loaded for this call); the tensors come back on the host CPU."""
+        encoders loaded for this call); the tensors come back on the host CPU. A family whose :attr:`texts_read_image`
+        also takes ``images=`` in an image-to-video run: each prompt's first frame, already :meth:`crop_image`-ed,
+        None for a prompt read without one (the negative prompt)."""
         raise NotImplementedError
 
     def tokens_cut(self, components: dict[str, Any], preset: Preset,
@@ -147,6 +152,11 @@ class ModelFamily:
         """The stage-2 latents as the VAE decodes them, [1, C, T, h, w]: unchanged by default. HyvInputError naming
         ``--input_dir`` when the latents do not fit ``video_length``."""
         return latents
+
+    def video_frames(self, preset: Preset, frames: torch.Tensor) -> torch.Tensor:
+        """The decoded uint8 frames [F, H, W, 3] the video keeps, as the model's pipeline returns them: all of them
+        by default."""
+        return frames
 
 
 def warmup_count(warmup: Warmup | None, settings, key: tuple) -> int:

@@ -226,6 +226,7 @@ class VideoPipeline:
         decoded = family_for(self.preset).vae_latents(self.preset, latents, settings.video_length)  # VAE layout
         frames, tile_px = decode_video(self.components["vae"], decoded, runtime=self.vae_runtime,
                                        vae_dtype=self.vae_dtype, tiling=self.tiling, memory_gb=self.vae_memory_gb)
+        frames = family_for(self.preset).video_frames(self.preset, frames)  # the frames its pipeline returns
         config = dict(prompt=prompt, negative_prompt=negative_prompt, preset=self.preset.name, task=task,
                       model_path=self.model_path, dtype=self.dtype, **settings.config(), fps=self.preset.fps,
                       stage3_runtime=self.vae_runtime, vae_dtype=self.vae_dtype, vae_tiling=self.tiling,

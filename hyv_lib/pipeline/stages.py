@@ -394,6 +394,7 @@ def stage3(
         frames, tile_px = decode_video(components["vae"], latents, runtime=runtime, vae_dtype=vae_dtype,
                                        tiling=not disable_tiling, memory_gb=budget, tile_parallel=distributed,
                                        argument="input_dir")
+    frames = family_for(preset).video_frames(preset, frames)  # the frames the model's pipeline returns
     if rank() == 0:
         write_mp4(frames.numpy(), output_video, fps)
         fields = {"output_video": os.path.abspath(output_video), "fps": fps, "vae_tiling": not disable_tiling,

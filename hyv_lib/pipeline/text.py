@@ -72,7 +72,10 @@ def encode_pair(components: dict[str, Any], preset: Preset, prompt: str, negativ
         if missing:
             raise HyvInputError(argument, f"encoding a first frame needs {', '.join(missing)}; load the components "
                                           "of a preset that takes an image")
-    encoded = family.encode_texts(components, preset, [negative_prompt, prompt], device=device, release=release)
+    # a text encoder that reads the first frame reads it with the prompt (the negative prompt: without)
+    frames = {"images": [None, image]} if image is not None and family.texts_read_image else {}
+    encoded = family.encode_texts(components, preset, [negative_prompt, prompt], device=device, release=release,
+                                  **frames)
     tensors = {}
     for index, prefix in ((0, "negative_"), (1, "")):
         for name, value in encoded.items():

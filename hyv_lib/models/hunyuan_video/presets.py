@@ -1,4 +1,4 @@
-"""HunyuanVideo's presets (the 13B text-to-video and latent-concat image-to-video checkpoints, a tiny twin)."""
+"""HunyuanVideo's presets (the 13B text-to-video and latent-concat image-to-video checkpoints, a tiny twin of each)."""
 
 from __future__ import annotations
 
@@ -31,8 +31,14 @@ from .adapter import HUNYUAN_VIDEO
 MODEL = HUNYUAN_VIDEO.name
 #: The CLIP text encoder's token window (HunyuanVideoPipeline.encode_prompt's ``max_sequence_length=77`` for CLIP).
 CLIP_TOKENS = 77
-#: HunyuanVideoImageToVideoPipeline's image tokens (LLaVA's 576 CLIP patches) and its interleave for latent_concat.
+#: HunyuanVideoImageToVideoPipeline's image tokens (LLaVA's 576 CLIP patches), its interleave for latent_concat (it
+#: keeps every second image token) and the assistant-header tokens it cuts from the text.
 I2V_IMAGE_TOKENS, I2V_INTERLEAVE, I2V_ASSISTANT_TOKENS = 576, 2, 4
+#: The tiny LLaVA's vision tower: 32 x 32 pixels in 8 x 8 patches -> 16 image tokens (8 after the interleave).
+TINY_VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=32,
+                   patch_size=8)
+#: The tiny image-to-video text window: the pipeline's ``max_sequence_length`` (256 for the real model).
+TINY_I2V_TEXT_TOKENS = 36
 
 
 def hunyuanvideo_dit(heads: int, head_dim: int, layers: int, single_layers: int, refiner_layers: int,
@@ -103,19 +109,54 @@ HUNYUANVIDEO_TINY_CHANGES: dict[str, Any] = dict(
                         max_position_embeddings=CLIP_TOKENS),
 )
 
+#: What ``hunyuanvideo_i2v_tiny`` changes of ``hunyuanvideo_tiny``: the image-to-video layout (33 channels, no
+#: guidance embedding) and a tiny LLaVA (a CLIP vision tower before the tiny Llama) reading the first frame.
+HUNYUANVIDEO_I2V_TINY_CHANGES: dict[str, Any] = dict(
+    name="hunyuanvideo_i2v_tiny",
+    description="HunyuanVideo-I2V's classes (the 33-channel latent-concat HunyuanVideoTransformer3DModel, "
+    "AutoencoderKLHunyuanVideo, a LlavaForConditionalGeneration with a CLIP vision tower and a Llama, a CLIP text "
+    "encoder, CLIP's image processor) at tiny widths with seeded random weights: its videos are noise.",
+    tasks=("i2v",), guidance_scale=1.0, guidance_embedded=False,
+    # 16 image tokens kept every second (8) + the text window less the 4 assistant-header tokens (32)
+    text_len=-(-((TINY_VISION["image_size"] // TINY_VISION["patch_size"]) ** 2) // I2V_INTERLEAVE)
+    + TINY_I2V_TEXT_TOKENS - I2V_ASSISTANT_TOKENS,
+    transformer=hunyuanvideo_dit(heads=8, head_dim=8, layers=2, single_layers=2, refiner_layers=1, text_dim=32,
+                                 pooled_dim=16, rope_axes_dim=(2, 2, 4), in_channels=33, guidance_embeds=False,
+                                 image_condition_type="latent_concat"),
+    image_encoder=TINY_VISION,
+)
+
 HUNYUANVIDEO_T2V = Preset(**HUNYUANVIDEO_T2V_FIELDS)
 HUNYUANVIDEO_I2V = dataclasses.replace(HUNYUANVIDEO_T2V, **HUNYUANVIDEO_I2V_CHANGES)
 HUNYUANVIDEO_TINY = dataclasses.replace(HUNYUANVIDEO_T2V, **HUNYUANVIDEO_TINY_CHANGES)
-#: HunyuanVideo's presets: text-to-video, latent-concat image-to-video and the tiny text-to-video twin.
-PRESETS: tuple[Preset, ...] = (HUNYUANVIDEO_T2V, HUNYUANVIDEO_I2V, HUNYUANVIDEO_TINY)
+HUNYUANVIDEO_I2V_TINY = dataclasses.replace(HUNYUANVIDEO_TINY, **HUNYUANVIDEO_I2V_TINY_CHANGES)
+#: HunyuanVideo's presets: text-to-video, latent-concat image-to-video and the tiny twin of each.
+PRESETS: tuple[Preset, ...] = (HUNYUANVIDEO_T2V, HUNYUANVIDEO_I2V, HUNYUANVIDEO_TINY, HUNYUANVIDEO_I2V_TINY)
+
+
+def llava_image_tokens(preset: Preset) -> int:
+    """The image tokens LLaVA puts in the prompt of an image-to-video preset: one per patch of its vision tower
+    (CLS dropped, LLaVA's ``vision_feature_select_strategy`` "default"): 576 for the real model's CLIP ViT-L/14 at
+    336 px, ``image_size`` / ``patch_size`` squared for a tiny one."""
+    vision = preset.image_encoder
+    return I2V_IMAGE_TOKENS if vision is None else (vision["image_size"] // vision["patch_size"]) ** 2
+
+
+def i2v_text_tokens(preset: Preset) -> int:
+    """HunyuanVideoImageToVideoPipeline's ``max_sequence_length`` for an image-to-video preset: ``text_len`` less the
+    image tokens it keeps (every :data:`I2V_INTERLEAVE`-th) plus the :data:`I2V_ASSISTANT_TOKENS` it cuts (256 for
+    the real model's 540)."""
+    return preset.text_len - -(-llava_image_tokens(preset) // I2V_INTERLEAVE) + I2V_ASSISTANT_TOKENS
 
 
 def real_layout_tiny(preset: Preset) -> Preset:
-    """The tiny widths of :data:`HUNYUANVIDEO_TINY` with ``preset``'s layout (channels, task, guidance embedding):
-    what ``save_tiny`` writes for a real preset."""
+    """The tiny widths of :data:`HUNYUANVIDEO_TINY` (an image-to-video preset: :data:`HUNYUANVIDEO_I2V_TINY`'s, its
+    tiny LLaVA too) with ``preset``'s layout (channels, task, guidance embedding): what ``save_tiny`` writes for a
+    real preset."""
     if preset.is_tiny:
         return preset
+    tiny = HUNYUANVIDEO_I2V_TINY if "i2v" in preset.tasks else HUNYUANVIDEO_TINY
     layout = {k: preset.transformer[k] for k in ("in_channels", "guidance_embeds", "image_condition_type")}
-    return dataclasses.replace(HUNYUANVIDEO_TINY, name=f"{preset.name}_tiny_layout", tasks=preset.tasks,
+    return dataclasses.replace(tiny, name=f"{preset.name}_tiny_layout", tasks=preset.tasks,
                                guidance_scale=preset.guidance_scale, guidance_embedded=preset.guidance_embedded,
-                               transformer={**HUNYUANVIDEO_TINY.transformer, **layout})
+                               transformer={**tiny.transformer, **layout})

@@ -107,6 +107,10 @@ def sample(step: Callable[..., torch.Tensor], transformer, scheduler_config, pre
     scheduler = FlowMatchEulerDiscreteScheduler.from_config(scheduler_config, shift=settings.flow_shift)
     shape = preset.latent_shape(settings.height, settings.width, settings.video_length)
     shape = (shape[0], config.out_channels, *shape[2:])  # the model decides the channels
+    if config.image_condition_type == "latent_concat" and settings.video_length <= preset.temporal_compression:
+        raise HyvInputError("video_length", f"is {settings.video_length}, but {preset.name}'s video keeps the frames "
+                                            f"after the first {preset.temporal_compression} (as its pipeline does): "
+                                            f"give {preset.temporal_compression + 1} or more")
     if cond_latents is not None and tuple(cond_latents.shape[-2:]) != shape[-2:]:
         raise HyvInputError("height", f"the first frame's latents are {list(cond_latents.shape[-2:])} but the "
                                       f"video's are {list(shape[-2:])}: the image decides the size")
@@ -118,6 +122,15 @@ def sample(step: Callable[..., torch.Tensor], transformer, scheduler_config, pre
                    guidance_embeds=bool(config.guidance_embeds), model_dtype=model_dtype,
                    cond_latents=None if cond_latents is None else cond_latents.to(device), progress=progress,
                    warmup_steps=warmup_count(warmup, settings, (shape, 1, model_dtype, str(device)))).cpu()
+
+
+def video_frames(preset: Preset, frames: torch.Tensor) -> torch.Tensor:
+    """The decoded frames [F, H, W, 3] the video keeps: all of them, but for the latent-concat image-to-video
+    checkpoint those after the first ``temporal_compression`` (4), as HunyuanVideoImageToVideoPipeline (and
+    Tencent's HunyuanVideo-I2V pipeline it follows) drops them: 129 frames give a video of 125."""
+    if preset.transformer.get("image_condition_type") == "latent_concat":
+        return frames[preset.temporal_compression:]
+    return frames
 
 
 def check_stage1(tensors: dict[str, torch.Tensor], preset: Preset, path: str) -> None:
