@@ -31,6 +31,18 @@
 #    into mp4 files and a `data.json`; `extract_features`, `train --lora_rank 16` and `generate --lora` run
 #    in-process; the colour of held-out captions is read before and after.
 #
+# :::{figure} ../book/figures/09_fine_tuning_pipeline.svg
+# :name: fig-09-fine-tuning-pipeline
+#
+# The fine-tuning path this chapter teaches. A `data.json` lists the clips; `extract_features` runs the VAE encoder
+# and the text encoders once per clip and writes a features folder; `train --lora_rank R` trains a LoRA on the
+# attention projections of both streams in every block, with the torch runtime (FSDP2) or the JAX one (a jitted
+# step, FSDP and a sequence axis on a mesh, each block rematerialised); `generate --lora` merges the LoRA file into
+# the weights as they load. The gate probes held-out captions before and after the LoRA and asks for the new colour
+# in at least 6 of 8 for every training seed. `compile --train` checks, without a TPU, whether the step fits a
+# slice.
+# :::
+#
 # The whole chapter runs on a 2-core CPU in about two minutes.
 
 # %% tags=["parameters"]
@@ -232,8 +244,9 @@ print(f"  one block: its inputs {acts[True]['parts']['block_inputs'] / GIB:.2f} 
 # Without remat every block keeps what its backward pass reads: the normalised inputs, q and k before and after
 # their norms, the attention output, the MLP's wide activations. Over 54 blocks that is the "remat off" line, far
 # beyond any accelerator. With remat a block keeps only its input and recomputes the rest when the backward pass
-# reaches it, so the 54 blocks hold 54 inputs plus one block's full set: about one extra forward pass of compute for
-# a factor of about 18 in what the blocks hold (the two "hold" figures). The official trainer and MindSpeed-MM
+# reaches it, so the 54 blocks hold 54 inputs (the "remat on" line), and one block's full set comes on top while
+# that block's backward runs: about one extra forward pass of compute for a factor of about 18 in what the blocks
+# hold (the two "hold" figures). The official trainer and MindSpeed-MM
 # both checkpoint every block for this reason.
 #
 # That is a model. `benchmarks/gpu_check.py --sections train` measured the real thing: the 8.3B DiT's train step
@@ -266,35 +279,46 @@ else:
 # which nobody has measured, be read from the model. The third row is the remat comparison on real hardware:
 # without recomputation the 480p, 33-frame LoRA step peaks at several times the memory of the first LoRA row, and runs
 # faster, because the backward pass no longer repeats each block's forward. At 720p and 121 frames even the LoRA step
-# with remat needs most of an 80 GB card.
+# with remat needs two thirds of an H100's 80 GiB.
 #
-# Remat alone does not make a 720p step fit one chip: the 54 block inputs are still many GiB, and full fine-tuning's
-# optimizer state is 16 bytes per parameter. The figure below is the planner's per-device peak for the layouts of
-# its table (batch 1; `mixed` is the TPU recipe of the compiled step), with the HBM of one device of each kind:
-# FSDP divides the state by the number of devices, and Ulysses (the `sequence` axis) divides the activations.
+# Remat alone does not make every 720p step fit one chip: the LoRA step still peaks at about 50 GiB (more than a v5e
+# or v6e chip holds, within a v5p's 95 GiB), and full fine-tuning's optimizer state is 16 bytes per parameter. The figure below is the planner's per-device peak for the layouts of
+# its table (batch 1; `mixed` is the TPU recipe of the compiled step): for each layout its total (dark gray, the
+# number beside it) and, under it, the three parts that add up to it, with the HBM of one device of each kind
+# (dotted). FSDP divides the state by the number of devices, and Ulysses (the `sequence` axis) divides the
+# activations.
 
 # %%
 layouts = {lay.name: train_step_memory(real, height=height, width=width, video_length=frames,
                                         trainable=lay.trainable, lora_rank=8, remat=lay.remat, fsdp=lay.fsdp,
                                         data_parallel=lay.data_parallel, sequence_parallel=lay.sequence_parallel,
                                         precision="mixed", device="tpu") for lay in TRAIN_LAYOUTS}
-parts = {"weights (bf16)": lambda m: m["weights"] + m["buffers"],
+parts = {"total (the peak)": lambda m: m["total"],
+         "weights (bf16)": lambda m: m["weights"] + m["buffers"],
          "master + moments (fp32)": lambda m: m["master"] + m["optimizer"],
          "activations, gradients, batch": lambda m: m["transient"] + m["inputs"]}
-fig, ax = plt.subplots(figsize=(9, 3.4))
-left = np.zeros(len(layouts))
-for label, part in parts.items():
+colours = ("#444444", "#3b73b9", "#f0a040", "#5aa05a")
+fig, ax = plt.subplots(figsize=(9, 4.6))
+rows_y = np.arange(len(layouts))
+bar = 0.8 / len(parts)
+for k, ((label, part), colour) in enumerate(zip(parts.items(), colours)):  # side by side: a log axis cannot stack
     values = np.array([part(m) / GIB for m in layouts.values()])
-    ax.barh(list(layouts), values, left=left, label=label)
-    left += values
+    ax.barh(rows_y + (k - (len(parts) - 1) / 2) * bar, values, height=bar, color=colour, label=label)
+    if k == 0:
+        for y, v in zip(rows_y, values):
+            ax.text(v * 1.05, y - 1.5 * bar, f"{v:.0f} GiB", va="center", fontsize=8)
 for chip in ("v5e", "v6e", "v5p"):
     spec = CHIPS[chip]
-    ax.axvline(spec.hbm_bytes / spec.devices_per_chip / GIB, color="gray", ls=":", lw=1)
-    ax.text(spec.hbm_bytes / spec.devices_per_chip / GIB, len(layouts) - 0.4, f" {chip}", fontsize=8, color="gray")
-ax.set(xscale="log", xlim=(1, None), xlabel="GiB per device (log scale)",
-       title=f"{real.name}, {height}x{width}x{frames}: planner's train-step peak per device")
+    hbm = spec.hbm_bytes / spec.devices_per_chip / GIB
+    ax.axvline(hbm, color="gray", ls=":", lw=1)
+    ax.text(hbm, 1.01, f"{chip}\n{hbm:.0f} GiB", transform=ax.get_xaxis_transform(), ha="center", va="bottom",
+            fontsize=8, color="gray")
+ax.set_yticks(rows_y, list(layouts))
+ax.set(xscale="log", xlim=(0.1, 2000), xlabel="GiB per device (log scale)")
+ax.set_title(f"{real.name}, {height}x{width}x{frames}: planner's train-step peak per device, and its parts",
+             pad=28, fontsize=10)
 ax.invert_yaxis()
-ax.legend(fontsize=8, loc="lower right")
+ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
 fig.tight_layout()
 plt.show()
 html_table([{"layout": name, "GiB per device": f"{m['total'] / GIB:.1f}", "peak in": m["peak_phase"]}
@@ -303,8 +327,8 @@ html_table([{"layout": name, "GiB per device": f"{m['total'] / GIB:.1f}", "peak 
 # %% [markdown]
 # The first two rows are the remat comparison again, now with the weights. The third row is full fine-tuning on
 # one device, more than any of these chips holds. Sharding it over 8 devices (FSDP, fourth row) brings the
-# state down to an eighth, and splitting the 720p sequence over the same 8 devices (Ulysses, fifth row) does the same
-# for the activations; the compiled slices above use both. That is the recipe's "FSDP plus context parallel plus
+# state down to about an eighth, and splitting the 720p sequence over the same 8 devices (Ulysses, fifth row) cuts
+# the activations about as much; the compiled slices above use both. That is the recipe's "FSDP plus context parallel plus
 # recomputation", derived rather than assumed.
 #
 # ## Live: teaching hyv-tiny a colour
@@ -430,8 +454,8 @@ if LIVE:
     plt.show()
 
 # %% [markdown]
-# The loss moves little, and that is expected: most of a flow-matching loss is the noise the model cannot predict, and
-# a colour is a small part of each clip. Whether the adapter learned anything shows in what the model draws.
+# The loss falls by less than a fifth (the two means of 25 steps printed above), and says little by itself: most of a
+# flow-matching loss is the noise the model cannot predict, and a colour is a small part of each clip. Whether the adapter learned anything shows in what the model draws.
 #
 # The probe: the 17 held-out captions, generated with the same seeds with and without the adapter,
 # `load_pipeline("tiny_trained", lora=...)` for the second (the LoRA is merged into the weights as it loads), and
@@ -511,6 +535,24 @@ def per_seed(seeds, key="new"):
     return ", ".join(str(r[key]) for r in seeds)
 
 
+WORDS = {"defaults": "defaults", "cosine": "cosine decay", "linear0": "linear decay", "all": "every linear layer",
+         "attnmlp": "attention + MLP", "nodrop": "caption dropout 0", "uniform": "uniform noise levels",
+         "uncondbase": "empty prompt → base model"}
+NUMBERS = {"lr": "lr {}", "bs": "batch {}", "steps": "{} steps", "drop": "caption dropout {}", "shift": "shift {}",
+           "ema": "EMA {}", "guided": "guided target {}", "rank": "rank {}"}
+
+
+def readable(name):
+    """A sweep configuration's saved name ("issue-lr3e-3-attnmlp") as a label ("lr 3e-3, attention + MLP")."""
+    parts = re.findall(r"lr[\d.]+e-\d+|[a-z]+[\d.]*", name.split("-", 1)[1].replace("cyanword-", ""))
+    labels = []
+    for part in parts:
+        prefix, number = re.fullmatch(r"(lr|[a-z]+?)([\d.]+(?:e-\d+)?)?", part).groups()
+        labels.append(NUMBERS[prefix].format(number) if number and prefix in NUMBERS else WORDS.get(part, part))
+    return ", ".join(labels)
+
+
+
 gate_runs = sorted(glob.glob("../benchmarks/results/finetune_gate_*.json"))
 if gate_runs:
     measured = json.load(open(gate_runs[-1]))
@@ -550,7 +592,7 @@ if sweeps:
     for (name, dataset, word), c in configs.items():
         changed = {k: v for k, v in c["recipe"].items() if k in reference and v != reference[k]}
         seeds = sorted(c["seeds"], key=lambda x: x["seed"])
-        rows.append({"configuration": name, "clips": {"issue": "12 orange", "chapter9": "chapter 9's 48"}.get(dataset, dataset) + ("" if word == "orange" else f", word '{word}'"),
+        rows.append({"configuration": readable(name), "clips": {"issue": "12 orange", "chapter9": "chapter 9's 48"}.get(dataset, dataset) + ("" if word == "orange" else f", word '{word}'"),
                      "changed": ", ".join(f"{k}={v}" for k, v in changed.items()) or "(none)",
                      "seeds": f"{seeds[0]['seed']}-{seeds[-1]['seed']}",
                      "new colour per seed": per_seed(seeds), "known per seed": per_seed(seeds, "known"),
@@ -651,9 +693,10 @@ shutil.rmtree(workdir, ignore_errors=True)
 #    planner's line above. What does Ulysses over 8 devices make of it?
 # 4. ★★ Run the live section without the prior-preservation clips (drop them from `clips`). Which row of the probe
 #    table do you expect to move, and why? Try it.
-# 5. ★★ Guidance computes $u + w(c - u)$ from the empty prompt's prediction $u$ and the caption's $c$, with $w = 4.5$
-#    for hyv-tiny. Picture it in RGB: let $u$ be the mean of hyv-tiny's five colours and $c$ a colour, and clip the
-#    result to $[0, 1]$. Where do red, yellow and orange (1.0, 0.5, 0.05) land, and what if $u$ is redder than orange?
+# 5. ★★ Guidance computes $v_\text{neg} + g(v_\text{pos} - v_\text{neg})$ from the empty prompt's prediction
+#    $v_\text{neg}$ and the caption's $v_\text{pos}$, with $g = 4.5$ for hyv-tiny. Picture it in RGB: let $v_\text{neg}$
+#    be the mean of hyv-tiny's five colours and $v_\text{pos}$ a colour, and clip the result to $[0, 1]$. Where do
+#    red, yellow and orange (1.0, 0.5, 0.05) land, and what if $v_\text{neg}$ is redder than orange?
 # 6. ★★★ Run the same LoRA with `--runtime jax` (the JAX train step, here on the CPU backend with one device) and
 #    compare its `train_log.jsonl` with the torch run's, step by step. Which differences do you expect, and from
 #    where?
@@ -685,12 +728,20 @@ shutil.rmtree(workdir, ignore_errors=True)
 # 5. The mean of the five colours is about (0.62, 0.62, 0.47). Red: (0.62 + 4.5 x 0.30, 0.62 - 4.5 x 0.50, ...)
 #    clips to (1, 0, 0), still red; yellow clips to (1, 1, 0), still yellow: a colour at a corner of the RGB cube
 #    stays in its corner however far guidance pushes. Orange sits on an edge: its green channel becomes
-#    0.62 - 4.5 x 0.12 = 0.08 and it lands on red, the reads of `uncond_target=base` in the sweep. If $u$ is redder
-#    than orange (the empty prompt after the adapters above), $c - u$ has a positive green part and the result
-#    overshoots to yellow or green. Only a $c - u$ of the right size lands on orange, which is why the seeds scatter.
+#    0.62 - 4.5 x 0.12 = 0.08 and it lands on red, the reads of `uncond_target=base` in the sweep. If $v_\text{neg}$
+#    is redder than orange (the empty prompt after the adapters above), $v_\text{pos} - v_\text{neg}$ has a positive
+#    green part and the result overshoots to yellow or green. Only a $v_\text{pos} - v_\text{neg}$ of the right size
+#    lands on orange, which is why the seeds scatter.
 #    (The real computation happens on latents, step by step; RGB is a caricature of it.)
 # 6. The two runtimes see identical batches (the loop builds them on the host from the seed) and use the same AdamW
 #    and clipping, so the losses agree to float rounding at first: the JAX step computes in another order (fused,
 #    jitted), and the differences grow slowly over hundreds of updates. `tests/test_train_loop.py` and
 #    `tests/test_tpu_train.py` check a few steps against a plain diffusers computation.
+# 7. What is known, from the sweep's table above (12 orange clips, learning rate 3e-3, 500 steps): the attention
+#    projections alone drew orange for 5, 3, 3, 4, 3, 0, 1, 3 of 8 held-out captions over seeds 0-7; attention and
+#    MLP for 8, 5, 4, 1, 4, 2, 1, 4; every linear layer (`lora_targets=all`, which includes the token refiner's
+#    attention) for 4, 4, 5, 2 over seeds 0-3. None reaches 6 for every seed, and the differences between the sets
+#    are within the spread between seeds. Not known: how fast each set learns, per step or per parameter. Where to
+#    start: `tools/finetune_sweep.py` with `--set lora_targets=...` and `--set steps=...` for 100, 200, 500 and
+#    1,000 steps, 8 or more seeds each, and the orange rate plotted against steps and against trained parameters.
 # :::
