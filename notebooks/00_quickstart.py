@@ -215,10 +215,11 @@ for shift in (1.0, 5.0, 9.0):
     sched = FlowMatchEulerDiscreteScheduler(shift=shift)
     sched.set_timesteps(sigmas=np.linspace(1, 0, 51)[:-1])
     ax1.plot(sched.sigmas.numpy(), label=f"shift {shift:g}")
-ax1.set(xlabel="step (of 50)", ylabel="sigma", title="Shifted sigma schedules")
+ax1.set(xlabel="step (of 50)", ylabel="sigma (1 = noise, 0 = data)", title="Shifted sigma schedules")
 ax1.legend()
 ax2.hist(latents.flatten().numpy(), bins=60)
-ax2.set(title=f"stage-2 latents after {config['num_inference_steps']} steps", xlabel="value")
+ax2.set(title=f"stage-2 latents after {config['num_inference_steps']} steps", xlabel="latent value",
+        ylabel=f"count (of {latents.numel():,} values)")
 fig.tight_layout()
 
 # %% [markdown]
@@ -302,60 +303,40 @@ del pipe  # the real models are large: free them before anything else runs
 #
 # 1. ★ Run stage 2 twice with the same seed and compare the latents with `torch.equal`. Then add
 #    `warmup_steps=2`. What do you expect, and why does it matter for TPU benchmarking?
-#
-# :::{admonition} Answer
-# :class: dropdown
-# Both comparisons are `True`. The same seed draws the same noise from a CPU generator, and the loop is
-# deterministic on CPU. Warmup steps call the transformer on the first input and throw the result away without
-# touching the scheduler, so they cannot shift the schedule. This matters because the first jitted call on TPU
-# compiles. A warmup that also advanced the scheduler's step index would make the timed run start a step or two
-# late.
-# :::
-#
 # 2. ★ Put a quoted word in the prompt (for example `a sign that says "OPEN"`) and look at
 #    `prompt_embeds_mask_2`. Then remove the quotes. What changes?
-#
-# :::{admonition} Answer
-# :class: dropdown
-# With quotes, ByT5 encodes `Text "OPEN". `, and the mask counts its bytes plus the end token. Without quotes,
-# the ByT5 embeddings are all zeros and the mask is all zeros, so the DiT sees no glyph tokens.
-# :::
-#
 # 3. ★★ The 480p model (preset `480p_t2v`) makes 121 frames at its default 16:9 size. Compute with
 #    `preset.default_height`, `preset.default_width` and `preset.latent_shape` its latent shape, its number of
 #    video tokens and the bytes of latents in `stage2_latents.safetensors`. How many times fewer tokens than 720p?
-#
-# :::{admonition} Answer
-# :class: dropdown
-# The default size, diffusers' 16:9 bucket for 480p, is 480 x 848 (both multiples of 16), so the latents are
-# `(1, 32, 31, 30, 53)`: $31 \cdot 30 \cdot 53 = 49{,}290$ video tokens and $32 \cdot 49{,}290 \cdot 4 = 6{,}309{,}120$
-# bytes (6.0 MiB) of fp32 latents. That is $111{,}600 / 49{,}290 = 2.26$ times fewer tokens than 720p, and since
-# attention is quadratic in the joint sequence ($S$ = 51,275 against 113,585 with the 1985 context tokens of
-# exercise 4), $(113{,}585 / 51{,}275)^2 = 4.9$ times less attention work per step.
-# :::
-#
 # 4. ★ Attention runs over the video tokens plus the 1985 context tokens (729 image + 256 ByT5 + 1000 text). How many
 #    bytes would a dense boolean mask `[2, 1, S, S]` take for the CFG batch at 720p/121f? Check with
 #    `hyv_lib.models.hunyuan_video15.layout.dense_mask_bytes`.
-#
-# :::{admonition} Answer
-# :class: dropdown
-# $S = 111{,}600 + 1{,}985 = 113{,}585$, and $2 \cdot S^2 = 25{,}803{,}104{,}450$ bytes, 24.0 GiB: more than a
-# 16 GiB TPU v5e chip holds, for a mask that is rebuilt in every block. Chapter 2 gets the same exact result
-# without ever building it.
-# :::
-#
-# 5. ★★★ *Open.* The stage files let each stage run in its own process, so a TPU VM could encode the next prompt on
+# 5. **Open.** The stage files let each stage run in its own process, so a TPU VM could encode the next prompt on
 #    its host CPU (stage 1) while the chips denoise this one (stage 2), and decode the previous one meanwhile. For a
 #    batch of 720p prompts, how much of the wall time would that overlap save, and what limits it: host cores, host
 #    memory for the text encoder beside the stage-2 process, or the VAE's use of the chips? Nobody has measured it
 #    for this model.
 #
-# :::{admonition} Where to start
+# :::{admonition} Answers
 # :class: dropdown
-# `generation_config.json` records each stage's time and peak memory, so one real run gives the three stage times;
-# if stage 2 dominates, overlap can hide at most the other two. `hyv_lib.pipeline.batch.BatchRunner` runs prompts
-# one after another with the models loaded once: a version that hands stage 1 to a second process (or thread) and
-# queues its embeddings would measure the overlap directly. On a CPU, hyv-tiny's stages are all short, so the
-# question needs the real model.
+# 1. Both comparisons are `True`. The same seed draws the same noise from a CPU generator, and the loop is
+#    deterministic on CPU. Warmup steps call the transformer on the first input and throw the result away without
+#    touching the scheduler, so they cannot shift the schedule. This matters because the first jitted call on TPU
+#    compiles. A warmup that also advanced the scheduler's step index would make the timed run start a step or two
+#    late.
+# 2. With quotes, ByT5 encodes `Text "OPEN". `, and the mask counts its bytes plus the end token. Without quotes,
+#    the ByT5 embeddings are all zeros and the mask is all zeros, so the DiT sees no glyph tokens.
+# 3. The default size, diffusers' 16:9 bucket for 480p, is 480 x 848 (both multiples of 16), so the latents are
+#    `(1, 32, 31, 30, 53)`: $31 \cdot 30 \cdot 53 = 49{,}290$ video tokens and $32 \cdot 49{,}290 \cdot 4 = 6{,}309{,}120$
+#    bytes (6.0 MiB) of fp32 latents. That is $111{,}600 / 49{,}290 = 2.26$ times fewer tokens than 720p, and since
+#    attention is quadratic in the joint sequence ($S$ = 51,275 against 113,585 with the 1985 context tokens of
+#    exercise 4), $(113{,}585 / 51{,}275)^2 = 4.9$ times less attention work per step.
+# 4. $S = 111{,}600 + 1{,}985 = 113{,}585$, and $2 \cdot S^2 = 25{,}803{,}104{,}450$ bytes, 24.0 GiB: more than a
+#    16 GiB TPU v5e chip holds, for a mask that is rebuilt in every block. Chapter 2 gets the same exact result
+#    without ever building it.
+# 5. Where to start: `generation_config.json` records each stage's time and peak memory, so one real run gives
+#    the three stage times; if stage 2 dominates, overlap can hide at most the other two.
+#    `hyv_lib.pipeline.batch.BatchRunner` runs prompts one after another with the models loaded once: a version
+#    that hands stage 1 to a second process (or thread) and queues its embeddings would measure the overlap
+#    directly. On a CPU, hyv-tiny's stages are all short, so the question needs the real model.
 # :::

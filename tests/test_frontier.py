@@ -42,6 +42,28 @@ def test_goal_needs_both_the_speed_and_both_accuracies():
     assert not meets_goal(row("x", 3.0, 30, color=0.9, direction=0.74), reference)
 
 
+def test_table_and_plot_carry_wilson_intervals():
+    """42 of 45 and 40 of 45 right: Wilson 95% [82.1, 97.7] and [76.5, 95.2] (by hand: tests/test_stats.py's
+    formula); the plot draws one numbered row per setting."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from hyv_lib.tiny.frontier import accuracy_interval, plot_frontier
+
+    rows = [dict(row("uncached", 1.0, float("inf"), color=42 / 45, direction=40 / 45), method="uncached",
+                 no_cache_blocks=1, full_steps=20, steps=20, speedup_total=1.0),
+            dict(row("magcache", 2.5, 27.0, color=40 / 45, direction=40 / 45), method="magcache", no_cache_blocks=0,
+                 full_steps=7, steps=20, speedup_total=1.4)]
+    results = dict(preset="tiny_trained", prompts=45, num_inference_steps=20, machine="test", rows=rows)
+    assert accuracy_interval(results, rows[0], "color") == pytest.approx((93.33, 82.14, 97.71), abs=0.01)
+    table = frontier_table(results)
+    assert [t["#"] for t in table] == [0, 1]
+    assert table[0]["colour % [95% CI]"] == "93.3 [82, 98]" and table[1]["direction % [95% CI]"] == "88.9 [77, 95]"
+    assert table[1][">= 2.5x, -5 points"] == "yes"  # the target compares the rates, not the intervals
+    fig = plot_frontier(results)
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["0  uncached  (1.00x)", "1  magcache  (2.50x)"]
+
+
 @pytest.fixture(scope="module")
 def pipe():
     import hyv_lib

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..base.errors import HyvInputError
+from ..base.stats import rate_counts, wilson_interval
 from ..models.families import get_preset
 from ..pipeline.calibration import magcache_schedule
 from ..runtimes.deepcache import DeepCacheSchedule
@@ -158,20 +159,41 @@ def load_results(path: str | None = None) -> dict[str, Any]:
     return results
 
 
+def accuracy_interval(results: dict[str, Any], row: dict[str, Any], attribute: str,
+                      confidence: float = 0.95) -> tuple[float, float, float]:
+    """A row's ``attribute`` accuracy (color or direction) and its Wilson interval over the run's prompts, in
+    percent: (rate, low, high). At 45 prompts one prompt is 2.2 points and the 95% interval of a rate near 90% spans
+    about 20 points, so settings a few points apart are not ranked by the run."""
+    n = results["prompts"]
+    low, high = wilson_interval(rate_counts(row[attribute], n), n, confidence)
+    return 100 * row[attribute], 100 * low, 100 * high
+
+
 def frontier_table(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Rows for :func:`hyv_lib.notebook.display.html_table` (or printing): one per setting, percentages and dB rounded."""
+    """Rows for :func:`hyv_lib.notebook.display.html_table` (or printing): one per setting, numbered as in
+    :func:`plot_frontier`, accuracies with their Wilson 95% intervals over the prompts, percentages and dB
+    rounded."""
     reference = results["rows"][0]
-    return [{"setting": r["name"], "full steps": f"{r['full_steps']}/{r['steps']}",
+
+    def accuracy(r, key):
+        rate, low, high = accuracy_interval(results, r, key)
+        return f"{rate:.1f} [{low:.0f}, {high:.0f}]"
+
+    return [{"#": i, "setting": r["name"], "full steps": f"{r['full_steps']}/{r['steps']}",
              "speed-up (denoise)": f"{r['speedup_denoise']:.2f}x", "speed-up (total)": f"{r['speedup_total']:.2f}x",
-             "colour %": f"{100 * r['color']:.1f}", "direction %": f"{100 * r['direction']:.1f}",
+             "colour % [95% CI]": accuracy(r, "color"), "direction % [95% CI]": accuracy(r, "direction"),
              "PSNR dB": "same" if r["psnr_db"] == float("inf") else f"{r['psnr_db']:.1f}",
-             ">= 2.5x, -5 points": "yes" if meets_goal(r, reference) else ""} for r in results["rows"]]
+             ">= 2.5x, -5 points": "yes" if meets_goal(r, reference) else ""}
+            for i, r in enumerate(results["rows"])]
 
 
 def plot_frontier(results: dict[str, Any], title: str | None = None):
-    """Two panels over the denoising speed-up: colour and direction accuracy (the band: within 5 points of
-    uncached), and frame PSNR against the uncached video with its Pareto front. Returns the figure."""
+    """Three panels, one row per setting (numbered as in :func:`frontier_table`, its speed-up in its label): colour
+    and direction accuracy with Wilson 95% intervals over the prompts (shaded: the uncached run's interval; dotted:
+    5 points under uncached, the target), and frame PSNR against the uncached video over the denoising speed-up,
+    each point numbered, with the Pareto front. Returns the figure."""
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     rows, reference = results["rows"], results["rows"][0]
     styles = {"uncached (reference)": ("k", "*"), "fewer steps": ("0.45", "D"), "deepcache": ("tab:blue", "s"),
@@ -180,37 +202,60 @@ def plot_frontier(results: dict[str, Any], title: str | None = None):
     def kind(r):
         return r["method"] if r["method"] != "uncached" else "fewer steps" if r is not reference else \
             "uncached (reference)"
-    fig, (acc, quality) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for r in rows:
-        color, marker = styles[kind(r)]
-        hollow = dict(facecolors="none") if r["no_cache_blocks"] == 0 and r["method"] != "uncached" else {}
-        acc.scatter(r["speedup_denoise"], 100 * r["color"], color=color, marker=marker, **hollow)
-        acc.scatter(r["speedup_denoise"], 100 * r["direction"], color=color, marker=marker, alpha=0.4, **hollow)
-        if r is not reference:  # the reference is the uncached video itself: infinite PSNR
-            quality.scatter(r["speedup_denoise"], r["psnr_db"], color=color, marker=marker, **hollow)
-    for key, style in (("color", "-"), ("direction", "--")):
-        acc.axhspan(100 * reference[key] - 5, 100 * reference[key], color="0.85" if key == "color" else "0.93",
-                    zorder=0)
-        acc.axhline(100 * reference[key], color="0.5", ls=style, lw=0.8, label=f"uncached {key} (band: -5 points)")
-    lowest = min(100 * min(r["color"], r["direction"]) for r in rows)
-    acc.set_ylim(min(lowest, 100 * min(reference["color"], reference["direction"]) - 5) - 3, 101)
-    for ax in (acc, quality):
-        ax.axvline(2.5, color="tab:red", lw=0.8, ls=":")
-        ax.set_xlabel("denoising speed-up over uncached (wall time, one run)")
+
+    def hollow(r):
+        return r["no_cache_blocks"] == 0 and r["method"] != "uncached"
+
+    height = max(4.2, 0.3 * len(rows) + 1.8)
+    fig = plt.figure(figsize=(13, height))
+    grid = fig.add_gridspec(1, 4, width_ratios=[1, 1, 0.12, 1.45], wspace=0.06)
+    colour = fig.add_subplot(grid[0])
+    direction, quality = fig.add_subplot(grid[1], sharey=colour), fig.add_subplot(grid[3])
+    y = np.arange(len(rows))
+    for ax, key, name in ((colour, "color", "colour"), (direction, "direction", "direction")):
+        rate0, low0, high0 = accuracy_interval(results, reference, key)
+        ax.axvspan(low0, high0, color="0.9", zorder=0)
+        ax.axvline(rate0, color="0.5", lw=0.8)
+        ax.axvline(rate0 - 5, color="tab:red", lw=0.8, ls=":")
+        for i, r in zip(y, rows):
+            rate, low, high = accuracy_interval(results, r, key)
+            c, m = styles[kind(r)]
+            ax.errorbar(rate, i, xerr=[[rate - low], [high - rate]], color=c, marker=m, ms=6, capsize=2, lw=1,
+                        mfc="white" if hollow(r) else c)
+        ax.set(xlim=(52, 100), xticks=range(60, 101, 10), xlabel=f"% of the {results['prompts']} prompts",
+               title=f"{name} read right")
+        ax.grid(axis="x", color="0.93")
+    colour.set_yticks(y, [f"{i}  {r['name']}  ({r['speedup_denoise']:.2f}x)" for i, r in zip(y, rows)], fontsize=8)
+    colour.set_ylim(len(rows) - 0.5, -0.5)  # the table's order, top to bottom
+    direction.tick_params(axis="y", labelleft=False)
     front = pareto_front([r for r in rows if r is not reference])
-    quality.plot([r["speedup_denoise"] for r in front], [r["psnr_db"] for r in front], color="0.4", lw=0.8,
-                 label="Pareto front")
-    acc.set_ylabel("accuracy read from the frames (%)")
-    acc.set_title("colour (solid) and direction (faded)")
-    quality.set_ylabel("PSNR vs uncached frames (dB)")
-    quality.set_title("distance from the uncached video")
-    handles = [plt.Line2D([], [], color=c, marker=m, ls="", label=name) for name, (c, m) in styles.items()
+    quality.plot([r["speedup_denoise"] for r in front], [r["psnr_db"] for r in front], color="0.6", lw=0.8, zorder=0)
+    points = [(i, r) for i, r in zip(y, rows) if r is not reference]  # the uncached video itself: infinite PSNR
+    for i, r in points:
+        c, m = styles[kind(r)]
+        quality.scatter(r["speedup_denoise"], r["psnr_db"], color=c, marker=m, s=36,
+                        facecolors="white" if hollow(r) else c)
+        # the number on the left where a faster point sits just to the right of this one
+        crowded = any(0 < o["speedup_denoise"] - r["speedup_denoise"] < 0.15 and abs(o["psnr_db"] - r["psnr_db"]) < 1.2
+                      for _, o in points)
+        quality.annotate(str(i), (r["speedup_denoise"], r["psnr_db"]), textcoords="offset points",
+                         xytext=(-6, 3) if crowded else (5, 3), ha="right" if crowded else "left", fontsize=8)
+    quality.axvline(2.5, color="tab:red", lw=0.8, ls=":")
+    quality.margins(x=0.08)
+    quality.yaxis.tick_right()
+    quality.yaxis.set_label_position("right")
+    quality.set(xlabel="denoising speed-up over uncached (wall time, one run)",
+                ylabel="PSNR vs uncached frames (dB)", title="distance from the uncached video")
+    handles = [Line2D([], [], color=c, marker=m, ls="", label=name) for name, (c, m) in styles.items()
                if name != "uncached (reference)"]
-    handles.append(plt.Line2D([], [], color="0.5", marker="s", ls="", markerfacecolor="none",
-                              label="hollow: no block recomputed"))
-    quality.legend(handles=handles + [quality.get_lines()[-1]], fontsize=8, loc="lower left")
-    acc.legend(fontsize=8, loc="lower left")
+    handles += [Line2D([], [], color="0.3", marker="s", ls="", markerfacecolor="white",
+                       label="hollow: no block recomputed"),
+                Line2D([], [], color="0.6", lw=0.8, label="Pareto front (PSNR)"),
+                Line2D([], [], color="tab:red", lw=0.8, ls=":", label="2.5x; left: uncached - 5 points"),
+                plt.Rectangle((0, 0), 1, 1, color="0.9", label="left: uncached's 95% interval")]
+    quality.legend(handles=handles, fontsize=7, loc="lower left")
     fig.suptitle(title or f"{results['preset']}: {results['prompts']} held-out prompts, "
-                          f"{results['num_inference_steps']} steps ({results['machine']})", fontsize=10)
-    fig.tight_layout()
+                          f"{results['num_inference_steps']} steps ({results['machine']}); bars: Wilson 95% intervals",
+                 fontsize=10)
+    fig.subplots_adjust(left=0.27, right=0.95, top=1 - 0.72 / height, bottom=0.8 / height)
     return fig
