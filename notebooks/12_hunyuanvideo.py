@@ -40,9 +40,12 @@
 # 3. **The tiny model against diffusers**: the adapter's pieces, the torch runtime and the JAX runtime (on one and
 #    on 8 emulated devices) against `HunyuanVideoTransformer3DModel`'s forward with a padded text mask, and the
 #    sampling loop against `HunyuanVideoPipeline`.
-# 4. **A video through the public API**: `hyv_lib.load_pipeline(...).generate(...)`.
+# 4. **A video through the public API**: `hyv_lib.load_pipeline(...).generate(...)`, text to video and image to
+#    video (LLaVA reads the first frame; its latents go beside the noise).
 # 5. **MindSpeed-MM's LoRA recipe, mapped**: its commands and parallel settings next to `hyv_lib`'s, the recipe run
-#    at tiny size, and what is not built yet.
+#    at tiny size.
+# 6. **Real size, compiled here**: the 720x1280x129 step compiled for a v6e-8 and a v5p-8, the planner beside it,
+#    and what is not built yet.
 #
 # Everything here runs on a 2-core CPU in about two minutes with the tiny preset `hunyuanvideo_tiny` (the last code
 # cell prints the time).
@@ -94,6 +97,7 @@ import numpy as np
 import torch
 from diffusers import HunyuanVideoPipeline
 from diffusers.utils import logging as diffusers_logging
+from transformers.utils import logging as transformers_logging
 from IPython.display import display
 from PIL import Image, ImageDraw
 from safetensors.torch import load_file
@@ -116,6 +120,8 @@ from hyv_lib.runtimes.step import make_step
 from hyv_lib.training.feature_set import FeatureSet
 
 diffusers_logging.set_verbosity_error()
+# without torchvision, transformers says once that CLIP's image processor runs its PIL version (the same pixels)
+transformers_logging.set_verbosity_error()
 torch.manual_seed(0)
 print(jax.device_count(), "emulated devices:", jax.devices()[0].platform)
 
@@ -465,6 +471,50 @@ mp4 = video.save(os.path.join(tempfile.mkdtemp(prefix="hunyuanvideo_"), "a_cat_p
 display(video_html(mp4, width=320, media_dir="../_static/videos"))  # linked: the page refers to a copy of the file
 
 # %% [markdown]
+# ### Image to video
+#
+# The image-to-video checkpoint (`hunyuanvideo_i2v`, diffusers' conversion hunyuanvideo-community/HunyuanVideo-I2V-33ch)
+# reads the first frame twice. Its text encoder is LLaVA: a CLIP vision tower turns the frame into 576 image tokens
+# placed in the Llama's context before the prompt, and every second one is kept (288), so the prompt's hidden states
+# have seen the picture. And the frame's VAE latents go in beside the noise on the channel axis: 16 noise + 16 image
+# + 1 mask channel are the checkpoint's 33 input channels. The family's stage 1 calls
+# `HunyuanVideoImageToVideoPipeline`'s own methods for both (`hyv_lib/models/hunyuan_video/first_frame.py`); like
+# the pipeline, the video drops its first 4 decoded frames (129 frames give 125). At tiny size
+# (`hunyuanvideo_i2v_tiny`: a LLaVA whose vision tower sees 32 x 32 pixels in 8-pixel patches), the stage-1 tensors
+# against the pipeline's `encode_prompt`, then a video through `load_pipeline(...).generate(image=...)`:
+
+# %%
+from diffusers import HunyuanVideoImageToVideoPipeline
+
+from hyv_lib.models.hunyuan_video import first_frame
+from hyv_lib.models.hunyuan_video.components import I2V_COMPONENTS
+from hyv_lib.models.hunyuan_video.presets import i2v_text_tokens, llava_image_tokens
+
+i2v = hyv_lib.get_preset("hunyuanvideo_i2v_tiny")
+i2v_api = hyv_lib.load_pipeline(i2v.name, progress=False)
+picture = Image.new("RGB", (160, 96), (128, 128, 128))  # a gray frame with a red disc left of centre
+ImageDraw.Draw(picture).ellipse((40, 32, 72, 64), fill=(220, 30, 30))
+first = family_for(i2v).crop_image(i2v, picture)  # the bucket's crop, as stage 1 makes it
+i2v_prompt = "a red circle moving left"  # shorter than the tiny window: the mask pads
+ours = family_for(i2v).encode_texts(i2v_api.components, i2v, [i2v_prompt], images=[first])
+pipe_i2v = HunyuanVideoImageToVideoPipeline(**{name: i2v_api.components[name] for name in I2V_COMPONENTS})
+with torch.no_grad():
+    embeds, pooled, mask = pipe_i2v.encode_prompt(
+        image=first, prompt=i2v_prompt, device=torch.device("cpu"), max_sequence_length=i2v_text_tokens(i2v),
+        prompt_template=first_frame.prompt_template(i2v, i2v_api.components["tokenizer"]))
+kept = llava_image_tokens(i2v) // 2
+print(f"stage 1 of {i2v.name}: {llava_image_tokens(i2v)} image tokens, {kept} kept; text states "
+      f"{list(ours['prompt_embeds'].shape)}, {int(mask.sum())} of {i2v.text_len} valid ({kept} image + "
+      f"{int(mask.sum()) - kept} text)")
+print(f"max |hyv_lib - HunyuanVideoImageToVideoPipeline.encode_prompt|: text "
+      f"{(ours['prompt_embeds'] - embeds).abs().max():.1e}, pooled "
+      f"{(ours['pooled_prompt_embeds'] - pooled).abs().max():.1e}, masks equal: "
+      f"{torch.equal(ours['prompt_embeds_mask'], mask.long())}")
+clip = i2v_api.generate(i2v_prompt, image=picture, video_length=9, progress=False)
+print(f"generate(image=...): {clip.config['task']}, {clip.frames.shape[1]}x{clip.frames.shape[2]} (the frame's "
+      f"bucket), {clip.latents.shape[2]} latent frames decoded to 9, {clip.frames.shape[0]} kept")
+
+# %% [markdown]
 # ## MindSpeed-MM's LoRA recipe, mapped
 #
 # MindSpeed-MM, Huawei's multimodal training suite, documents HunyuanVideo's training in its guide
@@ -492,11 +542,10 @@ display(video_html(mp4, width=320, media_dir="../_static/videos"))  # linked: th
 # reads it.
 #
 # One difference is not a naming one. MindSpeed-MM fine-tunes the *image-to-video* checkpoint. `hyv_lib` trains the
-# *text-to-video* model here: HunyuanVideo-I2V's stage 1 puts the first frame into the Llama's context as LLaVA image
-# tokens (576 per image, interleaved down to 288), and that stage is not built yet, so there are no I2V features to
-# train on. The preset, folder layout and denoising loop of the 33-channel I2V checkpoint are in the family; its
-# first-frame stage 1 and its training are not. At real size the commands are (the model folder is `HYV_MODEL_PATH`
-# when set):
+# *text-to-video* model here. The I2V checkpoint's generation is built (its stage 1 above, equal to
+# `HunyuanVideoImageToVideoPipeline` at tiny size), but not its training: the train step's batch is text-to-video,
+# and `extract_features` on an I2V preset stops with a clear error, so there are no I2V features to train on. At real
+# size the commands are (the model folder is `HYV_MODEL_PATH` when set):
 
 # %%
 real_path = MODEL_PATH or "/path/to/HunyuanVideo"  # a diffusers-format folder (hunyuanvideo-community/HunyuanVideo)
@@ -621,25 +670,73 @@ for devices in (8, 16):
 # Every power-of-two split up to 8 divides 24, so on 8 devices the head rule costs nothing; on 16 it does, and the
 # default layout leaves 4 devices idle (24 heads do not split 16 ways) rather than guess.
 #
-# ## Not here yet
+# ## Real size, compiled here
 #
-# Besides the I2V checkpoint's first-frame stage 1 and its training, the planner's analytic cost model does not
-# cover HunyuanVideo (its message below) and the real-size TPU compile rows that chapters 8 and 10 read for their
-# models have not been produced for it yet: both are future work, and this chapter gives no real-size step time,
-# memory or FLOPs.
+# `python -m hyv_lib compile --preset hunyuanvideo_t2v` builds the 12.8B transformer on the `meta` device, places its
+# abstract weights with the adapter's rules on a mesh of a *deviceless* TPU slice, and hands one denoising step (one
+# sample: the guidance is embedded) at 720x1280x129 to the TPU compiler. `benchmarks/hunyuanvideo_compile.py` ran it
+# for a v6e-8 and a v5p-8 and saved the compiler's reports; the planner (`hyv_lib.planning.planner.device_plan`, which
+# now counts the single-stream blocks) is beside each row. The next cell reads them.
 
 # %%
-try:
-    step_flops(t2v, 720, 1280, 129)
-except hyv_lib.HyvInputError as error:
-    print(error)
-print(f"\nthe chapter ran in {time.perf_counter() - CHAPTER_START:.0f} s")
+reports = sorted(glob.glob("../benchmarks/results/hunyuanvideo_compile_*.json"))
+runs = json.load(open(reports[-1]))["runs"] if reports else {}
+print(f"{os.path.basename(reports[-1]) if reports else 'no saved compiles'}: {len(runs)} configurations "
+      "(python benchmarks/hunyuanvideo_compile.py)")
+from hyv_lib.planning.planner import device_plan  # noqa: E402
+
+flops = step_flops(t2v, 720, 1280, 129)
+print(f"one step at 720x1280x129: {flops['tokens']['joint']:,} tokens, {flops['total'] / 1e15:.2f} PFLOP, "
+      f"{flops['attention_share']:.0%} of it attention")
+rows, failed = [], []
+for name, r in sorted(runs.items()):
+    kind, slice_, mesh, rules = name.split("/")
+    if "error" in r:
+        failed.append(f"{name}: {r['error'][:120]}")
+        continue
+    sent = sum(op["sent_bytes"] for op in r["collective_ops"])
+    plan = device_plan(t2v, 720, 1280, 129, r["mesh"], r["sharding"])
+    rows.append({"slice": slice_, "mesh": mesh, "rules": rules, "fits": "yes" if r["fits"] else "no",
+                 "GiB per device": f"{r['per_device_bytes']['total'] / 2**30:.2f}",
+                 "of usable GiB": f"{r['hbm_available_per_device'] / 2**30:.2f}",
+                 "planner GiB": f"{plan['per_device_bytes']['total'] / 2**30:.2f}",
+                 "matmul TFLOP / device": f"{r['matmul_flops_per_device'] / 1e12:.1f}",
+                 "planner": f"{plan['flops']['linear'] / 1e12:.1f}",
+                 "GB sent / device": f"{sent / 1e9:.1f}", "planner GB": f"{plan['sent_bytes'] / 1e9:.1f}"})
+display(html_table(rows))
+for line in failed:
+    print("not compiled:", line)
+
+# %% [markdown]
+# Every step layout fits, on both slices. On the tensor-only meshes with `tp` or `tp_replicated_out` the planner's
+# matmuls and collectives agree with the compiler's; with a sequence axis it undercounts the bytes sent, and under
+# `fsdp` XLA splits the matmuls over the devices where the planner assumes each device runs them whole (its matmul
+# column is several times the compiler's there). Those two models are what is left to fix for this family.
+#
+# One finding is this model's own. On any tensor axis the 40 single-stream blocks add all-to-alls that the
+# dual-stream blocks do not: their `proj_out` reads the attention output and the MLP output concatenated (3,072 +
+# 12,288 features), and a tensor split of that input is `t` contiguous chunks, not each device's heads followed by
+# its MLP columns, so XLA re-shards the pieces (the benchmark's markdown,
+# `benchmarks/results/hunyuanvideo_compile_2026-11-28_cpu_libtpu.md`, lists them: about a quarter of the bytes each
+# v6e device sends at the default layout). Splitting `proj_out` into its attention and MLP column blocks, two
+# row-parallel matmuls summed, should avoid them; the rule sets do not do it yet.
+#
+# ## Not here yet
+#
+# The I2V checkpoint's training. The LoRA train step at real size: the row above that names it was not compiled,
+# because the 60 blocks of two kinds are unrolled in the JAX train step (a scan needs blocks of one kind), and that
+# program outgrows this machine's memory; scanning the dual and the single blocks as two loops is the way. The GPU
+# step (`python benchmarks/gpu_check.py --sections hunyuanvideo`, one CFG-free step against diffusers' stock forward)
+# waits for a GPU session.
+
+# %%
+print(f"the chapter ran in {time.perf_counter() - CHAPTER_START:.0f} s")
 
 # %% [markdown]
 # ## Summary
 #
 # * HunyuanVideo (13B) is `hyv_lib`'s third family: one folder (`hyv_lib/models/hunyuan_video/`, presets for
-#   text-to-video, latent-concat image-to-video and a tiny twin), an import and an entry in each registry, and two
+#   text-to-video, latent-concat image-to-video and a tiny twin of each), an import and an entry in each registry, and two
 #   new questions on the model adapter. Its attention processor reuses the other two families' pieces.
 # * What is new is the model: 20 dual-stream blocks then 40 single-stream ones (one set of weights over
 #   [video ; text]); a guidance-distilled checkpoint whose guidance scale is an input, so one sample per step
@@ -656,8 +753,12 @@ print(f"\nthe chapter ran in {time.perf_counter() - CHAPTER_START:.0f} s")
 # * MindSpeed-MM's rank-64 LoRA recipe maps onto `extract_features` -> `train --lora_rank 64 --lora_alpha 64
 #   --lora_targets attn,mlp,single` -> `generate --lora`, and its TP / CP / layerzero onto the `tensor` axis, the
 #   `sequence` axis and FSDP, with the same head rule. The trained file is one diffusers reads and fuses into the same
-#   weights. It trains the text-to-video model: the I2V first-frame stage 1 is not built yet, and neither are the
-#   real-size cost and compile rows.
+#   weights. It trains the text-to-video model; I2V generation is built (its stage 1 equals
+#   `HunyuanVideoImageToVideoPipeline`'s exactly at tiny size), its training is not.
+# * At real size (720x1280x129, one sample, 12.07 PFLOP a step) the compiled step fits a v6e-8 and a v5p-8 in every
+#   layout tried; the CLI's default, `tensor=8` with `tp_replicated_out`, takes 20.08 of the 31.25 usable GiB per v6e
+#   chip. The single-stream blocks' fused output projection costs all-to-alls on any tensor axis. The LoRA train step
+#   at real size is not compiled yet.
 #
 # ## Exercises
 #
@@ -672,8 +773,9 @@ print(f"\nthe chapter ran in {time.perf_counter() - CHAPTER_START:.0f} s")
 # 4. ★★ A rank-$r$ LoRA on a linear layer with $n_\text{in}$ inputs and $n_\text{out}$ outputs adds
 #    $r (n_\text{in} + n_\text{out})$ parameters. Derive the rank-64 count printed for `attn,mlp,single` at real
 #    size.
-# 5. ★★★ Build the I2V checkpoint's first-frame stage 1: which tensors should it write, with which shapes for
-#    `hunyuanvideo_i2v`, and what should it be tested against?
+# 5. ★★★ The I2V checkpoint generates here but does not train. Which tensors should `extract_features` write for an
+#    I2V clip, with which shapes for `hunyuanvideo_i2v`, what does the 33-channel train step's input hold, and what
+#    should the new batch be tested against?
 #
 # :::{admonition} Answers
 # :class: dropdown
@@ -697,12 +799,13 @@ print(f"\nthe chapter ran in {time.perf_counter() - CHAPTER_START:.0f} s")
 #    $64 \times 15{,}360 = 983{,}040$, `proj_out` $64 \times (15{,}360 + 3{,}072) = 1{,}179{,}648$; in all
 #    $3{,}342{,}336$. $20 \times 7{,}077{,}888 + 40 \times 3{,}342{,}336 = 275{,}251{,}200$ over $20 \times 12 +
 #    40 \times 5 = 440$ layers.
-# 5. `HunyuanVideoImageToVideoPipeline` puts the first frame through LLaVA's image tower into the Llama's context:
-#    576 image tokens, interleaved 2 to 288 for the latent-concat checkpoint, then 252 text tokens (256 less the 4
-#    assistant-header tokens it cuts), so `prompt_embeds` [1, 540, 4096] with its mask [1, 540], the pooled CLIP
-#    [1, 768], and the frame's VAE latents `cond_latents` [1, 16, 1, h/8, w/8], which the family's loop already
-#    takes (`hunyuanvideo_i2v.text_len` is 540 and `check_stage1` asks for `cond_latents`). Tests: the new stage 1
-#    against the pipeline's `encode_prompt` with the image at tiny size (equal), and `generate` with an image
-#    against `HunyuanVideoImageToVideoPipeline(output_type="latent")` from the same seed; then the train batch with
-#    the 33 channels against the eager objective, as `tests/test_hunyuan_video_training.py` does for text-to-video.
+# 5. Per clip, what stage 1 writes for a first frame (this chapter's image-to-video section): LLaVA's text states
+#    with the clip's first frame, `prompt_embeds` [540, 4096] (288 image tokens, then 252 text tokens) and its mask
+#    [540], the pooled CLIP vector [768], and the frame's latents `cond_latents` [16, 1, H/8, W/8] beside the clip's
+#    latents [16, T, H/8, W/8]. The train step's input is the noisy latents (16 channels) concatenated with the
+#    condition: the frame's latents in latent frame 0 and zeros after (16), and a mask that is 1 on frame 0 (1), as
+#    the family's loop builds it (`hyv_lib/models/hunyuan_video/recipe.py`); no guidance input (`guidance_embeds` is
+#    False). Test the batch against an objective built from `HunyuanVideoImageToVideoPipeline`'s own
+#    `prepare_latents` at tiny size, as `tests/test_hunyuan_video_training.py` does for text to video, and the
+#    features against stage 1 (`tests/test_hunyuan_video_i2v.py` holds those checks for generation).
 # :::

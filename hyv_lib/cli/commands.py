@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"--train lora: the rank (default {RECIPE_LORA_RANK}, the official train.py's)")
     comp.add_argument("--lora_alpha", type=float, default=RECIPE_LORA_ALPHA,
                       help=f"--train lora: alpha (default {RECIPE_LORA_ALPHA:g}, the official train.py's)")
+    comp.add_argument("--lora_targets", default=None,
+                      help="--train lora: the layer groups the LoRA adapts, comma-separated, as `train` takes them "
+                           "(default: the attention projections)")
     comp.add_argument("--batch_size", type=int, default=1, help="--train: samples per step (default 1)")
     comp.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     pl = sub.add_parser("plan", help="the analytic planner: FLOPs, per-device memory, collectives and lower bounds "
@@ -290,6 +293,8 @@ def _info(args: argparse.Namespace) -> None:
 
 def _compile(args: argparse.Namespace) -> None:
     """``compile``: the denoising step (or with ``--train`` the train step) for a TPU topology, without a TPU."""
+    if args.lora_targets is not None and args.train != "lora":
+        raise HyvInputError("--lora_targets", "chooses a LoRA's layers: it needs --train lora")
     if args.train is not None:
         if args.sharding not in (None, "fsdp") or args.enable_cache:
             raise HyvInputError("--sharding" if args.sharding not in (None, "fsdp") else "--enable_cache",
@@ -299,7 +304,8 @@ def _compile(args: argparse.Namespace) -> None:
                                                "no backward yet (train SSTA on --runtime torch)")
         report = compile_train_step(args.preset, args.topology, train=args.train, lora_rank=args.lora_rank,
                                     lora_alpha=args.lora_alpha, height=args.height, width=args.width,
-                                    video_length=args.video_length, batch_size=args.batch_size, mesh=args.mesh)
+                                    video_length=args.video_length, batch_size=args.batch_size, mesh=args.mesh,
+                                    lora_targets=args.lora_targets)
         print(json.dumps(report, indent=2) if args.json else format_train_report(report))
         return
     report = compile_step(args.preset, args.topology, mesh=args.mesh, sharding=args.sharding or DEFAULT_STRATEGY,

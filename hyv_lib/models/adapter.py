@@ -178,7 +178,11 @@ class ModelAdapter:
         """The sizes :func:`hyv_lib.planning.costs.step_flops` counts from the transformer ``config``: ``heads``,
         ``head_dim``, ``hidden``, ``mlp``, ``refiner_mlp``, ``layers``, ``refiner_layers``, ``patch``, ``patch_t``,
         ``in_channels``, ``out_channels``, ``text_dim``, ``byt5_dim``, ``image_dim``, ``time_dim`` and ``streams`` (2:
-        the context tokens have their own weights; 1: text and video share them). None (the default): no analytic
+        the context tokens have their own weights; 1: text and video share them). Optional keys, 0 when absent:
+        ``single_layers`` single-stream blocks after the ``layers`` ones (one set of weights over [video ; context]:
+        fused Q/K/V, an MLP-in ``single_mlp`` wide and one output projection over [attention ; MLP], an AdaLN h -> 3h),
+        ``pooled_dim`` (a pooled text vector projected into the conditioning vector: pooled_dim -> h -> h) and
+        ``guidance_embed`` (1: an embedded guidance scale, 256 sinusoids -> h -> h). None (the default): no analytic
         cost model, the planner compiles the step instead."""
         return None
 

@@ -114,9 +114,18 @@ def step_flops(preset: Preset | str, height: int, width: int, video_length: int,
     - ``linear``: 2 x tokens x weights per stream in the joint blocks (video tokens through the img
       weights to_q/k/v, to_out.0, ff; context tokens through add_*_proj, to_add_out, ff_context),
       the AdaLN modulation linears on the B timestep embeddings, the token refiner, the embedders
-      (patch embed, time, ByT5, image) and the output head. The last block's context projections
-      after attention are dead code (only video tokens reach the head): they are left out of the
-      total, as XLA drops them, and reported as ``eager_extra`` (what eager torch spends on top).
+      (patch embed, time, ByT5, image, pooled text, embedded guidance) and the output head. The last block's
+      context projections after attention are dead code (only video tokens reach the head): they are left out of
+      the total, as XLA drops them, and reported as ``eager_extra`` (what eager torch spends on top).
+    - single-stream blocks (``single_layers`` of :meth:`hyv_lib.models.adapter.ModelAdapter.cost_dims`, after the
+      dual-stream ones: HunyuanVideo's 40): each runs [video ; context] through one set of weights, to_q/k/v (3 h
+      h), proj_mlp (h f_s) and proj_out over [attention ; MLP] ((h + f_s) h): 4 h h + 2 h f_s per token, the same
+      as a dual block's per stream when f_s = f; their attention is counted as a dual block's, their AdaLN linear is
+      h -> 3 h. They are in ``blocks_attention``, ``blocks_linear`` and ``blocks_modulation``. Nothing is dead code
+      then: the dual blocks' context stream feeds the single blocks, and the last single block's context rows go
+      through the same matmuls as its video rows (concatenated), which a compiler keeps.
+      (tests/test_hunyuan_video_costs.py holds both counts to torch's FlopCounterMode over diffusers' forward, tiny
+      and at the real size: equal.)
 
     Returns ``attention``, ``linear``, ``total``, ``attention_share``, ``parts`` (summing to total),
     ``eager_extra``, ``tokens`` and ``ssta``.
@@ -140,21 +149,26 @@ def step_flops(preset: Preset | str, height: int, width: int, video_length: int,
                     parts=parts, eager_extra=0, tokens=dict(tok, batch=batch, attended=s_attn), ssta=None)
     lt = preset.text_len
     per_token_refiner = 4 * h * h + 2 * h * d["refiner_mlp"]
+    single, f_single = d.get("single_layers", 0), d.get("single_mlp", 0)
     # The last block's context stream after attention (to_add_out, ff_context) feeds nothing: a compiler
-    # drops it (XLA does), eager torch computes it. Reported as ``eager_extra``, not in the total.
-    dead = 2 * b * nc * (h * h + 2 * h * f) if d["layers"] else 0
-    dense_blocks = d["layers"] - (sparse["sparse_blocks"] if sparse else 0)
+    # drops it (XLA does), eager torch computes it. Reported as ``eager_extra``, not in the total. With
+    # single-stream blocks after the dual ones, it feeds them: nothing is dead.
+    dead = 2 * b * nc * (h * h + 2 * h * f) if d["layers"] and not single else 0
+    dense_blocks = d["layers"] + single - (sparse["sparse_blocks"] if sparse else 0)
     parts = {
         "blocks_attention": dense_blocks * 4 * b * heads * s_attn * _pad(s_attn, kv_block) * hd + (
             sparse["sparse_blocks"] * ssta_kernel_cost(sparse, b, heads, hd, 2)["flops"] if sparse else 0),
-        "blocks_linear": d["layers"] * 2 * b * (nv + nc) * per_token_block - dead,
-        "blocks_modulation": d["layers"] * 2 * (2 * b * h * 6 * h),  # norm1 + norm1_context: h -> 6h on temb
+        "blocks_linear": (d["layers"] * 2 * b * (nv + nc) * per_token_block - dead
+                          + single * 2 * b * (nv + nc) * (4 * h * h + 2 * h * f_single)),
+        # norm1 + norm1_context: h -> 6h on temb per dual block; norm: h -> 3h per single block
+        "blocks_modulation": d["layers"] * 2 * (2 * b * h * 6 * h) + single * 2 * b * h * 3 * h,
         "refiner_attention": d["refiner_layers"] * 4 * b * heads * lt * _pad(lt, kv_block) * hd,
         "refiner_linear": (2 * b * lt * d["text_dim"] * h  # proj_in
                            + d["refiner_layers"] * (2 * b * lt * per_token_refiner + 2 * b * h * 2 * h)  # + AdaNorm
                            + 2 * b * (TIME_PROJ_DIM * h + h * h) + 2 * b * (d["text_dim"] * h + h * h)),
         "embedders": (2 * b * nv * d["in_channels"] * d["patch_t"] * d["patch"] ** 2 * h  # x_embedder (conv)
-                      + 2 * b * (TIME_PROJ_DIM * h + h * h)  # time_embed
+                      + 2 * b * (TIME_PROJ_DIM * h + h * h) * (1 + d.get("guidance_embed", 0))  # time, guidance
+                      + 2 * b * (d.get("pooled_dim", 0) * h + h * h if d.get("pooled_dim") else 0)  # pooled text
                       + 2 * b * preset.byt5_len * (d["byt5_dim"] * BYT5_HIDDEN + BYT5_HIDDEN ** 2 + BYT5_HIDDEN * h)
                       + 2 * b * preset.image_tokens * (d["image_dim"] ** 2 + d["image_dim"] * h)),
         "output": 2 * b * h * 2 * h + 2 * b * nv * h * d["out_channels"] * d["patch_t"] * d["patch"] ** 2,
@@ -306,8 +320,9 @@ def attention_hbm_bytes(preset: Preset | str, height: int, width: int, video_len
     """HBM bytes the attention kernel moves in one transformer forward, following how a flash-style kernel (Splash,
     flash-attn) walks the sequence: per (sample, head) it reads Q once and writes O once, and for each of the
     ``ceil(S / block_q)`` query tiles it streams all of K and V again (they do not fit in VMEM / shared memory).
-    Per joint block: ``B H D x (2 S_q + 2 (S_q / block_q) S_kv)``; the token refiner's self-attention over the text
-    counts the same way. ``pad``: Splash pads the joint sequence to a multiple of its blocks (``S_q``, ``S_kv``
+    Per joint block (a single-stream block attends over the same joint sequence: counted as one):
+    ``B H D x (2 S_q + 2 (S_q / block_q) S_kv)``; the token refiner's self-attention over the text counts the same
+    way. ``pad``: Splash pads the joint sequence to a multiple of its blocks (``S_q``, ``S_kv``
     rounded up); flash-attn's varlen kernel reads only the real rows (``pad=False``). ``attention`` as for
     :func:`step_flops` (None: the preset's own): with SSTA the joint blocks that run it count
     :func:`hyv_lib.planning.sparse.ssta_kernel_cost`'s bytes instead (Q and O once over the tiled sequence, each
@@ -335,11 +350,12 @@ def attention_hbm_bytes(preset: Preset | str, height: int, width: int, video_len
         return batch * d["heads"] * d["head_dim"] * x * (2 * s_q + 2 * passes * s_q), passes, bq
 
     joint, passes, bq = per_block(tok["joint"])
-    joint_blocks = d["layers"] * joint
+    blocks = d["layers"] + d.get("single_layers", 0)
+    joint_blocks = blocks * joint
     sparse = ssta_density(preset, height, width, video_length, attention)
     if sparse:
         kernel = ssta_kernel_cost(sparse, batch, d["heads"], d["head_dim"], x)
-        joint_blocks = (d["layers"] - sparse["sparse_blocks"]) * joint + sparse["sparse_blocks"] * kernel["bytes"]
+        joint_blocks = (blocks - sparse["sparse_blocks"]) * joint + sparse["sparse_blocks"] * kernel["bytes"]
         passes, bq, block_kv = kernel["passes"], kernel["block_q"], kernel["block_q"]
     refiner, _, _ = per_block(preset.text_len)
     total = joint_blocks + d["refiner_layers"] * refiner
@@ -367,6 +383,8 @@ def activation_bytes(preset: Preset | str, height: int, width: int, video_length
     - qkv: 3 b s (h / t) x  (after a Ulysses all_to_all each is b S h_loc D x, the same size)
     - attn_out: b s (h / t) x
     - mlp: b s (f / t) x  (the MLP intermediate)
+    - single (models with single-stream blocks only): b s ((h + f_s) / t) x, the [attention ; MLP] features a
+      single-stream block concatenates for its proj_out (its MLP intermediate is ``mlp`` when f_s = f)
     - attention working set, ``flash`` (Splash / FlashAttention): a fp32 output accumulator plus running
       max and sum per query, b h_loc S (D + 2) 4 bytes, i.e. O(S D) per head (tiles are O(1));
       ``dense``: fp32 logits b h_loc S^2 4 plus diffusers' boolean [B, 1, S, S] mask b S^2 (a lower
@@ -390,6 +408,8 @@ def activation_bytes(preset: Preset | str, height: int, width: int, video_length
         "attn_out": b * s * -(-h // t) * x,
         "mlp": b * s * -(-f // t) * x,
     }
+    if d.get("single_layers", 0):
+        parts["single"] = b * s * -(-(h + d["single_mlp"]) // t) * x
     if attention == "flash":
         parts["attention"] = b * h_loc * s_full * (hd + 2) * 4
     else:
@@ -415,12 +435,13 @@ def collective_bytes(preset: Preset | str, height: int, width: int, video_length
 
     - ``tp`` (Megatron, the ``tp`` rule set): each row-parallel output (to_out.0 / to_add_out and
       ff.net.2, per stream) is all-reduced; a ring all-reduce of m bytes sends 2 (n-1)/n m per device.
-      Per joint block: 2 x 2 (n-1)/n b S h x. (With ``tp_replicated_out`` XLA chooses other
-      collectives; this is the plain-TP count.)
+      Per joint block: 2 x 2 (n-1)/n b S h x; per single-stream block one (its proj_out): 2 (n-1)/n b S h x.
+      (With ``tp_replicated_out`` XLA chooses other collectives; this is the plain-TP count.)
     - ``ulysses`` (sequence parallel; XLA's resharding around head-sharded attention on a mesh with a
       sequence axis is the same pattern): per joint block, all_to_all of q, k, v (sequence -> heads)
       and of the output (heads -> sequence); a device holds m = b S h x / n of each and sends
-      (n-1)/n m: 4 (n-1)/n b S h x / n per block; plus a final all-gather of the output latents.
+      (n-1)/n m: 4 (n-1)/n b S h x / n per block, single-stream blocks too; plus a final all-gather of the output
+      latents.
     - ``fsdp``: every weight the ``fsdp`` rule set splits is all-gathered once per forward:
       (n-1)/n of those weight bytes (n = all devices).
     - ``dp`` (CFG-parallel, a whole sample per device): only the final gather of the noise prediction.
@@ -435,18 +456,19 @@ def collective_bytes(preset: Preset | str, height: int, width: int, video_length
     mesh = as_mesh(mesh_shape, STRATEGIES[strategy])
     b = -(-batch // mesh["data"])
     h = d["hidden"]
+    single = d.get("single_layers", 0)
     output = b * tok["video"] * d["out_channels"] * x  # the noise prediction of the local samples
     if strategy == "tp":
         n = mesh["tensor"]
         per_block = 2 * (2 * (n - 1) / n) * b * tok["joint"] * h * x
-        total = d["layers"] * per_block
+        total = d["layers"] * per_block + single * per_block / 2  # a single-stream block: one all-reduce
         ops = dict(per_block=per_block, blocks=total)
     elif strategy == "ulysses":
         n = mesh["sequence"]
         per_block = 4 * (n - 1) / n * b * tok["joint"] * h * x / n
         gather = (n - 1) / n * output
-        total = d["layers"] * per_block + gather
-        ops = dict(per_block=per_block, blocks=d["layers"] * per_block, output_gather=gather)
+        total = (d["layers"] + single) * per_block + gather
+        ops = dict(per_block=per_block, blocks=(d["layers"] + single) * per_block, output_gather=gather)
     elif strategy == "fsdp":
         n = math.prod(mesh.values())
         split = param_bytes(preset, dtype, "fsdp", mesh)["rows"]

@@ -100,7 +100,10 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
       replicated fc2 to the local columns); a sequence axis adds 4 all-to-alls per block, [b, N_v/s, h/t] each
       (q, k, v to head shards and the output back: Ulysses inside the mesh) and gathers the context stream's
       attention output over it; ``fsdp`` all-gathers every block matrix whole. Token-refiner attention outputs are
-      gathered too. ``sent_bytes`` converts them to bytes on the wire (a ring all-reduce of m bytes over n devices
+      gathered too. Single-stream blocks (HunyuanVideo's) all-reduce their one row-parallel output (proj_out,
+      [b, N_v + N_c, h]) under both TP rule sets, and on any tensor axis XLA re-shards their [attention ; MLP]
+      concatenation with all-to-alls (2 x [b, N_v + N_c, (h + f_s) / t] per block); nothing of the last dual block
+      is dead then. ``sent_bytes`` converts them to bytes on the wire (a ring all-reduce of m bytes over n devices
       sends 2 (n-1)/n m, an all-gather or all-to-all (n-1)/n m).
     - ``flops``: attention over data x tensor x sequence (heads over tensor x sequence); block matmuls over data,
       the sequence for video tokens, and tensor only for the weights the rules split (``tp_replicated_out``'s
@@ -139,6 +142,7 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
     b = batch // d_
     nv, nc, lt = -(-tok["video"] // sq), tok["context"], preset.text_len
     refiner = dims["refiner_layers"]
+    single, f_single = dims.get("single_layers", 0), dims.get("single_mlp", 0)  # single-stream blocks (HunyuanVideo)
 
     # ---- collectives (HLO result bytes per device) and their group sizes
     coll = {"all-reduce": 0.0, "all-gather": 0.0, "all-to-all": 0.0}
@@ -152,34 +156,44 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
 
     weights = param_bytes(preset, dtype, rules, mesh)
     # jax.jit drops arguments the program never reads: the last block's context-stream weights after attention
+    # (none when single-stream blocks follow: they read that stream)
     prefix = get_adapter(preset.model).block_prefix  # "transformer_blocks."
     last = f"{prefix}{layers - 1}."
     dead_names = {name for name, _ in parameter_shapes(preset)
-                  if name.startswith(last) and re.search(r"to_add_out|ff_context", name)}
+                  if not single and name.startswith(last) and re.search(r"to_add_out|ff_context", name)}
     specs, _ = plan_specs(preset, rules, mesh)
     dead_bytes = sum(math.prod(shape) // split_factor(specs[name], mesh) for name, shape in parameter_shapes(preset)
                      if name in dead_names) * x
     if t * sq > 1:
         add("all-gather", refiner * b * lt * h * x, t * sq)
-    if sq > 1:
-        add("all-to-all", 4 * layers * b * nv * (h // t) * x, sq)
-        add("all-gather", (layers - 1) * b * nc * (h // t) * x, sq)
     # context rows through the row-parallel outputs: HunyuanVideo-1.5 drops the last block's context stream after
     # attention (to_add_out, ff_context); CogVideoX's MLP runs on [text ; video] concatenated, so its last block
-    # keeps the text rows of to_out and of the MLP (nothing is dead)
+    # keeps the text rows of to_out and of the MLP (nothing is dead); HunyuanVideo's single-stream blocks read the
+    # last dual block's context stream (nothing is dead either)
     joint = dims["streams"] == 1
-    ctx_attn = ctx_mlp = (layers if joint else layers - 1) * nc
+    context_blocks = layers if joint or single else layers - 1
+    if sq > 1:  # single-stream blocks: the same 4 all-to-alls (q, k, v and the output of the joint sequence)
+        add("all-to-all", 4 * (layers + single) * b * nv * (h // t) * x, sq)
+        add("all-gather", (layers if single else layers - 1) * b * nc * (h // t) * x, sq)
+    ctx_attn = ctx_mlp = context_blocks * nc
+    # a single-stream block has one row-parallel matmul (proj_out over [attention ; MLP]): one all-reduce of its
+    # output, [b, N_v + N_c, h]; tp_replicated_out keeps proj_out whole, which XLA slices to the local columns as it
+    # does the dual blocks' fc2 (the same all-reduce)
+    single_rows = single * (nv + nc) * b * h * x
+    if t > 1 and single:  # every rule set: XLA re-shards a single block's [attention ; MLP] concatenation, whose
+        # tensor shards are not the contiguous feature chunks proj_out splits: all-to-alls of the attention output,
+        # the MLP output and the concatenation, [b, N_v + N_c, (h + f_s) / t] in all twice (read from the compiled
+        # HLO, tests/test_hunyuan_video_costs.py)
+        add("all-to-all", single * 2 * b * (nv + nc) * -(-(h + f_single) // t) * x, t)
     if t > 1 and rules == "tp":
-        add("all-reduce", 2 * layers * b * nv * h * x + (ctx_attn + ctx_mlp) * b * h * x, t)
+        add("all-reduce", 2 * layers * b * nv * h * x + (ctx_attn + ctx_mlp) * b * h * x + single_rows, t)
     elif t > 1 and rules == "tp_replicated_out":
         add("all-gather", layers * b * nv * h * x + ctx_attn * b * h * x, t)
-        add("all-reduce", layers * b * nv * h * x + ctx_mlp * b * h * x, t)
-    if rules == "fsdp":
+        add("all-reduce", layers * b * nv * h * x + ctx_mlp * b * h * x + single_rows, t)
+    if rules == "fsdp":  # every block matrix the rule set splits (both kinds of blocks), gathered whole
         matrices = sum(math.prod(shape) for name, shape in parameter_shapes(preset)
-                       if name.startswith(prefix) and len(shape) == 2)
-        dead = sum(math.prod(shape) for name, shape in parameter_shapes(preset)
-                   if name in dead_names and len(shape) == 2)
-        add("all-gather", (matrices - dead) * x, d_ * t * sq)
+                       if len(shape) == 2 and split_factor(specs[name], mesh) > 1 and name not in dead_names)
+        add("all-gather", matrices * x, d_ * t * sq)
 
     # ---- FLOPs per device
     total = step_flops(preset, height, width, video_length, batch, attention=attention)
@@ -188,9 +202,12 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
     split_all = 1 if whole else t  # the tensor split of the column/row matmuls the rules split
     split_out = 1 if whole or rules == "tp_replicated_out" else t  # to_out's
     per_token = 2 * ((3 * h * h + 2 * h * f) / split_all + h * h / split_out)
-    dead_tokens = 0 if joint else nc * (2 * ((h * f) / split_all + h * h / split_out)  # last block, context
-                                        + 2 * h * f / split_all)
-    linear = b * (layers * (nv + nc) * per_token - dead_tokens)
+    dead_tokens = 0 if joint or single else nc * (2 * ((h * f) / split_all + h * h / split_out)  # last block, context
+                                                  + 2 * h * f / split_all)
+    # single-stream blocks: to_q/k/v and proj_mlp column-parallel, proj_out ([attention ; MLP] -> h) row-parallel;
+    # tp_replicated_out's whole proj_out is sliced to the local columns as fc2 is (the compiled HLO's dots)
+    per_token_single = 2 * (3 * h * h + h * f_single + (h + f_single) * h) / split_all
+    linear = b * (layers * (nv + nc) * per_token - dead_tokens + single * (nv + nc) * per_token_single)
     small = (parts["blocks_modulation"] + parts["refiner_linear"] + parts["embedders"] + parts["output"]) / d_
     flops = dict(attention=total["attention"] / (d_ * t * sq), linear=linear + small)
     flops["total"] = flops["attention"] + flops["linear"]
@@ -201,8 +218,9 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
         latents = math.prod(preset.denoising_shape(height, width, video_length)[1:])
         inputs = b * (latents * x + lt * dims["text_dim"] * x + 8) + 2 * tok["video"] * hd * 4
     else:
-        inputs = (b * ((2 * c + 1) * frames * lh * lw * x + lt * dims["text_dim"] * x + lt * 8
+        inputs = (b * (dims["in_channels"] * frames * lh * lw * x + lt * dims["text_dim"] * x + lt * 8
                        + preset.byt5_len * (dims["byt5_dim"] * x + 8) + preset.image_tokens * dims["image_dim"] * x
+                       + dims.get("pooled_dim", 0) * x + dims.get("guidance_embed", 0) * x
                        + nc * 9 + x) + 2 * tok["video"] * hd * 4)  # masks and gather order int64, RoPE cos/sin f32
     per_token_out = dims["out_channels"] * dims["patch_t"] * dims["patch"] ** 2  # the noise prediction
     outputs = b * per_token_out * tok["video"] * x + (b * (nv + nc) * h * x if enable_cache else 0)

@@ -20,7 +20,7 @@ from ..base.errors import HyvInputError
 from ..base.presets import Preset, video_size
 from ..kernels.splash import default_block_sizes, resolve_block_sizes
 from ..models.families import get_preset
-from ..models.lora import add_lora
+from ..models.lora import add_lora, parse_lora_targets
 from ..models.registry import get_adapter
 from ..parallel.jax_env import quiet_libtpu
 from ..parallel.mesh import parse_mesh
@@ -70,10 +70,13 @@ def compile_train_step(preset: str | Preset = "720p_t2v", topology: str = "v5p:2
                        height: int | None = None, width: int | None = None, video_length: int | None = None,
                        batch_size: int = 1, mesh: str | dict | None = None, remat: bool = True,
                        master_weights: bool = True, attention_options: dict | None = None,
-                       num_layers: int | None = None, scan_blocks: bool = True) -> dict[str, Any]:
+                       num_layers: int | None = None, scan_blocks: bool = True,
+                       lora_targets: str | None = None) -> dict[str, Any]:
     """Compile one train step (forward, backward and the AdamW update) of ``preset`` for the TPU slice ``topology``.
 
-    ``train``: ``lora`` (rank ``lora_rank``, ``lora_alpha``; default the official recipe's r=8, alpha=16) or ``full``.
+    ``train``: ``lora`` (rank ``lora_rank``, ``lora_alpha``; default the official recipe's r=8, alpha=16; on the target
+    groups ``lora_targets`` of the model adapter's :attr:`~hyv_lib.models.adapter.ModelAdapter.lora_targets`, e.g.
+    ``attn,mlp``; default None: :func:`hyv_lib.models.lora.target_names`' attention projections) or ``full``.
     ``batch_size`` samples per step; ``mesh`` (default :func:`train_layout`: samples over ``data``, tokens over
     ``sequence``) must use every device. Weights
     bf16; trainable parameters with fp32 master weights (``master_weights``) and fp32 AdamW moments; ``remat``
@@ -105,9 +108,11 @@ def compile_train_step(preset: str | Preset = "720p_t2v", topology: str = "v5p:2
     config = dict(preset.transformer, **({} if num_layers is None else {"num_layers": num_layers}))
     preset = preset if config == preset.transformer else dataclasses.replace(preset, transformer=config)
     model = abstract_transformer(preset)
+    if lora_targets is not None and train != "lora":
+        raise HyvInputError("lora_targets", f"chooses a LoRA's layers: it needs `train` lora, not {train!r}")
     if train == "lora":
         with torch.device("meta"):
-            add_lora(model, lora_rank, lora_alpha)
+            add_lora(model, lora_rank, lora_alpha, targets=lora_targets)
         torch.nn.Module.to(model, torch.bfloat16)  # not diffusers' override, which warns (see abstract_transformer)
     counts = dict(total=sum(p.numel() for p in model.parameters()),
                   trainable=sum(p.numel() for n, p in model.named_parameters() if train == "full" or "lora_" in n))
@@ -126,8 +131,9 @@ def compile_train_step(preset: str | Preset = "720p_t2v", topology: str = "v5p:2
         topology=topology, device_kind=devices[0].device_kind, devices=len(devices),
         processes=len({d.process_index for d in devices}), chips=chips,
         mesh={a: int(n) for a, n in jax_mesh.shape.items()}, preset=preset.name, train=train,
-        lora=dict(rank=lora_rank, alpha=float(lora_rank if lora_alpha is None else lora_alpha)) if train == "lora"
-        else None,
+        lora=dict(rank=lora_rank, alpha=float(lora_rank if lora_alpha is None else lora_alpha),
+                  **({} if lora_targets is None else {"targets": parse_lora_targets(
+                      lora_targets, get_adapter(preset.model).lora_targets)})) if train == "lora" else None,
         batch=batch_size, size=dict(height=height, width=width, video_length=video_length), tokens=tokens,
         parameters=counts, scan_blocks=step.scan, param_dtype="bfloat16", optimizer_state="float32 (AdamW moments)"
         + (" + float32 master weights" if master_weights else ""), remat=remat,

@@ -98,6 +98,22 @@ class HunyuanVideoAdapter(ModelAdapter):
     def token_grid(self, denoising_shape: tuple[int, ...]) -> tuple[int, int, int]:
         return tuple(denoising_shape[2:5])
 
+    def cost_dims(self, config: Mapping[str, Any]) -> dict[str, int]:
+        """``num_layers`` dual-stream blocks (``streams`` 2: own text weights) then ``num_single_layers``
+        single-stream ones (``single_layers``, MLP ``single_mlp`` wide: one set of weights over [video ; text]); a
+        token refiner whose MLP is built at its default ratio 4 (``HunyuanVideoTokenRefiner`` passes no
+        ``mlp_ratio``); the conditioning vector sums the timestep, pooled-CLIP (``pooled_dim``) and, in the
+        guidance-distilled checkpoints, guidance embeddings (``guidance_embed`` 1); no ByT5 or image embedder."""
+        heads, head_dim = config["num_attention_heads"], config["attention_head_dim"]
+        hidden = heads * head_dim
+        mlp = int(hidden * config["mlp_ratio"])
+        return dict(heads=heads, head_dim=head_dim, hidden=hidden, mlp=mlp, refiner_mlp=4 * hidden,
+                    layers=config["num_layers"], refiner_layers=config["num_refiner_layers"],
+                    patch=config["patch_size"], patch_t=config["patch_size_t"], in_channels=config["in_channels"],
+                    out_channels=config["out_channels"], text_dim=config["text_embed_dim"], byt5_dim=0, image_dim=0,
+                    time_dim=hidden, streams=2, single_layers=config["num_single_layers"], single_mlp=mlp,
+                    pooled_dim=config["pooled_projection_dim"], guidance_embed=int(bool(config["guidance_embeds"])))
+
     def video_token_count(self, model, latent_shape) -> int:
         """One token per 1 x 2 x 2 patch: ``T / p_t`` x ``H / p`` x ``W / p``."""
         c = model.config
