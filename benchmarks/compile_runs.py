@@ -42,8 +42,10 @@ def compile_child(args: list[str]) -> dict:
                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
     wall = round(time.perf_counter() - start, 1)
     command = "python " + " ".join(cmd)
-    if out.returncode != 0:
-        return dict(error=(out.stderr.strip().splitlines() or ["?"])[-1], command=command, wall_seconds=wall)
+    if out.returncode != 0:  # a child killed by a signal (the out-of-memory killer's 9) may print nothing
+        last = out.stderr.strip().splitlines() or [f"killed by signal {-out.returncode}" if out.returncode < 0
+                                                   else f"exit status {out.returncode}, no error line"]
+        return dict(error=last[-1], returncode=out.returncode, command=command, wall_seconds=wall)
     return dict(json.loads(out.stdout), command=command, wall_seconds=wall)
 
 
