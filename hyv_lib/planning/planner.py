@@ -155,8 +155,8 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
             sent += nbytes * (2 if kind == "all-reduce" else 1) * (group - 1) / group
 
     weights = param_bytes(preset, dtype, rules, mesh)
-    # jax.jit drops arguments the program never reads: the last block's context-stream weights after attention
-    # (none when single-stream blocks follow: they read that stream)
+    # jax.jit drops arguments the program never reads: the last block's context-stream weights after attention (none
+    # when single-stream blocks follow: they read that stream)
     prefix = get_adapter(preset.model).block_prefix  # "transformer_blocks."
     last = f"{prefix}{layers - 1}."
     dead_names = {name for name, _ in parameter_shapes(preset)
@@ -167,23 +167,20 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
     if t * sq > 1:
         add("all-gather", refiner * b * lt * h * x, t * sq)
     # context rows through the row-parallel outputs: HunyuanVideo-1.5 drops the last block's context stream after
-    # attention (to_add_out, ff_context); CogVideoX's MLP runs on [text ; video] concatenated, so its last block
-    # keeps the text rows of to_out and of the MLP (nothing is dead); HunyuanVideo's single-stream blocks read the
-    # last dual block's context stream (nothing is dead either)
+    # attention (to_add_out, ff_context); nothing is dead where the MLP runs on [text ; video] (CogVideoX's last
+    # block keeps the text rows) or single-stream blocks read the last dual block's context stream (HunyuanVideo's)
     joint = dims["streams"] == 1
     context_blocks = layers if joint or single else layers - 1
     if sq > 1:  # single-stream blocks: the same 4 all-to-alls (q, k, v and the output of the joint sequence)
         add("all-to-all", 4 * (layers + single) * b * nv * (h // t) * x, sq)
         add("all-gather", (layers if single else layers - 1) * b * nc * (h // t) * x, sq)
     ctx_attn = ctx_mlp = context_blocks * nc
-    # a single-stream block has one row-parallel matmul (proj_out over [attention ; MLP]): one all-reduce of its
-    # output, [b, N_v + N_c, h]; tp_replicated_out keeps proj_out whole, which XLA slices to the local columns as it
-    # does the dual blocks' fc2 (the same all-reduce)
+    # a single-stream block's one row-parallel matmul (proj_out over [attention ; MLP]): one all-reduce of [b, N_v +
+    # N_c, h]; tp_replicated_out's whole proj_out is sliced by XLA to the local columns as fc2 is (the same)
     single_rows = single * (nv + nc) * b * h * x
-    if t > 1 and single:  # every rule set: XLA re-shards a single block's [attention ; MLP] concatenation, whose
-        # tensor shards are not the contiguous feature chunks proj_out splits: all-to-alls of the attention output,
-        # the MLP output and the concatenation, [b, N_v + N_c, (h + f_s) / t] in all twice (read from the compiled
-        # HLO, tests/test_hunyuan_video_costs.py)
+    if t > 1 and single:  # every rule set: XLA re-shards a single block's [attention ; MLP] concatenation (its tensor
+        # shards are not the feature chunks proj_out splits): all-to-alls of [b, N_v + N_c, (h + f_s) / t], twice in
+        # all (read from the compiled HLO, tests/test_hunyuan_video_costs.py)
         add("all-to-all", single * 2 * b * (nv + nc) * -(-(h + f_single) // t) * x, t)
     if t > 1 and rules == "tp":
         add("all-reduce", 2 * layers * b * nv * h * x + (ctx_attn + ctx_mlp) * b * h * x + single_rows, t)
@@ -204,8 +201,7 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
     per_token = 2 * ((3 * h * h + 2 * h * f) / split_all + h * h / split_out)
     dead_tokens = 0 if joint or single else nc * (2 * ((h * f) / split_all + h * h / split_out)  # last block, context
                                                   + 2 * h * f / split_all)
-    # single-stream blocks: to_q/k/v and proj_mlp column-parallel, proj_out ([attention ; MLP] -> h) row-parallel;
-    # tp_replicated_out's whole proj_out is sliced to the local columns as fc2 is (the compiled HLO's dots)
+    # single-stream blocks: to_q/k/v and proj_mlp column-parallel, proj_out ([attention ; MLP] -> h) row-parallel
     per_token_single = 2 * (3 * h * h + h * f_single + (h + f_single) * h) / split_all
     linear = b * (layers * (nv + nc) * per_token - dead_tokens + single * (nv + nc) * per_token_single)
     small = (parts["blocks_modulation"] + parts["refiner_linear"] + parts["embedders"] + parts["output"]) / d_
