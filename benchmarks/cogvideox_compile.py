@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -50,14 +49,6 @@ CITED = {("768x1360", "data=2,tensor=4"): 1.13, ("768x1360", "tensor=8"): 1.79,
 
 def key(slice_: str, size: str, mesh: str, sharding: str) -> str:
     return f"{size}/{slice_}/{mesh}/{sharding}"
-
-
-def load() -> dict:
-    return compile_runs.load(STEM)
-
-
-def save(results: dict) -> None:
-    compile_runs.save(STEM, results, table)
 
 
 def compile_child(slice_: str, size: str, mesh: str, sharding: str) -> dict:
@@ -275,24 +266,8 @@ def explain(runs: dict) -> list[str]:
 
 
 def main() -> None:
-    args = compile_runs.arguments(__doc__.split("\n\n")[0], "';'-separated filters on 'size/slice/mesh/rules'")
-    if args.table:
-        compile_runs.rewrite_table(STEM, table)
-        return
-    results = load()
-    filters = args.only.split(";") if args.only else None
-    for config in CONFIGS:
-        name = key(*config)
-        if name in results["runs"] or (filters and not any(f in name for f in filters)):
-            continue
-        print(time.strftime("%H:%M:%S"), "compiling", name, flush=True)
-        results["runs"][name] = compile_child(*config)
-        save(results)
-        r = results["runs"][name]
-        print(time.strftime("%H:%M:%S"), " ", "error " + r["error"] if "error" in r else
-              f"fits {r['fits']}, {r['per_device_bytes']['total'] / 2**30:.2f} GiB, {r['wall_seconds']} s", flush=True)
-    save(results)
-    print(table(results))
+    compile_runs.run_configs(__doc__.split("\n\n")[0], "';'-separated filters on 'size/slice/mesh/rules'", STEM, CONFIGS, key,
+                             compile_child, table)
 
 
 if __name__ == "__main__":

@@ -63,3 +63,28 @@ def rewrite_table(stem: str, table: Callable[[dict], str]) -> None:
     results = load(stem)
     save(stem, results, table)
     print(table(results))
+
+
+def run_configs(description: str, only_help: str, stem: str, configs: list[tuple], key: Callable[..., str],
+                child: Callable[..., dict], table: Callable[[dict], str]) -> None:
+    """A compile benchmark's command line: ``--table`` rewrites the markdown from the saved JSON; otherwise compile
+    each of ``configs`` (``child(*config)``, saved under ``key(*config)``) that is not saved yet and matches
+    ``--only``, saving after each, then print the table."""
+    args = arguments(description, only_help)
+    if args.table:
+        rewrite_table(stem, table)
+        return
+    results = load(stem)
+    filters = args.only.split(";") if args.only else None
+    for config in configs:
+        name = key(*config)
+        if name in results["runs"] or (filters and not any(f in name for f in filters)):
+            continue
+        print(time.strftime("%H:%M:%S"), "compiling", name, flush=True)
+        results["runs"][name] = child(*config)
+        save(stem, results, table)
+        r = results["runs"][name]
+        print(time.strftime("%H:%M:%S"), " ", "error " + r["error"] if "error" in r else
+              f"fits {r['fits']}, {r['per_device_bytes']['total'] / 2**30:.2f} GiB, {r['wall_seconds']} s", flush=True)
+    save(stem, results, table)
+    print(table(results))

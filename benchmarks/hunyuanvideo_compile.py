@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -57,14 +56,6 @@ NOTES = {
 
 def key(kind: str, slice_: str, mesh: str, sharding: str) -> str:
     return f"{kind}/{slice_}/{mesh}/{sharding}"
-
-
-def load() -> dict:
-    return compile_runs.load(STEM)
-
-
-def save(results: dict) -> None:
-    compile_runs.save(STEM, results, table)
 
 
 def compile_child(kind: str, slice_: str, mesh: str, sharding: str) -> dict:
@@ -227,24 +218,8 @@ def reading(runs: dict) -> list[str]:
 
 
 def main() -> None:
-    args = compile_runs.arguments(__doc__.split("\n\n")[0], "';'-separated filters on 'kind/slice/mesh/rules'")
-    if args.table:
-        compile_runs.rewrite_table(STEM, table)
-        return
-    results = load()
-    filters = args.only.split(";") if args.only else None
-    for config in CONFIGS:
-        name = key(*config)
-        if name in results["runs"] or (filters and not any(f in name for f in filters)):
-            continue
-        print(time.strftime("%H:%M:%S"), "compiling", name, flush=True)
-        results["runs"][name] = compile_child(*config)
-        save(results)
-        r = results["runs"][name]
-        print(time.strftime("%H:%M:%S"), " ", "error " + r["error"] if "error" in r else
-              f"fits {r['fits']}, {r['per_device_bytes']['total'] / 2**30:.2f} GiB, {r['wall_seconds']} s", flush=True)
-    save(results)
-    print(table(results))
+    compile_runs.run_configs(__doc__.split("\n\n")[0], "';'-separated filters on 'kind/slice/mesh/rules'", STEM, CONFIGS, key,
+                             compile_child, table)
 
 
 if __name__ == "__main__":

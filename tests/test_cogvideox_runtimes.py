@@ -379,17 +379,13 @@ def test_tile_parallel_decode_of_a_vae_whose_tiles_carry_a_cache():
     from hyv_lib.models.components import build_tiny_components
     from hyv_lib.models.families import get_preset
     from hyv_lib.parallel.distributed import run_distributed
+    from test_parallel import torch_threads
 
     preset = get_preset("cogvideox_tiny")
     vae = build_tiny_components(preset, names=["vae"])["vae"]
     vae.enable_tiling(tile_sample_min_height=32, tile_sample_min_width=32)  # 4-latent tiles: 8 x 8 is several
     z = torch.randn(1, preset.latent_channels, 3, 8, 8, generator=torch.Generator().manual_seed(0))
     video, timeline = run_distributed(tile_parallel_job, 2, vae, z, timeout=240)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the ranks' count: CPU convolutions sum in a thread-count-dependent order
-    try:
-        with torch.no_grad():
-            expected = vae.decode(z).sample
-    finally:
-        torch.set_num_threads(threads)  # later tests compare bitwise against runs at the default count
+    with torch_threads(1), torch.no_grad():  # the ranks' count, restored after (later tests compare bitwise)
+        expected = vae.decode(z).sample
     assert torch.equal(video, expected) and timeline == []  # decoded whole, not spread

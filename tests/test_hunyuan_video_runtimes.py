@@ -423,6 +423,7 @@ def test_tile_parallel_decode_over_spatial_tiles_and_temporal_chunks(components)
     tile_parallel_decode spreads the tiles of both over 2 gloo ranks and equals the VAE's own tiled decode."""
     from hyv_lib.parallel.distributed import run_distributed
     from hyv_lib.runtimes.vae import latent_tile
+    from test_parallel import torch_threads
 
     vae = copy.deepcopy(components["vae"])
     vae.enable_tiling(tile_sample_min_height=32, tile_sample_min_width=32, tile_sample_stride_height=24,
@@ -430,13 +431,8 @@ def test_tile_parallel_decode_over_spatial_tiles_and_temporal_chunks(components)
     assert latent_tile(vae) == (4, 4)  # what the VAE's _decode computes: 32 px / 8
     z = torch.randn(1, 16, 3, 6, 6, generator=torch.Generator().manual_seed(5))  # 3 latent frames
     (video, timelines) = run_distributed(tile_parallel_job, 2, vae, z, timeout=240)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the ranks' count: CPU convolutions sum in a thread-count-dependent order
-    try:
-        with torch.no_grad():
-            expected = vae.decode(z).sample
-    finally:
-        torch.set_num_threads(threads)  # later tests compare bitwise against runs at the default count
+    with torch_threads(1), torch.no_grad():  # the ranks' count, restored after (later tests compare bitwise)
+        expected = vae.decode(z).sample
     assert video.shape == expected.shape == (1, 3, 9, 48, 48)
     assert torch.equal(video, expected)
     # 1-latent-frame chunks with their causal frame of overlap (3 chunks) x 2 x 2 spatial tiles, round robin
