@@ -119,9 +119,14 @@ def test_a_lora_from_data_json_to_generate(features_dir, tmp_path, capsys):
 
 
 def test_the_jax_train_step_is_the_objective(features_dir):
-    """JaxTrainStep (torchax, one device) on a HunyuanVideo batch: its loss equals diffusers' eager fp32 forward's,
-    the guidance and pooled text in every block's modulation (ModelAdapter.condition_embedding)."""
+    """JaxTrainStep (torchax, one device) on a HunyuanVideo batch with a LoRA on the attention, MLP and single-stream
+    layers (B factors random, so every factor has a gradient): the dual- and the single-stream blocks run as two
+    ``lax.scan`` loops over their stacked weights, and the loss and every LoRA factor's gradient equal torch autograd
+    through diffusers' eager fp32 forward (the guidance and pooled text in every block's modulation:
+    ModelAdapter.condition_embedding). Measured: loss within 1e-7 relative; gradients within 9.8e-6 of the largest
+    (the unrolled blocks' the same: scan and unrolled differ by 2e-7 of the largest)."""
     pytest.importorskip("optax")
+    from hyv_lib.models.lora import add_lora
     from hyv_lib.runtimes.jax_train import JaxTrainStep
 
     features = FeatureSet(features_dir)
@@ -129,9 +134,28 @@ def test_the_jax_train_step_is_the_objective(features_dir):
     batch = build_batch(features, pick_clips(features.shapes(), 2, g), preset=PRESET, model_config=PRESET.transformer,
                         task="t2v", caption_dropout=0.0, shift=3.0, sampling="logit_normal", generator=g)
     model = build_tiny(PRESET, seed=2, names=["transformer"])["transformer"]
+    add_lora(model, 4, 8.0, targets="attn,mlp,single")
     with torch.no_grad():
-        inputs = {k: v for k, v in batch.items() if k != "target"}
-        expected = (model(**inputs).sample - batch["target"]).pow(2).mean().item()
-    loss = JaxTrainStep(copy.deepcopy(model), trainable="full").step(batch)
-    print(f"JAX train step loss {loss:.6f} vs eager {expected:.6f}")
-    assert loss == pytest.approx(expected, rel=1e-5)
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * (0.05 if "lora_B" in name else 0.3))
+    oracle = copy.deepcopy(model)
+    for name, p in oracle.named_parameters():
+        p.requires_grad_("lora_" in name)
+    inputs = {k: v for k, v in batch.items() if k != "target"}
+    expected = (oracle(**inputs).sample - batch["target"]).pow(2).mean()
+    expected.backward()
+
+    step = JaxTrainStep(copy.deepcopy(model), trainable="lora", compiler_options={"xla_backend_optimization_level": 0})
+    assert step.scan == ("transformer_blocks.", "single_transformer_blocks.")  # two loops, one per block kind
+    assert "single_transformer_blocks.*.proj_out.lora_A.default.weight" in step.params  # [2, r, in]: stacked
+    loss, grads = step.gradients(batch)
+    reference = {n: torch.zeros_like(p) if p.grad is None else p.grad for n, p in oracle.named_parameters()
+                 if "lora_" in n}
+    assert set(grads) == set(reference)
+    scale = max(r.abs().max().item() for r in reference.values())
+    error = max((grads[n] - r).abs().max().item() for n, r in reference.items())
+    print(f"JAX train step loss {loss:.6f} vs eager {expected.item():.6f}; gradients within {error / scale:.1e} of "
+          f"the largest ({len(grads)} LoRA factors)")
+    assert loss == pytest.approx(expected.item(), rel=1e-5)
+    assert error <= 3e-5 * scale

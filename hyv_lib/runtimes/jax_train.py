@@ -16,6 +16,7 @@ from ..models.registry import adapter_for
 from ..parallel.mesh import active_mesh, head_split, make_mesh, parse_mesh
 from ..parallel.sharding import gather_whole, plan_fsdp, shard_tokens
 from ..parallel.transfer import jax_to_torch, place
+from .block_stack import STACKED, block_groups, first_block_name, same_blocks, stack_blocks, unstack_blocks
 
 logger = logging.getLogger(__name__)
 
@@ -24,58 +25,6 @@ logger = logging.getLogger(__name__)
 TRAINABLE = ("lora", "full")
 #: The batch keys :meth:`JaxTrainStep.step` reads besides the adapter's conditioning keywords.
 BATCH_KEYS = ("hidden_states", "timestep", "target")
-#: The name of a block weight stacked over the blocks (``scan_blocks``): ``transformer_blocks.*.attn.to_q.weight``.
-STACKED = "*"
-
-
-def _block_index(name: str, prefix: str) -> tuple[int, str] | None:
-    """(block index, name inside the block) of a block weight's name, else None."""
-    if not name.startswith(prefix):
-        return None
-    index, _, rest = name[len(prefix):].partition(".")
-    return (int(index), rest) if index.isdigit() and rest else None
-
-
-def _same_blocks(tensors: dict[str, torch.Tensor], prefix: str, count: int) -> bool:
-    """Whether the ``count`` blocks hold the same weights (names, shapes, dtypes): then a scan can run them."""
-    per_block: dict[int, dict[str, tuple]] = {}
-    for name, tensor in tensors.items():
-        found = _block_index(name, prefix)
-        if found:
-            per_block.setdefault(found[0], {})[found[1]] = (tuple(tensor.shape), tensor.dtype)
-    return count > 0 and sorted(per_block) == list(range(count)) and all(
-        per_block[i] == per_block[0] for i in per_block)
-
-
-def _stack(tensors: dict[str, torch.Tensor], specs: dict[str, tuple], prefix: str,
-           count: int) -> tuple[dict[str, torch.Tensor], dict[str, tuple]]:
-    """Block weights stacked over the blocks (``prefix*.<name>`` -> [count, ...]), placed as one block's weight along
-    its own dims; the other weights as they are."""
-    stacked, stacked_specs = {}, {}
-    for name, tensor in tensors.items():
-        found = _block_index(name, prefix)
-        if found is None:
-            stacked[name], stacked_specs[name] = tensor, specs.get(name, ())
-        elif found[0] == 0:
-            key = f"{prefix}{STACKED}.{found[1]}"
-            stacked[key] = torch.stack([tensors[f"{prefix}{i}.{found[1]}"] for i in range(count)])
-            spec = specs.get(name, ())
-            stacked_specs[key] = (None, *spec) if spec else ()
-    return stacked, stacked_specs
-
-
-def _unstack(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    """Stacked block weights (or their gradients) back under each block's own names."""
-    out = {}
-    marker = f"{prefix}{STACKED}."
-    for name, tensor in tensors.items():
-        if name.startswith(marker):
-            out.update({f"{prefix}{i}.{name[len(marker):]}": t for i, t in enumerate(tensor.unbind(0))})
-        else:
-            out[name] = tensor
-    return out
-
-
 class _Block(torch.nn.Module):
     """One block called through the adapter, as a module whose parameters are the block's (``block.<name>``)."""
 
@@ -93,12 +42,15 @@ class _Objective(torch.nn.Module):
     weights all-gathered whole right before it runs (FSDP: the gather is recomputed too, so whole weights live for
     one block at a time) and the video tokens kept split over ``sequence`` between blocks.
 
-    ``stacked`` (name after the block prefix -> [num_blocks, ...] weights) runs the blocks as one ``jax.lax.scan``
-    over the first block's module with each block's weights in turn: the compiler sees one block, not 54."""
+    ``stacked`` (a group's prefix -> its weights by name after the prefix, [blocks, ...]) runs that group of blocks
+    (:func:`~hyv_lib.runtimes.block_stack.block_groups`) as one ``jax.lax.scan`` over the group's first module with each block's weights in turn:
+    the compiler sees one block per group, not 54 (HunyuanVideo-1.5) or 60 (HunyuanVideo: one dual- and one
+    single-stream block). A group not in ``stacked`` runs block by block."""
 
     def __init__(self, model, adapter: ModelAdapter, remat: bool, gather: bool, dtype: torch.dtype):
         super().__init__()
         self.model, self.adapter, self.remat, self.gather, self.dtype = model, adapter, remat, gather, dtype
+        self.groups = block_groups(model, adapter)
         self.traces = 0
 
     def _block_fn(self, block):
@@ -125,11 +77,11 @@ class _Objective(torch.nn.Module):
         weights = {f"block.{name}": w for name, w in block.named_parameters()}
         return run(weights, video, context, temb, inputs, rope)
 
-    def _scan_blocks(self, stacked, video, context, temb, inputs, rope):
+    def _scan_blocks(self, block, stacked, video, context, temb, inputs, rope):
         import jax
         from torchax.interop import call_jax, jax_view
 
-        run = jax_view(self._block_fn(self.adapter.blocks(self.model)[0]))
+        run = jax_view(self._block_fn(block))
 
         def body(carry, weights):
             return tuple(run(weights, *carry, temb, inputs, rope)), None
@@ -147,11 +99,12 @@ class _Objective(torch.nn.Module):
         temb = a.condition_embedding(m, a.time_embedding(m, timestep), inputs)
         video = shard_tokens(a.embed_video(m, hidden_states))
         context = a.embed_context(m, timestep, prepared)
-        if stacked is not None:
-            video, context = self._scan_blocks(stacked, video, context, temb, inputs, rope)
-        else:
-            for block in a.blocks(m):
-                video, context = self._run_block(block, video, context, temb, inputs, rope)
+        for prefix, blocks in self.groups:
+            if stacked and prefix in stacked:
+                video, context = self._scan_blocks(blocks[0], stacked[prefix], video, context, temb, inputs, rope)
+            else:
+                for block in blocks:
+                    video, context = self._run_block(block, video, context, temb, inputs, rope)
         prediction = a.unpatchify(a.output_tokens(m, video, temb), hidden_states.shape)
         return flow_matching_loss(prediction, target)
 
@@ -182,9 +135,11 @@ class JaxTrainStep:
     ``sequence``. ``placement`` holds the per-rule report.
 
     ``attention``: as :class:`hyv_lib.runtimes.jax_step.JaxTransformer` takes it (``auto``: Splash on a TPU, whose
-    kernel has its own backward; the XLA kernel elsewhere). ``scan_blocks`` (when every block holds the same weights)
-    runs the block stack as one ``jax.lax.scan`` over weights stacked per name (``transformer_blocks.*.<name>``,
-    [num_blocks, ...]): one block for the compiler to compile instead of 54, the same numbers. ``compiler_options``:
+    kernel has its own backward; the XLA kernel elsewhere). ``scan_blocks`` runs each group of consecutive blocks of
+    one container whose blocks hold the same weights (names, shapes, dtypes) as one ``jax.lax.scan`` over weights
+    stacked per name (``transformer_blocks.*.<name>``, [blocks, ...]; HunyuanVideo's single-stream blocks as a second
+    loop over ``single_transformer_blocks.*.<name>``): one block per group for the compiler instead of 54, the same
+    numbers; :attr:`scan` lists the scanned groups' prefixes. ``compiler_options``:
     XLA options for the update's compilation (``jax.jit``'s; ``{"xla_backend_optimization_level": 0}`` compiles a
     CPU test about twice as fast).
     """
@@ -233,12 +188,14 @@ class JaxTrainStep:
             shapes = {n: tuple(t.shape) for n, t in tensors.items()}
             specs, self.placement = plan_fsdp(shapes, adapter.rules("fsdp"), mesh)
         self.num_blocks = len(adapter.blocks(transformer))
-        self.scan = scan_blocks and _same_blocks(tensors, adapter.block_prefix, self.num_blocks)
-        if self.scan:  # one [num_blocks, ...] array per block weight, placed like a block's: split along its dims
-            tensors, specs = _stack(tensors, specs, adapter.block_prefix, self.num_blocks)
+        groups = {prefix: len(blocks) for prefix, blocks in block_groups(transformer, adapter)}
+        #: The block groups' name prefixes (every block weight starts with one), and those run as a scan.
+        self.block_prefixes = tuple(groups)
+        self.scan = tuple(p for p, count in groups.items() if scan_blocks and same_blocks(tensors, p, count))
+        if self.scan:  # one [blocks, ...] array per block weight of a group, placed like a block's: split on its dims
+            tensors, specs = stack_blocks(tensors, specs, {p: groups[p] for p in self.scan})
             trained = set(names)
-            names = [n for n in tensors if n.replace(f"{adapter.block_prefix}{STACKED}.", f"{adapter.block_prefix}0.")
-                     in trained]
+            names = [n for n in tensors if first_block_name(n, self.scan) in trained]
         self.trainable_names, self.specs = names, specs
 
         def to_jax(name, dtype):
@@ -311,18 +268,19 @@ class JaxTrainStep:
         from jax.sharding import PartitionSpec as P
         from torchax.interop import call_torch
 
-        prefix = self.adapter.block_prefix
+        prefixes = self.block_prefixes
         # the blocks' trainable weights are cast per block inside it (no compute-dtype copy of them all at once)
-        weights = dict(frozen, **{n: p if n.startswith(prefix) else p.astype(self._compute_dtype)
+        weights = dict(frozen, **{n: p if n.startswith(prefixes) else p.astype(self._compute_dtype)
                                   for n, p in params.items()})
         if self.mesh is not None:  # the small weights outside the blocks: gathered whole once per step
             whole = NamedSharding(self.mesh, P())
-            weights = {n: w if n.startswith(prefix) else jax.lax.with_sharding_constraint(w, whole)
+            weights = {n: w if n.startswith(prefixes) else jax.lax.with_sharding_constraint(w, whole)
                        for n, w in weights.items()}
 
-        stacked, marker = None, f"{prefix}{STACKED}."
-        if self.scan:
-            stacked = {n[len(marker):]: w for n, w in weights.items() if n.startswith(marker)}
+        stacked = {}
+        for prefix in self.scan:
+            marker = f"{prefix}{STACKED}."
+            stacked[prefix] = {n[len(marker):]: w for n, w in weights.items() if n.startswith(marker)}
             weights = {n: w for n, w in weights.items() if not n.startswith(marker)}
 
         def objective(weights, stacked, batch):
@@ -401,7 +359,7 @@ class JaxTrainStep:
         if self._gradients is None:
             self._gradients = jax.jit(jax.value_and_grad(self._loss))
         loss, grads = self._gradients(self.params, self.frozen, self._batch(batch))
-        return float(loss), _unstack({n: jax_to_torch(g) for n, g in grads.items()}, self.adapter.block_prefix)
+        return float(loss), unstack_blocks({n: jax_to_torch(g) for n, g in grads.items()}, self.scan)
 
     def lower(self, batch: dict[str, torch.Tensor]):
         """``jax.jit(update).lower(...)`` for a batch of these shapes (tensors, or meta tensors for a compile-only
@@ -412,7 +370,7 @@ class JaxTrainStep:
     def state_dict(self) -> dict[str, Any]:
         """The trainable parameters (``params``, at their master precision), the optimizer state (``optimizer``:
         ``<path>`` -> tensor, the optax state flattened) and ``step``, as host torch tensors, in the step's own layout
-        (with ``scan_blocks``, block weights stacked under ``transformer_blocks.*.<name>``)."""
+        (with ``scan_blocks``, a scanned group's block weights stacked under ``<prefix>*.<name>``)."""
         import jax
 
         self._check_concrete()
@@ -460,7 +418,7 @@ class JaxTrainStep:
         self._check_concrete()
         named = dict(self.model.named_parameters())
         with torch.no_grad():
-            trained = _unstack({n: jax_to_torch(p) for n, p in self.params.items()}, self.adapter.block_prefix)
+            trained = unstack_blocks({n: jax_to_torch(p) for n, p in self.params.items()}, self.scan)
             for name, tensor in trained.items():
                 named[name].copy_(tensor.to(named[name].dtype))
         self.model.set_attn_processor(self._processors)
