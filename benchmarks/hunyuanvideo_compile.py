@@ -41,17 +41,11 @@ CONFIGS = [
     ("step", "v6e-8", "tensor=4,sequence=2", "tp_replicated_out"),
     ("lora", "v5p-8", "sequence=4", "fsdp"),
     ("step", "v6e-8", "tensor=8", "fsdp"),
-    ("step", "v5p-8", "tensor=2,sequence=2", "tp_replicated_out"),
 ]
 
 
 #: What a saved run's own error line cannot say (a child killed by a signal prints nothing), with its source.
-NOTES = {
-    "lora/v6e-8/sequence=8/fsdp": "the compile child was killed by this machine's out-of-memory killer after 976 s "
-    "(kernel log: `Out of memory: Killed process 28015 (python) ... anon-rss:23865916kB`): compiling the LoRA train "
-    "step of the 60 unrolled blocks (a scan needs blocks of one kind; these are 20 dual- and 40 single-stream) "
-    "needs more than this machine's 23 GiB of RAM. Not a TPU result: whether it fits a v6e-8 is unknown.",
-}
+NOTES: dict[str, str] = {}
 
 
 def key(kind: str, slice_: str, mesh: str, sharding: str) -> str:
@@ -71,10 +65,12 @@ def compile_child(kind: str, slice_: str, mesh: str, sharding: str) -> dict:
 
 
 def planner_row(kind: str, r: dict) -> dict:
-    """The analytic planner's per-device numbers for the same configuration (:func:`device_plan`) for a step; none
-    for a train step: hyv_lib.planning.train_memory models HunyuanVideo-1.5's dual-stream blocks only."""
+    """The analytic planner's per-device numbers for the same configuration: :func:`device_plan` for a step; for a
+    train step the training memory model (:func:`model_of_compiled`; it models no collectives or FLOPs)."""
     if kind != "step":
-        return dict(memory=None, linear=None, sent=None)
+        from hyv_lib.planning.train_check import model_of_compiled
+
+        return dict(memory=model_of_compiled(r)["model_total"], linear=None, sent=None)
     from hyv_lib.planning.planner import device_plan
 
     plan = device_plan(PRESET, HEIGHT, WIDTH, FRAMES, r["mesh"], r["sharding"])
@@ -102,12 +98,13 @@ def table(results: dict) -> str:
         "input features); `tp_replicated_out` (the CLI's default) keeps the row-parallel ones whole; `fsdp` gathers "
         f"every block matrix. `lora`: the train step (forward, backward, AdamW) of a rank-{LORA_RANK} LoRA on "
         f"`{LORA_TARGETS}` (alpha {LORA_RANK}), FSDP over the mesh, each block recomputed in the backward pass, "
-        "batch 1. Memory is the compiler's per-device figure; `fits` = it compiled and its total is within what the "
-        "compiler lets a program use (available GiB). matmul TFLOP = XLA's dots re-counted from the HLO "
+        "the 20 dual- and the 40 single-stream blocks as two `lax.scan` loops over their stacked weights, batch 1. "
+        "Memory is the compiler's per-device figure; `fits` = it compiled and its total is within what the compiler "
+        "lets a program use (available GiB). matmul TFLOP = XLA's dots re-counted from the HLO "
         "(hyv_lib.planning.hlo.xla_flops; Splash is a Pallas call XLA does not count); sent GB = what each device "
-        "puts on the wire for all collectives, by the ring count. Planner: hyv_lib.planning.planner.device_plan "
-        "(steps only: hyv_lib.planning.train_memory models HunyuanVideo-1.5's blocks). A memory and collective "
-        "check, not a timing.",
+        "puts on the wire for all collectives, by the ring count. Planner: hyv_lib.planning.planner.device_plan for "
+        "a step, the training memory model (hyv_lib.planning.train_check.model_of_compiled, memory only) for a train "
+        "step. A memory and collective check, not a timing.",
         "",
         "| kind | slice | mesh | rules | fits | per device GiB (arguments / temporaries / code) | available GiB "
         "| matmul TFLOP / device | collectives (count, result GiB) | sent GB / device | planner GiB (vs compiler less "
@@ -163,8 +160,7 @@ def table(results: dict) -> str:
         lines += ["", "## Rows without a compiler's answer", ""]
         lines += [f"- {name}: {note}" for name, note in notes]
         if missing:
-            lines.append(f"- not compiled ({', '.join(missing)}): the session's time ran out (a LoRA train step "
-                         "would meet the memory limit above).")
+            lines.append(f"- not compiled ({', '.join(missing)}): the session's time ran out.")
     errors = [(name, r["compile_error"]) for name, r in sorted(runs.items()) if r.get("compile_error")]
     if errors:
         lines += ["", "## What the compiler said when a program did not fit", ""]
@@ -177,9 +173,7 @@ def table(results: dict) -> str:
 
 def reading(runs: dict) -> list[str]:
     """What the compiled steps say beside the planner: the single-stream blocks' all-to-alls, and how close the
-    planner's collectives, matmuls and memory are (each step row). The planner models a sequence axis and ``fsdp``
-    as for HunyuanVideo-1.5; with single-stream blocks XLA does more (re-sharding on the sequence axis; under
-    ``fsdp`` it splits the matmuls after the head-sharded attention instead of running them whole)."""
+    planner's collectives, matmuls and memory are (each step row)."""
     lines = ["", "## Reading the compiled steps", ""]
     for config in CONFIGS:
         r = runs.get(key(*config))
@@ -209,11 +203,11 @@ def reading(runs: dict) -> list[str]:
               "2 x [1, S, (h + f) / t] in all). Splitting proj_out into its attention and MLP column blocks "
               "(two row-parallel matmuls, summed) should avoid them; hyv_lib's rule sets do not, and it was not "
               "tried here.",
-              "", "The planner is exact on the tensor-only layouts with the TP rule sets and misses on two others: "
-              "with a sequence axis XLA adds all-to-alls and collective-permutes around the single-stream blocks "
-              "that the planner does not count, and under `fsdp` XLA does not run the matmuls whole (as the planner "
-              "assumes) but splits them after the head-sharded attention, all-reducing their outputs: fewer matmul "
-              "FLOPs per device, more collectives and a different memory than planned."]
+              "", "The planner (hyv_lib.planning.layout) models what XLA does around the single-stream blocks: on a "
+              "sequence axis the extra all-to-alls of the joint sequence and the hidden state, the text all-gather "
+              "and the collective-permutes; under `fsdp` on a tensor axis, Q/K/V run on their shards (never "
+              "gathered), the dual blocks' attention output is all-gathered and their MLPs run whole, and the "
+              "single blocks run as under `tp`."]
     return lines
 
 

@@ -93,10 +93,10 @@ from hyv_lib.planning.train_memory import (
     TRAIN_LAYOUTS,
     activation_phases,
     lora_parameters,
-    model_of_compiled,
     state_bytes,
     train_step_memory,
 )
+from hyv_lib.planning.train_check import model_of_compiled
 from hyv_lib.runtimes.vae import to_uint8_frames
 from hyv_lib.tiny import data, quality, train
 

@@ -541,10 +541,13 @@ print(f"generate(image=...): {clip.config['task']}, {clip.frames.shape[1]}x{clip
 # which `linear` may match. The file it writes is in diffusers' format: `HunyuanVideoPipeline.load_lora_weights`
 # reads it.
 #
-# One difference is not a naming one. MindSpeed-MM fine-tunes the *image-to-video* checkpoint. `hyv_lib` trains the
-# *text-to-video* model here. The I2V checkpoint's generation is built (its stage 1 above, equal to
-# `HunyuanVideoImageToVideoPipeline` at tiny size), but not its training: the train step's batch is text-to-video,
-# and `extract_features` on an I2V preset stops with a clear error, so there are no I2V features to train on. At real
+# MindSpeed-MM fine-tunes the *image-to-video* checkpoint; `hyv_lib` trains either. For an I2V preset,
+# `extract_features` writes what the I2V pipeline computes for each clip's first frame: LLaVA's text states read
+# with that frame (so two clips with one caption get different text), CLIP's pooled vector, and the frame's VAE
+# latents (`cond_latents`); `train --task i2v` feeds the 33-channel input (noisy latents, the frame's latents in
+# latent frame 0, a mask) as the pipeline's loop builds it. At tiny size the features and the batch equal
+# `HunyuanVideoImageToVideoPipeline`'s own with difference 0, and the loss equals diffusers' eager forward's
+# (`tests/test_hunyuan_video_i2v_training.py`). At real
 # size the commands are (the model folder is `HYV_MODEL_PATH` when set):
 
 # %%
@@ -561,11 +564,14 @@ modules = dict(real.named_modules())
 lora_params = sum(64 * (modules[n].in_features + modules[n].out_features) for n in layers)
 print(f"\nat real size: {len(layers)} linear layers adapted, a rank-64 LoRA of {lora_params:,} parameters "
       f"({lora_params / count(real):.2%} of the DiT); attn,mlp alone adapts {len(lora_target_names(real, 'attn,mlp'))}")
-try:  # the family's train-step batch for the 33-channel image-to-video layout
-    family_for(tiny).training_inputs(tiny, hyv_lib.get_preset("hunyuanvideo_i2v").transformer,
-                                     torch.zeros(1, 16, 1, 2, 2), torch.zeros(1, 16, 1, 2, 2), torch.ones(1), {})
-except ValueError as error:
-    print(f"image-to-video training: {error}")
+print("\nthe guide's image-to-video LoRA (its checkpoint: hunyuanvideo-community/HunyuanVideo-I2V-33ch):")
+print("\n".join([
+    "python -m hyv_lib extract_features --data_json dataset/data.json --preset hunyuanvideo_i2v --model_path "
+    "/path/to/HunyuanVideo-I2V --task i2v --fps 24 --frames random --output_dir features_i2v",
+    "python -m hyv_lib train --features features_i2v --preset hunyuanvideo_i2v --model_path /path/to/HunyuanVideo-I2V "
+    "--task i2v --lora_rank 64 --lora_alpha 64 --lora_targets attn,mlp,single --output_dir lora_i2v",
+    "python -m hyv_lib generate --preset hunyuanvideo_i2v --model_path /path/to/HunyuanVideo-I2V --image_path "
+    "first.png --prompt \"...\" --lora lora_i2v --output_dir video_i2v"]))
 
 # %% [markdown]
 # `single` adds nothing to `attn,mlp` here: the single-stream blocks' Q/K/V are in `attn` and their `proj_mlp` and
@@ -684,11 +690,12 @@ runs = json.load(open(reports[-1]))["runs"] if reports else {}
 print(f"{os.path.basename(reports[-1]) if reports else 'no saved compiles'}: {len(runs)} configurations "
       "(python benchmarks/hunyuanvideo_compile.py)")
 from hyv_lib.planning.planner import device_plan  # noqa: E402
+from hyv_lib.planning.train_check import model_of_compiled  # noqa: E402
 
 flops = step_flops(t2v, 720, 1280, 129)
 print(f"one step at 720x1280x129: {flops['tokens']['joint']:,} tokens, {flops['total'] / 1e15:.2f} PFLOP, "
       f"{flops['attention_share']:.0%} of it attention")
-rows, failed = [], []
+rows, train_rows, failed = [], [], []
 for name, r in sorted(runs.items()):
     kind, slice_, mesh, rules = name.split("/")
     if "error" in r:
@@ -696,23 +703,42 @@ for name, r in sorted(runs.items()):
                       "says why)")
         continue
     sent = sum(op["sent_bytes"] for op in r["collective_ops"])
+    compiled = {"slice": slice_, "mesh": mesh, "fits": "yes" if r["fits"] else "no",
+                "GiB per device": f"{r['per_device_bytes']['total'] / 2**30:.2f}",
+                "of usable GiB": f"{r['hbm_available_per_device'] / 2**30:.2f}"}
+    if kind == "lora":  # the train step: the training memory model beside it (hyv_lib.planning.train_memory)
+        model = model_of_compiled(r)
+        train_rows.append({**compiled, "planner GiB": f"{model['model_total'] / 2**30:.2f}",
+                           "matmul TFLOP / device": f"{r['matmul_flops_per_device'] / 1e12:.1f}",
+                           "GB sent / device": f"{sent / 1e9:.1f}", "compile s": f"{r['compile_seconds']:.0f}"})
+        continue
     plan = device_plan(t2v, 720, 1280, 129, r["mesh"], r["sharding"])
-    rows.append({"slice": slice_, "mesh": mesh, "rules": rules, "fits": "yes" if r["fits"] else "no",
-                 "GiB per device": f"{r['per_device_bytes']['total'] / 2**30:.2f}",
-                 "of usable GiB": f"{r['hbm_available_per_device'] / 2**30:.2f}",
-                 "planner GiB": f"{plan['per_device_bytes']['total'] / 2**30:.2f}",
+    rows.append({**compiled, "rules": rules, "planner GiB": f"{plan['per_device_bytes']['total'] / 2**30:.2f}",
                  "matmul TFLOP / device": f"{r['matmul_flops_per_device'] / 1e12:.1f}",
                  "planner": f"{plan['flops']['linear'] / 1e12:.1f}",
                  "GB sent / device": f"{sent / 1e9:.1f}", "planner GB": f"{plan['sent_bytes'] / 1e9:.1f}"})
+print("one denoising step:")
 display(html_table(rows))
+print("the LoRA train step (rank 64 on attn,mlp,single; FSDP over every device; remat per block; batch 1):")
+display(html_table(train_rows))
 for line in failed:
     print("not compiled:", line)
 
 # %% [markdown]
-# Every step layout fits, on both slices. On the tensor-only meshes with `tp` or `tp_replicated_out` the planner's
-# matmuls and collectives agree with the compiler's; with a sequence axis it undercounts the bytes sent, and under
-# `fsdp` XLA splits the matmuls over the devices where the planner assumes each device runs them whole (its matmul
-# column is several times the compiler's there). Those two models are what is left to fix for this family.
+# Every step layout fits, on both slices, and so does the LoRA train step of the guide's recipe (rank 64 on
+# `attn,mlp,single`, 440 layers), with FSDP over every device and each block recomputed in the backward pass. The
+# train step runs the 20 dual- and the 40 single-stream blocks as two `lax.scan` loops over their stacked weights
+# (`JaxTrainStep(scan_blocks=True)`, the default; tested against diffusers' autograd at tiny size in
+# `tests/test_hunyuan_video_training.py`): the compiler sees two blocks, not 60. Unrolled, the same program outgrew
+# this 23 GiB machine during compilation.
+#
+# The planner agrees with the compiler on every step row: its matmul FLOPs and bytes sent match (the `planner`
+# columns), and its memory is within 9% of the compiler's total less the generated code. It models what XLA does
+# around the single-stream blocks (`hyv_lib.planning.layout`): on a `sequence` axis, extra all-to-alls of the joint
+# sequence; under `fsdp` with a `tensor` axis, Q/K/V computed on their shards rather than gathered. For the train
+# step the memory model counts the state (weights, fp32 masters, AdamW moments) exactly but gives about three
+# quarters of the compiled total: the single-stream blocks' recomputed activations are modelled as a dual-stream
+# block's.
 #
 # One finding is this model's own. On any tensor axis the 40 single-stream blocks add all-to-alls that the
 # dual-stream blocks do not: their `proj_out` reads the attention output and the MLP output concatenated (3,072 +
@@ -724,11 +750,8 @@ for line in failed:
 #
 # ## Not here yet
 #
-# The I2V checkpoint's training. The LoRA train step at real size: the row above that names it was not compiled,
-# because the 60 blocks of two kinds are unrolled in the JAX train step (a scan needs blocks of one kind), and that
-# program outgrows this machine's memory; scanning the dual and the single blocks as two loops is the way. The GPU
-# step (`python benchmarks/gpu_check.py --sections hunyuanvideo`, one CFG-free step against diffusers' stock forward)
-# waits for a GPU session.
+# The GPU step (`python benchmarks/gpu_check.py --sections hunyuanvideo`, one CFG-free step against diffusers' stock
+# forward) waits for a GPU session. The single-stream blocks' split `proj_out` (above) is not tried.
 
 # %%
 print(f"the chapter ran in {time.perf_counter() - CHAPTER_START:.0f} s")
@@ -754,12 +777,12 @@ print(f"the chapter ran in {time.perf_counter() - CHAPTER_START:.0f} s")
 # * MindSpeed-MM's rank-64 LoRA recipe maps onto `extract_features` -> `train --lora_rank 64 --lora_alpha 64
 #   --lora_targets attn,mlp,single` -> `generate --lora`, and its TP / CP / layerzero onto the `tensor` axis, the
 #   `sequence` axis and FSDP, with the same head rule. The trained file is one diffusers reads and fuses into the same
-#   weights. It trains the text-to-video model; I2V generation is built (its stage 1 equals
-#   `HunyuanVideoImageToVideoPipeline`'s exactly at tiny size), its training is not.
+#   weights. It trains both checkpoints: for image to video, the features read each clip's first frame as
+#   `HunyuanVideoImageToVideoPipeline` does (equal to it at tiny size, as the I2V generation is).
 # * At real size (720x1280x129, one sample, 12.07 PFLOP a step) the compiled step fits a v6e-8 and a v5p-8 in every
 #   layout tried; the CLI's default, `tensor=8` with `tp_replicated_out`, takes 20.08 of the 31.25 usable GiB per v6e
-#   chip. The single-stream blocks' fused output projection costs all-to-alls on any tensor axis. The LoRA train step
-#   at real size is not compiled yet.
+#   chip. The single-stream blocks' fused output projection costs all-to-alls on any tensor axis. The rank-64 LoRA
+#   train step fits both slices too, its two kinds of blocks as two scans.
 #
 # ## Exercises
 #
@@ -774,9 +797,10 @@ print(f"the chapter ran in {time.perf_counter() - CHAPTER_START:.0f} s")
 # 4. ★★ A rank-$r$ LoRA on a linear layer with $n_\text{in}$ inputs and $n_\text{out}$ outputs adds
 #    $r (n_\text{in} + n_\text{out})$ parameters. Derive the rank-64 count printed for `attn,mlp,single` at real
 #    size.
-# 5. ★★★ The I2V checkpoint generates here but does not train. Which tensors should `extract_features` write for an
-#    I2V clip, with which shapes for `hunyuanvideo_i2v`, what does the 33-channel train step's input hold, and what
-#    should the new batch be tested against?
+# 5. ★★★ *open* The I2V train step noises latent frame 0 too and counts it in the loss (Tencent's HunyuanVideo-I2V
+#    trainer does the same), although the condition channels hold that frame's clean latents and generation drops
+#    the first 4 decoded frames. Argue for or against leaving frame 0 out of the loss, and say what you would measure
+#    on the tiny model to decide.
 #
 # :::{admonition} Answers
 # :class: dropdown
@@ -800,13 +824,11 @@ print(f"the chapter ran in {time.perf_counter() - CHAPTER_START:.0f} s")
 #    $64 \times 15{,}360 = 983{,}040$, `proj_out` $64 \times (15{,}360 + 3{,}072) = 1{,}179{,}648$; in all
 #    $3{,}342{,}336$. $20 \times 7{,}077{,}888 + 40 \times 3{,}342{,}336 = 275{,}251{,}200$ over $20 \times 12 +
 #    40 \times 5 = 440$ layers.
-# 5. Per clip, what stage 1 writes for a first frame (this chapter's image-to-video section): LLaVA's text states
-#    with the clip's first frame, `prompt_embeds` [540, 4096] (288 image tokens, then 252 text tokens) and its mask
-#    [540], the pooled CLIP vector [768], and the frame's latents `cond_latents` [16, 1, H/8, W/8] beside the clip's
-#    latents [16, T, H/8, W/8]. The train step's input is the noisy latents (16 channels) concatenated with the
-#    condition: the frame's latents in latent frame 0 and zeros after (16), and a mask that is 1 on frame 0 (1), as
-#    the family's loop builds it (`hyv_lib/models/hunyuan_video/recipe.py`); no guidance input (`guidance_embeds` is
-#    False). Test the batch against an objective built from `HunyuanVideoImageToVideoPipeline`'s own
-#    `prepare_latents` at tiny size, as `tests/test_hunyuan_video_training.py` does for text to video, and the
-#    features against stage 1 (`tests/test_hunyuan_video_i2v.py` holds those checks for generation).
+# 5. For: given the clean frame in the condition, frame 0's velocity is nearly a copy (the target is noise - x0 with
+#    x0 known), so its term teaches copying, which sampling needs only for a frame it then drops; leaving it out puts
+#    the whole loss on the frames the user sees. Against: the term is cheap, keeps the model's behaviour on frame 0
+#    consistent with the base checkpoint's, and removing it rescales the loss by T / (T - 1), which interacts with the
+#    learning rate. To decide: train two LoRAs from the same seeds (frame 0 in and out of the loss) on the same clips
+#    and compare held-out I2V videos on frames 1 onward (error against the clips, or a read-back as chapter 9 does),
+#    and the loss on frames 1 onward, over several seeds. No one has measured it here.
 # :::

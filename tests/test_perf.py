@@ -226,12 +226,16 @@ def test_attention_hbm_traffic_follows_the_kernel_k_and_v_reread_per_query_block
 
 
 def test_fsdp_compute_splits_over_data_and_sequence_only():
-    """FSDP gathers whole weights: a tensor axis only splits the heads, so the matmuls run whole on each device."""
+    """FSDP gathers whole weights, but a tensor axis changes what XLA runs whole: Q/K/V are sliced to the local heads
+    (never gathered), while to_out and the MLP run whole on each device; without a tensor axis the matmuls split by
+    samples and tokens only. The fsdp planner's matmuls on a small HunyuanVideo-1.5 (16 x 128 heads, 2 blocks,
+    data=2,tensor=4) are within 1.5% of the TPU compiler's (194 GFLOP per device; whole matmuls would be 242);
+    tests/test_hunyuan_video_plan.py checks the same model against a compile."""
     seq = device_plan("720p_t2v", 720, 1280, 121, {"data": 2, "sequence": 4}, "fsdp")
     ten = device_plan("720p_t2v", 720, 1280, 121, {"data": 2, "tensor": 4}, "fsdp")
     tp = device_plan("720p_t2v", 720, 1280, 121, {"data": 2, "tensor": 4}, "tp")
     assert seq["flops"]["attention"] == ten["flops"]["attention"] == tp["flops"]["attention"]
-    assert 3.5 < ten["flops"]["linear"] / tp["flops"]["linear"] < 4.0
+    assert 3.1 < ten["flops"]["linear"] / tp["flops"]["linear"] < 3.4  # whole matmuls would be 4x; measured 3.25
     assert 0.95 < seq["flops"]["linear"] / tp["flops"]["linear"] < 1.1
 
 

@@ -19,6 +19,7 @@ from hyv_lib.models.flow_matching import flow_matching_loss
 from hyv_lib.models.lora import add_lora
 from hyv_lib.models.registry import get_adapter
 from hyv_lib.planning import gpu_memory as gm
+from hyv_lib.planning import train_check
 from hyv_lib.planning import train_memory as tm
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -223,14 +224,15 @@ def test_one_block_backward_peak_at_another_width(kind, last, error):
     """The saved tensors plus the measured :data:`BACKWARD_EXTRA` / :data:`LAST_BLOCK_EXTRA` (found at h = 60 to 64,
     head_dim 16 to 32) against one block's measured backward peak at h = 48 (3 heads x 16, 1,601 video and 317
     context tokens), where the extra itself is larger (6.15 video copies for full, 10.2 with fp32 LoRA factors;
-    the context's -1.25 and +5 for the latter): the peak within 6% (measured -1.0% to -5.0%)."""
+    the context's -1.25 and +5 for the latter): the peak within 6%. Measured -1.0% to -5.0% on one machine; on
+    another (avx512 with bf16 kernels) the full fine-tuning rows read -5.2%: torch's CPU kernels' workspaces differ
+    by machine, so the test holds the model to the 6% it claims, not to one machine's error."""
     measured = one_block_backward(kind, 1601, 317, last)
     key = "full" if kind == "full" else "lora"
     copies = (tm.LAST_BLOCK_EXTRA if last else tm.BACKWARD_EXTRA)[key]
     model = tm.block_saved_bytes(kind, video_tokens=1601, context_tokens=317, hidden=48, mlp=192, heads=3, rank=5) \
         + (1601 * copies["video"] + 317 * copies["context"]) * 48 * 2
-    assert model / measured - 1 == pytest.approx(error, abs=0.005)
-    assert abs(model / measured - 1) < 0.06
+    assert abs(model / measured - 1) < 0.06, (model / measured - 1, error)
 
 
 # ------------------------------------------------------------------------------ a whole train step, tiny
@@ -323,7 +325,7 @@ def test_model_beside_the_tpu_compiler():
     if not reports:
         pytest.skip("no benchmarks/results/train_compile_*_cpu_libtpu.json with a compiled run yet")
     for report in reports:
-        m = tm.model_of_compiled(report)
+        m = train_check.model_of_compiled(report)
         if report["mesh"].get("data", 1) == 1 and report["batch"] > 1:
             # A batch no data axis splits (15 on v5p-8, 9 on v6e-8: sequence parallel only, the batch search's odd
             # sizes) runs unsplit; the model's state was 0.952 and 0.944 of the compiler's, its total 0.695 and 0.591.
@@ -332,7 +334,7 @@ def test_model_beside_the_tpu_compiler():
         assert m["model_state_ratio"] == pytest.approx(1, abs=0.015), report["command"]
         if report["train"] == "lora":  # full fine-tuning's temporaries (fp32 gradients, bf16 copies) not checked yet
             assert 0.6 < m["model_total_ratio"] < 1.05, report["command"]
-    text = tm.compiled_markdown(reports)
+    text = train_check.compiled_markdown(reports)
     assert text.count("\n") == len(reports) + 2
     assert "| v5p:2x2x1 480x848x121 b1 lora r8 | 4.0/8.0/12.1 | 4.0/5.2/9.1 | 0.76 |" in text
 

@@ -82,6 +82,13 @@ class ModelAdapter:
     #: planner, the VAE compile and the training features' digest).
     vae_class: str = ""
 
+    @property
+    def block_prefixes(self) -> tuple[str, ...]:
+        """The name prefixes of every group of blocks, in order (:attr:`block_prefix` alone by default; a model with a
+        second kind of block, such as HunyuanVideo's single-stream ones, lists that group's too): the planner's
+        weight layout counts every block."""
+        return (self.block_prefix,)
+
     def build(self, config: dict[str, Any]) -> torch.nn.Module:
         """A transformer of ``config`` (its diffusers class's keyword arguments), on the current default device:
         under ``torch.device("meta")`` the planner and the compile path get parameter names and shapes, no memory."""

@@ -86,18 +86,27 @@ OFFLOADS = ("none", "block", "model")
 
 
 # ------------------------------------------------------------------------------------------------ weights
+def block_of(preset: Preset, name: str) -> str | None:
+    """The block a parameter belongs to, as ``"<group prefix><index>"`` (``transformer_blocks.3``,
+    ``single_transformer_blocks.0``), or None outside the blocks: every block group of the model adapter's
+    :attr:`~hyv_lib.models.adapter.ModelAdapter.block_prefixes`."""
+    for prefix in get_adapter(preset.model).block_prefixes:
+        if name.startswith(prefix):
+            return prefix + name[len(prefix):].split(".")[0]
+    return None
+
+
 def weight_layout(preset: Preset | str, dtype: str = "bf16") -> dict[str, int]:
     """The transformer's parameter bytes (exact, from a meta-device build): ``total`` (:func:`param_bytes`),
-    ``blocks`` (the block stack), ``block`` (the largest block), ``outside`` (embedders, token refiner, head) and
-    ``blocks_count``."""
+    ``blocks`` (the block stack: every block group, :func:`block_of`), ``block`` (the largest block), ``outside``
+    (embedders, token refiner, head) and ``blocks_count``."""
     preset = as_preset(preset)
     x = dtype_bytes(dtype)
-    prefix = get_adapter(preset.model).block_prefix
     per_block: dict[str, int] = {}
     for name, shape in parameter_shapes(preset):
-        if name.startswith(prefix):
-            index = name[len(prefix):].split(".")[0]
-            per_block[index] = per_block.get(index, 0) + math.prod(shape) * x
+        block = block_of(preset, name)
+        if block is not None:
+            per_block[block] = per_block.get(block, 0) + math.prod(shape) * x
     total = param_bytes(preset, dtype)["bytes_per_device"]
     blocks = sum(per_block.values())
     return dict(total=total, blocks=blocks, block=max(per_block.values(), default=0), outside=total - blocks,
@@ -106,12 +115,11 @@ def weight_layout(preset: Preset | str, dtype: str = "bf16") -> dict[str, int]:
 
 def fsdp_shard_bytes(preset: Preset | str, gpus: int, dtype: str = "bf16", blocks_only: bool = False) -> int:
     """Bytes of one rank's FSDP2 shards: every parameter split along dim 0 over ``gpus`` ranks, padded to a multiple
-    of it (``fully_shard``'s layout); ``blocks_only``: the block stack's parameters alone."""
+    of it (``fully_shard``'s layout); ``blocks_only``: the block stack's parameters alone (every block group)."""
     preset = as_preset(preset)
-    prefix = get_adapter(preset.model).block_prefix
     x = dtype_bytes(dtype)
     return sum(-(-shape[0] // gpus) * math.prod(shape[1:]) * x for name, shape in parameter_shapes(preset)
-               if shape and (name.startswith(prefix) or not blocks_only))
+               if shape and (block_of(preset, name) is not None or not blocks_only))
 
 
 # --------------------------------------------------------------------------------------------------- step

@@ -6,7 +6,6 @@ import functools
 import json
 import math
 import os
-import re
 from typing import Any, Mapping, Sequence
 
 from ..base.errors import HyvInputError
@@ -30,13 +29,12 @@ from .costs import (
     model_dims,
     param_bytes,
     parameter_shapes,
-    plan_specs,
     rule_set_names,
-    split_factor,
     step_batch,
     step_flops,
     token_counts,
 )
+from .layout import layout_costs
 from .hardware import CHIPS, CITED_STEP_TIMES, NO_INTERCONNECT_SOURCE, SLICES, Chip, check_count, get_chip, mfu
 from .sparse import density_summary, ssta_config
 
@@ -107,8 +105,10 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
       sends 2 (n-1)/n m, an all-gather or all-to-all (n-1)/n m).
     - ``flops``: attention over data x tensor x sequence (heads over tensor x sequence); block matmuls over data,
       the sequence for video tokens, and tensor only for the weights the rules split (``tp_replicated_out``'s
-      to_out runs whole; ``fsdp`` and ``replicated`` run every matmul whole, so their compute splits only over
-      data and sequence). ``attention`` as for :func:`step_flops` (None: the preset's own; SSTA for the ``*_sparse``
+      to_out runs whole; ``replicated`` and ``fsdp`` without a tensor axis run every matmul whole, so their compute
+      splits only over data and sequence; ``fsdp`` with one runs Q/K/V sliced to the local heads, the dual blocks'
+      to_out and MLP whole, the single blocks as ``tp``). The collectives and FLOPs are
+      :func:`hyv_lib.planning.layout.layout_costs`', where the single-stream blocks' sequence-axis re-layouts are. ``attention`` as for :func:`step_flops` (None: the preset's own; SSTA for the ``*_sparse``
       presets): SSTA's attention FLOPs are the dense ones over the tiled sequence times the tile density's upper
       bound, split the same way: what a block-sparse kernel visiting only the attended tiles costs (no TPU
       measurement checks it).
@@ -141,76 +141,14 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
     tok = token_counts(preset, height, width, video_length)
     b = batch // d_
     nv, nc, lt = -(-tok["video"] // sq), tok["context"], preset.text_len
-    refiner = dims["refiner_layers"]
-    single, f_single = dims.get("single_layers", 0), dims.get("single_mlp", 0)  # single-stream blocks (HunyuanVideo)
-
-    # ---- collectives (HLO result bytes per device) and their group sizes
-    coll = {"all-reduce": 0.0, "all-gather": 0.0, "all-to-all": 0.0}
-    sent = 0.0
-
-    def add(kind, nbytes, group):
-        nonlocal sent
-        coll[kind] += nbytes
-        if group > 1:
-            sent += nbytes * (2 if kind == "all-reduce" else 1) * (group - 1) / group
-
+    traffic = layout_costs(preset, height, width, video_length, mesh, rules, dims, batch, x, attention)
+    coll, sent, flops, total = traffic["collectives"], traffic["sent_bytes"], traffic["flops"], traffic["step"]
     weights = param_bytes(preset, dtype, rules, mesh)
-    # jax.jit drops arguments the program never reads: the last block's context-stream weights after attention (none
-    # when single-stream blocks follow: they read that stream)
     prefix = get_adapter(preset.model).block_prefix  # "transformer_blocks."
-    last = f"{prefix}{layers - 1}."
-    dead_names = {name for name, _ in parameter_shapes(preset)
-                  if not single and name.startswith(last) and re.search(r"to_add_out|ff_context", name)}
-    specs, _ = plan_specs(preset, rules, mesh)
-    dead_bytes = sum(math.prod(shape) // split_factor(specs[name], mesh) for name, shape in parameter_shapes(preset)
-                     if name in dead_names) * x
-    if t * sq > 1:
-        add("all-gather", refiner * b * lt * h * x, t * sq)
-    # context rows through the row-parallel outputs: HunyuanVideo-1.5 drops the last block's context stream after
-    # attention (to_add_out, ff_context); nothing is dead where the MLP runs on [text ; video] (CogVideoX's last
-    # block keeps the text rows) or single-stream blocks read the last dual block's context stream (HunyuanVideo's)
-    joint = dims["streams"] == 1
-    context_blocks = layers if joint or single else layers - 1
-    if sq > 1:  # single-stream blocks: the same 4 all-to-alls (q, k, v and the output of the joint sequence)
-        add("all-to-all", 4 * (layers + single) * b * nv * (h // t) * x, sq)
-        add("all-gather", (layers if single else layers - 1) * b * nc * (h // t) * x, sq)
-    ctx_attn = ctx_mlp = context_blocks * nc
-    # a single-stream block's one row-parallel matmul (proj_out over [attention ; MLP]): one all-reduce of [b, N_v +
-    # N_c, h]; tp_replicated_out's whole proj_out is sliced by XLA to the local columns as fc2 is (the same)
-    single_rows = single * (nv + nc) * b * h * x
-    if t > 1 and single:  # every rule set: XLA re-shards a single block's [attention ; MLP] concatenation (its tensor
-        # shards are not the feature chunks proj_out splits): all-to-alls of [b, N_v + N_c, (h + f_s) / t], twice in
-        # all (read from the compiled HLO, tests/test_hunyuan_video_costs.py)
-        add("all-to-all", single * 2 * b * (nv + nc) * -(-(h + f_single) // t) * x, t)
-    if t > 1 and rules == "tp":
-        add("all-reduce", 2 * layers * b * nv * h * x + (ctx_attn + ctx_mlp) * b * h * x + single_rows, t)
-    elif t > 1 and rules == "tp_replicated_out":
-        add("all-gather", layers * b * nv * h * x + ctx_attn * b * h * x, t)
-        add("all-reduce", layers * b * nv * h * x + ctx_mlp * b * h * x + single_rows, t)
-    if rules == "fsdp":  # every block matrix the rule set splits (both kinds of blocks), gathered whole
-        matrices = sum(math.prod(shape) for name, shape in parameter_shapes(preset)
-                       if len(shape) == 2 and split_factor(specs[name], mesh) > 1 and name not in dead_names)
-        add("all-gather", matrices * x, d_ * t * sq)
-
-    # ---- FLOPs per device
-    total = step_flops(preset, height, width, video_length, batch, attention=attention)
-    parts = total["parts"]
-    whole = rules in ("fsdp", "replicated")
-    split_all = 1 if whole else t  # the tensor split of the column/row matmuls the rules split
-    split_out = 1 if whole or rules == "tp_replicated_out" else t  # to_out's
-    per_token = 2 * ((3 * h * h + 2 * h * f) / split_all + h * h / split_out)
-    dead_tokens = 0 if joint or single else nc * (2 * ((h * f) / split_all + h * h / split_out)  # last block, context
-                                                  + 2 * h * f / split_all)
-    # single-stream blocks: to_q/k/v and proj_mlp column-parallel, proj_out ([attention ; MLP] -> h) row-parallel
-    per_token_single = 2 * (3 * h * h + h * f_single + (h + f_single) * h) / split_all
-    linear = b * (layers * (nv + nc) * per_token - dead_tokens + single * (nv + nc) * per_token_single)
-    small = (parts["blocks_modulation"] + parts["refiner_linear"] + parts["embedders"] + parts["output"]) / d_
-    flops = dict(attention=total["attention"] / (d_ * t * sq), linear=linear + small)
-    flops["total"] = flops["attention"] + flops["linear"]
 
     # ---- memory per device
     _, c, frames, lh, lw = preset.latent_shape(height, width, video_length)
-    if joint:  # CogVideoX: latents [F', C, h, w] (F' padded), T5 states, integer timesteps; RoPE cos/sin f32
+    if dims["streams"] == 1:  # CogVideoX: latents [F', C, h, w] (F' padded), T5 states, integer timesteps; RoPE cos/sin f32
         latents = math.prod(preset.denoising_shape(height, width, video_length)[1:])
         inputs = b * (latents * x + lt * dims["text_dim"] * x + 8) + 2 * tok["video"] * hd * 4
     else:
@@ -230,7 +168,9 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
         block = sum(math.prod(shape) for name, shape in parameter_shapes(preset)
                     if name.startswith(f"{prefix}0."))
         temporaries += FSDP_GATHERED_BLOCKS * block * x
-    memory = dict(weights=weights["bytes_per_device"] - dead_bytes, inputs=inputs, temporaries=temporaries,
+    if traffic["mlp_whole"] and t > 1:  # fsdp on a tensor axis: the dual blocks' MLP hidden [b, N_v, f] whole
+        temporaries += b * nv * f * x * (t - 1) / t
+    memory = dict(weights=weights["bytes_per_device"] - traffic["dead_bytes"], inputs=inputs, temporaries=temporaries,
                   outputs=outputs)
     memory["total"] = sum(memory.values())
     compiled = (compiled_report(preset, height, width, video_length, topology, mesh, rules, enable_cache)

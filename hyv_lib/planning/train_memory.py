@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 from ..base.errors import HyvInputError
 from ..base.presets import Preset
-from ..models.lora import target_names
+from ..models.lora import lora_target_names, target_names
 from ..models.registry import get_adapter
 from . import gpu_memory as gm
 from .costs import BYT5_HIDDEN, as_preset, model_dims, parameter_shapes, token_counts
@@ -140,14 +140,15 @@ def recipe(precision: str, trainable: str, fsdp: int = 1) -> Recipe:
 # ----------------------------------------------------------------------------------------------- LoRA
 @functools.lru_cache(maxsize=8)
 def _lora_layers(model: str, config_json: str, targets: tuple[str, ...] | None) -> tuple[tuple[str, int, int], ...]:
-    """(name, in_features, out_features) of the linear layers a LoRA on ``targets`` adapts, in a meta-device build
-    (:func:`hyv_lib.models.lora.target_names`)."""
+    """(name, in_features, out_features) of the linear layers a LoRA on ``targets`` adapts, in a meta-device build:
+    the adapter's target groups (:func:`~hyv_lib.models.lora.lora_target_names`) or module names (``target_names``)."""
     import torch
 
     with torch.device("meta"):
         transformer = get_adapter(model).build(json.loads(config_json))
-    modules = dict(transformer.named_modules())
-    names = target_names(transformer, list(targets) if targets is not None else None)
+    modules, groups = dict(transformer.named_modules()), targets and set(targets) <= set(get_adapter(model).lora_targets)
+    names = (lora_target_names(transformer, list(targets)) if groups
+             else target_names(transformer, targets and list(targets)))
     return tuple((n, modules[n].in_features, modules[n].out_features) for n in names)
 
 
@@ -159,9 +160,8 @@ def lora_parameters(preset: Preset | str, rank: int, targets: Sequence[str] | No
     check_count("lora_rank", rank)
     layers = _lora_layers(preset.model, json.dumps(preset.transformer, sort_keys=True),
                           tuple(targets) if targets is not None else None)
-    prefix = get_adapter(preset.model).block_prefix
     return dict(params=sum(rank * (i + o) for _, i, o in layers), modules=len(layers),
-                block_params=sum(rank * (i + o) for n, i, o in layers if n.startswith(prefix)),
+                block_params=sum(rank * (i + o) for n, i, o in layers if gm.block_of(preset, n) is not None),
                 largest=max(rank * max(i, o) for _, i, o in layers))
 
 
@@ -172,9 +172,10 @@ DEAD_LAYERS = ("attn.to_add_out", "ff_context.")
 
 def dead_parameters(preset: Preset, lora: dict[str, Any] | None = None, lora_rank: int = 0,
                     lora_targets: Sequence[str] | None = None) -> int:
-    """Trained parameters no gradient reaches (:data:`DEAD_LAYERS` of the last block; under a LoRA, its factors)."""
+    """Trained parameters no gradient reaches (:data:`DEAD_LAYERS` of the last block; under a LoRA, its factors; none
+    where single-stream blocks follow, which read the last dual block's context stream)."""
     prefix = f"{get_adapter(preset.model).block_prefix}{model_dims(preset)['layers'] - 1}."
-    dead = tuple(prefix + layer for layer in DEAD_LAYERS)
+    dead = () if model_dims(preset).get("single_layers") else tuple(prefix + layer for layer in DEAD_LAYERS)
     if lora is not None:
         layers = _lora_layers(preset.model, json.dumps(preset.transformer, sort_keys=True),
                               tuple(lora_targets) if lora_targets is not None else None)
@@ -271,10 +272,11 @@ def activation_phases(preset: Preset | str, height: int, width: int, video_lengt
             + preset.byt5_len * (BYT5_SAVED.bytes_per_token(h, f, heads, 0, x) + d["byt5_dim"] * x)
             + preset.image_tokens * (IMAGE_SAVED.bytes_per_token(h, f, heads, 0, x) + 3 * d["image_dim"] * x))
     first_inputs = inputs if (remat or trainable == "full") else 0  # a frozen first block keeps no inputs
+    blocks = d["layers"] + d.get("single_layers", 0)  # single-stream blocks: saved as a dual-stream block's
     if remat:
-        held, last = d["layers"] * inputs, saved  # the checkpoints' inputs; the last block recomputed
+        held, last = blocks * inputs, saved  # the checkpoints' inputs; the last block recomputed
     else:
-        held, last = (d["layers"] - 1) * (saved + inputs) + first + first_inputs, 0.0
+        held, last = (blocks - 1) * (saved + inputs) + first + first_inputs, 0.0
     around = rope + embedders + prediction
     key = "full" if trainable == "full" else "lora"
     phases = dict(forward_end=held + around + head + previous_gradients,
@@ -454,47 +456,3 @@ def train_memory_markdown(rows: Sequence[dict[str, Any]]) -> str:
                  *[r["fits"][t] for t in targets]]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(line for line in out if line is not None) + "\n"
-
-
-# ------------------------------------------------------------------------------------ against the compiler
-def model_of_compiled(report: dict[str, Any]) -> dict[str, Any]:
-    """This model for the setting of a :func:`hyv_lib.planning.train_compile.compile_train_step` report (a TPU slice:
-    FSDP over all its devices, ``data`` x ``sequence`` x ``tensor`` mesh, the ``mixed`` recipe) beside what the TPU
-    compiler reported per device: ``arguments`` (weights, master, moments, the batch and the RoPE tables of every video
-    token, an argument on each device) against the model's state and inputs; ``temporaries`` against its transient and
-    buffers; ``total``; each with its ratio model / compiler."""
-    mesh, size = report["mesh"], report["size"]
-    devices = report["devices"]
-    split = mesh.get("sequence", 1) * mesh.get("tensor", 1)
-    lora = report.get("lora") or {}
-    m = train_step_memory(report["preset"], **size, batch_size=max(1, report["batch"] // mesh.get("data", 1)),
-                          trainable=report["train"], lora_rank=lora.get("rank", 16), remat=report["remat"],
-                          fsdp=devices, data_parallel=devices // split, sequence_parallel=split,
-                          precision="mixed", device="tpu")
-    compiled, rope = report["per_device_bytes"], m["activation_parts"]["rope"]
-    whole_rope = 2 * report["tokens"]["video"] * model_dims(as_preset(report["preset"]))["head_dim"] * 4
-    out = dict(model_state=m["weights"] + m["master"] + m["optimizer"] + m["inputs"] + whole_rope,
-               model_transient=m["transient"] + m["buffers"] - rope, model_total=m["allocated"] - rope + whole_rope,
-               compiled_arguments=compiled.get("arguments"), compiled_temporaries=compiled.get("temporaries"),
-               compiled_total=compiled["total"], peak_phase=m["peak_phase"])
-    for model_key, compiled_key in (("model_state", "compiled_arguments"), ("model_transient", "compiled_temporaries"),
-                                    ("model_total", "compiled_total")):
-        value = out[compiled_key]
-        out[f"{model_key}_ratio"] = out[model_key] / value if value else None
-    return out
-
-
-def compiled_markdown(reports: Sequence[dict[str, Any]]) -> str:
-    """Markdown of the TPU compiler's per-device bytes beside :func:`model_of_compiled` (GiB), one row per report."""
-    lines = ["| configuration | compiler: arguments / temporaries / total | model: state / transient / total | "
-             "model / compiler total |", "|---|---:|---:|---:|"]
-    for r in reports:
-        m = model_of_compiled(r)
-        what = f"{r['train']}{' r' + str(r['lora']['rank']) if r.get('lora') else ''}"
-        size = f"{r['size']['height']}x{r['size']['width']}x{r['size']['video_length']}"
-        compiled = "/".join("n/a" if m[k] is None else f"{m[k] / GIB:.1f}" for k in (
-            "compiled_arguments", "compiled_temporaries", "compiled_total"))
-        model = "/".join(f"{m[k] / GIB:.1f}" for k in ("model_state", "model_transient", "model_total"))
-        lines.append(f"| {r['topology']} {size} b{r['batch']} {what} | {compiled} | {model} | "
-                     f"{m['model_total_ratio']:.2f} |")
-    return "\n".join(lines) + "\n"

@@ -209,9 +209,11 @@ def extract_features(
     (:func:`hyv_lib.base.lock.folder_lock`) refuses a second run on it.
 
     ``task``: "t2v" or "i2v" (default: "i2v" for an image-to-video preset, else "t2v"; "i2v" adds the first-frame
-    conditions). ``device``: where the encoders run (default cuda when present, else cpu); ``dtype``: the text and
-    image encoders' (default: the preset's); ``vae_dtype``: the VAE's, fp32 (default) or bf16. ``components``: already
-    loaded ones (text encoders and tokenizers, VAE, and SigLIP for i2v) to use instead of loading them.
+    conditions, and a family whose text encoder reads the first frame, ``texts_read_image``, reads each caption with
+    its clip's first frame and the empty prompt with a black one, as its pipeline reads a negative prompt).
+    ``device``: where the encoders run (default cuda when present, else cpu); ``dtype``: the text and image encoders'
+    (default: the preset's); ``vae_dtype``: the VAE's, fp32 (default) or bf16. ``components``: already loaded ones
+    (text encoders and tokenizers, VAE, and SigLIP for i2v) to use instead of loading them.
     """
     preset = choose_preset(preset, model_path).preset  # None: the folder's (or the default); a misfit is refused
     dtype = dtype or preset.default_dtype
@@ -268,7 +270,7 @@ def _extract(entries: list[Any], base_dir: str, output_dir: str, plan: _Plan, mo
         folder.check_settings(metadata)
         folder.start(metadata)
         if NEGATIVE_FILE not in folder.index["weight_map"].values():
-            negative = _first(encode_prompts(models, plan.preset, [""]))
+            negative = _first(_encode_texts(models, plan, [""], [None]))
             folder.add_file(NEGATIVE_FILE, {f"negative.{k}": v for k, v in negative.items()}, [], [])
         _extract_entries(entries, base_dir, plan, models, folder, report)
     return report
@@ -331,18 +333,32 @@ def _first(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v[0].detach().cpu() for k, v in tensors.items()}
 
 
+def _encode_texts(models: dict[str, Any], plan: _Plan, prompts: list[str], images: list) -> dict[str, torch.Tensor]:
+    """The text tensors of ``prompts``; for i2v with a family whose text encoder reads the first frame
+    (``texts_read_image``), each read with its frame in ``images`` (None: the black frame of a negative prompt)."""
+    family = family_for(plan.preset)
+    if plan.task == "i2v" and family.texts_read_image:
+        return family.encode_texts(models, plan.preset, prompts, images=images)
+    return encode_prompts(models, plan.preset, prompts)
+
+
 def _encode_clip(entry: ClipEntry, frames: np.ndarray, fps: float | None, plan: _Plan, models: dict[str, Any],
                  captions: dict[str, dict[str, torch.Tensor]]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """One clip's index record and tensors."""
     from PIL import Image
 
     latents = encode_frames(models["vae"], frames)
-    if entry.caption not in captions:
-        captions[entry.caption] = _first(encode_prompts(models, plan.preset, [entry.caption]))
+    first = Image.fromarray(frames[0]) if plan.task == "i2v" else None
+    if plan.task == "i2v" and family_for(plan.preset).texts_read_image:  # the caption's text depends on the frame
+        texts = _first(_encode_texts(models, plan, [entry.caption], [first]))
+    else:
+        if entry.caption not in captions:
+            captions[entry.caption] = _first(encode_prompts(models, plan.preset, [entry.caption]))
+        texts = captions[entry.caption]
     # copies: safetensors refuses to write one tensor under two clips' keys ("Some tensors share memory")
-    features = {"latents": latents, **{k: v.clone() for k, v in captions[entry.caption].items()}}
-    if plan.task == "i2v":  # the first frame as encoded, so its latents sit where the video's first latent frame is
-        features.update(_first(encode_image(models, plan.preset, Image.fromarray(frames[0]))))
+    features = {"latents": latents, **{k: v.clone() for k, v in texts.items()}}
+    if first is not None:  # the first frame as encoded, so its latents sit where the video's first latent frame is
+        features.update(_first(encode_image(models, plan.preset, first)))
     clip = {"id": entry.id, "path": entry.path, "file": entry.file, "caption": entry.caption, "entry": entry.index,
             "num_frames": int(frames.shape[0]), "height": int(frames.shape[1]), "width": int(frames.shape[2]),
             "fps": fps, "latent_shape": list(latents.shape)}

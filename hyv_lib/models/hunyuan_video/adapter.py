@@ -78,6 +78,7 @@ class HunyuanVideoAdapter(ModelAdapter):
     block_keys = ("context_mask", "pooled", "guidance")
     rule_sets = RULE_SETS
     block_prefix = "transformer_blocks."  # the planner's per-block sizes: the dual-stream blocks (the larger kind)
+    block_prefixes = ("transformer_blocks.", "single_transformer_blocks.")  # the dual-, then the single-stream blocks
     lora_targets = LORA_TARGETS
     timestep_dtype = torch.float32  # HunyuanVideoPipeline passes float32 timesteps (the latents' dtype)
     vae_class = "AutoencoderKLHunyuanVideo"

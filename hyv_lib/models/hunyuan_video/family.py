@@ -12,7 +12,8 @@ class HunyuanVideoFamily(ModelFamily):
     """HunyuanVideo (Tencent, Dec 2024): the modules of :mod:`hyv_lib.models.hunyuan_video` behind the family
     interface. Text-to-video, and the latent-concat image-to-video checkpoint, whose LLaVA reads the first frame with
     the prompt (:attr:`texts_read_image`) and whose loop takes the frame's VAE latents (``cond_latents``), as
-    HunyuanVideoImageToVideoPipeline does; its training is text-to-video."""
+    HunyuanVideoImageToVideoPipeline does. Training: both, the image-to-video checkpoint on its 33 input channels
+    (:func:`hyv_lib.models.hunyuan_video.training.batch_inputs`)."""
 
     title = "HunyuanVideo"
     takes_image = True
@@ -22,6 +23,7 @@ class HunyuanVideoFamily(ModelFamily):
     text_components = parts.TEXT_COMPONENTS
     first_frame_components = parts.FIRST_FRAME_COMPONENTS
     text_names = recipe.TEXT_NAMES
+    image_names = recipe.IMAGE_NAMES
     text_widths = {"prompt_embeds": "text_embed_dim", "pooled_prompt_embeds": "pooled_projection_dim"}
 
     def build_tiny(self, preset, seed=0, names=None):

@@ -16,6 +16,8 @@ from .components import IMAGE_TOKEN, i2v_pipeline_class
 from .presets import CLIP_TOKENS, I2V_ASSISTANT_TOKENS, I2V_INTERLEAVE, i2v_text_tokens, llava_image_tokens
 from .text import HIDDEN_LAYERS_TO_SKIP
 
+#: The (width, height) of the black frame read with prompts given no frame at all (any size reads the same).
+BLACK_SIZE = (64, 64)
 #: The pipeline's ``image_embed_interleave`` for each ``image_condition_type`` (``__call__``'s default rule).
 INTERLEAVE = {"latent_concat": I2V_INTERLEAVE, "token_replace": 4}
 
@@ -75,22 +77,24 @@ def _host(components: dict[str, Any], device: torch.device | None) -> SimpleName
 def encode_prompts(components: dict[str, Any], preset: Preset, prompts: list[str], images: list,
                    device: torch.device | None = None, release: bool = False) -> dict[str, torch.Tensor]:
     """The stage-1 text tensors of ``prompts``, each read with its first frame in ``images`` (a PIL image; None: the
-    black frame the pipeline gives a negative prompt), by HunyuanVideoImageToVideoPipeline's own
-    ``_get_llama_prompt_embeds`` and ``_get_clip_prompt_embeds`` (what its ``encode_prompt`` calls, one prompt and
-    image a call, as the pipeline runs them): ``prompt_embeds`` [B, text_len, D] (LLaVA's third-last hidden states:
+    black frame the pipeline gives a negative prompt; all None: black frames, what a feature folder's empty prompt
+    is read with), by HunyuanVideoImageToVideoPipeline's own ``_get_llama_prompt_embeds`` and
+    ``_get_clip_prompt_embeds`` (what its ``encode_prompt`` calls, one prompt and image a call, as the pipeline runs
+    them): ``prompt_embeds`` [B, text_len, D] (LLaVA's third-last hidden states:
     the image's tokens, every :func:`interleave`-th, then the prompt's after the template's crop, the assistant
     header cut), ``prompt_embeds_mask`` [B, text_len] (int64) and ``pooled_prompt_embeds`` [B, D_clip] (CLIP's pooled
     output of the prompt alone). ``device`` and ``release`` as in
     :func:`hyv_lib.models.hunyuan_video.text.encode_prompts`.
-    HyvInputError naming ``images`` unless they are one per prompt, one of them at least a first frame."""
+    HyvInputError naming ``images`` unless they are one per prompt. A black frame has the first given frame's size
+    (else :data:`BLACK_SIZE`): LLaVA's image processor resizes it to its own, one constant image whatever the size."""
     from PIL import Image
 
-    given = [image for image in images or () if image is not None]
-    if not given or len(images) != len(prompts):
+    if images is None or len(images) != len(prompts):
         raise HyvInputError("images", f"{preset.name}'s text encoder (LLaVA) reads each prompt with its first frame: "
                                       f"give one image a prompt, None for a black one ({len(prompts)} prompts, "
-                                      f"{len(images or ())} images); hyv_lib trains HunyuanVideo text-to-video only")
-    images = [Image.new("RGB", given[0].size, 0) if image is None else image for image in images]
+                                      f"{len(images or ())} images)")
+    size = next((image.size for image in images if image is not None), BLACK_SIZE)
+    images = [Image.new("RGB", size, 0) if image is None else image for image in images]
     text_encoder, text_encoder_2 = components["text_encoder"], components["text_encoder_2"]
     check_llava(preset, text_encoder)
     template = prompt_template(preset, components["tokenizer"])
