@@ -703,17 +703,20 @@ for name, r in sorted(runs.items()):
                       "says why)")
         continue
     sent = sum(op["sent_bytes"] for op in r["collective_ops"])
-    compiled = {"slice": slice_, "mesh": mesh, "fits": "yes" if r["fits"] else "no",
+    compiled = {"slice": slice_, "mesh": mesh, **({} if kind == "lora" else {"rules": rules}),
+                "fits": "yes" if r["fits"] else "no",
                 "GiB per device": f"{r['per_device_bytes']['total'] / 2**30:.2f}",
                 "of usable GiB": f"{r['hbm_available_per_device'] / 2**30:.2f}"}
     if kind == "lora":  # the train step: the training memory model beside it (hyv_lib.planning.train_memory)
         model = model_of_compiled(r)
         train_rows.append({**compiled, "planner GiB": f"{model['model_total'] / 2**30:.2f}",
+                           "state GiB: planner / compiler": f"{model['model_state'] / 2**30:.2f} / "
+                                                            f"{model['compiled_arguments'] / 2**30:.2f}",
                            "matmul TFLOP / device": f"{r['matmul_flops_per_device'] / 1e12:.1f}",
                            "GB sent / device": f"{sent / 1e9:.1f}", "compile s": f"{r['compile_seconds']:.0f}"})
         continue
     plan = device_plan(t2v, 720, 1280, 129, r["mesh"], r["sharding"])
-    rows.append({**compiled, "rules": rules, "planner GiB": f"{plan['per_device_bytes']['total'] / 2**30:.2f}",
+    rows.append({**compiled, "planner GiB": f"{plan['per_device_bytes']['total'] / 2**30:.2f}",
                  "matmul TFLOP / device": f"{r['matmul_flops_per_device'] / 1e12:.1f}",
                  "planner": f"{plan['flops']['linear'] / 1e12:.1f}",
                  "GB sent / device": f"{sent / 1e9:.1f}", "planner GB": f"{plan['sent_bytes'] / 1e9:.1f}"})
@@ -729,16 +732,16 @@ for line in failed:
 # `attn,mlp,single`, 440 layers), with FSDP over every device and each block recomputed in the backward pass. The
 # train step runs the 20 dual- and the 40 single-stream blocks as two `lax.scan` loops over their stacked weights
 # (`JaxTrainStep(scan_blocks=True)`, the default; tested against diffusers' autograd at tiny size in
-# `tests/test_hunyuan_video_training.py`): the compiler sees two blocks, not 60. Unrolled, the same program outgrew
-# this 23 GiB machine during compilation.
+# `tests/test_hunyuan_video_training.py`): the compiler sees two blocks, not 60. Unrolled, the same program was killed
+# for memory on this 23 GiB machine after 976 s of compiling (an earlier session's run).
 #
 # The planner agrees with the compiler on every step row: its matmul FLOPs and bytes sent match (the `planner`
-# columns), and its memory is within 9% of the compiler's total less the generated code. It models what XLA does
-# around the single-stream blocks (`hyv_lib.planning.layout`): on a `sequence` axis, extra all-to-alls of the joint
-# sequence; under `fsdp` with a `tensor` axis, Q/K/V computed on their shards rather than gathered. For the train
-# step the memory model counts the state (weights, fp32 masters, AdamW moments) exactly but gives about three
-# quarters of the compiled total: the single-stream blocks' recomputed activations are modelled as a dual-stream
-# block's.
+# columns), and its memory is within 9% of the compiler's total less the generated code (whose size the benchmark's
+# markdown lists). It models what XLA does around the single-stream blocks (`hyv_lib.planning.layout`): on a
+# `sequence` axis, extra all-to-alls of the joint sequence; under `fsdp` with a `tensor` axis, Q/K/V computed on their
+# shards rather than gathered. For the train step the memory model counts the state (weights, fp32 masters, AdamW
+# moments) to within 1% but gives 70-74% of the compiled total: the single-stream blocks' recomputed activations are
+# modelled as a dual-stream block's.
 #
 # One finding is this model's own. On any tensor axis the 40 single-stream blocks add all-to-alls that the
 # dual-stream blocks do not: their `proj_out` reads the attention output and the MLP output concatenated (3,072 +
