@@ -108,8 +108,8 @@ def device_plan(preset: Preset | str, height: int, width: int, video_length: int
       to_out runs whole; ``replicated`` and ``fsdp`` without a tensor axis run every matmul whole, so their compute
       splits only over data and sequence; ``fsdp`` with one runs Q/K/V sliced to the local heads, the dual blocks'
       to_out and MLP whole, the single blocks as ``tp``). The collectives and FLOPs are
-      :func:`hyv_lib.planning.layout.layout_costs`', where the single-stream blocks' sequence-axis re-layouts are. ``attention`` as for :func:`step_flops` (None: the preset's own; SSTA for the ``*_sparse``
-      presets): SSTA's attention FLOPs are the dense ones over the tiled sequence times the tile density's upper
+      :func:`hyv_lib.planning.layout.layout_costs`', where the single-stream blocks' sequence-axis re-layouts are.
+      ``attention`` as for :func:`step_flops` (None: the preset's own; SSTA for the ``*_sparse`` presets): SSTA's attention FLOPs are the dense ones over the tiled sequence times the tile density's upper
       bound, split the same way: what a block-sparse kernel visiting only the attended tiles costs (no TPU
       measurement checks it).
     - ``per_device_bytes``: weights under the rules (exact, :func:`param_bytes`), the step's inputs (latents,

@@ -43,9 +43,9 @@ class _Objective(torch.nn.Module):
     one block at a time) and the video tokens kept split over ``sequence`` between blocks.
 
     ``stacked`` (a group's prefix -> its weights by name after the prefix, [blocks, ...]) runs that group of blocks
-    (:func:`~hyv_lib.runtimes.block_stack.block_groups`) as one ``jax.lax.scan`` over the group's first module with each block's weights in turn:
-    the compiler sees one block per group, not 54 (HunyuanVideo-1.5) or 60 (HunyuanVideo: one dual- and one
-    single-stream block). A group not in ``stacked`` runs block by block."""
+    (:func:`~hyv_lib.runtimes.block_stack.block_groups`) as one ``jax.lax.scan`` over the group's first module with
+    each block's weights in turn: the compiler sees one block per group, not 54 (HunyuanVideo-1.5) or 60
+    (HunyuanVideo: one dual- and one single-stream block). A group not in ``stacked`` runs block by block."""
 
     def __init__(self, model, adapter: ModelAdapter, remat: bool, gather: bool, dtype: torch.dtype):
         super().__init__()
