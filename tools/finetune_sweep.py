@@ -1,9 +1,10 @@
-"""Issue 45's sweep: LoRA recipes on hyv-tiny's new-colour data, each trained per seed and scored on held-out captions.
+"""Issue 45's sweep: LoRA recipes on hyv-tiny's new-colour or new-motion data, trained per seed, held-out captions read.
 
 Each run: the dataset's features (extracted once through the CLI's ``extract_features``, cached in ``--work``),
 ``hyv_lib.training.loop.train`` with the recipe and seed, the LoRA merged (``load_pipeline(lora=...)``), and the
-held-out new-colour and known-colour captions generated and read (:mod:`hyv_lib.tiny.finetune_gate`), and what the
-empty prompt draws (CFG's negative half). A recipe is ``train``'s keyword arguments (``--set learning_rate=5e-3``,
+held-out new-colour and known-colour captions generated and read (:mod:`hyv_lib.tiny.finetune_gate`; ``--gate
+motion``: new-direction and known-direction captions, :mod:`hyv_lib.tiny.motion_gate`), and what the empty prompt
+draws (CFG's negative half). A recipe is ``train``'s keyword arguments (``--set learning_rate=5e-3``,
 ``--set lora_targets=attn,mlp``; what is not set takes ``train``'s defaults, recorded as resolved at run time) plus
 what only this sweep can set, by patching the loop for the run:
 
@@ -17,6 +18,8 @@ what only this sweep can set, by patching the loop for the run:
 Every run is appended to ``--results`` (JSON) as it finishes, failures included.
 
     python tools/finetune_sweep.py --name defaults --dataset issue --seeds 0 1 2 3 --set lora_rank=8 --set steps=500
+    python tools/finetune_sweep.py --gate motion --name defaults --set lora_rank=8 --set steps=500 \
+        --results benchmarks/results/finetune_motion_2026-11-28_cpu.json
 """
 
 from __future__ import annotations
@@ -38,11 +41,14 @@ import hyv_lib
 from hyv_lib.cli.commands import run as cli
 from hyv_lib.models import lora as lora_module
 from hyv_lib.models.hunyuan_video15.training import TEXT_KEYS
-from hyv_lib.tiny import finetune_gate as gate
+from hyv_lib.tiny import finetune_gate, motion_gate
 from hyv_lib.training import loop
 from hyv_lib.runtimes.torch_train import TorchTrainStep
 
 PRESET = "tiny_trained"
+#: ``--gate``: the module that writes the data and reads the videos, and its reader (colour or direction).
+GATES = {"colour": (finetune_gate, finetune_gate.read_colors), "motion": (motion_gate, motion_gate.read_directions)}
+gate, read = GATES["colour"]  # main() sets the chosen one
 
 
 class WarmupDecay(loop.LinearWarmup):
@@ -61,9 +67,10 @@ class WarmupDecay(loop.LinearWarmup):
         return self.peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def features(work: str, dataset: str, word: str = gate.NEW_COLOR) -> str:
-    """The dataset's feature folder in ``work`` (the new colour named ``word``), made once through the CLI."""
-    folder = os.path.join(work, dataset if word == gate.NEW_COLOR else f"{dataset}-{word}")
+def features(work: str, dataset: str, word: str) -> str:
+    """The dataset's feature folder in ``work`` (the new colour or direction named ``word``), made once through the
+    CLI."""
+    folder = os.path.join(work, dataset if word == finetune_gate.NEW_COLOR else f"{dataset}-{word}")
     out = os.path.join(folder, "features")
     if not os.path.exists(os.path.join(out, "features.safetensors.index.json")):
         data_json = gate.write_dataset(folder, dataset, word=word)
@@ -176,12 +183,13 @@ def sweep_only(recipe: dict):
 
 
 def empty_prompt(pipe) -> list:
-    """The colours the unconditional model draws (the empty prompt, guidance 1, seeds 7..14): CFG's negative half."""
-    return gate.read_colors(pipe.generate("", seed=gate.PROBE_SEED + i, num_inference_steps=gate.PROBE_STEPS,
-                                          guidance_scale=1.0, progress=False).frames for i in range(8))
+    """The colours (directions) the unconditional model draws (the empty prompt, guidance 1, seeds 7..14): CFG's
+    negative half."""
+    return read(pipe.generate("", seed=gate.PROBE_SEED + i, num_inference_steps=gate.PROBE_STEPS,
+                              guidance_scale=1.0, progress=False).frames for i in range(8))
 
 
-def one_run(work: str, dataset: str, recipe: dict, seed: int, word: str = gate.NEW_COLOR) -> dict:
+def one_run(work: str, dataset: str, recipe: dict, seed: int, word: str) -> dict:
     """Train the recipe with ``seed`` on ``dataset`` and score the held-out captions."""
     kwargs = {k: v for k, v in recipe.items() if k not in ("schedule", "uncond_target", "ema", "guided_target")}
     out = tempfile.mkdtemp(prefix="lora-", dir=work)
@@ -210,16 +218,25 @@ def value(text: str):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--name", required=True, help="the configuration's name in the results file")
-    p.add_argument("--dataset", default="issue", choices=sorted(gate.DATASETS))
+    p.add_argument("--gate", default="colour", choices=sorted(GATES), help="teach a new colour or a new motion")
+    p.add_argument("--dataset", default="issue", help="a dataset of the gate's module (colour: issue, chapter9; "
+                                                       "motion: issue)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a recipe setting (repeatable)")
-    p.add_argument("--word", default=gate.NEW_COLOR, help="the new colour's name in the captions (default orange; "
-                                                         "cyan: a word the tokenizer has one token for)")
+    p.add_argument("--word", default=None, help="the new colour's (direction's) name in the captions (default orange "
+                                                "(up-right); cyan: a word the tokenizer has one token for)")
     p.add_argument("--before", action="store_true", help="also probe the model without a LoRA")
     p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "hyv_finetune_sweep"))
     p.add_argument("--results", default="benchmarks/results/finetune_sweep_2026-11-27.json")
     p.add_argument("--note", default="")
     args = p.parse_args(argv)
+    global gate, read
+    gate, read = GATES[args.gate]
+    if args.dataset not in gate.DATASETS:
+        p.error(f"--dataset: the {args.gate} gate has {', '.join(gate.DATASETS)}")
+    args.word = args.word or gate.NEW_WORD
+    if args.gate == "motion":
+        args.work = os.path.join(args.work, "motion")
     recipe = resolved(dict((k, value(v)) for k, v in (s.split("=", 1) for s in args.set)))
     if "steps" not in recipe:
         p.error("--set steps=N is required")
@@ -231,16 +248,16 @@ def main(argv=None) -> int:
             results = json.load(f)
     results.setdefault("machine", f"{platform.machine()}, {os.cpu_count()} cores (shared), torch "
                                   f"{torch.__version__}, 1 thread")
-    results.setdefault("probe", {"new_colour": [c.caption for c in gate.HELD_OUT],
+    results.setdefault("probe", {f"new_{args.gate}": [c.caption for c in gate.HELD_OUT],
                                  "known": [c.caption for c in gate.KNOWN_PROBE],
                                  "seeds": f"{gate.PROBE_SEED} + caption index", "steps": gate.PROBE_STEPS})
     if args.before:
         base = hyv_lib.load_pipeline(PRESET, progress=False)
-        key = "before" if args.word == gate.NEW_COLOR else f"before_{args.word}"
+        key = "before" if args.word == gate.NEW_WORD else f"before_{args.word}"
         results[key] = dict(gate.score(gate.probe(base, word=args.word)), empty_prompt_reads=empty_prompt(base))
         print(f"{key}:", results[key])
-    entry = {"name": args.name, "dataset": args.dataset, "word": args.word, "recipe": recipe, "note": args.note,
-             "seeds": []}
+    entry = {"name": args.name, "gate": args.gate, "dataset": args.dataset, "word": args.word, "recipe": recipe,
+             "note": args.note, "seeds": []}
     results["runs"].append(entry)
     for seed in args.seeds:
         r = one_run(args.work, args.dataset, recipe, seed, args.word)

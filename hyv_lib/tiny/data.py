@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from dataclasses import dataclass
 
@@ -23,6 +24,9 @@ UNSEEN_COLORS = {"cyan": (0.05, 0.90, 0.90), "orange": (1.00, 0.50, 0.05)}
 BACKGROUNDS = {"black": (0.0, 0.0, 0.0), "gray": (0.45, 0.45, 0.45), "purple": (0.22, 0.02, 0.28)}
 SHAPES = ("circle", "square", "triangle")
 DIRECTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}  # (dx, dy), y grows downwards
+# Never in the training set: a diagonal, unit (dx, dy). Chapter 9's motion gate teaches it (hyv_lib.tiny.motion_gate):
+# unlike a new colour, a new path needs nothing the VAE cannot draw.
+UNSEEN_DIRECTIONS = {"up-right": (math.sqrt(0.5), -math.sqrt(0.5))}
 
 # Pixels per frame, as a fraction of the height: 1.6-2.6 px at 64 px, 13-20 px over 9 frames. Slow on purpose:
 # the VAE folds 4 frames into one latent frame, and at 6-10 px per frame (our first data) it could only paint
@@ -84,18 +88,27 @@ def render_clip(combo: Combo, seed: int, height: int = HEIGHT, width: int = WIDT
         raise ValueError(f"frames must be 4n+1, got {frames}")
     rng = np.random.default_rng(seed)
     r = rng.uniform(0.14, 0.2) * height
-    dx, dy = DIRECTIONS[combo.direction]
-    travel = (width if dx else height) - 2 * r - 4
-    distance = min(rng.uniform(*SPEED) * height * (frames - 1), travel)  # 0 for an image (1 frame)
-    # Start so the whole path stays inside the frame; the other axis is free.
     margin = r + 2
-    start_along = margin + rng.uniform(0, travel - distance)
-    if dx:
-        cx0 = start_along if dx > 0 else width - start_along
-        cy0 = rng.uniform(margin, height - margin)
+    if combo.direction in UNSEEN_DIRECTIONS:  # a diagonal: the same speed along the path, both axes kept inside
+        dx, dy = UNSEEN_DIRECTIONS[combo.direction]
+        travel_x, travel_y = width - 2 * r - 4, height - 2 * r - 4
+        distance = min(rng.uniform(*SPEED) * height * (frames - 1), travel_x / abs(dx), travel_y / abs(dy))
+        along_x = margin + rng.uniform(0, travel_x - distance * abs(dx))
+        along_y = margin + rng.uniform(0, travel_y - distance * abs(dy))
+        cx0 = along_x if dx > 0 else width - along_x
+        cy0 = along_y if dy > 0 else height - along_y
     else:
-        cy0 = start_along if dy > 0 else height - start_along
-        cx0 = rng.uniform(margin, width - margin)
+        dx, dy = DIRECTIONS[combo.direction]
+        travel = (width if dx else height) - 2 * r - 4
+        distance = min(rng.uniform(*SPEED) * height * (frames - 1), travel)  # 0 for an image (1 frame)
+        # Start so the whole path stays inside the frame; the other axis is free.
+        start_along = margin + rng.uniform(0, travel - distance)
+        if dx:
+            cx0 = start_along if dx > 0 else width - start_along
+            cy0 = rng.uniform(margin, height - margin)
+        else:
+            cy0 = start_along if dy > 0 else height - start_along
+            cx0 = rng.uniform(margin, width - margin)
     clip = np.empty((3, frames, height, width), np.float32)
     for t in range(frames):
         step = distance * t / max(frames - 1, 1)  # a 1-frame clip (an image) is the start frame
@@ -146,7 +159,8 @@ def parse_caption(caption: str) -> Combo:
     if len(words) != 9 or words[0] != "a" or words[3] != "moving" or words[5:7] != ["on", "a"] or words[8] != "background":
         raise ValueError(f"caption must read 'a COLOR SHAPE moving DIRECTION on a BACKGROUND background', got {caption!r}")
     combo = Combo(words[1], words[2], words[4], words[7])
-    for value, valid in ((combo.color, {**COLORS, **UNSEEN_COLORS}), (combo.shape, SHAPES), (combo.direction, DIRECTIONS),
+    for value, valid in ((combo.color, {**COLORS, **UNSEEN_COLORS}), (combo.shape, SHAPES),
+                         (combo.direction, {**DIRECTIONS, **UNSEEN_DIRECTIONS}),
                          (combo.background, BACKGROUNDS)):
         if value not in valid:
             raise ValueError(f"{value!r} in caption is not one of {', '.join(valid)}")

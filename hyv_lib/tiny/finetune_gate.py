@@ -13,7 +13,7 @@ from . import data
 from .quality import read_video
 
 #: The colour hyv-tiny never saw. Cyan is not usable: the shipped VAE decodes it as blue (:mod:`hyv_lib.tiny.data`).
-NEW_COLOR = "orange"
+NEW_COLOR = NEW_WORD = "orange"
 #: The backgrounds of the new-colour clips: the shipped VAE decodes orange on gray as a dull red (chapter 9).
 NEW_BACKGROUNDS = ("black", "purple")
 #: The reader's palette: the training colours and the new one (a known colour drifting to orange reads as a miss).
@@ -106,7 +106,15 @@ def cli_gate(folder: str, run, *, seed: int = 0, train_args=GATE_TRAIN_ARGS, dat
     ``--lora``, each mp4 read with :func:`read_colors`. ``run``: the command line's entry function
     (:func:`hyv_lib.cli.commands.run`, passed in: the CLI sits above this package). Returns ``{"before": score,
     "after": score, "lora": the LoRA folder}`` (:func:`score`; "before" None when not probed)."""
-    data_json = write_dataset(folder, dataset)
+    return run_gate(folder, run, write_dataset(folder, dataset), HELD_OUT + KNOWN_PROBE[:known], read_colors, score,
+                    seed=seed, train_args=train_args, before=before, preset=preset)
+
+
+def run_gate(folder: str, run, data_json: str, combos: list[data.Combo], read, score_reads, *, seed: int,
+             train_args, before: bool, preset: str) -> dict[str, Any]:
+    """A gate through the command line in ``folder`` (:func:`cli_gate`; the motion gate's too): ``extract_features``
+    of ``data_json``, ``train``, ``generate --prompts_file`` of ``combos``' captions before (``before``) and after
+    ``--lora``; ``read`` (videos -> reads) and ``score_reads`` (reads, combos -> score) score each."""
     features = os.path.join(folder, "features")
     if run(["extract_features", "--data_json", data_json, "--preset", preset, "--output_dir", features,
             "--quiet"]) != 0:
@@ -115,7 +123,6 @@ def cli_gate(folder: str, run, *, seed: int = 0, train_args=GATE_TRAIN_ARGS, dat
     if run(["train", "--features", features, "--preset", preset, *train_args, "--seed", str(seed), "--output_dir",
             lora, "--quiet"]) != 0:
         raise RuntimeError("train failed")
-    combos = HELD_OUT + KNOWN_PROBE[:known]
     prompts = os.path.join(folder, "probe.txt")
     with open(prompts, "w") as f:
         f.writelines(c.caption + "\n" for c in combos)
@@ -126,7 +133,7 @@ def cli_gate(folder: str, run, *, seed: int = 0, train_args=GATE_TRAIN_ARGS, dat
                 str(PROBE_SEED), "--num_inference_steps", str(PROBE_STEPS), "--quiet", *extra]) != 0:
             raise RuntimeError(f"generate ({name}) failed")
         videos = (read_mp4(os.path.join(out, f"{i:04d}", "output_video.mp4"))[0] for i in range(len(combos)))
-        return score(read_colors(videos), combos)
+        return score_reads(read(videos), combos)
 
     return {"before": probe_cli("before", []) if before else None, "after": probe_cli("after", ["--lora", lora]),
             "lora": lora}

@@ -1,0 +1,124 @@
+"""The motion fine-tuning gate on hyv-tiny: clips of a direction it never saw, a LoRA, held-out captions' paths read."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from ..base.errors import HyvInputError
+from ..pipeline.video_io import write_mp4
+from ..runtimes.vae import to_uint8_frames
+from . import data
+from . import finetune_gate
+from .finetune_gate import ISSUE_TRAIN_ARGS, PROBE_SEED, PROBE_STEPS, run_gate
+from .quality import MIN_MOTION_PX, centroid_track
+
+#: The direction hyv-tiny never saw (:data:`hyv_lib.tiny.data.UNSEEN_DIRECTIONS`): a diagonal, drawn by the VAE as
+#: well as any position of the four known paths. Its word, "up-right", is four tokens to hyv-tiny's word tokenizer
+#: (up, -, ri, ght): "up" is a known word, the rest sub-word pieces it never read.
+NEW_DIRECTION = NEW_WORD = "up-right"
+#: The eight compass directions the reader tells apart, as angles in degrees (counterclockwise from right, y up):
+#: the four known, the new one and three other diagonals (a path drifting to one of those reads as a miss).
+COMPASS = {"right": 0, "up-right": 45, "up": 90, "up-left": 135, "left": 180, "down-left": 225, "down": 270,
+           "down-right": 315}
+#: The colours of the training clips; white only in known-direction captions.
+TRAIN_COLORS = ("red", "green", "blue", "yellow")
+#: The issue's 12 training captions: 3 shapes x 4 colours moving up-right, the background turning over all three
+#: (each shape and each colour on each background at least once across the set).
+TRAIN = [data.Combo(c, s, NEW_DIRECTION, tuple(data.BACKGROUNDS)[(i + j) % 3])
+         for j, c in enumerate(TRAIN_COLORS) for i, s in enumerate(data.SHAPES)]
+#: 8 held-out captions, two shapes of each training colour on the background after its training one: every
+#: shape, colour and background seen in training, never together (shapes 3, 3, 2 times; backgrounds 2, 3, 3).
+HELD_OUT = [data.Combo(c, s, NEW_DIRECTION, tuple(data.BACKGROUNDS)[(i + j + 1) % 3])
+            for j, c in enumerate(TRAIN_COLORS) for i, s in enumerate(data.SHAPES) if i != (j + 2) % 3]
+#: The datasets (lists of (caption, render index)): ``issue``, the first-hour user's 12 clips, one per training
+#: caption, nothing else.
+DATASETS = {"issue": [(c, 0) for c in TRAIN]}
+#: ``KNOWN_PROBE`` (:mod:`hyv_lib.tiny.finetune_gate`'s 8 known captions hyv-tiny never trained on): here the reader
+#: asks whether each still moves in its own direction after the LoRA.
+KNOWN_PROBE = finetune_gate.KNOWN_PROBE
+
+
+def caption(combo: data.Combo, word: str = NEW_DIRECTION) -> str:
+    """The combo's caption, the new direction named ``word``."""
+    if combo.direction != NEW_DIRECTION:
+        return combo.caption
+    return combo.caption.replace(f" moving {NEW_DIRECTION} ", f" moving {word} ")
+
+
+def write_dataset(folder: str, dataset: str = "issue", fps: int = 8, word: str = NEW_DIRECTION) -> str:
+    """Render ``dataset``'s clips (:data:`DATASETS`; clip i seeded 1000 + i), write them as mp4 files in
+    ``folder/videos`` and a MindSpeed-MM ``data.json`` beside them (the new direction named ``word``); returns its
+    path."""
+    if dataset not in DATASETS:
+        raise HyvInputError("dataset", f"must be one of {', '.join(DATASETS)}, got {dataset!r}")
+    os.makedirs(os.path.join(folder, "videos"), exist_ok=True)
+    entries = []
+    for i, (combo, _) in enumerate(DATASETS[dataset]):
+        name = f"videos/{i:03d}.mp4"
+        write_mp4(to_uint8_frames(data.render_clip(combo, seed=1000 + i)), os.path.join(folder, name), fps=fps)
+        entries.append({"path": name, "cap": caption(combo, word), "num_frames": data.FRAMES, "fps": fps,
+                        "resolution": {"height": data.HEIGHT, "width": data.WIDTH}})
+    path = os.path.join(folder, "data.json")
+    with open(path, "w") as f:
+        json.dump(entries, f, indent=1)
+    return path
+
+
+def read_direction(video) -> str | None:
+    """The compass direction (:data:`COMPASS`) of the shape's path: its centroid (:func:`hyv_lib.tiny.quality.
+    centroid_track`) from the first to the last frame that shows it, the nearest of the eight angles; None when no
+    frame or one shows a shape, or it travels under :data:`hyv_lib.tiny.quality.MIN_MOTION_PX` pixels. ``video``:
+    frames [F, H, W, 3], uint8 or floats in [0, 1]."""
+    track = centroid_track(video)
+    track = track[~np.isnan(track[:, 0])]
+    if len(track) < 2:
+        return None
+    dx, dy = track[-1] - track[0]
+    if math.hypot(dx, dy) < MIN_MOTION_PX:
+        return None
+    angle = math.degrees(math.atan2(-dy, dx))  # y grows downwards in the frame
+    return min(COMPASS, key=lambda name: abs((angle - COMPASS[name] + 180) % 360 - 180))
+
+
+def read_directions(videos) -> list[str | None]:
+    """:func:`read_direction` of each video."""
+    return [read_direction(v) for v in videos]
+
+
+def probe(pipeline, combos: list[data.Combo] | None = None, steps: int = PROBE_STEPS,
+          word: str = NEW_DIRECTION) -> list[str | None]:
+    """The directions ``pipeline`` draws for ``combos`` (default :data:`HELD_OUT` then :data:`KNOWN_PROBE`),
+    caption i at seed PROBE_SEED + i, ``steps`` denoising steps (what ``generate --prompts_file ... --seed 7`` makes);
+    the new direction named ``word``."""
+    combos = HELD_OUT + KNOWN_PROBE if combos is None else combos
+    return read_directions(pipeline.generate(caption(c, word), seed=PROBE_SEED + i, num_inference_steps=steps,
+                                             progress=False).frames for i, c in enumerate(combos))
+
+
+def score(reads: list[str | None], combos: list[data.Combo] | None = None) -> dict[str, Any]:
+    """How many of the new-direction captions moved up-right (``new`` of ``new_total``) and how many of the
+    known-direction captions moved their own way (``known`` of ``known_total``), with the reads."""
+    combos = HELD_OUT + KNOWN_PROBE if combos is None else combos
+    if len(reads) != len(combos):
+        raise ValueError(f"{len(reads)} reads for {len(combos)} captions")
+    right = [r == c.direction for r, c in zip(reads, combos)]
+    new = [ok for ok, c in zip(right, combos) if c.direction == NEW_DIRECTION]
+    known = [ok for ok, c in zip(right, combos) if c.direction != NEW_DIRECTION]
+    return {"new": sum(new), "new_total": len(new), "known": sum(known), "known_total": len(known),
+            "reads": list(reads)}
+
+
+def cli_gate(folder: str, run, *, seed: int = 0, train_args=ISSUE_TRAIN_ARGS, dataset: str = "issue",
+             known: int = len(KNOWN_PROBE), before: bool = True, preset: str = "tiny_trained") -> dict[str, Any]:
+    """The recipe through the command line in ``folder`` (:func:`hyv_lib.tiny.finetune_gate.run_gate`): ``dataset``'s
+    clips and data.json, ``extract_features``, ``train`` (``train_args``, default the first-hour user's ``--lora_rank
+    8 --steps 500``, and ``--seed seed``), ``generate --prompts_file`` of :data:`HELD_OUT` and the first ``known`` of
+    :data:`KNOWN_PROBE` without (``before``) and with ``--lora``, each mp4 read with :func:`read_directions`.
+    ``run``: :func:`hyv_lib.cli.commands.run`. Returns ``{"before": score, "after": score, "lora": folder}``."""
+    return run_gate(folder, run, write_dataset(folder, dataset), HELD_OUT + KNOWN_PROBE[:known], read_directions,
+                    score, seed=seed, train_args=train_args, before=before, preset=preset)
