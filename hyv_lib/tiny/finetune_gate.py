@@ -88,12 +88,17 @@ def probe(pipeline, combos: list[data.Combo] | None = None, steps: int = PROBE_S
 def score(reads: list[str | None], combos: list[data.Combo] | None = None) -> dict[str, Any]:
     """How many of the new-colour captions came out in the new colour (``new`` of ``new_total``) and how many of the
     known-colour captions in their own colour (``known`` of ``known_total``), with the reads."""
-    combos = HELD_OUT + KNOWN_PROBE if combos is None else combos
+    return score_attribute(reads, HELD_OUT + KNOWN_PROBE if combos is None else combos, "color", NEW_COLOR)
+
+
+def score_attribute(reads: list, combos: list[data.Combo], attribute: str, new_value: str) -> dict[str, Any]:
+    """A gate's score: each read against its caption's ``attribute`` (``color``, ``direction``), counted apart for
+    the captions whose attribute is ``new_value`` (``new`` of ``new_total``) and the others (``known``)."""
     if len(reads) != len(combos):
         raise ValueError(f"{len(reads)} reads for {len(combos)} captions")
-    right = [r == c.color for r, c in zip(reads, combos)]
-    new = [ok for ok, c in zip(right, combos) if c.color == NEW_COLOR]
-    known = [ok for ok, c in zip(right, combos) if c.color != NEW_COLOR]
+    right = [(r == getattr(c, attribute), getattr(c, attribute) == new_value) for r, c in zip(reads, combos)]
+    new = [ok for ok, is_new in right if is_new]
+    known = [ok for ok, is_new in right if not is_new]
     return {"new": sum(new), "new_total": len(new), "known": sum(known), "known_total": len(known),
             "reads": list(reads)}
 

@@ -14,7 +14,7 @@ from ..pipeline.video_io import write_mp4
 from ..runtimes.vae import to_uint8_frames
 from . import data
 from . import finetune_gate
-from .finetune_gate import ISSUE_TRAIN_ARGS, PROBE_SEED, PROBE_STEPS, run_gate
+from .finetune_gate import ISSUE_TRAIN_ARGS, PROBE_SEED, PROBE_STEPS, run_gate, score_attribute
 from .quality import MIN_MOTION_PX, centroid_track
 
 #: The direction hyv-tiny never saw (:data:`hyv_lib.tiny.data.UNSEEN_DIRECTIONS`): a diagonal, drawn by the VAE as
@@ -103,14 +103,7 @@ def probe(pipeline, combos: list[data.Combo] | None = None, steps: int = PROBE_S
 def score(reads: list[str | None], combos: list[data.Combo] | None = None) -> dict[str, Any]:
     """How many of the new-direction captions moved up-right (``new`` of ``new_total``) and how many of the
     known-direction captions moved their own way (``known`` of ``known_total``), with the reads."""
-    combos = HELD_OUT + KNOWN_PROBE if combos is None else combos
-    if len(reads) != len(combos):
-        raise ValueError(f"{len(reads)} reads for {len(combos)} captions")
-    right = [r == c.direction for r, c in zip(reads, combos)]
-    new = [ok for ok, c in zip(right, combos) if c.direction == NEW_DIRECTION]
-    known = [ok for ok, c in zip(right, combos) if c.direction != NEW_DIRECTION]
-    return {"new": sum(new), "new_total": len(new), "known": sum(known), "known_total": len(known),
-            "reads": list(reads)}
+    return score_attribute(reads, HELD_OUT + KNOWN_PROBE if combos is None else combos, "direction", NEW_DIRECTION)
 
 
 def cli_gate(folder: str, run, *, seed: int = 0, train_args=ISSUE_TRAIN_ARGS, dataset: str = "issue",
