@@ -14,6 +14,8 @@ from diffusers import HunyuanVideoImageToVideoPipeline
 from PIL import Image
 from safetensors.torch import load_file
 
+from tiny_inputs import replay_draws
+
 from hyv_lib.cli.commands import run
 from hyv_lib.models.hunyuan_video import first_frame
 from hyv_lib.models.hunyuan_video.components import I2V_COMPONENTS, build_tiny
@@ -134,12 +136,7 @@ def test_the_batch_is_the_pipelines_model_input_and_the_loss_eager(data, pipe):
     batch = build_batch(features, picks, preset=PRESET, model_config=PRESET.transformer, task="i2v",
                         caption_dropout=0.5, shift=7.0, sampling="logit_normal", generator=g)
     g.set_state(state)
-    clips = [features[i] for i in picks]
-    drop = torch.rand(2, generator=g) < 0.5
-    x0 = torch.stack([c["latents"] for c in clips])
-    noise = torch.randn(x0.shape, generator=g)
-    u = torch.sigmoid(torch.randn(2, generator=g)) * (1 - 2e-5) + 1e-5
-    sigma = 7 * u / (1 + 6 * u)
+    clips, drop, x0, noise, sigma = replay_draws(features, picks, g, 7.0)
     s = sigma.view(2, 1, 1, 1, 1)
     latents = (1 - s) * x0 + s * noise
     with torch.no_grad():

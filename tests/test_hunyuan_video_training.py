@@ -10,6 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tiny_inputs import replay_draws
+
 from hyv_lib.cli.commands import run
 from hyv_lib.models.families import get_preset
 from hyv_lib.models.hunyuan_video.components import build_tiny
@@ -55,12 +57,7 @@ def test_the_batch_and_the_loss_are_the_objective(features_dir):
     batch = build_batch(features, picks, preset=PRESET, model_config=PRESET.transformer, task="t2v",
                         caption_dropout=0.5, shift=3.0, sampling="logit_normal", generator=g)
     g.set_state(state)
-    clips = [features[i] for i in picks]
-    drop = torch.rand(2, generator=g) < 0.5
-    x0 = torch.stack([c["latents"] for c in clips])
-    noise = torch.randn(x0.shape, generator=g)
-    u = torch.sigmoid(torch.randn(2, generator=g)) * (1 - 2e-5) + 1e-5
-    sigma = 3 * u / (1 + 2 * u)
+    clips, drop, x0, noise, sigma = replay_draws(features, picks, g, 3.0)
     s = sigma.view(2, 1, 1, 1, 1)
     assert torch.equal(batch["hidden_states"], (1 - s) * x0 + s * noise)
     assert torch.equal(batch["target"], noise - x0)

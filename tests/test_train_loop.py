@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from tiny_inputs import replay_draws
+
 from hyv_lib.base.errors import HyvInputError
 from hyv_lib.models.families import get_preset
 from hyv_lib.models.components import build_tiny_components
@@ -63,12 +65,7 @@ def test_batch_and_step_equal_the_eager_objective(features_dir):
 
     # the same batch by hand: coins, noise, z in this order; i2v condition channels; empty prompt where dropped
     g.set_state(state)
-    clips = [features[i] for i in picks]
-    drop = torch.rand(2, generator=g) < 0.5
-    x0 = torch.stack([c["latents"] for c in clips])
-    noise = torch.randn(x0.shape, generator=g)
-    u = torch.sigmoid(torch.randn(2, generator=g)) * (1 - 2e-5) + 1e-5
-    sigma = 3 * u / (1 + 2 * u)
+    clips, drop, x0, noise, sigma = replay_draws(features, picks, g, 3.0)
     s = sigma.view(2, 1, 1, 1, 1)
     cond = torch.zeros(2, 9, *x0.shape[2:])
     cond[:, :8, :1] = torch.stack([c["cond_latents"] for c in clips])

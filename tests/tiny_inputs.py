@@ -10,3 +10,17 @@ def forward_kwargs(seed=0, image=False, text_lengths=(14, 40), byt5_lengths=(0, 
     """:func:`hyv_lib.models.hunyuan_video15.components.example_forward_kwargs` for the tiny preset."""
     return example_forward_kwargs(TINY, seed=seed, image=image, text_lengths=text_lengths, byt5_lengths=byt5_lengths,
                                   latent=latent)
+
+
+def replay_draws(features, picks, generator, shift: float):
+    """The random draws of ``hyv_lib.training.loop.build_batch`` replayed by hand from the generator state it started
+    at, in its order (caption-dropout coins, noise, the logit-normal z): (clips, drop, x0, noise, sigma) of the
+    flow-matching objective at ``shift`` (sigma = shift u / (1 + (shift - 1) u))."""
+    import torch
+
+    clips = [features[i] for i in picks]
+    drop = torch.rand(len(picks), generator=generator) < 0.5
+    x0 = torch.stack([c["latents"] for c in clips])
+    noise = torch.randn(x0.shape, generator=generator)
+    u = torch.sigmoid(torch.randn(len(picks), generator=generator)) * (1 - 2e-5) + 1e-5
+    return clips, drop, x0, noise, shift * u / (1 + (shift - 1) * u)
