@@ -27,8 +27,8 @@ COMPASS = {"right": 0, "up-right": 45, "up": 90, "up-left": 135, "left": 180, "d
            "down-right": 315}
 #: The colours of the training clips; white only in known-direction captions.
 TRAIN_COLORS = ("red", "green", "blue", "yellow")
-#: The issue's 12 training captions: 3 shapes x 4 colours moving up-right, the background turning over all three
-#: (each shape and each colour on each background at least once across the set).
+#: The 12 training captions of the first-hour recipe: 3 shapes x 4 colours moving up-right, the background turning
+#: over all three (each shape and each colour on each background at least once across the set).
 TRAIN = [data.Combo(c, s, NEW_DIRECTION, tuple(data.BACKGROUNDS)[(i + j) % 3])
          for j, c in enumerate(TRAIN_COLORS) for i, s in enumerate(data.SHAPES)]
 #: 8 held-out captions, two shapes of each training colour on the background after its training one: every
