@@ -68,6 +68,11 @@ def test_split_and_score():
         assert any(t.color == combo.color for t in gate.TRAIN) and any(t.shape == combo.shape for t in gate.TRAIN)
         assert any(t.background == combo.background for t in gate.TRAIN)
     assert all(c.direction in data.DIRECTIONS for c in gate.KNOWN_PROBE) and len(gate.KNOWN_PROBE) == 8
+    # prior preservation: two captions per known direction, from hyv-tiny's own training set, none a probe caption
+    assert sorted(c.direction for c in gate.PRIOR) == sorted(list(data.DIRECTIONS) * 2)
+    assert set(gate.PRIOR) <= set(data.split_combos()[0]) and not set(gate.PRIOR) & set(gate.KNOWN_PROBE)
+    assert [c for c, _ in gate.DATASETS["prior"][12:]] == gate.PRIOR and len(gate.DATASETS["prior4"]) == 16
+    assert {c.direction for c, _ in gate.DATASETS["prior4"][12:]} == set(data.DIRECTIONS)
     assert data.parse_caption(gate.HELD_OUT[0].caption) == gate.HELD_OUT[0]
     assert gate.caption(gate.HELD_OUT[0], "diagonally").split()[4] == "diagonally"
     combos = [gate.HELD_OUT[0], gate.HELD_OUT[1], gate.KNOWN_PROBE[0], gate.KNOWN_PROBE[1]]

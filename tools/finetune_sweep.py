@@ -220,7 +220,7 @@ def main(argv=None) -> int:
     p.add_argument("--name", required=True, help="the configuration's name in the results file")
     p.add_argument("--gate", default="colour", choices=sorted(GATES), help="teach a new colour or a new motion")
     p.add_argument("--dataset", default="issue", help="a dataset of the gate's module (colour: issue, chapter9; "
-                                                       "motion: issue)")
+                                                       "motion: issue, prior, prior4)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a recipe setting (repeatable)")
     p.add_argument("--word", default=None, help="the new colour's (direction's) name in the captions (default orange "
