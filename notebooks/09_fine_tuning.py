@@ -30,6 +30,8 @@
 # 3. **Live on hyv-tiny**: teach it a colour it has never seen. Clips of orange shapes (and of colours it knows) go
 #    into mp4 files and a `data.json`; `extract_features`, `train --lora_rank 16` and `generate --lora` run
 #    in-process; the colour of held-out captions is read before and after.
+# 4. **A new motion**: the same question for a direction hyv-tiny never saw, "up-right", across training settings
+#    and seeds: what teaches it, and what that costs the directions it knew.
 #
 # :::{figure} ../book/figures/09_fine_tuning_pipeline.svg
 # :name: fig-09-fine-tuning-pipeline
@@ -537,7 +539,8 @@ def per_seed(seeds, key="new"):
 
 WORDS = {"defaults": "defaults", "cosine": "cosine decay", "linear0": "linear decay", "all": "every linear layer",
          "attnmlp": "attention + MLP", "nodrop": "caption dropout 0", "uniform": "uniform noise levels",
-         "uncondbase": "empty prompt → base model"}
+         "uncondbase": "empty prompt → base model", "cosine0": "cosine decay to 0", "word": "the word",
+         "diagonally": "'diagonally'", "attnmlptext": "attention + MLP + text embedder"}
 NUMBERS = {"lr": "lr {}", "bs": "batch {}", "steps": "{} steps", "drop": "caption dropout {}", "shift": "shift {}",
            "ema": "EMA {}", "guided": "guided target {}", "rank": "rank {}"}
 
@@ -654,6 +657,94 @@ if not diagnostics:
 # side; no guidance scale in the second table reaches 6 of 8 for every seed either. What seed 0 of chapter 9's recipe
 # got is one landing of that lottery; none of the training settings tried here makes it a reliable one.
 
+# %% [markdown]
+# ## A new motion: the concept the VAE can draw
+#
+# Orange fails partly in the VAE, so the same question was asked of a concept the VAE draws as well as anything
+# hyv-tiny knows: a direction it never saw. hyv-tiny's shapes move left, right, up or down; the new clips move
+# "up-right", at 45 degrees (`hyv_lib.tiny.motion_gate`). The first-hour recipe again: 12 clips (3 shapes x 4 known
+# colours), 8 held-out captions that recombine their shapes, colours and backgrounds, and 8 known-direction
+# captions hyv-tiny never trained on. The reader follows the shape's centroid from its first to its last frame and
+# names the nearest of eight compass directions, so a path at 20 degrees reads "right", not "up-right". The runs
+# come from `tools/finetune_sweep.py --gate motion`; the second option, `--dataset prior`, adds 8 clips of hyv-tiny's
+# own training captions (two per known direction) to the 12, as chapter 9's colour recipe adds its prior clips
+# (`prior4`: 4 of them).
+
+# %%
+motions = sorted(glob.glob("../benchmarks/results/finetune_motion_*.json"))
+if motions:
+    motion = json.load(open(motions[-1]))
+    by_recipe = {}
+    for r in motion["runs"]:
+        entry = by_recipe.setdefault((r["name"], r["dataset"]), {"recipe": r["recipe"], "seeds": {}})
+        entry["seeds"].update({s["seed"]: s for s in r["seeds"]})
+    base = next(r for r in motion["runs"] if r["name"] == "issue-defaults")["recipe"]
+    rows = []
+    for (name, dataset), entry in by_recipe.items():
+        seeds = [entry["seeds"][k] for k in sorted(entry["seeds"])]
+        changed = {k: v for k, v in entry["recipe"].items() if k in base and v != base[k]}
+        rows.append({"configuration": readable(name).replace("defaults", "the plain command").replace("word, ", "word "),
+                     "clips": {"issue": "12 up-right", "prior": "12 + 8 prior", "prior4": "12 + 4 prior"}[dataset],
+                     "changed": ", ".join(f"{k}={v}" for k, v in changed.items()) or "(none)",
+                     "seeds": ", ".join(str(x["seed"]) for x in seeds),
+                     "up-right per seed": per_seed(seeds), "known per seed": per_seed(seeds, "known"),
+                     "lowest": f"{min(x['new'] for x in seeds)} / {min(x['known'] for x in seeds)}"})
+    print(f"{os.path.basename(motions[-1])}: before any LoRA {motion['before']['new']}/8 up-right, "
+          f"{motion['before']['known']}/8 known directions right")
+    display(html_table(rows))
+    print("configurations with at least 6 of 8 up-right and 6 of 8 known for every seed: "
+          f"{sum(min(min(x['new'], x['known']) for x in e['seeds'].values()) >= 6 for e in by_recipe.values())}")
+
+    shown = {("issue-defaults", "issue"): "the plain command",
+             ("issue-lr3e-3-attnmlp-bs4", "issue"): "lr 3e-3, attention + MLP, batch 4",
+             ("issue-lr1e-3-all-bs4", "issue"): "lr 1e-3, every linear layer, batch 4",
+             ("prior-lr1e-3-all-bs4", "prior"): "the same + 8 prior clips",
+             ("prior-lr1e-3-all-bs4-steps1000", "prior"): "the same + 8 prior clips, 1,000 steps"}
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    ax.add_patch(plt.Rectangle((5.5, 5.5), 3, 3, color="tab:green", alpha=0.12, lw=0))
+    ax.text(8.4, 8.4, "the goal, for every seed", ha="right", va="top", fontsize=8, color="tab:green")
+    taken = {}
+    for key, label in shown.items():
+        if key not in by_recipe:
+            continue
+        xs, ys = [], []
+        for x in by_recipe[key]["seeds"].values():
+            point = (x["new"], x["known"])
+            shift = 0.13 * taken.get(point, 0)  # seeds that land on the same point sit side by side
+            taken[point] = taken.get(point, 0) + 1
+            xs.append(point[0] + shift), ys.append(point[1])
+        ax.scatter(xs, ys, label=label, s=30, alpha=0.85)
+    ax.set_xlabel("held-out captions moving up-right (of 8)")
+    ax.set_ylabel("known-direction captions kept (of 8)")
+    ax.set_xlim(-0.5, 8.5), ax.set_ylim(-0.5, 8.5)
+    ax.set_xticks(range(9)), ax.set_yticks(range(9))
+    ax.legend(fontsize=7, loc="lower left")
+    ax.set_title("Each point: one training seed's LoRA")
+    fig.tight_layout()
+    plt.show()
+else:
+    print("no saved motion sweep: python tools/finetune_sweep.py --gate motion writes it")
+
+# %% [markdown]
+# Before any LoRA, 1 of the 8 held-out captions moves up-right and 7 of the 8 known ones move their own way. The
+# plain command moves 2, 4, 3 and 2 up-right for seeds 0-3 and keeps 7 known for each: it changes little. Two
+# settings matter most, more clips per update and more layers. Batches of 4 at 3e-3 on attention and MLP give 6, 6,
+# 4, 5, 5, 7, 6, 5 over seeds 0-7. Adapting every linear layer (`lora_targets=all`, the official trainer's choice)
+# at 1e-3 with batches of 4 is the first recipe with at least 6 for every seed: 7, 6, 6, 7. The known captions pay
+# for it: 4, 4, 5 and 6 of 8 keep their direction. Twelve clips that all move up-right do not tell the adapter
+# whether the motion belongs to the new word or to every caption, and it learns some of both: the known captions it
+# gets wrong often gain a part of the new motion (left reads up-left, up reads up-right, down reads down-right) or
+# stop moving.
+#
+# Prior clips tell it, and the known captions hold: with hyv-tiny's own 8 clips beside the 12, 8, 7 and 8 of 8
+# keep their direction. The new motion falls to 4, 2 and 4, and most of its misses now read up or right, the two
+# known directions it lies between; the new word also shares its first token, "up", with one of them. Twice the
+# updates, 1,000 steps, bring it to 6, 6, 4, 6 with 7, 7, 6, 6 known: the closest any configuration came, one seed
+# short. Calling the motion "diagonally", a word without the shared token, did not help (1, 4 and 2 of 8 with the
+# prior clips). No configuration reaches the green corner for every seed. The sweep does not give a recipe to rely
+# on for a new concept on hyv-tiny; it shows where the two halves of the goal pull against each other, and that the
+# defaults sit at the end that keeps what the model knew.
+
 # %%
 shutil.rmtree(workdir, ignore_errors=True)
 
@@ -678,6 +769,10 @@ shutil.rmtree(workdir, ignore_errors=True)
 #   some right answers wrong (in the run above, the white square comes out blue) and some wrong ones right, which
 #   the known-colour count alone hides (the line under the probe's caption table lists each change). The VAE limits
 #   what can be taught too: it decodes orange on gray as red.
+# * A new motion, which the VAE draws as well as any, shows the other limit. Adapting every linear layer with
+#   batches of 4 moves at least 6 of 8 held-out captions up-right for each of four seeds, and turns known captions
+#   towards it; clips of what the model already knows keep those, and the new motion then falls short for some
+#   seed. No setting of the sweep reached both for every seed.
 #
 # ## Exercises
 #
@@ -706,6 +801,9 @@ shutil.rmtree(workdir, ignore_errors=True)
 #    tokens among themselves before the joint blocks, and hyv-tiny's tokenizer spells "orange" in pieces. A start: train adapters on each
 #    set (peft's `LoraConfig(target_modules=...)` with chapter 7's `train.train_dit`), count trained parameters,
 #    and compare the orange rate per step and per parameter over several seeds.
+# 8. **Open.** Find a recipe that puts every seed in the green corner of the motion plot: at least 6 of 8 held-out
+#    captions up-right and 6 of 8 known ones kept, on the same 12 clips (and prior clips if you like). Which of the
+#    two halves is harder to get, and why?
 #
 # :::{admonition} Answers
 # :class: dropdown
@@ -744,4 +842,11 @@ shutil.rmtree(workdir, ignore_errors=True)
 #    are within the spread between seeds. Not known: how fast each set learns, per step or per parameter. Where to
 #    start: `tools/finetune_sweep.py` with `--set lora_targets=...` and `--set steps=...` for 100, 200, 500 and
 #    1,000 steps, 8 or more seeds each, and the orange rate plotted against steps and against trained parameters.
+# 8. What is known, from the motion sweep's table: every linear layer with batches of 4 gets the first half (7, 6, 6,
+#    7 up-right at 1e-3) and loses known captions (4, 4, 5, 6 kept); 8 prior clips keep them (8, 7, 8) and lose the
+#    new motion (4, 2, 4); with both, 1,000 steps came within one seed (6, 6, 4, 6 with 7, 7, 6, 6 kept). Not tried
+#    yet: prior clips chosen away from the new motion's neighbours, a loss weight on the prior clips, a LoRA on the
+#    text side only (the token refiner) with the prior clips, 8 seeds of the 1,000-step recipe to see whether its
+#    miss is a rare one. Where to start: `tools/finetune_sweep.py --gate motion --dataset prior --set
+#    lora_targets=all --set batch_size=4 --set steps=1000`.
 # :::
