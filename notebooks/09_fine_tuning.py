@@ -736,14 +736,14 @@ else:
 # gets wrong often gain a part of the new motion (left reads up-left, up reads up-right, down reads down-right) or
 # stop moving.
 #
-# Prior clips tell it, and the known captions hold: with hyv-tiny's own 8 clips beside the 12, 8, 7 and 8 of 8
-# keep their direction. The new motion falls to 4, 2 and 4, and most of its misses now read up or right, the two
-# known directions it lies between; the new word also shares its first token, "up", with one of them. Twice the
-# updates, 1,000 steps, bring it to 6, 6, 4, 6 with 7, 7, 6, 6 known: the closest any configuration came, one seed
-# short. Calling the motion "diagonally", a word without the shared token, did not help (1, 4 and 2 of 8 with the
-# prior clips). No configuration reaches the green corner for every seed. The sweep does not give a recipe to rely
-# on for a new concept on hyv-tiny; it shows where the two halves of the goal pull against each other, and that the
-# defaults sit at the end that keeps what the model knew.
+# Prior clips tell it, and the known captions hold: with hyv-tiny's own 8 clips beside the 12, 8, 7 and 8 of 8 keep
+# their direction. The new motion falls to 4, 2 and 4, and most of its misses now read up or right, the two known
+# directions it lies between; the new word also shares its first token, "up", with one of them. Twice the updates,
+# 1,000 steps, bring it to 6, 6, 4, 6 with 7, 7, 6, 6 known: the closest any configuration came, one seed short; 1,500
+# steps went no further (6 and 5 for seeds 0 and 1, with 5 and 8 known). Calling the motion "diagonally", a word
+# without the shared token, did not help (1, 4 and 2 of 8 with the prior clips). No configuration reaches the green
+# corner for every seed. The sweep does not give a recipe to rely on for a new concept on hyv-tiny; it shows where the
+# two halves of the goal pull against each other, and that the defaults sit at the end that keeps what the model knew.
 
 # %%
 shutil.rmtree(workdir, ignore_errors=True)
