@@ -38,7 +38,8 @@ HELD_OUT = [data.Combo(c, s, NEW_DIRECTION, tuple(data.BACKGROUNDS)[(i + j + 1) 
 #: 8 known-direction captions of hyv-tiny's training set, two per direction, for prior preservation (``prior``).
 PRIOR = [c for d in data.DIRECTIONS for c in [k for k in data.split_combos()[0] if k.direction == d][::11][:2]]
 #: The datasets (lists of (caption, render index)): ``issue``, the first-hour user's 12 clips, one per training
-#: caption, nothing else; ``prior``: those 12 and one clip of each :data:`PRIOR` caption.
+#: caption, nothing else; ``prior``: those 12 and one clip of each :data:`PRIOR` caption; ``prior4``: the 12 and
+#: one clip of every other :data:`PRIOR` caption (one per direction).
 DATASETS = {"issue": [(c, 0) for c in TRAIN], "prior": [(c, 0) for c in TRAIN] + [(c, 0) for c in PRIOR],
             "prior4": [(c, 0) for c in TRAIN] + [(c, 0) for c in PRIOR[::2]]}
 #: ``KNOWN_PROBE`` (:mod:`hyv_lib.tiny.finetune_gate`'s 8 known captions hyv-tiny never trained on): here the reader
