@@ -668,7 +668,8 @@ if not diagnostics:
 # names the nearest of eight compass directions, so a path at 20 degrees reads "right", not "up-right". The runs
 # come from `tools/finetune_sweep.py --gate motion`; the second option, `--dataset prior`, adds 8 clips of hyv-tiny's
 # own training captions (two per known direction) to the 12, as chapter 9's colour recipe adds its prior clips
-# (`prior4`: 4 of them).
+# (`prior4`: 4 of them). The two "text embedder" rows adapted a group defined for those runs only, the text
+# embedder and its token refiner beside attention and MLP (its pattern is in the results file's notes).
 
 # %%
 motions = sorted(glob.glob("../benchmarks/results/finetune_motion_*.json"))
