@@ -51,23 +51,29 @@ def caption(combo: data.Combo, word: str = NEW_COLOR) -> str:
     return combo.caption.replace(NEW_COLOR, word) if combo.color == NEW_COLOR else combo.caption
 
 
-def write_dataset(folder: str, dataset: str = "chapter9", fps: int = 8, word: str = NEW_COLOR) -> str:
-    """Render ``dataset``'s clips (:data:`DATASETS`; clip i seeded 1000 + i), write them as mp4 files in
-    ``folder/videos`` and a MindSpeed-MM ``data.json`` beside them (the new colour named ``word``); returns its
-    path."""
-    if dataset not in DATASETS:
-        raise HyvInputError("dataset", f"must be one of {', '.join(DATASETS)}, got {dataset!r}")
+def write_clips(folder: str, datasets: dict, dataset: str, caption_of, fps: int = 8) -> str:
+    """Render ``datasets[dataset]``'s clips (lists of (combo, render index); clip i seeded 1000 + i), write them as mp4
+    files in ``folder/videos`` and a MindSpeed-MM ``data.json`` beside them, clip i captioned ``caption_of(combo)``;
+    returns its path. Shared by the colour and motion gates."""
+    if dataset not in datasets:
+        raise HyvInputError("dataset", f"must be one of {', '.join(datasets)}, got {dataset!r}")
     os.makedirs(os.path.join(folder, "videos"), exist_ok=True)
     entries = []
-    for i, (combo, _) in enumerate(DATASETS[dataset]):
+    for i, (combo, _) in enumerate(datasets[dataset]):
         name = f"videos/{i:03d}.mp4"
         write_mp4(to_uint8_frames(data.render_clip(combo, seed=1000 + i)), os.path.join(folder, name), fps=fps)
-        entries.append({"path": name, "cap": caption(combo, word), "num_frames": data.FRAMES, "fps": fps,
+        entries.append({"path": name, "cap": caption_of(combo), "num_frames": data.FRAMES, "fps": fps,
                         "resolution": {"height": data.HEIGHT, "width": data.WIDTH}})
     path = os.path.join(folder, "data.json")
     with open(path, "w") as f:
         json.dump(entries, f, indent=1)
     return path
+
+
+def write_dataset(folder: str, dataset: str = "chapter9", fps: int = 8, word: str = NEW_COLOR) -> str:
+    """:func:`write_clips` of :data:`DATASETS`' ``dataset``, the new colour named ``word``; returns the data.json's
+    path."""
+    return write_clips(folder, DATASETS, dataset, lambda combo: caption(combo, word), fps)
 
 
 def read_colors(videos) -> list[str | None]:

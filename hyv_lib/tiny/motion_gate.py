@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from typing import Any
 
 import numpy as np
 
-from ..base.errors import HyvInputError
-from ..pipeline.video_io import write_mp4
-from ..runtimes.vae import to_uint8_frames
 from . import data
 from . import finetune_gate
 from .finetune_gate import ISSUE_TRAIN_ARGS, PROBE_SEED, PROBE_STEPS, run_gate, score_attribute
@@ -55,22 +50,9 @@ def caption(combo: data.Combo, word: str = NEW_DIRECTION) -> str:
 
 
 def write_dataset(folder: str, dataset: str = "issue", fps: int = 8, word: str = NEW_DIRECTION) -> str:
-    """Render ``dataset``'s clips (:data:`DATASETS`; clip i seeded 1000 + i), write them as mp4 files in
-    ``folder/videos`` and a MindSpeed-MM ``data.json`` beside them (the new direction named ``word``); returns its
-    path."""
-    if dataset not in DATASETS:
-        raise HyvInputError("dataset", f"must be one of {', '.join(DATASETS)}, got {dataset!r}")
-    os.makedirs(os.path.join(folder, "videos"), exist_ok=True)
-    entries = []
-    for i, (combo, _) in enumerate(DATASETS[dataset]):
-        name = f"videos/{i:03d}.mp4"
-        write_mp4(to_uint8_frames(data.render_clip(combo, seed=1000 + i)), os.path.join(folder, name), fps=fps)
-        entries.append({"path": name, "cap": caption(combo, word), "num_frames": data.FRAMES, "fps": fps,
-                        "resolution": {"height": data.HEIGHT, "width": data.WIDTH}})
-    path = os.path.join(folder, "data.json")
-    with open(path, "w") as f:
-        json.dump(entries, f, indent=1)
-    return path
+    """:func:`hyv_lib.tiny.finetune_gate.write_clips` of :data:`DATASETS`' ``dataset``, the new direction named
+    ``word``; returns the data.json's path."""
+    return finetune_gate.write_clips(folder, DATASETS, dataset, lambda combo: caption(combo, word), fps)
 
 
 def read_direction(video) -> str | None:
