@@ -179,7 +179,8 @@ if PRESET == "tiny_trained_720p":
         decoders = {"hyv-tiny's decoder": load_components(hyv_lib.get_preset("tiny_trained"), None, ["vae"])["vae"],
                     "hyv-tiny-720p's decoder": load_components(preset, MODEL_PATH, ["vae"])["vae"]}
     # The first frame alone: the VAE is causal in time (its first latent frame encodes frame 0 only and decodes to
-    # frame 0 only), so this is the clip's frame 0 as a whole-clip round trip draws it, at a ninth of the decode.
+    # frame 0 only), so this is the clip's frame 0 as a whole-clip round trip draws it (measured: within one level
+    # of 255) in about a quarter of the time (18 s against 78 s for one decoder here).
     first = clip[:, :1]
     clip_latents = train.encode_latents(decoders["hyv-tiny's decoder"], torch.from_numpy(first)[None], progress=False)
     panels = {"rendered clip": to_uint8_frames(first).numpy()} | {
