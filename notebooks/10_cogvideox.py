@@ -73,6 +73,7 @@ import glob
 import io
 import json
 import logging
+import shutil
 import tempfile
 import warnings
 
@@ -320,6 +321,7 @@ for name in sorted(os.listdir(out)):
         print(f"{name}: {os.path.getsize(path):,} bytes")
 frames, meta = read_mp4(os.path.join(out, "output_video.mp4"))
 print(f"output_video.mp4: {frames.shape[0]} frames of {frames.shape[2]}x{frames.shape[1]} at {meta['fps']} fps")
+shutil.rmtree(out, ignore_errors=True)  # a scratch folder: the frames are read, the files listed above
 
 # %% [markdown]
 # Three of those frames (first, middle, last). With `cogvideox_tiny`'s random weights they are noise, as they

@@ -81,6 +81,7 @@ import inspect
 import json
 import logging
 import re
+import shutil
 import tempfile
 import time
 import warnings
@@ -467,8 +468,10 @@ if hyv_lib.get_preset(PRESET).name == "hunyuanvideo_tiny" and not MODEL_PATH:
 figure = frame_grid(video.frames, columns=5, title=f"{PRESET}: 'a cat playing piano'"
                     + (" (random weights: noise)" if hyv_lib.get_preset(PRESET).is_tiny else ""))
 plt.show()
-mp4 = video.save(os.path.join(tempfile.mkdtemp(prefix="hunyuanvideo_"), "a_cat_playing_piano.mp4"))
+scratch = tempfile.mkdtemp(prefix="hunyuanvideo_")
+mp4 = video.save(os.path.join(scratch, "a_cat_playing_piano.mp4"))
 display(video_html(mp4, width=320, media_dir="../_static/videos"))  # linked: the page refers to a copy of the file
+shutil.rmtree(scratch, ignore_errors=True)  # the page has its copy; the scratch folder goes
 
 # %% [markdown]
 # ### Image to video
@@ -642,6 +645,7 @@ base, tuned = (load_file(os.path.join(work, d, "stage2_latents.safetensors"))["l
 recorded = json.load(open(os.path.join(work, "tuned", "generation_config.json")))
 print(f"generate --lora: rank {recorded['lora_rank']} recorded; max |latents with - without| = "
       f"{(tuned - base).abs().max():.2f}")
+shutil.rmtree(work, ignore_errors=True)  # the clips, features, LoRA and both runs: scratch, not kept
 
 # %% [markdown]
 # ### The parallel settings

@@ -75,3 +75,34 @@ def test_an_unsynced_edit_is_caught(tmp_path):
         (tmp_path / py.name).write_text(edited, encoding="utf-8")
         with pytest.raises(AssertionError, match="differ"):
             check_pair(tmp_path / ipynb.name, tmp_path / py.name)
+
+
+def scratch_folders_left(source: str) -> list[str]:
+    """The ``tempfile.mkdtemp`` folders a chapter makes and never removes: each call's result must be bound to a name
+    that a later ``shutil.rmtree(name`` removes (a reader who runs the chapter again should not collect folders)."""
+    import ast
+
+    tree, left = ast.parse(source), []
+    bound = {id(a.value): ast.unparse(a.targets[0]) for a in ast.walk(tree) if isinstance(a, ast.Assign)}
+    lines = source.splitlines()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "tempfile.mkdtemp":
+            name = bound.get(id(node))
+            after = "\n".join(lines[node.lineno:])  # the lines after the call
+            if name is None or f"shutil.rmtree({name}" not in after:
+                left.append(name or ast.unparse(node))
+    return left
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
+def test_a_chapter_removes_the_scratch_folders_it_makes(path):
+    assert scratch_folders_left(path.read_text(encoding="utf-8")) == [], path.name
+
+
+def test_a_scratch_folder_left_behind_is_caught():
+    kept = "import tempfile\nout = tempfile.mkdtemp(prefix='x_')\nprint(out)\n"
+    inline = "import os, tempfile\npath = os.path.join(tempfile.mkdtemp(), 'a.mp4')\n"
+    removed = "import shutil, tempfile\nout = tempfile.mkdtemp()\nshutil.rmtree(out, ignore_errors=True)\n"
+    assert scratch_folders_left(kept) == ["out"]
+    assert scratch_folders_left(inline) == ["tempfile.mkdtemp()"]
+    assert scratch_folders_left(removed) == []
