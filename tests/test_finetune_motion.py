@@ -73,6 +73,13 @@ def test_split_and_score():
     assert set(gate.PRIOR) <= set(data.split_combos()[0]) and not set(gate.PRIOR) & set(gate.KNOWN_PROBE)
     assert [c for c, _ in gate.DATASETS["prior"][12:]] == gate.PRIOR and len(gate.DATASETS["prior4"]) == 16
     assert {c.direction for c, _ in gate.DATASETS["prior4"][12:]} == set(data.DIRECTIONS)
+    # twins: each training caption again with a known direction instead, a caption hyv-tiny trained on, no probe
+    assert [c for c, _ in gate.DATASETS["twins"]] == gate.TRAIN + gate.TWINS
+    for new, twin in zip(gate.TRAIN, gate.TWINS):
+        assert (twin.color, twin.shape, twin.background) == (new.color, new.shape, new.background)
+    assert sorted(c.direction for c in gate.TWINS) == ["down"] * 2 + ["left"] * 4 + ["right"] * 4 + ["up"] * 2
+    assert set(gate.TWINS) <= set(data.split_combos()[0]) and not set(gate.TWINS) & set(gate.KNOWN_PROBE)
+    assert gate.TWINS[0] == data.Combo("red", "circle", "up", "black")  # the first of up, right, left, down it knows
     assert data.parse_caption(gate.HELD_OUT[0].caption) == gate.HELD_OUT[0]
     assert gate.caption(gate.HELD_OUT[0], "diagonally").split()[4] == "diagonally"
     combos = [gate.HELD_OUT[0], gate.HELD_OUT[1], gate.KNOWN_PROBE[0], gate.KNOWN_PROBE[1]]

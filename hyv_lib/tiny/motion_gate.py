@@ -32,11 +32,28 @@ HELD_OUT = [data.Combo(c, s, NEW_DIRECTION, tuple(data.BACKGROUNDS)[(i + j + 1) 
             for j, c in enumerate(TRAIN_COLORS) for i, s in enumerate(data.SHAPES) if i != (j + 2) % 3]
 #: 8 known-direction captions of hyv-tiny's training set, two per direction, for prior preservation (``prior``).
 PRIOR = [c for d in data.DIRECTIONS for c in [k for k in data.split_combos()[0] if k.direction == d][::11][:2]]
+def _twins() -> list[data.Combo]:
+    """One known-direction twin per :data:`TRAIN` caption: the same colour, shape and background, moving the first
+    direction of up, right, left, down (turned by one per caption) that hyv-tiny trained on; 3 per direction."""
+    known = set(data.split_combos()[0])
+    order = ("up", "right", "left", "down")
+    twins = []
+    for i, c in enumerate(TRAIN):
+        turned = order[i % 4:] + order[:i % 4]
+        twins.append(next(t for t in (data.Combo(c.color, c.shape, d, c.background) for d in turned) if t in known))
+    return twins
+
+
+#: The known-direction twins of the 12 training captions (:func:`_twins`): each differs from its up-right caption
+#: in the direction word only, so the contrast says which words carry the new motion.
+TWINS = _twins()
 #: The datasets (lists of (caption, render index)): ``issue``, the first-hour user's 12 clips, one per training
 #: caption, nothing else; ``prior``: those 12 and one clip of each :data:`PRIOR` caption; ``prior4``: the 12 and
-#: one clip of every other :data:`PRIOR` caption (one per direction).
+#: one clip of every other :data:`PRIOR` caption (one per direction); ``twins``: the 12 and one clip of each of
+#: their :data:`TWINS`.
 DATASETS = {"issue": [(c, 0) for c in TRAIN], "prior": [(c, 0) for c in TRAIN] + [(c, 0) for c in PRIOR],
-            "prior4": [(c, 0) for c in TRAIN] + [(c, 0) for c in PRIOR[::2]]}
+            "prior4": [(c, 0) for c in TRAIN] + [(c, 0) for c in PRIOR[::2]],
+            "twins": [(c, 0) for c in TRAIN] + [(c, 0) for c in TWINS]}
 #: ``KNOWN_PROBE`` (:mod:`hyv_lib.tiny.finetune_gate`'s 8 known captions hyv-tiny never trained on): here the reader
 #: asks whether each still moves in its own direction after the LoRA.
 KNOWN_PROBE = finetune_gate.KNOWN_PROBE
