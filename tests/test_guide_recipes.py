@@ -57,6 +57,16 @@ def test_target_groups_per_model_family():
     every = lora.lora_target_names(hyv, "all")
     linears = [n for n, m in hyv.named_modules() if isinstance(m, torch.nn.Linear)]
     assert every == linears and len(every) == 49
+    # text: the caption's path, listed by hand (token refiner: one block of 7 linear layers)
+    refiner = [f"context_embedder.token_refiner.refiner_blocks.0.{layer}" for layer in
+               ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "ff.net.0.proj", "ff.net.2", "norm_out.linear")]
+    outside = {"context_embedder.proj_in", "context_embedder.time_text_embed.text_embedder.linear_1",
+               "context_embedder.time_text_embed.text_embedder.linear_2", "context_embedder_2.linear_1",
+               "context_embedder_2.linear_2", "context_embedder_2.linear_3", *refiner}
+    text_stream = ("norm1_context.linear", "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
+                   "ff_context.net.0.proj", "ff_context.net.2")
+    assert set(lora.lora_target_names(hyv, "text")) == outside | per_block(text_stream, 2)
+    assert set(lora.lora_target_names(hyv, "attn,text")) == outside | per_block(HYV_ATTN + text_stream, 2)
     for name in ("proj_out", "norm_out.linear", "context_embedder.proj_in", "time_embed.timestep_embedder.linear_1",
                  "image_embedder.linear_1", "context_embedder_2.linear_3", "transformer_blocks.1.norm1_context.linear",
                  "context_embedder.token_refiner.refiner_blocks.0.attn.to_q"):
@@ -72,7 +82,7 @@ def test_target_groups_per_model_family():
 
     groups = get_adapter("hunyuanvideo-1.5").lora_targets
     assert lora.parse_lora_targets(" mlp, attn ,mlp", groups) == "attn,mlp"  # canonical: adapter order, once each
-    for bad, words in (("attn,all", "give it alone"), ("ffn", "one or more of attn, mlp, all"), ("", "one or more")):
+    for bad, words in (("attn,all", "give it alone"), ("ffn", "one or more of attn, mlp, text, all"), ("", "one or more")):
         with pytest.raises(HyvInputError, match=words) as err:
             lora.parse_lora_targets(bad, groups)
         assert err.value.argument == "lora_targets"

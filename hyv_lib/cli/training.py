@@ -34,8 +34,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora_targets", default=None,
                    help="the layers the LoRA adapts, groups joined by commas: attn (the attention projections, "
                         "default) | mlp (the feed-forward layers; attn,mlp is MindSpeed-MM's I2V recipe) | all (every "
-                        "nn.Linear, as the official train.py) | the model's own groups (HunyuanVideo: single, its "
-                        "single-stream blocks' linear layers)")
+                        "nn.Linear, as the official train.py) | the model's own groups (HunyuanVideo-1.5: text, the "
+                        "caption's path only; HunyuanVideo: single, its single-stream blocks' linear layers)")
     p.add_argument("--steps", type=int, required=True, help="optimizer updates in all (a rerun resumes; more steps "
                                                             "train a finished run further)")
     p.add_argument("--learning_rate", type=float, default=TRAIN_DEFAULTS["learning_rate"],

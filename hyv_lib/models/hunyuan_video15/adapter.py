@@ -92,10 +92,17 @@ RULE_SETS = tensor_parallel_rule_sets(
 #: train.py adapts by default (peft's ``"all-linear"``): the blocks' layers with their AdaLN modulations
 #: ``norm1(_context).linear``, and outside the blocks the text embedder and its token refiner, the ByT5 and image
 #: embedders, the timestep embedding and the output head ``norm_out.linear``/``proj_out`` (the patch embedding is a
-#: Conv3d: no LoRA).
+#: Conv3d: no LoRA); ``text`` the caption's path only: the text embedder (``proj_in``, the token refiner, the pooled
+#: text's ``text_embedder``), the ByT5 mapping ``context_embedder_2`` and in each block the text stream's layers
+#: (``norm1_context.linear``, ``add_q/k/v_proj``, ``to_add_out``, ``ff_context``). A ``text`` adapter reaches the video
+#: tokens only through what the caption's tokens say to them in joint attention and the pooled text's modulation:
+#: nothing it learns acts on the video stream whatever the caption (chapter 9's motion sweep).
 LORA_TARGETS = {
     "attn": r"transformer_blocks\.\d+\.attn\.(to_q|to_k|to_v|to_out\.0|add_q_proj|add_k_proj|add_v_proj|to_add_out)",
     "mlp": r"transformer_blocks\.\d+\.(ff|ff_context)\.net\.(0\.proj|2)",
+    "text": (r"context_embedder\.(proj_in|token_refiner\..+|time_text_embed\.text_embedder\..+)|context_embedder_2\..+"
+             r"|transformer_blocks\.\d+\.(norm1_context\.linear|attn\.(add_q_proj|add_k_proj|add_v_proj|to_add_out)"
+             r"|ff_context\.net\.(0\.proj|2))"),
     "all": r".+",
 }
 
