@@ -787,7 +787,7 @@ else:
 # motion then needs more clips per update: batches of 8 over every linear layer at 3e-3 move 7, 6, 6 and 7 of 8
 # up-right with 6, 5, 7 and 7 known. A new target group, `--lora_targets text`,
 # adapts only the caption's path (the text embedder, its refiner, the ByT5 mapping and each block's text stream): it
-# cannot move a video token whatever the caption says. With twins it kept 7, 7, 7 and 7 known at 500 steps, as many as
+# reaches the video tokens only through what the caption says to them. With twins it kept 7, 7, 7 and 7 known at 500 steps, as many as
 # hyv-tiny itself; batches of 8 and 1,000 steps bring the new motion to 7, 6, 5 and 6 with 7, 8, 7 and 8 kept. Without
 # twins the same group moved the known captions (5, 5, 3, 5 kept): the twins, not the layers, keep them. The four
 # closest recipes each miss the corner by one caption on one seed.

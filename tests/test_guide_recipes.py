@@ -82,7 +82,8 @@ def test_target_groups_per_model_family():
 
     groups = get_adapter("hunyuanvideo-1.5").lora_targets
     assert lora.parse_lora_targets(" mlp, attn ,mlp", groups) == "attn,mlp"  # canonical: adapter order, once each
-    for bad, words in (("attn,all", "give it alone"), ("ffn", "one or more of attn, mlp, text, all"), ("", "one or more")):
+    for bad, words in (("attn,all", "give it alone"), ("ffn", "one or more of attn, mlp, text, all"),
+                       ("", "one or more")):
         with pytest.raises(HyvInputError, match=words) as err:
             lora.parse_lora_targets(bad, groups)
         assert err.value.argument == "lora_targets"

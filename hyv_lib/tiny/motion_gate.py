@@ -32,9 +32,12 @@ HELD_OUT = [data.Combo(c, s, NEW_DIRECTION, tuple(data.BACKGROUNDS)[(i + j + 1) 
             for j, c in enumerate(TRAIN_COLORS) for i, s in enumerate(data.SHAPES) if i != (j + 2) % 3]
 #: 8 known-direction captions of hyv-tiny's training set, two per direction, for prior preservation (``prior``).
 PRIOR = [c for d in data.DIRECTIONS for c in [k for k in data.split_combos()[0] if k.direction == d][::11][:2]]
+
+
 def _twins() -> list[data.Combo]:
     """One known-direction twin per :data:`TRAIN` caption: the same colour, shape and background, moving the first
-    direction of up, right, left, down (turned by one per caption) that hyv-tiny trained on; 3 per direction."""
+    direction of up, right, left, down (turned by one per caption) that hyv-tiny trained on (2 up, 4 right, 4 left,
+    2 down: where a caption's first choice is held out of hyv-tiny's training set, the next one is taken)."""
     known = set(data.split_combos()[0])
     order = ("up", "right", "left", "down")
     twins = []

@@ -95,8 +95,8 @@ RULE_SETS = tensor_parallel_rule_sets(
 #: Conv3d: no LoRA); ``text`` the caption's path only: the text embedder (``proj_in``, the token refiner, the pooled
 #: text's ``text_embedder``), the ByT5 mapping ``context_embedder_2`` and in each block the text stream's layers
 #: (``norm1_context.linear``, ``add_q/k/v_proj``, ``to_add_out``, ``ff_context``). A ``text`` adapter reaches the video
-#: tokens only through what the caption's tokens say to them in joint attention and the pooled text's modulation:
-#: nothing it learns acts on the video stream whatever the caption (chapter 9's motion sweep).
+#: tokens only through the caption: the text tokens they attend to in joint attention and the pooled text's
+#: modulation; the video stream's own layers stay as trained (chapter 9's motion sweep).
 LORA_TARGETS = {
     "attn": r"transformer_blocks\.\d+\.attn\.(to_q|to_k|to_v|to_out\.0|add_q_proj|add_k_proj|add_v_proj|to_add_out)",
     "mlp": r"transformer_blocks\.\d+\.(ff|ff_context)\.net\.(0\.proj|2)",
