@@ -69,6 +69,7 @@ _ = settings_not_used({"HYV_ATTENTION": "training runs the torch runtime's exact
                                         "TPU step); there is no choice to make here"})
 
 # %%
+import collections
 import glob
 import json
 import math
@@ -738,9 +739,9 @@ if motions:
     for key in (("twins-lr3e-3-all-bs8", "twins"), ("twins-lr3e-3-text-bs8-steps1000", "twins")):
         if key in by_recipe:
             seeds = list(by_recipe[key]["seeds"].values())
-            new, known = (sum(x[k] for x in seeds) for k in ("new", "known"))
-            print(f"{key[0]}: pooled over {len(seeds)} seeds, {new}/{8 * len(seeds)} up-right "
-                  f"({new / (8 * len(seeds)):.2f}), {known}/{8 * len(seeds)} known kept ({known / (8 * len(seeds)):.2f})")
+            new, known, total = sum(x["new"] for x in seeds), sum(x["known"] for x in seeds), 8 * len(seeds)
+            print(f"{key[0]}: pooled over {len(seeds)} seeds, {new}/{total} up-right ({new / total:.2f}), "
+                  f"{known}/{total} known kept ({known / total:.2f})")
     for p in (0.8, 0.9, 0.93):
         print(f"each caption right with probability {p}: 6 of 8 for one seed {pass_chance(p):.2f}, "
               f"for four seeds {pass_chance(p) ** 4:.2f}")
@@ -751,12 +752,12 @@ if motions:
         rows = []
         for i, combo in enumerate(motion_gate.HELD_OUT):
             reads = [x["reads"][i] for x in twin_seeds]
+            misses = collections.Counter(r or "no moving shape" for r in reads if r != "up-right")
             rows.append({"held-out caption": combo.caption, "up-right": f"{reads.count('up-right')} of {len(reads)}",
                          "no moving shape": reads.count(None),
-                         "most common miss": max((r or "no moving shape" for r in set(reads) if r != "up-right"),
-                                                 key=lambda r: reads.count(None if r == "no moving shape" else r),
-                                                 default="-")})
+                         "most common miss": misses.most_common(1)[0][0] if misses else "-"})
         display(html_table(rows))
+        print("the twins' directions:", dict(collections.Counter(c.direction for c in motion_gate.TWINS)))
     if LIVE:  # hyv-tiny without a LoRA: the hardest caption's shape and background, moving the ways it trained on
         trained_on = set(data.split_combos()[0])
         hard = [c for c in (data.Combo("green", "triangle", d, "gray") for d in data.DIRECTIONS) if c in trained_on]

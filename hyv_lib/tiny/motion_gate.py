@@ -30,15 +30,16 @@ TRAIN = [data.Combo(c, s, NEW_DIRECTION, tuple(data.BACKGROUNDS)[(i + j) % 3])
 #: shape, colour and background seen in training, never together (shapes 3, 3, 2 times; backgrounds 2, 3, 3).
 HELD_OUT = [data.Combo(c, s, NEW_DIRECTION, tuple(data.BACKGROUNDS)[(i + j + 1) % 3])
             for j, c in enumerate(TRAIN_COLORS) for i, s in enumerate(data.SHAPES) if i != (j + 2) % 3]
+_TRAINED_ON = data.split_combos()[0]  # hyv-tiny's training captions
 #: 8 known-direction captions of hyv-tiny's training set, two per direction, for prior preservation (``prior``).
-PRIOR = [c for d in data.DIRECTIONS for c in [k for k in data.split_combos()[0] if k.direction == d][::11][:2]]
+PRIOR = [c for d in data.DIRECTIONS for c in [k for k in _TRAINED_ON if k.direction == d][::11][:2]]
 
 
 def _twins() -> list[data.Combo]:
     """One known-direction twin per :data:`TRAIN` caption: the same colour, shape and background, moving the first
     direction of up, right, left, down (turned by one per caption) that hyv-tiny trained on (2 up, 4 right, 4 left,
     2 down: where a caption's first choice is held out of hyv-tiny's training set, the next one is taken)."""
-    known = set(data.split_combos()[0])
+    known = set(_TRAINED_ON)
     order = ("up", "right", "left", "down")
     twins = []
     for i, c in enumerate(TRAIN):
