@@ -146,6 +146,39 @@ def test_resume_reproduces_the_loss_curve_and_weights(runs, features_dir):
     assert info.value.argument == "steps"
 
 
+@pytest.mark.parametrize("shape", ["cosine", "linear"])
+def test_decaying_schedules_follow_diffusers_schedulers(shape):
+    """After the warmup, the learning rate of update k is the peak times diffusers' scheduler factor at step k (its
+    get_scheduler of the same name); during the warmup, the loop's own (k + 1) / warmup of the peak."""
+    from diffusers.optimization import get_scheduler
+
+    from hyv_lib.runtimes.torch_train import lr_schedule
+
+    peak, warmup, total = 3e-3, 5, 40
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=peak)
+    theirs = get_scheduler(shape, optimizer, num_warmup_steps=warmup, num_training_steps=total)
+    factors = [lam(k) for lam in theirs.lr_lambdas for k in range(total)]
+    ours = lr_schedule(shape, peak, warmup, total)
+    assert [ours(k) for k in range(warmup)] == pytest.approx([peak * (k + 1) / warmup for k in range(warmup)])
+    assert [ours(k) for k in range(warmup, total)] == pytest.approx([peak * f for f in factors[warmup:]], abs=1e-12)
+    assert ours(total) == pytest.approx(0.0, abs=1e-12) and ours(10 * total) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_decaying_run_logs_its_rates_and_refuses_more_steps(features_dir, tmp_path):
+    """``lr_schedule="cosine"`` over 4 updates (warmup 2): 5e-4, 1e-3, then half of a cosine, 5e-4 (at p = 1/2);
+    the decayed run cannot be trained further in its folder (its steps are part of its settings)."""
+    out = str(tmp_path / "cosine")
+    train(features_dir, output_dir=out, steps=4, lr_schedule="cosine", **RUN)
+    lrs = [r["lr"] for r in read_log(os.path.join(out, "train_log.jsonl"))]
+    assert lrs == pytest.approx([5e-4, 1e-3, 1e-3, 5e-4])
+    with pytest.raises(HyvInputError, match="decays to zero at step 4") as info:
+        train(features_dir, output_dir=out, steps=6, lr_schedule="cosine", **RUN)
+    assert info.value.argument == "steps"
+    with pytest.raises(HyvInputError, match="lr_schedule") as info:
+        train(features_dir, output_dir=str(tmp_path / "other"), steps=4, lr_schedule="cos", **RUN)
+    assert info.value.argument == "lr_schedule"
+
+
 def test_lora_output_changes_only_lora_weights(runs, features_dir):
     from hyv_lib.models.lora import LORA_FILE, add_lora, merge_lora, read_lora
 
@@ -225,6 +258,7 @@ def cli(argv, capsys):
     (["--lora_rank", "4", "--learning_rate", "nan"], "--learning_rate"),
     (["--lora_rank", "4", "--batch_size", "0"], "--batch_size"),
     (["--lora_rank", "4", "--caption_dropout", "1.5"], "--caption_dropout"),
+    (["--lora_rank", "4", "--lr_schedule", "cosine_with_restarts"], "--lr_schedule"),
     (["--lora_rank", "4", "--task", "v2v"], "--task"),
     (["--lora_rank", "4", "--runtime", "cuda"], "--runtime"),
     (["--lora_rank", "4", "--mesh", "data=2"], "--mesh"),

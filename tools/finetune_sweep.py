@@ -8,7 +8,8 @@ draws (CFG's negative half). A recipe is ``train``'s keyword arguments (``--set 
 ``--set lora_targets=attn,mlp``; what is not set takes ``train``'s defaults, recorded as resolved at run time) plus
 what only this sweep can set, by patching the loop for the run:
 
-- ``schedule``: constant (the loop's own); cosine (to 5% of the peak after warmup); cosine0, linear0 (to zero).
+- ``schedule``: constant; cosine0, linear0 (to zero: ``train``'s ``lr_schedule`` cosine and linear); cosine (to 5%
+  of the peak after warmup, this sweep's own).
 - ``ema``: the saved LoRA is an exponential moving average of the trained weights with this decay (0: none).
 - ``uncond_target``: data (a caption-dropped clip is trained towards its data velocity, the loop's own) or base
   (towards the frozen model's prediction, the adapter off: the unconditional model kept).
@@ -40,10 +41,11 @@ import torch
 import hyv_lib
 from hyv_lib.cli.commands import run as cli
 from hyv_lib.models import lora as lora_module
+from hyv_lib.models.families import get_preset
 from hyv_lib.models.hunyuan_video15.training import TEXT_KEYS
 from hyv_lib.tiny import finetune_gate, motion_gate
 from hyv_lib.training import loop
-from hyv_lib.runtimes.torch_train import TorchTrainStep
+from hyv_lib.runtimes.torch_train import LinearWarmup, TorchTrainStep
 
 PRESET = "tiny_trained"
 #: ``--gate``: the module that writes the data and reads the videos, and its reader (colour or direction).
@@ -51,20 +53,24 @@ GATES = {"colour": (finetune_gate, finetune_gate.read_colors), "motion": (motion
 gate, read = GATES["colour"]  # main() sets the chosen one
 
 
-class WarmupDecay(loop.LinearWarmup):
-    """Linear warmup to the peak, then a decay over the rest of ``total`` updates: ``cosine`` to 5% of the peak,
-    ``cosine0`` or ``linear0`` to zero (the sweep's ``schedule``)."""
+#: ``--dataset drawn``: the gate's 12 clips (``issue``) and a prior clip of each caption drawn by hyv-tiny itself with
+#: one of these known words for the new one (``prior_clips --known``), taking turns.
+DRAWN_KNOWN = {finetune_gate.__name__: "red,green,blue,yellow", motion_gate.__name__: motion_gate.PRIOR_KNOWN}
+#: The sweep's ``schedule`` names that are ``train``'s ``lr_schedule`` (the others: constant, and cosine to 5%).
+LR_SCHEDULE = {"constant": "constant", "cosine0": "cosine", "linear0": "linear"}
 
-    total, shape = 1, "cosine"
+
+class CosineToFloor(LinearWarmup):
+    """Linear warmup to the peak, then a cosine over the rest of ``total`` updates to 5% of the peak (the sweep's
+    ``schedule`` cosine; ``train``'s own cosine goes to zero)."""
+
+    total = 1
 
     def __call__(self, count):
         if count < self.warmup_steps:
             return self.peak * (count + 1) / self.warmup_steps
         progress = min(1.0, (count - self.warmup_steps) / max(1, self.total - self.warmup_steps))
-        if self.shape == "linear0":
-            return self.peak * (1 - progress)
-        floor = 0.05 if self.shape == "cosine" else 0.0
-        return self.peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+        return self.peak * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def features(work: str, dataset: str, word: str) -> str:
@@ -73,7 +79,13 @@ def features(work: str, dataset: str, word: str) -> str:
     folder = os.path.join(work, dataset if word == finetune_gate.NEW_COLOR else f"{dataset}-{word}")
     out = os.path.join(folder, "features")
     if not os.path.exists(os.path.join(out, "features.safetensors.index.json")):
-        data_json = gate.write_dataset(folder, dataset, word=word)
+        if dataset == "drawn":  # the 12 clips and hyv-tiny's own clips of their captions with a known word
+            data_json = os.path.join(folder, "prior", "data.json")
+            assert cli(["prior_clips", "--data_json", gate.write_dataset(folder, "issue", word=word), "--word", word,
+                        "--known", DRAWN_KNOWN[gate.__name__], "--preset", PRESET, "--output_dir",
+                        os.path.dirname(data_json), "--quiet"]) == 0
+        else:
+            data_json = gate.write_dataset(folder, dataset, word=word)
         assert cli(["extract_features", "--data_json", data_json, "--preset", PRESET, "--output_dir", out,
                     "--quiet"]) == 0
     return out
@@ -83,10 +95,11 @@ def resolved(recipe: dict) -> dict:
     """The recipe with every ``train`` keyword it leaves out at its current default (so a later change of the
     defaults does not change what a recorded run means)."""
     params = inspect.signature(loop.train).parameters
-    keys = ("lora_rank", "lora_alpha", "learning_rate", "batch_size", "caption_dropout", "warmup_steps",
-            "weight_decay", "shift", "sampling", "lora_targets")
+    keys = ("lora_rank", "lora_alpha", "caption_dropout", "warmup_steps", "weight_decay", "shift", "sampling")
     out = {k: params[k].default for k in keys}
-    out.update(schedule="constant", uncond_target="data", ema=0.0, guided_target=0.0, gradient_checkpointing=False)
+    chosen = loop.train_defaults(get_preset(PRESET))  # the preset's own where train's signature says None
+    out.update({k: chosen[k] for k in ("learning_rate", "batch_size", "lora_targets")})
+    out.update(schedule={v: k for k, v in LR_SCHEDULE.items()}[chosen["lr_schedule"]], uncond_target="data", ema=0.0, guided_target=0.0, gradient_checkpointing=False)
     out.update(recipe)
     if out["lora_alpha"] is None:
         out["lora_alpha"] = out["lora_rank"]
@@ -98,7 +111,7 @@ def resolved(recipe: dict) -> dict:
 @contextlib.contextmanager
 def sweep_only(recipe: dict):
     """Patch in what ``train`` cannot be told: the cosine schedule, the base model's target for dropped captions."""
-    warmup, build_batch, step = loop.LinearWarmup, loop.build_batch, TorchTrainStep.step
+    schedule, build_batch, step = loop.lr_schedule, loop.build_batch, TorchTrainStep.step
     trained = TorchTrainStep.trained_transformer
     if recipe["guided_target"]:
         w = float(recipe["guided_target"])
@@ -171,14 +184,15 @@ def sweep_only(recipe: dict):
         loop.build_batch, TorchTrainStep.step = marked_batch, base_target_step
     elif recipe["uncond_target"] != "data":
         raise ValueError(f"uncond_target: {recipe['uncond_target']!r}")
-    if recipe["schedule"] in ("cosine", "cosine0", "linear0"):
-        loop.LinearWarmup = type("Decay", (WarmupDecay,), {"total": recipe["steps"], "shape": recipe["schedule"]})
-    elif recipe["schedule"] != "constant":
+    if recipe["schedule"] == "cosine":
+        loop.lr_schedule = lambda name, peak, warmup, total: type("Floor", (CosineToFloor,), {"total": total})(
+            peak, warmup)
+    elif recipe["schedule"] not in LR_SCHEDULE:
         raise ValueError(f"schedule: {recipe['schedule']!r}")
     try:
         yield
     finally:
-        loop.LinearWarmup, loop.build_batch, TorchTrainStep.step = warmup, build_batch, step
+        loop.lr_schedule, loop.build_batch, TorchTrainStep.step = schedule, build_batch, step
         TorchTrainStep.trained_transformer = trained
 
 
@@ -192,6 +206,7 @@ def empty_prompt(pipe) -> list:
 def one_run(work: str, dataset: str, recipe: dict, seed: int, word: str) -> dict:
     """Train the recipe with ``seed`` on ``dataset`` and score the held-out captions."""
     kwargs = {k: v for k, v in recipe.items() if k not in ("schedule", "uncond_target", "ema", "guided_target")}
+    kwargs["lr_schedule"] = LR_SCHEDULE.get(recipe["schedule"], "cosine")  # cosine: patched to its 5% floor
     out = tempfile.mkdtemp(prefix="lora-", dir=work)
     start = time.perf_counter()
     with sweep_only(recipe):
@@ -220,7 +235,8 @@ def main(argv=None) -> int:
     p.add_argument("--name", required=True, help="the configuration's name in the results file")
     p.add_argument("--gate", default="colour", choices=sorted(GATES), help="teach a new colour or a new motion")
     p.add_argument("--dataset", default="issue", help="a dataset of the gate's module (colour: issue, chapter9; "
-                                                       "motion: issue, prior, prior4)")
+                                                       "motion: issue, prior, prior4, twins; both: drawn, the "
+                                                       "issue clips and prior_clips of their captions)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a recipe setting (repeatable)")
     p.add_argument("--word", default=None, help="the new colour's (direction's) name in the captions (default orange "
@@ -232,8 +248,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     global gate, read
     gate, read = GATES[args.gate]
-    if args.dataset not in gate.DATASETS:
-        p.error(f"--dataset: the {args.gate} gate has {', '.join(gate.DATASETS)}")
+    if args.dataset not in (*gate.DATASETS, "drawn"):
+        p.error(f"--dataset: the {args.gate} gate has {', '.join(gate.DATASETS)} and drawn")
     args.word = args.word or gate.NEW_WORD
     if args.gate == "motion":
         args.work = os.path.join(args.work, "motion")

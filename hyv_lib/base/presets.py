@@ -91,6 +91,9 @@ class Preset:
     frames_first: bool = False  # the denoising latents are [1, T', C, h, w], T' padded to the temporal patch
     text_masks: bool = True  # stage 1 writes masks beside the embeddings (False: every text token is attended)
     guidance_embedded: bool = False  # guidance-distilled: the scale is an input of the DiT, one sample per step
+    # train's settings measured for this checkpoint (learning_rate, batch_size, lr_schedule, lora_targets), used
+    # where a run gives none; empty: the official trainer's (hyv_lib.training.run_settings.DEFAULTS)
+    train_defaults: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, JSON-ready: stage 1 records a custom preset this way so that stages 2 and 3 rebuild it."""

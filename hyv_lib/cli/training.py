@@ -8,16 +8,21 @@ import sys
 
 from ..base.errors import EXIT_ENTRIES_FAILED, one_line
 from ..kernels.ssta import SstaConfig
-from ..models.families import DEFAULT_PRESET
+from ..models.families import DEFAULT_PRESET, get_preset
 from ..models.folder import choose_preset
 from ..pipeline.settings import resolve_attention
 from ..training.features import extract_features
-from ..training.loop import DEFAULTS as TRAIN_DEFAULTS
+from ..runtimes.torch_train import LR_SCHEDULES
 from ..training.loop import train
 from ..training.merge import write_merged_model
+from ..training.prior import write_prior_clips
+from ..training.run_settings import DEFAULTS as TRAIN_DEFAULTS
 from .attention_flags import ssta_overrides
 from .error_lines import flag_text
 from .stage_flags import add_settings_arguments
+
+#: hyv-tiny's own training defaults, named in the help of the flags they change.
+HYV_TINY = get_preset("tiny_trained").train_defaults
 
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,18 +37,25 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     what.add_argument("--full", action="store_true", help="train every weight (writes OUTPUT_DIR/transformer)")
     p.add_argument("--lora_alpha", type=float, default=None, help="LoRA alpha (default: the rank, a scale of 1)")
     p.add_argument("--lora_targets", default=None,
-                   help="the layers the LoRA adapts, groups joined by commas: attn (the attention projections, "
-                        "default) | mlp (the feed-forward layers; attn,mlp is MindSpeed-MM's I2V recipe) | all (every "
+                   help="the layers the LoRA adapts, groups joined by commas (default: the preset's; attn for "
+                        f"the real ones, {HYV_TINY['lora_targets']} for tiny_trained): attn (the attention projections) | mlp (the feed-forward layers; attn,mlp is MindSpeed-MM's I2V recipe) | all (every "
                         "nn.Linear, as the official train.py) | the model's own groups (HunyuanVideo-1.5: text, the "
                         "caption's path only; HunyuanVideo: single, its single-stream blocks' linear layers)")
     p.add_argument("--steps", type=int, required=True, help="optimizer updates in all (a rerun resumes; more steps "
-                                                            "train a finished run further)")
-    p.add_argument("--learning_rate", type=float, default=TRAIN_DEFAULTS["learning_rate"],
-                   help=f"AdamW's peak learning rate (default {TRAIN_DEFAULTS['learning_rate']:g})")
+                                                            "train a finished run further, unless its learning rate "
+                                                            "decayed to zero: --lr_schedule)")
+    p.add_argument("--learning_rate", type=float, default=None,
+                   help=f"AdamW's peak learning rate (default: the preset's, {TRAIN_DEFAULTS['learning_rate']:g} for "
+                        f"the real ones, {HYV_TINY['learning_rate']:g} for tiny_trained)")
     p.add_argument("--warmup_steps", type=int, default=TRAIN_DEFAULTS["warmup_steps"],
                    help=f"linear warmup updates (default {TRAIN_DEFAULTS['warmup_steps']})")
-    p.add_argument("--batch_size", type=int, default=TRAIN_DEFAULTS["batch_size"],
-                   help="clips per update, all of one latent shape; under torchrun split over the ranks (default 1)")
+    p.add_argument("--lr_schedule", default=None,
+                   help=f"the learning rate after the warmup: {' | '.join(LR_SCHEDULES)} (cosine, linear: to zero at "
+                        f"the last step, as diffusers' schedulers of those names; default: the preset's, "
+                        f"{TRAIN_DEFAULTS['lr_schedule']} for the real ones, {HYV_TINY['lr_schedule']} for tiny_trained)")
+    p.add_argument("--batch_size", type=int, default=None,
+                   help="clips per update, all of one latent shape; under torchrun split over the ranks (default: the "
+                        f"preset's, {TRAIN_DEFAULTS['batch_size']} for the real ones, {HYV_TINY['batch_size']} for tiny_trained)")
     p.add_argument("--task", default="t2v", help="t2v | i2v (i2v: features extracted with first frames)")
     p.add_argument("--caption_dropout", type=float, default=TRAIN_DEFAULTS["caption_dropout"],
                    help="probability of training a clip on the empty prompt (default "
@@ -67,7 +79,8 @@ def train_command(args: argparse.Namespace) -> None:
                                         ssta_overrides(args))
     train(args.features, preset=args.preset, model_path=args.model_path, lora_rank=args.lora_rank,
           lora_alpha=args.lora_alpha, full=args.full, steps=args.steps, learning_rate=args.learning_rate,
-          lora_targets=args.lora_targets, warmup_steps=args.warmup_steps, batch_size=args.batch_size, task=args.task,
+          lora_targets=args.lora_targets, warmup_steps=args.warmup_steps, lr_schedule=args.lr_schedule,
+          batch_size=args.batch_size, task=args.task,
           caption_dropout=args.caption_dropout, output_dir=args.output_dir, runtime=args.runtime, mesh=args.mesh,
           checkpoint_every=args.checkpoint_every, seed=args.seed, dtype=args.dtype,
           gradient_checkpointing=not args.no_gradient_checkpointing, attention=attention,
@@ -151,4 +164,31 @@ def merge_lora_command(args: argparse.Namespace) -> int:
         print(f"merge_lora: {merged.record['lora']} (rank {merged.record['lora_rank']}, scale "
               f"{merged.record['lora_scale']:g}) merged into {merged.preset}'s transformer; {origin}; model in "
               f"{merged.output_dir} (generate --model_path {merged.output_dir})", file=sys.stderr)
+    return 0
+
+
+def add_prior_clips_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data_json", required=True, help="the clips of the new concept (MindSpeed-MM's data.json)")
+    p.add_argument("--word", required=True, help="the new concept's word as the captions spell it (e.g. up-right)")
+    p.add_argument("--known", required=True,
+                   help="words the model already knows to put in its place, joined by commas (e.g. up,right,left,down): "
+                        "they take turns, one prior clip per caption that holds --word")
+    p.add_argument("--output_dir", required=True, help="the prior clips (videos/) and a data.json listing your clips "
+                                                       "and them: give it to extract_features")
+    p.add_argument("--preset", default=None, help=f"the model that draws them (default: the --model_path folder's, "
+                                                  f"else {DEFAULT_PRESET})")
+    p.add_argument("--model_path", default=None, help="diffusers-format folder of that model")
+    p.add_argument("--seed", type=int, default=0, help="the j-th prior clip is drawn at seed SEED + j (default 0)")
+    p.add_argument("--num_inference_steps", type=int, default=None, help="denoising steps (default: the preset's)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars or summary line")
+
+
+def prior_clips_command(args: argparse.Namespace) -> int:
+    """``prior_clips``: the model's own clips of the captions with the known words, and the data.json of both."""
+    out = write_prior_clips(args.data_json, word=args.word, known=args.known, output_dir=args.output_dir,
+                            preset=args.preset, model_path=args.model_path, seed=args.seed,
+                            num_inference_steps=args.num_inference_steps, progress=not args.quiet)
+    if not args.quiet:
+        print(f"prior_clips: {out} lists your clips and the model's own clips of the same captions with "
+              f"{args.known!r} for {args.word!r} (extract_features --data_json {out})", file=sys.stderr)
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any, Callable
 
 import torch
@@ -33,6 +34,55 @@ class LinearWarmup:
 
     def __repr__(self) -> str:
         return f"LinearWarmup(peak={self.peak}, warmup_steps={self.warmup_steps})"
+
+
+#: The learning-rate schedules after the warmup (``train --lr_schedule``): ``constant`` holds the peak; ``cosine``
+#: and ``linear`` decay it to zero at the run's last update, as diffusers' ``get_scheduler("cosine" | "linear")``.
+LR_SCHEDULES = ("constant", "cosine", "linear")
+
+
+class WarmupDecay(LinearWarmup):
+    """:class:`LinearWarmup`'s warmup, then ``shape`` (``cosine``: ``0.5 * (1 + cos(pi * p))``, ``linear``:
+    ``1 - p``) of the peak, ``p = (count - warmup_steps) / (total - warmup_steps)`` clipped to [0, 1]: after the
+    warmup the factor of diffusers' ``get_cosine_schedule_with_warmup`` / ``get_linear_schedule_with_warmup`` at
+    step ``count``. Works on Python numbers and on jax arrays (an optax schedule), as :class:`LinearWarmup`."""
+
+    def __init__(self, peak: float, warmup_steps: int, total: int, shape: str):
+        super().__init__(peak, warmup_steps)
+        if shape not in LR_SCHEDULES[1:]:
+            raise ValueError(f"shape: {shape!r}; valid: {', '.join(LR_SCHEDULES[1:])}")
+        self.total, self.shape = int(total), shape
+
+    def __call__(self, count):
+        warm = super().__call__(count)
+        span = max(1, self.total - self.warmup_steps)
+        p = (count - self.warmup_steps) / span
+        p = p * (p > 0)
+        p = p - (p - 1) * (p > 1)  # clip to [0, 1] without min()/max(): jax arrays too
+        if self.shape == "linear":
+            factor = 1 - p
+        else:
+            cos = math.cos if isinstance(p, (int, float)) else _jax_cos
+            factor = 0.5 * (1 + cos(math.pi * p))
+        after = count >= self.warmup_steps
+        return warm * (1 - after) + self.peak * factor * after
+
+    def __repr__(self) -> str:
+        return (f"WarmupDecay(peak={self.peak}, warmup_steps={self.warmup_steps}, total={self.total}, "
+                f"shape={self.shape!r})")
+
+
+def _jax_cos(x):
+    import jax.numpy as jnp  # only a jax count (the jax runtime's optax schedule) gets here
+    return jnp.cos(x)
+
+
+def lr_schedule(name: str, peak: float, warmup_steps: int, total: int) -> LinearWarmup:
+    """The schedule :data:`LR_SCHEDULES` names: :class:`LinearWarmup` (``constant``) or :class:`WarmupDecay` to zero
+    at update ``total``."""
+    if name not in LR_SCHEDULES:
+        raise ValueError(f"lr schedule: {name!r}; valid: {', '.join(LR_SCHEDULES)}")
+    return LinearWarmup(peak, warmup_steps) if name == "constant" else WarmupDecay(peak, warmup_steps, total, name)
 
 
 def trainable_parameters(transformer: torch.nn.Module, trainable: str) -> list[tuple[str, torch.nn.Parameter]]:

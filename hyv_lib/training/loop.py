@@ -15,7 +15,6 @@ from typing import Any, Iterator
 import torch
 from tqdm.auto import tqdm
 
-from ..base.checks import as_number
 from ..base.errors import HyvFaultError, HyvInputError
 from ..base.files import atomic_path, clean_partials, ensure_output_dir
 from ..base.lock import folder_lock
@@ -23,57 +22,24 @@ from ..base.presets import Preset
 from ..kernels.registry import BACKENDS
 from ..models.components import load_components
 from ..models.families import family_for
-from ..models.flow_matching import SAMPLINGS, TRAIN_TIMESTEP_SHIFT, sample_sigmas
+from ..models.flow_matching import sample_sigmas
 from ..models.folder import choose_preset
 from ..models.lora import DEFAULT_LORA_TARGETS, LORA_FILE, add_lora, config_digest, parse_lora_targets, save_lora
 from ..models.registry import adapter_for, get_adapter
 from ..parallel.distributed import rank as process_rank
 from ..runtimes.jax_train import JaxTrainStep
-from ..runtimes.names import runtime_choices, runtime_name
-from ..runtimes.torch_train import LinearWarmup, TorchTrainStep
+from ..runtimes.names import runtime_name
+from ..runtimes.torch_train import TorchTrainStep, lr_schedule
 from .checkpoint import checkpoint_path, load_checkpoint, read_info, save_checkpoint
 from .feature_set import FeatureSet
 from .features import model_config_digest
+from .run_settings import DEFAULTS, RunSettings, check_settings, step_lr, train_defaults
 
 logger = logging.getLogger(__name__)
 
 LOG_FILE = "train_log.jsonl"
 TRANSFORMER_DIR = "transformer"
 TMP_PREFIX = ".transformer-"  #: temporary folders of _save_transformer (a killed run's are removed by the next)
-TASKS = ("t2v", "i2v")
-#: The train steps' runtimes (``--runtime``; ``tpu`` is accepted for ``jax``).
-RUNTIMES = ("torch", "jax")
-#: Defaults: the official trainer's shift and logit-normal sampling (:mod:`hyv_lib.models.flow_matching`), its
-#: weight decay, betas and eps; caption dropout 0.1 (the empty prompt's embeddings, what CFG's negative half sees).
-DEFAULTS = dict(learning_rate=1e-4, batch_size=1, caption_dropout=0.1, warmup_steps=50, weight_decay=0.01,
-                shift=TRAIN_TIMESTEP_SHIFT, sampling="logit_normal", seed=0)
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """What decides a run's curve: a rerun in the same folder resumes only with the same settings (``steps`` may
-    grow: a finished run trained further continues from its checkpoint)."""
-
-    features: str
-    preset: str
-    model_digest: str
-    trainable: str
-    lora_rank: int | None
-    lora_alpha: float | None
-    learning_rate: float
-    batch_size: int
-    task: str
-    seed: int
-    caption_dropout: float
-    warmup_steps: int
-    weight_decay: float
-    shift: float
-    sampling: str
-    runtime: str
-    ranks: int
-    lora_targets: str | None = None  #: the LoRA's target groups (``attn,mlp``; None for ``full``)
-
-
 @dataclass
 class TrainResult:
     """What :func:`train` did: the records of the steps run now, where it started, the files it wrote."""
@@ -197,38 +163,6 @@ def check_features(features, preset: Preset, transformer, task: str, digest: str
                                         "model")
 
 
-def _check_settings(steps, learning_rate, batch_size, task, runtime, checkpoint_every, seed, caption_dropout,
-                    warmup_steps, weight_decay, shift, sampling, lora_rank, lora_alpha, full, mesh) -> dict[str, Any]:
-    """The numbers and choices, checked (one HyvInputError naming the parameter); returns them as Python numbers."""
-    if full and lora_rank is not None:
-        raise HyvInputError("full", "trains every weight; `lora_rank` trains a LoRA adapter: give one of them")
-    if not full and lora_rank is None:
-        raise HyvInputError("lora_rank", "give `lora_rank` R (a LoRA adapter of rank R) or `full` (every weight)")
-    if full and lora_alpha is not None:
-        raise HyvInputError("lora_alpha", "scales a LoRA adapter: it needs `lora_rank`, not `full`")
-    if task not in TASKS:
-        raise HyvInputError("task", f"must be one of {', '.join(TASKS)}, got {task!r}")
-    if runtime not in RUNTIMES:
-        raise HyvInputError("runtime", f"must be one of {runtime_choices(RUNTIMES)}, got {runtime!r}")
-    if mesh is not None and runtime != "jax":
-        raise HyvInputError("mesh", "lays out JAX devices: it needs `runtime` jax (torch shards over torchrun ranks)")
-    if sampling not in SAMPLINGS:
-        raise HyvInputError("sampling", f"must be one of {', '.join(SAMPLINGS)}, got {sampling!r}")
-    return dict(
-        steps=as_number("steps", steps, int, low=1),
-        learning_rate=as_number("learning_rate", learning_rate, low=0, low_open=True),
-        batch_size=as_number("batch_size", batch_size, int, low=1),
-        checkpoint_every=as_number("checkpoint_every", checkpoint_every, int, low=1),
-        seed=as_number("seed", seed, int, low=0),
-        caption_dropout=as_number("caption_dropout", caption_dropout, low=0, high=1),
-        warmup_steps=as_number("warmup_steps", warmup_steps, int, low=0),
-        weight_decay=as_number("weight_decay", weight_decay, low=0),
-        shift=as_number("shift", shift, low=0, low_open=True),
-        lora_rank=as_number("lora_rank", lora_rank, int, low=1),
-        lora_alpha=as_number("lora_alpha", lora_alpha, low=0, low_open=True),
-    )
-
-
 # ------------------------------------------------------------------------------------------------ files
 @contextlib.contextmanager
 def run_lock(output_dir: str) -> Iterator[None]:
@@ -300,11 +234,13 @@ def _set_rng_state(generator: torch.Generator, state: dict[str, Any]) -> None:
 # ------------------------------------------------------------------------------------------------ the loop
 def make_train_step(runtime: str, transformer, *, trainable: str, learning_rate: float, warmup_steps: int,
                     weight_decay: float, mesh: str | None = None, remat: bool = True, attention: str = "auto",
-                    attention_options: dict[str, Any] | None = None):
+                    attention_options: dict[str, Any] | None = None, schedule: str = "constant",
+                    decay_steps: int | None = None):
     """The runtime's TrainStep: :class:`hyv_lib.runtimes.torch_train.TorchTrainStep` (one device, or FSDP2 under
     torchrun) or :class:`hyv_lib.runtimes.jax_train.JaxTrainStep` (JAX, FSDP over ``mesh``), with the same
-    hyper-parameters: AdamW (betas 0.9/0.999, eps 1e-8), clipping to norm 1, :class:`LinearWarmup` to
-    ``learning_rate`` over ``warmup_steps`` updates. ``attention``: hyv_lib's masked attention backend (``auto``: flash
+    hyper-parameters: AdamW (betas 0.9/0.999, eps 1e-8), clipping to norm 1, a linear warmup to ``learning_rate``
+    over ``warmup_steps`` updates, then ``schedule`` (``constant``; ``cosine`` or ``linear`` to zero at update
+    ``decay_steps``: :func:`hyv_lib.runtimes.torch_train.lr_schedule`). ``attention``: hyv_lib's masked attention backend (``auto``: flash
     or SDPA on the valid tokens on CUDA, SDPA on the CPU, Splash/XLA on the jax runtime; every one has a backward);
     ``diffusers`` keeps diffusers' own processor on the torch runtime, whose dense [B, 1, S, S] mask alone is 12 GiB
     per sample at 720p/121f. ``attention_options``: the backend's options (``{"ssta": hyv_lib.SstaConfig(...)}`` for
@@ -312,7 +248,8 @@ def make_train_step(runtime: str, transformer, *, trainable: str, learning_rate:
     options = dict(attention_options or {})
     if runtime == "torch" and attention != "diffusers":
         adapter_for(transformer).use_attention(transformer, attention, **options)
-    hyper = dict(trainable=trainable, learning_rate=LinearWarmup(learning_rate, warmup_steps),
+    rate = lr_schedule(schedule, learning_rate, warmup_steps, decay_steps or 1)
+    hyper = dict(trainable=trainable, learning_rate=rate,
                  weight_decay=weight_decay, betas=(0.9, 0.999), eps=1e-8, max_grad_norm=1.0, remat=remat)
     if runtime_name(runtime) == "jax":
         return JaxTrainStep(transformer, mesh=mesh, attention=attention, attention_options=options, **hyper)
@@ -323,16 +260,17 @@ def make_train_step(runtime: str, transformer, *, trainable: str, learning_rate:
 def train(features: str | Any, *, preset: str | Preset | None, output_dir: str, steps: int,
           model_path: str | None = None,
           lora_rank: int | None = None, lora_alpha: float | None = None, full: bool = False,
-          learning_rate: float = DEFAULTS["learning_rate"], batch_size: int = DEFAULTS["batch_size"],
+          learning_rate: float | None = None, batch_size: int | None = None,
           task: str = "t2v", runtime: str = "torch", mesh: str | None = None, checkpoint_every: int | None = None,
           seed: int = DEFAULTS["seed"], caption_dropout: float = DEFAULTS["caption_dropout"],
           warmup_steps: int = DEFAULTS["warmup_steps"], weight_decay: float = DEFAULTS["weight_decay"],
           shift: float = DEFAULTS["shift"], sampling: str = DEFAULTS["sampling"], dtype: str | None = None,
           gradient_checkpointing: bool = True, attention: str = "auto", progress: bool = True,
           transformer=None, attention_options: dict[str, Any] | None = None,
-          lora_targets: str | None = None) -> TrainResult:
+          lora_targets: str | None = None, lr_schedule: str | None = None) -> TrainResult:
     """Fine-tune a HunyuanVideo-1.5 transformer on a feature folder (:func:`hyv_lib.training.features.extract_features`)
-    with its flow-matching objective, into ``output_dir``.
+    with its flow-matching objective, into ``output_dir``. ``learning_rate``, ``batch_size``, ``lr_schedule`` and
+    ``lora_targets`` left None take the preset's :func:`train_defaults`.
 
     A LoRA adapter of ``lora_rank`` (:func:`hyv_lib.models.lora.add_lora`, ``lora_alpha`` default = rank) on the
     layers of the target groups ``lora_targets`` (``attn``, the default: the attention projections; ``attn,mlp``
@@ -344,15 +282,23 @@ def train(features: str | Any, *, preset: str | Preset | None, output_dir: str, 
     seconds). Every ``checkpoint_every`` steps and at the end, ``checkpoint.safetensors`` holds the trainable weights,
     the optimizer state, the step count and every RNG state, written atomically: rerunning a killed run with the same
     command resumes at its last checkpoint and reproduces the same losses (log records past it are dropped); other
-    settings in a folder holding a checkpoint are refused. ``steps`` may grow to train a finished run further.
+    settings in a folder holding a checkpoint are refused. ``steps`` may grow to train a finished run further,
+    except under a decaying ``lr_schedule``. ``lr_schedule``: after the warmup the learning rate stays at
+    ``learning_rate`` (``constant``) or decays to zero at step ``steps`` (``cosine``, ``linear``; ``steps`` is then
+    part of the run's settings).
     The folder's run lock keeps a second run out. ``transformer``: a module to train instead of loading the preset's
     (``model_path``); ``dtype``: fp32 or bf16 (default: the preset's); ``attention``, ``attention_options``: see
     :func:`make_train_step`.
     """
     runtime = runtime_name(runtime)
-    settings = _check_settings(steps, learning_rate, batch_size, task, runtime, checkpoint_every, seed,
+    preset = choose_preset(preset, model_path).preset  # None: the folder's (or the default); a misfit is refused
+    chosen = train_defaults(preset)  # the preset's measured settings where the caller gives none
+    learning_rate = chosen["learning_rate"] if learning_rate is None else learning_rate
+    batch_size = chosen["batch_size"] if batch_size is None else batch_size
+    lr_schedule = chosen["lr_schedule"] if lr_schedule is None else lr_schedule
+    settings = check_settings(steps, learning_rate, batch_size, task, runtime, checkpoint_every, seed,
                                caption_dropout, warmup_steps, weight_decay, shift, sampling, lora_rank, lora_alpha,
-                               full, mesh)
+                               full, mesh, lr_schedule)
     if attention not in ("auto", "diffusers", *BACKENDS):
         raise HyvInputError("attention", f"must be auto, diffusers or one of {', '.join(BACKENDS)}; got {attention!r}")
     if attention == "diffusers" and runtime != "torch":
@@ -360,10 +306,9 @@ def train(features: str | Any, *, preset: str | Preset | None, output_dir: str, 
     if runtime == "jax" and attention in BACKENDS and "grid" in BACKENDS[attention].options:
         raise HyvInputError("attention", f"{attention} has no backward on `runtime` jax yet (its Pallas kernel is "
                                          "forward-only): train SSTA with `runtime` torch")
-    preset = choose_preset(preset, model_path).preset  # None: the folder's (or the default); a misfit is refused
     if full and lora_targets is not None:
         raise HyvInputError("lora_targets", "chooses a LoRA adapter's layers: it needs `lora_rank`, not `full`")
-    targets = None if full else parse_lora_targets(DEFAULT_LORA_TARGETS if lora_targets is None else lora_targets,
+    targets = None if full else parse_lora_targets(chosen["lora_targets"] if lora_targets is None else lora_targets,
                                                    get_adapter(preset.model).lora_targets)
     steps, batch_size = settings["steps"], settings["batch_size"]
     checkpoint_every = settings["checkpoint_every"] or steps
@@ -391,11 +336,13 @@ def train(features: str | Any, *, preset: str | Preset | None, output_dir: str, 
             lora_alpha=None if full else float(lora_alpha), learning_rate=settings["learning_rate"],
             batch_size=batch_size, task=task, seed=settings["seed"], caption_dropout=settings["caption_dropout"],
             warmup_steps=settings["warmup_steps"], weight_decay=settings["weight_decay"], shift=settings["shift"],
-            sampling=sampling, runtime=runtime, ranks=ranks, lora_targets=targets)
+            sampling=sampling, runtime=runtime, ranks=ranks, lora_targets=targets, lr_schedule=lr_schedule,
+            decay_steps=None if lr_schedule == "constant" else steps)
         step = make_train_step(runtime, transformer, trainable=trainable, learning_rate=run.learning_rate,
                                warmup_steps=run.warmup_steps, weight_decay=run.weight_decay, mesh=mesh,
                                remat=gradient_checkpointing, attention=attention,
-                               attention_options=attention_options)
+                               attention_options=attention_options, schedule=run.lr_schedule,
+                               decay_steps=run.decay_steps)
         return _run(features, step, run, preset, transformer, output_dir, steps, checkpoint_every, progress)
 
 
@@ -412,7 +359,13 @@ def _resume(step, run: RunSettings, output_dir: str, generator: torch.Generator,
     saved = dict(info.get("settings", {}))
     if saved.get("trainable") == "lora":  # a checkpoint from before --lora_targets: the attention projections
         saved.setdefault("lora_targets", DEFAULT_LORA_TARGETS)
+    saved.setdefault("lr_schedule", "constant")  # a checkpoint from before --lr_schedule
+    saved.setdefault("decay_steps", None)
     differ = {k: (saved.get(k), v) for k, v in asdict(run).items() if saved.get(k) != v}
+    if set(differ) == {"decay_steps"}:
+        raise HyvInputError("steps", f"{steps}, but {output_dir!r} holds a run whose {run.lr_schedule} learning rate "
+                                     f"decays to zero at step {saved['decay_steps']}: give `steps` "
+                                     f"{saved['decay_steps']} to resume it, or use another folder")
     if differ:
         what = "; ".join(f"{k} {old!r} there, {new!r} now" for k, (old, new) in sorted(differ.items()))
         raise HyvInputError("output_dir", f"{output_dir!r} holds the checkpoint of a run with other settings "
@@ -466,11 +419,6 @@ def _run(features, step, run: RunSettings, preset: Preset, transformer, output_d
             output = _save_transformer(module, output_dir)
     return TrainResult(output_dir=os.path.abspath(output_dir), steps=steps, resumed_from=start, records=records,
                        output=output)
-
-
-def step_lr(run: RunSettings, index: int) -> float:
-    """The learning rate of update ``index`` (0-based) of a run."""
-    return LinearWarmup(run.learning_rate, run.warmup_steps)(index)
 
 
 def _checkpoint(step, run: RunSettings, output_dir: str, done: int, generator: torch.Generator, writer: bool) -> None:

@@ -1,0 +1,99 @@
+"""A fine-tuning run's settings: the defaults (the official trainer's, or the preset's own), their checks, and the
+record a resumed run must match."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..base.checks import as_number
+from ..base.errors import HyvInputError
+from ..base.presets import Preset
+from ..models.flow_matching import SAMPLINGS, TRAIN_TIMESTEP_SHIFT
+from ..models.lora import DEFAULT_LORA_TARGETS
+from ..runtimes.names import runtime_choices
+from ..runtimes.torch_train import LR_SCHEDULES, lr_schedule
+
+TASKS = ("t2v", "i2v")
+#: The train steps' runtimes (``--runtime``; ``tpu`` is accepted for ``jax``).
+RUNTIMES = ("torch", "jax")
+#: Defaults: the official trainer's shift and logit-normal sampling (:mod:`hyv_lib.models.flow_matching`), its
+#: weight decay, betas and eps; caption dropout 0.1 (the empty prompt's embeddings, what CFG's negative half sees);
+#: a constant learning rate after the warmup (``cosine`` and ``linear`` decay it to zero at the last step).
+DEFAULTS = dict(learning_rate=1e-4, batch_size=1, caption_dropout=0.1, warmup_steps=50, weight_decay=0.01,
+                shift=TRAIN_TIMESTEP_SHIFT, sampling="logit_normal", seed=0, lr_schedule="constant")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What decides a run's curve: a rerun in the same folder resumes only with the same settings (``steps`` may
+    grow: a finished run trained further continues from its checkpoint)."""
+
+    features: str
+    preset: str
+    model_digest: str
+    trainable: str
+    lora_rank: int | None
+    lora_alpha: float | None
+    learning_rate: float
+    batch_size: int
+    task: str
+    seed: int
+    caption_dropout: float
+    warmup_steps: int
+    weight_decay: float
+    shift: float
+    sampling: str
+    runtime: str
+    ranks: int
+    lora_targets: str | None = None  #: the LoRA's target groups (``attn,mlp``; None for ``full``)
+    lr_schedule: str = "constant"  #: after the warmup (:data:`hyv_lib.runtimes.torch_train.LR_SCHEDULES`)
+    decay_steps: int | None = None  #: where a decaying schedule reaches zero (the run's steps; None: constant)
+
+
+
+def train_defaults(preset: Preset) -> dict[str, Any]:
+    """The settings ``train`` uses where it is given none: :data:`DEFAULTS` and ``lora_targets``
+    :data:`hyv_lib.models.lora.DEFAULT_LORA_TARGETS`, overridden by ``preset.train_defaults`` (what was measured to
+    teach that checkpoint; hyv-tiny's: the recipe of chapter 9 that teaches it a new motion)."""
+    return {**DEFAULTS, "lora_targets": DEFAULT_LORA_TARGETS, **preset.train_defaults}
+
+
+def check_settings(steps, learning_rate, batch_size, task, runtime, checkpoint_every, seed, caption_dropout,
+                    warmup_steps, weight_decay, shift, sampling, lora_rank, lora_alpha, full, mesh,
+                    schedule="constant") -> dict[str, Any]:
+    """The numbers and choices, checked (one HyvInputError naming the parameter); returns them as Python numbers."""
+    if full and lora_rank is not None:
+        raise HyvInputError("full", "trains every weight; `lora_rank` trains a LoRA adapter: give one of them")
+    if not full and lora_rank is None:
+        raise HyvInputError("lora_rank", "give `lora_rank` R (a LoRA adapter of rank R) or `full` (every weight)")
+    if full and lora_alpha is not None:
+        raise HyvInputError("lora_alpha", "scales a LoRA adapter: it needs `lora_rank`, not `full`")
+    if task not in TASKS:
+        raise HyvInputError("task", f"must be one of {', '.join(TASKS)}, got {task!r}")
+    if runtime not in RUNTIMES:
+        raise HyvInputError("runtime", f"must be one of {runtime_choices(RUNTIMES)}, got {runtime!r}")
+    if mesh is not None and runtime != "jax":
+        raise HyvInputError("mesh", "lays out JAX devices: it needs `runtime` jax (torch shards over torchrun ranks)")
+    if sampling not in SAMPLINGS:
+        raise HyvInputError("sampling", f"must be one of {', '.join(SAMPLINGS)}, got {sampling!r}")
+    if schedule not in LR_SCHEDULES:
+        raise HyvInputError("lr_schedule", f"must be one of {', '.join(LR_SCHEDULES)}, got {schedule!r}")
+    return dict(
+        steps=as_number("steps", steps, int, low=1),
+        learning_rate=as_number("learning_rate", learning_rate, low=0, low_open=True),
+        batch_size=as_number("batch_size", batch_size, int, low=1),
+        checkpoint_every=as_number("checkpoint_every", checkpoint_every, int, low=1),
+        seed=as_number("seed", seed, int, low=0),
+        caption_dropout=as_number("caption_dropout", caption_dropout, low=0, high=1),
+        warmup_steps=as_number("warmup_steps", warmup_steps, int, low=0),
+        weight_decay=as_number("weight_decay", weight_decay, low=0),
+        shift=as_number("shift", shift, low=0, low_open=True),
+        lora_rank=as_number("lora_rank", lora_rank, int, low=1),
+        lora_alpha=as_number("lora_alpha", lora_alpha, low=0, low_open=True),
+    )
+
+
+def step_lr(run: RunSettings, index: int) -> float:
+    """The learning rate of update ``index`` (0-based) of a run."""
+    return lr_schedule(run.lr_schedule, run.learning_rate, run.warmup_steps, run.decay_steps or 1)(index)
