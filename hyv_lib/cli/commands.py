@@ -39,9 +39,11 @@ from .stage_flags import add_calibration_arguments, add_stage1_arguments, add_st
 from .training import (
     add_extract_features_arguments,
     add_merge_lora_arguments,
+    add_prior_clips_arguments,
     add_train_arguments,
     extract_features_command,
     merge_lora_command,
+    prior_clips_command,
     train_command,
 )
 
@@ -151,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_extract_features_arguments(sub.add_parser(
         "extract_features", help="encode a MindSpeed-MM data.json's clips once for training: VAE latents, text "
                                  "embeddings (and first frames for i2v) into sharded safetensors; resumable"))
+    add_prior_clips_arguments(sub.add_parser(
+        "prior_clips", help="prior preservation for a new concept: the model draws each caption of a data.json with "
+                            "a known word in place of the new one; a data.json of your clips and those"))
     add_merge_lora_arguments(sub.add_parser("merge_lora", help="merge a LoRA into a model for good: a whole model "
                                                               "folder (run it with generate --model_path)"))
     gen = sub.add_parser("generate", help="run all three stages")
@@ -358,6 +363,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int | None]] = {
     "info": _info, "compile": _compile, "plan": _plan, "save_tiny": _save_tiny, "calibrate_cache": _calibrate_cache,
     "stage1": _stage1, "stage2": _stage2, "stage3": _stage3, "generate": _generate, "train": train_command,
     "extract_features": extract_features_command, "merge_lora": merge_lora_command,
+    "prior_clips": prior_clips_command,
 }
 #: The commands that print no "done, files in ..." line (they write no stage folder, or say where themselves).
 QUIET_COMMANDS = ("info", "compile", "plan", "save_tiny", "calibrate_cache")
