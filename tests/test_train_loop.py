@@ -179,6 +179,29 @@ def test_a_decaying_run_logs_its_rates_and_refuses_more_steps(features_dir, tmp_
     assert info.value.argument == "lr_schedule"
 
 
+def test_the_presets_training_defaults_fill_what_a_run_leaves_out(features_dir, tmp_path):
+    """A preset without train_defaults (tiny) trains at the official trainer's settings; hyv-tiny's replace them where
+    the caller gives none; a given setting wins."""
+    from hyv_lib.training.checkpoint import checkpoint_path, read_info
+    from hyv_lib.training.run_settings import train_defaults
+
+    official = dict(learning_rate=1e-4, batch_size=1, lr_schedule="constant", lora_targets="attn")
+    assert {k: train_defaults(TINY)[k] for k in official} == official
+    assert {k: train_defaults(get_preset("720p_t2v"))[k] for k in official} == official
+    assert {k: train_defaults(get_preset("tiny_trained"))[k] for k in official} == dict(
+        learning_rate=3e-3, batch_size=8, lr_schedule="cosine", lora_targets="text")
+    out = str(tmp_path / "defaults")
+    train(features_dir, preset="tiny", lora_rank=4, steps=1, output_dir=out, progress=False)
+    settings = read_info(checkpoint_path(out))["settings"]
+    assert {k: settings[k] for k in official} == official and settings["decay_steps"] is None
+    out = str(tmp_path / "given")
+    train(features_dir, preset="tiny", lora_rank=4, steps=2, output_dir=out, progress=False, batch_size=2,
+          lr_schedule="linear", lora_targets="attn,mlp")
+    settings = read_info(checkpoint_path(out))["settings"]
+    assert (settings["batch_size"], settings["lr_schedule"], settings["decay_steps"]) == (2, "linear", 2)
+    assert settings["lora_targets"] == "attn,mlp" and settings["learning_rate"] == 1e-4
+
+
 def test_lora_output_changes_only_lora_weights(runs, features_dir):
     from hyv_lib.models.lora import LORA_FILE, add_lora, merge_lora, read_lora
 
