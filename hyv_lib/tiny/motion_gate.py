@@ -58,6 +58,13 @@ TWINS = _twins()
 DATASETS = {"issue": [(c, 0) for c in TRAIN], "prior": [(c, 0) for c in TRAIN] + [(c, 0) for c in PRIOR],
             "prior4": [(c, 0) for c in TRAIN] + [(c, 0) for c in PRIOR[::2]],
             "twins": [(c, 0) for c in TRAIN] + [(c, 0) for c in TWINS]}
+#: The words ``prior_clips --known`` puts in place of the new direction for the model's own twins (taking turns).
+PRIOR_KNOWN = "up,right,left,down"
+#: The recipe that teaches the new direction on the ``twins`` data (6 or more of 8 up-right and of 8 known kept for
+#: each of training seeds 0-7 in the sweep): the caption's path only (``--lora_targets text``), batches of 8 at
+#: 3e-3, a cosine decay to zero over 1,000 steps.
+TAUGHT_TRAIN_ARGS = ("--lora_rank", "8", "--steps", "1000", "--learning_rate", "3e-3", "--batch_size", "8",
+                     "--lora_targets", "text", "--lr_schedule", "cosine", "--no_gradient_checkpointing")
 #: ``KNOWN_PROBE`` (:mod:`hyv_lib.tiny.finetune_gate`'s 8 known captions hyv-tiny never trained on): here the reader
 #: asks whether each still moves in its own direction after the LoRA.
 KNOWN_PROBE = finetune_gate.KNOWN_PROBE
