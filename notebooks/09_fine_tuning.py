@@ -870,8 +870,8 @@ else:
 #
 # The same defaults do not teach orange. On the 12 orange clips of the sweep's first dataset, hyv-tiny's defaults
 # at 1,000 steps drew orange for 2, 3, 2 and 1 of 8 held-out captions (seeds 0-3, the last row of the colour
-# sweep's table). A decaying rate does not change what the diagnostics found for orange: guidance pushes a colour that lies
-# between two known ones past it.
+# sweep's table). A decaying rate does not change what the diagnostics found for orange: guidance pushes a colour
+# that lies between two known ones past it.
 
 # %%
 shutil.rmtree(workdir, ignore_errors=True)

@@ -99,7 +99,8 @@ def resolved(recipe: dict) -> dict:
     out = {k: params[k].default for k in keys}
     chosen = loop.train_defaults(get_preset(PRESET))  # the preset's own where train's signature says None
     out.update({k: chosen[k] for k in ("learning_rate", "batch_size", "lora_targets")})
-    out.update(schedule={v: k for k, v in LR_SCHEDULE.items()}[chosen["lr_schedule"]], uncond_target="data", ema=0.0, guided_target=0.0, gradient_checkpointing=False)
+    out.update(schedule={v: k for k, v in LR_SCHEDULE.items()}[chosen["lr_schedule"]], uncond_target="data",
+               ema=0.0, guided_target=0.0, gradient_checkpointing=False)
     out.update(recipe)
     if out["lora_alpha"] is None:
         out["lora_alpha"] = out["lora_rank"]

@@ -11,8 +11,8 @@ from ..kernels.ssta import SstaConfig
 from ..models.families import DEFAULT_PRESET, get_preset
 from ..models.folder import choose_preset
 from ..pipeline.settings import resolve_attention
-from ..training.features import extract_features
 from ..runtimes.torch_train import LR_SCHEDULES
+from ..training.features import extract_features
 from ..training.loop import train
 from ..training.merge import write_merged_model
 from ..training.prior import write_prior_clips
@@ -38,9 +38,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora_alpha", type=float, default=None, help="LoRA alpha (default: the rank, a scale of 1)")
     p.add_argument("--lora_targets", default=None,
                    help="the layers the LoRA adapts, groups joined by commas (default: the preset's; attn for "
-                        f"the real ones, {HYV_TINY['lora_targets']} for tiny_trained): attn (the attention projections) | mlp (the feed-forward layers; attn,mlp is MindSpeed-MM's I2V recipe) | all (every "
-                        "nn.Linear, as the official train.py) | the model's own groups (HunyuanVideo-1.5: text, the "
-                        "caption's path only; HunyuanVideo: single, its single-stream blocks' linear layers)")
+                        f"the real ones, {HYV_TINY['lora_targets']} for tiny_trained): attn (the attention "
+                        "projections) | mlp (the feed-forward layers; attn,mlp is MindSpeed-MM's I2V recipe) | all "
+                        "(every nn.Linear, as the official train.py) | the model's own groups (HunyuanVideo-1.5: "
+                        "text, the caption's path only; HunyuanVideo: single, its single-stream blocks' linear layers)")
     p.add_argument("--steps", type=int, required=True, help="optimizer updates in all (a rerun resumes; more steps "
                                                             "train a finished run further, unless its learning rate "
                                                             "decayed to zero: --lr_schedule)")
@@ -52,10 +53,12 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr_schedule", default=None,
                    help=f"the learning rate after the warmup: {' | '.join(LR_SCHEDULES)} (cosine, linear: to zero at "
                         f"the last step, as diffusers' schedulers of those names; default: the preset's, "
-                        f"{TRAIN_DEFAULTS['lr_schedule']} for the real ones, {HYV_TINY['lr_schedule']} for tiny_trained)")
+                        f"{TRAIN_DEFAULTS['lr_schedule']} for the real ones, {HYV_TINY['lr_schedule']} for "
+                        "tiny_trained)")
     p.add_argument("--batch_size", type=int, default=None,
                    help="clips per update, all of one latent shape; under torchrun split over the ranks (default: the "
-                        f"preset's, {TRAIN_DEFAULTS['batch_size']} for the real ones, {HYV_TINY['batch_size']} for tiny_trained)")
+                        f"preset's, {TRAIN_DEFAULTS['batch_size']} for the real ones, {HYV_TINY['batch_size']} for "
+                        "tiny_trained)")
     p.add_argument("--task", default="t2v", help="t2v | i2v (i2v: features extracted with first frames)")
     p.add_argument("--caption_dropout", type=float, default=TRAIN_DEFAULTS["caption_dropout"],
                    help="probability of training a clip on the empty prompt (default "
@@ -171,8 +174,8 @@ def add_prior_clips_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data_json", required=True, help="the clips of the new concept (MindSpeed-MM's data.json)")
     p.add_argument("--word", required=True, help="the new concept's word as the captions spell it (e.g. up-right)")
     p.add_argument("--known", required=True,
-                   help="words the model already knows to put in its place, joined by commas (e.g. up,right,left,down): "
-                        "they take turns, one prior clip per caption that holds --word")
+                   help="words the model already knows to put in its place, joined by commas (e.g. "
+                        "up,right,left,down): they take turns, one prior clip per caption that holds --word")
     p.add_argument("--output_dir", required=True, help="the prior clips (videos/) and a data.json listing your clips "
                                                        "and them: give it to extract_features")
     p.add_argument("--preset", default=None, help=f"the model that draws them (default: the --model_path folder's, "

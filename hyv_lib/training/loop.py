@@ -240,11 +240,12 @@ def make_train_step(runtime: str, transformer, *, trainable: str, learning_rate:
     torchrun) or :class:`hyv_lib.runtimes.jax_train.JaxTrainStep` (JAX, FSDP over ``mesh``), with the same
     hyper-parameters: AdamW (betas 0.9/0.999, eps 1e-8), clipping to norm 1, a linear warmup to ``learning_rate``
     over ``warmup_steps`` updates, then ``schedule`` (``constant``; ``cosine`` or ``linear`` to zero at update
-    ``decay_steps``: :func:`hyv_lib.runtimes.torch_train.lr_schedule`). ``attention``: hyv_lib's masked attention backend (``auto``: flash
-    or SDPA on the valid tokens on CUDA, SDPA on the CPU, Splash/XLA on the jax runtime; every one has a backward);
-    ``diffusers`` keeps diffusers' own processor on the torch runtime, whose dense [B, 1, S, S] mask alone is 12 GiB
-    per sample at 720p/121f. ``attention_options``: the backend's options (``{"ssta": hyv_lib.SstaConfig(...)}`` for
-    ``ssta``, whose backward on the CPU is hyv_lib's tile backward); None: its defaults."""
+    ``decay_steps``: :func:`hyv_lib.runtimes.torch_train.lr_schedule`). ``attention``: hyv_lib's masked attention
+    backend (``auto``: flash or SDPA on the valid tokens on CUDA, SDPA on the CPU, Splash/XLA on the jax runtime;
+    every one has a backward); ``diffusers`` keeps diffusers' own processor on the torch runtime, whose dense
+    [B, 1, S, S] mask alone is 12 GiB per sample at 720p/121f. ``attention_options``: the backend's options
+    (``{"ssta": hyv_lib.SstaConfig(...)}`` for ``ssta``, whose backward on the CPU is hyv_lib's tile backward); None:
+    its defaults."""
     options = dict(attention_options or {})
     if runtime == "torch" and attention != "diffusers":
         adapter_for(transformer).use_attention(transformer, attention, **options)
@@ -268,14 +269,15 @@ def train(features: str | Any, *, preset: str | Preset | None, output_dir: str, 
           gradient_checkpointing: bool = True, attention: str = "auto", progress: bool = True,
           transformer=None, attention_options: dict[str, Any] | None = None,
           lora_targets: str | None = None, lr_schedule: str | None = None) -> TrainResult:
-    """Fine-tune a HunyuanVideo-1.5 transformer on a feature folder (:func:`hyv_lib.training.features.extract_features`)
-    with its flow-matching objective, into ``output_dir``. ``learning_rate``, ``batch_size``, ``lr_schedule`` and
+    """Fine-tune a HunyuanVideo-1.5 transformer on a feature folder
+    (:func:`hyv_lib.training.features.extract_features`) with its flow-matching objective, into ``output_dir``.
+    ``learning_rate``, ``batch_size``, ``lr_schedule`` and
     ``lora_targets`` left None take the preset's :func:`train_defaults`.
 
     A LoRA adapter of ``lora_rank`` (:func:`hyv_lib.models.lora.add_lora`, ``lora_alpha`` default = rank) on the
-    layers of the target groups ``lora_targets`` (``attn``, the default: the attention projections; ``attn,mlp``
-    adds the feed-forward layers; ``all`` every nn.Linear; the model adapter's ``lora_targets`` says which) ends as
-    ``output_dir/pytorch_lora_weights.safetensors`` (diffusers' format); ``full`` trains every weight and ends as a
+    layers of the target groups ``lora_targets`` (``attn``, the real presets' default: the attention projections;
+    ``attn,mlp`` adds the feed-forward layers; ``all`` every nn.Linear; the model adapter's ``lora_targets`` says
+    which) ends as ``output_dir/pytorch_lora_weights.safetensors`` (diffusers' format); ``full`` trains every weight and ends as a
     diffusers-format ``output_dir/transformer`` folder. Each step: :func:`pick_clips` (one latent shape per batch),
     :func:`build_batch` (caption dropout, noise, logit-normal noise levels with the shift, t2v or i2v inputs), one
     update of the runtime's step (:func:`make_train_step`), a record in ``train_log.jsonl`` (step, loss, lr,
@@ -297,8 +299,8 @@ def train(features: str | Any, *, preset: str | Preset | None, output_dir: str, 
     batch_size = chosen["batch_size"] if batch_size is None else batch_size
     lr_schedule = chosen["lr_schedule"] if lr_schedule is None else lr_schedule
     settings = check_settings(steps, learning_rate, batch_size, task, runtime, checkpoint_every, seed,
-                               caption_dropout, warmup_steps, weight_decay, shift, sampling, lora_rank, lora_alpha,
-                               full, mesh, lr_schedule)
+                              caption_dropout, warmup_steps, weight_decay, shift, sampling, lora_rank, lora_alpha,
+                              full, mesh, lr_schedule)
     if attention not in ("auto", "diffusers", *BACKENDS):
         raise HyvInputError("attention", f"must be auto, diffusers or one of {', '.join(BACKENDS)}; got {attention!r}")
     if attention == "diffusers" and runtime != "torch":

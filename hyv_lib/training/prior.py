@@ -53,7 +53,8 @@ def write_prior_clips(data_json: str, *, word: str, known: str | list[str], outp
                       model_path: str | None = None, seed: int = 0, num_inference_steps: int | None = None,
                       pipeline=None, progress: bool = True) -> str:
     """Draw one prior clip per caption of ``data_json`` that holds ``word`` (:func:`twin_captions`: the same caption
-    with a known word instead), at that clip's size, frame count and rate, with the model itself (``pipeline``, or
+    with a known word instead), at that clip's rate and at the largest size inside it that the model draws (sides
+    of 16 pixels, 4n + 1 frames), with the model itself (``pipeline``, or
     :func:`hyv_lib.load_pipeline` of ``preset`` / ``model_path``; seed ``seed + j`` for the j-th clip, the preset's
     steps and guidance unless ``num_inference_steps``), as ``output_dir/videos/prior_JJJ.mp4``; then write
     ``output_dir/data.json``: every entry of ``data_json`` (paths made absolute), then the prior clips. This is

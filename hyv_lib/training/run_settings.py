@@ -27,7 +27,8 @@ DEFAULTS = dict(learning_rate=1e-4, batch_size=1, caption_dropout=0.1, warmup_st
 @dataclass(frozen=True)
 class RunSettings:
     """What decides a run's curve: a rerun in the same folder resumes only with the same settings (``steps`` may
-    grow: a finished run trained further continues from its checkpoint)."""
+    grow at a constant rate: a finished run trained further continues from its checkpoint; a decaying rate records
+    its last step as ``decay_steps``)."""
 
     features: str
     preset: str
@@ -51,7 +52,6 @@ class RunSettings:
     decay_steps: int | None = None  #: where a decaying schedule reaches zero (the run's steps; None: constant)
 
 
-
 def train_defaults(preset: Preset) -> dict[str, Any]:
     """The settings ``train`` uses where it is given none: :data:`DEFAULTS` and ``lora_targets``
     :data:`hyv_lib.models.lora.DEFAULT_LORA_TARGETS`, overridden by ``preset.train_defaults`` (what was measured to
@@ -60,8 +60,8 @@ def train_defaults(preset: Preset) -> dict[str, Any]:
 
 
 def check_settings(steps, learning_rate, batch_size, task, runtime, checkpoint_every, seed, caption_dropout,
-                    warmup_steps, weight_decay, shift, sampling, lora_rank, lora_alpha, full, mesh,
-                    schedule="constant") -> dict[str, Any]:
+                   warmup_steps, weight_decay, shift, sampling, lora_rank, lora_alpha, full, mesh,
+                   schedule="constant") -> dict[str, Any]:
     """The numbers and choices, checked (one HyvInputError naming the parameter); returns them as Python numbers."""
     if full and lora_rank is not None:
         raise HyvInputError("full", "trains every weight; `lora_rank` trains a LoRA adapter: give one of them")
