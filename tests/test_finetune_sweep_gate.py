@@ -22,3 +22,12 @@ def test_score_counts_new_and_known_colours_separately():
     got = gate.score(reads, combos)
     assert (got["new"], got["new_total"], got["known"], got["known_total"]) == (1, 2, 1, 2)
     assert gate.caption(gate.HELD_OUT[0], "cyan").split()[1] == "cyan"
+
+
+def test_colour_twins_change_the_colour_word_only():
+    issue = [c for c, _ in gate.DATASETS["issue"]]
+    assert [c for c, _ in gate.DATASETS["twins"]] == issue + gate.TWINS
+    for new, twin in zip(issue, gate.TWINS):
+        assert (twin.shape, twin.direction, twin.background) == (new.shape, new.direction, new.background)
+    assert [t.color for t in gate.TWINS[:4]] == ["red", "green", "blue", "yellow"]  # turning by one per caption
+    assert set(gate.TWINS) <= set(data.split_combos()[0]) and not set(gate.TWINS) & set(gate.KNOWN_PROBE)

@@ -235,7 +235,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--name", required=True, help="the configuration's name in the results file")
     p.add_argument("--gate", default="colour", choices=sorted(GATES), help="teach a new colour or a new motion")
-    p.add_argument("--dataset", default="issue", help="a dataset of the gate's module (colour: issue, chapter9; "
+    p.add_argument("--dataset", default="issue", help="a dataset of the gate's module (colour: issue, chapter9, twins; "
                                                        "motion: issue, prior, prior4, twins; both: drawn, the "
                                                        "issue clips and prior_clips of their captions)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])

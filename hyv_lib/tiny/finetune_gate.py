@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any
@@ -28,12 +29,31 @@ _TRAIN_KNOWN, _HELD_OUT_KNOWN = data.split_combos()
 PRIOR = _TRAIN_KNOWN[::8][:16]
 #: 8 known-colour captions hyv-tiny never trained on: does the LoRA keep their colours?
 KNOWN_PROBE = _HELD_OUT_KNOWN[::5][:8]
+
+
+def twins(combos: list[data.Combo], attribute: str, values: tuple[str, ...]) -> list[data.Combo]:
+    """One known twin per caption of ``combos``: the same caption with its ``attribute`` (``color``, ``direction``)
+    set to the first of ``values`` (turned by one per caption) that makes a caption of hyv-tiny's training set (the
+    next one where a choice is held out of it)."""
+    known = set(_TRAIN_KNOWN)
+    out = []
+    for i, combo in enumerate(combos):
+        turned = values[i % len(values):] + values[:i % len(values)]
+        out.append(next(t for t in (dataclasses.replace(combo, **{attribute: v}) for v in turned) if t in known))
+    return out
+
+
+_ISSUE = [c for i, c in enumerate(TRAIN) if i % 4 != 3]
+#: The known-colour twins of the 12 ``issue`` captions (:func:`twins`, red, green, blue, yellow taking turns).
+TWINS = twins(_ISSUE, "color", ("red", "green", "blue", "yellow"))
 #: The datasets (lists of (caption, render index)): ``issue``, the first-hour user's: 12 clips of the new colour, one per
 #: training caption (12 of the 16, every fourth left out), nothing else; ``chapter9``: chapter 9's 48, two renders of
-#: each of the 16 training captions and one clip of each prior caption, in the order its rates were measured with.
+#: each of the 16 training captions and one clip of each prior caption, in the order its rates were measured with;
+#: ``twins``: the 12 and one clip of each of their :data:`TWINS`.
 DATASETS = {
-    "issue": [(c, 0) for i, c in enumerate(TRAIN) if i % 4 != 3],
+    "issue": [(c, 0) for c in _ISSUE],
     "chapter9": [(c, 0) for c in TRAIN] + [(c, 0) for c in PRIOR] + [(c, 1) for c in TRAIN],
+    "twins": [(c, 0) for c in _ISSUE] + [(c, 0) for c in TWINS],
 }
 #: Chapter 9's recipe, the fine-tuning gate's (``train`` flags beside ``--features``, ``--preset``, ``--seed`` and
 #: ``--output_dir``): rank 16, 500 steps of 8 clips at 5e-3, 20 warmup steps, the attention projections adapted at

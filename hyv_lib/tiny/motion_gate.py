@@ -35,22 +35,11 @@ _TRAINED_ON = data.split_combos()[0]  # hyv-tiny's training captions
 PRIOR = [c for d in data.DIRECTIONS for c in [k for k in _TRAINED_ON if k.direction == d][::11][:2]]
 
 
-def _twins() -> list[data.Combo]:
-    """One known-direction twin per :data:`TRAIN` caption: the same colour, shape and background, moving the first
-    direction of up, right, left, down (turned by one per caption) that hyv-tiny trained on (2 up, 4 right, 4 left,
-    2 down: where a caption's first choice is held out of hyv-tiny's training set, the next one is taken)."""
-    known = set(_TRAINED_ON)
-    order = ("up", "right", "left", "down")
-    twins = []
-    for i, c in enumerate(TRAIN):
-        turned = order[i % 4:] + order[:i % 4]
-        twins.append(next(t for t in (data.Combo(c.color, c.shape, d, c.background) for d in turned) if t in known))
-    return twins
-
-
-#: The known-direction twins of the 12 training captions (:func:`_twins`): each differs from its up-right caption
-#: in the direction word only, so the contrast says which words carry the new motion.
-TWINS = _twins()
+#: The known-direction twins of the 12 training captions (:func:`hyv_lib.tiny.finetune_gate.twins`; up, right, left,
+#: down taking turns: 2 up, 4 right, 4 left, 2 down where a first choice is held out of hyv-tiny's training set):
+#: each differs from its up-right caption in the direction word only, so the contrast says which words carry the
+#: new motion.
+TWINS = finetune_gate.twins(TRAIN, "direction", ("up", "right", "left", "down"))
 #: The datasets (lists of (caption, render index)): ``issue``, the first-hour user's 12 clips, one per training
 #: caption, nothing else; ``prior``: those 12 and one clip of each :data:`PRIOR` caption; ``prior4``: the 12 and
 #: one clip of every other :data:`PRIOR` caption (one per direction); ``twins``: the 12 and one clip of each of
