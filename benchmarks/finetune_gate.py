@@ -15,8 +15,8 @@ than before the LoRA). Not a unit test: minutes on a 2-core CPU (tests/test_fine
 with the direction reader; ``issue`` the issue's command again, ``taught`` the recipe that teaches it: the 12
 clips with their twins (``motion_gate.TWINS``: each caption again with a known direction, a clip of hyv-tiny's
 training data) and ``motion_gate.TAUGHT_TRAIN_ARGS`` (``--lora_targets text --lr_schedule cosine``, batches of 8 at
-3e-3, 1,000 steps). Its criterion: at least 6 of 8 up-right and at least
-6 of 8 known directions kept, for every seed (tests/test_finetune_motion.py is the one-seed twin).
+3e-3, 1,000 steps). Its criterion: at least 6 of 8 up-right and at least 6 of 8 known directions kept, for every
+seed (tests/test_finetune_motion.py is the one-seed twin).
 """
 
 from __future__ import annotations
