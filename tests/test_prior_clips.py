@@ -11,6 +11,8 @@ from hyv_lib.cli.commands import run
 from hyv_lib.pipeline.video_io import read_mp4, write_mp4
 from hyv_lib.training.prior import twin_captions
 
+pytestmark = pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # ffmpeg readers started after JAX loaded
+
 
 def test_twins_replace_the_whole_word_and_the_known_words_take_turns():
     captions = ["a red circle moving up-right on a gray background", "a blue square moving left",
