@@ -80,3 +80,10 @@ def test_other_settings_in_the_same_folder_are_refused(clips, tmp_path, capsys):
     assert run(base + ["--known", "down"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: --output_dir:") and "known" in err[-1]
+    entries = json.load(open(clips))
+    entries[0]["cap"] = "a red circle moving up-right fast"  # an edited data.json: its old twins are stale
+    with open(clips, "w") as f:
+        json.dump(entries, f)
+    assert run(base + ["--known", "up"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: --output_dir:") and "entries" in err[-1]

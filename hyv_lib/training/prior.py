@@ -12,6 +12,7 @@ from ..base.checks import as_number
 from ..base.errors import HyvInputError
 from ..base.files import atomic_path, ensure_output_dir
 from ..base.lock import folder_lock
+from ..pipeline.batch import sha256_json
 from ..pipeline.inference import load_pipeline
 from ..pipeline.video_io import write_mp4
 from .data_json import EntryError, check_entry, read_data_json, read_frames
@@ -60,8 +61,8 @@ def write_prior_clips(data_json: str, *, word: str, known: str | list[str], outp
     ``output_dir/data.json``: every entry of ``data_json`` (paths made absolute), then the prior clips. This is
     DreamBooth's prior preservation (its class images drawn by the base model) for captions: each pair of clips
     differs in one word, so training on both says which word the new clips' content belongs to. A rerun keeps the
-    clips already drawn (the folder's ``prior.json`` records the settings; other settings are refused). Returns the
-    new data.json's path."""
+    clips already drawn (the folder's ``prior.json`` records the settings and a digest of the entries; other settings
+    or an edited data.json are refused). Returns the new data.json's path."""
     word, known = _check_words(word, known)
     seed = as_number("seed", seed, int, low=0)
     if num_inference_steps is not None:
@@ -79,7 +80,8 @@ def write_prior_clips(data_json: str, *, word: str, known: str | list[str], outp
         raise HyvInputError("word", f"{word!r} is in no caption of {data_json!r}: give the new concept's word as "
                                     "the captions spell it")
     ensure_output_dir(output_dir)
-    settings = {"data_json": os.path.abspath(data_json), "word": word, "known": known, "seed": seed,
+    settings = {"data_json": os.path.abspath(data_json), "entries": sha256_json([c.raw for c in clips]),
+                "word": word, "known": known, "seed": seed,
                 "num_inference_steps": num_inference_steps, "preset": getattr(preset, "name", preset),
                 "model_path": None if model_path is None else os.path.abspath(model_path)}
     with folder_lock(output_dir, "output_dir", part="prior_clips"):
