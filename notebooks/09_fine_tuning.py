@@ -73,7 +73,6 @@ _ = settings_not_used({"HYV_ATTENTION": "training runs the torch runtime's exact
 import collections
 import glob
 import json
-import math
 import re
 import shutil
 import tempfile
@@ -89,6 +88,7 @@ import torch
 from IPython.display import display
 
 import hyv_lib
+from hyv_lib.base.stats import at_least_chance
 from hyv_lib.cli.commands import run
 from hyv_lib.models.lora import read_lora
 from hyv_lib.notebook.display import frame_grid, html_table
@@ -736,10 +736,6 @@ if motions:
     fig.tight_layout()
     plt.show()
 
-    def pass_chance(p):
-        """P(at least 6 of 8 right) for captions right with probability p each, independently."""
-        return sum(math.comb(8, k) * p ** k * (1 - p) ** (8 - k) for k in range(6, 9))
-
     for key in (("twins-lr3e-3-all-bs8", "twins"), ("twins-lr3e-3-text-bs8-steps1000", "twins"),
                 ("twins-lr3e-3-text-bs8-steps1000-cosine0", "twins")):
         if key in by_recipe:
@@ -748,8 +744,8 @@ if motions:
             print(f"{key[0]}: pooled over {len(seeds)} seeds, {new}/{total} up-right ({new / total:.2f}), "
                   f"{known}/{total} known kept ({known / total:.2f})")
     for p in (0.8, 0.88, 0.93):
-        print(f"each caption right with probability {p}: 6 of 8 for one seed {pass_chance(p):.2f}, "
-              f"for four seeds {pass_chance(p) ** 4:.2f}")
+        print(f"each caption right with probability {p}: 6 of 8 for one seed {at_least_chance(6, 8, p):.2f}, "
+              f"for four seeds {at_least_chance(6, 8, p) ** 4:.2f}")
     # Caption by caption over every twins run at a constant 1e-3 to 3e-3: is a miss the seed's or the caption's?
     twin_seeds = [x for (name, dataset), e in by_recipe.items() if dataset == "twins"
                   and e["recipe"]["learning_rate"] <= 3e-3 and e["recipe"]["schedule"] == "constant"

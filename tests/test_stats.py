@@ -40,3 +40,14 @@ def test_wilson_bad_input(args, argument):
     with pytest.raises(HyvInputError) as error:
         wilson_interval(*args)
     assert error.value.argument == argument
+
+
+def test_at_least_chance_by_hand():
+    from hyv_lib.base.stats import at_least_chance
+
+    # 6 of 8 at p = 1/2: (C(8,6) + C(8,7) + C(8,8)) / 256 = (28 + 8 + 1) / 256
+    assert at_least_chance(6, 8, 0.5) == pytest.approx(37 / 256)
+    assert at_least_chance(0, 8, 0.3) == pytest.approx(1.0) and at_least_chance(8, 8, 0.9) == pytest.approx(0.9 ** 8)
+    assert at_least_chance(6, 8, 0.8) == pytest.approx(0.796918, abs=1e-6)  # 0.2936 + 0.3355 + 0.1678
+    with pytest.raises(HyvInputError):
+        at_least_chance(9, 8, 0.5)

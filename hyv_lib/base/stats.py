@@ -1,4 +1,4 @@
-"""Confidence intervals for rates counted over a few dozen prompts (the Wilson score interval)."""
+"""Rates counted over a few dozen prompts: their confidence intervals (Wilson) and binomial pass chances."""
 
 from __future__ import annotations
 
@@ -32,3 +32,13 @@ def rate_counts(rate: float, trials: int) -> int:
     if abs(successes - rate * trials) > 1e-6 * trials or not 0 <= successes <= trials:
         raise HyvInputError("rate", f"{rate!r} is not a count out of `trials` ({trials})")
     return int(successes)
+
+
+def at_least_chance(k: int, n: int, p: float) -> float:
+    """P(at least ``k`` of ``n`` right) when each is right with probability ``p``, independently: the binomial tail
+    ``sum_{j >= k} C(n, j) p^j (1 - p)^(n - j)`` (scipy's ``binom.sf(k - 1, n, p)``)."""
+    if not 0 <= k <= n:
+        raise HyvInputError("k", f"must be in 0..{n}, got {k}")
+    if not 0 <= p <= 1:
+        raise HyvInputError("p", f"must be a probability in [0, 1], got {p}")
+    return sum(math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(k, n + 1))
