@@ -15,7 +15,9 @@ than before the LoRA). Not a unit test: minutes on a 2-core CPU (tests/test_fine
 with the direction reader; ``issue`` the issue's command again, ``taught`` the recipe that teaches it: the 12
 clips with their twins (``motion_gate.TWINS``: each caption again with a known direction, a clip of hyv-tiny's
 training data) and ``motion_gate.TAUGHT_TRAIN_ARGS`` (``--lora_targets text --lr_schedule cosine``, batches of 8 at
-3e-3, 1,000 steps). Its criterion: at least 6 of 8 up-right and at least 6 of 8 known directions kept, for every
+3e-3, 1,000 steps); ``defaults`` the 12 clips alone and ``train --lora_rank 8 --steps 1000``, hyv-tiny's defaults
+otherwise (``motion_gate.DEFAULT_TRAIN_ARGS``: those settings, and its prior captions, which extract_features
+encodes by default). Its criterion: at least 6 of 8 up-right and at least 6 of 8 known directions kept, for every
 seed (tests/test_finetune_motion.py is the one-seed twin).
 """
 
@@ -36,7 +38,7 @@ MIN_KNOWN_MOTION = 6  #: of the 8 known-direction captions, for every seed (the 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gate", default="colour", choices=("colour", "motion"))
-    parser.add_argument("--recipe", default="gate", choices=("gate", "issue", "taught"))
+    parser.add_argument("--recipe", default="gate", choices=("gate", "issue", "taught", "defaults"))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     parser.add_argument("--output", default=None, help="write (or add this recipe to) a results JSON here")
     args = parser.parse_args(argv)
@@ -54,7 +56,9 @@ def main(argv=None) -> int:
     recipes = {("colour", "gate"): ("chapter9", finetune_gate.GATE_TRAIN_ARGS),
                ("colour", "issue"): ("issue", finetune_gate.ISSUE_TRAIN_ARGS),
                ("motion", "issue"): ("issue", motion_gate.ISSUE_TRAIN_ARGS),
-               ("motion", "taught"): ("twins", motion_gate.TAUGHT_TRAIN_ARGS)}
+               ("motion", "taught"): ("twins", motion_gate.TAUGHT_TRAIN_ARGS),
+               ("colour", "defaults"): ("issue", motion_gate.DEFAULT_TRAIN_ARGS),
+               ("motion", "defaults"): ("issue", motion_gate.DEFAULT_TRAIN_ARGS)}
     if (args.gate, args.recipe) not in recipes:
         parser.error(f"--recipe {args.recipe}: the {args.gate} gate has "
                      f"{', '.join(r for g, r in recipes if g == args.gate)}")

@@ -24,7 +24,7 @@ from hyv_lib.pipeline.text import encode_prompts
 from hyv_lib.pipeline.video_io import write_mp4
 from hyv_lib.runtimes.vae import to_uint8_frames
 from hyv_lib.tiny.data import Combo, render_clip
-from hyv_lib.training.features import INDEX_FILE, FeatureSet, extract_features
+from hyv_lib.training.features import INDEX_FILE, NEGATIVE_FILE, PRIOR_FILE, FeatureSet, extract_features
 
 PRESET = "tiny_trained"
 CLIPS = [  # (file, combo, height, width, frames): a clip of the bucket's size, one resized to it, one too short
@@ -163,7 +163,9 @@ def test_rerun_extracts_only_what_is_missing(dataset, components, tmp_path):
     for name, (mtime, data) in stamps.items():  # the first two clips' shards were not rewritten
         assert (out / name).stat().st_mtime_ns == mtime and (out / name).read_bytes() == data
     features = FeatureSet(str(out))
-    assert len(features) == 3 and len(set(features.weight_map.values())) == 4  # 3 shards + the negative file
+    # 3 shards, the negative file and hyv-tiny's prior captions (its default: train_defaults' 32, encoded once)
+    assert len(features) == 3 and len(set(features.weight_map.values())) == 5
+    assert len(features.prior_captions) == 32 and set(features.weight_map.values()) >= {PRIOR_FILE, NEGATIVE_FILE}
     third = extract_features(str(dataset / "data.json"), **kwargs)
     assert len(third.skipped) == 3 and not third.extracted and len(third.failed) == 5
 

@@ -5,7 +5,9 @@ Each run: the dataset's features (extracted once through the CLI's ``extract_fea
 held-out new-colour and known-colour captions generated and read (:mod:`hyv_lib.tiny.finetune_gate`; ``--gate
 motion``: new-direction and known-direction captions, :mod:`hyv_lib.tiny.motion_gate`), and what the empty prompt
 draws (CFG's negative half). A recipe is ``train``'s keyword arguments (``--set learning_rate=5e-3``,
-``--set lora_targets=attn,mlp``; what is not set takes ``train``'s defaults, recorded as resolved at run time) plus
+``--set lora_targets=attn,mlp``; what is not set takes ``train``'s defaults, recorded as resolved at run time; the
+features hold hyv-tiny's prior captions, extract_features' default, kept at ``prior_weight`` 1 unless ``--set
+prior_weight=0``: runs recorded before 2026-12-02 had none) plus
 what only this sweep can set, by patching the loop for the run:
 
 - ``schedule``: constant; cosine0, linear0 (to zero: ``train``'s ``lr_schedule`` cosine and linear); cosine (to 5%
@@ -98,7 +100,7 @@ def resolved(recipe: dict) -> dict:
     keys = ("lora_rank", "lora_alpha", "caption_dropout", "warmup_steps", "weight_decay", "shift", "sampling")
     out = {k: params[k].default for k in keys}
     chosen = loop.train_defaults(get_preset(PRESET))  # the preset's own where train's signature says None
-    out.update({k: chosen[k] for k in ("learning_rate", "batch_size", "lora_targets")})
+    out.update({k: chosen[k] for k in ("learning_rate", "batch_size", "lora_targets", "prior_weight")})
     out.update(schedule={v: k for k, v in LR_SCHEDULE.items()}[chosen["lr_schedule"]], uncond_target="data",
                ema=0.0, guided_target=0.0, gradient_checkpointing=False)
     out.update(recipe)

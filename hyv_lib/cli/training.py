@@ -59,6 +59,11 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="clips per update, all of one latent shape; under torchrun split over the ranks (default: the "
                         f"preset's, {TRAIN_DEFAULTS['batch_size']} for the real ones, {HYV_TINY['batch_size']} for "
                         "tiny_trained)")
+    p.add_argument("--prior_weight", type=float, default=None,
+                   help="the prior captions' share of the loss: each batch also trains the features' prior captions "
+                        "(extract_features --prior_captions) towards the frozen model's own prediction, keeping what "
+                        "it drew for them; loss = (data + w * prior) / (1 + w); 0: off (default: 1 when the features "
+                        "hold prior captions, as tiny_trained's do; a LoRA on --runtime torch)")
     p.add_argument("--task", default="t2v", help="t2v | i2v (i2v: features extracted with first frames)")
     p.add_argument("--caption_dropout", type=float, default=TRAIN_DEFAULTS["caption_dropout"],
                    help="probability of training a clip on the empty prompt (default "
@@ -83,7 +88,7 @@ def train_command(args: argparse.Namespace) -> None:
     train(args.features, preset=args.preset, model_path=args.model_path, lora_rank=args.lora_rank,
           lora_alpha=args.lora_alpha, full=args.full, steps=args.steps, learning_rate=args.learning_rate,
           lora_targets=args.lora_targets, warmup_steps=args.warmup_steps, lr_schedule=args.lr_schedule,
-          batch_size=args.batch_size, task=args.task,
+          batch_size=args.batch_size, prior_weight=args.prior_weight, task=args.task,
           caption_dropout=args.caption_dropout, output_dir=args.output_dir, runtime=args.runtime, mesh=args.mesh,
           checkpoint_every=args.checkpoint_every, seed=args.seed, dtype=args.dtype,
           gradient_checkpointing=not args.no_gradient_checkpointing, attention=attention,
@@ -121,6 +126,11 @@ def add_extract_features_arguments(p: argparse.ArgumentParser) -> None:
                                                        "(default first; random: picked by the entry's position and "
                                                        "--caption_seed, the same in every rerun)")
     p.add_argument("--caption_seed", type=int, default=0, help="--caption random: its seed (default 0)")
+    p.add_argument("--prior_captions", default=None,
+                   help="a text file of captions the model already draws, one per line, encoded for train's "
+                        "--prior_weight (what a fine-tune keeps); none: no prior captions (default: the preset's, "
+                        f"none for the real ones, {len(HYV_TINY['prior_captions'])} of hyv-tiny's training captions "
+                        "for tiny_trained)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary line")
 
 
@@ -131,7 +141,8 @@ def extract_features_command(args: argparse.Namespace) -> int:
                               max_width=args.max_width, progress=not args.quiet, task=args.task, device=args.device,
                               dtype=args.dtype, vae_dtype=args.vae_dtype, shard_size=args.shard_size,
                               caption=args.caption, caption_seed=args.caption_seed, fps=args.fps,
-                              frames=args.frames, frame_seed=args.frame_seed)
+                              frames=args.frames, frame_seed=args.frame_seed,
+                              prior_captions=() if args.prior_captions == "none" else args.prior_captions)
     for bad in report.failed:
         where = f" ({bad['path']})" if bad["path"] is not None else ""
         print(f"error: --data_json: entry {bad['entry']}{where}: {one_line(flag_text(bad['error'], args))} (skipped)",

@@ -174,16 +174,29 @@ class TorchTrainStep:
             out[key] = tensor.to(self.device)
         return out
 
-    def step(self, batch: dict[str, torch.Tensor]) -> float:
+    def step(self, batch: dict[str, torch.Tensor], prior: dict[str, torch.Tensor] | None = None,
+             prior_weight: float = 1.0) -> float:
         """One update on ``batch`` (:data:`BATCH_KEYS`): forward, flow-matching loss, backward, clip, AdamW; returns
-        the batch's loss (before the update)."""
+        the batch's loss (before the update). ``prior``: a second batch of the same shapes (its ``target`` unused),
+        trained towards the frozen model's prediction for it (:meth:`frozen_prediction`), the loss
+        ``(data + prior_weight * prior) / (1 + prior_weight)``; one forward runs both halves."""
         lr = float(self.schedule(self.steps))
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         inputs = self._local(batch)
         target = inputs.pop("target")
-        prediction = self.transformer(**inputs, return_dict=False)[0]
-        loss = flow_matching_loss(prediction, target)
+        if prior is None:
+            prediction = self.transformer(**inputs, return_dict=False)[0]
+            loss = flow_matching_loss(prediction, target)
+        else:
+            extra = self._local(prior)
+            extra.pop("target")
+            frozen = self.frozen_prediction(extra)
+            both = {k: torch.cat([inputs[k], extra[k]]) for k in inputs}
+            prediction = self.transformer(**both, return_dict=False)[0]
+            data, kept = prediction[:len(target)], prediction[len(target):]
+            loss = (flow_matching_loss(data, target) + prior_weight * flow_matching_loss(kept, frozen)) / (
+                1 + prior_weight)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
@@ -195,6 +208,18 @@ class TorchTrainStep:
             dist.all_reduce(loss, op=dist.ReduceOp.SUM)
             loss = loss / self.world
         return float(loss)
+
+    def frozen_prediction(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The model's prediction for ``inputs`` (this rank's, on its device) with its LoRA adapter switched off (peft's
+        ``disable_adapters``), without gradients, in fp32: what the model did before training."""
+        if self.trainable != "lora":
+            raise ValueError("frozen_prediction needs a LoRA adapter to switch off (trainable='lora')")
+        self.transformer.disable_adapters()
+        try:
+            with torch.no_grad():
+                return self.transformer(**inputs, return_dict=False)[0].float()
+        finally:
+            self.transformer.enable_adapters()
 
     def _options(self, **kwargs):
         from torch.distributed.checkpoint.state_dict import StateDictOptions

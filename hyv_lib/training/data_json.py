@@ -77,6 +77,27 @@ def check_caption_choice(caption: Any, caption_seed: Any = 0) -> tuple[str, int]
     return caption, 0 if seed is None else seed
 
 
+def check_prior_captions(captions: Any) -> tuple[str, ...]:
+    """``prior_captions``: a list of non-empty caption strings (no duplicates), or the path of a text file of them,
+    one per line (blank lines skipped); a HyvInputError naming ``prior_captions`` otherwise."""
+    if isinstance(captions, (str, os.PathLike)):
+        path = os.path.expanduser(os.fspath(captions))
+        try:
+            with open(path, encoding="utf-8") as f:
+                captions = [line.strip() for line in f if line.strip()]
+        except (OSError, UnicodeDecodeError) as err:
+            raise HyvInputError("prior_captions", f"cannot read {path!r} ({err}); give a UTF-8 text file of "
+                                                  "captions, one per line") from None
+        if not captions:
+            raise HyvInputError("prior_captions", f"{path!r} holds no caption; give one per line")
+    if not isinstance(captions, (list, tuple)) or not all(isinstance(c, str) and c.strip() for c in captions):
+        raise HyvInputError("prior_captions", "must be a list of non-empty caption strings or a text file of them")
+    duplicates = sorted({c for c in captions if captions.count(c) > 1})
+    if duplicates:
+        raise HyvInputError("prior_captions", f"lists {duplicates[0]!r} more than once")
+    return tuple(captions)
+
+
 def caption_index(count: int, caption: str = "first", caption_seed: int = 0, index: int = 0) -> int:
     """Which of ``count`` captions entry ``index`` encodes: 0 with ``caption="first"``; with ``"random"`` the first 8
     bytes of SHA-256(``f"{caption_seed}:{index}"``) (big-endian) modulo ``count``. A pure function of the seed and the

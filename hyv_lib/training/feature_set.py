@@ -4,6 +4,7 @@ The folder :func:`hyv_lib.training.features.extract_features` writes. Layout (fo
 
     features.safetensors.index.json   {"metadata": {...}, "weight_map": {key: file}, "clips": [...], "failed": [...]}
     features-negative.safetensors     the empty prompt, encoded once: negative.prompt_embeds, ... (caption dropout)
+    features-prior.safetensors        the prior captions, if any: prior.0.prompt_embeds, ... (what training keeps)
     features-00000.safetensors        up to shard_size clips each: "{id}.latents", "{id}.prompt_embeds", ...
 
 Per clip (no batch axis): ``latents`` [C, T, h, w] fp32, the VAE posterior's mode times ``vae.config.scaling_factor``
@@ -14,12 +15,13 @@ conditions as stage 1 makes them (:func:`hyv_lib.pipeline.image.encode_image`; H
 [N, D] from SigLIP and ``cond_latents`` [C, 1, h, w], the first frame's scaled latents).
 
 ``metadata``: format, preset (a name, or every field of a custom preset), model_path, model_config_digest, task,
-latents_scaled (true), scaling_factor, num_frames, max_height, max_width, dtype, vae_dtype, frame_sampling (in words),
-frames (first or random), fps (the rate clips were resampled to; null: none) and frame_seed (with random). ``clips``:
-one record per clip, in extraction order: id, path (as in data.json), file (absolute), caption, entry (its index in
-the data.json of the run that made it), num_frames, height, width (the pixels encoded), fps (the source's),
-latent_shape, frame_start (the window's start among the resampled frames) and source_frames (the first and last
-source frame taken). ``failed``: the last run's bad entries, {"entry", "path", "error"}.
+latents_scaled (true), scaling_factor, prior_captions (their list, in the order of their tensors), num_frames,
+max_height, max_width, dtype, vae_dtype, frame_sampling (in words), frames (first or random), fps (the rate clips were
+resampled to; null: none) and frame_seed (with random). ``clips``: one record per clip, in extraction order: id, path
+(as in data.json), file (absolute), caption, entry (its index in the data.json of the run that made it), num_frames,
+height, width (the pixels encoded), fps (the source's), latent_shape, frame_start (the window's start among the
+resampled frames) and source_frames (the first and last source frame taken). ``failed``: the last run's bad entries,
+{"entry", "path", "error"}.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from ..base.errors import HyvInputError
 FORMAT = "hyv_lib.features/1"
 INDEX_FILE = "features.safetensors.index.json"
 NEGATIVE_FILE = "features-negative.safetensors"
+PRIOR_FILE = "features-prior.safetensors"
 #: Clip shards: ``features-00000.safetensors``, ``features-00001.safetensors``, ...
 SHARD_PATTERN = re.compile(r"^features-(\d{5})\.safetensors$")
 
@@ -70,7 +73,8 @@ def read_index(path: str, argument: str = "features") -> dict[str, Any]:
 class FeatureSet:
     """The clips of a features folder: ``len()``, ``fs[i]`` -> {name: tensor} of clip ``i`` (``latents``, the four
     text tensors, and for i2v ``image_embeds`` and ``cond_latents``; shapes without a batch axis, see the module
-    docstring), ``.negative`` (the empty prompt's four text tensors), ``.metadata``, ``.clips`` (the index's
+    docstring), ``.negative`` (the empty prompt's four text tensors), ``.prior_captions`` and ``.prior(i)`` (the text
+    tensors of prior caption ``i``), ``.metadata``, ``.clips`` (the index's
     records), ``.failed`` and ``.shapes()``. Shards are memory-mapped (safetensors' ``safe_open``) and read tensor by
     tensor; a FeatureSet pickles (DataLoader workers reopen the shards)."""
 
@@ -107,6 +111,17 @@ class FeatureSet:
     def negative(self) -> dict[str, torch.Tensor]:
         """The empty prompt's text tensors (what caption dropout trains on)."""
         return {name: self._tensor(f"negative.{name}") for name in self.text_names}
+
+    @property
+    def prior_captions(self) -> list[str]:
+        """The prior captions the folder holds, in order ([] for none, and for folders made before them)."""
+        return list(self.metadata.get("prior_captions") or [])
+
+    def prior(self, i: int) -> dict[str, torch.Tensor]:
+        """The text tensors of prior caption ``i`` (as :attr:`negative`'s)."""
+        if not 0 <= i < len(self.prior_captions):
+            raise IndexError(f"prior caption {i} of {len(self.prior_captions)}")
+        return {name: self._tensor(f"prior.{i}.{name}") for name in self.text_names}
 
     def shapes(self) -> list[tuple[int, ...]]:
         """The latent shape (C, T, h, w) of each clip, in order (clips of one shape can share a batch)."""

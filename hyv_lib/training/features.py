@@ -37,21 +37,24 @@ from .data_json import (
     check_entry,
     check_max_side,
     check_num_frames,
+    check_prior_captions,
     crop_frames,
     read_data_json,
 )
+from .run_settings import train_defaults
 from .frames import FrameSampling, check_frame_sampling, take_frames
 from .feature_set import (
     FORMAT,
     INDEX_FILE,
     NEGATIVE_FILE,
+    PRIOR_FILE,
     SHARD_PATTERN,
     FeatureSet,
     read_index,
     shard_name,
 )
 
-__all__ = ["ExtractReport", "FeatureSet", "extract_features", "FORMAT", "INDEX_FILE", "NEGATIVE_FILE",
+__all__ = ["ExtractReport", "FeatureSet", "extract_features", "FORMAT", "INDEX_FILE", "NEGATIVE_FILE", "PRIOR_FILE",
            "encode_frames", "model_config_digest"]
 
 #: How frames are taken (recorded in the metadata): no resampling, no random window.
@@ -91,6 +94,7 @@ class _Plan:
     caption: str = "first"  #: which caption of a list is encoded (data_json.CAPTION_CHOICES)
     caption_seed: int = 0  #: ``caption="random"``: the seed of data_json.caption_index
     sampling: FrameSampling | None = None  #: which frames are taken (None: the first num_frames, at the clip's rate)
+    prior_captions: tuple[str, ...] = ()  #: encoded once each, for the train loop's prior half
 
     def settings(self, model_path: str | None) -> dict[str, Any]:
         """The index metadata known before any model loads (a rerun must match it)."""
@@ -110,7 +114,8 @@ class _Plan:
     def caption_settings(self) -> dict[str, Any]:
         """The metadata of the caption choice: ``caption`` (``first`` or ``random``), and ``caption_seed`` with
         ``random``."""
-        return {"caption": self.caption, **({"caption_seed": self.caption_seed} if self.caption == "random" else {})}
+        return {"caption": self.caption, **({"caption_seed": self.caption_seed} if self.caption == "random" else {}),
+                "prior_captions": list(self.prior_captions)}
 
 
 def resolve_task(preset: Preset, task: str | None, argument: str = "task") -> str:
@@ -178,7 +183,7 @@ def extract_features(
     progress: bool = True, task: str | None = None, device: Any = None, dtype: str | None = None,
     vae_dtype: str = "fp32", shard_size: int = 32, components: dict[str, Any] | None = None,
     caption: str = "first", caption_seed: int = 0, fps: float | None = None, frames: str = "first",
-    frame_seed: int = 0,
+    frame_seed: int = 0, prior_captions: list[str] | tuple[str, ...] | None = None,
 ) -> ExtractReport:
     """Encode the clips of a MindSpeed-MM ``data.json`` once, for training: VAE latents, text embeddings (and for
     image-to-video the first frame's conditions) into ``output_dir`` as sharded safetensors with an index
@@ -211,6 +216,10 @@ def extract_features(
     ``task``: "t2v" or "i2v" (default: "i2v" for an image-to-video preset, else "t2v"; "i2v" adds the first-frame
     conditions, and a family whose text encoder reads the first frame, ``texts_read_image``, reads each caption with
     its clip's first frame and the empty prompt with a black one, as its pipeline reads a negative prompt).
+    ``prior_captions``: captions of what the model already draws, encoded once each (``features-prior.safetensors``,
+    their list in the metadata), for :func:`hyv_lib.training.loop.train` to keep (its ``prior_weight``); None: the
+    preset's (:func:`hyv_lib.training.run_settings.train_defaults`: hyv-tiny has 32 of its training captions, the
+    real presets none); ``()``: none.
     ``device``: where the encoders run (default cuda when present, else cpu); ``dtype``: the text and image encoders'
     (default: the preset's); ``vae_dtype``: the VAE's, fp32 (default) or bf16. ``components``: already loaded ones
     (text encoders and tokenizers, VAE, and SigLIP for i2v) to use instead of loading them.
@@ -223,11 +232,13 @@ def extract_features(
     if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1:
         raise HyvInputError("shard_size", f"must be a positive integer (clips per shard), got {shard_size!r}")
     caption, caption_seed = check_caption_choice(caption, caption_seed)
+    prior_captions = check_prior_captions(train_defaults(preset)["prior_captions"] if prior_captions is None
+                                          else prior_captions)
     plan = _Plan(preset=preset, task=resolve_task(preset, task), num_frames=check_num_frames(preset, num_frames),
                  max_height=check_max_side(preset, max_height, "max_height"),
                  max_width=check_max_side(preset, max_width, "max_width"), dtype=dtype, vae_dtype=vae_dtype,
                  shard_size=shard_size, device=resolve_device(device), progress=progress, caption=caption,
-                 caption_seed=caption_seed)
+                 caption_seed=caption_seed, prior_captions=prior_captions)
     plan = replace(plan, sampling=check_frame_sampling(plan.num_frames, fps, frames, frame_seed))
     if not isinstance(output_dir, (str, os.PathLike)) or not str(output_dir):
         raise HyvInputError("output_dir", f"must be a folder path, got {output_dir!r}")
@@ -272,6 +283,12 @@ def _extract(entries: list[Any], base_dir: str, output_dir: str, plan: _Plan, mo
         if NEGATIVE_FILE not in folder.index["weight_map"].values():
             negative = _first(_encode_texts(models, plan, [""], [None]))
             folder.add_file(NEGATIVE_FILE, {f"negative.{k}": v for k, v in negative.items()}, [], [])
+        if plan.prior_captions and PRIOR_FILE not in folder.index["weight_map"].values():
+            tensors = {}
+            for i, text in enumerate(plan.prior_captions):
+                encoded = _first(_encode_texts(models, plan, [text], [None]))
+                tensors.update({f"prior.{i}.{k}": v.clone() for k, v in encoded.items()})
+            folder.add_file(PRIOR_FILE, tensors, [], [])
         _extract_entries(entries, base_dir, plan, models, folder, report)
     return report
 
@@ -378,7 +395,7 @@ class _Folder:
         if self.index is None:
             return
         old = self.index["metadata"]
-        old = {"caption": "first", **old}  # folders made before --caption encoded the first caption
+        old = {"caption": "first", "prior_captions": [], **old}  # folders made before --caption / --prior_captions
         differ = [k for k in metadata if old.get(k) != metadata[k]]
         if differ:
             what = "; ".join(f"{k}: {json.dumps(old.get(k))[:60]} there, {json.dumps(metadata[k])[:60]} now"
@@ -393,7 +410,7 @@ class _Folder:
             self.index = {"metadata": metadata, "weight_map": {}, "clips": [], "failed": []}
         named = set(self.index["weight_map"].values())
         for name in os.listdir(self.dir):
-            if (SHARD_PATTERN.match(name) or name == NEGATIVE_FILE) and name not in named:
+            if (SHARD_PATTERN.match(name) or name in (NEGATIVE_FILE, PRIOR_FILE)) and name not in named:
                 os.remove(os.path.join(self.dir, name))
 
     @property

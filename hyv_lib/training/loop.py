@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import torch
 from tqdm.auto import tqdm
 
+from ..base.checks import as_number
 from ..base.errors import HyvFaultError, HyvInputError
 from ..base.files import atomic_path, clean_partials, ensure_output_dir
 from ..base.lock import folder_lock
@@ -80,6 +81,17 @@ def build_batch(features, picks: list[int], *, preset: Preset, model_config, tas
     (``torch.randn`` of the latents' shape), the noise levels (:func:`hyv_lib.models.flow_matching.sample_sigmas`).
     Each tensor is stacked as the folder stores it (stage 1's without its batch axis); i2v adds each clip's
     first-frame conditions (the family's ``image_names``, never dropped, as at sampling time)."""
+    return build_batches(features, picks, None, preset=preset, model_config=model_config, task=task,
+                         caption_dropout=caption_dropout, shift=shift, sampling=sampling, generator=generator)[0]
+
+
+def build_batches(features, picks: list[int], prior_picks: list[int] | None, *, preset: Preset, model_config,
+                  task: str, caption_dropout: float, shift: float, sampling: str,
+                  generator: torch.Generator) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
+    """:func:`build_batch`'s batch, and with ``prior_picks`` (one per clip) its prior half: the same noisy latents,
+    noise levels (and first-frame conditions) with the text of the features' prior captions ``prior_picks``
+    (``features.prior(i)``) in place of the clips' (its ``target`` is not used: the step trains it towards the
+    frozen model's prediction). The same draws as :func:`build_batch`."""
     family = family_for(preset)
     clips = [features[i] for i in picks]
     x0 = torch.stack([_squeeze_to(c["latents"], 4).float() for c in clips])
@@ -93,7 +105,12 @@ def build_batch(features, picks: list[int], *, preset: Preset, model_config, tas
     images = None
     if task == "i2v":
         images = {name: torch.stack([c[name].float() for c in clips]) for name in family.image_names}
-    return family.training_inputs(preset, model_config, x0, noise, sigma, texts, images)
+    batch = family.training_inputs(preset, model_config, x0, noise, sigma, texts, images)
+    if prior_picks is None:
+        return batch, None
+    priors = [features.prior(i) for i in prior_picks]
+    prior_texts = {name: torch.stack([p[name] for p in priors]) for name in family.text_names}
+    return batch, family.training_inputs(preset, model_config, x0, noise, sigma, prior_texts, images)
 
 
 # ------------------------------------------------------------------------------------------------ checks
@@ -268,7 +285,8 @@ def train(features: str | Any, *, preset: str | Preset | None, output_dir: str, 
           shift: float = DEFAULTS["shift"], sampling: str = DEFAULTS["sampling"], dtype: str | None = None,
           gradient_checkpointing: bool = True, attention: str = "auto", progress: bool = True,
           transformer=None, attention_options: dict[str, Any] | None = None,
-          lora_targets: str | None = None, lr_schedule: str | None = None) -> TrainResult:
+          lora_targets: str | None = None, lr_schedule: str | None = None,
+          prior_weight: float | None = None) -> TrainResult:
     """Fine-tune a HunyuanVideo-1.5 transformer on a feature folder
     (:func:`hyv_lib.training.features.extract_features`) with its flow-matching objective, into ``output_dir``.
     ``learning_rate``, ``batch_size``, ``lr_schedule`` and
@@ -288,6 +306,12 @@ def train(features: str | Any, *, preset: str | Preset | None, output_dir: str, 
     except under a decaying ``lr_schedule``. ``lr_schedule``: after the warmup the learning rate stays at
     ``learning_rate`` (``constant``) or decays to zero at step ``steps`` (``cosine``, ``linear``; ``steps`` is then
     part of the run's settings).
+    ``prior_weight`` w: with a LoRA on the torch runtime and a features folder holding prior captions
+    (``extract_features``' ``prior_captions``), each batch gets a prior half (:func:`build_batches`: the same noisy
+    latents, a prior caption's text) trained towards the frozen model's own prediction (the adapter switched off), and
+    the loss is (data + w * prior) / (1 + w): what the model drew for those captions is kept without clips of them
+    (DreamBooth's prior preservation, with the model's predictions in place of its drawn clips). Default: 1 when the
+    folder holds prior captions (0 with ``full`` or the jax runtime), else 0; 0 turns it off.
     The folder's run lock keeps a second run out. ``transformer``: a module to train instead of loading the preset's
     (``model_path``); ``dtype``: fp32 or bf16 (default: the preset's); ``attention``, ``attention_options``: see
     :func:`make_train_step`.
@@ -322,6 +346,7 @@ def train(features: str | Any, *, preset: str | Preset | None, output_dir: str, 
             transformer = load_components(preset, model_path, ["transformer"],
                                           dtype or preset.default_dtype)["transformer"]
         check_features(features, preset, transformer, task, features_digest(preset, model_path))
+        prior_weight = _prior_weight(prior_weight, chosen["prior_weight"], features, full, runtime)
         trainable = "full" if full else "lora"
         lora_alpha = settings["lora_alpha"] if settings["lora_alpha"] is not None else settings["lora_rank"]
         if not full:
@@ -339,13 +364,34 @@ def train(features: str | Any, *, preset: str | Preset | None, output_dir: str, 
             batch_size=batch_size, task=task, seed=settings["seed"], caption_dropout=settings["caption_dropout"],
             warmup_steps=settings["warmup_steps"], weight_decay=settings["weight_decay"], shift=settings["shift"],
             sampling=sampling, runtime=runtime, ranks=ranks, lora_targets=targets, lr_schedule=lr_schedule,
-            decay_steps=None if lr_schedule == "constant" else steps)
+            decay_steps=None if lr_schedule == "constant" else steps, prior_weight=prior_weight)
         step = make_train_step(runtime, transformer, trainable=trainable, learning_rate=run.learning_rate,
                                warmup_steps=run.warmup_steps, weight_decay=run.weight_decay, mesh=mesh,
                                remat=gradient_checkpointing, attention=attention,
                                attention_options=attention_options, schedule=run.lr_schedule,
                                decay_steps=run.decay_steps)
         return _run(features, step, run, preset, transformer, output_dir, steps, checkpoint_every, progress)
+
+
+def _prior_weight(given, default: float, features, full: bool, runtime: str) -> float:
+    """The prior half's weight a run trains with (:func:`train`'s ``prior_weight``), checked."""
+    count = len(getattr(features, "prior_captions", []))
+    if given is None:
+        weight = float(default) if count and not full and runtime == "torch" else 0.0
+        if count and not weight:
+            logger.info("train: the features' %d prior captions are not used (they need a LoRA on runtime torch)",
+                        count)
+        return weight
+    weight = as_number("prior_weight", given, low=0)
+    if weight and not count:
+        raise HyvInputError("prior_weight", f"{weight:g}, but the features hold no prior captions: extract them "
+                                            "with `prior_captions` (extract_features --prior_captions FILE), or give 0")
+    if weight and full:
+        raise HyvInputError("prior_weight", "keeps the frozen model's predictions, the LoRA switched off: it needs "
+                                            "`lora_rank`, not `full` (give 0)")
+    if weight and runtime != "torch":
+        raise HyvInputError("prior_weight", f"runs on `runtime` torch only, not {runtime!r} (give 0)")
+    return weight
 
 
 def _resume(step, run: RunSettings, output_dir: str, generator: torch.Generator, steps: int) -> int:
@@ -363,6 +409,7 @@ def _resume(step, run: RunSettings, output_dir: str, generator: torch.Generator,
         saved.setdefault("lora_targets", DEFAULT_LORA_TARGETS)
     saved.setdefault("lr_schedule", "constant")  # a checkpoint from before --lr_schedule
     saved.setdefault("decay_steps", None)
+    saved.setdefault("prior_weight", 0.0)  # a checkpoint from before prior captions
     differ = {k: (saved.get(k), v) for k, v in asdict(run).items() if saved.get(k) != v}
     if set(differ) == {"decay_steps"}:
         raise HyvInputError("steps", f"{steps}, but {output_dir!r} holds a run whose {run.lr_schedule} learning rate "
@@ -393,10 +440,14 @@ def _run(features, step, run: RunSettings, preset: Preset, transformer, output_d
     bar = tqdm(range(start, steps), desc="train", initial=start, total=steps, disable=not (progress and writer))
     for index in bar:
         picks = pick_clips(shapes, run.batch_size, generator)
-        batch = build_batch(features, picks, preset=preset, model_config=transformer.config, task=run.task,
-                            caption_dropout=run.caption_dropout, shift=run.shift, sampling=run.sampling,
-                            generator=generator)
-        loss = step.step(batch)
+        options = dict(preset=preset, model_config=transformer.config, task=run.task,
+                       caption_dropout=run.caption_dropout, shift=run.shift, sampling=run.sampling, generator=generator)
+        if run.prior_weight:
+            prior_picks = torch.randint(len(features.prior_captions), (run.batch_size,), generator=generator).tolist()
+            batch, prior = build_batches(features, picks, prior_picks, **options)
+            loss = step.step(batch, prior=prior, prior_weight=run.prior_weight)
+        else:
+            loss = step.step(build_batch(features, picks, **options))
         if loss != loss or loss in (float("inf"), float("-inf")):
             raise HyvFaultError(f"train step {index + 1}", f"the loss is {loss}; lower `learning_rate`")
         record = {"step": index + 1, "loss": loss, "lr": float(step_lr(run, index)),

@@ -19,9 +19,11 @@ TASKS = ("t2v", "i2v")
 RUNTIMES = ("torch", "jax")
 #: Defaults: the official trainer's shift and logit-normal sampling (:mod:`hyv_lib.models.flow_matching`), its
 #: weight decay, betas and eps; caption dropout 0.1 (the empty prompt's embeddings, what CFG's negative half sees);
-#: a constant learning rate after the warmup (``cosine`` and ``linear`` decay it to zero at the last step).
+#: a constant learning rate after the warmup (``cosine`` and ``linear`` decay it to zero at the last step); no prior
+#: captions (``extract_features --prior_captions``), and weight 1 for those a features folder holds.
 DEFAULTS = dict(learning_rate=1e-4, batch_size=1, caption_dropout=0.1, warmup_steps=50, weight_decay=0.01,
-                shift=TRAIN_TIMESTEP_SHIFT, sampling="logit_normal", seed=0, lr_schedule="constant")
+                shift=TRAIN_TIMESTEP_SHIFT, sampling="logit_normal", seed=0, lr_schedule="constant",
+                prior_captions=(), prior_weight=1.0)
 
 
 @dataclass(frozen=True)
@@ -50,12 +52,14 @@ class RunSettings:
     lora_targets: str | None = None  #: the LoRA's target groups (``attn,mlp``; None for ``full``)
     lr_schedule: str = "constant"  #: after the warmup (:data:`hyv_lib.runtimes.torch_train.LR_SCHEDULES`)
     decay_steps: int | None = None  #: where a decaying schedule reaches zero (the run's steps; None: constant)
+    prior_weight: float = 0.0  #: the prior captions' share of the loss (0: none; :func:`hyv_lib.training.loop.train`)
 
 
 def train_defaults(preset: Preset) -> dict[str, Any]:
     """The settings ``train`` uses where it is given none: :data:`DEFAULTS` and ``lora_targets``
     :data:`hyv_lib.models.lora.DEFAULT_LORA_TARGETS`, overridden by ``preset.train_defaults`` (what was measured to
-    teach that checkpoint; hyv-tiny's: the recipe of chapter 9 that teaches it a new motion)."""
+    teach that checkpoint; hyv-tiny's: the recipe of chapter 9 that teaches it a new motion, and its prior captions,
+    which ``extract_features`` encodes)."""
     return {**DEFAULTS, "lora_targets": DEFAULT_LORA_TARGETS, **preset.train_defaults}
 
 

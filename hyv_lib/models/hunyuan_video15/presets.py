@@ -127,6 +127,44 @@ def real_layout_tiny(real: Preset) -> Preset:
     )
 
 
+#: 32 of hyv-tiny's training captions (every fourth of ``hyv_lib.tiny.data.split_combos()``'s training split, none
+#: a probe caption of chapter 9's gates): its prior captions, what a fine-tune keeps (``Preset.train_defaults``).
+TINY_PRIOR_CAPTIONS = (
+    "a red circle moving left on a gray background",
+    "a red circle moving up on a black background",
+    "a red circle moving down on a purple background",
+    "a red square moving right on a gray background",
+    "a red square moving down on a black background",
+    "a red triangle moving right on a gray background",
+    "a red triangle moving up on a purple background",
+    "a green circle moving left on a purple background",
+    "a green circle moving up on a black background",
+    "a green circle moving down on a gray background",
+    "a green square moving left on a purple background",
+    "a green square moving up on a purple background",
+    "a green triangle moving left on a black background",
+    "a green triangle moving right on a purple background",
+    "a green triangle moving down on a gray background",
+    "a blue circle moving right on a black background",
+    "a blue circle moving down on a gray background",
+    "a blue square moving right on a black background",
+    "a blue square moving down on a black background",
+    "a blue triangle moving left on a gray background",
+    "a blue triangle moving up on a purple background",
+    "a yellow circle moving left on a gray background",
+    "a yellow circle moving up on a gray background",
+    "a yellow circle moving down on a purple background",
+    "a yellow square moving up on a gray background",
+    "a yellow triangle moving left on a purple background",
+    "a yellow triangle moving up on a gray background",
+    "a white circle moving left on a purple background",
+    "a white circle moving up on a gray background",
+    "a white square moving left on a gray background",
+    "a white square moving up on a black background",
+    "a white square moving down on a purple background",
+)
+
+
 _TRAINED_LATENT = 16
 # The config of hyv-tiny, the trained tiny model: tools/train_hyv_tiny.py trains it from this config,
 # and its weights ship in hyv_lib/weights/hyv-tiny with the training log and the measured quality gates.
@@ -156,8 +194,11 @@ TINY_TRAINED = dataclasses.replace(
     guidance_scale=4.5,
     bundled_weights="hyv-tiny",
     # A 19 MB model learns at 30x the official 8.3B rate; the caption's path only, batches of 8 and a cosine decay
-    # taught it a new direction for each of 8 training seeds (with twins of the clips; chapter 9).
-    train_defaults=dict(learning_rate=3e-3, batch_size=8, lr_schedule="cosine", lora_targets="text"),
+    # taught it a new direction for each of 8 training seeds (with twins of the clips; chapter 9). The prior
+    # captions keep what it knows without clips of them: each batch also trains towards the frozen model's own
+    # prediction for 8 of them (extract_features encodes them; chapter 9).
+    train_defaults=dict(learning_rate=3e-3, batch_size=8, lr_schedule="cosine", lora_targets="text",
+                        prior_captions=TINY_PRIOR_CAPTIONS),
 )
 
 # hyv-tiny at 1280x720 (tools/train_hyv_tiny_720p.py): hyv-tiny's text encoders; its DiT re-cut to 5 x 5 latent
