@@ -136,6 +136,8 @@ def test_train_uses_the_prior_captions_by_default_and_checks_the_weight(folders,
         weight("bad", lora_rank=2, features="without", prior_weight=1)
     with pytest.raises(HyvInputError, match="prior_weight.*not `full`"):
         weight("bad_full", full=True, prior_weight=1)
+    with pytest.raises(HyvInputError, match="prior_weight.*runtime` torch only"):
+        weight("bad_jax", lora_rank=2, runtime="jax", prior_weight=1)
     with pytest.raises(HyvInputError, match="prior_weight"):
         weight("negative", lora_rank=2, prior_weight=-1)
 
@@ -155,6 +157,12 @@ def test_the_cli_reads_a_captions_file_and_none(folders, tmp_path, capsys):
     # a rerun with other prior captions is refused, naming them
     assert cli([*base, "--output_dir", str(tmp_path / "none"), "--prior_captions", str(captions)]) == 2
     assert "prior_captions" in capsys.readouterr().err
+    from hyv_lib.training.data_json import check_prior_captions
+
+    with pytest.raises(HyvInputError, match="prior_captions: lists 'a red' more than once"):
+        check_prior_captions(["a red", "a blue", "a red"])
+    with pytest.raises(HyvInputError, match="prior_captions: must be a list"):
+        check_prior_captions(["a red", ""])
     (tmp_path / "empty.txt").write_text("\n")
     assert cli([*base, "--output_dir", str(tmp_path / "empty"), "--prior_captions", str(tmp_path / "empty.txt")]) == 2
     err = capsys.readouterr().err

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import inspect
 import json
 import math
@@ -53,6 +54,8 @@ PRESET = "tiny_trained"
 #: ``--gate``: the module that writes the data and reads the videos, and its reader (colour or direction).
 GATES = {"colour": (finetune_gate, finetune_gate.read_colors), "motion": (motion_gate, motion_gate.read_directions)}
 gate, read = GATES["colour"]  # main() sets the chosen one
+#: ``--prior_captions``: the text file extract_features encodes as the features' prior captions (None: the preset's).
+prior_captions = None
 
 
 #: ``--dataset drawn``: the gate's 12 clips (``issue``) and a prior clip of each caption drawn by hyv-tiny itself with
@@ -80,6 +83,14 @@ def features(work: str, dataset: str, word: str) -> str:
     CLI."""
     folder = os.path.join(work, dataset if word == finetune_gate.NEW_COLOR else f"{dataset}-{word}")
     out = os.path.join(folder, "features")
+    flags = []
+    if prior_captions:  # another file of prior captions (or none): another features folder
+        if prior_captions == "none":
+            out += "-no-prior"
+        else:
+            with open(prior_captions, "rb") as f:
+                out += "-prior-" + hashlib.sha256(f.read()).hexdigest()[:12]
+        flags = ["--prior_captions", prior_captions]
     if not os.path.exists(os.path.join(out, "features.safetensors.index.json")):
         if dataset == "drawn":  # the 12 clips and hyv-tiny's own clips of their captions with a known word
             data_json = os.path.join(folder, "prior", "data.json")
@@ -89,7 +100,7 @@ def features(work: str, dataset: str, word: str) -> str:
         else:
             data_json = gate.write_dataset(folder, dataset, word=word)
         assert cli(["extract_features", "--data_json", data_json, "--preset", PRESET, "--output_dir", out,
-                    "--quiet"]) == 0
+                    *flags, "--quiet"]) == 0
     return out
 
 
@@ -248,9 +259,12 @@ def main(argv=None) -> int:
     p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "hyv_finetune_sweep"))
     p.add_argument("--results", default="benchmarks/results/finetune_sweep_2026-11-27.json")
     p.add_argument("--note", default="")
+    p.add_argument("--prior_captions", default=None, help="extract_features' --prior_captions (a text file; none: "
+                                                          "none; default: hyv-tiny's 32)")
     args = p.parse_args(argv)
-    global gate, read
+    global gate, read, prior_captions
     gate, read = GATES[args.gate]
+    prior_captions = args.prior_captions
     if args.dataset not in (*gate.DATASETS, "drawn"):
         p.error(f"--dataset: the {args.gate} gate has {', '.join(gate.DATASETS)} and drawn")
     args.word = args.word or gate.NEW_WORD
@@ -277,6 +291,8 @@ def main(argv=None) -> int:
         print(f"{key}:", results[key])
     entry = {"name": args.name, "gate": args.gate, "dataset": args.dataset, "word": args.word, "recipe": recipe,
              "note": args.note, "seeds": []}
+    if prior_captions:
+        entry["prior_captions"] = prior_captions
     results["runs"].append(entry)
     for seed in args.seeds:
         r = one_run(args.work, args.dataset, recipe, seed, args.word)
