@@ -1,6 +1,6 @@
 """Issue 45's diagnostics: why a LoRA on hyv-tiny draws the new colour for some seeds and not others.
 
-    .venv/bin/python tools/finetune_diagnostics.py [--sections tokens,guidance,start,curve] [--output FILE]
+    .venv/bin/python tools/finetune_diagnostics.py [--sections tokens,guidance,start,curve,vae] [--output FILE]
 
 ``tokens``: how hyv-tiny's word tokenizer spells the new colour, and how much the frozen text encoder's features of
 the words after it (shape, direction, background, template) change against a known colour's caption (cosine per
@@ -8,7 +8,10 @@ position, the same words aligned). ``guidance``: LoRAs of one recipe (``--set``,
 500 steps on the issue's 12 clips), the held-out new-colour rate at several CFG scales. ``start``: the same LoRAs and
 the base model denoising a training clip's latents noised to sigma s (10 Euler steps of the preset's schedule from s,
 CFG at the preset's scale): where along the trajectory the colour is decided. ``curve``: one seed's held-out rate
-and each video's green/red ratio every 100 steps of a constant-rate run. Results go to ``--output`` (JSON).
+and each video's green/red ratio every 100 steps of a constant-rate run. ``vae``: clips of colours hyv-tiny never saw
+(:data:`VAE_COLOURS`) through its VAE and back (encode, decode), on each background: the foreground's mean colour and
+its read against the training colours plus that one; a colour the VAE cannot give back no fine-tune of the DiT
+can draw. Results go to ``--output`` (JSON).
 """
 
 from __future__ import annotations
@@ -35,6 +38,43 @@ from hyv_lib.training import loop  # noqa: E402
 from hyv_lib.training.feature_set import FeatureSet  # noqa: E402
 
 PRESET = "tiny_trained"
+
+
+#: ``vae``'s colours (RGB, 0..1): the two of :data:`hyv_lib.tiny.data.UNSEEN_COLORS` and five more around the hue circle.
+VAE_COLOURS = {"orange": (1.0, 0.5, 0.05), "cyan": (0.05, 0.9, 0.9), "magenta": (0.95, 0.1, 0.85),
+               "pink": (1.0, 0.45, 0.7), "violet": (0.6, 0.2, 1.0), "brown": (0.55, 0.3, 0.1), "lime": (0.6, 1.0, 0.1)}
+
+
+def vae_round_trip() -> dict:
+    """Each of :data:`VAE_COLOURS` as a circle moving left on each background (seed 3), through hyv-tiny's VAE and
+    back: the foreground's mean RGB before and after, and the read (nearest of the training colours and that one)."""
+    import numpy as np
+
+    from hyv_lib.tiny import data
+
+    vae = hyv_lib.load_pipeline(PRESET, progress=False).components["vae"]
+    out = {}
+    for name, rgb in VAE_COLOURS.items():
+        palette = {**data.COLORS, name: rgb}
+        rows = {}
+        for background in data.BACKGROUNDS:
+            # the red circle's clip, recoloured: its red channel, bg (1 - a) + red a, gives the coverage a
+            red = (data.render_clip(data.Combo("red", "circle", "left", background), seed=3)[0] + 1) / 2
+            bg = np.array(data.BACKGROUNDS[background], np.float32)[:, None, None, None]
+            cover = (red - bg[0]) / (data.COLORS["red"][0] - bg[0])
+            video = bg * (1 - cover) + np.array(rgb, np.float32)[:, None, None, None] * cover
+            x = torch.from_numpy(video * 2 - 1).float()[None]
+            with torch.no_grad():
+                y = vae.decode(vae.encode(x).latent_dist.mode()).sample[0].clamp(-1, 1)
+            frames = ((y + 1) / 2).permute(1, 2, 3, 0).numpy()
+            fg = quality.foreground_rgb(frames)
+            source = quality.read_video(video.transpose(1, 2, 3, 0), colors=palette).color  # the clip itself
+            rows[background] = {"source_read": source,
+                                "decoded_rgb": None if fg is None else [round(float(v), 2) for v in fg],
+                                "read": quality.read_video(frames, colors=palette).color}
+        out[name] = {"rgb": list(rgb), "by_background": rows}
+        print(name, {b: r["read"] for b, r in rows.items()}, flush=True)
+    return out
 
 
 def tokens() -> dict:
@@ -127,9 +167,12 @@ def main(argv=None) -> int:
         print(json.dumps(results["tokens"]["suffix_cosine_vs_red"]), flush=True)
         save()
     loras = {}
+    if "vae" in sections:
+        results["vae"] = vae_round_trip()
+        save()
     if "guidance" in sections or "start" in sections:
         for seed in args.seeds:
-            loras[seed] = sweep.one_run(args.work, "issue", recipe, seed)["lora"]
+            loras[seed] = sweep.one_run(args.work, "issue", recipe, seed, gate.NEW_COLOR)["lora"]
     if "guidance" in sections:
         scales = [1.0, 1.5, 2.5, 3.5, 4.5, 6.0]
         rows = {str(s): [] for s in scales}
@@ -141,7 +184,7 @@ def main(argv=None) -> int:
         print("guidance", rows, flush=True)
         save()
     if "start" in sections:
-        fs = FeatureSet(sweep.features(args.work, "issue"))
+        fs = FeatureSet(sweep.features(args.work, "issue", gate.NEW_COLOR))
         starts = [0.3, 0.5, 0.7, 0.85, 1.0]
         table = {}
         for name, path in [("base", None)] + [(f"seed {s}", p) for s, p in loras.items()]:
@@ -156,7 +199,7 @@ def main(argv=None) -> int:
         kwargs = {k: v for k, v in recipe.items() if k not in ("schedule", "uncond_target", "ema", "guided_target",
                                                                "steps")}
         for steps in range(100, 1001, 100):
-            loop.train(sweep.features(args.work, "issue"), preset=PRESET, output_dir=out, steps=steps, seed=seed,
+            loop.train(sweep.features(args.work, "issue", gate.NEW_COLOR), preset=PRESET, output_dir=out, steps=steps, seed=seed,
                        progress=False, **kwargs)
             n, videos = held_out_rate(hyv_lib.load_pipeline(PRESET, lora=out, progress=False))
             rows.append({"step": steps, "new": n, "reads": gate.read_colors(videos),
