@@ -112,8 +112,8 @@ class _Plan:
         return (self.sampling or FrameSampling(self.num_frames)).metadata(FRAME_SAMPLING)
 
     def caption_settings(self) -> dict[str, Any]:
-        """The metadata of the caption choice: ``caption`` (``first`` or ``random``), and ``caption_seed`` with
-        ``random``."""
+        """The metadata of the caption choice: ``caption`` (``first`` or ``random``), ``caption_seed`` with
+        ``random``, and the ``prior_captions`` encoded beside the clips."""
         return {"caption": self.caption, **({"caption_seed": self.caption_seed} if self.caption == "random" else {}),
                 "prior_captions": list(self.prior_captions)}
 
