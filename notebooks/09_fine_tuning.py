@@ -548,7 +548,8 @@ WORDS = {"defaults": "defaults", "cosine": "cosine decay", "linear0": "linear de
          "diagonally": "'diagonally'", "attnmlptext": "attention + MLP + text embedder",
          "text": "the caption's path only", "tinydefaults": "hyv-tiny's defaults"}
 NUMBERS = {"lr": "lr {}", "bs": "batch {}", "steps": "{} steps", "drop": "caption dropout {}", "shift": "shift {}",
-           "ema": "EMA {}", "guided": "guided target {}", "rank": "rank {}", "prior": "prior weight {}"}
+           "ema": "EMA {}", "guided": "guided target {}", "rank": "rank {}", "prior": "prior weight {}",
+           "captions": "{} prior captions"}
 
 
 def readable(name):
@@ -890,16 +891,17 @@ else:
 # and 6, 6, 7, 7 known (`benchmarks/results/finetune_prior_prototype_2026-12-02_cpu.json`). Over those eight seeds
 # that is about 0.8 per caption on each half, below the twins' 0.88 and 0.91: at 0.8 one half passes on four seeds
 # 40% of the time (the binomial lines), both about one time in six. A heavier prior half (`--prior_weight 2`, the
-# "prior weight 2" row of the table above) kept 5 and 5 for seeds 0 and 1, no better. The prior half keeps what the
-# twins keep, for free, but not yet as reliably.
+# "prior weight 2" row of the table above) kept 5 and 5 for seeds 0 and 1, no better, and all 135 of hyv-tiny's
+# training captions as prior captions instead of 32 left seed 2 where it was, 6 up-right and 5 known (the "135 prior
+# captions" row). The prior half keeps what the twins keep, for free, but not yet as reliably.
 #
 # The same defaults do not teach orange. On the 12 orange clips of the sweep's first dataset, hyv-tiny's settings
 # at 1,000 steps without prior captions drew orange for 2, 3, 2 and 1 of 8 held-out captions (seeds 0-3, the fourth
 # row from the bottom of the colour sweep's table). Twins of the orange clips (each caption again in red, green, blue
 # or yellow, the colour gate's `--dataset twins`) keep the known colours, 7, 7, 7 and 6 of 8, and orange still does
 # not come: 2, 2, 3 and 1 with the same settings, 4, 3, 1 and 3 over every linear layer (the second and third rows
-# from the bottom). The prior captions keep the known colours too, @CK@ of 8 (hyv-tiny itself gets 5), and draw
-# orange for @CN@ (the last row). A decaying rate and a prior half do not change what the diagnostics found for
+# from the bottom). The prior captions keep the known colours too, 7, 8, 8 and 6 of 8 (hyv-tiny itself gets 5), and draw
+# orange for 3, 1, 3 and 1 (the last row). A decaying rate and a prior half do not change what the diagnostics found for
 # orange: guidance pushes a colour that lies between two known ones past it. And for most other colours the VAE
 # alone rules it out: of seven colours hyv-tiny never saw, each on each background, through its VAE and back, only
 # 4 of 21 clips return as their own colour (orange on black and purple, brown on gray, lime on black); magenta and
@@ -1013,9 +1015,8 @@ shutil.rmtree(workdir, ignore_errors=True)
 #    (every linear layer with the cosine decay kept 5, 4, 4, 6; the caption's path 6 and 3 for seeds 0 and 1); prior
 #    clips of other captions keep them but lose the new motion (4, 2, 4 up-right); the prior half keeps both on most
 #    seeds (5 to 7 of 8 known, 6 to 8 up-right, over eight seeds); weighting it 2 instead of 1 kept 5 and 5 (seeds 0
-#    and 1). Not tried yet: more prior captions
-#    (all 135 of hyv-tiny's training set, `extract_features --prior_captions FILE`), prior captions that differ from
-#    the new ones in the new word only (the twins' captions without their clips), 1,500 or 2,000 steps with the prior
-#    half, and the prior half on orange's other halves. Where to start: `tools/finetune_sweep.py --gate motion --set
-#    lora_rank=8 --set steps=1000` with a features folder made with another `--prior_captions` file.
+#    and 1), and all 135 training captions instead of 32 left seed 2 at 6 and 5. Not tried yet: prior captions that
+#    differ from the new ones in the new word only (the twins' captions without their clips), 1,500 or 2,000 steps
+#    with the prior half, and a prior half whose noise levels lean to the high ones, where a path is chosen. Where to
+#    start: `tools/finetune_sweep.py --gate motion --set lora_rank=8 --set steps=1000 --prior_captions FILE`.
 # :::
