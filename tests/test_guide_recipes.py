@@ -10,9 +10,8 @@ import os
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 from safetensors.torch import load_file
-from tiny_inputs import forward_kwargs
+from tiny_inputs import forward_kwargs, write_image_clips
 
 from hyv_lib.base.errors import HyvInputError
 from hyv_lib.models.families import get_preset
@@ -113,13 +112,8 @@ def test_add_lora_adapts_exactly_the_group():
 def features_dir(tmp_path_factory):
     """Two one-frame clips (PNG images) of one shape, i2v features of the tiny preset."""
     folder = tmp_path_factory.mktemp("recipe_data")
-    rng = np.random.default_rng(0)
-    entries = []
-    for i in range(2):
-        Image.fromarray(rng.integers(0, 255, (64, 112, 3), dtype=np.uint8)).save(folder / f"img{i}.png")
-        entries.append({"path": f"img{i}.png", "cap": ["a red circle", "a blue square"][i]})
-    (folder / "data.json").write_text(json.dumps(entries))
-    assert extract_features(str(folder / "data.json"), preset="tiny", output_dir=str(folder / "features"),
+    data_json = write_image_clips(folder, ["a red circle", "a blue square"])
+    assert extract_features(data_json, preset="tiny", output_dir=str(folder / "features"),
                             task="i2v", progress=False).ok
     return str(folder / "features")
 

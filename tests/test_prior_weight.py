@@ -2,11 +2,10 @@
 trains it towards the frozen model's prediction (the LoRA switched off), weighted by train's prior_weight."""
 
 import copy
-import json
 
-import numpy as np
 import pytest
 import torch
+from tiny_inputs import write_image_clips
 
 from hyv_lib.base.errors import HyvInputError
 from hyv_lib.models.components import build_tiny_components
@@ -21,17 +20,10 @@ PRIOR = ["a red circle moving left on a black background", "a blue square moving
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     """Two one-frame clips (64 x 112 PNGs), their features with the three PRIOR captions and without any."""
-    from PIL import Image
-
     from hyv_lib.training.features import extract_features
 
     root = tmp_path_factory.mktemp("prior_data")
-    rng = np.random.default_rng(1)
-    entries = []
-    for i in range(2):
-        Image.fromarray(rng.integers(0, 255, (64, 112, 3), dtype=np.uint8)).save(root / f"img{i}.png")
-        entries.append({"path": f"img{i}.png", "cap": f"a green square number {i}"})
-    (root / "data.json").write_text(json.dumps(entries))
+    write_image_clips(root, [f"a green square number {i}" for i in range(2)], seed=1)
     for name, prior in (("with", PRIOR), ("without", ())):
         report = extract_features(str(root / "data.json"), preset="tiny", output_dir=str(root / name),
                                   prior_captions=prior, progress=False)

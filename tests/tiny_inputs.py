@@ -24,3 +24,20 @@ def replay_draws(features, picks, generator, shift: float):
     noise = torch.randn(x0.shape, generator=generator)
     u = torch.sigmoid(torch.randn(len(picks), generator=generator)) * (1 - 2e-5) + 1e-5
     return clips, drop, x0, noise, shift * u / (1 + (shift - 1) * u)
+
+
+def write_image_clips(folder, captions, seed=0, size=(64, 112)):
+    """One random PNG image (a one-frame clip) per caption in ``folder`` and a data.json listing them; returns the
+    data.json's path."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    entries = []
+    for i, caption in enumerate(captions):
+        Image.fromarray(rng.integers(0, 255, (*size, 3), dtype=np.uint8)).save(folder / f"img{i}.png")
+        entries.append({"path": f"img{i}.png", "cap": caption})
+    (folder / "data.json").write_text(json.dumps(entries))
+    return str(folder / "data.json")
