@@ -435,6 +435,7 @@ def _run(features, step, run: RunSettings, preset: Preset, transformer, output_d
     if writer:
         _rewrite_log(log_path, [r for r in read_log(log_path) if r.get("step", 0) <= start])
     shapes = [tuple(s) for s in features.shapes()]
+    priors = len(features.prior_captions) if run.prior_weight else 0  # read once, not per step
     records: list[dict[str, Any]] = []
     clock = time.perf_counter()
     bar = tqdm(range(start, steps), desc="train", initial=start, total=steps, disable=not (progress and writer))
@@ -443,7 +444,7 @@ def _run(features, step, run: RunSettings, preset: Preset, transformer, output_d
         options = dict(preset=preset, model_config=transformer.config, task=run.task,
                        caption_dropout=run.caption_dropout, shift=run.shift, sampling=run.sampling, generator=generator)
         if run.prior_weight:
-            prior_picks = torch.randint(len(features.prior_captions), (run.batch_size,), generator=generator).tolist()
+            prior_picks = torch.randint(priors, (run.batch_size,), generator=generator).tolist()
             batch, prior = build_batches(features, picks, prior_picks, **options)
             loss = step.step(batch, prior=prior, prior_weight=run.prior_weight)
         else:
