@@ -274,3 +274,37 @@ def test_ssta_compiles_on_the_cpu_after_torchax_registered_its_device():
     fast = attention(q, q, q, backend="ssta", grid=grid, ssta=config)
     assert (fast - ssta_reference(q, q, q, grid=grid, ssta=config)).abs().max() < 1e-5
     assert torch.accelerator.is_available()  # left as it was
+
+
+def test_flex_attention_run_eagerly_gives_the_same_answer(monkeypatch):
+    """FlexAttention run eagerly (what dynamo falls back to past its recompile limit) ignores a BlockMask's block
+    indices and applies only its mask function: the tile mask is that function too, so the answer stays SSTA's
+    (with the block indices alone it was dense attention, measured 0.95 off on this case)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    import hyv_lib.kernels.ssta_torch as ssta_torch
+
+    case = CASES[1]
+    grid, config = case["grid"], case["config"]
+    q, k, v = (torch.randn(1, 2, math.prod(grid) + case["text_len"], 16, generator=torch.Generator().manual_seed(s))
+               for s in range(3))
+    monkeypatch.setattr(ssta_torch, "COMPILED_FLEX", [flex_attention])
+    eager = attention(q, k, v, backend="ssta", grid=grid, ssta=config)
+    reference = ssta_reference(q, k, v, grid=grid, ssta=config)
+    assert (eager - reference).abs().max() < 2e-6 * reference.abs().max()
+
+
+def test_the_compiled_flex_attention_keeps_compiling_past_dynamos_default_limit():
+    """A process may meet more shapes than dynamo's per-function limit (a server, this test suite): with the global
+    limit at 1, two new shapes each add a program to FlexAttention's cache instead of the second running eagerly."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    from torch.nn.attention.flex_attention import flex_attention
+
+    config = SstaConfig(tile=(1, 2, 2), window=(1, 1, 1), topk=1)
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for grid in ((2, 6, 2), (2, 2, 10)):  # shapes no other test compiles
+            q = torch.randn(1, 1, math.prod(grid) + 1, 8)
+            programs = len(_debug_get_cache_entry_list(flex_attention.__code__))
+            fast = attention(q, q, q, backend="ssta", grid=grid, ssta=config)
+            assert len(_debug_get_cache_entry_list(flex_attention.__code__)) == programs + 1, grid
+            assert (fast - ssta_reference(q, q, q, grid=grid, ssta=config)).abs().max() < 1e-5

@@ -41,22 +41,32 @@ def ssta_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_mask: t
 
 def block_mask(mask: torch.Tensor, layout: TileLayout, device: torch.device, backward: bool):
     """FlexAttention's BlockMask of a tile mask: one block per tile, every attended block whole. On CUDA the blocks
-    are *full* (no mask function runs in them); on the CPU they are partial blocks with a mask that keeps everything
-    (torch 2.12's CPU FlexAttention does not compile full blocks). ``backward``: also the transposed indices."""
+    are *full* (no mask function runs in them); on the CPU they are partial blocks (torch 2.12's CPU FlexAttention
+    does not compile full blocks). Its ``mask_mod`` reads the tile mask itself, so the answer is the same where only
+    the mask function counts: FlexAttention run eagerly (dynamo past its recompile limit, :func:`run_flex`) ignores
+    the block indices and masks the dense scores with ``mask_mod``. ``backward``: also the transposed indices."""
     from torch.nn.attention.flex_attention import BlockMask
 
     mask = mask.contiguous()
     counts = mask.sum(-1, dtype=torch.int32)
     indices = torch.argsort((~mask).to(torch.int8), dim=-1, stable=True).to(torch.int32)
     size = layout.tile_tokens
+
+    def attended(b, h, q_idx, kv_idx):
+        return mask[b, h, q_idx // size, kv_idx // size]
+
     if device.type == "cuda":
         return BlockMask.from_kv_blocks(torch.zeros_like(counts), indices, counts, indices, BLOCK_SIZE=size,
-                                        compute_q_blocks=backward)
-    return BlockMask.from_kv_blocks(counts, indices, BLOCK_SIZE=size, compute_q_blocks=backward)
+                                        mask_mod=attended, compute_q_blocks=backward)
+    return BlockMask.from_kv_blocks(counts, indices, BLOCK_SIZE=size, mask_mod=attended, compute_q_blocks=backward)
 
 
 #: ``torch.compile(flex_attention)``, made on first use (:func:`compiled_flex`).
 COMPILED_FLEX: list = []
+
+#: Programs dynamo may keep for the compiled FlexAttention (one per shape), against its default of 8 per function
+#: (``torch._dynamo.config.recompile_limit``): past the limit a call runs eagerly, dense over S x S.
+FLEX_RECOMPILE_LIMIT = 64
 
 
 def compiled_flex():
@@ -74,6 +84,20 @@ def compiled_flex():
 
         COMPILED_FLEX.append(torch.compile(flex_attention, dynamic=False))
     return COMPILED_FLEX[0]
+
+
+def run_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks, scale: float) -> torch.Tensor:
+    """The compiled FlexAttention of tiled q, k, v with the BlockMask ``blocks``, allowed
+    :data:`FLEX_RECOMPILE_LIMIT` shapes per process (a process that meets more sizes, a server or a test suite,
+    keeps compiling instead of running dense). Inside a compiled block dynamo inlines the call and the block's own
+    limit applies."""
+    if torch.compiler.is_compiling():
+        return compiled_flex()(q, k, v, block_mask=blocks, scale=scale)
+    import torch._dynamo as dynamo
+
+    limit = max(FLEX_RECOMPILE_LIMIT, dynamo.config.recompile_limit)
+    with host_compile(q.device), dynamo.config.patch(recompile_limit=limit):
+        return compiled_flex()(q, k, v, block_mask=blocks, scale=scale)
 
 
 @contextlib.contextmanager
@@ -110,8 +134,8 @@ def ssta_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_mask: t
         out = FlexTileBackward.apply(qt, kt, vt, mask, layout, scale)
     else:
         blocks = block_mask(mask, layout, q.device, backward)
-        with torch.set_grad_enabled(backward), host_compile(q.device):  # grad mode is one of dynamo's guards
-            out = compiled_flex()(qt, kt, vt, block_mask=blocks, scale=scale)
+        with torch.set_grad_enabled(backward):  # grad mode is one of dynamo's guards
+            out = run_flex(qt, kt, vt, blocks, scale)
     return from_tiles(out, layout)
 
 
@@ -180,8 +204,7 @@ class FlexTileBackward(torch.autograd.Function):
     def forward(ctx, q, k, v, mask, layout: TileLayout, scale: float):
         """The compiled FlexAttention forward on detached inputs; saves what the tile backward needs."""
         blocks = block_mask(mask, layout, q.device, backward=False)
-        with host_compile(q.device):
-            out = compiled_flex()(q.detach(), k.detach(), v.detach(), block_mask=blocks, scale=scale)
+        out = run_flex(q.detach(), k.detach(), v.detach(), blocks, scale)
         ctx.save_for_backward(q, k, v, out, mask)
         ctx.size, ctx.scale = layout.tile_tokens, scale
         return out

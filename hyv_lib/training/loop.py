@@ -385,7 +385,8 @@ def _prior_weight(given, default: float, features, full: bool, runtime: str) -> 
     weight = as_number("prior_weight", given, low=0)
     if weight and not count:
         raise HyvInputError("prior_weight", f"{weight:g}, but the features hold no prior captions: extract them "
-                                            "with `prior_captions` (extract_features --prior_captions FILE), or give 0")
+                                            "with `prior_captions` (python -m hyv_lib extract_features --prior_captions "
+                                            "FILE), or give 0")
     if weight and full:
         raise HyvInputError("prior_weight", "keeps the frozen model's predictions, the LoRA switched off: it needs "
                                             "`lora_rank`, not `full` (give 0)")
