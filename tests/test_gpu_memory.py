@@ -8,7 +8,7 @@ import re
 
 import pytest
 import torch
-from memory_probe import live_peak_bytes
+from memory_probe import live_peak_bytes, output_peak_bytes
 
 from hyv_lib.base.errors import HyvInputError
 from hyv_lib.models.families import get_preset
@@ -28,17 +28,29 @@ def h200_row(run: int, section: str, name: str) -> dict:
     return next(r for r in data["sections"][section]["rows"] if r["name"] == name)
 
 
-def test_live_peak_bytes_counts_what_is_alive_at_once():
+def three_then_free(x):
+    a = x * 2
+    b = a + 1
+    c = b.view(-1) * 3  # a, b and c alive: 12 MB (a view of b adds nothing)
+    del a, b
+    return c.sum()
+
+
+@pytest.mark.parametrize("probe", [live_peak_bytes, output_peak_bytes])
+def test_both_probes_count_what_is_alive_at_once(probe):
     x = torch.ones(1000, 1000)  # 4 MB, allocated before
+    assert probe(lambda: three_then_free(x)) == pytest.approx(3 * 4_000_000, abs=64)  # + the sum's few bytes
 
-    def three_then_free():
-        a = x * 2
-        b = a + 1
-        c = b * 3  # a, b and c alive: 12 MB
-        del a, b
-        return c.sum()
 
-    assert live_peak_bytes(three_then_free) == pytest.approx(3 * 4_000_000, abs=64)  # + the sum's few bytes
+@pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN:UserWarning")  # mkldnn.flags sets it back
+def test_the_output_probe_leaves_out_a_kernels_own_scratch():
+    """A 3-d convolution through torch's im2col kernel (oneDNN off) holds a column buffer of in-channels x 27 x the
+    output inside the kernel: the profiler sees it, the outputs do not (input, weight and output are the rest)."""
+    x, conv = torch.randn(1, 4, 8, 16, 16), torch.nn.Conv3d(4, 4, 3, padding=1, bias=False).requires_grad_(False)
+    output = 4 * 8 * 16 * 16 * 4
+    with torch.backends.mkldnn.flags(enabled=False):
+        assert output_peak_bytes(lambda: conv(x)) == output
+        assert live_peak_bytes(lambda: conv(x)) >= output + 4 * 27 * 8 * 16 * 16 * 4
 
 
 # ---------------------------------------------------------------------------------------------- weights
@@ -170,7 +182,9 @@ def test_ulysses_activations_match_live_bytes_on_two_cpu_ranks():
 
 def test_vae_tile_copies_match_live_bytes_on_the_cpu():
     """diffusers' VAE decoder on one tile (a frame no larger than a tile is decoded whole) at tiny widths (c0 = 8):
-    7 + 2 / c0 copies of c0 x F x H x W at its peak (measured 7.27: 0.2% apart; 1% allowed)."""
+    7 + 2 / c0 copies of c0 x F x H x W at its peak (measured 7.255: 0.07% apart; 1% allowed). Counted from the
+    operators' outputs, not the profiler: the profiler also sees a CPU kernel's own scratch, and on a CPU without
+    oneDNN's bf16 convolution torch's im2col path holds 4.45 times as much (measured), which a GPU does not."""
     import diffusers
 
     from hyv_lib.runtimes.vae import decode_latents
@@ -181,7 +195,7 @@ def test_vae_tile_copies_match_live_bytes_on_the_cpu():
     vae = diffusers.AutoencoderKLHunyuanVideo15(**preset.vae).to(torch.bfloat16).eval().requires_grad_(False)
     _, c, t, h, w = preset.latent_shape(*size)
     z = torch.randn(1, c, t, h, w, dtype=torch.bfloat16)
-    measured = live_peak_bytes(lambda: decode_latents(vae, z, tiling=True))
+    measured = output_peak_bytes(lambda: decode_latents(vae, z, tiling=True))
     m = gm.vae_decode_memory(preset, *size)
     assert m["tiles"] == 1
     assert m["decode"] == pytest.approx(measured, rel=0.01)
