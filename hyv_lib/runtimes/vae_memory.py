@@ -13,7 +13,8 @@ from ..base.errors import HyvInputError
 #: the up block's input, the resnet's input, the first convolution's output, and the norm's fp32 input and quotient
 #: (2 + 2); plus its fp32 norm denominator (one channel: 2 / c0 of a copy), which :func:`decode_peak_bytes` adds.
 #: Counted from diffusers 0.42.1's code, checked on the CPU by the live tensor bytes of the real class at tiny widths
-#: (7.255 measured from the operators' outputs, tests/test_gpu_memory.py) and on one H200 at five tile sizes (tests/test_vae_memory.py).
+#: (7.255 measured from the operators' outputs, tests/test_gpu_memory.py) and on one H200 at five tile sizes
+#: (tests/test_vae_memory.py).
 VAE_TILE_COPIES = 7
 #: What torch's allocator holds besides the tensors (cuBLAS's workspace; 0.03-0.04 GiB on the H200,
 #: benchmarks/results/gpu_check_2026-11-26_H200_run2.json and run3.json).
