@@ -111,7 +111,8 @@ def resolved(recipe: dict) -> dict:
     keys = ("lora_rank", "lora_alpha", "caption_dropout", "warmup_steps", "weight_decay", "shift", "sampling")
     out = {k: params[k].default for k in keys}
     chosen = loop.train_defaults(get_preset(PRESET))  # the preset's own where train's signature says None
-    out.update({k: chosen[k] for k in ("learning_rate", "batch_size", "lora_targets", "prior_weight")})
+    out.update({k: chosen[k] for k in ("learning_rate", "batch_size", "lora_targets", "prior_weight",
+                                       "dropout_target")})
     out.update(schedule={v: k for k, v in LR_SCHEDULE.items()}[chosen["lr_schedule"]], uncond_target="data",
                ema=0.0, guided_target=0.0, gradient_checkpointing=False)
     out.update(recipe)
@@ -126,6 +127,7 @@ def resolved(recipe: dict) -> dict:
 def sweep_only(recipe: dict):
     """Patch in what ``train`` cannot be told: the cosine schedule, the base model's target for dropped captions."""
     schedule, build_batch, step = loop.lr_schedule, loop.build_batch, TorchTrainStep.step
+    build_batches = loop.build_batches
     trained = TorchTrainStep.trained_transformer
     if recipe["guided_target"]:
         w = float(recipe["guided_target"])
@@ -173,15 +175,16 @@ def sweep_only(recipe: dict):
 
         TorchTrainStep.step, TorchTrainStep.trained_transformer = ema_step, ema_trained
     if recipe["uncond_target"] == "base":
-        def marked_batch(features, picks, *, caption_dropout, generator, **kwargs):
+        def marked_batches(features, picks, prior_picks, *, caption_dropout, generator, **kwargs):
             state = generator.get_state()
             drop = torch.rand(len(picks), generator=generator) < caption_dropout
-            generator.set_state(state)  # build_batch draws the same coins first
-            batch = build_batch(features, picks, caption_dropout=caption_dropout, generator=generator, **kwargs)
+            generator.set_state(state)  # build_batches draws the same coins first
+            batch, prior = build_batches(features, picks, prior_picks, caption_dropout=caption_dropout,
+                                         generator=generator, **kwargs)
             batch["caption_dropped"] = drop
-            return batch
+            return batch, prior
 
-        def base_target_step(self, batch):
+        def base_target_step(self, batch, **prior):
             drop = batch.pop("caption_dropped")
             if drop.any():
                 inputs = self._local(batch)
@@ -193,9 +196,9 @@ def sweep_only(recipe: dict):
                 finally:
                     self.transformer.enable_adapters()
                 batch = dict(batch, target=torch.where(drop.view(-1, 1, 1, 1, 1), base, batch["target"]))
-            return step(self, batch)
+            return step(self, batch, **prior)
 
-        loop.build_batch, TorchTrainStep.step = marked_batch, base_target_step
+        loop.build_batches, TorchTrainStep.step = marked_batches, base_target_step
     elif recipe["uncond_target"] != "data":
         raise ValueError(f"uncond_target: {recipe['uncond_target']!r}")
     if recipe["schedule"] == "cosine":
@@ -207,6 +210,7 @@ def sweep_only(recipe: dict):
         yield
     finally:
         loop.lr_schedule, loop.build_batch, TorchTrainStep.step = schedule, build_batch, step
+        loop.build_batches = build_batches
         TorchTrainStep.trained_transformer = trained
 
 

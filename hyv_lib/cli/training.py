@@ -64,6 +64,12 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                         "(extract_features --prior_captions) towards the frozen model's own prediction, keeping what "
                         "it drew for them; loss = (data + w * prior) / (1 + w); 0: off (default: 1 when the features "
                         "hold prior captions, as tiny_trained's do; a LoRA on --runtime torch)")
+    p.add_argument("--dropout_target", default=None,
+                   help="what a clip whose caption was dropped (--caption_dropout) trains towards: data (its own "
+                        "velocity) | frozen (the frozen model's prediction for the empty prompt, so guidance's "
+                        "unconditional half stays put; a LoRA on --runtime torch) (default: the preset's, "
+                        f"{TRAIN_DEFAULTS['dropout_target']} for the real ones, {HYV_TINY['dropout_target']} for "
+                        "tiny_trained)")
     p.add_argument("--task", default="t2v", help="t2v | i2v (i2v: features extracted with first frames)")
     p.add_argument("--caption_dropout", type=float, default=TRAIN_DEFAULTS["caption_dropout"],
                    help="probability of training a clip on the empty prompt (default "
@@ -88,7 +94,8 @@ def train_command(args: argparse.Namespace) -> None:
     train(args.features, preset=args.preset, model_path=args.model_path, lora_rank=args.lora_rank,
           lora_alpha=args.lora_alpha, full=args.full, steps=args.steps, learning_rate=args.learning_rate,
           lora_targets=args.lora_targets, warmup_steps=args.warmup_steps, lr_schedule=args.lr_schedule,
-          batch_size=args.batch_size, prior_weight=args.prior_weight, task=args.task,
+          batch_size=args.batch_size, prior_weight=args.prior_weight,
+          dropout_target=args.dropout_target, task=args.task,
           caption_dropout=args.caption_dropout, output_dir=args.output_dir, runtime=args.runtime, mesh=args.mesh,
           checkpoint_every=args.checkpoint_every, seed=args.seed, dtype=args.dtype,
           gradient_checkpointing=not args.no_gradient_checkpointing, attention=attention,

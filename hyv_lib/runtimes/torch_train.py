@@ -175,23 +175,38 @@ class TorchTrainStep:
         return out
 
     def step(self, batch: dict[str, torch.Tensor], prior: dict[str, torch.Tensor] | None = None,
-             prior_weight: float = 1.0) -> float:
+             prior_weight: float = 1.0, frozen_rows: torch.Tensor | None = None) -> float:
         """One update on ``batch`` (:data:`BATCH_KEYS`): forward, flow-matching loss, backward, clip, AdamW; returns
         the batch's loss (before the update). ``prior``: a second batch of the same shapes (its ``target`` unused),
         trained towards the frozen model's prediction for it (:meth:`frozen_prediction`), the loss
-        ``(data + prior_weight * prior) / (1 + prior_weight)``; one forward runs both halves."""
+        ``(data + prior_weight * prior) / (1 + prior_weight)``; one forward runs both halves. ``frozen_rows`` (bool,
+        one per clip of ``batch``): those clips are trained towards the frozen model's prediction too, in place of
+        their ``target`` (a caption-dropped clip kept where the model was: the unconditional half of guidance)."""
         lr = float(self.schedule(self.steps))
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         inputs = self._local(batch)
         target = inputs.pop("target")
-        if prior is None:
+        rows = None
+        if frozen_rows is not None:
+            part = len(frozen_rows) // self.world
+            rows = frozen_rows[self.rank * part:(self.rank + 1) * part].to(self.device)
+            rows = rows if bool(rows.any()) else None
+        extra = None
+        if prior is not None:
+            extra = self._local(prior)
+            extra.pop("target")
+        if rows is not None:  # one frozen forward for the kept clips and the prior half
+            frozen = self.frozen_prediction(inputs if extra is None else
+                                            {k: torch.cat([inputs[k], extra[k]]) for k in inputs})
+            target = torch.where(rows.view(-1, *[1] * (target.dim() - 1)), frozen[:len(target)], target)
+            frozen = frozen[len(target):]
+        elif extra is not None:
+            frozen = self.frozen_prediction(extra)
+        if extra is None:
             prediction = self.transformer(**inputs, return_dict=False)[0]
             loss = flow_matching_loss(prediction, target)
         else:
-            extra = self._local(prior)
-            extra.pop("target")
-            frozen = self.frozen_prediction(extra)
             both = {k: torch.cat([inputs[k], extra[k]]) for k in inputs}
             prediction = self.transformer(**both, return_dict=False)[0]
             data, kept = prediction[:len(target)], prediction[len(target):]

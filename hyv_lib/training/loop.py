@@ -15,7 +15,6 @@ from typing import Any, Iterator
 import torch
 from tqdm.auto import tqdm
 
-from ..base.checks import as_number
 from ..base.errors import HyvFaultError, HyvInputError
 from ..base.files import atomic_path, clean_partials, ensure_output_dir
 from ..base.lock import folder_lock
@@ -34,7 +33,15 @@ from ..runtimes.torch_train import TorchTrainStep, lr_schedule
 from .checkpoint import checkpoint_path, load_checkpoint, read_info, save_checkpoint
 from .feature_set import FeatureSet
 from .features import model_config_digest
-from .run_settings import DEFAULTS, RunSettings, check_settings, step_lr, train_defaults
+from .run_settings import (
+    DEFAULTS,
+    RunSettings,
+    check_settings,
+    resolve_dropout_target,
+    resolve_prior_weight,
+    step_lr,
+    train_defaults,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +77,12 @@ def pick_clips(shapes: list[tuple], batch_size: int, generator: torch.Generator)
     return [anchor] + [group[j] for j in more]
 
 
+def draw_dropout(size: int, caption_dropout: float, generator: torch.Generator) -> torch.Tensor:
+    """Which of ``size`` clips train on the empty prompt (bool [size]): one ``torch.rand`` draw, the first of
+    :func:`build_batch`'s."""
+    return torch.rand(size, generator=generator) < caption_dropout
+
+
 def build_batch(features, picks: list[int], *, preset: Preset, model_config, task: str, caption_dropout: float,
                 shift: float, sampling: str, generator: torch.Generator) -> dict[str, torch.Tensor]:
     """The train step's batch for the clips ``picks``, on the host: the transformer's keyword arguments and
@@ -86,17 +99,18 @@ def build_batch(features, picks: list[int], *, preset: Preset, model_config, tas
 
 
 def build_batches(features, picks: list[int], prior_picks: list[int] | None, *, preset: Preset, model_config,
-                  task: str, caption_dropout: float, shift: float, sampling: str,
-                  generator: torch.Generator) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
+                  task: str, caption_dropout: float, shift: float, sampling: str, generator: torch.Generator,
+                  drop: torch.Tensor | None = None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
     """:func:`build_batch`'s batch, and with ``prior_picks`` (one per clip) its prior half: the same noisy latents,
     noise levels (and first-frame conditions) with the text of the features' prior captions ``prior_picks``
     (``features.prior(i)``) in place of the clips' (its ``target`` is not used: the step trains it towards the
-    frozen model's prediction). The same draws as :func:`build_batch`."""
+    frozen model's prediction). The same draws as :func:`build_batch`; ``drop``: the caption-dropout coins already
+    drawn (:func:`draw_dropout`, the first draw), not drawn again."""
     family = family_for(preset)
     clips = [features[i] for i in picks]
     x0 = torch.stack([_squeeze_to(c["latents"], 4).float() for c in clips])
     size = len(picks)
-    drop = torch.rand(size, generator=generator) < caption_dropout
+    drop = draw_dropout(size, caption_dropout, generator) if drop is None else drop
     negative = features.negative
     texts = {name: torch.stack([negative[name] if d else c[name] for c, d in zip(clips, drop.tolist())])
              for name in family.text_names}
@@ -286,7 +300,7 @@ def train(features: str | Any, *, preset: str | Preset | None, output_dir: str, 
           gradient_checkpointing: bool = True, attention: str = "auto", progress: bool = True,
           transformer=None, attention_options: dict[str, Any] | None = None,
           lora_targets: str | None = None, lr_schedule: str | None = None,
-          prior_weight: float | None = None) -> TrainResult:
+          prior_weight: float | None = None, dropout_target: str | None = None) -> TrainResult:
     """Fine-tune a HunyuanVideo-1.5 transformer on a feature folder
     (:func:`hyv_lib.training.features.extract_features`) with its flow-matching objective, into ``output_dir``.
     ``learning_rate``, ``batch_size``, ``lr_schedule`` and
@@ -312,6 +326,11 @@ def train(features: str | Any, *, preset: str | Preset | None, output_dir: str, 
     the loss is (data + w * prior) / (1 + w): what the model drew for those captions is kept without clips of them
     (DreamBooth's prior preservation, with the model's predictions in place of its drawn clips). Default: 1 when the
     folder holds prior captions (0 with ``full`` or the jax runtime), else 0; 0 turns it off.
+    ``dropout_target``: what a clip whose caption was dropped (``caption_dropout``) is trained towards: ``data``, its
+    own velocity (the official trainer's), or ``frozen``, the frozen model's prediction for the empty prompt (a LoRA
+    on the torch runtime), so the unconditional half of guidance stays where it was: trained on clips of one new
+    thing, it drifts towards them, and guidance then pushes every other caption away from them. Default: the
+    preset's (``frozen`` for hyv-tiny, ``data`` for the real presets; ``data`` with ``full`` or the jax runtime).
     The folder's run lock keeps a second run out. ``transformer``: a module to train instead of loading the preset's
     (``model_path``); ``dtype``: fp32 or bf16 (default: the preset's); ``attention``, ``attention_options``: see
     :func:`make_train_step`.
@@ -346,7 +365,8 @@ def train(features: str | Any, *, preset: str | Preset | None, output_dir: str, 
             transformer = load_components(preset, model_path, ["transformer"],
                                           dtype or preset.default_dtype)["transformer"]
         check_features(features, preset, transformer, task, features_digest(preset, model_path))
-        prior_weight = _prior_weight(prior_weight, chosen["prior_weight"], features, full, runtime)
+        prior_weight = resolve_prior_weight(prior_weight, chosen["prior_weight"], features, full, runtime)
+        dropout_target = resolve_dropout_target(dropout_target, chosen["dropout_target"], full, runtime)
         trainable = "full" if full else "lora"
         lora_alpha = settings["lora_alpha"] if settings["lora_alpha"] is not None else settings["lora_rank"]
         if not full:
@@ -364,35 +384,14 @@ def train(features: str | Any, *, preset: str | Preset | None, output_dir: str, 
             batch_size=batch_size, task=task, seed=settings["seed"], caption_dropout=settings["caption_dropout"],
             warmup_steps=settings["warmup_steps"], weight_decay=settings["weight_decay"], shift=settings["shift"],
             sampling=sampling, runtime=runtime, ranks=ranks, lora_targets=targets, lr_schedule=lr_schedule,
-            decay_steps=None if lr_schedule == "constant" else steps, prior_weight=prior_weight)
+            decay_steps=None if lr_schedule == "constant" else steps, prior_weight=prior_weight,
+            dropout_target=dropout_target)
         step = make_train_step(runtime, transformer, trainable=trainable, learning_rate=run.learning_rate,
                                warmup_steps=run.warmup_steps, weight_decay=run.weight_decay, mesh=mesh,
                                remat=gradient_checkpointing, attention=attention,
                                attention_options=attention_options, schedule=run.lr_schedule,
                                decay_steps=run.decay_steps)
         return _run(features, step, run, preset, transformer, output_dir, steps, checkpoint_every, progress)
-
-
-def _prior_weight(given, default: float, features, full: bool, runtime: str) -> float:
-    """The prior half's weight a run trains with (:func:`train`'s ``prior_weight``), checked."""
-    count = len(getattr(features, "prior_captions", []))
-    if given is None:
-        weight = float(default) if count and not full and runtime == "torch" else 0.0
-        if count and not weight:
-            logger.info("train: the features' %d prior captions are not used (they need a LoRA on runtime torch)",
-                        count)
-        return weight
-    weight = as_number("prior_weight", given, low=0)
-    if weight and not count:
-        raise HyvInputError("prior_weight", f"{weight:g}, but the features hold no prior captions: extract them "
-                                            "with `prior_captions` (python -m hyv_lib extract_features --prior_captions "
-                                            "FILE), or give 0")
-    if weight and full:
-        raise HyvInputError("prior_weight", "keeps the frozen model's predictions, the LoRA switched off: it needs "
-                                            "`lora_rank`, not `full` (give 0)")
-    if weight and runtime != "torch":
-        raise HyvInputError("prior_weight", f"runs on `runtime` torch only, not {runtime!r} (give 0)")
-    return weight
 
 
 def _resume(step, run: RunSettings, output_dir: str, generator: torch.Generator, steps: int) -> int:
@@ -411,6 +410,7 @@ def _resume(step, run: RunSettings, output_dir: str, generator: torch.Generator,
     saved.setdefault("lr_schedule", "constant")  # a checkpoint from before --lr_schedule
     saved.setdefault("decay_steps", None)
     saved.setdefault("prior_weight", 0.0)  # a checkpoint from before prior captions
+    saved.setdefault("dropout_target", "data")  # a checkpoint from before dropout_target
     differ = {k: (saved.get(k), v) for k, v in asdict(run).items() if saved.get(k) != v}
     if set(differ) == {"decay_steps"}:
         raise HyvInputError("steps", f"{steps}, but {output_dir!r} holds a run whose {run.lr_schedule} learning rate "
@@ -444,10 +444,16 @@ def _run(features, step, run: RunSettings, preset: Preset, transformer, output_d
         picks = pick_clips(shapes, run.batch_size, generator)
         options = dict(preset=preset, model_config=transformer.config, task=run.task,
                        caption_dropout=run.caption_dropout, shift=run.shift, sampling=run.sampling, generator=generator)
+        kept = None
+        if run.dropout_target == "frozen":  # the coins first, as build_batch draws them
+            kept = draw_dropout(len(picks), run.caption_dropout, generator)
+            options["drop"] = kept
         if run.prior_weight:
             prior_picks = torch.randint(priors, (run.batch_size,), generator=generator).tolist()
             batch, prior = build_batches(features, picks, prior_picks, **options)
-            loss = step.step(batch, prior=prior, prior_weight=run.prior_weight)
+            loss = step.step(batch, prior=prior, prior_weight=run.prior_weight, frozen_rows=kept)
+        elif kept is not None:
+            loss = step.step(build_batches(features, picks, None, **options)[0], frozen_rows=kept)
         else:
             loss = step.step(build_batch(features, picks, **options))
         if loss != loss or loss in (float("inf"), float("-inf")):

@@ -196,9 +196,10 @@ TINY_TRAINED = dataclasses.replace(
     # A 19 MB model learns at 30x the official 8.3B rate; the caption's path only, batches of 8 and a cosine decay
     # taught it a new direction for each of 8 training seeds (with twins of the clips; chapter 9). The prior
     # captions keep what it knows without clips of them: each batch also trains towards the frozen model's own
-    # prediction for 8 of them (extract_features encodes them; chapter 9).
+    # prediction for 8 of them (extract_features encodes them; chapter 9), and a caption-dropped clip towards its
+    # prediction for the empty prompt, so that guidance does not push the other captions away from the new clips.
     train_defaults=dict(learning_rate=3e-3, batch_size=8, lr_schedule="cosine", lora_targets="text",
-                        prior_captions=TINY_PRIOR_CAPTIONS),
+                        prior_captions=TINY_PRIOR_CAPTIONS, dropout_target="frozen"),
 )
 
 # hyv-tiny at 1280x720 (tools/train_hyv_tiny_720p.py): hyv-tiny's text encoders; its DiT re-cut to 5 x 5 latent
