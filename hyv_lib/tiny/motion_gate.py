@@ -51,12 +51,14 @@ DATASETS = {"issue": [(c, 0) for c in TRAIN], "prior": [(c, 0) for c in TRAIN] +
 PRIOR_KNOWN = "up,right,left,down"
 #: The recipe that teaches the new direction on the ``twins`` data (6 or more of 8 up-right and of 8 known kept for
 #: each of training seeds 0-7 in the sweep): the caption's path only (``--lora_targets text``), batches of 8 at
-#: 3e-3, a cosine decay to zero over 1,000 steps, no prior captions (the twins keep the known directions).
+#: 3e-3, a cosine decay to zero over 1,000 steps, no prior captions (the twins keep the known directions), and
+#: caption-dropped clips trained on their data (as it was measured).
 TAUGHT_TRAIN_ARGS = ("--lora_rank", "8", "--steps", "1000", "--learning_rate", "3e-3", "--batch_size", "8",
                      "--lora_targets", "text", "--lr_schedule", "cosine", "--prior_weight", "0",
-                     "--no_gradient_checkpointing")
+                     "--dropout_target", "data", "--no_gradient_checkpointing")
 #: The first-hour user's command with hyv-tiny's defaults (``Preset.train_defaults``: the settings of
-#: :data:`TAUGHT_TRAIN_ARGS` and its prior captions, which ``extract_features`` encodes and ``train`` keeps) on the 12
+#: :data:`TAUGHT_TRAIN_ARGS`, its prior captions, which ``extract_features`` encodes and ``train`` keeps, and
+#: ``--dropout_target frozen``) on the 12
 #: clips alone: 1,000 steps.
 DEFAULT_TRAIN_ARGS = ("--lora_rank", "8", "--steps", "1000", "--no_gradient_checkpointing")
 #: ``KNOWN_PROBE`` (:mod:`hyv_lib.tiny.finetune_gate`'s 8 known captions hyv-tiny never trained on): here the reader
